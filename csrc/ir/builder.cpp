@@ -1,0 +1,421 @@
+#include "ir/builder.h"
+
+#include <cstring>
+#include <iomanip>
+#include <stdexcept>
+
+namespace tpu::ir {
+
+std::string Type::str() const {
+  std::string s = "tensor<";
+  for (auto d : shape) s += std::to_string(d) + "x";
+  s += mlir_name(dtype);
+  return s + ">";
+}
+
+int64_t Type::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::string ints(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::string i64_array(const std::vector<int64_t>& v) {
+  return v.empty() ? "array<i64>" : "array<i64: " + ints(v) + ">";
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape st(shape.size());
+  int64_t s = 1;
+  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+    st[i] = s;
+    s *= std::max<int64_t>(shape[i], 1);
+  }
+  return st;
+}
+
+std::string Builder::fresh() { return "%v" + std::to_string(next_++); }
+
+std::string Builder::sig(const std::vector<Value>& operands) const {
+  std::string s = "(";
+  for (size_t i = 0; i < operands.size(); ++i) s += (i ? ", " : "") + operands[i].type.str();
+  return s + ")";
+}
+
+static std::string names(const std::vector<Value>& vs) {
+  std::string s;
+  for (size_t i = 0; i < vs.size(); ++i) s += (i ? ", " : "") + vs[i].name;
+  return s;
+}
+
+Value Builder::param(const Type& t) {
+  params_.push_back(t);
+  return Value{"%arg" + std::to_string(params_.size() - 1), t};
+}
+
+Value Builder::raw(const std::string& op, const std::vector<Value>& operands,
+                   const std::string& attrs, const Type& result) {
+  Value v{fresh(), result};
+  body_ << std::string(depth_ * 2, ' ') << v.name << " = \"" << op << "\"(" << names(operands)
+        << ")";
+  if (!attrs.empty()) body_ << " {" << attrs << "}";
+  body_ << " : " << sig(operands) << " -> " << result.str() << "\n";
+  return v;
+}
+
+Value Builder::unary(const std::string& op, const Value& x) { return raw(op, {x}, "", x.type); }
+
+Value Builder::binary(const std::string& op, const Value& a, const Value& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype())
+    throw std::invalid_argument("internal: " + op + " on " + a.type.str() + " and " + b.type.str());
+  return raw(op, {a, b}, "", a.type);
+}
+
+Value Builder::compare(const Value& a, const Value& b, Cmp dir) {
+  static const char* kDir[] = {"EQ", "NE", "LT", "LE", "GT", "GE"};
+  DType t = a.dtype();
+  const char* kind = is_float(t) ? "FLOAT" : (is_unsigned_int(t) || t == DType::Bool) ? "UNSIGNED"
+                                                                                     : "SIGNED";
+  std::string attrs = std::string("comparison_direction = #stablehlo<comparison_direction ") +
+                      kDir[static_cast<int>(dir)] + ">, compare_type = #stablehlo<comparison_type " +
+                      kind + ">";
+  return raw("stablehlo.compare", {a, b}, attrs, Type{DType::Bool, a.shape()});
+}
+
+Value Builder::select(const Value& p, const Value& a, const Value& b) {
+  return raw("stablehlo.select", {p, a, b}, "", a.type);
+}
+
+Value Builder::clamp(const Value& lo, const Value& x, const Value& hi) {
+  return raw("stablehlo.clamp", {lo, x, hi}, "", x.type);
+}
+
+Value Builder::convert(const Value& x, DType to) {
+  if (x.dtype() == to) return x;
+  if (to == DType::Bool) {  // nonzero test, as PyTorch casts to bool
+    Value zero = constant(0, x.dtype(), x.shape());
+    return compare(x, zero, Cmp::NE);
+  }
+  return raw("stablehlo.convert", {x}, "", Type{to, x.shape()});
+}
+
+Value Builder::bitcast(const Value& x, DType to) {
+  if (x.dtype() == to) return x;
+  return raw("stablehlo.bitcast_convert", {x}, "", Type{to, x.shape()});
+}
+
+static std::string literal(double v, DType t) {
+  char buf[64];
+  if (t == DType::F32) {
+    float f = static_cast<float>(v);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    std::snprintf(buf, sizeof(buf), "0x%08X", bits);
+    return buf;
+  }
+  if (t == DType::F64) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    std::snprintf(buf, sizeof(buf), "0x%016llX", static_cast<unsigned long long>(bits));
+    return buf;
+  }
+  if (t == DType::Bool) return v != 0 ? "true" : "false";
+  std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(v));
+  return buf;
+}
+
+Value Builder::constant(double v, DType t, const Shape& shape) {
+  Value scalar;
+  if (t == DType::F16 || t == DType::BF16) {  // spelled in f32, narrowed by XLA at compile time
+    scalar = convert(constant(v, DType::F32), t);
+  } else if (is_complex(t)) {
+    throw std::invalid_argument("complex constants are not supported");
+  } else {
+    Type st{t, {}};
+    scalar = Value{fresh(), st};
+    body_ << std::string(depth_ * 2, ' ') << scalar.name
+          << " = \"stablehlo.constant\"() {value = dense<" << literal(v, t) << "> : " << st.str()
+          << "} : () -> " << st.str() << "\n";
+  }
+  if (shape.empty()) return scalar;
+  return broadcast_in_dim(scalar, shape, {});
+}
+
+Value Builder::iota(const Type& t, int64_t dim) {
+  return raw("stablehlo.iota", {}, "iota_dimension = " + std::to_string(dim) + " : i64", t);
+}
+
+Value Builder::reshape(const Value& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  return raw("stablehlo.reshape", {x}, "", Type{x.dtype(), shape});
+}
+
+Value Builder::broadcast_in_dim(const Value& x, const Shape& shape, const std::vector<int64_t>& dims) {
+  if (x.shape() == shape) {
+    bool identity = true;
+    for (size_t i = 0; i < dims.size(); ++i) identity &= dims[i] == static_cast<int64_t>(i);
+    if (identity) return x;
+  }
+  return raw("stablehlo.broadcast_in_dim", {x}, "broadcast_dimensions = " + i64_array(dims),
+             Type{x.dtype(), shape});
+}
+
+Value Builder::transpose(const Value& x, const std::vector<int64_t>& perm) {
+  bool identity = true;
+  Shape out(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) {
+    out[i] = x.shape()[perm[i]];
+    identity &= perm[i] == static_cast<int64_t>(i);
+  }
+  if (identity) return x;
+  return raw("stablehlo.transpose", {x}, "permutation = " + i64_array(perm), Type{x.dtype(), out});
+}
+
+Value Builder::slice(const Value& x, const Shape& start, const Shape& limit, const Shape& strides) {
+  Shape out(start.size());
+  bool identity = true;
+  for (size_t i = 0; i < start.size(); ++i) {
+    out[i] = limit[i] <= start[i] ? 0 : (limit[i] - start[i] + strides[i] - 1) / strides[i];
+    identity &= start[i] == 0 && limit[i] == x.shape()[i] && strides[i] == 1;
+  }
+  if (identity) return x;
+  return raw("stablehlo.slice", {x},
+             "start_indices = " + i64_array(start) + ", limit_indices = " + i64_array(limit) +
+                 ", strides = " + i64_array(strides),
+             Type{x.dtype(), out});
+}
+
+Value Builder::concatenate(const std::vector<Value>& xs, int64_t dim) {
+  if (xs.size() == 1) return xs[0];
+  Shape out = xs[0].shape();
+  out[dim] = 0;
+  for (auto& x : xs) out[dim] += x.shape()[dim];
+  return raw("stablehlo.concatenate", xs, "dimension = " + std::to_string(dim) + " : i64",
+             Type{xs[0].dtype(), out});
+}
+
+Value Builder::pad(const Value& x, const Value& padv, const Shape& lo, const Shape& hi,
+                   const Shape& interior) {
+  Shape out(x.shape().size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    int64_t n = x.shape()[i];
+    out[i] = lo[i] + hi[i] + n + (n > 0 ? (n - 1) * interior[i] : 0);
+  }
+  return raw("stablehlo.pad", {x, padv},
+             "edge_padding_low = " + i64_array(lo) + ", edge_padding_high = " + i64_array(hi) +
+                 ", interior_padding = " + i64_array(interior),
+             Type{x.dtype(), out});
+}
+
+Value Builder::reverse(const Value& x, const std::vector<int64_t>& dims) {
+  if (dims.empty()) return x;
+  return raw("stablehlo.reverse", {x}, "dimensions = " + i64_array(dims), x.type);
+}
+
+Value Builder::dynamic_update_slice(const Value& x, const Value& update,
+                                    const std::vector<Value>& starts) {
+  std::vector<Value> ops{x, update};
+  ops.insert(ops.end(), starts.begin(), starts.end());
+  return raw("stablehlo.dynamic_update_slice", ops, "", x.type);
+}
+
+Value Builder::dynamic_slice(const Value& x, const std::vector<Value>& starts, const Shape& sizes) {
+  std::vector<Value> ops{x};
+  ops.insert(ops.end(), starts.begin(), starts.end());
+  return raw("stablehlo.dynamic_slice", ops, "slice_sizes = " + i64_array(sizes),
+             Type{x.dtype(), sizes});
+}
+
+void Builder::emit_region(const std::vector<Type>& arg_types, const RegionFn& fn) {
+  std::string pad(depth_ * 2, ' ');
+  body_ << " ({\n" << pad << "^bb0(";
+  std::vector<Value> args;
+  for (size_t i = 0; i < arg_types.size(); ++i) {
+    Value a{fresh(), arg_types[i]};
+    body_ << (i ? ", " : "") << a.name << ": " << a.type.str();
+    args.push_back(a);
+  }
+  body_ << "):\n";
+  ++depth_;
+  std::vector<Value> res = fn(*this, args);
+  body_ << std::string(depth_ * 2, ' ') << "\"stablehlo.return\"(" << names(res) << ") : "
+        << sig(res) << " -> ()\n";
+  --depth_;
+  body_ << pad << "})";
+}
+
+static std::vector<Value> multi(const std::string& base, const std::vector<Type>& types) {
+  std::vector<Value> out;
+  for (size_t i = 0; i < types.size(); ++i) {
+    std::string n = types.size() == 1 ? base : base + "#" + std::to_string(i);
+    out.push_back(Value{n, types[i]});
+  }
+  return out;
+}
+
+static std::string result_list(const std::vector<Type>& ts) {
+  if (ts.size() == 1) return ts[0].str();
+  std::string s = "(";
+  for (size_t i = 0; i < ts.size(); ++i) s += (i ? ", " : "") + ts[i].str();
+  return s + ")";
+}
+
+std::vector<Value> Builder::reduce(const std::vector<Value>& xs, const std::vector<Value>& inits,
+                                   const std::vector<int64_t>& dims, const RegionFn& body) {
+  Shape out;
+  const Shape& in = xs[0].shape();
+  for (int64_t i = 0; i < static_cast<int64_t>(in.size()); ++i) {
+    bool reduced = false;
+    for (auto d : dims) reduced |= d == i;
+    if (!reduced) out.push_back(in[i]);
+  }
+  std::vector<Type> region_types, result_types;
+  for (auto& x : xs) {
+    region_types.push_back(Type{x.dtype(), {}});
+    result_types.push_back(Type{x.dtype(), out});
+  }
+  for (auto& x : xs) region_types.push_back(Type{x.dtype(), {}});
+  std::string name = fresh();
+  std::vector<Value> operands = xs;
+  operands.insert(operands.end(), inits.begin(), inits.end());
+  body_ << std::string(depth_ * 2, ' ') << name
+        << (xs.size() > 1 ? ":" + std::to_string(xs.size()) : "") << " = \"stablehlo.reduce\"("
+        << names(operands) << ")";
+  emit_region(region_types, body);
+  body_ << " {dimensions = " << i64_array(dims) << "} : " << sig(operands) << " -> "
+        << result_list(result_types) << "\n";
+  return multi(name, result_types);
+}
+
+Value Builder::reduce(const Value& x, const Value& init, const std::vector<int64_t>& dims,
+                      const std::string& op) {
+  return reduce({x}, {init}, dims, [&](Builder& b, const std::vector<Value>& a) {
+    return std::vector<Value>{b.binary(op, a[0], a[1])};
+  })[0];
+}
+
+Value Builder::reduce_window(const Value& x, const Value& init, const Shape& window,
+                             const Shape& strides,
+                             const std::vector<std::pair<int64_t, int64_t>>& padding,
+                             const std::string& op) {
+  Shape out(x.shape().size());
+  std::string pads;
+  for (size_t i = 0; i < out.size(); ++i) {
+    int64_t n = x.shape()[i] + padding[i].first + padding[i].second;
+    out[i] = n < window[i] ? 0 : (n - window[i]) / strides[i] + 1;
+    pads += (i ? ", " : "") + std::string("[") + std::to_string(padding[i].first) + ", " +
+            std::to_string(padding[i].second) + "]";
+  }
+  std::string name = fresh();
+  Type rt{x.dtype(), out};
+  body_ << std::string(depth_ * 2, ' ') << name << " = \"stablehlo.reduce_window\"(" << x.name
+        << ", " << init.name << ")";
+  emit_region({Type{x.dtype(), {}}, Type{x.dtype(), {}}},
+              [&](Builder& b, const std::vector<Value>& a) {
+                return std::vector<Value>{b.binary(op, a[0], a[1])};
+              });
+  body_ << " {window_dimensions = " << i64_array(window)
+        << ", window_strides = " << i64_array(strides) << ", padding = dense<["
+        << pads << "]> : tensor<" << out.size() << "x2xi64>} : " << sig({x, init}) << " -> "
+        << rt.str() << "\n";
+  return Value{name, rt};
+}
+
+std::vector<Value> Builder::sort(const std::vector<Value>& xs, int64_t dim, bool stable,
+                                 const RegionFn& comparator) {
+  std::vector<Type> region_types, result_types;
+  for (auto& x : xs) {
+    region_types.push_back(Type{x.dtype(), {}});
+    region_types.push_back(Type{x.dtype(), {}});
+    result_types.push_back(x.type);
+  }
+  std::string name = fresh();
+  body_ << std::string(depth_ * 2, ' ') << name
+        << (xs.size() > 1 ? ":" + std::to_string(xs.size()) : "") << " = \"stablehlo.sort\"("
+        << names(xs) << ")";
+  emit_region(region_types, comparator);
+  body_ << " {dimension = " << dim << " : i64, is_stable = " << (stable ? "true" : "false")
+        << "} : " << sig(xs) << " -> " << result_list(result_types) << "\n";
+  return multi(name, result_types);
+}
+
+Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int64_t>& batch_a,
+                           const std::vector<int64_t>& batch_b, const std::vector<int64_t>& contract_a,
+                           const std::vector<int64_t>& contract_b, DType out_t) {
+  auto contains = [](const std::vector<int64_t>& v, int64_t x) {
+    for (auto y : v) if (y == x) return true;
+    return false;
+  };
+  Shape out;
+  for (auto d : batch_a) out.push_back(a.shape()[d]);
+  for (int64_t i = 0; i < a.rank(); ++i)
+    if (!contains(batch_a, i) && !contains(contract_a, i)) out.push_back(a.shape()[i]);
+  for (int64_t i = 0; i < b.rank(); ++i)
+    if (!contains(batch_b, i) && !contains(contract_b, i)) out.push_back(b.shape()[i]);
+  std::string attrs = "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [" +
+                      ints(batch_a) + "], rhs_batching_dimensions = [" + ints(batch_b) +
+                      "], lhs_contracting_dimensions = [" + ints(contract_a) +
+                      "], rhs_contracting_dimensions = [" + ints(contract_b) + "]>";
+  return raw("stablehlo.dot_general", {a, b}, attrs, Type{out_t, out});
+}
+
+Value Builder::gather(const Value& operand, const Value& indices,
+                      const std::vector<int64_t>& offset_dims,
+                      const std::vector<int64_t>& collapsed_dims,
+                      const std::vector<int64_t>& start_index_map, int64_t index_vector_dim,
+                      const Shape& slice_sizes, const Shape& out_shape) {
+  std::string attrs = "dimension_numbers = #stablehlo.gather<offset_dims = [" + ints(offset_dims) +
+                      "], collapsed_slice_dims = [" + ints(collapsed_dims) +
+                      "], start_index_map = [" + ints(start_index_map) +
+                      "], index_vector_dim = " + std::to_string(index_vector_dim) +
+                      ">, slice_sizes = " + i64_array(slice_sizes) + ", indices_are_sorted = false";
+  return raw("stablehlo.gather", {operand, indices}, attrs, Type{operand.dtype(), out_shape});
+}
+
+Value Builder::scatter(const Value& operand, const Value& indices, const Value& updates,
+                       const std::vector<int64_t>& update_window_dims,
+                       const std::vector<int64_t>& inserted_window_dims,
+                       const std::vector<int64_t>& scatter_dims_to_operand_dims,
+                       int64_t index_vector_dim, const RegionFn& combine) {
+  std::string name = fresh();
+  body_ << std::string(depth_ * 2, ' ') << name << " = \"stablehlo.scatter\"(" << operand.name
+        << ", " << indices.name << ", " << updates.name << ")";
+  emit_region({Type{operand.dtype(), {}}, Type{operand.dtype(), {}}}, combine);
+  body_ << " {scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = ["
+        << ints(update_window_dims) << "], inserted_window_dims = [" << ints(inserted_window_dims)
+        << "], scatter_dims_to_operand_dims = [" << ints(scatter_dims_to_operand_dims)
+        << "], index_vector_dim = " << index_vector_dim
+        << ">, indices_are_sorted = false, unique_indices = false} : "
+        << sig({operand, indices, updates}) << " -> " << operand.type.str() << "\n";
+  return Value{name, operand.type};
+}
+
+std::pair<Value, Value> Builder::rng_bit_generator(const Value& state, const Type& bits_type) {
+  std::string name = fresh();
+  body_ << std::string(depth_ * 2, ' ') << name << ":2 = \"stablehlo.rng_bit_generator\"("
+        << state.name << ") {rng_algorithm = #stablehlo<rng_algorithm THREE_FRY>} : ("
+        << state.type.str() << ") -> (" << state.type.str() << ", " << bits_type.str() << ")\n";
+  return {Value{name + "#0", state.type}, Value{name + "#1", bits_type}};
+}
+
+std::string Builder::finish(const std::vector<Value>& results) {
+  std::ostringstream m;
+  m << "module @torch_tpu {\n  func.func public @main(";
+  for (size_t i = 0; i < params_.size(); ++i) {
+    m << (i ? ", " : "") << "%arg" << i << ": " << params_[i].str();
+    for (auto& [p, o] : aliases_)
+      if (p == static_cast<int>(i)) m << " {tf.aliasing_output = " << o << " : i32}";
+  }
+  m << ") -> (";
+  for (size_t i = 0; i < results.size(); ++i) m << (i ? ", " : "") << results[i].type.str();
+  m << ") {\n" << body_.str() << "    \"func.return\"(" << names(results) << ") : "
+    << sig(results) << " -> ()\n  }\n}\n";
+  return m.str();
+}
+
+}  // namespace tpu::ir

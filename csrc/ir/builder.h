@@ -1,0 +1,121 @@
+// A small emitter of StableHLO programs as MLIR text (generic op syntax).
+// One Builder makes one `main` function; values are SSA names with their types.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "runtime/dtype.h"
+
+namespace tpu::ir {
+
+using Shape = std::vector<int64_t>;
+
+struct Type {
+  DType dtype = DType::F32;
+  Shape shape;
+  std::string str() const;  // tensor<2x3xf32>
+  int64_t numel() const;
+  int rank() const { return static_cast<int>(shape.size()); }
+};
+
+struct Value {
+  std::string name;  // %v3, %r1#0, %arg2
+  Type type;
+  DType dtype() const { return type.dtype; }
+  const Shape& shape() const { return type.shape; }
+  int rank() const { return type.rank(); }
+};
+
+enum class Cmp { EQ, NE, LT, LE, GT, GE };
+
+class Builder;
+// Body of a region: takes the block arguments, returns the values to yield.
+using RegionFn = std::function<std::vector<Value>(Builder&, const std::vector<Value>&)>;
+
+class Builder {
+ public:
+  Builder() = default;
+
+  // Function parameters, in the order the caller passes buffers.
+  Value param(const Type& t);
+  int num_params() const { return static_cast<int>(params_.size()); }
+  // Marks parameter `i` as donated to result `out` (the runtime may reuse its buffer).
+  void alias_param(int i, int out) { aliases_.push_back({i, out}); }
+
+  // Elementwise. Operands of binary ops must already share shape and dtype.
+  Value unary(const std::string& op, const Value& x);
+  Value binary(const std::string& op, const Value& a, const Value& b);
+  Value compare(const Value& a, const Value& b, Cmp dir);
+  Value select(const Value& pred, const Value& a, const Value& b);
+  Value clamp(const Value& lo, const Value& x, const Value& hi);
+  Value convert(const Value& x, DType to);
+  Value bitcast(const Value& x, DType to);
+
+  // A constant filling `shape`.
+  Value constant(double v, DType t, const Shape& shape = {});
+  Value iota(const Type& t, int64_t dim);
+
+  // Shapes.
+  Value reshape(const Value& x, const Shape& shape);
+  Value broadcast_in_dim(const Value& x, const Shape& shape, const std::vector<int64_t>& dims);
+  Value transpose(const Value& x, const std::vector<int64_t>& perm);
+  Value slice(const Value& x, const Shape& start, const Shape& limit, const Shape& strides);
+  Value concatenate(const std::vector<Value>& xs, int64_t dim);
+  Value pad(const Value& x, const Value& padv, const Shape& lo, const Shape& hi, const Shape& interior);
+  Value reverse(const Value& x, const std::vector<int64_t>& dims);
+  Value dynamic_update_slice(const Value& x, const Value& update, const std::vector<Value>& starts);
+  Value dynamic_slice(const Value& x, const std::vector<Value>& starts, const Shape& sizes);
+
+  // Reductions and regions.
+  std::vector<Value> reduce(const std::vector<Value>& xs, const std::vector<Value>& inits,
+                            const std::vector<int64_t>& dims, const RegionFn& body);
+  Value reduce(const Value& x, const Value& init, const std::vector<int64_t>& dims,
+               const std::string& op);
+  Value reduce_window(const Value& x, const Value& init, const Shape& window, const Shape& strides,
+                      const std::vector<std::pair<int64_t, int64_t>>& padding,
+                      const std::string& op);
+  std::vector<Value> sort(const std::vector<Value>& xs, int64_t dim, bool stable,
+                          const RegionFn& comparator);
+
+  Value dot_general(const Value& a, const Value& b, const std::vector<int64_t>& batch_a,
+                    const std::vector<int64_t>& batch_b, const std::vector<int64_t>& contract_a,
+                    const std::vector<int64_t>& contract_b, DType out);
+  Value gather(const Value& operand, const Value& indices, const std::vector<int64_t>& offset_dims,
+               const std::vector<int64_t>& collapsed_dims, const std::vector<int64_t>& start_index_map,
+               int64_t index_vector_dim, const Shape& slice_sizes, const Shape& out_shape);
+  Value scatter(const Value& operand, const Value& indices, const Value& updates,
+                const std::vector<int64_t>& update_window_dims,
+                const std::vector<int64_t>& inserted_window_dims,
+                const std::vector<int64_t>& scatter_dims_to_operand_dims, int64_t index_vector_dim,
+                const RegionFn& combine);
+  // Returns {new_state, bits} with bits of unsigned type `bits_type`.
+  std::pair<Value, Value> rng_bit_generator(const Value& state, const Type& bits_type);
+
+  // An op spelled out by the caller: `"name"(operands) {attrs} : (...) -> result`.
+  Value raw(const std::string& op, const std::vector<Value>& operands, const std::string& attrs,
+            const Type& result);
+
+  // The whole module, returning `results`.
+  std::string finish(const std::vector<Value>& results);
+
+ private:
+  std::string fresh();
+  std::string sig(const std::vector<Value>& operands) const;
+  void emit_region(const std::vector<Type>& arg_types, const RegionFn& fn);
+
+  std::vector<Type> params_;
+  std::vector<std::pair<int, int>> aliases_;
+  std::ostringstream body_;
+  int next_ = 0;
+  int depth_ = 1;
+};
+
+// Helpers shared by rules.
+std::string ints(const std::vector<int64_t>& v);        // 1, 2, 3
+std::string i64_array(const std::vector<int64_t>& v);   // array<i64: 1, 2, 3>
+Shape contiguous_strides(const Shape& shape);
+
+}  // namespace tpu::ir

@@ -1,0 +1,27 @@
+// Reading and writing strided views of a storage inside a program.
+// A storage is one device buffer (any shape, dense row-major); a view is
+// (sizes, strides, offset) in elements over that buffer's flattened contents.
+#pragma once
+#include "ir/builder.h"
+
+namespace tpu::ir {
+
+struct Geometry {
+  Shape sizes;
+  Shape strides;
+  int64_t offset = 0;
+  int64_t numel() const;
+  bool is_contiguous() const;
+  // True when the view is exactly the storage's contents in order.
+  bool covers(const Shape& storage_shape) const;
+  std::string key() const;
+};
+
+// The view's values, shaped `g.sizes`, read from `storage`.
+Value read_view(Builder& b, const Value& storage, const Geometry& g);
+// The storage after writing `value` (shaped `g.sizes`, any dtype: converted) into the view.
+// `storage` may be null when the view covers the whole storage.
+Value write_view(Builder& b, const Value* storage, const Type& storage_type, const Geometry& g,
+                 const Value& value);
+
+}  // namespace tpu::ir

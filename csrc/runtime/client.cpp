@@ -1,0 +1,461 @@
+#include "runtime/client.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/compile_options.h"
+#include "runtime/plugin_search.h"
+
+namespace tpu::runtime {
+namespace {
+
+PJRT_Buffer_Type to_pjrt(DType t) {
+  switch (t) {
+    case DType::Bool: return PJRT_Buffer_Type_PRED;
+    case DType::I8: return PJRT_Buffer_Type_S8;
+    case DType::I16: return PJRT_Buffer_Type_S16;
+    case DType::I32: return PJRT_Buffer_Type_S32;
+    case DType::I64: return PJRT_Buffer_Type_S64;
+    case DType::U8: return PJRT_Buffer_Type_U8;
+    case DType::U32: return PJRT_Buffer_Type_U32;
+    case DType::U64: return PJRT_Buffer_Type_U64;
+    case DType::F16: return PJRT_Buffer_Type_F16;
+    case DType::BF16: return PJRT_Buffer_Type_BF16;
+    case DType::F32: return PJRT_Buffer_Type_F32;
+    case DType::F64: return PJRT_Buffer_Type_F64;
+    case DType::C64: return PJRT_Buffer_Type_C64;
+    case DType::C128: return PJRT_Buffer_Type_C128;
+    default: return PJRT_Buffer_Type_INVALID;
+  }
+}
+
+DType from_pjrt(PJRT_Buffer_Type t) {
+  switch (t) {
+    case PJRT_Buffer_Type_PRED: return DType::Bool;
+    case PJRT_Buffer_Type_S8: return DType::I8;
+    case PJRT_Buffer_Type_S16: return DType::I16;
+    case PJRT_Buffer_Type_S32: return DType::I32;
+    case PJRT_Buffer_Type_S64: return DType::I64;
+    case PJRT_Buffer_Type_U8: return DType::U8;
+    case PJRT_Buffer_Type_U32: return DType::U32;
+    case PJRT_Buffer_Type_U64: return DType::U64;
+    case PJRT_Buffer_Type_F16: return DType::F16;
+    case PJRT_Buffer_Type_BF16: return DType::BF16;
+    case PJRT_Buffer_Type_F32: return DType::F32;
+    case PJRT_Buffer_Type_F64: return DType::F64;
+    case PJRT_Buffer_Type_C64: return DType::C64;
+    case PJRT_Buffer_Type_C128: return DType::C128;
+    default: return DType::Invalid;
+  }
+}
+
+template <typename T>
+T make_args(size_t size) {
+  T a;
+  std::memset(&a, 0, sizeof(a));
+  a.struct_size = size;
+  return a;
+}
+#define ARGS(T) make_args<T>(T##_STRUCT_SIZE)
+
+Client* g_client = nullptr;
+std::mutex g_client_mu;
+
+}  // namespace
+
+void DeviceStats::bump_peak(int64_t bytes) {
+  int64_t prev = peak_bytes.load();
+  while (bytes > prev && !peak_bytes.compare_exchange_weak(prev, bytes)) {}
+}
+
+void DeviceStats::add(int64_t bytes) {
+  int64_t now = live_bytes.fetch_add(bytes) + bytes;
+  if (bytes > 0) {
+    num_allocs.fetch_add(1);
+    bump_peak(now);
+  }
+}
+
+Buffer::Buffer(PJRT_Buffer* b, int device, DType dtype, std::vector<int64_t> dims)
+    : buf_(b), device_(device), dtype_(dtype), dims_(std::move(dims)) {
+  nbytes_ = numel() * itemsize(dtype_);
+  Client::get().stats(device_).add(nbytes_);
+}
+
+int64_t Buffer::numel() const {
+  int64_t n = 1;
+  for (auto d : dims_) n *= d;
+  return n;
+}
+
+Buffer::~Buffer() {
+  if (!buf_) return;
+  Client& c = Client::get();
+  auto a = ARGS(PJRT_Buffer_Destroy_Args);
+  a.buffer = buf_;
+  PJRT_Error* err = c.api()->PJRT_Buffer_Destroy(&a);
+  if (err) {
+    auto d = ARGS(PJRT_Error_Destroy_Args);
+    d.error = err;
+    c.api()->PJRT_Error_Destroy(&d);
+  }
+  c.stats(device_).add(-nbytes_);
+}
+
+Executable::Executable(PJRT_LoadedExecutable* e, size_t num_outputs, int64_t temp_bytes,
+                       int64_t output_bytes)
+    : exe_(e), num_outputs_(num_outputs), temp_bytes_(temp_bytes), output_bytes_(output_bytes) {}
+
+Executable::~Executable() {
+  if (!exe_ || !g_client) return;
+  auto a = ARGS(PJRT_LoadedExecutable_Destroy_Args);
+  a.executable = exe_;
+  g_client->check(g_client->api()->PJRT_LoadedExecutable_Destroy(&a), "destroy executable");
+}
+
+void Client::check(PJRT_Error* err, const std::string& what) const {
+  if (!err) return;
+  auto m = ARGS(PJRT_Error_Message_Args);
+  m.error = err;
+  api_->PJRT_Error_Message(&m);
+  std::string msg(m.message, m.message_size);
+  auto g = ARGS(PJRT_Error_GetCode_Args);
+  g.error = err;
+  int code = PJRT_Error_Code_UNKNOWN;
+  if (!api_->PJRT_Error_GetCode(&g)) code = g.code;
+  auto d = ARGS(PJRT_Error_Destroy_Args);
+  d.error = err;
+  api_->PJRT_Error_Destroy(&d);
+  std::string full = what + ": " + msg;
+  if (code == PJRT_Error_Code_RESOURCE_EXHAUSTED) throw OutOfMemory(full);
+  throw Error(full, code);
+}
+
+bool Client::initialized() { return g_client != nullptr; }
+
+Client& Client::get() {
+  if (g_client) return *g_client;
+  std::lock_guard<std::mutex> lock(g_client_mu);
+  if (!g_client) g_client = new Client();  // lives for the process: buffers outlive statics
+  return *g_client;
+}
+
+Client::Client() {
+  std::string how;
+  plugin_path_ = resolve_plugin_path(&how);
+  if (plugin_path_.empty()) {
+    throw Error(
+        "torch_tpu: no PJRT plugin found. Install one into this environment: "
+        "`pip install xla-cpu-pjrt` (XLA CPU), `pip install libtpu` (TPU), or set "
+        "TPU_PJRT_PLUGIN=/path/to/plugin.so",
+        PJRT_Error_Code_NOT_FOUND);
+  }
+  void* handle = dlopen(plugin_path_.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    throw Error("torch_tpu: cannot load PJRT plugin " + plugin_path_ + " (" + how + "): " +
+                    dlerror(),
+                PJRT_Error_Code_NOT_FOUND);
+  }
+  using GetApi = const PJRT_Api* (*)();
+  auto get_api = reinterpret_cast<GetApi>(dlsym(handle, "GetPjrtApi"));
+  if (!get_api) {
+    throw Error("torch_tpu: " + plugin_path_ + " exports no GetPjrtApi; not a PJRT plugin",
+                PJRT_Error_Code_NOT_FOUND);
+  }
+  api_ = get_api();
+  if (api_->pjrt_api_version.major_version != PJRT_API_MAJOR) {
+    throw Error("torch_tpu: PJRT plugin " + plugin_path_ + " speaks C API major version " +
+                    std::to_string(api_->pjrt_api_version.major_version) + ", we were built for " +
+                    std::to_string(PJRT_API_MAJOR),
+                PJRT_Error_Code_FAILED_PRECONDITION);
+  }
+  auto init = ARGS(PJRT_Plugin_Initialize_Args);
+  check(api_->PJRT_Plugin_Initialize(&init), "PJRT_Plugin_Initialize");
+
+  // Options the XLA CPU plugin reads; other plugins ignore names they do not know.
+  int64_t ndev = 1;
+  if (const char* s = std::getenv("TPU_NUM_DEVICES")) ndev = std::max<int64_t>(1, std::atoll(s));
+  std::vector<PJRT_NamedValue> opts;
+  auto named = [&](const char* name) {
+    PJRT_NamedValue v;
+    std::memset(&v, 0, sizeof(v));
+    v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    v.name = name;
+    v.name_size = std::strlen(name);
+    return v;
+  };
+  bool is_cpu_plugin = plugin_path_.find("cpu") != std::string::npos;
+  if (is_cpu_plugin) {
+    auto v = named("cpu_device_count");
+    v.type = PJRT_NamedValue_kInt64;
+    v.int64_value = ndev;
+    v.value_size = 1;
+    opts.push_back(v);
+    auto a = named("asynchronous");
+    a.type = PJRT_NamedValue_kBool;
+    a.bool_value = true;
+    a.value_size = 1;
+    opts.push_back(a);
+  }
+  auto create = ARGS(PJRT_Client_Create_Args);
+  create.create_options = opts.data();
+  create.num_options = opts.size();
+  check(api_->PJRT_Client_Create(&create), "PJRT_Client_Create");
+  client_ = create.client;
+
+  auto pn = ARGS(PJRT_Client_PlatformName_Args);
+  pn.client = client_;
+  check(api_->PJRT_Client_PlatformName(&pn), "PJRT_Client_PlatformName");
+  platform_.assign(pn.platform_name, pn.platform_name_size);
+
+  auto dev = ARGS(PJRT_Client_AddressableDevices_Args);
+  dev.client = client_;
+  check(api_->PJRT_Client_AddressableDevices(&dev), "PJRT_Client_AddressableDevices");
+  for (size_t i = 0; i < dev.num_addressable_devices; ++i) {
+    devices_.push_back(dev.addressable_devices[i]);
+    stats_.push_back(std::make_unique<DeviceStats>());
+  }
+  if (devices_.empty()) throw Error("torch_tpu: the PJRT plugin exposes no devices", 5);
+}
+
+std::pair<int, int> Client::api_version() const {
+  return {api_->pjrt_api_version.major_version, api_->pjrt_api_version.minor_version};
+}
+
+int64_t Client::memory_limit(int device) {
+  if (memory_limit_override_ > 0) return memory_limit_override_;
+  if (const char* s = std::getenv("TPU_MEMORY_LIMIT")) {
+    int64_t v = std::atoll(s);
+    if (v > 0) return v;
+  }
+  auto a = ARGS(PJRT_Device_MemoryStats_Args);
+  a.device = devices_.at(device);
+  PJRT_Error* err = api_->PJRT_Device_MemoryStats(&a);
+  if (!err && a.bytes_limit_is_set && a.bytes_limit > 0) return a.bytes_limit;
+  if (err) {
+    auto d = ARGS(PJRT_Error_Destroy_Args);
+    d.error = err;
+    api_->PJRT_Error_Destroy(&d);
+  }
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+}
+
+static void check_capacity(Client& c, int device, int64_t extra, const std::string& what) {
+  int64_t limit = c.memory_limit(device);
+  int64_t live = c.stats(device).live_bytes.load();
+  if (live + extra > limit) {
+    throw OutOfMemory("torch_tpu: out of device memory on tpu:" + std::to_string(device) +
+                      " in " + what + ": tried to allocate " + std::to_string(extra) +
+                      " bytes with " + std::to_string(live) + " bytes in use and a limit of " +
+                      std::to_string(limit) + " bytes");
+  }
+}
+
+BufferPtr Client::from_host(const void* data, DType dtype, const std::vector<int64_t>& dims,
+                            int device) {
+  int64_t n = itemsize(dtype);
+  for (auto d : dims) n *= d;
+  check_capacity(*this, device, n, "host-to-device copy");
+  auto a = ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  a.client = client_;
+  a.data = data;
+  a.type = to_pjrt(dtype);
+  a.dims = dims.data();
+  a.num_dims = dims.size();
+  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  a.device = devices_.at(device);
+  check(api_->PJRT_Client_BufferFromHostBuffer(&a), "host-to-device copy");
+  if (a.done_with_host_buffer) await_event(a.done_with_host_buffer, "host-to-device copy");
+  counters_.h2d_bytes += n;
+  counters_.h2d_transfers += 1;
+  return std::make_shared<Buffer>(a.buffer, device, dtype, dims);
+}
+
+void Client::to_host(const Buffer& b, void* dst, size_t nbytes) {
+  auto a = ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  a.src = b.raw();
+  a.dst = dst;
+  a.dst_size = nbytes;
+  std::string what = "device-to-host copy";
+  if (!b.producer.empty()) what += " of the result of " + b.producer;
+  check(api_->PJRT_Buffer_ToHostBuffer(&a), what);
+  await_event(a.event, what);
+  counters_.d2h_bytes += static_cast<int64_t>(nbytes);
+  counters_.d2h_transfers += 1;
+}
+
+BufferPtr Client::copy_to_device(const Buffer& b, int device) {
+  check_capacity(*this, device, b.nbytes(), "device-to-device copy");
+  auto a = ARGS(PJRT_Buffer_CopyToDevice_Args);
+  a.buffer = b.raw();
+  a.dst_device = devices_.at(device);
+  check(api_->PJRT_Buffer_CopyToDevice(&a), "device-to-device copy");
+  counters_.d2d_transfers += 1;
+  return std::make_shared<Buffer>(a.dst_buffer, device, b.dtype(), b.dims());
+}
+
+void Client::await_event(PJRT_Event* ev, const std::string& what) {
+  auto a = ARGS(PJRT_Event_Await_Args);
+  a.event = ev;
+  PJRT_Error* err = api_->PJRT_Event_Await(&a);
+  auto d = ARGS(PJRT_Event_Destroy_Args);
+  d.event = ev;
+  api_->PJRT_Event_Destroy(&d);
+  check(err, what);
+}
+
+ExecutablePtr Client::compile(const std::string& mlir, const std::string& name) {
+  auto t0 = std::chrono::steady_clock::now();
+  static const std::string options = portable_compile_options();
+  static const char kFormat[] = "mlir";
+  auto prog = ARGS(PJRT_Program);
+  prog.code = const_cast<char*>(mlir.data());
+  prog.code_size = mlir.size();
+  prog.format = kFormat;
+  prog.format_size = 4;
+  auto a = ARGS(PJRT_Client_Compile_Args);
+  a.client = client_;
+  a.program = &prog;
+  a.compile_options = options.data();
+  a.compile_options_size = options.size();
+  check(api_->PJRT_Client_Compile(&a), "compiling " + name);
+
+  auto ge = ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  ge.loaded_executable = a.executable;
+  check(api_->PJRT_LoadedExecutable_GetExecutable(&ge), "GetExecutable");
+  auto no = ARGS(PJRT_Executable_NumOutputs_Args);
+  no.executable = ge.executable;
+  check(api_->PJRT_Executable_NumOutputs(&no), "NumOutputs");
+  int64_t temp = 0, out_bytes = 0;
+  auto ms = ARGS(PJRT_Executable_GetCompiledMemoryStats_Args);
+  ms.executable = ge.executable;
+  if (PJRT_Error* err = api_->PJRT_Executable_GetCompiledMemoryStats(&ms)) {
+    auto d = ARGS(PJRT_Error_Destroy_Args);
+    d.error = err;
+    api_->PJRT_Error_Destroy(&d);
+  } else {
+    temp = ms.temp_size_in_bytes;
+    out_bytes = ms.output_size_in_bytes;
+  }
+  auto de = ARGS(PJRT_Executable_Destroy_Args);
+  de.executable = ge.executable;
+  check(api_->PJRT_Executable_Destroy(&de), "Executable_Destroy");
+
+  counters_.compiles += 1;
+  counters_.compile_us += std::chrono::duration_cast<std::chrono::microseconds>(
+                              std::chrono::steady_clock::now() - t0).count();
+  auto exe = std::make_shared<Executable>(a.executable, no.num_outputs, temp, out_bytes);
+  exe->name = name;
+  return exe;
+}
+
+std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<Buffer*>& args,
+                                       int device, const std::vector<bool>& donate, bool wait) {
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    if (!deferred_error_.empty()) {
+      std::string e = std::move(deferred_error_);
+      deferred_error_.clear();
+      throw Error(e, PJRT_Error_Code_INTERNAL);
+    }
+  }
+  check_capacity(*this, device, exe.output_bytes() + exe.temp_bytes(), exe.name);
+  DeviceStats& st = stats(device);
+  st.bump_peak(st.live_bytes.load() + exe.output_bytes() + exe.temp_bytes());
+
+  std::vector<PJRT_Buffer*> raw(args.size());
+  for (size_t i = 0; i < args.size(); ++i) raw[i] = args[i]->raw();
+  std::vector<int64_t> keep;  // inputs the program may not reuse
+  for (size_t i = 0; i < args.size(); ++i)
+    if (i >= donate.size() || !donate[i]) keep.push_back(static_cast<int64_t>(i));
+  std::vector<PJRT_Buffer*> outs(exe.num_outputs(), nullptr);
+  PJRT_Buffer* const* arg_lists[1] = {raw.data()};
+  PJRT_Buffer** out_lists[1] = {outs.data()};
+  PJRT_Event* done[1] = {nullptr};
+
+  auto opts = ARGS(PJRT_ExecuteOptions);
+  opts.non_donatable_input_indices = keep.data();
+  opts.num_non_donatable_input_indices = keep.size();
+  auto a = ARGS(PJRT_LoadedExecutable_Execute_Args);
+  a.executable = exe.raw();
+  a.options = &opts;
+  a.argument_lists = arg_lists;
+  a.num_devices = 1;
+  a.num_args = raw.size();
+  a.output_lists = out_lists;
+  a.device_complete_events = done;
+  a.execute_device = devices_.at(device);
+  check(api_->PJRT_LoadedExecutable_Execute(&a), "executing " + exe.name);
+  counters_.executions += 1;
+
+  std::vector<BufferPtr> result;
+  result.reserve(outs.size());
+  for (PJRT_Buffer* o : outs) {
+    auto et = ARGS(PJRT_Buffer_ElementType_Args);
+    et.buffer = o;
+    check(api_->PJRT_Buffer_ElementType(&et), "Buffer_ElementType");
+    auto dm = ARGS(PJRT_Buffer_Dimensions_Args);
+    dm.buffer = o;
+    check(api_->PJRT_Buffer_Dimensions(&dm), "Buffer_Dimensions");
+    auto b = std::make_shared<Buffer>(o, device, from_pjrt(et.type),
+                                      std::vector<int64_t>(dm.dims, dm.dims + dm.num_dims));
+    b->producer = exe.name;
+    result.push_back(std::move(b));
+  }
+  if (done[0]) {
+    if (wait) await_event(done[0], "executing " + exe.name);
+    else track_event(done[0], device, exe.name);
+  }
+  return result;
+}
+
+void Client::track_event(PJRT_Event* ev, int device, const std::string& op) {
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  pending_.push_back({ev, device, op});
+  if (pending_.size() >= 256) reap(false, -1);
+}
+
+// Drops finished events (all of `device`'s, waiting, when `all`), keeping the first error.
+void Client::reap(bool all, int device) {
+  std::vector<Pending> keep;
+  for (auto& p : pending_) {
+    bool mine = device < 0 || p.device == device;
+    bool ready = false;
+    if (!all || !mine) {
+      auto r = ARGS(PJRT_Event_IsReady_Args);
+      r.event = p.event;
+      ready = !api_->PJRT_Event_IsReady(&r) && r.is_ready;
+      if (!ready) { keep.push_back(p); continue; }
+    }
+    auto w = ARGS(PJRT_Event_Await_Args);
+    w.event = p.event;
+    PJRT_Error* err = api_->PJRT_Event_Await(&w);
+    if (err) {
+      try {
+        check(err, "asynchronous execution of " + p.op);
+      } catch (const Error& e) {
+        if (deferred_error_.empty()) deferred_error_ = e.what();
+      }
+    }
+    auto d = ARGS(PJRT_Event_Destroy_Args);
+    d.event = p.event;
+    api_->PJRT_Event_Destroy(&d);
+  }
+  pending_.swap(keep);
+}
+
+void Client::synchronize(int device) {
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  reap(true, device);
+  if (!deferred_error_.empty()) {
+    std::string e = std::move(deferred_error_);
+    deferred_error_.clear();
+    throw Error(e, PJRT_Error_Code_INTERNAL);
+  }
+}
+
+}  // namespace tpu::runtime

@@ -1,0 +1,157 @@
+// PJRT runtime: plugin, client, devices, buffers, executables, events.
+// This layer knows nothing of PyTorch; it speaks only the PJRT C API.
+#pragma once
+#include <pjrt_c_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/dtype.h"
+
+namespace tpu::runtime {
+
+// A PJRT error carried as an exception with the plugin's message and code.
+class Error : public std::runtime_error {
+ public:
+  Error(const std::string& msg, int code) : std::runtime_error(msg), code_(code) {}
+  int code() const { return code_; }
+ private:
+  int code_;
+};
+
+// Raised when an allocation or execution would exceed the device's memory.
+class OutOfMemory : public Error {
+ public:
+  explicit OutOfMemory(const std::string& msg) : Error(msg, PJRT_Error_Code_RESOURCE_EXHAUSTED) {}
+};
+
+class Client;
+
+// Per-device counters; memory figures are live device-buffer bytes we own.
+struct DeviceStats {
+  std::atomic<int64_t> live_bytes{0};
+  std::atomic<int64_t> peak_bytes{0};
+  std::atomic<int64_t> num_allocs{0};
+  void add(int64_t bytes);
+  void bump_peak(int64_t bytes);
+};
+
+struct Counters {
+  std::atomic<int64_t> compiles{0};
+  std::atomic<int64_t> compile_us{0};
+  std::atomic<int64_t> executions{0};
+  std::atomic<int64_t> h2d_bytes{0};
+  std::atomic<int64_t> h2d_transfers{0};
+  std::atomic<int64_t> d2h_bytes{0};
+  std::atomic<int64_t> d2h_transfers{0};
+  std::atomic<int64_t> d2d_transfers{0};
+};
+
+// An owned device buffer. Destroying it frees device memory.
+class Buffer {
+ public:
+  Buffer(PJRT_Buffer* b, int device, DType dtype, std::vector<int64_t> dims);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  PJRT_Buffer* raw() const { return buf_; }
+  int device() const { return device_; }
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& dims() const { return dims_; }
+  int64_t nbytes() const { return nbytes_; }
+  int64_t numel() const;
+  // The op that produced this buffer, named in asynchronous error messages.
+  std::string producer;
+ private:
+  PJRT_Buffer* buf_;
+  int device_;
+  DType dtype_;
+  std::vector<int64_t> dims_;
+  int64_t nbytes_;
+};
+using BufferPtr = std::shared_ptr<Buffer>;
+
+class Executable {
+ public:
+  Executable(PJRT_LoadedExecutable* e, size_t num_outputs, int64_t temp_bytes, int64_t output_bytes);
+  ~Executable();
+  PJRT_LoadedExecutable* raw() const { return exe_; }
+  size_t num_outputs() const { return num_outputs_; }
+  int64_t temp_bytes() const { return temp_bytes_; }
+  int64_t output_bytes() const { return output_bytes_; }
+  std::string name;  // what it computes, for errors
+ private:
+  PJRT_LoadedExecutable* exe_;
+  size_t num_outputs_;
+  int64_t temp_bytes_;
+  int64_t output_bytes_;
+};
+using ExecutablePtr = std::shared_ptr<Executable>;
+
+class Client {
+ public:
+  // The process-wide client, created on first use from the chosen plugin.
+  static Client& get();
+  static bool initialized();
+  // Path of the plugin `get()` would load (or did), and how it was chosen.
+  static std::string resolve_plugin_path(std::string* how = nullptr);
+
+  int device_count() const { return static_cast<int>(devices_.size()); }
+  const std::string& platform() const { return platform_; }
+  const std::string& plugin_path() const { return plugin_path_; }
+  std::pair<int, int> api_version() const;
+
+  BufferPtr from_host(const void* data, DType dtype, const std::vector<int64_t>& dims, int device);
+  // Copies a whole buffer into `dst` (dense row-major); waits for completion.
+  void to_host(const Buffer& b, void* dst, size_t nbytes);
+  BufferPtr copy_to_device(const Buffer& b, int device);
+
+  ExecutablePtr compile(const std::string& mlir, const std::string& name);
+  // Launches asynchronously; returns the outputs. With `wait` it blocks until done
+  // and raises any execution error here.
+  std::vector<BufferPtr> execute(const Executable& exe, const std::vector<Buffer*>& args,
+                                 int device, const std::vector<bool>& donate, bool wait);
+  // Waits for every launched execution on `device` (-1: all) and raises the first error.
+  void synchronize(int device = -1);
+
+  DeviceStats& stats(int device) { return *stats_.at(device); }
+  Counters& counters() { return counters_; }
+  // Device memory capacity in bytes: TPU_MEMORY_LIMIT, else the plugin's figure, else host RAM.
+  int64_t memory_limit(int device);
+  void set_memory_limit(int64_t bytes) { memory_limit_override_ = bytes; }
+
+  // Raises Error carrying the plugin's message if `err` is non-null (and frees it).
+  void check(PJRT_Error* err, const std::string& what) const;
+  const PJRT_Api* api() const { return api_; }
+
+ private:
+  Client();
+  void track_event(PJRT_Event* ev, int device, const std::string& op);
+  void reap(bool all, int device);
+  void await_event(PJRT_Event* ev, const std::string& what);
+
+  const PJRT_Api* api_ = nullptr;
+  PJRT_Client* client_ = nullptr;
+  std::vector<PJRT_Device*> devices_;
+  std::vector<std::unique_ptr<DeviceStats>> stats_;
+  std::string platform_;
+  std::string plugin_path_;
+  Counters counters_;
+  int64_t memory_limit_override_ = 0;
+
+  struct Pending {
+    PJRT_Event* event;
+    int device;
+    std::string op;
+  };
+  std::mutex pending_mu_;
+  std::vector<Pending> pending_;
+  std::string deferred_error_;  // first asynchronous error not yet raised
+};
+
+}  // namespace tpu::runtime

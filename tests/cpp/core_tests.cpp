@@ -1,0 +1,175 @@
+// Unit tests of the runtime (against the real PJRT plugin) and the StableHLO emitter.
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "ir/builder.h"
+#include "ir/views.h"
+#include "runtime/client.h"
+
+using namespace tpu;
+using ir::Builder;
+using ir::Type;
+using ir::Value;
+
+static int g_failed = 0, g_passed = 0;
+#define CHECK(cond)                                                              \
+  do {                                                                           \
+    if (!(cond)) throw std::runtime_error(std::string("CHECK failed: ") + #cond + \
+                                          " at line " + std::to_string(__LINE__)); \
+  } while (0)
+
+static void run(const char* name, const std::function<void()>& fn) {
+  try {
+    fn();
+    ++g_passed;
+    std::cout << "PASS " << name << "\n";
+  } catch (const std::exception& e) {
+    ++g_failed;
+    std::cout << "FAIL " << name << ": " << e.what() << "\n";
+  }
+}
+
+static runtime::Client& C() { return runtime::Client::get(); }
+
+template <typename T>
+static std::vector<T> fetch(const runtime::Buffer& b) {
+  std::vector<T> out(b.numel());
+  C().to_host(b, out.data(), out.size() * sizeof(T));
+  return out;
+}
+
+static std::vector<runtime::BufferPtr> run_program(const std::string& text,
+                                                   const std::vector<runtime::BufferPtr>& args) {
+  auto exe = C().compile(text, "test");
+  std::vector<runtime::Buffer*> raw;
+  for (auto& a : args) raw.push_back(a.get());
+  return C().execute(*exe, raw, 0, {}, true);
+}
+
+int main() {
+  run("client has devices and a known API version", [] {
+    CHECK(C().device_count() >= 1);
+    CHECK(C().api_version().first == PJRT_API_MAJOR);
+    CHECK(!C().platform().empty());
+  });
+
+  run("host round trip keeps f32, i64, bool and bf16 bits", [] {
+    std::vector<float> f = {1.5f, -2.f, 3.25f, 0.f, 1e-30f, 7.f};
+    auto b = C().from_host(f.data(), DType::F32, {2, 3}, 0);
+    CHECK(b->dims() == std::vector<int64_t>({2, 3}));
+    CHECK(fetch<float>(*b) == f);
+    std::vector<int64_t> i = {1, -(int64_t(1) << 40), 3};
+    CHECK(fetch<int64_t>(*C().from_host(i.data(), DType::I64, {3}, 0)) == i);
+    std::vector<uint8_t> p = {1, 0, 1};
+    CHECK(fetch<uint8_t>(*C().from_host(p.data(), DType::Bool, {3}, 0)) == p);
+    std::vector<uint16_t> h = {0x3f80, 0xc000};
+    CHECK(fetch<uint16_t>(*C().from_host(h.data(), DType::BF16, {2}, 0)) == h);
+  });
+
+  run("live bytes follow buffer lifetimes", [] {
+    int64_t before = C().stats(0).live_bytes.load();
+    {
+      std::vector<float> f(1000, 1.f);
+      auto b = C().from_host(f.data(), DType::F32, {1000}, 0);
+      CHECK(C().stats(0).live_bytes.load() == before + 4000);
+    }
+    CHECK(C().stats(0).live_bytes.load() == before);
+  });
+
+  run("elementwise program: add and multiply by a constant", [] {
+    Builder b;
+    Value x = b.param(Type{DType::F32, {4}});
+    Value y = b.param(Type{DType::F32, {4}});
+    Value s = b.binary("stablehlo.add", x, y);
+    Value r = b.binary("stablehlo.multiply", s, b.constant(0.5, DType::F32, {4}));
+    std::vector<float> a = {1, 2, 3, 4}, c = {10, 20, 30, 40};
+    auto out = run_program(b.finish({r}), {C().from_host(a.data(), DType::F32, {4}, 0),
+                                           C().from_host(c.data(), DType::F32, {4}, 0)});
+    CHECK(fetch<float>(*out[0]) == std::vector<float>({5.5f, 11.f, 16.5f, 22.f}));
+  });
+
+  run("reduce, dot_general and multiple results", [] {
+    Builder b;
+    Value x = b.param(Type{DType::F32, {2, 3}});
+    Value sum = b.reduce(x, b.constant(0, DType::F32), {1}, "stablehlo.add");
+    Value xt = b.transpose(x, {1, 0});
+    Value mm = b.dot_general(x, xt, {}, {}, {1}, {0}, DType::F32);
+    std::vector<float> a = {1, 2, 3, 4, 5, 6};
+    auto out = run_program(b.finish({sum, mm}), {C().from_host(a.data(), DType::F32, {2, 3}, 0)});
+    CHECK(fetch<float>(*out[0]) == std::vector<float>({6, 15}));
+    CHECK(fetch<float>(*out[1]) == std::vector<float>({14, 32, 32, 77}));
+  });
+
+  run("stable sort with a comparator region carries indices", [] {
+    Builder b;
+    Value x = b.param(Type{DType::F32, {5}});
+    Value idx = b.iota(Type{DType::I32, {5}}, 0);
+    auto r = b.sort({x, idx}, 0, true, [](Builder& bb, const std::vector<Value>& a) {
+      return std::vector<Value>{bb.compare(a[0], a[1], ir::Cmp::LT)};
+    });
+    std::vector<float> a = {3, 1, 2, 1, 0};
+    auto out = run_program(b.finish({r[0], r[1]}), {C().from_host(a.data(), DType::F32, {5}, 0)});
+    CHECK(fetch<float>(*out[0]) == std::vector<float>({0, 1, 1, 2, 3}));
+    CHECK(fetch<int32_t>(*out[1]) == std::vector<int32_t>({4, 1, 3, 2, 0}));
+  });
+
+  run("views: strided read and scatter write into a storage", [] {
+    Builder b;
+    Value s = b.param(Type{DType::F32, {3, 4}});
+    ir::Geometry col{{3}, {4}, 1};         // column 1
+    ir::Geometry tr{{4, 3}, {1, 4}, 0};    // transpose
+    Value c = ir::read_view(b, s, col);
+    Value t = ir::read_view(b, s, tr);
+    Value w = ir::write_view(b, &s, s.type, col, b.constant(-1, DType::F32, {3}));
+    std::vector<float> a = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    auto out = run_program(b.finish({c, t, w}), {C().from_host(a.data(), DType::F32, {3, 4}, 0)});
+    CHECK(fetch<float>(*out[0]) == std::vector<float>({1, 5, 9}));
+    CHECK(fetch<float>(*out[1]) == std::vector<float>({0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}));
+    CHECK(fetch<float>(*out[2]) == std::vector<float>({0, -1, 2, 3, 4, -1, 6, 7, 8, -1, 10, 11}));
+  });
+
+  run("rng_bit_generator is deterministic for a state", [] {
+    auto gen = [] {
+      Builder b;
+      Value st = b.param(Type{DType::I64, {2}});
+      auto [ns, bits] = b.rng_bit_generator(b.bitcast(st, DType::U64), Type{DType::U32, {8}});
+      std::vector<int64_t> seed = {42, 7};
+      auto out = run_program(b.finish({bits}), {C().from_host(seed.data(), DType::I64, {2}, 0)});
+      return fetch<uint32_t>(*out[0]);
+    };
+    auto a = gen(), c = gen();
+    CHECK(a == c);
+    CHECK(a[0] != a[1]);
+  });
+
+  run("a compile failure raises with the program's name and the plugin's message", [] {
+    try {
+      C().compile("module { this is not mlir }", "aten::bogus");
+      CHECK(false);
+    } catch (const runtime::Error& e) {
+      CHECK(std::string(e.what()).find("aten::bogus") != std::string::npos);
+    }
+  });
+
+  run("memory limit raises OutOfMemory and keeps existing buffers", [] {
+    std::vector<float> f(256, 2.f);
+    auto keep = C().from_host(f.data(), DType::F32, {256}, 0);
+    C().set_memory_limit(C().stats(0).live_bytes.load() + 100);
+    bool raised = false;
+    try {
+      C().from_host(f.data(), DType::F32, {256}, 0);
+    } catch (const runtime::OutOfMemory&) {
+      raised = true;
+    }
+    C().set_memory_limit(0);
+    CHECK(raised);
+    CHECK(fetch<float>(*keep)[255] == 2.f);
+  });
+
+  std::cout << g_passed << " passed, " << g_failed << " failed\n";
+  return g_failed ? 1 : 0;
+}
