@@ -1,0 +1,196 @@
+#include "backend/device.h"
+
+#include <ATen/core/GeneratorForPrivateuseone.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/GeneratorImpl.h>
+#include <c10/util/Exception.h>
+
+#include <mutex>
+#include <random>
+
+#include "backend/storage.h"
+#include "runtime/client.h"
+
+namespace tpu::backend {
+
+static thread_local int t_device = 0;
+
+int device_count() {
+  static int n = [] {
+    try {
+      return runtime::Client::get().device_count();
+    } catch (const std::exception&) {
+      return 0;
+    }
+  }();
+  return n;
+}
+
+int current_device() { return t_device; }
+
+void check_device(int d) {
+  if (d < 0) return;
+  int n = device_count();
+  if (n == 0) runtime::Client::get();  // raises the plugin's own error
+  TORCH_CHECK(d < n, "tpu:", d, " does not exist: this process has ", n,
+              " tpu device(s) (set TPU_NUM_DEVICES before the first use to expose more on the "
+              "CPU plugin)");
+}
+
+void set_current_device(int d) {
+  check_device(d);
+  t_device = d;
+}
+
+namespace {
+
+using c10::DeviceType;
+
+struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  DeviceType type() const override { return DeviceType::PrivateUse1; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    c10::Device old = getDevice();
+    if (d.index() != old.index()) set_current_device(d.index());
+    return old;
+  }
+  c10::Device getDevice() const override { return c10::Device(DeviceType::PrivateUse1, t_device); }
+  void setDevice(c10::Device d) const override { set_current_device(d.index()); }
+  void uncheckedSetDevice(c10::Device d) const noexcept override { t_device = d.index(); }
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override { return s; }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return static_cast<c10::DeviceIndex>(device_count());
+  }
+  // One in-order queue per device: events and stream waits reduce to device syncs.
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream& s) const override {
+    runtime::Client::get().synchronize(s.device_index());
+  }
+  void synchronizeDevice(const c10::DeviceIndex d) const override {
+    runtime::Client::get().synchronize(d);
+  }
+};
+C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);
+
+constexpr uint64_t kDefaultSeed = 67280421310721ULL;
+
+class TpuGenerator : public c10::GeneratorImpl {
+ public:
+  explicit TpuGenerator(c10::DeviceIndex d)
+      : c10::GeneratorImpl(c10::Device(DeviceType::PrivateUse1, d),
+                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {}
+  void set_current_seed(uint64_t seed) override {
+    seed_ = seed;
+    counter_ = 0;
+  }
+  uint64_t current_seed() const override { return seed_; }
+  uint64_t seed() override {
+    std::random_device rd;
+    set_current_seed((static_cast<uint64_t>(rd()) << 32) | rd());
+    return seed_;
+  }
+  void set_offset(uint64_t offset) override { counter_ = offset; }
+  uint64_t get_offset() const override { return counter_; }
+  // State: 16 bytes, seed then counter, as a CPU uint8 tensor.
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    auto t = at::empty({16}, at::TensorOptions().dtype(at::kByte));
+    uint64_t v[2] = {seed_, counter_};
+    std::memcpy(t.data_ptr(), v, 16);
+    return t.getIntrusivePtr();
+  }
+  void set_state(const c10::TensorImpl& s) override {
+    TORCH_CHECK(s.numel() == 16 && s.dtype() == at::kByte,
+                "tpu generator state must be 16 uint8 values, got ", s.numel());
+    uint64_t v[2];
+    std::memcpy(v, s.data(), 16);
+    seed_ = v[0];
+    counter_ = v[1];
+  }
+  std::pair<uint64_t, uint64_t> next() { return {seed_, counter_++}; }
+  static c10::DeviceType device_type() { return DeviceType::PrivateUse1; }
+
+ private:
+  TpuGenerator* clone_impl() const override {
+    auto* g = new TpuGenerator(device().index());
+    g->seed_ = seed_;
+    g->counter_ = counter_;
+    return g;
+  }
+  uint64_t seed_ = kDefaultSeed;
+  uint64_t counter_ = 0;
+};
+
+std::vector<at::Generator>& generators() {
+  static std::vector<at::Generator> gens = [] {
+    std::vector<at::Generator> g;
+    for (int i = 0; i < std::max(device_count(), 1); ++i)
+      g.push_back(at::make_generator<TpuGenerator>(static_cast<c10::DeviceIndex>(i)));
+    return g;
+  }();
+  return gens;
+}
+
+struct TpuHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return device_count() > 0; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex d) const override {
+    return default_generator(d < 0 ? t_device : d);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex d) const override {
+    return at::make_generator<TpuGenerator>(d < 0 ? static_cast<c10::DeviceIndex>(t_device) : d);
+  }
+  at::Device getDeviceFromPtr(void* data) const override {
+    // Our data pointers are the storages' promises themselves.
+    return at::Device(DeviceType::PrivateUse1, static_cast<StorageData*>(data)->device);
+  }
+  bool isPinnedPtr(const void*) const override { return false; }
+  at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(device_count()); }
+  void setCurrentDevice(c10::DeviceIndex d) const override { set_current_device(d); }
+  c10::DeviceIndex getCurrentDevice() const override { return static_cast<c10::DeviceIndex>(t_device); }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
+    auto old = t_device;
+    set_current_device(d);
+    return static_cast<c10::DeviceIndex>(old);
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
+  void resizePrivateUse1Bytes(const c10::Storage&, size_t) const override {
+    TORCH_CHECK(false, "resizing a tpu storage in place is done by aten::resize_ on tpu");
+  }
+};
+
+}  // namespace
+
+const at::Generator& default_generator(int device) {
+  check_device(device);
+  return generators().at(device);
+}
+
+std::pair<uint64_t, uint64_t> next_rng_state(const std::optional<at::Generator>& gen, int device) {
+  at::Generator g = gen.has_value() && gen->defined() ? *gen : default_generator(device);
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return at::check_generator<TpuGenerator>(g)->next();
+}
+
+void register_device_hooks() {
+  static bool done = [] {
+    at::RegisterPrivateUse1HooksInterface(new TpuHooks());
+    return true;
+  }();
+  (void)done;
+}
+
+}  // namespace tpu::backend

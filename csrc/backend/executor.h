@@ -1,0 +1,56 @@
+// Compiling and launching programs for the backend: the executable cache, the eager
+// mode, and the counters `torch_tpu.metrics()` reports.
+#pragma once
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <c10/util/Exception.h>
+
+#include "ir/builder.h"
+#include "runtime/client.h"
+
+namespace tpu::backend {
+
+enum class EagerMode { Strict = 0, Debug = 1 };
+EagerMode eager_mode();
+void set_eager_mode(EagerMode m);
+
+struct Metrics {
+  std::atomic<int64_t> op_calls{0};          // lowered op calls
+  std::atomic<int64_t> signature_hits{0};    // op signature found: nothing emitted
+  std::atomic<int64_t> signature_misses{0};  // program emitted for a new signature
+  std::atomic<int64_t> program_hits{0};      // emitted text already compiled
+  std::mutex mu;
+  std::map<std::string, int64_t> fallbacks;  // op -> count
+};
+Metrics& metrics();
+
+// The executable for `text`, compiled once per distinct program text.
+runtime::ExecutablePtr compile_cached(const std::string& text, const std::string& name);
+
+// Launches `exe` on `device`; waits in Debug mode.
+std::vector<runtime::BufferPtr> launch(const runtime::Executable& exe,
+                                       const std::vector<runtime::Buffer*>& args, int device);
+
+// A small internal program (zero fill, relayout...) cached under `key`, built on a miss.
+std::vector<runtime::BufferPtr> run_internal(
+    const std::string& key, const std::function<std::string(ir::Builder&)>& build,
+    const std::vector<runtime::Buffer*>& args, int device);
+
+// Runs `fn`, turning runtime errors into PyTorch's: device OOM becomes
+// torch.OutOfMemoryError, other PJRT errors RuntimeError with the plugin's message.
+template <typename F>
+auto guarded(F&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const runtime::OutOfMemory& e) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  } catch (const runtime::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+}  // namespace tpu::backend

@@ -1,0 +1,266 @@
+// Ops that are PyTorch plumbing rather than math: allocation, views (metadata only),
+// resize, copies across devices, reading a scalar back.
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/CPUFunctions.h>
+#include <ATen/NativeFunctions.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "backend/device.h"
+#include "backend/dtypes.h"
+#include "backend/executor.h"
+#include "backend/storage.h"
+#include "ir/views.h"
+
+namespace tpu::backend {
+namespace {
+
+constexpr c10::DispatchKeySet kTpuKeys(c10::DispatchKey::PrivateUse1);
+
+std::string type_key(const at::Tensor& t) {
+  return mlir_name(device_dtype(t.scalar_type(), "copy")) + geometry_of(t).key() + storage_type(t).str() +
+         (storage_of(t).buffer ? "" : "z");
+}
+
+// A dense buffer holding exactly `t`'s values (its own storage buffer when that fits).
+runtime::BufferPtr dense_buffer(const at::Tensor& t) {
+  StorageData& s = storage_of(t);
+  DType dt = device_dtype(t.scalar_type(), "read");
+  ir::Geometry g = geometry_of(t);
+  if (s.buffer && s.buffer->dtype() == dt && g.covers(s.buffer->dims()) &&
+      s.buffer->dims() == g.sizes)
+    return s.buffer;
+  ir::Type st = storage_type(t);
+  bool has = static_cast<bool>(s.buffer);
+  std::vector<runtime::Buffer*> args;
+  if (has) args.push_back(s.buffer.get());
+  return run_internal("dense:" + type_key(t), [&](ir::Builder& b) {
+    ir::Value src = has ? b.param(st) : b.constant(0, st.dtype, st.shape);
+    if (src.dtype() != dt) src = b.bitcast(src, dt);
+    return b.finish({ir::read_view(b, src, g)});
+  }, args, s.device)[0];
+}
+
+// Writes `value` (broadcastable to dst, any dtype) into dst's view of its storage.
+void assign(const at::Tensor& dst, const runtime::BufferPtr& value) {
+  StorageData& s = storage_of(dst);
+  DType dt = device_dtype(dst.scalar_type(), "copy_");
+  ir::Geometry g = geometry_of(dst);
+  ir::Type st = storage_type(dst);
+  if (value->dtype() == dt && value->dims() == st.shape && g.covers(st.shape) && st.dtype == dt) {
+    s.buffer = value;
+    return;
+  }
+  bool need_old = !g.covers(st.shape);
+  if (need_old) materialized(dst);
+  std::vector<runtime::Buffer*> args{value.get()};
+  if (need_old) args.push_back(s.buffer.get());
+  ir::Type vt{value->dtype(), value->dims()};
+  std::string key = "assign:" + vt.str() + "->" + type_key(dst);
+  s.buffer = run_internal(key, [&](ir::Builder& b) {
+    ir::Value v = b.param(vt);
+    // Right-aligned broadcast of the value to the destination's sizes.
+    size_t off = g.sizes.size() - vt.shape.size();
+    ir::Shape kept;
+    std::vector<int64_t> dims;
+    for (size_t i = 0; i < vt.shape.size(); ++i) {
+      if (vt.shape[i] == 1 && g.sizes[off + i] != 1) continue;
+      kept.push_back(vt.shape[i]);
+      dims.push_back(static_cast<int64_t>(off + i));
+    }
+    v = b.broadcast_in_dim(b.reshape(v, kept), g.sizes, dims);
+    v = b.convert(v, dt);
+    if (!need_old) return b.finish({ir::write_view(b, nullptr, st, g, v)});
+    ir::Value old = b.param(st);
+    if (st.dtype != dt) {
+      ir::Value cur = b.bitcast(old, dt);
+      return b.finish({b.bitcast(ir::write_view(b, &cur, ir::Type{dt, st.shape}, g, v), st.dtype)});
+    }
+    return b.finish({ir::write_view(b, &old, st, g, v)});
+  }, args, s.device)[0];
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin, std::optional<c10::MemoryFormat> mf) {
+  c10::Device dev = c10::device_or_default(device);
+  check_device(dev.has_index() ? dev.index() : current_device());
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided, "tpu tensors are strided only");
+  auto st = c10::dtype_or_default(dtype);
+  device_dtype(st, "empty");
+  c10::DeviceGuard guard(dev);
+  return at::detail::empty_generic(size, tpu_allocator(), kTpuKeys, st, mf);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device, std::optional<bool> pin) {
+  c10::Device dev = c10::device_or_default(device);
+  check_device(dev.has_index() ? dev.index() : current_device());
+  auto st = c10::dtype_or_default(dtype);
+  device_dtype(st, "empty_strided");
+  c10::DeviceGuard guard(dev);
+  return at::detail::empty_strided_generic(size, stride, tpu_allocator(), kTpuKeys, st);
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                      std::optional<int64_t> offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, offset);
+}
+
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::native::view(self, size); }
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
+
+at::Tensor unfold(const at::Tensor& self, int64_t dim, int64_t size, int64_t step) {
+  return at::native::unfold(self, dim, size, step);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> mf) {
+  int64_t numel = c10::multiply_integers(size);
+  size_t isz = self.dtype().itemsize();
+  size_t need = static_cast<size_t>(self.storage_offset() + numel) * isz;
+  c10::Storage storage = self.storage();
+  if (need > storage.nbytes()) {
+    StorageData& old = storage_of(self);
+    runtime::BufferPtr old_buf = old.buffer;
+    int dev = old.device;
+    c10::DeviceGuard guard(self.device());
+    c10::DataPtr fresh = tpu_allocator()->allocate(need);
+    if (old_buf && old_buf->numel() > 0) {
+      // Keep the old contents at the front of the bigger storage.
+      int64_t n_old = old_buf->numel();
+      int64_t n_new = static_cast<int64_t>(need) / itemsize(old_buf->dtype());
+      ir::Type ot{old_buf->dtype(), old_buf->dims()};
+      static_cast<StorageData*>(fresh.get_context())->buffer = guarded([&] {
+        return run_internal("grow:" + ot.str() + "->" + std::to_string(n_new), [&](ir::Builder& b) {
+          ir::Value flat = b.reshape(b.param(ot), {n_old});
+          return b.finish({b.pad(flat, b.constant(0, ot.dtype), {0}, {n_new - n_old}, {0})});
+        }, {old_buf.get()}, dev)[0];
+      });
+    }
+    storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(fresh));
+    storage.unsafeGetStorageImpl()->set_nbytes(need);
+  }
+  std::vector<int64_t> sizes(size.begin(), size.end());
+  self.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  if (mf.has_value() && *mf != c10::MemoryFormat::Contiguous && *mf != c10::MemoryFormat::Preserve)
+    self.unsafeGetTensorImpl()->empty_tensor_restride(*mf);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage src, int64_t offset, c10::IntArrayRef size,
+                        c10::IntArrayRef stride) {
+  return at::cpu::set_(self, src, offset, size, stride);
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& src) {
+  return at::native::set_tensor_(self, src);
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage src) {
+  int64_t n = static_cast<int64_t>(src.nbytes() / self.dtype().itemsize());
+  return at::cpu::set_(self, src, 0, {n}, {});
+}
+
+// copy_ across devices and dtypes; tpu->tpu runs one program.
+at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  if (self.numel() == 0) return self;
+  return guarded([&]() -> at::Tensor& {
+    if (self.is_privateuseone() && src.is_cpu()) {
+      DType dt = device_dtype(self.scalar_type(), "copy_");
+      at::Tensor host = src.to(self.scalar_type()).contiguous();
+      std::vector<int64_t> dims(host.sizes().begin(), host.sizes().end());
+      auto buf = runtime::Client::get().from_host(host.data_ptr(), dt, dims, device_index(self));
+      assign(self, buf);
+    } else if (self.is_cpu() && src.is_privateuseone()) {
+      auto buf = dense_buffer(src);
+      at::Tensor host = at::empty(src.sizes(), src.options().device(at::kCPU));
+      runtime::Client::get().to_host(*buf, host.data_ptr(), host.nbytes());
+      self.copy_(host);
+    } else {
+      TORCH_CHECK(self.is_privateuseone() && src.is_privateuseone(), "copy_ from ", src.device(),
+                  " to ", self.device(), " is not supported by the tpu backend");
+      auto buf = dense_buffer(src);
+      if (device_index(src) != device_index(self))
+        buf = runtime::Client::get().copy_to_device(*buf, device_index(self));
+      assign(self, buf);
+    }
+    return self;
+  });
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  at::Tensor d = dst;
+  copy_(d, self, non_blocking);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.sizes() != self.sizes()) dst.resize_(self.sizes());
+  at::Tensor d = dst;
+  copy_(d, self, false);
+  return dst;
+}
+
+at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
+                   std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                   std::optional<bool> pin, bool non_blocking, std::optional<c10::MemoryFormat> mf) {
+  c10::Device dev = device.value_or(self.device());
+  at::TensorOptions opts = self.options().dtype(dtype.value_or(self.scalar_type())).device(dev);
+  at::Tensor out = at::empty(self.sizes(), opts);
+  out.copy_(self, non_blocking);
+  return out;
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  at::Tensor host = at::empty({}, self.options().device(at::kCPU));
+  at::Tensor h = host;
+  copy_(h, self, false);
+  return host.item();
+}
+
+// Scaled dot-product attention: the math path (matmul + softmax), lowered natively.
+int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         const std::optional<at::Tensor>&, double, bool, std::optional<double>, bool) {
+  return 0;  // SDPBackend::math
+}
+
+}  // namespace
+
+// Ops the generic lowered kernel must not claim: these are ours.
+bool is_glue_op(const std::string& name) {
+  static const char* kGlue[] = {"copy_", "_to_copy", "_copy_from", "_copy_from_and_resize",
+                                "resize_", "empty.memory_format", "empty_strided", "as_strided",
+                                "view", "_reshape_alias", "unfold", "_local_scalar_dense",
+                                "set_.source_Storage_storage_offset", "set_.source_Tensor",
+                                "set_.source_Storage", "_fused_sdp_choice"};
+  for (auto* g : kGlue) if (name == g) return true;
+  return false;
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", as_strided);
+  m.impl("view", view);
+  m.impl("_reshape_alias", reshape_alias);
+  m.impl("unfold", unfold);
+  m.impl("resize_", resize_);
+  m.impl("set_.source_Storage_storage_offset", set_storage);
+  m.impl("set_.source_Tensor", set_tensor);
+  m.impl("set_.source_Storage", set_source_storage);
+  m.impl("copy_", copy_);
+  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+  m.impl("_to_copy", to_copy);
+  m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("_fused_sdp_choice", fused_sdp_choice);
+}
+
+}  // namespace tpu::backend

@@ -1,0 +1,709 @@
+// The one kernel behind every lowered ATen op. Per call it builds the op's signature
+// (op, dtypes, shapes, strides, compile-time arguments) and looks up a plan; only on a
+// miss does it ask PyTorch's meta kernel for the outputs, run the lowering rule, emit
+// StableHLO and compile. In-place and out= variants reuse the functional rule: the
+// program writes the result into the mutated tensor's storage.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <deque>
+#include <unordered_map>
+
+#include "backend/device.h"
+#include "backend/dtypes.h"
+#include "backend/executor.h"
+#include "backend/fallback.h"
+#include "backend/storage.h"
+#include "ir/views.h"
+#include "lowering/registry.h"
+
+namespace tpu::backend {
+bool is_glue_op(const std::string& name);  // glue_ops.cpp
+namespace {
+
+using c10::IValue;
+using lowering::Value;
+
+struct OpInfo {
+  std::string name;  // add_.Tensor
+  const lowering::Rule* rule = nullptr;
+  int num_args = 0;
+  std::vector<int> mutated;      // written args, in schema order
+  std::vector<bool> is_input;    // args the rule sees (all but out= args)
+  std::vector<bool> is_scalar;   // `Scalar` / `Scalar[]` args: runtime operands
+  int generator_arg = -1;
+  bool is_out = false;
+};
+
+std::string op_key_name(const c10::OperatorName& n) {
+  std::string s = n.name.substr(n.name.find("::") + 2);
+  return n.overload_name.empty() ? s : s + "." + n.overload_name;
+}
+
+bool is_number_type(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::NumberType) return true;
+  if (auto opt = t->cast<c10::OptionalType>()) return is_number_type(opt->getElementType());
+  if (auto list = t->cast<c10::ListType>()) return is_number_type(list->getElementType());
+  return false;
+}
+
+// Where the program's parameters come from.
+struct Source {
+  enum Kind { Storage, Scalar, CpuTensor, Rng } kind;
+  int arg;
+  int elem;     // list element, or -1
+  DType dtype;  // Scalar: its operand type
+};
+
+struct OutSpec {
+  bool write;  // into a mutated arg's storage (else a new tensor)
+  int arg, elem;
+  c10::ScalarType dtype;
+  std::vector<int64_t> sizes;
+};
+
+struct Plan {
+  runtime::ExecutablePtr exe;
+  std::vector<Source> sources;
+  std::vector<OutSpec> outs;
+  std::vector<int> ret_counts;  // functional ops: tensors per return (Tensor[] > 1)
+  bool fallback = false;        // the rule declined this signature
+  std::string fallback_reason;
+};
+
+const at::Tensor* tensor_at(c10::ArrayRef<IValue> args, int arg, int elem, at::Tensor* tmp) {
+  const IValue& v = args[arg];
+  if (elem < 0) {
+    *tmp = v.toTensor();
+    return tmp;
+  }
+  if (v.isTensorList()) {
+    *tmp = v.toTensorList().get(elem);
+  } else {
+    auto l = v.toOptionalTensorList();
+    std::optional<at::Tensor> o = l.get(elem);
+    *tmp = o.has_value() ? *o : at::Tensor();
+  }
+  return tmp;
+}
+
+// ---- signature ----------------------------------------------------------------------
+
+struct KeyState {
+  std::string key;
+  int device = -1;
+  bool has_f64 = false;
+  const char* op = "";
+};
+
+void key_tensor(KeyState& k, const at::Tensor& t) {
+  if (!t.defined()) {
+    k.key += "N";
+    return;
+  }
+  if (t.device().type() == c10::DeviceType::CPU) {
+    TORCH_CHECK(t.dim() == 0, k.op, ": expected all tensors on the same device, but got a cpu tensor of shape ",
+                t.sizes(), " with tpu tensors (only 0-dim cpu tensors may be mixed in)");
+    k.key += "c";
+    k.key += mlir_name(device_dtype(t.scalar_type(), k.op));
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) k.key += "w";
+    if (t.scalar_type() == at::kDouble && !t.unsafeGetTensorImpl()->is_wrapped_number()) k.has_f64 = true;
+    return;
+  }
+  TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, k.op,
+              ": expected tpu tensors, got one on ", t.device());
+  int d = device_index(t);
+  TORCH_CHECK(k.device < 0 || k.device == d, k.op,
+              ": expected all tensors on the same device, but found tpu:", k.device, " and tpu:", d);
+  k.device = d;
+  DType dt = device_dtype(t.scalar_type(), k.op);
+  if (dt == DType::F64) k.has_f64 = true;
+  k.key += "t";
+  k.key += mlir_name(dt);
+  k.key += geometry_of(t).key();
+  StorageData& s = storage_of(t);
+  k.key += storage_type(t).str();
+  if (!s.buffer) k.key += "z";
+}
+
+void key_scalar(KeyState& k, const c10::Scalar& s) {
+  k.key += s.isFloatingPoint() ? "sf" : s.isBoolean() ? "sb" : s.isIntegral(false) ? "si" : "sc";
+}
+
+std::string build_key(const OpInfo& info, c10::ArrayRef<IValue> args, KeyState& k) {
+  k.key = info.name;
+  k.op = info.name.c_str();
+  for (int i = 0; i < info.num_args; ++i) {
+    const IValue& v = args[i];
+    k.key += ";";
+    if (v.isNone()) {
+      k.key += "N";
+    } else if (v.isTensor()) {
+      key_tensor(k, v.toTensor());
+    } else if (v.isTensorList()) {
+      auto l = v.toTensorList();
+      k.key += "L" + std::to_string(l.size());
+      for (const at::Tensor& t : l) key_tensor(k, t);
+    } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+      auto l = v.toOptionalTensorList();
+      k.key += "O" + std::to_string(l.size());
+      for (size_t j = 0; j < l.size(); ++j) {
+        std::optional<at::Tensor> o = l.get(j);
+        key_tensor(k, o.has_value() ? *o : at::Tensor());
+      }
+    } else if (info.is_scalar[i] && v.isScalar()) {
+      key_scalar(k, v.toScalar());
+    } else if (info.is_scalar[i] && v.isList()) {
+      auto l = v.toList();
+      k.key += "S" + std::to_string(l.size());
+      for (size_t j = 0; j < l.size(); ++j) key_scalar(k, l.get(j).toScalar());
+    } else if (v.isGenerator()) {
+      k.key += "G";
+    } else if (v.isDouble()) {
+      double d = v.toDouble();
+      uint64_t bits;
+      std::memcpy(&bits, &d, 8);
+      k.key += "d" + std::to_string(bits);
+    } else if (v.isInt() || v.isBool()) {
+      k.key += std::to_string(v.isInt() ? v.toInt() : v.toBool());
+    } else if (v.isIntList()) {
+      for (auto x : v.toIntVector()) k.key += std::to_string(x) + ",";
+    } else if (v.isString()) {
+      k.key += v.toStringRef();
+    } else if (v.isDevice()) {
+      k.key += v.toDevice().str();
+    } else if (v.isSymInt() || v.isSymIntList()) {
+      k.key += v.isSymInt() ? std::to_string(v.toSymInt().expect_int())
+                            : c10::str(C10_AS_INTARRAYREF_SLOW(v.toSymIntVector()));
+    } else {
+      k.key += v.tagKind();
+      k.key += c10::str(v);
+    }
+  }
+  return k.key;
+}
+
+// ---- meta: what PyTorch expects the outputs to be ------------------------------------
+
+at::Tensor to_meta(const at::Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return t;
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+}
+
+IValue to_meta(const IValue& v) {
+  if (v.isTensor()) return to_meta(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(to_meta(t));
+    return out;
+  }
+  if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+    c10::List<std::optional<at::Tensor>> out;
+    auto l = v.toOptionalTensorList();
+    for (size_t j = 0; j < l.size(); ++j) {
+      std::optional<at::Tensor> o = l.get(j);
+      out.push_back(o.has_value() ? std::optional<at::Tensor>(to_meta(*o)) : std::nullopt);
+    }
+    return out;
+  }
+  return v;
+}
+
+// Runs the op on meta tensors; returns the meta args (mutated ones show their new
+// sizes) and the returns.
+std::pair<std::vector<IValue>, std::vector<IValue>> run_meta(const c10::OperatorHandle& op,
+                                                             c10::ArrayRef<IValue> args) {
+  std::vector<IValue> margs;
+  for (const IValue& v : args) margs.push_back(to_meta(v));
+  torch::jit::Stack s(margs.begin(), margs.end());
+  op.callBoxed(&s);
+  return {margs, std::vector<IValue>(s.begin(), s.end())};
+}
+
+void append_outs(const IValue& v, std::vector<at::Tensor>& out) {
+  if (v.isTensor()) out.push_back(v.toTensor());
+  else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) out.push_back(t);
+}
+
+// ---- the context rules see -------------------------------------------------------------
+
+class KernelCtx final : public lowering::Ctx {
+ public:
+  KernelCtx(ir::Builder& b, const OpInfo& info, c10::ArrayRef<IValue> args, Plan& plan,
+            std::vector<ir::Type> outs, bool f64)
+      : Ctx(b), info_(info), args_(args), plan_(plan), outs_(std::move(outs)), f64_(f64) {}
+
+  const std::string& op() const override { return info_.name; }
+  int num_args() const override { return info_.num_args; }
+  bool is_none(int i) const override { return args_.at(i).isNone(); }
+  bool is_tensor(int i) const override { return args_.at(i).isTensor(); }
+
+  Value in(int i) override {
+    TORCH_CHECK(args_.at(i).isTensor(), info_.name, ": argument ", i, " is not a tensor");
+    return tensor_value(i, -1);
+  }
+  std::vector<Value> list(int i) override {
+    std::vector<Value> out;
+    size_t n = args_.at(i).isTensorList() ? args_[i].toTensorList().size()
+                                           : args_[i].toOptionalTensorList().size();
+    for (size_t j = 0; j < n; ++j) out.push_back(tensor_value(i, static_cast<int>(j)));
+    return out;
+  }
+  std::vector<std::optional<Value>> opt_list(int i) override {
+    std::vector<std::optional<Value>> out;
+    auto l = args_.at(i).toOptionalTensorList();
+    for (size_t j = 0; j < l.size(); ++j) {
+      std::optional<at::Tensor> o = l.get(j);
+      if (o.has_value() && o->defined()) out.push_back(tensor_value(i, static_cast<int>(j)));
+      else out.push_back(std::nullopt);
+    }
+    return out;
+  }
+  Value scalar(int i, DType t) override {
+    const IValue& v = args_.at(i);
+    if (v.isTensor()) return b.convert(in(i), t);
+    return scalar_param(v.toScalar(), i, -1, t);
+  }
+  std::vector<Value> scalars(int i, DType t) override {
+    std::vector<Value> out;
+    auto l = args_.at(i).toList();
+    for (size_t j = 0; j < l.size(); ++j)
+      out.push_back(scalar_param(l.get(j).toScalar(), i, static_cast<int>(j), t));
+    return out;
+  }
+  bool scalar_is_float(int i) const override {
+    const IValue& v = args_.at(i);
+    if (v.isTensor()) return at::isFloatingType(v.toTensor().scalar_type());
+    return v.toScalar().isFloatingPoint();
+  }
+  int64_t i(int idx) const override {
+    const IValue& v = args_.at(idx);
+    if (v.isSymInt()) return v.toSymInt().expect_int();
+    if (v.isScalar()) return v.toScalar().toLong();
+    return v.toInt();
+  }
+  double f(int idx) const override {
+    const IValue& v = args_.at(idx);
+    return v.isScalar() ? v.toScalar().toDouble() : v.toDouble();
+  }
+  bool flag(int idx) const override { return args_.at(idx).toBool(); }
+  std::vector<int64_t> ints(int idx) const override {
+    const IValue& v = args_.at(idx);
+    if (v.isNone()) return {};
+    if (v.isInt()) return {v.toInt()};
+    if (v.isSymIntList()) {
+      std::vector<int64_t> out;
+      for (auto& s : v.toSymIntVector()) out.push_back(s.expect_int());
+      return out;
+    }
+    return v.toIntVector();
+  }
+  std::string str(int idx) const override { return args_.at(idx).toStringRef(); }
+  DType dtype_arg(int idx) const override {
+    return device_dtype(static_cast<c10::ScalarType>(args_.at(idx).toInt()), info_.name.c_str());
+  }
+  ir::Type type_of(int i) const override {
+    const at::Tensor& t = args_.at(i).toTensor();
+    return ir::Type{device_dtype(t.scalar_type(), info_.name.c_str()),
+                    std::vector<int64_t>(t.sizes().begin(), t.sizes().end())};
+  }
+  int num_outs() const override { return static_cast<int>(outs_.size()); }
+  ir::Type out(int j) const override { return outs_.at(j); }
+
+  Value random_bits(const ir::Type& t) override {
+    plan_.sources.push_back({Source::Rng, info_.generator_arg, -1, DType::I64});
+    Value state = b.param(ir::Type{DType::I64, {2}});
+    return b.rng_bit_generator(b.bitcast(state, DType::U64), t).second;
+  }
+
+  // The storage of a tensor arg as a program value (a parameter, or zeros).
+  Value storage_value(int arg, int elem) {
+    auto key = std::make_pair(arg, elem);
+    auto it = storages_.find(key);
+    if (it != storages_.end()) return it->second;
+    at::Tensor tmp;
+    const at::Tensor& t = *tensor_at(args_, arg, elem, &tmp);
+    ir::Type st = storage_type(t);
+    Value v;
+    if (storage_of(t).buffer) {
+      plan_.sources.push_back({Source::Storage, arg, elem, st.dtype});
+      v = b.param(st);
+    } else {
+      v = b.constant(0, st.dtype, st.shape);
+    }
+    storages_.emplace(key, v);
+    return v;
+  }
+
+ private:
+  Value tensor_value(int arg, int elem) {
+    auto key = std::make_pair(arg, elem);
+    auto it = values_.find(key);
+    if (it != values_.end()) return it->second;
+    at::Tensor tmp;
+    const at::Tensor& t = *tensor_at(args_, arg, elem, &tmp);
+    DType dt = device_dtype(t.scalar_type(), info_.name.c_str());
+    Value v;
+    if (t.device().is_cpu()) {
+      plan_.sources.push_back({Source::CpuTensor, arg, elem, dt});
+      v = b.param(ir::Type{dt, {}});
+      // A wrapped Python number behaves like a scalar of its category.
+      if (t.unsafeGetTensorImpl()->is_wrapped_number() && dt == DType::F64 && !f64_)
+        v = b.convert(v, DType::F32);
+    } else {
+      Value s = storage_value(arg, elem);
+      if (s.dtype() != dt) {
+        TORCH_CHECK(itemsize(s.dtype()) == itemsize(dt), info_.name,
+                    ": reading a ", t.scalar_type(), " view of a storage holding ",
+                    mlir_name(s.dtype()), " elements of another size is not supported on tpu");
+        s = b.bitcast(s, dt);
+      }
+      v = ir::read_view(b, s, geometry_of(t));
+    }
+    values_.emplace(key, v);
+    return v;
+  }
+
+  Value scalar_param(const c10::Scalar& s, int arg, int elem, DType t) {
+    DType pt = s.isFloatingPoint() ? (f64_ ? DType::F64 : DType::F32)
+               : s.isBoolean()    ? DType::Bool
+               : s.isIntegral(false) ? DType::I64
+                                     : DType::Invalid;
+    if (pt == DType::Invalid) throw lowering::Unsupported("complex scalars");
+    plan_.sources.push_back({Source::Scalar, arg, elem, pt});
+    return b.convert(b.param(ir::Type{pt, {}}), t);
+  }
+
+  const OpInfo& info_;
+  c10::ArrayRef<IValue> args_;
+  Plan& plan_;
+  std::vector<ir::Type> outs_;
+  bool f64_;
+  std::map<std::pair<int, int>, Value> values_;
+  std::map<std::pair<int, int>, Value> storages_;
+};
+
+// ---- runtime operands -------------------------------------------------------------------
+
+runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device) {
+  // Small host->device copies of the same value (lr, betas, eps) are cached.
+  static std::mutex mu;
+  static std::unordered_map<std::string, runtime::BufferPtr> cache;
+  char bytes[8] = {0};
+  switch (t) {
+    case DType::F32: { float v = static_cast<float>(s.toDouble()); std::memcpy(bytes, &v, 4); break; }
+    case DType::F64: { double v = s.toDouble(); std::memcpy(bytes, &v, 8); break; }
+    case DType::I64: { int64_t v = s.toLong(); std::memcpy(bytes, &v, 8); break; }
+    case DType::I32: { int32_t v = s.toInt(); std::memcpy(bytes, &v, 4); break; }
+    case DType::Bool: { bytes[0] = s.toBool() ? 1 : 0; break; }
+    default: {
+      at::Tensor tmp = at::scalar_tensor(s, at::TensorOptions().dtype(to_scalar_type(t)));
+      std::memcpy(bytes, tmp.data_ptr(), itemsize(t));
+    }
+  }
+  std::string key(bytes, 8);
+  key += static_cast<char>(t);
+  key += static_cast<char>(device);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (cache.size() > 4096) cache.clear();
+  auto buf = runtime::Client::get().from_host(bytes, t, {}, device);
+  cache.emplace(key, buf);
+  return buf;
+}
+
+// ---- plans --------------------------------------------------------------------------------
+
+std::string describe(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  std::string s = "aten::" + info.name + "(";
+  for (int i = 0; i < info.num_args; ++i) {
+    const IValue& v = args[i];
+    if (i) s += ", ";
+    if (v.isTensor() && v.toTensor().defined())
+      s += c10::str(v.toTensor().scalar_type(), v.toTensor().sizes());
+    else if (v.isTensorList()) s += "Tensor[" + std::to_string(v.toTensorList().size()) + "]";
+    else s += c10::str(v);
+  }
+  return s + ")";
+}
+
+std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& info,
+                                 c10::ArrayRef<IValue> args, const KeyState& k,
+                                 const std::vector<at::Tensor>& meta_outs) {
+  auto plan = std::make_shared<Plan>();
+  std::vector<ir::Type> out_types;
+  for (const at::Tensor& m : meta_outs)
+    out_types.push_back(ir::Type{device_dtype(m.scalar_type(), info.name.c_str()),
+                                 std::vector<int64_t>(m.sizes().begin(), m.sizes().end())});
+  ir::Builder b;
+  KernelCtx ctx(b, info, args, *plan, out_types, k.has_f64);
+  std::vector<Value> results;
+  try {
+    results = (*info.rule)(ctx);
+  } catch (const lowering::Unsupported& e) {
+    plan->fallback = true;
+    plan->fallback_reason = e.what();
+    return plan;
+  }
+  TORCH_CHECK(results.size() == out_types.size(), "internal: lowering of ", describe(info, args),
+              " made ", results.size(), " outputs, PyTorch expects ", out_types.size());
+  std::vector<Value> program_results;
+  size_t j = 0;
+  auto fit = [&](Value v, const ir::Type& want) {
+    TORCH_CHECK(v.type.numel() == want.numel(), "internal: lowering of ", describe(info, args),
+                " made ", v.type.str(), " where PyTorch expects ", want.str());
+    return b.reshape(b.convert(v, want.dtype), want.shape);
+  };
+  if (info.mutated.empty()) {
+    for (size_t r = 0; r < meta_outs.size(); ++r, ++j) {
+      program_results.push_back(fit(results[j], out_types[j]));
+      plan->outs.push_back({false, -1, -1, meta_outs[r].scalar_type(),
+                            std::vector<int64_t>(meta_outs[r].sizes().begin(), meta_outs[r].sizes().end())});
+    }
+  } else {
+    for (int a : info.mutated) {
+      const IValue& v = args[a];
+      size_t n = v.isTensor() ? 1 : v.toTensorList().size();
+      for (size_t e = 0; e < n; ++e, ++j) {
+        int elem = v.isTensor() ? -1 : static_cast<int>(e);
+        at::Tensor tmp;
+        const at::Tensor& t = *tensor_at(args, a, elem, &tmp);
+        ir::Type st = storage_type(t);
+        ir::Geometry g = geometry_of(t);
+        Value val = fit(results[j], out_types[j]);
+        Value storage;
+        Value* sp = nullptr;
+        if (!g.covers(st.shape)) {
+          storage = ctx.storage_value(a, elem);
+          sp = &storage;
+        }
+        program_results.push_back(ir::write_view(b, sp, st, g, val));
+        plan->outs.push_back({true, a, elem, t.scalar_type(), {}});
+      }
+    }
+  }
+  std::string text = b.finish(program_results);
+  plan->exe = compile_cached(text, describe(info, args));
+  return plan;
+}
+
+// Filled once at registration, read-only afterwards.
+std::unordered_map<c10::OperatorName, OpInfo>& infos() {
+  static std::unordered_map<c10::OperatorName, OpInfo> m;
+  return m;
+}
+std::mutex g_plans_mu;
+std::unordered_map<std::string, std::shared_ptr<Plan>> g_plans;
+
+void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  auto found = infos().find(op.operator_name());
+  TORCH_INTERNAL_ASSERT(found != infos().end(), "no lowering registered for ", op.operator_name());
+  const OpInfo& info = found->second;
+  auto args = torch::jit::last(*stack, info.num_args);
+  metrics().op_calls += 1;
+
+  // out=: PyTorch's meta kernel decides the out shapes; resize ours to match first.
+  std::vector<at::Tensor> meta_outs;
+  if (info.is_out) {
+    auto [margs, mrets] = run_meta(op, args);
+    for (int a : info.mutated) {
+      if (margs[a].isTensor()) {
+        const at::Tensor& m = margs[a].toTensor();
+        at::Tensor real = args[a].toTensor();
+        if (real.sizes() != m.sizes()) real.resize_(m.sizes());
+        meta_outs.push_back(m);
+      } else {
+        append_outs(margs[a], meta_outs);
+      }
+    }
+  }
+
+  KeyState k;
+  const std::string& key = build_key(info, args, k);
+  std::shared_ptr<Plan> plan;
+  {
+    std::lock_guard<std::mutex> lock(g_plans_mu);
+    auto it = g_plans.find(key);
+    if (it != g_plans.end()) plan = it->second;
+  }
+  if (plan) {
+    metrics().signature_hits += 1;
+  } else {
+    metrics().signature_misses += 1;
+    if (!info.is_out) {
+      auto [margs, mrets] = run_meta(op, args);
+      if (info.mutated.empty()) {
+        for (auto& r : mrets) append_outs(r, meta_outs);
+      } else {
+        for (int a : info.mutated) append_outs(margs[a], meta_outs);
+      }
+      if (info.mutated.empty()) {
+        std::vector<int> counts;
+        for (auto& r : mrets) counts.push_back(r.isTensorList() ? r.toTensorList().size() : 1);
+        plan = build_plan(op, info, args, k, meta_outs);
+        plan->ret_counts = counts;
+      }
+    }
+    if (!plan) plan = build_plan(op, info, args, k, meta_outs);
+    std::lock_guard<std::mutex> lock(g_plans_mu);
+    g_plans.emplace(key, plan);
+  }
+  if (plan->fallback) {
+    run_fallback(op, stack, plan->fallback_reason);
+    return;
+  }
+  TORCH_CHECK(k.device >= 0, info.name, ": no tpu tensor among the arguments");
+
+  // Gather the parameters.
+  std::vector<runtime::BufferPtr> keep;
+  std::vector<runtime::Buffer*> params;
+  for (const Source& s : plan->sources) {
+    at::Tensor tmp;
+    switch (s.kind) {
+      case Source::Storage:
+        keep.push_back(materialized(*tensor_at(args, s.arg, s.elem, &tmp)));
+        break;
+      case Source::CpuTensor:
+        keep.push_back(scalar_buffer(tensor_at(args, s.arg, s.elem, &tmp)->item(), s.dtype, k.device));
+        break;
+      case Source::Scalar: {
+        const IValue& v = args[s.arg];
+        c10::Scalar sc = s.elem < 0 ? v.toScalar() : v.toList().get(s.elem).toScalar();
+        keep.push_back(scalar_buffer(sc, s.dtype, k.device));
+        break;
+      }
+      case Source::Rng: {
+        std::optional<at::Generator> gen;
+        if (s.arg >= 0 && args[s.arg].isGenerator()) gen = args[s.arg].toGenerator();
+        auto [seed, counter] = next_rng_state(gen, k.device);
+        int64_t st[2] = {static_cast<int64_t>(seed), static_cast<int64_t>(counter)};
+        keep.push_back(runtime::Client::get().from_host(st, DType::I64, {2}, k.device));
+        break;
+      }
+    }
+    params.push_back(keep.back().get());
+  }
+  std::vector<runtime::BufferPtr> results = launch(*plan->exe, params, k.device);
+
+  // Commit results: new storage buffers for mutated args, new tensors otherwise.
+  std::vector<at::Tensor> fresh;
+  for (size_t j = 0; j < plan->outs.size(); ++j) {
+    const OutSpec& o = plan->outs[j];
+    if (o.write) {
+      at::Tensor tmp;
+      storage_of(*tensor_at(args, o.arg, o.elem, &tmp)).buffer = results[j];
+    } else {
+      fresh.push_back(wrap_buffer(results[j], o.dtype, o.sizes, k.device));
+    }
+  }
+
+  const auto& rets = op.schema().returns();
+  std::vector<IValue> out_vals;
+  size_t next_fresh = 0;
+  for (size_t r = 0; r < rets.size(); ++r) {
+    const auto* alias = rets[r].alias_info();
+    if (alias && alias->isWrite()) {
+      // Return the argument this return aliases.
+      const auto& sargs = op.schema().arguments();
+      for (size_t a = 0; a < sargs.size(); ++a) {
+        if (sargs[a].alias_info() && sargs[a].alias_info()->beforeSets() == alias->beforeSets()) {
+          out_vals.push_back(args[a]);
+          break;
+        }
+      }
+    } else if (rets[r].type()->kind() == c10::TypeKind::ListType) {
+      c10::List<at::Tensor> l;
+      for (int n = 0; n < plan->ret_counts.at(r); ++n) l.push_back(fresh.at(next_fresh++));
+      out_vals.push_back(l);
+    } else {
+      out_vals.push_back(fresh.at(next_fresh++));
+    }
+  }
+  torch::jit::drop(*stack, info.num_args);
+  for (auto& v : out_vals) stack->push_back(std::move(v));
+}
+
+// The rule for an op: its own, the functional op's for an in-place op, or the
+// functional op with the same non-out arguments for an out= op.
+const lowering::Rule* rule_for(const c10::FunctionSchema& schema) {
+  std::string base = schema.name().substr(schema.name().find("::") + 2);
+  const std::string& ov = schema.overload_name();
+  if (auto* r = lowering::find_rule(ov.empty() ? base : base + "." + ov)) return r;
+  if (!base.empty() && base.back() == '_') {
+    std::string f = base.substr(0, base.size() - 1);
+    if (auto* r = lowering::find_rule(ov.empty() ? f : f + "." + ov)) return r;
+  }
+  if (!schema.is_mutable()) return nullptr;
+  std::vector<std::string> want;
+  for (const auto& a : schema.arguments())
+    if (!(a.kwarg_only() && a.alias_info() && a.alias_info()->isWrite()))
+      want.push_back(a.name() + ":" + a.type()->str());
+  for (const std::string& name : lowering::rule_names()) {
+    std::string rb = name.substr(0, name.find('.'));
+    if (rb != base) continue;
+    std::string rov = name.find('.') == std::string::npos ? "" : name.substr(name.find('.') + 1);
+    auto h = c10::Dispatcher::singleton().findSchema({"aten::" + rb, rov});
+    if (!h) continue;
+    std::vector<std::string> have;
+    for (const auto& a : h->schema().arguments()) have.push_back(a.name() + ":" + a.type()->str());
+    if (have == want) return lowering::find_rule(name);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+int register_lowered_kernels() {
+  static torch::Library* lib = new torch::Library(torch::Library::IMPL, "aten",
+                                                  c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  int n = 0;
+  auto& d = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : d.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto h = d.findOp(name);
+    if (!h || !h->hasSchema()) continue;
+    // A backend kernel on a CompositeImplicitAutograd op would bypass its autograd.
+    if (h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+    const c10::FunctionSchema& schema = h->schema();
+    if (is_glue_op(op_key_name(name))) continue;
+    const lowering::Rule* rule = rule_for(schema);
+    if (!rule) continue;
+    OpInfo info;
+    info.name = op_key_name(name);
+    info.rule = rule;
+    const auto& sargs = schema.arguments();
+    info.num_args = static_cast<int>(sargs.size());
+    for (size_t i = 0; i < sargs.size(); ++i) {
+      const auto& a = sargs[i];
+      bool write = a.alias_info() && a.alias_info()->isWrite();
+      bool out = write && a.kwarg_only();
+      if (write) info.mutated.push_back(static_cast<int>(i));
+      if (out) info.is_out = true;
+      info.is_input.push_back(!out);
+      info.is_scalar.push_back(is_number_type(a.type()));
+      if (a.type()->kind() == c10::TypeKind::OptionalType &&
+          a.type()->cast<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)
+        info.generator_arg = static_cast<int>(i);
+    }
+    // Rules index the functional op's arguments: out= args come last, so they line up.
+    infos().emplace(name, info);
+    // torch::Library keeps the name pointer: give it storage that lives as long.
+    static std::deque<std::string> names;
+    names.push_back(name.overload_name.empty() ? name.name : name.name + "." + name.overload_name);
+    lib->impl(names.back().c_str(), torch::CppFunction::makeFromBoxedFunction<&lowered_kernel>());
+    ++n;
+  }
+  return n;
+}
+
+std::vector<std::string> lowered_op_names() {
+  std::vector<std::string> out;
+  for (auto& [h, i] : infos()) out.push_back(i.name);
+  return out;
+}
+
+}  // namespace tpu::backend

@@ -1,0 +1,87 @@
+// The Python module torch_tpu._C: setup, device queries, memory, metrics, modes.
+#include <torch/extension.h>
+
+#include "backend/device.h"
+#include "backend/executor.h"
+#include "backend/storage.h"
+#include "runtime/client.h"
+#include "runtime/plugin_search.h"
+
+namespace tpu::backend {
+int register_lowered_kernels();
+std::vector<std::string> lowered_op_names();
+}  // namespace tpu::backend
+
+namespace py = pybind11;
+using namespace tpu;
+using namespace tpu::backend;
+
+static runtime::Client& client() {
+  return guarded([]() -> runtime::Client& { return runtime::Client::get(); });
+}
+
+PYBIND11_MODULE(_C, m) {
+  m.def("_init", [](std::vector<std::pair<std::string, std::string>> candidates) {
+    runtime::set_plugin_candidates(std::move(candidates));
+    register_device_hooks();
+    static int n = register_lowered_kernels();
+    return n;
+  });
+  m.def("plugin_path", [] { return runtime::Client::resolve_plugin_path(); });
+  m.def("platform", [] { return client().platform(); });
+  m.def("api_version", [] { return client().api_version(); });
+  m.def("device_count", [] { return device_count(); });
+  m.def("current_device", [] { return current_device(); });
+  m.def("set_device", [](int d) { guarded([&] { set_current_device(d); return 0; }); });
+  m.def("synchronize", [](int d) {
+    py::gil_scoped_release nogil;
+    guarded([&] { client().synchronize(d); return 0; });
+  });
+  m.def("memory_allocated", [](int d) { return client().stats(d).live_bytes.load(); });
+  m.def("max_memory_allocated", [](int d) { return client().stats(d).peak_bytes.load(); });
+  m.def("reset_peak_memory_stats", [](int d) {
+    auto& s = client().stats(d);
+    s.peak_bytes = s.live_bytes.load();
+  });
+  m.def("num_allocs", [](int d) { return client().stats(d).num_allocs.load(); });
+  m.def("memory_limit", [](int d) { return client().memory_limit(d); });
+  m.def("set_memory_limit", [](int64_t bytes) { client().set_memory_limit(bytes); });
+  m.def("manual_seed", [](int d, uint64_t seed) {
+    at::Generator g = default_generator(d);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_current_seed(seed);
+  });
+  m.def("set_eager_mode", [](int mode) { set_eager_mode(static_cast<EagerMode>(mode)); });
+  m.def("get_eager_mode", [] { return static_cast<int>(eager_mode()); });
+  m.def("lowered_ops", [] { return lowered_op_names(); });
+  m.def("is_materialized", [](const at::Tensor& t) {
+    void* ctx = t.storage().data_ptr().get_context();
+    return ctx && static_cast<bool>(static_cast<StorageData*>(ctx)->buffer);
+  });
+  m.def("metrics", [] {
+    py::dict d;
+    Metrics& mt = metrics();
+    d["op_calls"] = mt.op_calls.load();
+    d["signature_hits"] = mt.signature_hits.load();
+    d["signature_misses"] = mt.signature_misses.load();
+    d["program_cache_hits"] = mt.program_hits.load();
+    py::dict fb;
+    {
+      std::lock_guard<std::mutex> lock(mt.mu);
+      for (auto& [k, v] : mt.fallbacks) fb[py::str(k)] = v;
+    }
+    d["fallbacks"] = fb;
+    if (runtime::Client::initialized()) {
+      auto& c = runtime::Client::get().counters();
+      d["compiles"] = c.compiles.load();
+      d["compile_seconds"] = c.compile_us.load() / 1e6;
+      d["executions"] = c.executions.load();
+      d["h2d_transfers"] = c.h2d_transfers.load();
+      d["h2d_bytes"] = c.h2d_bytes.load();
+      d["d2h_transfers"] = c.d2h_transfers.load();
+      d["d2h_bytes"] = c.d2h_bytes.load();
+      d["d2d_transfers"] = c.d2d_transfers.load();
+    }
+    return d;
+  });
+}

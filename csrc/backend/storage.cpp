@@ -1,0 +1,85 @@
+#include "backend/storage.h"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include "backend/dtypes.h"
+#include "backend/executor.h"
+
+namespace tpu::backend {
+namespace {
+
+void delete_storage(void* ctx) { delete static_cast<StorageData*>(ctx); }
+
+class TpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    c10::DeviceIndex dev = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index();
+    auto* s = new StorageData{dev, nbytes, nullptr};
+    // The data pointer is only an identity: device memory is never host-addressable.
+    return c10::DataPtr(s, s, &delete_storage, c10::Device(c10::DeviceType::PrivateUse1, dev));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_storage; }
+  void copy_data(void*, const void*, std::size_t) const override {
+    TORCH_CHECK(false, "tpu storages are not host-addressable; copy tensors with .to() or copy_()");
+  }
+};
+
+TpuAllocator g_allocator;
+
+}  // namespace
+
+c10::Allocator* tpu_allocator() { return &g_allocator; }
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator)
+
+StorageData& storage_of(const at::Tensor& t) {
+  void* ctx = t.storage().data_ptr().get_context();
+  TORCH_INTERNAL_ASSERT(ctx && t.storage().data_ptr().get_deleter() == &delete_storage,
+                        "tensor storage is not a tpu storage");
+  return *static_cast<StorageData*>(ctx);
+}
+
+int device_index(const at::Tensor& t) { return t.device().has_index() ? t.device().index() : 0; }
+
+ir::Geometry geometry_of(const at::Tensor& t) {
+  ir::Geometry g;
+  g.sizes.assign(t.sizes().begin(), t.sizes().end());
+  g.strides.assign(t.strides().begin(), t.strides().end());
+  g.offset = t.storage_offset();
+  return g;
+}
+
+ir::Type storage_type(const at::Tensor& t) {
+  StorageData& s = storage_of(t);
+  if (s.buffer) return ir::Type{s.buffer->dtype(), s.buffer->dims()};
+  // Not written yet: shape the buffer like the tensor when it spans the storage.
+  DType d = device_dtype(t.scalar_type(), "tpu storage");
+  int64_t n = static_cast<int64_t>(s.nbytes) / itemsize(d);
+  ir::Geometry g = geometry_of(t);
+  if (g.covers({n})) return ir::Type{d, g.sizes};
+  return ir::Type{d, {n}};
+}
+
+runtime::BufferPtr materialized(const at::Tensor& t) {
+  StorageData& s = storage_of(t);
+  if (s.buffer) return s.buffer;
+  ir::Type ty = storage_type(t);
+  std::string key = "zeros:" + ty.str();
+  s.buffer = run_internal(key, [&](ir::Builder& b) {
+    return b.finish({b.constant(0, ty.dtype, ty.shape)});
+  }, {}, s.device)[0];
+  return s.buffer;
+}
+
+at::Tensor wrap_buffer(runtime::BufferPtr buffer, c10::ScalarType dtype, at::IntArrayRef sizes,
+                       int device) {
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  constexpr c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
+  at::Tensor t = at::detail::empty_generic(sizes, &g_allocator, ks, dtype, std::nullopt);
+  storage_of(t).buffer = std::move(buffer);
+  return t;
+}
+
+}  // namespace tpu::backend

@@ -1,0 +1,160 @@
+#include "lowering/helpers.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace tpu::lowering {
+
+static int rank_of(DType t) {
+  switch (t) {
+    case DType::Bool: return 0;
+    case DType::U8: return 1;
+    case DType::I8: return 2;
+    case DType::I16: return 3;
+    case DType::I32: return 4;
+    case DType::I64: return 5;
+    case DType::F16: return 6;
+    case DType::BF16: return 7;
+    case DType::F32: return 8;
+    case DType::F64: return 9;
+    case DType::C64: return 10;
+    case DType::C128: return 11;
+    default: return -1;
+  }
+}
+
+DType promote(DType a, DType b) {
+  if (a == b) return a;
+  if ((a == DType::F16 && b == DType::BF16) || (a == DType::BF16 && b == DType::F16)) return DType::F32;
+  if ((a == DType::U8 && b == DType::I8) || (a == DType::I8 && b == DType::U8)) return DType::I16;
+  return rank_of(a) >= rank_of(b) ? a : b;
+}
+
+static int category(DType t) { return t == DType::Bool ? 0 : is_integral(t) ? 1 : is_complex(t) ? 3 : 2; }
+
+DType result_type(const std::vector<Value>& xs) {
+  bool have_dim = false, have_zero = false;
+  DType dim_t = DType::Bool, zero_t = DType::Bool;
+  for (auto& x : xs) {
+    if (x.rank() > 0) {
+      dim_t = have_dim ? promote(dim_t, x.dtype()) : x.dtype();
+      have_dim = true;
+    } else {
+      zero_t = have_zero ? promote(zero_t, x.dtype()) : x.dtype();
+      have_zero = true;
+    }
+  }
+  if (!have_dim) return zero_t;
+  if (have_zero && category(zero_t) > category(dim_t)) return zero_t == DType::F64 ? DType::F32 : zero_t;
+  return dim_t;
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b) {
+  size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+Value broadcast_to(Builder& b, const Value& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  size_t off = shape.size() - x.shape().size();
+  // Size-1 dims that grow must be dropped first: broadcast_in_dim maps them as is.
+  Shape kept_shape;
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < x.shape().size(); ++i) {
+    if (x.shape()[i] == 1 && shape[off + i] != 1) continue;
+    kept_shape.push_back(x.shape()[i]);
+    dims.push_back(static_cast<int64_t>(off + i));
+  }
+  Value y = b.reshape(x, kept_shape);
+  return b.broadcast_in_dim(y, shape, dims);
+}
+
+Value coerce(Builder& b, const Value& x, DType t, const Shape& shape) {
+  return broadcast_to(b, b.convert(x, t), shape);
+}
+
+int64_t wrap_dim(int64_t d, int64_t rank) {
+  int64_t r = std::max<int64_t>(rank, 1);
+  if (d < -r || d >= r) throw std::invalid_argument("dimension " + std::to_string(d) +
+                                                    " out of range for rank " + std::to_string(rank));
+  return d < 0 ? d + r : d;
+}
+
+std::vector<int64_t> reduce_dims(const std::vector<int64_t>& dims, int64_t rank) {
+  std::vector<int64_t> out;
+  if (dims.empty()) {
+    for (int64_t i = 0; i < rank; ++i) out.push_back(i);
+    return out;
+  }
+  for (auto d : dims) {
+    if (rank == 0) continue;
+    out.push_back(wrap_dim(d, rank));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+Value full_like(Builder& b, const Value& like, double v) { return b.constant(v, like.dtype(), like.shape()); }
+
+Value keep_dims(Builder& b, const Value& reduced, const Shape& in_shape,
+                const std::vector<int64_t>& dims) {
+  Shape s = in_shape;
+  for (auto d : dims) s[d] = 1;
+  return b.reshape(reduced, s);
+}
+
+double lowest(DType t) {
+  switch (t) {
+    case DType::Bool: return 0;
+    case DType::U8: return 0;
+    case DType::I8: return -128;
+    case DType::I16: return -32768;
+    case DType::I32: return -2147483648.0;
+    case DType::I64: return static_cast<double>(std::numeric_limits<int64_t>::min());
+    default: return -std::numeric_limits<double>::infinity();
+  }
+}
+
+double highest(DType t) {
+  switch (t) {
+    case DType::Bool: return 1;
+    case DType::U8: return 255;
+    case DType::I8: return 127;
+    case DType::I16: return 32767;
+    case DType::I32: return 2147483647.0;
+    case DType::I64: return 9223372036854775807.0;
+    default: return std::numeric_limits<double>::infinity();
+  }
+}
+
+DType acc_type(DType t) { return (t == DType::F16 || t == DType::BF16) ? DType::F32 : t; }
+
+Value reduce_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
+  return b.reduce(x, b.constant(0, x.dtype()), dims, "stablehlo.add");
+}
+Value reduce_max(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
+  return b.reduce(x, b.constant(lowest(x.dtype()), x.dtype()), dims, "stablehlo.maximum");
+}
+Value reduce_min(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
+  return b.reduce(x, b.constant(highest(x.dtype()), x.dtype()), dims, "stablehlo.minimum");
+}
+
+Value add(Builder& b, const Value& x, const Value& y) { return b.binary("stablehlo.add", x, y); }
+Value sub(Builder& b, const Value& x, const Value& y) { return b.binary("stablehlo.subtract", x, y); }
+Value mul(Builder& b, const Value& x, const Value& y) { return b.binary("stablehlo.multiply", x, y); }
+Value div(Builder& b, const Value& x, const Value& y) { return b.binary("stablehlo.divide", x, y); }
+
+Value matmul2d(Builder& b, const Value& x, const Value& y, DType out) {
+  DType acc = acc_type(out);
+  Value r = b.dot_general(b.convert(x, out), b.convert(y, out), {}, {}, {1}, {0}, acc);
+  return b.convert(r, out);
+}
+
+}  // namespace tpu::lowering

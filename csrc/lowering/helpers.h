@@ -1,0 +1,44 @@
+// Small building blocks shared by lowering rules.
+#pragma once
+#include "lowering/registry.h"
+
+namespace tpu::lowering {
+
+// PyTorch's type promotion between two dtypes (no scalar rules).
+DType promote(DType a, DType b);
+// PyTorch's result_type over operands: tensors with dims outrank 0-dim ones, which
+// can only raise the category (bool < integer < float).
+DType result_type(const std::vector<Value>& xs);
+// Numpy-style broadcast of two shapes.
+Shape broadcast_shapes(const Shape& a, const Shape& b);
+// `x` broadcast (right-aligned) to `shape`.
+Value broadcast_to(Builder& b, const Value& x, const Shape& shape);
+// `x` converted to `t` and broadcast to `shape`.
+Value coerce(Builder& b, const Value& x, DType t, const Shape& shape);
+// Normalizes a possibly negative dim.
+int64_t wrap_dim(int64_t d, int64_t rank);
+// Dims argument of a reduction (empty or absent: all dims), normalized and sorted.
+std::vector<int64_t> reduce_dims(const std::vector<int64_t>& dims, int64_t rank);
+// Constant shaped and typed like `like`.
+Value full_like(Builder& b, const Value& like, double v);
+// Re-inserts size-1 dims at `dims` (sorted) into a reduced value: keepdim.
+Value keep_dims(Builder& b, const Value& reduced, const Shape& in_shape,
+                const std::vector<int64_t>& dims);
+// Sum / max / min over dims.
+Value reduce_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims);
+Value reduce_max(Builder& b, const Value& x, const std::vector<int64_t>& dims);
+Value reduce_min(Builder& b, const Value& x, const std::vector<int64_t>& dims);
+// Lowest / highest value of a dtype (-inf/inf for floats).
+double lowest(DType t);
+double highest(DType t);
+// Type used to accumulate reductions of `t` (f32 for f16/bf16, like CPU/CUDA).
+DType acc_type(DType t);
+// Elementwise binary op name helpers.
+Value add(Builder& b, const Value& x, const Value& y);
+Value sub(Builder& b, const Value& x, const Value& y);
+Value mul(Builder& b, const Value& x, const Value& y);
+Value div(Builder& b, const Value& x, const Value& y);
+// Matrix product of 2-D values with f32 accumulation for low-precision inputs.
+Value matmul2d(Builder& b, const Value& x, const Value& y, DType out);
+
+}  // namespace tpu::lowering

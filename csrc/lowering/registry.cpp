@@ -1,0 +1,26 @@
+#include "lowering/registry.h"
+
+#include <map>
+
+namespace tpu::lowering {
+namespace {
+std::map<std::string, Rule>& table() {
+  static std::map<std::string, Rule> t;
+  return t;
+}
+}  // namespace
+
+void register_rule(const char* op, Rule rule) { table()[op] = rule; }
+
+const Rule* find_rule(const std::string& op) {
+  auto it = table().find(op);
+  return it == table().end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> rule_names() {
+  std::vector<std::string> out;
+  for (auto& [k, v] : table()) out.push_back(k);
+  return out;
+}
+
+}  // namespace tpu::lowering

@@ -1,0 +1,86 @@
+// The lowering registry: one small rule per ATen op, turning the op's inputs into
+// StableHLO values. Rules see values and plain arguments only, never buffers or
+// PyTorch tensors; the backend feeds them through `Ctx`.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/builder.h"
+
+namespace tpu::lowering {
+
+using ir::Builder;
+using ir::Shape;
+using ir::Type;
+using ir::Value;
+
+// What a rule can ask of the op being lowered. Argument indices follow the ATen
+// schema of the functional op (`add.Tensor`: 0 self, 1 other, 2 alpha).
+class Ctx {
+ public:
+  virtual ~Ctx() = default;
+  Builder& b;
+  explicit Ctx(Builder& builder) : b(builder) {}
+
+  virtual const std::string& op() const = 0;
+  virtual int num_args() const = 0;
+  virtual bool is_none(int i) const = 0;
+  virtual bool is_tensor(int i) const = 0;  // Tensor (or a wrapped Python number)
+
+  virtual Value in(int i) = 0;                                       // Tensor
+  virtual std::vector<Value> list(int i) = 0;                        // Tensor[]
+  virtual std::vector<std::optional<Value>> opt_list(int i) = 0;     // Tensor?[]
+  virtual Value scalar(int i, DType t) = 0;                          // Scalar, a runtime operand
+  virtual std::vector<Value> scalars(int i, DType t) = 0;            // Scalar[]
+  virtual bool scalar_is_float(int i) const = 0;
+  virtual int64_t i(int idx) const = 0;
+  virtual double f(int idx) const = 0;
+  virtual bool flag(int idx) const = 0;
+  virtual std::vector<int64_t> ints(int idx) const = 0;
+  virtual std::string str(int idx) const = 0;
+  virtual DType dtype_arg(int idx) const = 0;                        // ScalarType
+  // Type of a tensor argument without reading it.
+  virtual Type type_of(int i) const = 0;
+
+  // The outputs PyTorch expects (from its meta kernels): rules produce these.
+  virtual int num_outs() const = 0;
+  virtual Type out(int j) const = 0;
+
+  // Random bits of `t` (unsigned element type) from the op's generator.
+  virtual Value random_bits(const Type& t) = 0;
+
+  // Helpers over the above.
+  int64_t i_or(int idx, int64_t dflt) const { return is_none(idx) ? dflt : i(idx); }
+  double f_or(int idx, double dflt) const { return is_none(idx) ? dflt : f(idx); }
+  bool flag_or(int idx, bool dflt) const { return is_none(idx) ? dflt : flag(idx); }
+};
+
+using Rule = std::vector<Value> (*)(Ctx&);
+
+void register_rule(const char* op, Rule rule);
+const Rule* find_rule(const std::string& op);
+std::vector<std::string> rule_names();
+
+// A rule that cannot lower this particular call (an argument it does not support)
+// throws Unsupported; the backend then runs the op through the counted fallback.
+struct Unsupported : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Registrar {
+  Registrar(std::initializer_list<const char*> ops, Rule r) {
+    for (auto op : ops) register_rule(op, r);
+  }
+};
+
+#define TPU_CAT2(a, b) a##b
+#define TPU_CAT(a, b) TPU_CAT2(a, b)
+// TPU_LOWER(fn, "add.Tensor", "add.Scalar") { ...body using ctx... }
+#define TPU_LOWER(fn, ...)                                                        \
+  static std::vector<Value> fn(Ctx& ctx);                                         \
+  static ::tpu::lowering::Registrar TPU_CAT(reg_, fn)({__VA_ARGS__}, fn);         \
+  static std::vector<Value> fn(Ctx& ctx)
+
+}  // namespace tpu::lowering

@@ -1,0 +1,34 @@
+"""torch_tpu: a native PyTorch backend for TPUs (device "tpu") on the PJRT C API.
+
+Importing it (or just `import torch`, through the `torch.backends` entry point)
+registers the device. Move code from GPU by writing "tpu" where it said "cuda".
+"""
+import torch
+
+torch.utils.rename_privateuse1_backend("tpu")
+
+from . import _C  # noqa: E402  (registers kernels, allocator, device guard)
+from . import _plugins  # noqa: E402
+
+_num_lowered = _C._init(_plugins.candidates())
+
+from . import tpu as _tpu_module  # noqa: E402
+
+torch._register_device_module("tpu", _tpu_module)
+torch.utils.generate_methods_for_privateuse1_backend(
+    for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+)
+
+from ._internal.execution_mode import EagerMode, get_eager_mode, set_eager_mode  # noqa: E402
+from ._internal.sync import synchronize  # noqa: E402
+from ._metrics import metrics, metrics_report  # noqa: E402
+from . import api  # noqa: E402
+
+__all__ = [
+    "EagerMode", "set_eager_mode", "get_eager_mode", "synchronize", "metrics",
+    "metrics_report", "api",
+]
+
+
+def _autoload():
+    """Entry point for `torch.backends`: importing this module is all it takes."""

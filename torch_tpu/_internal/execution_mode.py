@@ -1,0 +1,56 @@
+"""Eager execution modes, under the names Google's TorchTPU uses.
+
+DEFER_NEVER (Strict, default): op by op, asynchronous.
+DEFER_NEVER_AND_LAUNCH_BLOCKING (Debug): each op waits; errors surface at their line.
+"""
+import contextlib
+import enum
+import sys
+
+from .. import _C
+
+
+class EagerMode(enum.Enum):
+    DEFER_NEVER = 0
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = 1
+
+
+def get_eager_mode() -> EagerMode:
+    return EagerMode(_C.get_eager_mode())
+
+
+def _set(mode: EagerMode) -> None:
+    if not isinstance(mode, EagerMode):
+        raise TypeError(f"expected a torch_tpu.EagerMode, got {mode!r}")
+    _C.synchronize(-1)  # work launched under the old mode finishes under it
+    _C.set_eager_mode(mode.value)
+
+
+class set_eager_mode(contextlib.ContextDecorator):
+    """Sets the mode; as a context manager, restores the previous one on exit."""
+
+    def __init__(self, mode: EagerMode):
+        self._prev = get_eager_mode()
+        _set(mode)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _set(self._prev)
+        return False
+
+
+class _Module(sys.modules[__name__].__class__):
+    """Makes `execution_mode.eager_mode = EagerMode.X` switch globally."""
+
+    @property
+    def eager_mode(self) -> EagerMode:
+        return get_eager_mode()
+
+    @eager_mode.setter
+    def eager_mode(self, mode: EagerMode) -> None:
+        _set(mode)
+
+
+sys.modules[__name__].__class__ = _Module

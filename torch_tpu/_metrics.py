@@ -1,0 +1,23 @@
+"""Counters of the backend: compiles, caches, executions, fallbacks, transfers."""
+from . import _C
+
+
+def metrics() -> dict:
+    m = _C.metrics()
+    m["lowered_ops"] = len(_C.lowered_ops())
+    return m
+
+
+def metrics_report() -> str:
+    m = metrics()
+    lines = ["torch_tpu metrics"]
+    for k in sorted(m):
+        if k == "fallbacks":
+            continue
+        v = m[k]
+        lines.append(f"  {k:<22} {v:.3f}" if isinstance(v, float) else f"  {k:<22} {v}")
+    fb = m["fallbacks"]
+    lines.append(f"  fallbacks              {sum(fb.values())}")
+    for op, n in sorted(fb.items(), key=lambda kv: -kv[1]):
+        lines.append(f"    {op:<30} {n}")
+    return "\n".join(lines)
