@@ -38,7 +38,9 @@ runtime::ExecutablePtr compile_cached(const std::string& text, const std::string
 
 std::vector<runtime::BufferPtr> launch(const runtime::Executable& exe,
                                        const std::vector<runtime::Buffer*>& args, int device) {
-  return runtime::Client::get().execute(exe, args, device, {}, eager_mode() == EagerMode::Debug);
+  return guarded([&] {
+    return runtime::Client::get().execute(exe, args, device, {}, eager_mode() == EagerMode::Debug);
+  });
 }
 
 std::vector<runtime::BufferPtr> run_internal(
@@ -54,7 +56,8 @@ std::vector<runtime::BufferPtr> run_internal(
   }
   if (!exe) {
     ir::Builder b;
-    exe = compile_cached(build(b), key);
+    std::string text = build(b);
+    exe = guarded([&] { return compile_cached(text, key); });
     std::lock_guard<std::mutex> lock(mu);
     cache.emplace(key, exe);
   }

@@ -411,7 +411,7 @@ runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device) {
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   if (cache.size() > 4096) cache.clear();
-  auto buf = runtime::Client::get().from_host(bytes, t, {}, device);
+  auto buf = guarded([&] { return runtime::Client::get().from_host(bytes, t, {}, device); });
   cache.emplace(key, buf);
   return buf;
 }
@@ -487,7 +487,7 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
     }
   }
   std::string text = b.finish(program_results);
-  plan->exe = compile_cached(text, describe(info, args));
+  plan->exe = guarded([&] { return compile_cached(text, describe(info, args)); });
   return plan;
 }
 
@@ -581,7 +581,7 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
         if (s.arg >= 0 && args[s.arg].isGenerator()) gen = args[s.arg].toGenerator();
         auto [seed, counter] = next_rng_state(gen, k.device);
         int64_t st[2] = {static_cast<int64_t>(seed), static_cast<int64_t>(counter)};
-        keep.push_back(runtime::Client::get().from_host(st, DType::I64, {2}, k.device));
+        keep.push_back(guarded([&] { return runtime::Client::get().from_host(st, DType::I64, {2}, k.device); }));
         break;
       }
     }

@@ -1,0 +1,41 @@
+# torch_tpu: `make demo` trains a small GPT on tpu; `make test` runs every test.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+export CCACHE_BASEDIR := $(CURDIR)
+export HF_HUB_OFFLINE := 1
+
+.PHONY: setup build demo test test-cpp test-py clean
+
+setup: $(VENV)/.ready
+
+# Everything lives in the project venv. torch 2.13.0 CPU comes from the wheel on disk.
+$(VENV)/.ready: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=23" setuptools wheel
+	$(PY) -m pip install -q torch==2.13.0 xla-cpu-pjrt numpy pytest pytest-timeout cmake ninja
+	command -v ccache >/dev/null || (apt-get install -y -q ccache >/dev/null 2>&1 || true)
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+# The C++ core and extension, built with CMake against the venv's torch (never an
+# isolated pip build). Builds are serialized so parallel callers do not collide.
+build: setup
+	mkdir -p build
+	flock build/.lock sh -c '\
+	  test -f build/build.ninja || $(VENV)/bin/cmake -S . -B build -G Ninja \
+	    -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja -DPython3_EXECUTABLE=$(CURDIR)/$(PY); \
+	  $(VENV)/bin/ninja -C build'
+
+demo: build
+	$(PY) examples/train_gpt.py
+
+test-cpp: build
+	cd build && $(CURDIR)/$(VENV)/bin/ctest --output-on-failure
+
+test-py: build
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test: test-cpp test-py
+
+clean:
+	rm -rf build torch_tpu/_C*.so

@@ -1,0 +1,133 @@
+"""The `tpu` device as PyTorch sees it: device module, accelerator API, autoload, errors."""
+import pytest
+import torch
+
+import torch_tpu
+from conftest import run_python
+
+
+def test_device_module_shaped_like_cuda():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() >= 1
+    assert torch.tpu.current_device() == 0
+    torch.tpu.set_device(0)
+    torch.tpu.synchronize()
+    free, total = torch.tpu.mem_get_info()
+    assert 0 < free <= total
+    stats = torch.tpu.memory_stats()
+    assert stats["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+    torch.tpu.empty_cache()
+
+
+def test_accelerator_api():
+    assert torch.accelerator.current_accelerator() == torch.device("tpu")
+    assert torch.accelerator.device_count() == torch.tpu.device_count()
+    torch.accelerator.synchronize()
+    assert torch.accelerator.current_device_index() == 0
+
+
+def test_api_names_match_torchtpu():
+    assert torch_tpu.api.tpu_device() == torch.device("tpu", 0)
+    from torch_tpu._internal import execution_mode, sync
+    assert execution_mode.EagerMode.DEFER_NEVER in execution_mode.EagerMode
+    sync.synchronize()
+
+
+def test_tensor_and_module_to_tpu():
+    x = torch.randn(4, 5)
+    t = x.to("tpu")
+    assert t.device.type == "tpu" and t.is_tpu
+    assert torch.equal(t.cpu(), x)
+    m = torch.nn.Linear(5, 3).to("tpu")
+    assert all(p.device.type == "tpu" for p in m.parameters())
+    assert torch.allclose(m(t).cpu(), torch.nn.functional.linear(x, m.weight.cpu(), m.bias.cpu()), atol=1e-6)
+
+
+def test_memory_counts_live_device_bytes():
+    torch.tpu.synchronize()
+    base = torch.tpu.memory_allocated()
+    t = torch.empty(1024, 256, device="tpu").fill_(1.0)
+    # the tensor, plus at most a few cached scalar operands (the fill value)
+    assert 0 <= torch.tpu.memory_allocated() - base - 1024 * 256 * 4 <= 64
+    torch.tpu.reset_peak_memory_stats()
+    u = t * 2
+    assert torch.tpu.max_memory_allocated() >= base + 2 * 1024 * 256 * 4
+    del t, u
+    assert torch.tpu.memory_allocated() - base <= 64
+
+
+def test_out_of_memory_is_torch_oom_and_keeps_tensors():
+    keep = torch.arange(10.0, device="tpu")
+    torch_tpu._C.set_memory_limit(torch.tpu.memory_allocated() + 1000)
+    try:
+        with pytest.raises(torch.OutOfMemoryError, match="out of device memory"):
+            torch.ones(1000, 1000, device="tpu") + 1
+    finally:
+        torch_tpu._C.set_memory_limit(0)
+    assert keep.sum().item() == 45.0
+
+
+def test_missing_device_index_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"tpu:7 does not exist"):
+        torch.zeros(3, device="tpu:7")
+    assert torch.ones(2, device="tpu").sum().item() == 2.0
+
+
+def test_unsupported_dtype_names_the_dtype():
+    with pytest.raises(TypeError, match="ComplexHalf|complex32"):
+        torch.zeros(3, dtype=torch.complex32, device="tpu")
+
+
+def test_import_torch_alone_autoloads_the_backend():
+    r = run_python("import torch; x = torch.ones(2, device='tpu'); print((x + 1).sum().item())")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("4.0")
+
+
+def test_autoload_can_be_disabled():
+    r = run_python("import torch, sys; print('torch_tpu' in sys.modules)",
+                   env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_no_plugin_says_how_to_install_one():
+    r = run_python("import sys, types; m = types.ModuleType('torch_tpu._plugins');"
+                   "m.candidates = lambda: []; sys.modules['torch_tpu._plugins'] = m;"
+                   "import torch_tpu, torch; torch.ones(1, device='tpu')",
+                   env={"TPU_PJRT_PLUGIN": "", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert r.returncode != 0
+    assert "pip install xla-cpu-pjrt" in r.stderr
+
+
+def test_several_devices_keep_tensors_apart():
+    code = """
+import torch
+assert torch.tpu.device_count() == 2, torch.tpu.device_count()
+a = torch.arange(4.0, device='tpu:0'); b = torch.arange(4.0, device='tpu:1')
+c = b * 2
+assert c.device == torch.device('tpu:1'), c.device
+d = a.to('tpu:1') + c
+assert d.device.index == 1 and d.cpu().tolist() == [0.0, 3.0, 6.0, 9.0]
+try:
+    a + b
+    raise SystemExit('mixed devices were accepted')
+except RuntimeError as e:
+    assert 'same device' in str(e), e
+with torch.tpu.device(1):
+    assert torch.empty(1, device='tpu').device.index == 1
+print('ok')
+"""
+    r = run_python(code, env={"TPU_NUM_DEVICES": "2"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("ok")
+
+
+def test_metrics_report_lists_counters():
+    (torch.ones(3, device="tpu") * 3).cpu()
+    m = torch_tpu.metrics()
+    for key in ("compiles", "signature_hits", "signature_misses", "executions", "fallbacks",
+                "h2d_bytes", "d2h_bytes", "lowered_ops"):
+        assert key in m
+    assert m["executions"] > 0 and m["lowered_ops"] > 100
+    assert "compiles" in torch_tpu.metrics_report()
