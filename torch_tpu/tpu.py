@@ -76,12 +76,11 @@ def seed_all() -> None:
 
 
 def initial_seed() -> int:
-    return torch.Generator(device="tpu").initial_seed() if False else _default_generator().initial_seed()
+    return _default_generator().initial_seed()
 
 
 def _default_generator(device=None):
-    return torch._C._get_privateuse1_default_generator(_index(device)) if hasattr(
-        torch._C, "_get_privateuse1_default_generator") else torch.default_generator
+    return _C.default_generator(_index(device))
 
 
 def get_rng_state(device=None):

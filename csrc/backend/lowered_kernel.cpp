@@ -386,6 +386,13 @@ class KernelCtx final : public lowering::Ctx {
   std::map<std::pair<int, int>, Value> storages_;
 };
 
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
 // ---- runtime operands -------------------------------------------------------------------
 
 runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device) {
@@ -580,7 +587,8 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
         std::optional<at::Generator> gen;
         if (s.arg >= 0 && args[s.arg].isGenerator()) gen = args[s.arg].toGenerator();
         auto [seed, counter] = next_rng_state(gen, k.device);
-        int64_t st[2] = {static_cast<int64_t>(seed), static_cast<int64_t>(counter)};
+        // Threefry streams of (key, n) and (key, n+1) overlap: give each op its own key.
+        int64_t st[2] = {static_cast<int64_t>(splitmix64(seed ^ splitmix64(counter))), 0};
         keep.push_back(guarded([&] { return runtime::Client::get().from_host(st, DType::I64, {2}, k.device); }));
         break;
       }

@@ -1,4 +1,5 @@
 // The Python module torch_tpu._C: setup, device queries, memory, metrics, modes.
+#include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
 #include "backend/device.h"
@@ -50,6 +51,9 @@ PYBIND11_MODULE(_C, m) {
     at::Generator g = default_generator(d);
     std::lock_guard<std::mutex> lock(g.mutex());
     g.set_current_seed(seed);
+  });
+  m.def("default_generator", [](int d) {
+    return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(d)));
   });
   m.def("set_eager_mode", [](int mode) { set_eager_mode(static_cast<EagerMode>(mode)); });
   m.def("get_eager_mode", [] { return static_cast<int>(eager_mode()); });

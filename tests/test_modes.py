@@ -1,0 +1,56 @@
+"""Strict (asynchronous) and Debug (launch-blocking) eager modes."""
+import torch
+
+import torch_tpu
+from torch_tpu import EagerMode
+from conftest import run_python
+
+
+def test_default_is_strict_and_switching_works():
+    assert torch_tpu.get_eager_mode() == EagerMode.DEFER_NEVER
+    with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING):
+        assert torch_tpu.get_eager_mode() == EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+        assert (torch.ones(3, device="tpu") * 2).sum().item() == 6.0
+    assert torch_tpu.get_eager_mode() == EagerMode.DEFER_NEVER
+    from torch_tpu._internal import execution_mode
+    execution_mode.eager_mode = EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+    assert torch_tpu.get_eager_mode() == EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+    execution_mode.eager_mode = EagerMode.DEFER_NEVER
+    assert torch_tpu.get_eager_mode() == EagerMode.DEFER_NEVER
+
+
+def test_env_selects_debug_mode():
+    r = run_python("import torch, torch_tpu; print(torch_tpu.get_eager_mode().name)",
+                   env={"TPU_LAUNCH_BLOCKING": "1"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("DEFER_NEVER_AND_LAUNCH_BLOCKING")
+
+
+def test_strict_returns_before_the_device_finishes():
+    # A long chain of matmuls: launching must take far less than running it.
+    import time
+    x = torch.randn(512, 512, device="tpu") / 23
+    for _ in range(3):
+        (x @ x).sum().item()  # compile and warm up
+    torch.tpu.synchronize()
+    t0 = time.perf_counter()
+    y = x
+    for _ in range(40):
+        y = y @ x
+    launched = time.perf_counter() - t0
+    torch.tpu.synchronize()
+    finished = time.perf_counter() - t0
+    assert launched < finished
+    # Debug mode waits per op: launching then equals finishing.
+    with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING):
+        t0 = time.perf_counter()
+        z = x @ x
+        assert torch_tpu._C.is_materialized(z)
+
+
+def test_results_match_across_modes():
+    a = torch.randn(16, 16)
+    ref = (a.to("tpu").softmax(-1) @ a.to("tpu")).cpu()
+    with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING):
+        dbg = (a.to("tpu").softmax(-1) @ a.to("tpu")).cpu()
+    assert torch.equal(ref, dbg)
