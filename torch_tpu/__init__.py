@@ -3,8 +3,12 @@
 Importing it (or just `import torch`, through the `torch.backends` entry point)
 registers the device. Move code from GPU by writing "tpu" where it said "cuda".
 """
+import os
+
 import torch
 
+# The XLA plugins log INFO lines to stderr at start-up; keep warnings and errors.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 torch.utils.rename_privateuse1_backend("tpu")
 
 from . import _C  # noqa: E402  (registers kernels, allocator, device guard)
