@@ -238,8 +238,14 @@ class KernelCtx final : public lowering::Ctx {
 
   const std::string& op() const override { return info_.name; }
   int num_args() const override { return info_.num_args; }
-  bool is_none(int i) const override { return args_.at(i).isNone(); }
-  bool is_tensor(int i) const override { return args_.at(i).isTensor(); }
+  // Autograd passes an absent optional tensor as an undefined one.
+  bool is_none(int i) const override {
+    const IValue& v = args_.at(i);
+    return v.isNone() || (v.isTensor() && !v.toTensor().defined());
+  }
+  bool is_tensor(int i) const override {
+    return args_.at(i).isTensor() && args_[i].toTensor().defined();
+  }
 
   Value in(int i) override {
     TORCH_CHECK(args_.at(i).isTensor(), info_.name, ": argument ", i, " is not a tensor");
