@@ -63,6 +63,7 @@ struct OutSpec {
   int arg, elem;
   c10::ScalarType dtype;
   std::vector<int64_t> sizes;
+  bool undefined = false;  // an output PyTorch leaves undefined (backward output_mask)
 };
 
 struct Plan {
@@ -449,9 +450,14 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
                                  const std::vector<at::Tensor>& meta_outs) {
   auto plan = std::make_shared<Plan>();
   std::vector<ir::Type> out_types;
-  for (const at::Tensor& m : meta_outs)
+  for (const at::Tensor& m : meta_outs) {
+    if (!m.defined()) {  // rules may return any placeholder for it
+      out_types.push_back(ir::Type{DType::Invalid, {}});
+      continue;
+    }
     out_types.push_back(ir::Type{device_dtype(m.scalar_type(), info.name.c_str()),
                                  std::vector<int64_t>(m.sizes().begin(), m.sizes().end())});
+  }
   ir::Builder b;
   KernelCtx ctx(b, info, args, *plan, out_types, k.has_f64);
   std::vector<Value> results;
@@ -473,6 +479,12 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
   };
   if (info.mutated.empty()) {
     for (size_t r = 0; r < meta_outs.size(); ++r, ++j) {
+      if (!meta_outs[r].defined()) {
+        OutSpec u{false, -1, -1, c10::ScalarType::Undefined, {}};
+        u.undefined = true;
+        plan->outs.push_back(u);
+        continue;
+      }
       program_results.push_back(fit(results[j], out_types[j]));
       plan->outs.push_back({false, -1, -1, meta_outs[r].scalar_type(),
                             std::vector<int64_t>(meta_outs[r].sizes().begin(), meta_outs[r].sizes().end())});
@@ -605,13 +617,15 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
 
   // Commit results: new storage buffers for mutated args, new tensors otherwise.
   std::vector<at::Tensor> fresh;
-  for (size_t j = 0; j < plan->outs.size(); ++j) {
-    const OutSpec& o = plan->outs[j];
-    if (o.write) {
+  size_t next_result = 0;
+  for (const OutSpec& o : plan->outs) {
+    if (o.undefined) {
+      fresh.emplace_back();
+    } else if (o.write) {
       at::Tensor tmp;
-      storage_of(*tensor_at(args, o.arg, o.elem, &tmp)).buffer = results[j];
+      storage_of(*tensor_at(args, o.arg, o.elem, &tmp)).buffer = results[next_result++];
     } else {
-      fresh.push_back(wrap_buffer(results[j], o.dtype, o.sizes, k.device));
+      fresh.push_back(wrap_buffer(results[next_result++], o.dtype, o.sizes, k.device));
     }
   }
 

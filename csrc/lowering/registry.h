@@ -44,7 +44,9 @@ class Ctx {
   // Type of a tensor argument without reading it.
   virtual Type type_of(int i) const = 0;
 
-  // The outputs PyTorch expects (from its meta kernels): rules produce these.
+  // The outputs PyTorch expects (from its meta kernels): rules produce these. An output
+  // PyTorch leaves undefined (a backward op's output_mask) has dtype Invalid: return
+  // any placeholder value for it.
   virtual int num_outs() const = 0;
   virtual Type out(int j) const = 0;
 
