@@ -560,7 +560,19 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   } else {
     metrics().signature_misses += 1;
     if (!info.is_out) {
-      auto [margs, mrets] = run_meta(op, args);
+      std::vector<IValue> margs, mrets;
+      try {
+        std::tie(margs, mrets) = run_meta(op, args);
+      } catch (const std::exception& e) {
+        // Outputs whose shape depends on values (a boolean mask) cannot be planned
+        // ahead: those calls take the counted fallback. Other errors are the user's.
+        std::string w = e.what();
+        if (w.find("NotImplementedError") == std::string::npos &&
+            w.find("data-independent") == std::string::npos)
+          throw;
+        run_fallback(op, stack, "output shape depends on tensor values");
+        return;
+      }
       if (info.mutated.empty()) {
         for (auto& r : mrets) append_outs(r, meta_outs);
       } else {

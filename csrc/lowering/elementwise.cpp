@@ -1,0 +1,550 @@
+// Elementwise ops: arithmetic, math functions, comparisons, logic, casts and fills.
+// Operands are converted to the math dtype of the output PyTorch computed (f32 for
+// f16/bf16, like PyTorch's opmath) and broadcast to its shape; results are cast back.
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "lowering/helpers.h"
+
+namespace tpu::lowering {
+using ir::Cmp;
+
+// Helpers the other elementwise-style files (activation, random) declare and reuse;
+// there is no shared header of ours for them.
+namespace ew {
+using Vs = std::vector<Value>;
+using MapFn = std::function<Value(Builder&, const Vs&)>;
+
+Value cst(Builder& b, const Value& like, double v) { return full_like(b, like, v); }
+Value op1(Builder& b, const char* op, const Value& x) { return b.unary(std::string("stablehlo.") + op, x); }
+Value op2(Builder& b, const char* op, const Value& x, const Value& y) {
+  return b.binary(std::string("stablehlo.") + op, x, y);
+}
+Value cmp(Builder& b, const Value& x, const Value& y, Cmp c) { return b.compare(x, y, c); }
+Value cmpk(Builder& b, const Value& x, double k, Cmp c) { return b.compare(x, cst(b, x, k), c); }
+
+// f16/bf16 do their math in f32; bool arithmetic runs on integers and is narrowed
+// back to bool (nonzero) by the final convert.
+DType math_type(DType t) {
+  if (is_complex(t)) throw Unsupported("complex dtypes");
+  if (t == DType::Bool) return DType::I32;
+  return acc_type(t);
+}
+
+// Argument i, a Tensor or a Scalar, as dtype t broadcast to `shape`.
+Value operand(Ctx& ctx, int i, DType t, const Shape& shape) {
+  if (ctx.is_tensor(i)) return coerce(ctx.b, ctx.in(i), t, shape);
+  return broadcast_to(ctx.b, ctx.scalar(i, t), shape);
+}
+
+// fn over arguments `idx` in the output's math dtype, cast to the output dtype.
+std::vector<Value> map(Ctx& ctx, const std::vector<int>& idx, const MapFn& fn) {
+  Type o = ctx.out(0);
+  DType t = math_type(o.dtype);
+  Vs xs;
+  for (int i : idx) xs.push_back(operand(ctx, i, t, o.shape));
+  return {ctx.b.convert(fn(ctx.b, xs), o.dtype)};
+}
+
+// erf(x) for |x| < 1 from its Taylor series (alternating, 12 terms: < 2e-7 relative);
+// erfc(x) for |x| >= 1 from the Chebyshev fit of Numerical Recipes' erfcc (1.2e-7
+// relative). XLA has no erf op in StableHLO, so both are spelled out here.
+static Value erf_small(Builder& b, const Value& x) {
+  Value s = op2(b, "multiply", x, x);
+  double c[12];
+  double fact = 1;
+  for (int n = 0; n < 12; ++n) {
+    if (n) fact *= n;
+    c[n] = 2 / std::sqrt(M_PI) * (n % 2 ? -1 : 1) / (fact * (2 * n + 1));
+  }
+  Value p = cst(b, x, c[11]);
+  for (int n = 10; n >= 0; --n) p = op2(b, "add", cst(b, x, c[n]), op2(b, "multiply", s, p));
+  return op2(b, "multiply", x, p);
+}
+
+static Value erfc_large(Builder& b, const Value& x) {  // x >= 0
+  static const double k[] = {-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
+                             0.27886807,  -1.13520398, 1.48851587, -0.82215223, 0.17087277};
+  Value t = op2(b, "divide", cst(b, x, 1), op2(b, "add", cst(b, x, 1), op2(b, "multiply", cst(b, x, 0.5), x)));
+  Value p = cst(b, x, k[9]);
+  for (int n = 8; n >= 0; --n) p = op2(b, "add", cst(b, x, k[n]), op2(b, "multiply", t, p));
+  Value e = op2(b, "subtract", p, op2(b, "multiply", x, x));
+  return op2(b, "multiply", t, op1(b, "exponential", e));
+}
+
+Value erf(Builder& b, const Value& x) {
+  Value a = op1(b, "abs", x);
+  Value big = op2(b, "subtract", cst(b, x, 1), erfc_large(b, a));
+  big = b.select(cmpk(b, x, 0, Cmp::LT), op1(b, "negate", big), big);
+  return b.select(cmpk(b, a, 1, Cmp::LT), erf_small(b, x), big);
+}
+
+Value erfc(Builder& b, const Value& x) {
+  Value tail = erfc_large(b, op1(b, "abs", x));
+  tail = b.select(cmpk(b, x, 0, Cmp::LT), op2(b, "subtract", cst(b, x, 2), tail), tail);
+  Value near = op2(b, "subtract", cst(b, x, 1), erf_small(b, x));
+  return b.select(cmpk(b, op1(b, "abs", x), 1, Cmp::LT), near, tail);
+}
+}  // namespace ew
+
+using namespace ew;
+
+namespace {
+Value add_(Builder& b, const Value& x, const Value& y) { return op2(b, "add", x, y); }
+Value sub_(Builder& b, const Value& x, const Value& y) { return op2(b, "subtract", x, y); }
+Value mul_(Builder& b, const Value& x, const Value& y) { return op2(b, "multiply", x, y); }
+Value div_(Builder& b, const Value& x, const Value& y) { return op2(b, "divide", x, y); }
+Value and_(Builder& b, const Value& x, const Value& y) { return op2(b, "and", x, y); }
+Value or_(Builder& b, const Value& x, const Value& y) { return op2(b, "or", x, y); }
+Value not_(Builder& b, const Value& x) { return op1(b, "not", x); }
+Value isnan_(Builder& b, const Value& x) { return cmp(b, x, x, Cmp::NE); }
+bool flt(const Value& x) { return is_float(x.dtype()); }
+
+// Dtype PyTorch compares/combines arguments `idx` in: result_type of the tensors,
+// raised by Scalars of a higher category (float -> default f32, int -> i64).
+DType common_type(Ctx& ctx, const std::vector<int>& idx) {
+  Vs ts;
+  bool fscalar = false, iscalar = false;
+  for (int i : idx) {
+    if (ctx.is_tensor(i)) ts.push_back(Value{"", ctx.type_of(i)});
+    else (ctx.scalar_is_float(i) ? fscalar : iscalar) = true;
+  }
+  DType t = result_type(ts);
+  if (fscalar && !is_float(t)) return DType::F32;
+  if (iscalar && t == DType::Bool) return DType::I64;
+  return t;
+}
+
+// Python's modulo: C's fmod, moved into the divisor's sign.
+Value py_mod(Builder& b, const Value& a, const Value& d) {
+  Value r = op2(b, "remainder", a, d);
+  Value fix = and_(b, cmpk(b, r, 0, Cmp::NE), cmp(b, cmpk(b, r, 0, Cmp::LT), cmpk(b, d, 0, Cmp::LT), Cmp::NE));
+  return b.select(fix, add_(b, r, d), r);
+}
+
+// Floor division. Floats follow PyTorch's div_floor: go through fmod so that
+// a == q * d + a % d holds, then round the quotient to the nearest integer.
+Value floor_div(Builder& b, const Value& a, const Value& d) {
+  Value mod = op2(b, "remainder", a, d);
+  Value fix = and_(b, cmpk(b, mod, 0, Cmp::NE), cmp(b, cmpk(b, mod, 0, Cmp::LT), cmpk(b, d, 0, Cmp::LT), Cmp::NE));
+  if (!flt(a)) {
+    Value q = div_(b, a, d);  // truncates
+    return b.select(fix, sub_(b, q, cst(b, q, 1)), q);
+  }
+  Value q = div_(b, sub_(b, a, mod), d);
+  q = b.select(fix, sub_(b, q, cst(b, q, 1)), q);
+  Value fq = op1(b, "floor", q);
+  fq = b.select(cmpk(b, sub_(b, q, fq), 0.5, Cmp::GT), add_(b, fq, cst(b, fq, 1)), fq);
+  Value exact = div_(b, a, d);
+  Value res = b.select(cmpk(b, q, 0, Cmp::NE), fq, mul_(b, exact, cst(b, exact, 0)));  // signed zero
+  return b.select(cmpk(b, d, 0, Cmp::EQ), exact, res);
+}
+
+Value trunc_(Builder& b, const Value& x) {
+  if (!flt(x)) return x;
+  return b.select(cmpk(b, x, 0, Cmp::LT), op1(b, "ceil", x), op1(b, "floor", x));
+}
+
+// Sign bit of floats (sees -0.0 and negative NaNs), through the integer bit pattern.
+Value signbit_(Builder& b, const Value& x) {
+  if (!flt(x)) return cmpk(b, x, 0, Cmp::LT);
+  DType it = x.dtype() == DType::F64 ? DType::I64 : x.dtype() == DType::F32 ? DType::I32 : DType::I16;
+  return cmpk(b, b.bitcast(x, it), 0, Cmp::LT);
+}
+
+std::vector<Value> compare_rule(Ctx& ctx, Cmp c) {
+  DType t = common_type(ctx, {0, 1});
+  Shape s = ctx.out(0).shape;
+  return {ctx.b.compare(operand(ctx, 0, t, s), operand(ctx, 1, t, s), c)};
+}
+
+std::vector<Value> logical_rule(Ctx& ctx, const char* op) {
+  Shape s = ctx.out(0).shape;
+  return {op2(ctx.b, op, operand(ctx, 0, DType::Bool, s), operand(ctx, 1, DType::Bool, s))};
+}
+
+// Unary test on floats that is constant for integers (isnan, isinf, ...).
+std::vector<Value> float_test(Ctx& ctx, bool for_ints, Value (*fn)(Builder&, const Value&)) {
+  Value x = ctx.in(0);
+  if (!flt(x)) return {ctx.b.constant(for_ints, DType::Bool, x.shape())};
+  return {fn(ctx.b, x)};
+}
+}  // namespace
+
+// A unary op that is one StableHLO op in the float math dtype.
+#define TPU_UNARY(fn, aten, hlo) \
+  TPU_LOWER(fn, aten) { return map(ctx, {0}, [](Builder& b, const Vs& x) { return op1(b, hlo, x[0]); }); }
+
+// ---- Arithmetic ---------------------------------------------------------------
+
+TPU_LOWER(add_rule, "add.Tensor", "add.Scalar") {
+  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return add_(b, x[0], mul_(b, x[2], x[1])); });
+}
+TPU_LOWER(sub_rule, "sub.Tensor", "sub.Scalar") {
+  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return sub_(b, x[0], mul_(b, x[2], x[1])); });
+}
+TPU_LOWER(rsub_rule, "rsub.Tensor", "rsub.Scalar") {
+  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return sub_(b, x[1], mul_(b, x[2], x[0])); });
+}
+TPU_LOWER(mul_rule, "mul.Tensor", "mul.Scalar") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return mul_(b, x[0], x[1]); });
+}
+
+// True division, or rounded by rounding_mode ("trunc", "floor"). Integer outputs
+// only arise with a rounding mode; StableHLO's integer divide truncates.
+TPU_LOWER(div_rule, "div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode") {
+  std::string mode = ctx.num_args() > 2 && !ctx.is_none(2) ? ctx.str(2) : "";
+  if (mode.empty()) return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return div_(b, x[0], x[1]); });
+  if (mode == "trunc")
+    return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return trunc_(b, div_(b, x[0], x[1])); });
+  if (mode == "floor") return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return floor_div(b, x[0], x[1]); });
+  throw Unsupported("div rounding_mode " + mode);
+}
+TPU_LOWER(floor_divide_rule, "floor_divide", "floor_divide.Scalar", "floor_divide_.Tensor") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return floor_div(b, x[0], x[1]); });
+}
+TPU_LOWER(remainder_rule, "remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return py_mod(b, x[0], x[1]); });
+}
+TPU_LOWER(fmod_rule, "fmod.Tensor", "fmod.Scalar") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "remainder", x[0], x[1]); });
+}
+// pow_.Tensor is the in-place Tensor_Tensor (its overload name differs).
+TPU_LOWER(pow_rule, "pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", "pow_.Tensor") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "power", x[0], x[1]); });
+}
+TPU_LOWER(neg_rule, "neg") { return map(ctx, {0}, [](Builder& b, const Vs& x) { return op1(b, "negate", x[0]); }); }
+TPU_LOWER(abs_rule, "abs") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) {
+    return is_unsigned_int(x[0].dtype()) ? x[0] : op1(b, "abs", x[0]);
+  });
+}
+// PyTorch's sign is (x > 0) - (x < 0): NaN gives 0, unlike stablehlo.sign.
+TPU_LOWER(sign_rule, "sign", "sgn") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) {
+    DType t = x[0].dtype();
+    return sub_(b, b.convert(cmpk(b, x[0], 0, Cmp::GT), t), b.convert(cmpk(b, x[0], 0, Cmp::LT), t));
+  });
+}
+TPU_LOWER(reciprocal_rule, "reciprocal") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return div_(b, cst(b, x[0], 1), x[0]); });
+}
+TPU_LOWER(addcmul_rule, "addcmul") {  // self + value * t1 * t2, in PyTorch's order
+  return map(ctx, {0, 1, 2, 3}, [](Builder& b, const Vs& x) { return add_(b, x[0], mul_(b, mul_(b, x[3], x[1]), x[2])); });
+}
+TPU_LOWER(addcdiv_rule, "addcdiv") {  // self + value * t1 / t2
+  return map(ctx, {0, 1, 2, 3}, [](Builder& b, const Vs& x) { return add_(b, x[0], div_(b, mul_(b, x[3], x[1]), x[2])); });
+}
+// PyTorch's lerp switches formulas at |w| = 0.5 so both ends are exact.
+TPU_LOWER(lerp_rule, "lerp.Scalar", "lerp.Tensor") {
+  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) {
+    Value d = sub_(b, x[1], x[0]);
+    Value lo = add_(b, x[0], mul_(b, x[2], d));
+    Value hi = sub_(b, x[1], mul_(b, d, sub_(b, cst(b, d, 1), x[2])));
+    return b.select(cmpk(b, op1(b, "abs", x[2]), 0.5, Cmp::LT), lo, hi);
+  });
+}
+
+// ---- Exponentials, logarithms, powers ----------------------------------------
+
+TPU_UNARY(exp_rule, "exp", "exponential")
+TPU_UNARY(expm1_rule, "expm1", "exponential_minus_one")
+TPU_UNARY(log_rule, "log", "log")
+TPU_UNARY(log1p_rule, "log1p", "log_plus_one")
+TPU_UNARY(sqrt_rule, "sqrt", "sqrt")
+TPU_UNARY(rsqrt_rule, "rsqrt", "rsqrt")
+TPU_UNARY(sigmoid_rule, "sigmoid", "logistic")
+TPU_LOWER(exp2_rule, "exp2") {  // pow(2, x) keeps full precision, unlike exp(x ln 2)
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return op2(b, "power", cst(b, x[0], 2), x[0]); });
+}
+TPU_LOWER(log2_rule, "log2") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return div_(b, op1(b, "log", x[0]), cst(b, x[0], M_LN2)); });
+}
+TPU_LOWER(log10_rule, "log10") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return div_(b, op1(b, "log", x[0]), cst(b, x[0], M_LN10)); });
+}
+// Scaled so that a*a + b*b does not overflow or underflow.
+TPU_LOWER(hypot_rule, "hypot") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
+    Value a = op1(b, "abs", x[0]), c = op1(b, "abs", x[1]);
+    Value hi = op2(b, "maximum", a, c), lo = op2(b, "minimum", a, c);
+    Value r = div_(b, lo, hi);
+    Value h = mul_(b, hi, op1(b, "sqrt", add_(b, cst(b, r, 1), mul_(b, r, r))));
+    h = b.select(cmpk(b, hi, 0, Cmp::EQ), hi, h);
+    Value inf = or_(b, cmpk(b, a, INFINITY, Cmp::EQ), cmpk(b, c, INFINITY, Cmp::EQ));
+    return b.select(inf, cst(b, h, INFINITY), h);
+  });
+}
+// max + log1p(exp(-|a - b|)); equal infinities would make NaN, so they pass through.
+static Value logaddexp_(Builder& b, const Value& x, const Value& y, bool base2) {
+  Value m = op2(b, "maximum", x, y);
+  Value d = op1(b, "negate", op1(b, "abs", sub_(b, x, y)));
+  Value r = base2 ? div_(b, op1(b, "log_plus_one", op2(b, "power", cst(b, d, 2), d)), cst(b, d, M_LN2))
+                  : op1(b, "log_plus_one", op1(b, "exponential", d));
+  Value same_inf = and_(b, cmp(b, x, y, Cmp::EQ), cmpk(b, op1(b, "abs", x), INFINITY, Cmp::EQ));
+  return b.select(same_inf, x, add_(b, m, r));
+}
+TPU_LOWER(logaddexp_rule, "logaddexp") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return logaddexp_(b, x[0], x[1], false); });
+}
+TPU_LOWER(logaddexp2_rule, "logaddexp2") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return logaddexp_(b, x[0], x[1], true); });
+}
+// x * log(y), defined as 0 where x == 0 unless y is NaN.
+TPU_LOWER(xlogy_rule, "xlogy.Tensor", "xlogy.Scalar_Self", "xlogy.Scalar_Other") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
+    Value r = mul_(b, x[0], op1(b, "log", x[1]));
+    r = b.select(cmpk(b, x[0], 0, Cmp::EQ), cst(b, r, 0), r);
+    return b.select(isnan_(b, x[1]), x[1], r);
+  });
+}
+// With eps, x is clamped to [eps, 1 - eps] first, bounds in the tensor's dtype as in
+// PyTorch (in bf16, 1 - 1e-3 is 1 and logit gives inf).
+TPU_LOWER(logit_rule, "logit") {
+  double eps = ctx.f_or(1, -1);
+  DType ot = ctx.out(0).dtype;
+  return map(ctx, {0}, [eps, ot](Builder& b, const Vs& x) {
+    Value z = x[0];
+    auto bound = [&](double v) { return b.convert(b.convert(cst(b, z, v), ot), z.dtype()); };
+    if (eps >= 0) z = op2(b, "minimum", op2(b, "maximum", z, bound(eps)), bound(1 - eps));
+    return op1(b, "log", div_(b, z, sub_(b, cst(b, z, 1), z)));
+  });
+}
+TPU_LOWER(erf_rule, "erf") { return map(ctx, {0}, [](Builder& b, const Vs& x) { return erf(b, x[0]); }); }
+TPU_LOWER(erfc_rule, "erfc") { return map(ctx, {0}, [](Builder& b, const Vs& x) { return erfc(b, x[0]); }); }
+
+// ---- Trigonometric and hyperbolic ------------------------------------------------
+
+TPU_UNARY(sin_rule, "sin", "sine")
+TPU_UNARY(cos_rule, "cos", "cosine")
+TPU_UNARY(tan_rule, "tan", "tan")
+TPU_UNARY(tanh_rule, "tanh", "tanh")
+TPU_LOWER(atan2_rule, "atan2") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "atan2", x[0], x[1]); });
+}
+// sqrt(1 - x^2) as sqrt((1 - x)(1 + x)): no cancellation near |x| = 1; NaN beyond.
+static Value cos_of_asin(Builder& b, const Value& x) {
+  Value one = cst(b, x, 1);
+  return op1(b, "sqrt", mul_(b, sub_(b, one, x), add_(b, one, x)));
+}
+TPU_LOWER(asin_rule, "asin") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return op2(b, "atan2", x[0], cos_of_asin(b, x[0])); });
+}
+TPU_LOWER(acos_rule, "acos") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return op2(b, "atan2", cos_of_asin(b, x[0]), x[0]); });
+}
+TPU_LOWER(atan_rule, "atan") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return op2(b, "atan2", x[0], cst(b, x[0], 1)); });
+}
+// sinh |x| = (E + E / (E + 1)) / 2 with E = expm1|x| is exact near 0; past 20 it is
+// e^|x| / 2, taken as (e^(|x|/2) / 2) * e^(|x|/2) so it overflows only where sinh does.
+TPU_LOWER(sinh_rule, "sinh") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value a = op1(b, "abs", x[0]), half = cst(b, a, 0.5);
+    Value e = op1(b, "exponential_minus_one", a);
+    Value small = mul_(b, half, add_(b, e, div_(b, e, add_(b, e, cst(b, e, 1)))));
+    Value h = op1(b, "exponential", mul_(b, half, a));
+    Value s = b.select(cmpk(b, a, 20, Cmp::LT), small, mul_(b, mul_(b, half, h), h));
+    return b.select(signbit_(b, x[0]), op1(b, "negate", s), s);
+  });
+}
+TPU_LOWER(cosh_rule, "cosh") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value a = op1(b, "abs", x[0]), half = cst(b, a, 0.5);
+    Value e = op1(b, "exponential", a);
+    Value small = mul_(b, half, add_(b, e, div_(b, cst(b, e, 1), e)));
+    Value h = op1(b, "exponential", mul_(b, half, a));
+    return b.select(cmpk(b, a, 20, Cmp::LT), small, mul_(b, mul_(b, half, h), h));
+  });
+}
+// asinh |x| = log1p(a + a^2 / (1 + sqrt(1 + a^2))); log(2a) once a^2 could overflow.
+TPU_LOWER(asinh_rule, "asinh") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value a = op1(b, "abs", x[0]), one = cst(b, a, 1);
+    Value a2 = mul_(b, a, a);
+    Value mid = op1(b, "log_plus_one", add_(b, a, div_(b, a2, add_(b, one, op1(b, "sqrt", add_(b, one, a2))))));
+    Value big = add_(b, op1(b, "log", a), cst(b, a, M_LN2));
+    Value r = b.select(cmpk(b, a, 1e4, Cmp::GT), big, mid);
+    return b.select(signbit_(b, x[0]), op1(b, "negate", r), r);
+  });
+}
+// acosh x = log1p(t + sqrt(2t + t^2)) with t = x - 1 (exact near 1); NaN below 1.
+TPU_LOWER(acosh_rule, "acosh") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value t = sub_(b, x[0], cst(b, x[0], 1));
+    Value mid = op1(b, "log_plus_one", add_(b, t, op1(b, "sqrt", mul_(b, t, add_(b, t, cst(b, t, 2))))));
+    Value big = add_(b, op1(b, "log", x[0]), cst(b, t, M_LN2));
+    Value r = b.select(cmpk(b, x[0], 1e4, Cmp::GT), big, mid);
+    return b.select(cmpk(b, x[0], 1, Cmp::LT), cst(b, r, NAN), r);  // t (t + 2) overflows below -1e19
+  });
+}
+// atanh |x| = log1p(2a / (1 - a)) / 2: on |x| so log1p's argument stays >= 0 (well
+// conditioned); the sign is put back after.
+TPU_LOWER(atanh_rule, "atanh") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value a = op1(b, "abs", x[0]);
+    Value q = div_(b, mul_(b, cst(b, a, 2), a), sub_(b, cst(b, a, 1), a));
+    Value r = mul_(b, cst(b, q, 0.5), op1(b, "log_plus_one", q));
+    return b.select(signbit_(b, x[0]), op1(b, "negate", r), r);
+  });
+}
+TPU_LOWER(deg2rad_rule, "deg2rad") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return mul_(b, x[0], cst(b, x[0], M_PI / 180)); });
+}
+TPU_LOWER(rad2deg_rule, "rad2deg") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return mul_(b, x[0], cst(b, x[0], 180 / M_PI)); });
+}
+
+// ---- Rounding ------------------------------------------------------------------
+
+#define TPU_ROUNDING(fn, aten, hlo) \
+  TPU_LOWER(fn, aten) { return map(ctx, {0}, [](Builder& b, const Vs& x) { return flt(x[0]) ? op1(b, hlo, x[0]) : x[0]; }); }
+TPU_ROUNDING(floor_rule, "floor", "floor")
+TPU_ROUNDING(ceil_rule, "ceil", "ceil")
+TPU_ROUNDING(round_rule, "round", "round_nearest_even")
+TPU_LOWER(round_decimals_rule, "round.decimals") {
+  int64_t d = ctx.i(1);
+  return map(ctx, {0}, [d](Builder& b, const Vs& x) {
+    if (!flt(x[0]) || d == 0) return flt(x[0]) ? op1(b, "round_nearest_even", x[0]) : x[0];
+    Value p = cst(b, x[0], std::pow(10.0, static_cast<double>(d > 0 ? d : -d)));
+    if (d > 0) return div_(b, op1(b, "round_nearest_even", mul_(b, x[0], p)), p);
+    return mul_(b, op1(b, "round_nearest_even", div_(b, x[0], p)), p);
+  });
+}
+TPU_LOWER(trunc_rule, "trunc") { return map(ctx, {0}, [](Builder& b, const Vs& x) { return trunc_(b, x[0]); }); }
+TPU_LOWER(frac_rule, "frac") {
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return sub_(b, x[0], trunc_(b, x[0])); });
+}
+
+// ---- Min / max / clamp ---------------------------------------------------------
+
+TPU_LOWER(maximum_rule, "maximum") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "maximum", x[0], x[1]); });
+}
+TPU_LOWER(minimum_rule, "minimum") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "minimum", x[0], x[1]); });
+}
+// fmax/fmin ignore a NaN operand (maximum/minimum propagate it).
+static Value fminmax(Builder& b, const Vs& x, const char* op) {
+  Value r = op2(b, op, x[0], x[1]);
+  if (!flt(r)) return r;
+  r = b.select(isnan_(b, x[1]), x[0], r);
+  return b.select(isnan_(b, x[0]), x[1], r);
+}
+TPU_LOWER(fmax_rule, "fmax") { return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return fminmax(b, x, "maximum"); }); }
+TPU_LOWER(fmin_rule, "fmin") { return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return fminmax(b, x, "minimum"); }); }
+
+// min(max(x, lo), hi) as PyTorch: NaN in x propagates, and hi wins when lo > hi.
+TPU_LOWER(clamp_rule, "clamp", "clamp.Tensor") {
+  Type o = ctx.out(0);
+  Value x = operand(ctx, 0, o.dtype, o.shape);
+  if (!ctx.is_none(1)) x = op2(ctx.b, "maximum", x, operand(ctx, 1, o.dtype, o.shape));
+  if (!ctx.is_none(2)) x = op2(ctx.b, "minimum", x, operand(ctx, 2, o.dtype, o.shape));
+  return {x};
+}
+TPU_LOWER(clamp_min_rule, "clamp_min", "clamp_min.Tensor") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "maximum", x[0], x[1]); });
+}
+TPU_LOWER(clamp_max_rule, "clamp_max", "clamp_max.Tensor") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "minimum", x[0], x[1]); });
+}
+
+// ---- Comparisons, logic, bits -------------------------------------------------
+
+TPU_LOWER(eq_rule, "eq.Tensor", "eq.Scalar") { return compare_rule(ctx, Cmp::EQ); }
+TPU_LOWER(ne_rule, "ne.Tensor", "ne.Scalar") { return compare_rule(ctx, Cmp::NE); }
+TPU_LOWER(lt_rule, "lt.Tensor", "lt.Scalar") { return compare_rule(ctx, Cmp::LT); }
+TPU_LOWER(le_rule, "le.Tensor", "le.Scalar") { return compare_rule(ctx, Cmp::LE); }
+TPU_LOWER(gt_rule, "gt.Tensor", "gt.Scalar") { return compare_rule(ctx, Cmp::GT); }
+TPU_LOWER(ge_rule, "ge.Tensor", "ge.Scalar") { return compare_rule(ctx, Cmp::GE); }
+
+TPU_LOWER(logical_and_rule, "logical_and") { return logical_rule(ctx, "and"); }
+TPU_LOWER(logical_or_rule, "logical_or") { return logical_rule(ctx, "or"); }
+TPU_LOWER(logical_xor_rule, "logical_xor") { return logical_rule(ctx, "xor"); }
+TPU_LOWER(logical_not_rule, "logical_not") { return {not_(ctx.b, ctx.b.convert(ctx.in(0), DType::Bool))}; }
+
+// Bitwise ops run in the (integer or bool) output dtype, never widened.
+static std::vector<Value> bitwise(Ctx& ctx, const char* op) {
+  Type o = ctx.out(0);
+  if (is_float(o.dtype)) throw Unsupported("bitwise op on floats");
+  return {op2(ctx.b, op, operand(ctx, 0, o.dtype, o.shape), operand(ctx, 1, o.dtype, o.shape))};
+}
+TPU_LOWER(bitwise_and_rule, "bitwise_and.Tensor", "bitwise_and.Scalar", "bitwise_and.Scalar_Tensor") {
+  return bitwise(ctx, "and");
+}
+TPU_LOWER(bitwise_or_rule, "bitwise_or.Tensor", "bitwise_or.Scalar", "bitwise_or.Scalar_Tensor") {
+  return bitwise(ctx, "or");
+}
+TPU_LOWER(bitwise_xor_rule, "bitwise_xor.Tensor", "bitwise_xor.Scalar", "bitwise_xor.Scalar_Tensor") {
+  return bitwise(ctx, "xor");
+}
+TPU_LOWER(bitwise_not_rule, "bitwise_not") { return {not_(ctx.b, ctx.in(0))}; }
+// Shifts past the bit width give 0 (left) or the sign fill (right), in StableHLO as in PyTorch.
+TPU_LOWER(lshift_rule, "bitwise_left_shift.Tensor", "bitwise_left_shift.Tensor_Scalar",
+          "bitwise_left_shift.Scalar_Tensor", "__lshift__.Tensor", "__lshift__.Scalar") {
+  return bitwise(ctx, "shift_left");
+}
+TPU_LOWER(rshift_rule, "bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar",
+          "bitwise_right_shift.Scalar_Tensor", "__rshift__.Tensor", "__rshift__.Scalar") {
+  return bitwise(ctx, is_unsigned_int(ctx.out(0).dtype) ? "shift_right_logical" : "shift_right_arithmetic");
+}
+
+TPU_LOWER(isnan_rule, "isnan") { return float_test(ctx, false, isnan_); }
+TPU_LOWER(isinf_rule, "isinf") {
+  return float_test(ctx, false, [](Builder& b, const Value& x) { return cmpk(b, op1(b, "abs", x), INFINITY, Cmp::EQ); });
+}
+TPU_LOWER(isposinf_rule, "isposinf") {
+  return float_test(ctx, false, [](Builder& b, const Value& x) { return cmpk(b, x, INFINITY, Cmp::EQ); });
+}
+TPU_LOWER(isneginf_rule, "isneginf") {
+  return float_test(ctx, false, [](Builder& b, const Value& x) { return cmpk(b, x, -INFINITY, Cmp::EQ); });
+}
+TPU_LOWER(signbit_rule, "signbit") { return {signbit_(ctx.b, ctx.in(0))}; }
+TPU_LOWER(copysign_rule, "copysign.Tensor", "copysign.Scalar") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
+    Value a = op1(b, "abs", x[0]);
+    return b.select(signbit_(b, x[1]), op1(b, "negate", a), a);
+  });
+}
+TPU_LOWER(heaviside_rule, "heaviside") {
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
+    Value step = b.convert(cmpk(b, x[0], 0, Cmp::GT), x[0].dtype());
+    return b.select(cmpk(b, x[0], 0, Cmp::EQ), x[1], step);
+  });
+}
+
+// ---- Selection and fills -------------------------------------------------------
+
+TPU_LOWER(where_rule, "where.self") {
+  Type o = ctx.out(0);
+  Value c = coerce(ctx.b, ctx.in(0), DType::Bool, o.shape);
+  return {ctx.b.select(c, operand(ctx, 1, o.dtype, o.shape), operand(ctx, 2, o.dtype, o.shape))};
+}
+TPU_LOWER(masked_fill_rule, "masked_fill.Scalar", "masked_fill.Tensor") {
+  Type o = ctx.out(0);
+  Value m = coerce(ctx.b, ctx.in(1), DType::Bool, o.shape);
+  return {ctx.b.select(m, operand(ctx, 2, o.dtype, o.shape), operand(ctx, 0, o.dtype, o.shape))};
+}
+// NaN -> nan (0), +-inf -> posinf/neginf (default: the dtype's finite extremes).
+TPU_LOWER(nan_to_num_rule, "nan_to_num") {
+  Type o = ctx.out(0);
+  Value x = ctx.in(0);
+  if (!is_float(o.dtype)) return {x};
+  double big = o.dtype == DType::F64 ? 1.7976931348623157e308
+               : o.dtype == DType::F32 ? 3.4028234663852886e38
+               : o.dtype == DType::BF16 ? 3.3895313892515355e38 : 65504.0;
+  Builder& b = ctx.b;
+  x = b.select(isnan_(b, x), cst(b, x, ctx.f_or(1, 0)), x);
+  x = b.select(cmpk(b, x, INFINITY, Cmp::EQ), cst(b, x, ctx.f_or(2, big)), x);
+  return {b.select(cmpk(b, x, -INFINITY, Cmp::EQ), cst(b, x, ctx.f_or(3, -big)), x)};
+}
+TPU_LOWER(to_copy_rule, "_to_copy") { return {ctx.b.convert(ctx.in(0), ctx.out(0).dtype)}; }
+TPU_LOWER(clone_rule, "clone") { return {ctx.in(0)}; }
+TPU_LOWER(copy_rule, "copy") { return {coerce(ctx.b, ctx.in(1), ctx.out(0).dtype, ctx.out(0).shape)}; }
+TPU_LOWER(fill_rule, "fill.Scalar", "fill.Tensor", "fill_.Scalar", "fill_.Tensor") {
+  return {operand(ctx, 1, ctx.out(0).dtype, ctx.out(0).shape)};
+}
+TPU_LOWER(zero_rule, "zero", "zero_") { return {ctx.b.constant(0, ctx.out(0).dtype, ctx.out(0).shape)}; }
+
+}  // namespace tpu::lowering

@@ -1,0 +1,224 @@
+// Random sampling ops. Bits come from the op's generator (ctx.random_bits), so
+// results follow torch.manual_seed; the distributions are built from them here.
+// The in-place ops (uniform_, normal_, ...) return the new value of self.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "lowering/helpers.h"
+
+namespace tpu::lowering {
+using ir::Cmp;
+
+// Defined in elementwise.cpp.
+namespace ew {
+Value cst(Builder& b, const Value& like, double v);
+Value op1(Builder& b, const char* op, const Value& x);
+Value op2(Builder& b, const char* op, const Value& x, const Value& y);
+DType math_type(DType t);
+}  // namespace ew
+using namespace ew;
+
+namespace {
+Value mul_(Builder& b, const Value& x, const Value& y) { return op2(b, "multiply", x, y); }
+Value add_(Builder& b, const Value& x, const Value& y) { return op2(b, "add", x, y); }
+Value sub_(Builder& b, const Value& x, const Value& y) { return op2(b, "subtract", x, y); }
+
+// Precision of the uniform floats made for dtype t: its significand bits, so that
+// every sample is exact in t and [0, 1) stays half-open after the final cast.
+int digits(DType t) {
+  switch (t) {
+    case DType::F64: return 53;
+    case DType::F16: return 11;
+    case DType::BF16: return 8;
+    default: return 24;
+  }
+}
+
+// `n` independent uniform arrays in [0, 1) shaped `s`, in t's math dtype, from one
+// draw of bits: the top digits(t) bits of each word, scaled by 2^-digits.
+std::vector<Value> uniforms(Ctx& ctx, DType t, const Shape& s, int n = 1) {
+  Builder& b = ctx.b;
+  bool wide = t == DType::F64;
+  DType ut = wide ? DType::U64 : DType::U32, ft = wide ? DType::F64 : DType::F32;
+  int d = digits(t), width = wide ? 64 : 32;
+  Shape bs = s;
+  bs.insert(bs.begin(), n);
+  Value bits = ctx.random_bits(Type{ut, bs});
+  bits = op2(b, "shift_right_logical", bits, b.constant(width - d, ut, bs));
+  Value u = mul_(b, b.convert(bits, ft), b.constant(std::ldexp(1.0, -d), ft, bs));
+  std::vector<Value> out;
+  Shape lim = bs, start(bs.size(), 0), step(bs.size(), 1);
+  for (int i = 0; i < n; ++i) {
+    start[0] = i;
+    lim[0] = i + 1;
+    out.push_back(b.reshape(b.slice(u, start, lim, step), s));
+  }
+  return out;
+}
+Value uniform(Ctx& ctx, DType t, const Shape& s) { return uniforms(ctx, t, s)[0]; }
+// Samplers that transform u (normal, exponential, ...) draw it with f32's 24 bits (f64's
+// 53) whatever the output dtype, so bf16/f16 samples keep the distribution's tails.
+DType fine_type(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
+
+// Standard normals by Box-Muller; 1 - u keeps the log's argument in (0, 1].
+Value standard_normal(Ctx& ctx, DType t, const Shape& s) {
+  Builder& b = ctx.b;
+  auto u = uniforms(ctx, fine_type(t), s, 2);
+  Value u1 = sub_(b, cst(b, u[0], 1), u[0]);
+  Value r = op1(b, "sqrt", mul_(b, cst(b, u1, -2), op1(b, "log", u1)));
+  return mul_(b, r, op1(b, "cosine", mul_(b, cst(b, u[1], 2 * M_PI), u[1])));
+}
+
+// Float arg i (or a Tensor there, for normal.Tensor_*) as dtype t shaped s.
+Value float_arg(Ctx& ctx, int i, DType t, const Shape& s) {
+  if (ctx.is_tensor(i)) return coerce(ctx.b, ctx.in(i), t, s);
+  return ctx.b.constant(ctx.f(i), t, s);
+}
+
+// A 64-bit integer constant, exact beyond 2^53 (constants are spelled from doubles).
+Value u64(Builder& b, uint64_t v, const Shape& s) {
+  Value hi = b.constant(static_cast<double>(v >> 32), DType::U64, s);
+  Value lo = b.constant(static_cast<double>(v & 0xffffffffu), DType::U64, s);
+  return op2(b, "or", op2(b, "shift_left", hi, b.constant(32, DType::U64, s)), lo);
+}
+
+// Integers uniform in [lo, lo + range) cast to the output dtype: bits mod range, with
+// 64-bit words when the range needs them (range 0 means 2^64).
+Value random_range(Ctx& ctx, int64_t lo, uint64_t range) {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  const uint64_t two32 = uint64_t{1} << 32;
+  bool wide = range == 0 || range > two32;
+  Value bits = ctx.random_bits(Type{wide ? DType::U64 : DType::U32, o.shape});
+  if (range != 0 && range != two32) {
+    Value r = wide ? u64(b, range, o.shape) : b.constant(static_cast<double>(range), DType::U32, o.shape);
+    bits = op2(b, "remainder", bits, r);
+  }
+  Value v = b.bitcast(b.convert(bits, DType::U64), DType::I64);  // wraps like PyTorch's int64 math
+  v = add_(b, v, b.bitcast(u64(b, static_cast<uint64_t>(lo), o.shape), DType::I64));
+  return b.convert(v, o.dtype);
+}
+
+// Largest value random_ draws by default: 2^digits for floats (all exact), else the max.
+int64_t default_top(DType t) {
+  if (is_float(t)) return int64_t{1} << digits(t);
+  if (t == DType::Bool) return 1;
+  if (t == DType::I64) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(highest(t));
+}
+
+// The output type, rejecting what these samplers do not produce.
+Type float_out(Ctx& ctx) {
+  Type o = ctx.out(0);
+  if (!is_float(o.dtype)) throw Unsupported("random op on a non-float tensor");
+  return o;
+}
+}  // namespace
+
+TPU_LOWER(uniform_rule, "uniform_", "uniform") {  // from + u * (to - from)
+  Type o = float_out(ctx);
+  Builder& b = ctx.b;
+  Value u = uniform(ctx, o.dtype, o.shape);
+  double lo = ctx.f_or(1, 0), hi = ctx.f_or(2, 1);
+  return {b.convert(add_(b, cst(b, u, lo), mul_(b, u, cst(b, u, hi - lo))), o.dtype)};
+}
+// mean + std * z, with mean/std (floats or tensors) at args `at` and `at + 1`.
+static std::vector<Value> normal(Ctx& ctx, int at) {
+  Type o = float_out(ctx);
+  Builder& b = ctx.b;
+  DType t = math_type(o.dtype);
+  Value z = standard_normal(ctx, o.dtype, o.shape);
+  Value mean = ctx.is_none(at) ? cst(b, z, 0) : float_arg(ctx, at, t, o.shape);
+  Value std = ctx.is_none(at + 1) ? cst(b, z, 1) : float_arg(ctx, at + 1, t, o.shape);
+  return {b.convert(add_(b, mean, mul_(b, std, z)), o.dtype)};
+}
+TPU_LOWER(normal_rule, "normal_", "normal_functional") { return normal(ctx, 1); }
+TPU_LOWER(normal_tensor_rule, "normal.Tensor_float", "normal.float_Tensor", "normal.Tensor_Tensor") {
+  return normal(ctx, 0);
+}
+TPU_LOWER(log_normal_rule, "log_normal_", "log_normal") {
+  Type o = float_out(ctx);
+  Builder& b = ctx.b;
+  Value z = standard_normal(ctx, o.dtype, o.shape);
+  Value y = add_(b, cst(b, z, ctx.f_or(1, 1)), mul_(b, cst(b, z, ctx.f_or(2, 2)), z));
+  return {b.convert(op1(b, "exponential", y), o.dtype)};
+}
+TPU_LOWER(exponential_rule, "exponential_", "exponential") {  // -log(1 - u) / lambda
+  Type o = float_out(ctx);
+  Builder& b = ctx.b;
+  Value u = uniform(ctx, fine_type(o.dtype), o.shape);
+  Value y = op1(b, "log", sub_(b, cst(b, u, 1), u));
+  return {b.convert(op2(b, "divide", y, cst(b, y, -ctx.f_or(1, 1))), o.dtype)};
+}
+TPU_LOWER(cauchy_rule, "cauchy_", "cauchy") {  // median + sigma * tan(pi (u - 1/2))
+  Type o = float_out(ctx);
+  Builder& b = ctx.b;
+  Value u = uniform(ctx, fine_type(o.dtype), o.shape);
+  Value t = op1(b, "tan", mul_(b, cst(b, u, M_PI), sub_(b, u, cst(b, u, 0.5))));
+  return {b.convert(add_(b, cst(b, t, ctx.f_or(1, 0)), mul_(b, cst(b, t, ctx.f_or(2, 1)), t)), o.dtype)};
+}
+// Trials until the first success: ceil(log(1 - u) / log(1 - p)), at least 1.
+TPU_LOWER(geometric_rule, "geometric_", "geometric") {
+  Type o = ctx.out(0);
+  Builder& b = ctx.b;
+  Value u = uniform(ctx, fine_type(o.dtype), o.shape);
+  Value q = op2(b, "divide", op1(b, "log", sub_(b, cst(b, u, 1), u)), cst(b, u, std::log1p(-ctx.f(1))));
+  return {b.convert(op2(b, "maximum", op1(b, "ceil", q), cst(b, q, 1)), o.dtype)};
+}
+
+// 1 with probability p: u < p.
+static std::vector<Value> bernoulli(Ctx& ctx, const Value& p) {
+  Type o = ctx.out(0);
+  Value u = uniform(ctx, p.dtype(), o.shape);
+  return {ctx.b.convert(ctx.b.compare(u, p, Cmp::LT), o.dtype)};
+}
+TPU_LOWER(bernoulli_p_rule, "bernoulli_.float", "bernoulli.p", "bernoulli_.Tensor", "bernoulli.Tensor") {
+  Shape s = ctx.out(0).shape;
+  if (!ctx.is_tensor(1)) return bernoulli(ctx, ctx.b.constant(ctx.f_or(1, 0.5), DType::F32, s));
+  return bernoulli(ctx, coerce(ctx.b, ctx.in(1), fine_type(ctx.type_of(1).dtype), s));
+}
+TPU_LOWER(bernoulli_rule, "bernoulli") {  // self holds the probabilities
+  return bernoulli(ctx, coerce(ctx.b, ctx.in(0), fine_type(ctx.type_of(0).dtype), ctx.out(0).shape));
+}
+
+// random_: [from, to), [0, to), or [from or 0, top] with the dtype's default top.
+TPU_LOWER(random_from_rule, "random_.from", "random.from") {
+  int64_t lo = ctx.i(1);
+  if (ctx.is_none(2)) return {random_range(ctx, lo, static_cast<uint64_t>(default_top(ctx.out(0).dtype)) - lo + 1)};
+  int64_t hi = ctx.i(2);
+  if (hi <= lo) throw Unsupported("random_: empty range");
+  return {random_range(ctx, lo, static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo))};
+}
+TPU_LOWER(random_to_rule, "random_.to", "random.to") {
+  if (ctx.i(1) <= 0) throw Unsupported("random_: empty range");
+  return {random_range(ctx, 0, static_cast<uint64_t>(ctx.i(1)))};
+}
+TPU_LOWER(random_full_rule, "random_", "random") {
+  return {random_range(ctx, 0, static_cast<uint64_t>(default_top(ctx.out(0).dtype)) + 1)};
+}
+
+// Dropout: keep with probability 1 - p and scale kept values by 1 / (1 - p); the mask
+// is returned for the backward. Not training: identity and an all-true mask.
+TPU_LOWER(native_dropout_rule, "native_dropout") {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0), mo = ctx.out(1);
+  double p = ctx.f(1);
+  bool train = ctx.is_none(2) || ctx.flag(2);
+  Value x = ctx.in(0);
+  if (!train) return {x, b.constant(1, mo.dtype, mo.shape)};
+  DType t = math_type(o.dtype);
+  Value keep = b.compare(uniform(ctx, DType::F32, o.shape), b.constant(1 - p, DType::F32, o.shape), Cmp::LT);
+  double scale = p < 1 ? 1 / (1 - p) : 0;
+  Value y = mul_(b, mul_(b, b.convert(x, t), b.convert(keep, t)), b.constant(scale, t, o.shape));
+  return {b.convert(y, o.dtype), b.convert(keep, mo.dtype)};
+}
+TPU_LOWER(native_dropout_backward_rule, "native_dropout_backward") {  // grad * mask * scale
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  DType t = math_type(o.dtype);
+  Value g = coerce(b, ctx.in(0), t, o.shape), m = coerce(b, ctx.in(1), t, o.shape);
+  return {b.convert(mul_(b, mul_(b, g, m), b.constant(ctx.f(2), t, o.shape)), o.dtype)};
+}
+
+}  // namespace tpu::lowering
