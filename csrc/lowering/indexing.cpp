@@ -1,0 +1,517 @@
+// Joining, gathering, scattering, sorting and reordering.
+//
+// Out-of-range indices: PyTorch raises, but index values are unknown when lowering,
+// so they get XLA's semantics instead (gather clamps, scatter drops the update).
+#include <algorithm>
+
+#include "lowering/helpers.h"
+
+namespace tpu::lowering {
+
+using ir::Cmp;
+
+static Value i64(Builder& b, const Value& x) { return b.convert(x, DType::I64); }
+
+// Index values with negative entries wrapped by `size`, as PyTorch's indexing does.
+static Value wrap_index(Builder& b, const Value& idx, int64_t size) {
+  Value x = i64(b, idx);
+  Value neg = b.compare(x, b.constant(0, DType::I64, x.shape()), Cmp::LT);
+  return b.select(neg, add(b, x, b.constant(static_cast<double>(size), DType::I64, x.shape())), x);
+}
+
+static std::vector<int64_t> range(int64_t from, int64_t to) {
+  std::vector<int64_t> v;
+  for (int64_t i = from; i < to; ++i) v.push_back(i);
+  return v;
+}
+
+static std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
+  std::vector<int64_t> inv(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
+  return inv;
+}
+
+// Region bodies for scatter.
+static std::vector<Value> take_new(Builder&, const std::vector<Value>& a) { return {a[1]}; }
+static std::vector<Value> accumulate(Builder& b, const std::vector<Value>& a) {
+  return {b.binary(a[0].dtype() == DType::Bool ? "stablehlo.or" : "stablehlo.add", a[0], a[1])};
+}
+
+// ---- cat / stack ----
+
+// Inputs join in the promoted dtype; legacy empty 1-D inputs (shape [0]) are skipped.
+TPU_LOWER(cat, "cat") {
+  Type out = ctx.out(0);
+  int64_t dim = wrap_dim(ctx.i(1), out.rank());
+  std::vector<Value> xs;
+  for (auto& x : ctx.list(0)) {
+    if (x.rank() != out.rank()) continue;  // the shape-[0] case
+    xs.push_back(ctx.b.convert(x, out.dtype));
+  }
+  if (xs.empty()) return {ctx.b.constant(0, out.dtype, out.shape)};
+  return {ctx.b.concatenate(xs, dim)};
+}
+
+TPU_LOWER(stack, "stack") {
+  Type out = ctx.out(0);
+  int64_t dim = wrap_dim(ctx.i(1), out.rank());
+  std::vector<Value> xs;
+  for (auto& x : ctx.list(0)) {
+    Shape s = x.shape();
+    s.insert(s.begin() + dim, 1);
+    xs.push_back(ctx.b.reshape(ctx.b.convert(x, out.dtype), s));
+  }
+  return {ctx.b.concatenate(xs, dim)};
+}
+
+// ---- index_select / gather / scatter along one dim ----
+
+// Whole slices of `x` along `dim` at the (1-D or 0-D) positions `index`.
+static Value take_along(Builder& b, const Value& x, int64_t dim, const Value& index) {
+  int64_t n = index.type.numel();
+  Value idx = b.reshape(i64(b, index), {n, 1});
+  Shape sizes = x.shape(), out = x.shape();
+  sizes[dim] = 1;
+  out[dim] = n;
+  std::vector<int64_t> offset;
+  for (int64_t d = 0; d < x.rank(); ++d)
+    if (d != dim) offset.push_back(d);
+  return b.gather(x, idx, offset, {dim}, {dim}, 1, sizes, out);
+}
+
+TPU_LOWER(index_select, "index_select") {
+  Value x = ctx.in(0);
+  if (x.rank() == 0) x = ctx.b.reshape(x, {1});
+  Value r = take_along(ctx.b, x, wrap_dim(ctx.i(1), x.rank()), ctx.in(2));
+  return {ctx.b.reshape(r, ctx.out(0).shape)};
+}
+
+// Full coordinates (shape index.shape + [rank]) of every element of `index` in the
+// operand: its own position, with `index`'s value along `dim`.
+static Value coords(Builder& b, const Value& index, int64_t dim) {
+  Type it{DType::I64, index.shape()};
+  Shape s1 = index.shape();
+  s1.push_back(1);
+  std::vector<Value> parts;
+  for (int64_t d = 0; d < index.rank(); ++d)
+    parts.push_back(b.reshape(d == dim ? i64(b, index) : b.iota(it, d), s1));
+  return b.concatenate(parts, index.rank());
+}
+
+// self.gather(dim, index): one element per index entry.
+TPU_LOWER(gather, "gather") {
+  Builder& b = ctx.b;
+  Value x = ctx.in(0), index = ctx.in(2);
+  if (x.rank() == 0) x = b.reshape(x, {1});
+  if (index.rank() == 0) index = b.reshape(index, {1});
+  int64_t dim = wrap_dim(ctx.i(1), x.rank());
+  auto all = range(0, x.rank());
+  Value r = b.gather(x, coords(b, index, dim), {}, all, all, index.rank(), Shape(x.rank(), 1),
+                     index.shape());
+  return {b.reshape(r, ctx.out(0).shape)};
+}
+
+// self with `updates` (index-shaped) scattered along dim at `index`, combined by `fn`.
+static Value scatter_dim(Builder& b, const Value& self, int64_t dim, const Value& index,
+                         const Value& updates, const ir::RegionFn& fn) {
+  auto all = range(0, self.rank());
+  return b.scatter(self, coords(b, index, dim), updates, {}, all, all, index.rank(), fn);
+}
+
+// Operands of the scatter family, rank >= 1, with src cut to index's shape.
+struct ScatterArgs {
+  Value self, index, src;
+  int64_t dim;
+};
+
+static ScatterArgs scatter_args(Ctx& ctx, bool src_is_scalar) {
+  Builder& b = ctx.b;
+  ScatterArgs a;
+  a.self = ctx.in(0);
+  a.index = ctx.in(2);
+  if (a.self.rank() == 0) a.self = b.reshape(a.self, {1});
+  if (a.index.rank() == 0) a.index = b.reshape(a.index, {1});
+  a.dim = wrap_dim(ctx.i(1), a.self.rank());
+  DType t = a.self.dtype();
+  if (src_is_scalar) {
+    a.src = broadcast_to(b, ctx.scalar(3, t), a.index.shape());
+  } else {
+    Value src = b.convert(ctx.in(3), t);
+    if (src.rank() == 0) src = b.reshape(src, {1});
+    a.src = b.slice(src, Shape(src.rank(), 0), a.index.shape(), Shape(src.rank(), 1));
+  }
+  return a;
+}
+
+static Value scatter_with(Ctx& ctx, bool scalar, const ir::RegionFn& fn) {
+  auto a = scatter_args(ctx, scalar);
+  return ctx.b.reshape(scatter_dim(ctx.b, a.self, a.dim, a.index, a.src, fn), ctx.out(0).shape);
+}
+
+// Combiner for a named reduce (scatter.reduce's add/multiply, scatter_reduce's
+// sum/prod/amax/amin; mean sums and divides afterwards).
+static ir::RegionFn combiner(const std::string& reduce) {
+  std::string op;
+  if (reduce == "add" || reduce == "sum" || reduce == "mean") op = "stablehlo.add";
+  else if (reduce == "multiply" || reduce == "prod") op = "stablehlo.multiply";
+  else if (reduce == "amax") op = "stablehlo.maximum";
+  else if (reduce == "amin") op = "stablehlo.minimum";
+  else throw Unsupported("scatter reduce " + reduce);
+  return [op](Builder& b, const std::vector<Value>& a) {
+    DType t = a[0].dtype();
+    if (t == DType::Bool) {
+      bool any = op == "stablehlo.add" || op == "stablehlo.maximum";
+      return std::vector<Value>{b.binary(any ? "stablehlo.or" : "stablehlo.and", a[0], a[1])};
+    }
+    Value r = b.binary(op, a[0], a[1]);
+    if (is_float(t) && (op == "stablehlo.maximum" || op == "stablehlo.minimum")) {
+      // NaN wins, spelled out: XLA:CPU's maximum/minimum may drop it.
+      r = b.select(b.compare(a[1], a[1], Cmp::NE), a[1], r);
+      r = b.select(b.compare(a[0], a[0], Cmp::NE), a[0], r);
+    }
+    return std::vector<Value>{r};
+  };
+}
+
+// Identity of a reduce over t, filling `shape`. INT64_MAX has no exact double, so
+// it is made as (-1 >>> 1).
+static Value identity(Builder& b, const std::string& reduce, DType t, const Shape& shape) {
+  if (reduce == "amin" && t == DType::I64) {
+    Value m = b.binary("stablehlo.shift_right_logical", b.constant(-1, t), b.constant(1, t));
+    return broadcast_to(b, m, shape);
+  }
+  double v = reduce == "prod" ? 1 : reduce == "amax" ? lowest(t) : reduce == "amin" ? highest(t) : 0;
+  return b.constant(v, t, shape);
+}
+
+TPU_LOWER(scatter_src, "scatter.src") { return {scatter_with(ctx, false, take_new)}; }
+TPU_LOWER(scatter_value, "scatter.value") { return {scatter_with(ctx, true, take_new)}; }
+TPU_LOWER(scatter_add, "scatter_add") { return {scatter_with(ctx, false, accumulate)}; }
+TPU_LOWER(scatter_reduce_, "scatter.reduce") { return {scatter_with(ctx, false, combiner(ctx.str(4)))}; }
+TPU_LOWER(scatter_value_reduce, "scatter.value_reduce") {
+  return {scatter_with(ctx, true, combiner(ctx.str(4)))};
+}
+
+// scatter_reduce.two. Without include_self, targets start from the reduction's
+// identity; mean divides by the number of contributions (self counting as one),
+// flooring for integers; untouched positions keep self.
+TPU_LOWER(scatter_reduce_two, "scatter_reduce.two") {
+  Builder& b = ctx.b;
+  auto a = scatter_args(ctx, false);
+  std::string red = ctx.str(4);
+  bool include_self = ctx.flag_or(5, true);
+  DType t = a.self.dtype();
+  const Shape& s = a.self.shape();
+  Value ones = b.constant(1, t, a.index.shape());
+  Value hits = scatter_dim(b, b.constant(0, t, s), a.dim, a.index, ones, accumulate);
+  Value touched = b.compare(hits, b.constant(0, t, s), Cmp::NE);
+  Value base = a.self;
+  if (!include_self) {
+    base = b.select(touched, identity(b, red, t, s), a.self);
+  }
+  Value r = scatter_dim(b, base, a.dim, a.index, a.src, combiner(red));
+  if (red == "mean") {
+    Value n = include_self ? add(b, hits, b.constant(1, t, s)) : hits;
+    n = b.select(touched, n, b.constant(1, t, s));
+    Value q = div(b, r, n);
+    if (!is_float(t)) {  // floor: step down where the remainder has the other sign
+      Value rem = b.binary("stablehlo.remainder", r, n);
+      Value zero = b.constant(0, t, s);
+      Value down = b.binary("stablehlo.and", b.compare(rem, zero, Cmp::NE),
+                            b.compare(rem, zero, Cmp::LT));
+      q = b.select(down, sub(b, q, b.constant(1, t, s)), q);
+    }
+    r = q;
+  }
+  return {b.reshape(r, ctx.out(0).shape)};
+}
+
+// index_add / index_copy / index_fill: whole slices along dim at 1-D `index`.
+static Value index_scatter(Builder& b, const Value& self, int64_t dim, const Value& index,
+                           const Value& src, const ir::RegionFn& fn) {
+  int64_t n = index.type.numel();
+  std::vector<int64_t> window;
+  for (int64_t d = 0; d < self.rank(); ++d)
+    if (d != dim) window.push_back(d);
+  return b.scatter(self, b.reshape(i64(b, index), {n, 1}), src, window, {dim}, {dim}, 1, fn);
+}
+
+// Slice-shaped source for index_* on `self` (rank >= 1).
+static Value index_source(Builder& b, const Value& src, const Value& self, int64_t dim, int64_t n) {
+  Shape s = self.shape();
+  s[dim] = n;
+  return b.reshape(b.convert(src, self.dtype()), s);
+}
+
+TPU_LOWER(index_add, "index_add") {
+  Builder& b = ctx.b;
+  Value self = ctx.in(0), index = ctx.in(2);
+  if (self.rank() == 0) self = b.reshape(self, {1});
+  int64_t dim = wrap_dim(ctx.i(1), self.rank());
+  Value src = index_source(b, ctx.in(3), self, dim, index.type.numel());
+  src = mul(b, src, broadcast_to(b, ctx.scalar(4, self.dtype()), src.shape()));
+  return {b.reshape(index_scatter(b, self, dim, index, src, accumulate), ctx.out(0).shape)};
+}
+
+TPU_LOWER(index_copy, "index_copy") {
+  Builder& b = ctx.b;
+  Value self = ctx.in(0), index = ctx.in(2);
+  if (self.rank() == 0) self = b.reshape(self, {1});
+  int64_t dim = wrap_dim(ctx.i(1), self.rank());
+  Value src = index_source(b, ctx.in(3), self, dim, index.type.numel());
+  return {b.reshape(index_scatter(b, self, dim, index, src, take_new), ctx.out(0).shape)};
+}
+
+// index_fill wraps negative indices, unlike index_add/index_copy.
+TPU_LOWER(index_fill, "index_fill.int_Scalar", "index_fill.int_Tensor") {
+  Builder& b = ctx.b;
+  Value self = ctx.in(0);
+  if (self.rank() == 0) self = b.reshape(self, {1});
+  int64_t dim = wrap_dim(ctx.i(1), self.rank());
+  Value index = wrap_index(b, ctx.in(2), self.shape()[dim]);
+  Value v = ctx.is_tensor(3) ? b.convert(ctx.in(3), self.dtype()) : ctx.scalar(3, self.dtype());
+  Shape s = self.shape();
+  s[dim] = index.type.numel();
+  Value src = broadcast_to(b, b.reshape(v, {}), s);
+  return {b.reshape(index_scatter(b, self, dim, index, src, take_new), ctx.out(0).shape)};
+}
+
+// ---- advanced indexing: index.Tensor / index_put ----
+
+// How x[indices] maps onto one gather/scatter: the indexed dims move to the front
+// (perm), their broadcast index tensors stack into `coords` (B + [k]), and PyTorch
+// places the B dims of the result at `front` (the first indexed dim when the indexed
+// dims are adjacent, else 0).
+struct AdvIndex {
+  std::vector<int64_t> perm;
+  Value coords;
+  int64_t k = 0, nb = 0, front = 0;
+  Shape batch, rest;
+};
+
+static AdvIndex plan(Builder& b, const Shape& shape, const std::vector<std::optional<Value>>& idx) {
+  AdvIndex p;
+  std::vector<int64_t> dims;
+  std::vector<Value> vals;
+  for (size_t d = 0; d < idx.size(); ++d) {
+    if (!idx[d]) continue;
+    DType t = idx[d]->dtype();
+    if (t == DType::Bool || t == DType::U8)
+      throw Unsupported("boolean mask index: data-dependent shape");
+    dims.push_back(static_cast<int64_t>(d));
+    vals.push_back(*idx[d]);
+  }
+  if (dims.empty()) throw Unsupported("index without index tensors");
+  for (auto& v : vals) p.batch = broadcast_shapes(p.batch, v.shape());
+  p.k = static_cast<int64_t>(dims.size());
+  p.nb = static_cast<int64_t>(p.batch.size());
+  Shape b1 = p.batch;
+  b1.push_back(1);
+  std::vector<Value> parts;
+  for (size_t j = 0; j < vals.size(); ++j)
+    parts.push_back(b.reshape(broadcast_to(b, wrap_index(b, vals[j], shape[dims[j]]), p.batch), b1));
+  p.coords = b.concatenate(parts, p.nb);
+  bool adjacent = true;
+  for (size_t j = 1; j < dims.size(); ++j) adjacent &= dims[j] == dims[j - 1] + 1;
+  p.front = adjacent ? dims[0] : 0;
+  p.perm = dims;
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d)
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) {
+      p.perm.push_back(d);
+      p.rest.push_back(shape[d]);
+    }
+  return p;
+}
+
+// Permutation taking the gather layout (B..., rest...) to PyTorch's result layout.
+static std::vector<int64_t> result_perm(const AdvIndex& p) {
+  int64_t nr = static_cast<int64_t>(p.rest.size());
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < p.front; ++i) perm.push_back(p.nb + i);
+  for (int64_t i = 0; i < p.nb; ++i) perm.push_back(i);
+  for (int64_t i = p.front; i < nr; ++i) perm.push_back(p.nb + i);
+  return perm;
+}
+
+TPU_LOWER(index, "index.Tensor", "_unsafe_index.Tensor") {
+  Builder& b = ctx.b;
+  Value self = ctx.in(0);
+  AdvIndex p = plan(b, self.shape(), ctx.opt_list(1));
+  Value x = b.transpose(self, p.perm);
+  Shape sizes(p.k, 1), out = p.batch;
+  sizes.insert(sizes.end(), p.rest.begin(), p.rest.end());
+  out.insert(out.end(), p.rest.begin(), p.rest.end());
+  auto lead = range(0, p.k);
+  Value r = b.gather(x, p.coords, range(p.nb, p.nb + static_cast<int64_t>(p.rest.size())), lead,
+                     lead, p.nb, sizes, out);
+  return {b.transpose(r, result_perm(p))};
+}
+
+// self[mask] = values with one bool mask: not data-dependent when every selected
+// element receives the same values (values constant along the masked count dim),
+// so it is a select.
+static Value put_mask(Builder& b, const Value& self, const std::vector<std::optional<Value>>& idx,
+                      const Value& values, bool acc) {
+  int64_t p = -1, n = 0;
+  for (size_t d = 0; d < idx.size(); ++d) {
+    if (!idx[d]) continue;
+    if (n++ || (idx[d]->dtype() != DType::Bool && idx[d]->dtype() != DType::U8))
+      throw Unsupported("index_put with a mask among other indices");
+    p = static_cast<int64_t>(d);
+  }
+  Value mask = b.convert(*idx[p], DType::Bool);
+  int64_t m = mask.rank(), rank = self.rank();
+  // values broadcast against the result shape self[:p] + [count] + self[p+m:].
+  int64_t rr = rank - m + 1;
+  if (values.rank() > rr) throw Unsupported("index_put values rank");
+  Shape vs(rr - values.rank(), 1);
+  vs.insert(vs.end(), values.shape().begin(), values.shape().end());
+  if (vs[p] != 1) throw Unsupported("index_put with a mask and per-element values");
+  Shape vself(vs.begin(), vs.begin() + p);
+  vself.insert(vself.end(), m, 1);
+  vself.insert(vself.end(), vs.begin() + p + 1, vs.end());
+  Value v = broadcast_to(b, b.reshape(b.convert(values, self.dtype()), vself), self.shape());
+  Shape ms(p, 1);
+  ms.insert(ms.end(), mask.shape().begin(), mask.shape().end());
+  ms.insert(ms.end(), rank - p - m, 1);
+  Value mb = broadcast_to(b, b.reshape(mask, ms), self.shape());
+  if (acc) v = accumulate(b, {self, v})[0];
+  return b.select(mb, v, self);
+}
+
+TPU_LOWER(index_put, "index_put", "_index_put_impl", "_unsafe_index_put") {
+  Builder& b = ctx.b;
+  Value self = ctx.in(0), values = ctx.in(2);
+  auto idx = ctx.opt_list(1);
+  bool acc = ctx.flag_or(3, false);
+  for (auto& i : idx)
+    if (i && (i->dtype() == DType::Bool || i->dtype() == DType::U8))
+      return {put_mask(b, self, idx, values, acc)};
+  AdvIndex p = plan(b, self.shape(), idx);
+  // values: broadcast to the shape self[indices] has, then into the scatter layout.
+  auto rp = result_perm(p);
+  Shape gather_shape = p.batch;
+  gather_shape.insert(gather_shape.end(), p.rest.begin(), p.rest.end());
+  Shape result_shape;
+  for (auto d : rp) result_shape.push_back(gather_shape[d]);
+  Value upd = b.transpose(coerce(b, values, self.dtype(), result_shape), inverse(rp));
+  auto lead = range(0, p.k);
+  Value r = b.scatter(b.transpose(self, p.perm), p.coords, upd,
+                      range(p.nb, p.nb + static_cast<int64_t>(p.rest.size())), lead, lead, p.nb,
+                      acc ? ir::RegionFn(accumulate) : ir::RegionFn(take_new));
+  return {b.transpose(r, inverse(p.perm))};
+}
+
+// The k-th true element of mask (row-major, mask broadcast to self) takes source's
+// k-th element; k is an inclusive count of the mask, in log2(n) shifted adds.
+TPU_LOWER(masked_scatter, "masked_scatter") {
+  Builder& b = ctx.b;
+  Value self = ctx.in(0);
+  Value mask = broadcast_to(b, b.convert(ctx.in(1), DType::Bool), self.shape());
+  Value src = b.convert(ctx.in(2), self.dtype());
+  int64_t n = self.type.numel(), m = src.type.numel();
+  if (n == 0 || m == 0) return {self};
+  Value k = b.convert(b.reshape(mask, {n}), DType::I64);
+  Value zero = b.constant(0, DType::I64);
+  for (int64_t s = 1; s < n; s *= 2)
+    k = add(b, k, b.slice(b.pad(k, zero, {s}, {0}, {0}), {0}, {n}, {1}));
+  Value pos = b.binary("stablehlo.maximum", sub(b, k, b.constant(1, DType::I64, {n})),
+                       b.constant(0, DType::I64, {n}));
+  Value picked = b.gather(b.reshape(src, {m}), b.reshape(pos, {n, 1}), {}, {0}, {0}, 1, {1}, {n});
+  return {b.select(mask, b.reshape(picked, self.shape()), self)};
+}
+
+// ---- sort / topk ----
+
+// Strict "comes before" for sorting: NaN counts as larger than every number, so it
+// goes last ascending and first descending, as PyTorch.
+static Value before(Builder& b, const Value& x, const Value& y, bool descending) {
+  Value r = b.compare(x, y, descending ? Cmp::GT : Cmp::LT);
+  if (!is_float(x.dtype())) return r;
+  Value xn = b.compare(x, x, Cmp::NE), yn = b.compare(y, y, Cmp::NE);
+  Value nan_first = descending ? b.binary("stablehlo.and", xn, b.unary("stablehlo.not", yn))
+                               : b.binary("stablehlo.and", b.unary("stablehlo.not", xn), yn);
+  return b.binary("stablehlo.or", r, nan_first);
+}
+
+// Always stable: ties keep input order (a valid answer for unstable sort too).
+static std::vector<Value> sort_dim(Builder& b, const Value& x, int64_t dim, bool descending) {
+  Value idx = b.iota(Type{DType::I64, x.shape()}, dim);
+  return b.sort({x, idx}, dim, true, [&](Builder& b, const std::vector<Value>& a) {
+    return std::vector<Value>{before(b, a[0], a[1], descending)};
+  });
+}
+
+static std::vector<Value> sort_rule(Ctx& ctx, int dim_i, int desc_i) {
+  Value x = ctx.in(0);
+  if (x.rank() == 0) return {x, ctx.b.constant(0, DType::I64)};
+  return sort_dim(ctx.b, x, wrap_dim(ctx.i_or(dim_i, -1), x.rank()), ctx.flag_or(desc_i, false));
+}
+
+TPU_LOWER(sort, "sort") { return sort_rule(ctx, 1, 2); }
+TPU_LOWER(sort_stable, "sort.stable") { return sort_rule(ctx, 2, 3); }
+
+TPU_LOWER(topk, "topk") {
+  Builder& b = ctx.b;
+  Value x = ctx.in(0);
+  if (x.rank() == 0) return {x, b.constant(0, DType::I64)};
+  int64_t dim = wrap_dim(ctx.i_or(2, -1), x.rank()), k = ctx.i(1);
+  auto r = sort_dim(b, x, dim, ctx.flag_or(3, true));
+  Shape lim = x.shape();
+  lim[dim] = k;
+  Shape zero(x.rank(), 0), one(x.rank(), 1);
+  return {b.slice(r[0], zero, lim, one), b.slice(r[1], zero, lim, one)};
+}
+
+// ---- reordering ----
+
+TPU_LOWER(flip, "flip") {
+  Value x = ctx.in(0);
+  auto dims = ctx.ints(1);
+  if (dims.empty() || x.rank() == 0) return {x};
+  return {ctx.b.reverse(x, reduce_dims(dims, x.rank()))};
+}
+
+// x rolled by s along dim: its last s elements, then the rest.
+static Value roll_dim(Builder& b, const Value& x, int64_t dim, int64_t shift) {
+  int64_t n = x.shape()[dim];
+  if (n == 0) return x;
+  int64_t s = ((shift % n) + n) % n;
+  if (s == 0) return x;
+  Shape lo(x.rank(), 0), hi = x.shape(), one(x.rank(), 1);
+  Shape mid_hi = hi, mid_lo = lo;
+  mid_hi[dim] = n - s;
+  mid_lo[dim] = n - s;
+  return b.concatenate({b.slice(x, mid_lo, hi, one), b.slice(x, lo, mid_hi, one)}, dim);
+}
+
+TPU_LOWER(roll, "roll") {
+  Builder& b = ctx.b;
+  Value x = ctx.in(0);
+  auto shifts = ctx.ints(1);
+  auto dims = ctx.is_none(2) ? std::vector<int64_t>{} : ctx.ints(2);
+  if (dims.empty()) {  // roll the flattened tensor
+    Value flat = roll_dim(b, b.reshape(x, {x.type.numel()}), 0, shifts.at(0));
+    return {b.reshape(flat, x.shape())};
+  }
+  if (dims.size() != shifts.size()) throw Unsupported("roll: shifts and dims differ in length");
+  for (size_t j = 0; j < dims.size(); ++j) x = roll_dim(b, x, wrap_dim(dims[j], x.rank()), shifts[j]);
+  return {x};
+}
+
+// tril/triu keep elements whose column - row is <= / >= diagonal.
+static Value triangle(Ctx& ctx, bool lower) {
+  Builder& b = ctx.b;
+  Value x = ctx.in(0);
+  if (x.rank() < 2) throw Unsupported("tril/triu of rank < 2");
+  Type it{DType::I64, x.shape()};
+  Value diff = sub(b, b.iota(it, x.rank() - 1), b.iota(it, x.rank() - 2));
+  Value k = b.constant(static_cast<double>(ctx.i_or(1, 0)), DType::I64, x.shape());
+  Value keep = b.compare(diff, k, lower ? Cmp::LE : Cmp::GE);
+  return b.select(keep, x, full_like(b, x, 0));
+}
+
+TPU_LOWER(tril, "tril") { return {triangle(ctx, true)}; }
+TPU_LOWER(triu, "triu") { return {triangle(ctx, false)}; }
+
+}  // namespace tpu::lowering

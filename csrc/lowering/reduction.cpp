@@ -1,0 +1,272 @@
+// Reductions and scans. Low-precision floats accumulate in f32 (acc_type), like
+// CPU/CUDA. Rules end by fitting their result to the meta output: keepdim is then a
+// reshape to that shape, and the dtype a convert.
+#include <cmath>
+
+#include "lowering/helpers.h"
+
+namespace tpu::lowering {
+
+using ir::Cmp;
+
+// Result as PyTorch expects output j: its dtype and its shape.
+static Value fit(Ctx& ctx, const Value& v, int j = 0) {
+  Type t = ctx.out(j);
+  return ctx.b.reshape(ctx.b.convert(v, t.dtype), t.shape);
+}
+
+// Dims of an `int[]? dim` argument. None reduces everything; an empty list does too,
+// except for any/all.dims, where it reduces nothing.
+static std::vector<int64_t> dims_arg(Ctx& ctx, int idx, int64_t rank, bool empty_is_all = true) {
+  if (ctx.is_none(idx)) return reduce_dims({}, rank);
+  auto d = ctx.ints(idx);
+  if (d.empty() && !empty_is_all) return {};
+  return reduce_dims(d, rank);
+}
+
+static int64_t count(const Shape& s, const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (auto d : dims) n *= s[d];
+  return n;
+}
+
+// Input converted to the type its reduction accumulates in (the output's dtype, or
+// f32 for f16/bf16).
+static Value acc_in(Ctx& ctx) { return ctx.b.convert(ctx.in(0), acc_type(ctx.out(0).dtype)); }
+
+static Value sum_of(Ctx& ctx, const std::vector<int64_t>& dims) {
+  return fit(ctx, reduce_sum(ctx.b, acc_in(ctx), dims));
+}
+
+TPU_LOWER(sum_all, "sum") { return {sum_of(ctx, reduce_dims({}, ctx.type_of(0).rank()))}; }
+TPU_LOWER(sum_dim, "sum.dim_IntList") { return {sum_of(ctx, dims_arg(ctx, 1, ctx.type_of(0).rank()))}; }
+
+static Value mean_of(Ctx& ctx, const std::vector<int64_t>& dims) {
+  Builder& b = ctx.b;
+  Value x = acc_in(ctx);
+  Value s = reduce_sum(b, x, dims);
+  // An empty reduction divides 0 by 0: NaN, as PyTorch.
+  Value n = b.constant(static_cast<double>(count(x.shape(), dims)), s.dtype(), s.shape());
+  return fit(ctx, div(b, s, n));
+}
+
+TPU_LOWER(mean_all, "mean") { return {mean_of(ctx, reduce_dims({}, ctx.type_of(0).rank()))}; }
+TPU_LOWER(mean_dim, "mean.dim") { return {mean_of(ctx, dims_arg(ctx, 1, ctx.type_of(0).rank()))}; }
+
+static Value prod_of(Ctx& ctx, const std::vector<int64_t>& dims) {
+  Value x = acc_in(ctx);
+  return fit(ctx, ctx.b.reduce(x, ctx.b.constant(1, x.dtype()), dims, "stablehlo.multiply"));
+}
+
+TPU_LOWER(prod_all, "prod") { return {prod_of(ctx, reduce_dims({}, ctx.type_of(0).rank()))}; }
+TPU_LOWER(prod_dim, "prod.dim_int") {
+  return {prod_of(ctx, reduce_dims({ctx.i(1)}, ctx.type_of(0).rank()))};
+}
+
+// The identity of max (lowest value) or min (highest) of t. INT64_MAX has no exact
+// double, so it is made as (-1 >>> 1).
+static Value bound(Builder& b, DType t, bool high) {
+  if (high && t == DType::I64)
+    return b.binary("stablehlo.shift_right_logical", b.constant(-1, t), b.constant(1, t));
+  return b.constant(high ? highest(t) : lowest(t), t);
+}
+
+// Max/min over dims that propagates NaN like torch.max/amax. The select is spelled
+// out: XLA:CPU's maximum/minimum may drop NaN (fast min/max).
+static Value extremum(Builder& b, const Value& x, const std::vector<int64_t>& dims, bool is_max) {
+  Value init = bound(b, x.dtype(), !is_max);
+  if (!is_float(x.dtype()))
+    return b.reduce(x, init, dims, is_max ? "stablehlo.maximum" : "stablehlo.minimum");
+  return b.reduce({x}, {init}, dims, [&](Builder& b, const std::vector<Value>& a) {
+    Value m = b.binary(is_max ? "stablehlo.maximum" : "stablehlo.minimum", a[0], a[1]);
+    m = b.select(b.compare(a[1], a[1], Cmp::NE), a[1], m);
+    return std::vector<Value>{b.select(b.compare(a[0], a[0], Cmp::NE), a[0], m)};
+  })[0];
+}
+
+TPU_LOWER(max_all, "max") {
+  Value x = ctx.in(0);
+  return {fit(ctx, extremum(ctx.b, x, reduce_dims({}, x.rank()), true))};
+}
+TPU_LOWER(min_all, "min") {
+  Value x = ctx.in(0);
+  return {fit(ctx, extremum(ctx.b, x, reduce_dims({}, x.rank()), false))};
+}
+TPU_LOWER(amax, "amax") {
+  Value x = ctx.in(0);
+  return {fit(ctx, extremum(ctx.b, x, dims_arg(ctx, 1, x.rank()), true))};
+}
+TPU_LOWER(amin, "amin") {
+  Value x = ctx.in(0);
+  return {fit(ctx, extremum(ctx.b, x, dims_arg(ctx, 1, x.rank()), false))};
+}
+
+// Value and index of the max (or min) along `dims` in one variadic reduce. NaN wins
+// over numbers, and ties (NaN with NaN included) go to the lower index, so the
+// combiner is associative and commutative and gives PyTorch's first occurrence.
+static std::vector<Value> arg_reduce(Builder& b, const Value& x, int64_t dim, bool is_max) {
+  Value idx = b.iota(Type{DType::I64, x.shape()}, dim);
+  Value init = bound(b, x.dtype(), !is_max);
+  // The init's index 0 only ties with an element equal to the init; then every
+  // element equals it and index 0 is right.
+  Value init_i = b.constant(0, DType::I64);
+  bool fp = is_float(x.dtype());
+  return b.reduce({x, idx}, {init, init_i}, {dim}, [&](Builder& b, const std::vector<Value>& a) {
+    const Value &va = a[0], &ia = a[1], &vb = a[2], &ib = a[3];
+    Value better = b.compare(va, vb, is_max ? Cmp::GT : Cmp::LT);
+    Value tie = b.compare(va, vb, Cmp::EQ);
+    if (fp) {
+      Value na = b.compare(va, va, Cmp::NE), nb = b.compare(vb, vb, Cmp::NE);
+      Value not_nb = b.unary("stablehlo.not", nb);
+      better = b.binary("stablehlo.or", better, b.binary("stablehlo.and", na, not_nb));
+      tie = b.binary("stablehlo.or", tie, b.binary("stablehlo.and", na, nb));
+    }
+    Value first = b.binary("stablehlo.and", tie, b.compare(ia, ib, Cmp::LT));
+    Value pick = b.binary("stablehlo.or", better, first);
+    return std::vector<Value>{b.select(pick, va, vb), b.select(pick, ia, ib)};
+  });
+}
+
+static std::vector<Value> minmax_dim(Ctx& ctx, bool is_max) {
+  Value x = ctx.in(0);
+  if (x.rank() == 0) return {fit(ctx, x, 0), fit(ctx, ctx.b.constant(0, DType::I64), 1)};
+  auto r = arg_reduce(ctx.b, x, wrap_dim(ctx.i(1), x.rank()), is_max);
+  return {fit(ctx, r[0], 0), fit(ctx, r[1], 1)};
+}
+
+TPU_LOWER(max_dim, "max.dim") { return minmax_dim(ctx, true); }
+TPU_LOWER(min_dim, "min.dim") { return minmax_dim(ctx, false); }
+
+// argmax/argmin: dim None flattens the input first.
+static Value arg_of(Ctx& ctx, bool is_max) {
+  Value x = ctx.in(0);
+  int64_t dim = 0;
+  if (ctx.is_none(1) || x.rank() == 0) x = ctx.b.reshape(x, {x.type.numel()});
+  else dim = wrap_dim(ctx.i(1), x.rank());
+  return fit(ctx, arg_reduce(ctx.b, x, dim, is_max)[1]);
+}
+
+TPU_LOWER(argmax, "argmax") { return {arg_of(ctx, true)}; }
+TPU_LOWER(argmin, "argmin") { return {arg_of(ctx, false)}; }
+
+// {var, mean} over dims in the accumulation type, two-pass for accuracy. The
+// divisor is max(N - correction, 0), as PyTorch (0 gives inf/NaN).
+static std::pair<Value, Value> var_and_mean(Ctx& ctx) {
+  Builder& b = ctx.b;
+  Value x = acc_in(ctx);
+  auto dims = dims_arg(ctx, 1, x.rank());
+  double n = static_cast<double>(count(x.shape(), dims));
+  Value s = reduce_sum(b, x, dims);
+  Value mean = div(b, s, b.constant(n, s.dtype(), s.shape()));
+  Value d = sub(b, x, broadcast_to(b, keep_dims(b, mean, x.shape(), dims), x.shape()));
+  Value ss = reduce_sum(b, mul(b, d, d), dims);
+  Value corr = ctx.is_none(2) ? b.constant(1, x.dtype()) : ctx.scalar(2, x.dtype());
+  Value denom = sub(b, b.constant(n, x.dtype()), corr);
+  denom = b.binary("stablehlo.maximum", denom, b.constant(0, x.dtype()));
+  Value var = div(b, ss, broadcast_to(b, denom, ss.shape()));
+  return {var, mean};
+}
+
+TPU_LOWER(var, "var.correction") { return {fit(ctx, var_and_mean(ctx).first)}; }
+TPU_LOWER(std_, "std.correction") {
+  return {fit(ctx, ctx.b.unary("stablehlo.sqrt", var_and_mean(ctx).first))};
+}
+TPU_LOWER(var_mean, "var_mean.correction") {
+  auto [v, m] = var_and_mean(ctx);
+  return {fit(ctx, v, 0), fit(ctx, m, 1)};
+}
+TPU_LOWER(std_mean, "std_mean.correction") {
+  auto [v, m] = var_and_mean(ctx);
+  return {fit(ctx, ctx.b.unary("stablehlo.sqrt", v), 0), fit(ctx, m, 1)};
+}
+
+// any/all reduce the input's truth values; the output is bool (uint8 for uint8).
+static Value logical(Ctx& ctx, const std::vector<int64_t>& dims, bool is_any) {
+  Value x = ctx.b.convert(ctx.in(0), DType::Bool);
+  Value init = ctx.b.constant(is_any ? 0 : 1, DType::Bool);
+  return fit(ctx, ctx.b.reduce(x, init, dims, is_any ? "stablehlo.or" : "stablehlo.and"));
+}
+
+TPU_LOWER(any_all, "any") { return {logical(ctx, reduce_dims({}, ctx.type_of(0).rank()), true)}; }
+TPU_LOWER(all_all, "all") { return {logical(ctx, reduce_dims({}, ctx.type_of(0).rank()), false)}; }
+TPU_LOWER(any_dim, "any.dim") {
+  return {logical(ctx, reduce_dims({ctx.i(1)}, ctx.type_of(0).rank()), true)};
+}
+TPU_LOWER(all_dim, "all.dim") {
+  return {logical(ctx, reduce_dims({ctx.i(1)}, ctx.type_of(0).rank()), false)};
+}
+TPU_LOWER(any_dims, "any.dims") {
+  return {logical(ctx, dims_arg(ctx, 1, ctx.type_of(0).rank(), false), true)};
+}
+TPU_LOWER(all_dims, "all.dims") {
+  return {logical(ctx, dims_arg(ctx, 1, ctx.type_of(0).rank(), false), false)};
+}
+
+// log(sum(exp(x - m))) + m with m the max, taken as 0 where it is infinite so that
+// all -inf gives -inf and an inf gives inf (not NaN).
+TPU_LOWER(logsumexp, "logsumexp") {
+  Builder& b = ctx.b;
+  Value x = acc_in(ctx);
+  auto dims = dims_arg(ctx, 1, x.rank());
+  Value m = extremum(b, x, dims, true);
+  Value finite = b.raw("stablehlo.is_finite", {m}, "", Type{DType::Bool, m.shape()});
+  m = b.select(finite, m, full_like(b, m, 0));
+  Value mk = broadcast_to(b, keep_dims(b, m, x.shape(), dims), x.shape());
+  Value s = reduce_sum(b, b.unary("stablehlo.exponential", sub(b, x, mk)), dims);
+  return {fit(ctx, add(b, b.unary("stablehlo.log", s), m))};
+}
+
+// Inclusive scan along dim in log2(n) steps (Hillis-Steele): each step combines
+// every element with the one `shift` before it (the identity where there is none).
+// A whole-dim reduce_window would be O(n^2) work off TPU.
+static Value scan(Ctx& ctx, const std::string& op, double init) {
+  Builder& b = ctx.b;
+  Value x = acc_in(ctx);
+  if (x.rank() == 0) return fit(ctx, x);
+  int64_t dim = wrap_dim(ctx.i(1), x.rank()), n = x.shape()[dim], r = x.rank();
+  Value id = b.constant(init, x.dtype());
+  for (int64_t shift = 1; shift < n; shift *= 2) {
+    Shape lo(r, 0), hi(r, 0), in(r, 0), start(r, 0), one(r, 1);
+    lo[dim] = shift;
+    Value moved = b.slice(b.pad(x, id, lo, hi, in), start, x.shape(), one);
+    x = b.binary(op, x, moved);
+  }
+  return fit(ctx, x);
+}
+
+TPU_LOWER(cumsum, "cumsum") { return {scan(ctx, "stablehlo.add", 0)}; }
+TPU_LOWER(cumprod, "cumprod") { return {scan(ctx, "stablehlo.multiply", 1)}; }
+
+// Vector p-norm. p is a Scalar, a runtime operand (plans are shared across its
+// values), so the special orders are picked by selects: inf/-inf are max/min of
+// |x|, 0 counts nonzeros, 1 and 2 keep their exact forms, others (sum |x|^p)^(1/p).
+static Value vector_norm(Ctx& ctx, int p_idx, const std::vector<int64_t>& dims) {
+  Builder& b = ctx.b;
+  Value x = b.convert(ctx.in(0), acc_type(ctx.out(0).dtype));
+  DType t = x.dtype();
+  Value a = b.unary("stablehlo.abs", x);
+  Value p = ctx.is_none(p_idx) ? b.constant(2, t) : ctx.scalar(p_idx, t);
+  Value gen = reduce_sum(b, b.binary("stablehlo.power", a, broadcast_to(b, p, a.shape())), dims);
+  const Shape& s = gen.shape();
+  Value ps = broadcast_to(b, p, s);
+  gen = b.binary("stablehlo.power", gen, div(b, b.constant(1, t, s), ps));
+  auto is = [&](double v) { return b.compare(ps, b.constant(v, t, s), Cmp::EQ); };
+  Value r = b.select(is(2), b.unary("stablehlo.sqrt", reduce_sum(b, mul(b, x, x), dims)), gen);
+  r = b.select(is(1), reduce_sum(b, a, dims), r);
+  r = b.select(is(0), reduce_sum(b, b.convert(b.convert(x, DType::Bool), t), dims), r);
+  r = b.select(is(INFINITY), extremum(b, a, dims, true), r);
+  r = b.select(is(-INFINITY), extremum(b, a, dims, false), r);
+  return fit(ctx, r);
+}
+
+TPU_LOWER(linalg_vector_norm, "linalg_vector_norm") {
+  return {vector_norm(ctx, 1, dims_arg(ctx, 2, ctx.type_of(0).rank()))};
+}
+TPU_LOWER(norm_scalar, "norm.Scalar") {
+  return {vector_norm(ctx, 1, reduce_dims({}, ctx.type_of(0).rank()))};
+}
+TPU_LOWER(norm_dim, "norm.ScalarOpt_dim") {
+  return {vector_norm(ctx, 1, dims_arg(ctx, 2, ctx.type_of(0).rank()))};
+}
+
+}  // namespace tpu::lowering
