@@ -286,13 +286,21 @@ class KernelCtx final : public lowering::Ctx {
     if (v.isTensor()) return at::isFloatingType(v.toTensor().scalar_type());
     return v.toScalar().isFloatingPoint();
   }
+  // A Scalar argument is a runtime operand, absent from the signature: reading its
+  // value while emitting would bake one call's value into a shared program.
+  void check_not_runtime_scalar(int idx) const {
+    TORCH_CHECK(!info_.is_scalar.at(idx) || args_[idx].isTensor(), "internal: the lowering of ",
+                info_.name, " reads Scalar argument ", idx, " at compile time; use ctx.scalar()");
+  }
   int64_t i(int idx) const override {
+    check_not_runtime_scalar(idx);
     const IValue& v = args_.at(idx);
     if (v.isSymInt()) return v.toSymInt().expect_int();
     if (v.isScalar()) return v.toScalar().toLong();
     return v.toInt();
   }
   double f(int idx) const override {
+    check_not_runtime_scalar(idx);
     const IValue& v = args_.at(idx);
     return v.isScalar() ? v.toScalar().toDouble() : v.toDouble();
   }

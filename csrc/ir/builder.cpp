@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <iomanip>
+#include <limits>
 #include <stdexcept>
 
 namespace tpu::ir {
@@ -125,7 +126,10 @@ static std::string literal(double v, DType t) {
     return buf;
   }
   if (t == DType::Bool) return v != 0 ? "true" : "false";
-  std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(v));
+  // 2^63 is not an int64: the largest int64 is what such a bound means.
+  long long iv = v >= 9223372036854775807.0 ? std::numeric_limits<long long>::max()
+                                            : static_cast<long long>(v);
+  std::snprintf(buf, sizeof(buf), "%lld", iv);
   return buf;
 }
 
