@@ -3,32 +3,14 @@
 #include <cmath>
 #include <functional>
 
-#include "lowering/helpers.h"
+#include "lowering/elementwise.h"
 
 namespace tpu::lowering {
 using ir::Cmp;
 
-// Defined in elementwise.cpp.
-namespace ew {
-using Vs = std::vector<Value>;
-using MapFn = std::function<Value(Builder&, const Vs&)>;
-Value cst(Builder& b, const Value& like, double v);
-Value op1(Builder& b, const char* op, const Value& x);
-Value op2(Builder& b, const char* op, const Value& x, const Value& y);
-Value cmpk(Builder& b, const Value& x, double k, Cmp c);
-DType math_type(DType t);
-Value operand(Ctx& ctx, int i, DType t, const Shape& shape);
-std::vector<Value> map(Ctx& ctx, const std::vector<int>& idx, const MapFn& fn);
-Value erf(Builder& b, const Value& x);
-Value erfc(Builder& b, const Value& x);
-}  // namespace ew
 using namespace ew;
 
 namespace {
-Value add_(Builder& b, const Value& x, const Value& y) { return op2(b, "add", x, y); }
-Value sub_(Builder& b, const Value& x, const Value& y) { return op2(b, "subtract", x, y); }
-Value mul_(Builder& b, const Value& x, const Value& y) { return op2(b, "multiply", x, y); }
-Value div_(Builder& b, const Value& x, const Value& y) { return op2(b, "divide", x, y); }
 Value sigmoid(Builder& b, const Value& x) { return op1(b, "logistic", x); }
 Value zero(Builder& b, const Value& like) { return cst(b, like, 0); }
 // Selects a where x `c` k, else bb.
@@ -61,13 +43,13 @@ TPU_LOWER(threshold_backward_rule, "threshold_backward") {
   return map_exact(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return when(b, x[1], Cmp::LE, x[2], zero(b, x[0]), x[0]); });
 }
 TPU_LOWER(leaky_relu_rule, "leaky_relu") {
-  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return when(b, x[0], Cmp::GT, 0, x[0], mul_(b, x[0], x[1])); });
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return when(b, x[0], Cmp::GT, 0, x[0], mul(b, x[0], x[1])); });
 }
 TPU_LOWER(leaky_relu_backward_rule, "leaky_relu_backward") {  // self_is_result: same sign test
-  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return when(b, x[1], Cmp::GT, 0, x[0], mul_(b, x[0], x[2])); });
+  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return when(b, x[1], Cmp::GT, 0, x[0], mul(b, x[0], x[2])); });
 }
 TPU_LOWER(prelu_rule, "_prelu_kernel") {
-  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return when(b, x[0], Cmp::GT, 0, x[0], mul_(b, x[1], x[0])); });
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return when(b, x[0], Cmp::GT, 0, x[0], mul(b, x[1], x[0])); });
 }
 // Both gradients at the broadcast shape; autograd sums grad_weight down to weight.
 TPU_LOWER(prelu_backward_rule, "_prelu_kernel_backward") {
@@ -77,7 +59,7 @@ TPU_LOWER(prelu_backward_rule, "_prelu_kernel_backward") {
     Type o = ctx.out(j);
     DType t = math_type(o.dtype);
     Value g = operand(ctx, 0, t, o.shape), x = operand(ctx, 1, t, o.shape), w = operand(ctx, 2, t, o.shape);
-    Value r = j == 0 ? when(b, x, Cmp::GT, 0, g, mul_(b, w, g)) : when(b, x, Cmp::GT, 0, zero(b, x), mul_(b, x, g));
+    Value r = j == 0 ? when(b, x, Cmp::GT, 0, g, mul(b, w, g)) : when(b, x, Cmp::GT, 0, zero(b, x), mul(b, x, g));
     out.push_back(b.convert(r, o.dtype));
   }
   return out;
@@ -99,8 +81,8 @@ TPU_LOWER(hardtanh_backward_rule, "hardtanh_backward") {  // zero at and beyond 
 // elu: x > 0 ? scale * x : scale * alpha * expm1(input_scale * x)
 TPU_LOWER(elu_rule, "elu") {
   return map(ctx, {0, 1, 2, 3}, [](Builder& b, const Vs& x) {
-    Value neg = mul_(b, mul_(b, x[2], x[1]), op1(b, "exponential_minus_one", mul_(b, x[0], x[3])));
-    return when(b, x[0], Cmp::GT, 0, mul_(b, x[0], x[2]), neg);
+    Value neg = mul(b, mul(b, x[2], x[1]), op1(b, "exponential_minus_one", mul(b, x[0], x[3])));
+    return when(b, x[0], Cmp::GT, 0, mul(b, x[0], x[2]), neg);
   });
 }
 // Args: grad, alpha, scale, input_scale, is_result, self_or_result. From the result
@@ -108,30 +90,30 @@ TPU_LOWER(elu_rule, "elu") {
 TPU_LOWER(elu_backward_rule, "elu_backward") {
   bool is_result = ctx.flag(4);
   return map(ctx, {0, 1, 2, 3, 5}, [is_result](Builder& b, const Vs& x) {
-    Value g = x[0], negcoef = mul_(b, x[1], x[2]), y = x[4];
-    Value neg = is_result ? mul_(b, mul_(b, g, x[3]), add_(b, y, negcoef))
-                          : mul_(b, mul_(b, mul_(b, g, x[3]), negcoef), op1(b, "exponential", mul_(b, y, x[3])));
-    return when(b, y, Cmp::LE, 0, neg, mul_(b, g, x[2]));
+    Value g = x[0], negcoef = mul(b, x[1], x[2]), y = x[4];
+    Value neg = is_result ? mul(b, mul(b, g, x[3]), add(b, y, negcoef))
+                          : mul(b, mul(b, mul(b, g, x[3]), negcoef), op1(b, "exponential", mul(b, y, x[3])));
+    return when(b, y, Cmp::LE, 0, neg, mul(b, g, x[2]));
   });
 }
 TPU_LOWER(celu_rule, "celu") {  // x > 0 ? x : alpha * expm1(x / alpha)
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
-    return when(b, x[0], Cmp::GT, 0, x[0], mul_(b, x[1], op1(b, "exponential_minus_one", div_(b, x[0], x[1]))));
+    return when(b, x[0], Cmp::GT, 0, x[0], mul(b, x[1], op1(b, "exponential_minus_one", div(b, x[0], x[1]))));
   });
 }
 // softplus: log1p(exp(beta x)) / beta, linear once beta x exceeds threshold.
 TPU_LOWER(softplus_rule, "softplus") {
   return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) {
-    Value bx = mul_(b, x[0], x[1]);
-    Value soft = div_(b, op1(b, "log_plus_one", op1(b, "exponential", bx)), x[1]);
+    Value bx = mul(b, x[0], x[1]);
+    Value soft = div(b, op1(b, "log_plus_one", op1(b, "exponential", bx)), x[1]);
     return when(b, bx, Cmp::GT, x[2], x[0], soft);
   });
 }
 TPU_LOWER(softplus_backward_rule, "softplus_backward") {  // grad * sigmoid(beta x)
   return map(ctx, {0, 1, 2, 3}, [](Builder& b, const Vs& x) {
-    Value bx = mul_(b, x[1], x[2]);
+    Value bx = mul(b, x[1], x[2]);
     Value z = op1(b, "exponential", bx);
-    return when(b, bx, Cmp::GT, x[3], x[0], div_(b, mul_(b, x[0], z), add_(b, z, cst(b, z, 1))));
+    return when(b, bx, Cmp::GT, x[3], x[0], div(b, mul(b, x[0], z), add(b, z, cst(b, z, 1))));
   });
 }
 // log_sigmoid = min(x, 0) - log1p(exp(-|x|)); the buffer is exp(-|x|) like PyTorch's CPU
@@ -141,7 +123,7 @@ TPU_LOWER(log_sigmoid_forward_rule, "log_sigmoid_forward") {
   Type o = ctx.out(0);
   Value x = operand(ctx, 0, math_type(o.dtype), o.shape);
   Value z = op1(b, "exponential", op1(b, "negate", op1(b, "abs", x)));
-  Value y = sub_(b, op2(b, "minimum", x, zero(b, x)), op1(b, "log_plus_one", z));
+  Value y = sub(b, op2(b, "minimum", x, zero(b, x)), op1(b, "log_plus_one", z));
   Type bt = ctx.out(1);
   Value buf = bt.shape == o.shape ? b.convert(z, bt.dtype) : b.constant(0, bt.dtype, bt.shape);
   return {b.convert(y, o.dtype), buf};
@@ -149,55 +131,55 @@ TPU_LOWER(log_sigmoid_forward_rule, "log_sigmoid_forward") {
 TPU_LOWER(log_sigmoid_backward_rule, "log_sigmoid_backward") {
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
     Value z = op1(b, "exponential", op1(b, "negate", op1(b, "abs", x[1])));
-    Value s = div_(b, z, add_(b, z, cst(b, z, 1)));  // sigmoid(-|x|)
-    Value d = when(b, x[1], Cmp::LT, 0, sub_(b, cst(b, s, 1), s), s);
-    return mul_(b, x[0], d);
+    Value s = div(b, z, add(b, z, cst(b, z, 1)));  // sigmoid(-|x|)
+    Value d = when(b, x[1], Cmp::LT, 0, sub(b, cst(b, s, 1), s), s);
+    return mul(b, x[0], d);
   });
 }
 
 // ---- Sigmoid-gated -----------------------------------------------------------------
 
 TPU_LOWER(silu_rule, "silu") {
-  return map(ctx, {0}, [](Builder& b, const Vs& x) { return mul_(b, x[0], sigmoid(b, x[0])); });
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return mul(b, x[0], sigmoid(b, x[0])); });
 }
 TPU_LOWER(sigmoid_backward_rule, "sigmoid_backward") {  // grad * (1 - y) * y
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
-    return mul_(b, mul_(b, x[0], sub_(b, cst(b, x[1], 1), x[1])), x[1]);
+    return mul(b, mul(b, x[0], sub(b, cst(b, x[1], 1), x[1])), x[1]);
   });
 }
 TPU_LOWER(tanh_backward_rule, "tanh_backward") {  // grad * (1 - y^2)
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
-    return mul_(b, x[0], sub_(b, cst(b, x[1], 1), mul_(b, x[1], x[1])));
+    return mul(b, x[0], sub(b, cst(b, x[1], 1), mul(b, x[1], x[1])));
   });
 }
 static Value tanh_softplus(Builder& b, const Value& x) {
   return op1(b, "tanh", op1(b, "log_plus_one", op1(b, "exponential", x)));
 }
 TPU_LOWER(mish_rule, "mish") {
-  return map(ctx, {0}, [](Builder& b, const Vs& x) { return mul_(b, x[0], tanh_softplus(b, x[0])); });
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return mul(b, x[0], tanh_softplus(b, x[0])); });
 }
 TPU_LOWER(hardsigmoid_rule, "hardsigmoid") {  // clamp(x + 3, 0, 6) / 6
   return map(ctx, {0}, [](Builder& b, const Vs& x) {
-    Value r = op2(b, "maximum", add_(b, x[0], cst(b, x[0], 3)), zero(b, x[0]));
-    return div_(b, op2(b, "minimum", r, cst(b, r, 6)), cst(b, r, 6));
+    Value r = op2(b, "maximum", add(b, x[0], cst(b, x[0], 3)), zero(b, x[0]));
+    return div(b, op2(b, "minimum", r, cst(b, r, 6)), cst(b, r, 6));
   });
 }
 TPU_LOWER(hardsigmoid_backward_rule, "hardsigmoid_backward") {  // grad / 6 inside (-3, 3)
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
-    Value g = mul_(b, x[0], cst(b, x[0], 1.0 / 6));
+    Value g = mul(b, x[0], cst(b, x[0], 1.0 / 6));
     Value inside = op2(b, "and", cmpk(b, x[1], -3, Cmp::GT), cmpk(b, x[1], 3, Cmp::LT));
     return b.select(inside, g, zero(b, g));
   });
 }
 TPU_LOWER(hardswish_rule, "hardswish") {  // x * clamp(x + 3, 0, 6) / 6
   return map(ctx, {0}, [](Builder& b, const Vs& x) {
-    Value r = op2(b, "maximum", add_(b, x[0], cst(b, x[0], 3)), zero(b, x[0]));
-    return div_(b, mul_(b, x[0], op2(b, "minimum", r, cst(b, r, 6))), cst(b, r, 6));
+    Value r = op2(b, "maximum", add(b, x[0], cst(b, x[0], 3)), zero(b, x[0]));
+    return div(b, mul(b, x[0], op2(b, "minimum", r, cst(b, r, 6))), cst(b, r, 6));
   });
 }
 TPU_LOWER(hardswish_backward_rule, "hardswish_backward") {  // 0 up to -3, x/3 + 1/2 below 3
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
-    Value mid = mul_(b, x[0], add_(b, div_(b, x[1], cst(b, x[1], 3)), cst(b, x[1], 0.5)));
+    Value mid = mul(b, x[0], add(b, div(b, x[1], cst(b, x[1], 3)), cst(b, x[1], 0.5)));
     return when(b, x[1], Cmp::LE, -3, zero(b, x[0]), when(b, x[1], Cmp::LT, 3, mid, x[0]));
   });
 }
@@ -216,7 +198,7 @@ TPU_LOWER(hardshrink_backward_rule, "hardshrink_backward") {
 }
 TPU_LOWER(softshrink_rule, "softshrink") {  // move toward 0 by lambda, 0 inside
   return map_exact(ctx, {0, 1}, [](Builder& b, const Vs& x) {
-    Value r = when(b, x[0], Cmp::GT, x[1], sub_(b, x[0], x[1]), add_(b, x[0], x[1]));
+    Value r = when(b, x[0], Cmp::GT, x[1], sub(b, x[0], x[1]), add(b, x[0], x[1]));
     return when(b, op1(b, "abs", x[0]), Cmp::LE, x[1], zero(b, x[0]), r);
   });
 }
@@ -239,17 +221,17 @@ static bool tanh_approx(Ctx& ctx, int idx) {
   return a == "tanh";
 }
 static Value gelu_inner(Builder& b, const Value& x) {  // sqrt(2/pi) (x + kappa x^3)
-  Value x3 = mul_(b, mul_(b, x, x), x);
-  return mul_(b, cst(b, x, kBeta), add_(b, x, mul_(b, cst(b, x, kKappa), x3)));
+  Value x3 = mul(b, mul(b, x, x), x);
+  return mul(b, cst(b, x, kBeta), add(b, x, mul(b, cst(b, x, kKappa), x3)));
 }
 
 // Exact: x * Phi(x) with Phi(x) = erfc(-x / sqrt 2) / 2 (accurate in the left tail).
 TPU_LOWER(gelu_rule, "gelu") {
   bool approx = tanh_approx(ctx, 1);
   return map(ctx, {0}, [approx](Builder& b, const Vs& x) {
-    Value half_x = mul_(b, cst(b, x[0], 0.5), x[0]);
-    if (approx) return mul_(b, half_x, add_(b, cst(b, x[0], 1), op1(b, "tanh", gelu_inner(b, x[0]))));
-    return mul_(b, half_x, erfc(b, mul_(b, x[0], cst(b, x[0], -kSqrt1_2))));
+    Value half_x = mul(b, cst(b, x[0], 0.5), x[0]);
+    if (approx) return mul(b, half_x, add(b, cst(b, x[0], 1), op1(b, "tanh", gelu_inner(b, x[0]))));
+    return mul(b, half_x, erfc(b, mul(b, x[0], cst(b, x[0], -kSqrt1_2))));
   });
 }
 TPU_LOWER(gelu_backward_rule, "gelu_backward") {
@@ -259,14 +241,14 @@ TPU_LOWER(gelu_backward_rule, "gelu_backward") {
     Value one = cst(b, x, 1), half = cst(b, x, 0.5);
     if (approx) {
       Value t = op1(b, "tanh", gelu_inner(b, x));
-      Value dinner = mul_(b, cst(b, x, kBeta), add_(b, one, mul_(b, cst(b, x, 3 * kKappa), mul_(b, x, x))));
-      Value d = add_(b, mul_(b, half, add_(b, one, t)),
-                     mul_(b, mul_(b, mul_(b, half, x), sub_(b, one, mul_(b, t, t))), dinner));
-      return mul_(b, g, d);
+      Value dinner = mul(b, cst(b, x, kBeta), add(b, one, mul(b, cst(b, x, 3 * kKappa), mul(b, x, x))));
+      Value d = add(b, mul(b, half, add(b, one, t)),
+                     mul(b, mul(b, mul(b, half, x), sub(b, one, mul(b, t, t))), dinner));
+      return mul(b, g, d);
     }
-    Value cdf = mul_(b, half, erfc(b, mul_(b, x, cst(b, x, -kSqrt1_2))));
-    Value pdf = mul_(b, cst(b, x, kInvSqrt2Pi), op1(b, "exponential", mul_(b, cst(b, x, -0.5), mul_(b, x, x))));
-    return mul_(b, g, add_(b, cdf, mul_(b, x, pdf)));
+    Value cdf = mul(b, half, erfc(b, mul(b, x, cst(b, x, -kSqrt1_2))));
+    Value pdf = mul(b, cst(b, x, kInvSqrt2Pi), op1(b, "exponential", mul(b, cst(b, x, -0.5), mul(b, x, x))));
+    return mul(b, g, add(b, cdf, mul(b, x, pdf)));
   });
 }
 
@@ -285,7 +267,7 @@ TPU_LOWER(glu_rule, "glu") {  // a * sigmoid(b) over the halves of dim
   Type o = ctx.out(0);
   Value x = b.convert(ctx.in(0), math_type(o.dtype));
   auto [lo, hi] = halves(b, x, wrap_dim(ctx.i(1), x.rank()));
-  return {b.convert(mul_(b, lo, sigmoid(b, hi)), o.dtype)};
+  return {b.convert(mul(b, lo, sigmoid(b, hi)), o.dtype)};
 }
 TPU_LOWER(glu_backward_rule, "glu_backward") {
   Builder& b = ctx.b;
@@ -295,8 +277,8 @@ TPU_LOWER(glu_backward_rule, "glu_backward") {
   int64_t dim = wrap_dim(ctx.i(2), x.rank());
   auto [lo, hi] = halves(b, x, dim);
   Value s = sigmoid(b, hi);
-  Value glo = mul_(b, g, s);
-  Value ghi = mul_(b, mul_(b, glo, lo), sub_(b, cst(b, s, 1), s));
+  Value glo = mul(b, g, s);
+  Value ghi = mul(b, mul(b, glo, lo), sub(b, cst(b, s, 1), s));
   return {b.convert(b.concatenate({glo, ghi}, dim), o.dtype)};
 }
 
@@ -310,7 +292,7 @@ TPU_LOWER(logit_backward_rule, "logit_backward") {
   return map(ctx, {0, 1}, [eps, ot](Builder& b, const Vs& v) {
     const Value& x = v[1];
     auto bound = [&](double k) { return b.convert(b.convert(cst(b, x, k), ot), x.dtype()); };
-    Value d = div_(b, v[0], mul_(b, x, sub_(b, cst(b, x, 1), x)));
+    Value d = div(b, v[0], mul(b, x, sub(b, cst(b, x, 1), x)));
     Value lo = bound(eps < 0 ? 0 : eps), hi = bound(eps < 0 ? 1 : 1 - eps);
     Value out = op2(b, "or", b.compare(x, lo, Cmp::LT), b.compare(x, hi, Cmp::GT));
     return b.select(out, cst(b, d, eps < 0 ? NAN : 0), d);

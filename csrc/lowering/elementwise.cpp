@@ -5,16 +5,12 @@
 #include <functional>
 #include <string>
 
-#include "lowering/helpers.h"
+#include "lowering/elementwise.h"
 
 namespace tpu::lowering {
 using ir::Cmp;
 
-// Helpers the other elementwise-style files (activation, random) declare and reuse;
-// there is no shared header of ours for them.
 namespace ew {
-using Vs = std::vector<Value>;
-using MapFn = std::function<Value(Builder&, const Vs&)>;
 
 Value cst(Builder& b, const Value& like, double v) { return full_like(b, like, v); }
 Value op1(Builder& b, const char* op, const Value& x) { return b.unary(std::string("stablehlo.") + op, x); }
@@ -91,10 +87,6 @@ Value erfc(Builder& b, const Value& x) {
 using namespace ew;
 
 namespace {
-Value add_(Builder& b, const Value& x, const Value& y) { return op2(b, "add", x, y); }
-Value sub_(Builder& b, const Value& x, const Value& y) { return op2(b, "subtract", x, y); }
-Value mul_(Builder& b, const Value& x, const Value& y) { return op2(b, "multiply", x, y); }
-Value div_(Builder& b, const Value& x, const Value& y) { return op2(b, "divide", x, y); }
 Value and_(Builder& b, const Value& x, const Value& y) { return op2(b, "and", x, y); }
 Value or_(Builder& b, const Value& x, const Value& y) { return op2(b, "or", x, y); }
 Value not_(Builder& b, const Value& x) { return op1(b, "not", x); }
@@ -120,7 +112,7 @@ DType common_type(Ctx& ctx, const std::vector<int>& idx) {
 Value py_mod(Builder& b, const Value& a, const Value& d) {
   Value r = op2(b, "remainder", a, d);
   Value fix = and_(b, cmpk(b, r, 0, Cmp::NE), cmp(b, cmpk(b, r, 0, Cmp::LT), cmpk(b, d, 0, Cmp::LT), Cmp::NE));
-  return b.select(fix, add_(b, r, d), r);
+  return b.select(fix, add(b, r, d), r);
 }
 
 // Floor division. Floats follow PyTorch's div_floor: go through fmod so that
@@ -129,15 +121,15 @@ Value floor_div(Builder& b, const Value& a, const Value& d) {
   Value mod = op2(b, "remainder", a, d);
   Value fix = and_(b, cmpk(b, mod, 0, Cmp::NE), cmp(b, cmpk(b, mod, 0, Cmp::LT), cmpk(b, d, 0, Cmp::LT), Cmp::NE));
   if (!flt(a)) {
-    Value q = div_(b, a, d);  // truncates
-    return b.select(fix, sub_(b, q, cst(b, q, 1)), q);
+    Value q = div(b, a, d);  // truncates
+    return b.select(fix, sub(b, q, cst(b, q, 1)), q);
   }
-  Value q = div_(b, sub_(b, a, mod), d);
-  q = b.select(fix, sub_(b, q, cst(b, q, 1)), q);
+  Value q = div(b, sub(b, a, mod), d);
+  q = b.select(fix, sub(b, q, cst(b, q, 1)), q);
   Value fq = op1(b, "floor", q);
-  fq = b.select(cmpk(b, sub_(b, q, fq), 0.5, Cmp::GT), add_(b, fq, cst(b, fq, 1)), fq);
-  Value exact = div_(b, a, d);
-  Value res = b.select(cmpk(b, q, 0, Cmp::NE), fq, mul_(b, exact, cst(b, exact, 0)));  // signed zero
+  fq = b.select(cmpk(b, sub(b, q, fq), 0.5, Cmp::GT), add(b, fq, cst(b, fq, 1)), fq);
+  Value exact = div(b, a, d);
+  Value res = b.select(cmpk(b, q, 0, Cmp::NE), fq, mul(b, exact, cst(b, exact, 0)));  // signed zero
   return b.select(cmpk(b, d, 0, Cmp::EQ), exact, res);
 }
 
@@ -179,25 +171,25 @@ std::vector<Value> float_test(Ctx& ctx, bool for_ints, Value (*fn)(Builder&, con
 // ---- Arithmetic ---------------------------------------------------------------
 
 TPU_LOWER(add_rule, "add.Tensor", "add.Scalar") {
-  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return add_(b, x[0], mul_(b, x[2], x[1])); });
+  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return add(b, x[0], mul(b, x[2], x[1])); });
 }
 TPU_LOWER(sub_rule, "sub.Tensor", "sub.Scalar") {
-  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return sub_(b, x[0], mul_(b, x[2], x[1])); });
+  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return sub(b, x[0], mul(b, x[2], x[1])); });
 }
 TPU_LOWER(rsub_rule, "rsub.Tensor", "rsub.Scalar") {
-  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return sub_(b, x[1], mul_(b, x[2], x[0])); });
+  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return sub(b, x[1], mul(b, x[2], x[0])); });
 }
 TPU_LOWER(mul_rule, "mul.Tensor", "mul.Scalar") {
-  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return mul_(b, x[0], x[1]); });
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return mul(b, x[0], x[1]); });
 }
 
 // True division, or rounded by rounding_mode ("trunc", "floor"). Integer outputs
 // only arise with a rounding mode; StableHLO's integer divide truncates.
 TPU_LOWER(div_rule, "div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode") {
   std::string mode = ctx.num_args() > 2 && !ctx.is_none(2) ? ctx.str(2) : "";
-  if (mode.empty()) return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return div_(b, x[0], x[1]); });
+  if (mode.empty()) return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return div(b, x[0], x[1]); });
   if (mode == "trunc")
-    return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return trunc_(b, div_(b, x[0], x[1])); });
+    return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return trunc_(b, div(b, x[0], x[1])); });
   if (mode == "floor") return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return floor_div(b, x[0], x[1]); });
   throw Unsupported("div rounding_mode " + mode);
 }
@@ -224,24 +216,24 @@ TPU_LOWER(abs_rule, "abs") {
 TPU_LOWER(sign_rule, "sign", "sgn") {
   return map(ctx, {0}, [](Builder& b, const Vs& x) {
     DType t = x[0].dtype();
-    return sub_(b, b.convert(cmpk(b, x[0], 0, Cmp::GT), t), b.convert(cmpk(b, x[0], 0, Cmp::LT), t));
+    return sub(b, b.convert(cmpk(b, x[0], 0, Cmp::GT), t), b.convert(cmpk(b, x[0], 0, Cmp::LT), t));
   });
 }
 TPU_LOWER(reciprocal_rule, "reciprocal") {
-  return map(ctx, {0}, [](Builder& b, const Vs& x) { return div_(b, cst(b, x[0], 1), x[0]); });
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return div(b, cst(b, x[0], 1), x[0]); });
 }
 TPU_LOWER(addcmul_rule, "addcmul") {  // self + value * t1 * t2, in PyTorch's order
-  return map(ctx, {0, 1, 2, 3}, [](Builder& b, const Vs& x) { return add_(b, x[0], mul_(b, mul_(b, x[3], x[1]), x[2])); });
+  return map(ctx, {0, 1, 2, 3}, [](Builder& b, const Vs& x) { return add(b, x[0], mul(b, mul(b, x[3], x[1]), x[2])); });
 }
 TPU_LOWER(addcdiv_rule, "addcdiv") {  // self + value * t1 / t2
-  return map(ctx, {0, 1, 2, 3}, [](Builder& b, const Vs& x) { return add_(b, x[0], div_(b, mul_(b, x[3], x[1]), x[2])); });
+  return map(ctx, {0, 1, 2, 3}, [](Builder& b, const Vs& x) { return add(b, x[0], div(b, mul(b, x[3], x[1]), x[2])); });
 }
 // PyTorch's lerp switches formulas at |w| = 0.5 so both ends are exact.
 TPU_LOWER(lerp_rule, "lerp.Scalar", "lerp.Tensor") {
   return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) {
-    Value d = sub_(b, x[1], x[0]);
-    Value lo = add_(b, x[0], mul_(b, x[2], d));
-    Value hi = sub_(b, x[1], mul_(b, d, sub_(b, cst(b, d, 1), x[2])));
+    Value d = sub(b, x[1], x[0]);
+    Value lo = add(b, x[0], mul(b, x[2], d));
+    Value hi = sub(b, x[1], mul(b, d, sub(b, cst(b, d, 1), x[2])));
     return b.select(cmpk(b, op1(b, "abs", x[2]), 0.5, Cmp::LT), lo, hi);
   });
 }
@@ -259,18 +251,18 @@ TPU_LOWER(exp2_rule, "exp2") {  // pow(2, x) keeps full precision, unlike exp(x 
   return map(ctx, {0}, [](Builder& b, const Vs& x) { return op2(b, "power", cst(b, x[0], 2), x[0]); });
 }
 TPU_LOWER(log2_rule, "log2") {
-  return map(ctx, {0}, [](Builder& b, const Vs& x) { return div_(b, op1(b, "log", x[0]), cst(b, x[0], M_LN2)); });
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return div(b, op1(b, "log", x[0]), cst(b, x[0], M_LN2)); });
 }
 TPU_LOWER(log10_rule, "log10") {
-  return map(ctx, {0}, [](Builder& b, const Vs& x) { return div_(b, op1(b, "log", x[0]), cst(b, x[0], M_LN10)); });
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return div(b, op1(b, "log", x[0]), cst(b, x[0], M_LN10)); });
 }
 // Scaled so that a*a + b*b does not overflow or underflow.
 TPU_LOWER(hypot_rule, "hypot") {
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
     Value a = op1(b, "abs", x[0]), c = op1(b, "abs", x[1]);
     Value hi = op2(b, "maximum", a, c), lo = op2(b, "minimum", a, c);
-    Value r = div_(b, lo, hi);
-    Value h = mul_(b, hi, op1(b, "sqrt", add_(b, cst(b, r, 1), mul_(b, r, r))));
+    Value r = div(b, lo, hi);
+    Value h = mul(b, hi, op1(b, "sqrt", add(b, cst(b, r, 1), mul(b, r, r))));
     h = b.select(cmpk(b, hi, 0, Cmp::EQ), hi, h);
     Value inf = or_(b, cmpk(b, a, INFINITY, Cmp::EQ), cmpk(b, c, INFINITY, Cmp::EQ));
     return b.select(inf, cst(b, h, INFINITY), h);
@@ -279,11 +271,11 @@ TPU_LOWER(hypot_rule, "hypot") {
 // max + log1p(exp(-|a - b|)); equal infinities would make NaN, so they pass through.
 static Value logaddexp_(Builder& b, const Value& x, const Value& y, bool base2) {
   Value m = op2(b, "maximum", x, y);
-  Value d = op1(b, "negate", op1(b, "abs", sub_(b, x, y)));
-  Value r = base2 ? div_(b, op1(b, "log_plus_one", op2(b, "power", cst(b, d, 2), d)), cst(b, d, M_LN2))
+  Value d = op1(b, "negate", op1(b, "abs", sub(b, x, y)));
+  Value r = base2 ? div(b, op1(b, "log_plus_one", op2(b, "power", cst(b, d, 2), d)), cst(b, d, M_LN2))
                   : op1(b, "log_plus_one", op1(b, "exponential", d));
   Value same_inf = and_(b, cmp(b, x, y, Cmp::EQ), cmpk(b, op1(b, "abs", x), INFINITY, Cmp::EQ));
-  return b.select(same_inf, x, add_(b, m, r));
+  return b.select(same_inf, x, add(b, m, r));
 }
 TPU_LOWER(logaddexp_rule, "logaddexp") {
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return logaddexp_(b, x[0], x[1], false); });
@@ -294,7 +286,7 @@ TPU_LOWER(logaddexp2_rule, "logaddexp2") {
 // x * log(y), defined as 0 where x == 0 unless y is NaN.
 TPU_LOWER(xlogy_rule, "xlogy.Tensor", "xlogy.Scalar_Self", "xlogy.Scalar_Other") {
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
-    Value r = mul_(b, x[0], op1(b, "log", x[1]));
+    Value r = mul(b, x[0], op1(b, "log", x[1]));
     r = b.select(cmpk(b, x[0], 0, Cmp::EQ), cst(b, r, 0), r);
     return b.select(isnan_(b, x[1]), x[1], r);
   });
@@ -308,7 +300,7 @@ TPU_LOWER(logit_rule, "logit") {
     Value z = x[0];
     auto bound = [&](double v) { return b.convert(b.convert(cst(b, z, v), ot), z.dtype()); };
     if (eps >= 0) z = op2(b, "minimum", op2(b, "maximum", z, bound(eps)), bound(1 - eps));
-    return op1(b, "log", div_(b, z, sub_(b, cst(b, z, 1), z)));
+    return op1(b, "log", div(b, z, sub(b, cst(b, z, 1), z)));
   });
 }
 TPU_LOWER(erf_rule, "erf") { return map(ctx, {0}, [](Builder& b, const Vs& x) { return erf(b, x[0]); }); }
@@ -326,7 +318,7 @@ TPU_LOWER(atan2_rule, "atan2") {
 // sqrt(1 - x^2) as sqrt((1 - x)(1 + x)): no cancellation near |x| = 1; NaN beyond.
 static Value cos_of_asin(Builder& b, const Value& x) {
   Value one = cst(b, x, 1);
-  return op1(b, "sqrt", mul_(b, sub_(b, one, x), add_(b, one, x)));
+  return op1(b, "sqrt", mul(b, sub(b, one, x), add(b, one, x)));
 }
 TPU_LOWER(asin_rule, "asin") {
   return map(ctx, {0}, [](Builder& b, const Vs& x) { return op2(b, "atan2", x[0], cos_of_asin(b, x[0])); });
@@ -343,9 +335,9 @@ TPU_LOWER(sinh_rule, "sinh") {
   return map(ctx, {0}, [](Builder& b, const Vs& x) {
     Value a = op1(b, "abs", x[0]), half = cst(b, a, 0.5);
     Value e = op1(b, "exponential_minus_one", a);
-    Value small = mul_(b, half, add_(b, e, div_(b, e, add_(b, e, cst(b, e, 1)))));
-    Value h = op1(b, "exponential", mul_(b, half, a));
-    Value s = b.select(cmpk(b, a, 20, Cmp::LT), small, mul_(b, mul_(b, half, h), h));
+    Value small = mul(b, half, add(b, e, div(b, e, add(b, e, cst(b, e, 1)))));
+    Value h = op1(b, "exponential", mul(b, half, a));
+    Value s = b.select(cmpk(b, a, 20, Cmp::LT), small, mul(b, mul(b, half, h), h));
     return b.select(signbit_(b, x[0]), op1(b, "negate", s), s);
   });
 }
@@ -353,18 +345,18 @@ TPU_LOWER(cosh_rule, "cosh") {
   return map(ctx, {0}, [](Builder& b, const Vs& x) {
     Value a = op1(b, "abs", x[0]), half = cst(b, a, 0.5);
     Value e = op1(b, "exponential", a);
-    Value small = mul_(b, half, add_(b, e, div_(b, cst(b, e, 1), e)));
-    Value h = op1(b, "exponential", mul_(b, half, a));
-    return b.select(cmpk(b, a, 20, Cmp::LT), small, mul_(b, mul_(b, half, h), h));
+    Value small = mul(b, half, add(b, e, div(b, cst(b, e, 1), e)));
+    Value h = op1(b, "exponential", mul(b, half, a));
+    return b.select(cmpk(b, a, 20, Cmp::LT), small, mul(b, mul(b, half, h), h));
   });
 }
 // asinh |x| = log1p(a + a^2 / (1 + sqrt(1 + a^2))); log(2a) once a^2 could overflow.
 TPU_LOWER(asinh_rule, "asinh") {
   return map(ctx, {0}, [](Builder& b, const Vs& x) {
     Value a = op1(b, "abs", x[0]), one = cst(b, a, 1);
-    Value a2 = mul_(b, a, a);
-    Value mid = op1(b, "log_plus_one", add_(b, a, div_(b, a2, add_(b, one, op1(b, "sqrt", add_(b, one, a2))))));
-    Value big = add_(b, op1(b, "log", a), cst(b, a, M_LN2));
+    Value a2 = mul(b, a, a);
+    Value mid = op1(b, "log_plus_one", add(b, a, div(b, a2, add(b, one, op1(b, "sqrt", add(b, one, a2))))));
+    Value big = add(b, op1(b, "log", a), cst(b, a, M_LN2));
     Value r = b.select(cmpk(b, a, 1e4, Cmp::GT), big, mid);
     return b.select(signbit_(b, x[0]), op1(b, "negate", r), r);
   });
@@ -372,9 +364,9 @@ TPU_LOWER(asinh_rule, "asinh") {
 // acosh x = log1p(t + sqrt(2t + t^2)) with t = x - 1 (exact near 1); NaN below 1.
 TPU_LOWER(acosh_rule, "acosh") {
   return map(ctx, {0}, [](Builder& b, const Vs& x) {
-    Value t = sub_(b, x[0], cst(b, x[0], 1));
-    Value mid = op1(b, "log_plus_one", add_(b, t, op1(b, "sqrt", mul_(b, t, add_(b, t, cst(b, t, 2))))));
-    Value big = add_(b, op1(b, "log", x[0]), cst(b, t, M_LN2));
+    Value t = sub(b, x[0], cst(b, x[0], 1));
+    Value mid = op1(b, "log_plus_one", add(b, t, op1(b, "sqrt", mul(b, t, add(b, t, cst(b, t, 2))))));
+    Value big = add(b, op1(b, "log", x[0]), cst(b, t, M_LN2));
     Value r = b.select(cmpk(b, x[0], 1e4, Cmp::GT), big, mid);
     return b.select(cmpk(b, x[0], 1, Cmp::LT), cst(b, r, NAN), r);  // t (t + 2) overflows below -1e19
   });
@@ -384,16 +376,16 @@ TPU_LOWER(acosh_rule, "acosh") {
 TPU_LOWER(atanh_rule, "atanh") {
   return map(ctx, {0}, [](Builder& b, const Vs& x) {
     Value a = op1(b, "abs", x[0]);
-    Value q = div_(b, mul_(b, cst(b, a, 2), a), sub_(b, cst(b, a, 1), a));
-    Value r = mul_(b, cst(b, q, 0.5), op1(b, "log_plus_one", q));
+    Value q = div(b, mul(b, cst(b, a, 2), a), sub(b, cst(b, a, 1), a));
+    Value r = mul(b, cst(b, q, 0.5), op1(b, "log_plus_one", q));
     return b.select(signbit_(b, x[0]), op1(b, "negate", r), r);
   });
 }
 TPU_LOWER(deg2rad_rule, "deg2rad") {
-  return map(ctx, {0}, [](Builder& b, const Vs& x) { return mul_(b, x[0], cst(b, x[0], M_PI / 180)); });
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return mul(b, x[0], cst(b, x[0], M_PI / 180)); });
 }
 TPU_LOWER(rad2deg_rule, "rad2deg") {
-  return map(ctx, {0}, [](Builder& b, const Vs& x) { return mul_(b, x[0], cst(b, x[0], 180 / M_PI)); });
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return mul(b, x[0], cst(b, x[0], 180 / M_PI)); });
 }
 
 // ---- Rounding ------------------------------------------------------------------
@@ -408,13 +400,13 @@ TPU_LOWER(round_decimals_rule, "round.decimals") {
   return map(ctx, {0}, [d](Builder& b, const Vs& x) {
     if (!flt(x[0]) || d == 0) return flt(x[0]) ? op1(b, "round_nearest_even", x[0]) : x[0];
     Value p = cst(b, x[0], std::pow(10.0, static_cast<double>(d > 0 ? d : -d)));
-    if (d > 0) return div_(b, op1(b, "round_nearest_even", mul_(b, x[0], p)), p);
-    return mul_(b, op1(b, "round_nearest_even", div_(b, x[0], p)), p);
+    if (d > 0) return div(b, op1(b, "round_nearest_even", mul(b, x[0], p)), p);
+    return mul(b, op1(b, "round_nearest_even", div(b, x[0], p)), p);
   });
 }
 TPU_LOWER(trunc_rule, "trunc") { return map(ctx, {0}, [](Builder& b, const Vs& x) { return trunc_(b, x[0]); }); }
 TPU_LOWER(frac_rule, "frac") {
-  return map(ctx, {0}, [](Builder& b, const Vs& x) { return sub_(b, x[0], trunc_(b, x[0])); });
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return sub(b, x[0], trunc_(b, x[0])); });
 }
 
 // ---- Min / max / clamp ---------------------------------------------------------

@@ -5,24 +5,14 @@
 #include <cstdint>
 #include <limits>
 
-#include "lowering/helpers.h"
+#include "lowering/elementwise.h"
 
 namespace tpu::lowering {
 using ir::Cmp;
 
-// Defined in elementwise.cpp.
-namespace ew {
-Value cst(Builder& b, const Value& like, double v);
-Value op1(Builder& b, const char* op, const Value& x);
-Value op2(Builder& b, const char* op, const Value& x, const Value& y);
-DType math_type(DType t);
-}  // namespace ew
 using namespace ew;
 
 namespace {
-Value mul_(Builder& b, const Value& x, const Value& y) { return op2(b, "multiply", x, y); }
-Value add_(Builder& b, const Value& x, const Value& y) { return op2(b, "add", x, y); }
-Value sub_(Builder& b, const Value& x, const Value& y) { return op2(b, "subtract", x, y); }
 
 // Precision of the uniform floats made for dtype t: its significand bits, so that
 // every sample is exact in t and [0, 1) stays half-open after the final cast.
@@ -46,7 +36,7 @@ std::vector<Value> uniforms(Ctx& ctx, DType t, const Shape& s, int n = 1) {
   bs.insert(bs.begin(), n);
   Value bits = ctx.random_bits(Type{ut, bs});
   bits = op2(b, "shift_right_logical", bits, b.constant(width - d, ut, bs));
-  Value u = mul_(b, b.convert(bits, ft), b.constant(std::ldexp(1.0, -d), ft, bs));
+  Value u = mul(b, b.convert(bits, ft), b.constant(std::ldexp(1.0, -d), ft, bs));
   std::vector<Value> out;
   Shape lim = bs, start(bs.size(), 0), step(bs.size(), 1);
   for (int i = 0; i < n; ++i) {
@@ -65,9 +55,9 @@ DType fine_type(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 Value standard_normal(Ctx& ctx, DType t, const Shape& s) {
   Builder& b = ctx.b;
   auto u = uniforms(ctx, fine_type(t), s, 2);
-  Value u1 = sub_(b, cst(b, u[0], 1), u[0]);
-  Value r = op1(b, "sqrt", mul_(b, cst(b, u1, -2), op1(b, "log", u1)));
-  return mul_(b, r, op1(b, "cosine", mul_(b, cst(b, u[1], 2 * M_PI), u[1])));
+  Value u1 = sub(b, cst(b, u[0], 1), u[0]);
+  Value r = op1(b, "sqrt", mul(b, cst(b, u1, -2), op1(b, "log", u1)));
+  return mul(b, r, op1(b, "cosine", mul(b, cst(b, u[1], 2 * M_PI), u[1])));
 }
 
 // Float arg i (or a Tensor there, for normal.Tensor_*) as dtype t shaped s.
@@ -96,7 +86,7 @@ Value random_range(Ctx& ctx, int64_t lo, uint64_t range) {
     bits = op2(b, "remainder", bits, r);
   }
   Value v = b.bitcast(b.convert(bits, DType::U64), DType::I64);  // wraps like PyTorch's int64 math
-  v = add_(b, v, b.bitcast(u64(b, static_cast<uint64_t>(lo), o.shape), DType::I64));
+  v = add(b, v, b.bitcast(u64(b, static_cast<uint64_t>(lo), o.shape), DType::I64));
   return b.convert(v, o.dtype);
 }
 
@@ -121,7 +111,7 @@ TPU_LOWER(uniform_rule, "uniform_", "uniform") {  // from + u * (to - from)
   Builder& b = ctx.b;
   Value u = uniform(ctx, o.dtype, o.shape);
   double lo = ctx.f_or(1, 0), hi = ctx.f_or(2, 1);
-  return {b.convert(add_(b, cst(b, u, lo), mul_(b, u, cst(b, u, hi - lo))), o.dtype)};
+  return {b.convert(add(b, cst(b, u, lo), mul(b, u, cst(b, u, hi - lo))), o.dtype)};
 }
 // mean + std * z, with mean/std (floats or tensors) at args `at` and `at + 1`.
 static std::vector<Value> normal(Ctx& ctx, int at) {
@@ -131,7 +121,7 @@ static std::vector<Value> normal(Ctx& ctx, int at) {
   Value z = standard_normal(ctx, o.dtype, o.shape);
   Value mean = ctx.is_none(at) ? cst(b, z, 0) : float_arg(ctx, at, t, o.shape);
   Value std = ctx.is_none(at + 1) ? cst(b, z, 1) : float_arg(ctx, at + 1, t, o.shape);
-  return {b.convert(add_(b, mean, mul_(b, std, z)), o.dtype)};
+  return {b.convert(add(b, mean, mul(b, std, z)), o.dtype)};
 }
 TPU_LOWER(normal_rule, "normal_", "normal_functional") { return normal(ctx, 1); }
 TPU_LOWER(normal_tensor_rule, "normal.Tensor_float", "normal.float_Tensor", "normal.Tensor_Tensor") {
@@ -141,29 +131,29 @@ TPU_LOWER(log_normal_rule, "log_normal_", "log_normal") {
   Type o = float_out(ctx);
   Builder& b = ctx.b;
   Value z = standard_normal(ctx, o.dtype, o.shape);
-  Value y = add_(b, cst(b, z, ctx.f_or(1, 1)), mul_(b, cst(b, z, ctx.f_or(2, 2)), z));
+  Value y = add(b, cst(b, z, ctx.f_or(1, 1)), mul(b, cst(b, z, ctx.f_or(2, 2)), z));
   return {b.convert(op1(b, "exponential", y), o.dtype)};
 }
 TPU_LOWER(exponential_rule, "exponential_", "exponential") {  // -log(1 - u) / lambda
   Type o = float_out(ctx);
   Builder& b = ctx.b;
   Value u = uniform(ctx, fine_type(o.dtype), o.shape);
-  Value y = op1(b, "log", sub_(b, cst(b, u, 1), u));
+  Value y = op1(b, "log", sub(b, cst(b, u, 1), u));
   return {b.convert(op2(b, "divide", y, cst(b, y, -ctx.f_or(1, 1))), o.dtype)};
 }
 TPU_LOWER(cauchy_rule, "cauchy_", "cauchy") {  // median + sigma * tan(pi (u - 1/2))
   Type o = float_out(ctx);
   Builder& b = ctx.b;
   Value u = uniform(ctx, fine_type(o.dtype), o.shape);
-  Value t = op1(b, "tan", mul_(b, cst(b, u, M_PI), sub_(b, u, cst(b, u, 0.5))));
-  return {b.convert(add_(b, cst(b, t, ctx.f_or(1, 0)), mul_(b, cst(b, t, ctx.f_or(2, 1)), t)), o.dtype)};
+  Value t = op1(b, "tan", mul(b, cst(b, u, M_PI), sub(b, u, cst(b, u, 0.5))));
+  return {b.convert(add(b, cst(b, t, ctx.f_or(1, 0)), mul(b, cst(b, t, ctx.f_or(2, 1)), t)), o.dtype)};
 }
 // Trials until the first success: ceil(log(1 - u) / log(1 - p)), at least 1.
 TPU_LOWER(geometric_rule, "geometric_", "geometric") {
   Type o = ctx.out(0);
   Builder& b = ctx.b;
   Value u = uniform(ctx, fine_type(o.dtype), o.shape);
-  Value q = op2(b, "divide", op1(b, "log", sub_(b, cst(b, u, 1), u)), cst(b, u, std::log1p(-ctx.f(1))));
+  Value q = op2(b, "divide", op1(b, "log", sub(b, cst(b, u, 1), u)), cst(b, u, std::log1p(-ctx.f(1))));
   return {b.convert(op2(b, "maximum", op1(b, "ceil", q), cst(b, q, 1)), o.dtype)};
 }
 
@@ -210,7 +200,7 @@ TPU_LOWER(native_dropout_rule, "native_dropout") {
   DType t = math_type(o.dtype);
   Value keep = b.compare(uniform(ctx, DType::F32, o.shape), b.constant(1 - p, DType::F32, o.shape), Cmp::LT);
   double scale = p < 1 ? 1 / (1 - p) : 0;
-  Value y = mul_(b, mul_(b, b.convert(x, t), b.convert(keep, t)), b.constant(scale, t, o.shape));
+  Value y = mul(b, mul(b, b.convert(x, t), b.convert(keep, t)), b.constant(scale, t, o.shape));
   return {b.convert(y, o.dtype), b.convert(keep, mo.dtype)};
 }
 TPU_LOWER(native_dropout_backward_rule, "native_dropout_backward") {  // grad * mask * scale
@@ -218,7 +208,7 @@ TPU_LOWER(native_dropout_backward_rule, "native_dropout_backward") {  // grad * 
   Type o = ctx.out(0);
   DType t = math_type(o.dtype);
   Value g = coerce(b, ctx.in(0), t, o.shape), m = coerce(b, ctx.in(1), t, o.shape);
-  return {b.convert(mul_(b, mul_(b, g, m), b.constant(ctx.f(2), t, o.shape)), o.dtype)};
+  return {b.convert(mul(b, mul(b, g, m), b.constant(ctx.f(2), t, o.shape)), o.dtype)};
 }
 
 }  // namespace tpu::lowering

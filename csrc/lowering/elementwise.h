@@ -1,0 +1,27 @@
+// Building blocks of the elementwise-style rule files (elementwise, activation,
+// random): math in the output's math dtype, operands broadcast to the output.
+#pragma once
+#include <functional>
+
+#include "lowering/helpers.h"
+
+namespace tpu::lowering::ew {
+
+using Vs = std::vector<Value>;
+using MapFn = std::function<Value(Builder&, const Vs&)>;
+
+Value cst(Builder& b, const Value& like, double v);                        // constant like `like`
+Value op1(Builder& b, const char* op, const Value& x);                     // "exponential" ...
+Value op2(Builder& b, const char* op, const Value& x, const Value& y);     // "maximum" ...
+Value cmp(Builder& b, const Value& x, const Value& y, ir::Cmp c);
+Value cmpk(Builder& b, const Value& x, double k, ir::Cmp c);
+// f16/bf16 compute in f32; bool arithmetic in i32.
+DType math_type(DType t);
+// Argument i (Tensor or Scalar) as dtype t broadcast to `shape`.
+Value operand(Ctx& ctx, int i, DType t, const Shape& shape);
+// fn over arguments `idx` in the output's math dtype, cast to the output dtype.
+std::vector<Value> map(Ctx& ctx, const std::vector<int>& idx, const MapFn& fn);
+Value erf(Builder& b, const Value& x);
+Value erfc(Builder& b, const Value& x);
+
+}  // namespace tpu::lowering::ew
