@@ -30,6 +30,36 @@ def run_python(code: str, env=None, timeout=300):
                           env=e, timeout=timeout, cwd=ROOT)
 
 
+def dev(v):
+    """Tensors (also inside lists/tuples) copied to tpu."""
+    if isinstance(v, torch.Tensor):
+        return v.to("tpu")
+    if isinstance(v, (list, tuple)):
+        return type(v)(dev(x) for x in v)
+    return v
+
+
+def host(v):
+    """Tensors (also inside lists/tuples) copied back to the CPU."""
+    if isinstance(v, torch.Tensor):
+        return v.cpu()
+    if isinstance(v, (list, tuple)):
+        return type(v)(host(x) for x in v)
+    return v
+
+
+def check(fn, *args, **kw):
+    """fn on CPU args vs fn on tpu copies: same dtype and shape, close values (NaN == NaN)."""
+    opts = dict(equal_nan=True)
+    opts.update(kw)
+    want = fn(*args)
+    got = host(fn(*dev(args)))
+    if isinstance(want, tuple):  # named tuples (max.dim, sort, ...) compare as plain tuples
+        want, got = tuple(want), tuple(got)
+    torch.testing.assert_close(got, want, **opts)
+    return got
+
+
 @pytest.fixture
 def tpu():
     return torch.device("tpu")

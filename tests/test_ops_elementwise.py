@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
-from conftest import no_fallbacks, run_python
+from conftest import check, dev, host, no_fallbacks, run_python
 
 DEV = "tpu"
 INF, NAN = math.inf, math.nan
@@ -43,32 +43,6 @@ def ints(shape=(8, 16), lo=-50, hi=50, seed=0, dtype=torch.int64, nonzero=False)
 
 def tol(dtype):
     return dict(rtol=2e-2, atol=2e-2) if dtype in (torch.bfloat16, torch.float16) else {}
-
-
-def dev(v):
-    if isinstance(v, torch.Tensor):
-        return v.to(DEV)
-    if isinstance(v, (list, tuple)):
-        return type(v)(dev(x) for x in v)
-    return v
-
-
-def host(v):
-    if isinstance(v, torch.Tensor):
-        return v.cpu()
-    if isinstance(v, (list, tuple)):
-        return type(v)(host(x) for x in v)
-    return v
-
-
-def check(fn, *args, **kw):
-    """fn on CPU args vs fn on tpu copies: same dtype, close values (NaN == NaN)."""
-    opts = dict(equal_nan=True)
-    opts.update(kw)
-    want = fn(*args)
-    got = host(fn(*dev(args)))
-    torch.testing.assert_close(got, want, **opts)
-    return got
 
 
 # ---- unary math -----------------------------------------------------------------

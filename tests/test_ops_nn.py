@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
-from conftest import no_fallbacks
+from conftest import check, dev, host, no_fallbacks
 
 DEV = "tpu"
 NAN = math.nan
@@ -47,34 +47,6 @@ def randn(*shape, seed=0, dtype=torch.float32):
 
 def randint(lo, hi, *shape, seed=0, dtype=torch.int64):
     return torch.randint(lo, hi, shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-
-
-def dev(v):
-    if isinstance(v, torch.Tensor):
-        return v.to(DEV)
-    if isinstance(v, (list, tuple)):
-        return type(v)(dev(x) for x in v)
-    return v
-
-
-def host(v):
-    if isinstance(v, torch.Tensor):
-        return v.cpu()
-    if isinstance(v, (list, tuple)):
-        return type(v)(host(x) for x in v)
-    return v
-
-
-def check(fn, *args, **kw):
-    """fn on CPU args vs fn on tpu copies: same dtype and shape, close values (NaN == NaN)."""
-    opts = dict(equal_nan=True)
-    opts.update(kw)
-    want = fn(*args)
-    got = host(fn(*dev(args)))
-    if isinstance(want, tuple):  # named tuples (max.dim, sort, ...) compare as plain tuples
-        want, got = tuple(want), tuple(got)
-    torch.testing.assert_close(got, want, **opts)
-    return got
 
 
 def check_grad(fn, *args, wrt=None, **kw):
