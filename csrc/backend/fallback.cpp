@@ -41,6 +41,4 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&boxed_fallback>());
 }
 
-void register_fallback() {}
-
 }  // namespace tpu::backend

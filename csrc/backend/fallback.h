@@ -11,5 +11,4 @@ namespace tpu::backend {
 // TPU_FALLBACK=error turns it into an error naming the op.
 void run_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                   const std::string& reason = "");
-void register_fallback();
 }  // namespace tpu::backend

@@ -173,10 +173,11 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   if (self.numel() == 0) return self;
   return guarded([&]() -> at::Tensor& {
     if (self.is_privateuseone() && src.is_cpu()) {
-      DType dt = device_dtype(self.scalar_type(), "copy_");
-      at::Tensor host = src.to(self.scalar_type()).contiguous();
+      // Sent as it is; the device program casts and broadcasts.
+      at::Tensor host = src.contiguous();
+      DType st = device_dtype(host.scalar_type(), "copy_");
       std::vector<int64_t> dims(host.sizes().begin(), host.sizes().end());
-      auto buf = runtime::Client::get().from_host(host.data_ptr(), dt, dims, device_index(self));
+      auto buf = runtime::Client::get().from_host(host.data_ptr(), st, dims, device_index(self));
       assign(self, buf);
     } else if (self.is_cpu() && src.is_privateuseone()) {
       auto buf = dense_buffer(src);

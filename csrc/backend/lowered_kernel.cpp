@@ -32,7 +32,6 @@ struct OpInfo {
   const lowering::Rule* rule = nullptr;
   int num_args = 0;
   std::vector<int> mutated;      // written args, in schema order
-  std::vector<bool> is_input;    // args the rule sees (all but out= args)
   std::vector<bool> is_scalar;   // `Scalar` / `Scalar[]` args: runtime operands
   int generator_arg = -1;
   bool is_out = false;
@@ -567,6 +566,7 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
     metrics().signature_hits += 1;
   } else {
     metrics().signature_misses += 1;
+    std::vector<int> ret_counts;
     if (!info.is_out) {
       std::vector<IValue> margs, mrets;
       try {
@@ -582,18 +582,16 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
         return;
       }
       if (info.mutated.empty()) {
-        for (auto& r : mrets) append_outs(r, meta_outs);
+        for (auto& r : mrets) {
+          append_outs(r, meta_outs);
+          ret_counts.push_back(r.isTensorList() ? static_cast<int>(r.toTensorList().size()) : 1);
+        }
       } else {
         for (int a : info.mutated) append_outs(margs[a], meta_outs);
       }
-      if (info.mutated.empty()) {
-        std::vector<int> counts;
-        for (auto& r : mrets) counts.push_back(r.isTensorList() ? r.toTensorList().size() : 1);
-        plan = build_plan(op, info, args, k, meta_outs);
-        plan->ret_counts = counts;
-      }
     }
-    if (!plan) plan = build_plan(op, info, args, k, meta_outs);
+    plan = build_plan(op, info, args, k, meta_outs);
+    plan->ret_counts = std::move(ret_counts);
     std::lock_guard<std::mutex> lock(g_plans_mu);
     g_plans.emplace(key, plan);
   }
@@ -731,7 +729,6 @@ int register_lowered_kernels() {
       bool out = write && a.kwarg_only();
       if (write) info.mutated.push_back(static_cast<int>(i));
       if (out) info.is_out = true;
-      info.is_input.push_back(!out);
       info.is_scalar.push_back(is_number_type(a.type()));
       if (a.type()->kind() == c10::TypeKind::OptionalType &&
           a.type()->cast<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)

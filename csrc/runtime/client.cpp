@@ -220,14 +220,15 @@ Client::Client() {
     stats_.push_back(std::make_unique<DeviceStats>());
   }
   if (devices_.empty()) throw Error("torch_tpu: the PJRT plugin exposes no devices", 5);
+  for (size_t i = 0; i < devices_.size(); ++i) capacity_.push_back(device_capacity(static_cast<int>(i)));
 }
 
 std::pair<int, int> Client::api_version() const {
   return {api_->pjrt_api_version.major_version, api_->pjrt_api_version.minor_version};
 }
 
-int64_t Client::memory_limit(int device) {
-  if (memory_limit_override_ > 0) return memory_limit_override_;
+// Read once per device at start-up: the limit is checked on every launch.
+int64_t Client::device_capacity(int device) const {
   if (const char* s = std::getenv("TPU_MEMORY_LIMIT")) {
     int64_t v = std::atoll(s);
     if (v > 0) return v;
@@ -242,6 +243,11 @@ int64_t Client::memory_limit(int device) {
     api_->PJRT_Error_Destroy(&d);
   }
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+}
+
+int64_t Client::memory_limit(int device) {
+  if (memory_limit_override_ > 0) return memory_limit_override_;
+  return capacity_.at(device);
 }
 
 static void check_capacity(Client& c, int device, int64_t extra, const std::string& what) {

@@ -134,6 +134,7 @@ class Client {
   void track_event(PJRT_Event* ev, int device, const std::string& op);
   void reap(bool all, int device);
   void await_event(PJRT_Event* ev, const std::string& what);
+  int64_t device_capacity(int device) const;
 
   const PJRT_Api* api_ = nullptr;
   PJRT_Client* client_ = nullptr;
@@ -143,6 +144,7 @@ class Client {
   std::string plugin_path_;
   Counters counters_;
   int64_t memory_limit_override_ = 0;
+  std::vector<int64_t> capacity_;  // per device
 
   struct Pending {
     PJRT_Event* event;
