@@ -640,3 +640,11 @@ def test_scalars_are_runtime_operands():
         if i == 1:
             before = torch_tpu.metrics()["compiles"]
     assert torch_tpu.metrics()["compiles"] == before
+
+
+def test_foreach_max_and_inf_norm_propagate_nan():
+    xs = [torch.tensor([1.0, float("nan"), 3.0]), torch.tensor([-2.0, 5.0])]
+    got = [t.cpu() for t in torch._foreach_max([x.to("tpu") for x in xs])]
+    torch.testing.assert_close(got, list(torch._foreach_max(xs)), equal_nan=True)
+    got = [t.cpu() for t in torch._foreach_norm([x.to("tpu") for x in xs], float("inf"))]
+    torch.testing.assert_close(got, list(torch._foreach_norm(xs, float("inf"))), equal_nan=True)

@@ -139,11 +139,24 @@ DType acc_type(DType t) { return (t == DType::F16 || t == DType::BF16) ? DType::
 Value reduce_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
   return b.reduce(x, b.constant(0, x.dtype()), dims, "stablehlo.add");
 }
+// max/min that propagate NaN like PyTorch (XLA:CPU's reduce may drop it).
+static Value reduce_extreme(Builder& b, const Value& x, const std::vector<int64_t>& dims,
+                            const char* op, double init) {
+  bool fp = is_float(x.dtype());
+  return b.reduce({x}, {b.constant(init, x.dtype())}, dims, [&](Builder& r, const std::vector<Value>& a) {
+    Value m = r.binary(op, a[0], a[1]);
+    if (fp) {
+      m = r.select(r.compare(a[1], a[1], ir::Cmp::NE), a[1], m);
+      m = r.select(r.compare(a[0], a[0], ir::Cmp::NE), a[0], m);
+    }
+    return std::vector<Value>{m};
+  })[0];
+}
 Value reduce_max(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
-  return b.reduce(x, b.constant(lowest(x.dtype()), x.dtype()), dims, "stablehlo.maximum");
+  return reduce_extreme(b, x, dims, "stablehlo.maximum", lowest(x.dtype()));
 }
 Value reduce_min(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
-  return b.reduce(x, b.constant(highest(x.dtype()), x.dtype()), dims, "stablehlo.minimum");
+  return reduce_extreme(b, x, dims, "stablehlo.minimum", highest(x.dtype()));
 }
 
 Value add(Builder& b, const Value& x, const Value& y) { return b.binary("stablehlo.add", x, y); }
