@@ -412,8 +412,6 @@ std::string Builder::finish(const std::vector<Value>& results) {
   m << "module @torch_tpu {\n  func.func public @main(";
   for (size_t i = 0; i < params_.size(); ++i) {
     m << (i ? ", " : "") << "%arg" << i << ": " << params_[i].str();
-    for (auto& [p, o] : aliases_)
-      if (p == static_cast<int>(i)) m << " {tf.aliasing_output = " << o << " : i32}";
   }
   m << ") -> (";
   for (size_t i = 0; i < results.size(); ++i) m << (i ? ", " : "") << results[i].type.str();

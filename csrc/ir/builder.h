@@ -42,8 +42,6 @@ class Builder {
   // Function parameters, in the order the caller passes buffers.
   Value param(const Type& t);
   int num_params() const { return static_cast<int>(params_.size()); }
-  // Marks parameter `i` as donated to result `out` (the runtime may reuse its buffer).
-  void alias_param(int i, int out) { aliases_.push_back({i, out}); }
 
   // Elementwise. Operands of binary ops must already share shape and dtype.
   Value unary(const std::string& op, const Value& x);
@@ -107,7 +105,6 @@ class Builder {
   void emit_region(const std::vector<Type>& arg_types, const RegionFn& fn);
 
   std::vector<Type> params_;
-  std::vector<std::pair<int, int>> aliases_;
   std::ostringstream body_;
   int next_ = 0;
   int depth_ = 1;

@@ -360,7 +360,7 @@ ExecutablePtr Client::compile(const std::string& mlir, const std::string& name) 
 }
 
 std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<Buffer*>& args,
-                                       int device, const std::vector<bool>& donate, bool wait) {
+                                       int device, bool wait) {
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     if (!deferred_error_.empty()) {
@@ -375,9 +375,8 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
 
   std::vector<PJRT_Buffer*> raw(args.size());
   for (size_t i = 0; i < args.size(); ++i) raw[i] = args[i]->raw();
-  std::vector<int64_t> keep;  // inputs the program may not reuse
-  for (size_t i = 0; i < args.size(); ++i)
-    if (i >= donate.size() || !donate[i]) keep.push_back(static_cast<int64_t>(i));
+  std::vector<int64_t> keep(args.size());  // inputs the program may not reuse: all
+  for (size_t i = 0; i < args.size(); ++i) keep[i] = static_cast<int64_t>(i);
   std::vector<PJRT_Buffer*> outs(exe.num_outputs(), nullptr);
   PJRT_Buffer* const* arg_lists[1] = {raw.data()};
   PJRT_Buffer** out_lists[1] = {outs.data()};

@@ -113,9 +113,9 @@ class Client {
 
   ExecutablePtr compile(const std::string& mlir, const std::string& name);
   // Launches asynchronously; returns the outputs. With `wait` it blocks until done
-  // and raises any execution error here.
+  // and raises any execution error here. No input is donated.
   std::vector<BufferPtr> execute(const Executable& exe, const std::vector<Buffer*>& args,
-                                 int device, const std::vector<bool>& donate, bool wait);
+                                 int device, bool wait);
   // Waits for every launched execution on `device` (-1: all) and raises the first error.
   void synchronize(int device = -1);
 

@@ -47,7 +47,7 @@ static std::vector<runtime::BufferPtr> run_program(const std::string& text,
   auto exe = C().compile(text, "test");
   std::vector<runtime::Buffer*> raw;
   for (auto& a : args) raw.push_back(a.get());
-  return C().execute(*exe, raw, 0, {}, true);
+  return C().execute(*exe, raw, 0, true);
 }
 
 int main() {
