@@ -1,4 +1,5 @@
 """Strict (asynchronous) and Debug (launch-blocking) eager modes."""
+import pytest
 import torch
 
 import torch_tpu
@@ -54,3 +55,27 @@ def test_results_match_across_modes():
     with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING):
         dbg = (a.to("tpu").softmax(-1) @ a.to("tpu")).cpu()
     assert torch.equal(ref, dbg)
+
+
+def test_asynchronous_error_is_raised_at_the_next_sync_with_the_op_name():
+    t, fail = torch_tpu._C._testing_failing_upload([4])
+    y = t * 2                 # launched: waits on the upload
+    fail("DMA failed")        # the device side fails after the launch returned
+    with pytest.raises(RuntimeError, match=r"aten::mul\.Tensor.*DMA failed|DMA failed.*aten::mul"):
+        torch.tpu.synchronize()
+    torch.tpu.synchronize()   # reported once
+    assert (torch.ones(3, device="tpu") * 2).sum().item() == 6.0
+    del y
+
+
+def test_debug_mode_raises_at_the_failing_op():
+    t, fail = torch_tpu._C._testing_failing_upload([4])
+    fail("DMA failed")
+    with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING):
+        with pytest.raises(RuntimeError, match=r"aten::add\.Tensor.*DMA failed"):
+            t + 1
+        assert (torch.ones(3, device="tpu") + 1).sum().item() == 6.0
+
+
+def test_devices_list_their_memories():
+    assert len(torch_tpu._C.memory_kinds(0)) >= 1

@@ -62,6 +62,18 @@ PYBIND11_MODULE(_C, m) {
     void* ctx = t.storage().data_ptr().get_context();
     return ctx && static_cast<bool>(static_cast<StorageData*>(ctx)->buffer);
   });
+  m.def("memory_kinds", [](int d) { return client().memory_kinds(d); });
+  // Fault injection through the real plugin: a float tensor whose upload has not landed,
+  // and a function that makes that upload fail (programs reading it then fail
+  // asynchronously, as after a failed DMA).
+  m.def("_testing_failing_upload", [](std::vector<int64_t> sizes) {
+    int dev = current_device();
+    std::shared_ptr<runtime::PendingUpload> up =
+        guarded([&] { return client().upload_later(DType::F32, sizes, dev); });
+    at::Tensor t = wrap_buffer(up->buffer(), at::kFloat, sizes, dev);
+    py::cpp_function fail([up](const std::string& msg) { up->fail(msg); });
+    return py::make_tuple(t, fail);
+  });
   m.def("metrics", [] {
     py::dict d;
     Metrics& mt = metrics();

@@ -304,6 +304,86 @@ BufferPtr Client::copy_to_device(const Buffer& b, int device) {
   return std::make_shared<Buffer>(a.dst_buffer, device, b.dtype(), b.dims());
 }
 
+std::unique_ptr<PendingUpload> Client::upload_later(DType dtype, const std::vector<int64_t>& dims,
+                                                   int device) {
+  auto spec = ARGS(PJRT_ShapeSpec);
+  spec.dims = dims.data();
+  spec.num_dims = dims.size();
+  spec.element_type = to_pjrt(dtype);
+  auto mem = ARGS(PJRT_Device_DefaultMemory_Args);
+  mem.device = devices_.at(device);
+  check(api_->PJRT_Device_DefaultMemory(&mem), "PJRT_Device_DefaultMemory");
+  auto a = ARGS(PJRT_Client_CreateBuffersForAsyncHostToDevice_Args);
+  a.client = client_;
+  a.shape_specs = &spec;
+  a.num_shape_specs = 1;
+  a.memory = mem.memory;
+  check(api_->PJRT_Client_CreateBuffersForAsyncHostToDevice(&a), "asynchronous upload");
+  auto r = ARGS(PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer_Args);
+  r.transfer_manager = a.transfer_manager;
+  r.buffer_index = 0;
+  check(api_->PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer(&r), "asynchronous upload");
+  auto b = std::make_shared<Buffer>(r.buffer_out, device, dtype, dims);
+  b->producer = "an asynchronous host-to-device upload";
+  return std::make_unique<PendingUpload>(a.transfer_manager, std::move(b));
+}
+
+void PendingUpload::complete(const void* data, int64_t nbytes) {
+  Client& c = Client::get();
+  auto a = ARGS(PJRT_AsyncHostToDeviceTransferManager_TransferData_Args);
+  a.transfer_manager = mgr_;
+  a.data = data;
+  a.transfer_size = nbytes;
+  a.is_last_transfer = true;
+  c.check(c.api()->PJRT_AsyncHostToDeviceTransferManager_TransferData(&a), "asynchronous upload");
+  if (a.done_with_h2d_transfer) {
+    auto w = ARGS(PJRT_Event_Await_Args);
+    w.event = a.done_with_h2d_transfer;
+    PJRT_Error* err = c.api()->PJRT_Event_Await(&w);
+    auto d = ARGS(PJRT_Event_Destroy_Args);
+    d.event = a.done_with_h2d_transfer;
+    c.api()->PJRT_Event_Destroy(&d);
+    c.check(err, "asynchronous upload");
+  }
+  c.counters().h2d_bytes += nbytes;
+  c.counters().h2d_transfers += 1;
+}
+
+void PendingUpload::fail(const std::string& message) {
+  Client& c = Client::get();
+  auto a = ARGS(PJRT_AsyncHostToDeviceTransferManager_SetBufferError_Args);
+  a.transfer_manager = mgr_;
+  a.error_code = PJRT_Error_Code_INTERNAL;
+  a.error_message = message.data();
+  a.error_message_size = message.size();
+  c.check(c.api()->PJRT_AsyncHostToDeviceTransferManager_SetBufferError(&a), "failing an upload");
+}
+
+PendingUpload::~PendingUpload() {
+  auto a = ARGS(PJRT_AsyncHostToDeviceTransferManager_Destroy_Args);
+  a.transfer_manager = mgr_;
+  Client& c = Client::get();
+  if (PJRT_Error* err = c.api()->PJRT_AsyncHostToDeviceTransferManager_Destroy(&a)) {
+    auto d = ARGS(PJRT_Error_Destroy_Args);
+    d.error = err;
+    c.api()->PJRT_Error_Destroy(&d);
+  }
+}
+
+std::vector<std::string> Client::memory_kinds(int device) const {
+  auto a = ARGS(PJRT_Device_AddressableMemories_Args);
+  a.device = devices_.at(device);
+  check(api_->PJRT_Device_AddressableMemories(&a), "PJRT_Device_AddressableMemories");
+  std::vector<std::string> kinds;
+  for (size_t i = 0; i < a.num_memories; ++i) {
+    auto k = ARGS(PJRT_Memory_Kind_Args);
+    k.memory = a.memories[i];
+    check(api_->PJRT_Memory_Kind(&k), "PJRT_Memory_Kind");
+    kinds.emplace_back(k.kind, k.kind_size);
+  }
+  return kinds;
+}
+
 void Client::await_event(PJRT_Event* ev, const std::string& what) {
   auto a = ARGS(PJRT_Event_Await_Args);
   a.event = ev;

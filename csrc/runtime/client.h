@@ -93,6 +93,21 @@ class Executable {
 };
 using ExecutablePtr = std::shared_ptr<Executable>;
 
+// A buffer whose contents arrive later (an asynchronous host-to-device upload).
+// Programs can consume `buffer()` at once; they run when the data lands, and fail
+// asynchronously if the upload fails.
+class PendingUpload {
+ public:
+  PendingUpload(PJRT_AsyncHostToDeviceTransferManager* m, BufferPtr b) : mgr_(m), buf_(std::move(b)) {}
+  ~PendingUpload();
+  const BufferPtr& buffer() const { return buf_; }
+  void complete(const void* data, int64_t nbytes);
+  void fail(const std::string& message);
+ private:
+  PJRT_AsyncHostToDeviceTransferManager* mgr_;
+  BufferPtr buf_;
+};
+
 class Client {
  public:
   // The process-wide client, created on first use from the chosen plugin.
@@ -110,6 +125,9 @@ class Client {
   // Copies a whole buffer into `dst` (dense row-major); waits for completion.
   void to_host(const Buffer& b, void* dst, size_t nbytes);
   BufferPtr copy_to_device(const Buffer& b, int device);
+  std::unique_ptr<PendingUpload> upload_later(DType dtype, const std::vector<int64_t>& dims, int device);
+  // Kinds of the memories a device can address ("device", "pinned_host", ...).
+  std::vector<std::string> memory_kinds(int device) const;
 
   ExecutablePtr compile(const std::string& mlir, const std::string& name);
   // Launches asynchronously; returns the outputs. With `wait` it blocks until done

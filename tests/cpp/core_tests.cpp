@@ -170,6 +170,60 @@ int main() {
     CHECK(fetch<float>(*keep)[255] == 2.f);
   });
 
+  run("devices list their memories", [] {
+    auto kinds = C().memory_kinds(0);
+    CHECK(!kinds.empty());
+    for (auto& k : kinds) CHECK(!k.empty());
+  });
+
+  // A program that doubles its input, reading a buffer whose upload completes later.
+  auto doubler = [] {
+    Builder b;
+    Value x = b.param(Type{DType::F32, {4}});
+    return C().compile(b.finish({b.binary("stablehlo.add", x, x)}), "aten::add.Tensor(Float[4])");
+  };
+
+  run("an upload that lands after the launch feeds the program", [&] {
+    auto exe = doubler();
+    auto up = C().upload_later(DType::F32, {4}, 0);
+    auto out = C().execute(*exe, {up->buffer().get()}, 0, false);  // waits on the data
+    std::vector<float> v = {1, 2, 3, 4};
+    up->complete(v.data(), 16);
+    CHECK(fetch<float>(*out[0]) == std::vector<float>({2, 4, 6, 8}));
+  });
+
+  run("an asynchronous failure is raised at the next sync, naming the op", [&] {
+    auto exe = doubler();
+    auto up = C().upload_later(DType::F32, {4}, 0);
+    auto out = C().execute(*exe, {up->buffer().get()}, 0, false);  // launch succeeds
+    up->fail("DMA failed");
+    std::string msg;
+    try {
+      C().synchronize();
+    } catch (const runtime::Error& e) {
+      msg = e.what();
+    }
+    CHECK(msg.find("aten::add.Tensor") != std::string::npos);
+    CHECK(msg.find("DMA failed") != std::string::npos);
+    C().synchronize();  // reported once; the client stays usable
+    std::vector<float> ok = {1, 1, 1, 1};
+    auto again = C().execute(*exe, {C().from_host(ok.data(), DType::F32, {4}, 0).get()}, 0, true);
+    CHECK(fetch<float>(*again[0])[0] == 2.f);
+  });
+
+  run("with wait (Debug mode) the failure is raised by the launch itself", [&] {
+    auto exe = doubler();
+    auto up = C().upload_later(DType::F32, {4}, 0);
+    up->fail("DMA failed");
+    bool raised = false;
+    try {
+      C().execute(*exe, {up->buffer().get()}, 0, true);
+    } catch (const runtime::Error& e) {
+      raised = std::string(e.what()).find("aten::add.Tensor") != std::string::npos;
+    }
+    CHECK(raised);
+  });
+
   std::cout << g_passed << " passed, " << g_failed << " failed\n";
   return g_failed ? 1 : 0;
 }
