@@ -19,30 +19,6 @@ namespace {
 
 constexpr c10::DispatchKeySet kTpuKeys(c10::DispatchKey::PrivateUse1);
 
-std::string type_key(const at::Tensor& t) {
-  return mlir_name(device_dtype(t.scalar_type(), "copy")) + geometry_of(t).key() + storage_type(t).str() +
-         (storage_of(t).buffer ? "" : "z");
-}
-
-// A dense buffer holding exactly `t`'s values (its own storage buffer when that fits).
-runtime::BufferPtr dense_buffer(const at::Tensor& t) {
-  StorageData& s = storage_of(t);
-  DType dt = device_dtype(t.scalar_type(), "read");
-  ir::Geometry g = geometry_of(t);
-  if (s.buffer && s.buffer->dtype() == dt && g.covers(s.buffer->dims()) &&
-      s.buffer->dims() == g.sizes)
-    return s.buffer;
-  ir::Type st = storage_type(t);
-  bool has = static_cast<bool>(s.buffer);
-  std::vector<runtime::Buffer*> args;
-  if (has) args.push_back(s.buffer.get());
-  return run_internal("dense:" + type_key(t), [&](ir::Builder& b) {
-    ir::Value src = has ? b.param(st) : b.constant(0, st.dtype, st.shape);
-    if (src.dtype() != dt) src = b.bitcast(src, dt);
-    return b.finish({ir::read_view(b, src, g)});
-  }, args, s.device)[0];
-}
-
 // Writes `value` (broadcastable to dst, any dtype) into dst's view of its storage.
 void assign(const at::Tensor& dst, const runtime::BufferPtr& value) {
   StorageData& s = storage_of(dst);
@@ -58,7 +34,7 @@ void assign(const at::Tensor& dst, const runtime::BufferPtr& value) {
   std::vector<runtime::Buffer*> args{value.get()};
   if (need_old) args.push_back(s.buffer.get());
   ir::Type vt{value->dtype(), value->dims()};
-  std::string key = "assign:" + vt.str() + "->" + type_key(dst);
+  std::string key = "assign:" + vt.str() + "->" + view_key(dst);
   s.buffer = run_internal(key, [&](ir::Builder& b) {
     ir::Value v = b.param(vt);
     // Right-aligned broadcast of the value to the destination's sizes.
@@ -240,7 +216,7 @@ bool is_glue_op(const std::string& name) {
                                 "resize_", "empty.memory_format", "empty_strided", "as_strided",
                                 "view", "_reshape_alias", "unfold", "_local_scalar_dense",
                                 "set_.source_Storage_storage_offset", "set_.source_Tensor",
-                                "set_.source_Storage", "_fused_sdp_choice"};
+                                "set_.source_Storage", "_fused_sdp_choice", "nonzero", "masked_select"};
   for (auto* g : kGlue) if (name == g) return true;
   return false;
 }

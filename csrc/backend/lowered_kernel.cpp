@@ -22,6 +22,7 @@
 
 namespace tpu::backend {
 bool is_glue_op(const std::string& name);  // glue_ops.cpp
+bool redispatch_with_mask_coordinates(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 namespace {
 
 using c10::IValue;
@@ -578,6 +579,7 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
         if (w.find("NotImplementedError") == std::string::npos &&
             w.find("data-independent") == std::string::npos)
           throw;
+        if (redispatch_with_mask_coordinates(op, stack)) return;
         run_fallback(op, stack, "output shape depends on tensor values");
         return;
       }

@@ -73,6 +73,30 @@ runtime::BufferPtr materialized(const at::Tensor& t) {
   return s.buffer;
 }
 
+std::string view_key(const at::Tensor& t) {
+  return mlir_name(device_dtype(t.scalar_type(), "copy")) + geometry_of(t).key() + storage_type(t).str() +
+         (storage_of(t).buffer ? "" : "z");
+}
+
+// A dense buffer holding exactly `t`'s values (its own storage buffer when that fits).
+runtime::BufferPtr dense_buffer(const at::Tensor& t) {
+  StorageData& s = storage_of(t);
+  DType dt = device_dtype(t.scalar_type(), "read");
+  ir::Geometry g = geometry_of(t);
+  if (s.buffer && s.buffer->dtype() == dt && g.covers(s.buffer->dims()) &&
+      s.buffer->dims() == g.sizes)
+    return s.buffer;
+  ir::Type st = storage_type(t);
+  bool has = static_cast<bool>(s.buffer);
+  std::vector<runtime::Buffer*> args;
+  if (has) args.push_back(s.buffer.get());
+  return run_internal("dense:" + view_key(t), [&](ir::Builder& b) {
+    ir::Value src = has ? b.param(st) : b.constant(0, st.dtype, st.shape);
+    if (src.dtype() != dt) src = b.bitcast(src, dt);
+    return b.finish({ir::read_view(b, src, g)});
+  }, args, s.device)[0];
+}
+
 at::Tensor wrap_buffer(runtime::BufferPtr buffer, c10::ScalarType dtype, at::IntArrayRef sizes,
                        int device) {
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));

@@ -24,6 +24,10 @@ ir::Geometry geometry_of(const at::Tensor& t);
 ir::Type storage_type(const at::Tensor& t);
 // The storage's buffer, materializing zeros if nothing was written yet.
 runtime::BufferPtr materialized(const at::Tensor& t);
+// dtype, view and storage layout: what a program reading the tensor depends on.
+std::string view_key(const at::Tensor& t);
+// A dense buffer holding exactly the tensor's values (its storage's buffer when that fits).
+runtime::BufferPtr dense_buffer(const at::Tensor& t);
 // A new contiguous tensor on `device` whose storage holds `buffer`.
 at::Tensor wrap_buffer(runtime::BufferPtr buffer, c10::ScalarType dtype, at::IntArrayRef sizes,
                        int device);
