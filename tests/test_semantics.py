@@ -158,3 +158,40 @@ def test_detach_and_clone_semantics():
 def test_int64_wraps_like_cpu():
     big = torch.tensor([2**62, -(2**62)], dtype=torch.int64)
     same((big.to("tpu") * 4), big * 4)
+
+
+def test_dtype_views_reinterpret_the_storage_bytes():
+    x = torch.tensor([1.0, -2.0, 3.5, 0.25])
+    t = x.to("tpu")
+    with no_fallbacks():
+        same(t.view(torch.int32) + 0, x.view(torch.int32))          # same width
+        same(t.view(torch.uint8) + 0, x.view(torch.uint8))          # narrower
+        same(t.view(torch.float64) * 1, x.view(torch.float64))      # wider
+        t.view(torch.int32)[1] = 0                                  # write through a view
+        t.view(torch.uint8)[0] = 7
+    y = x.clone()
+    y.view(torch.int32)[1] = 0
+    y.view(torch.uint8)[0] = 7
+    same(t, y)
+    b = torch.tensor([True, False, True]).to("tpu")
+    same(b.view(torch.uint8) + 0, torch.tensor([1, 0, 1], dtype=torch.uint8))
+
+
+def test_save_load_and_deepcopy():
+    import copy
+    import io
+    m = torch.nn.Linear(3, 2).to("tpu")
+    mask = torch.tensor([True, False, True], device="tpu")
+    m2 = copy.deepcopy(m)
+    assert m2.weight.device.type == "tpu"
+    same(m2.weight, m.weight.cpu())
+    buf = io.BytesIO()
+    torch.save({"sd": m.state_dict(), "mask": mask, "half": m.weight.half()}, buf)
+    buf.seek(0)
+    back = torch.load(buf)
+    assert back["sd"]["weight"].device.type == "tpu"
+    same(back["sd"]["weight"], m.weight.cpu())
+    same(back["mask"], mask.cpu())
+    same(back["half"], m.weight.cpu().half())
+    buf.seek(0)
+    assert torch.load(buf, map_location="cpu")["sd"]["bias"].device.type == "cpu"

@@ -13,6 +13,7 @@
 #include "backend/executor.h"
 #include "backend/storage.h"
 #include "ir/views.h"
+#include "lowering/helpers.h"
 
 namespace tpu::backend {
 namespace {
@@ -29,32 +30,20 @@ void assign(const at::Tensor& dst, const runtime::BufferPtr& value) {
     s.buffer = value;
     return;
   }
-  bool need_old = !g.covers(st.shape);
-  if (need_old) materialized(dst);
+  // The whole storage rewritten: the old bytes are not needed.
+  bool whole = itemsize(st.dtype) == itemsize(dt) && g.covers(st.shape);
+  if (!whole) materialized(dst);
   std::vector<runtime::Buffer*> args{value.get()};
-  if (need_old) args.push_back(s.buffer.get());
+  if (!whole) args.push_back(s.buffer.get());
   ir::Type vt{value->dtype(), value->dims()};
   std::string key = "assign:" + vt.str() + "->" + view_key(dst);
   s.buffer = run_internal(key, [&](ir::Builder& b) {
-    ir::Value v = b.param(vt);
-    // Right-aligned broadcast of the value to the destination's sizes.
-    size_t off = g.sizes.size() - vt.shape.size();
-    ir::Shape kept;
-    std::vector<int64_t> dims;
-    for (size_t i = 0; i < vt.shape.size(); ++i) {
-      if (vt.shape[i] == 1 && g.sizes[off + i] != 1) continue;
-      kept.push_back(vt.shape[i]);
-      dims.push_back(static_cast<int64_t>(off + i));
-    }
-    v = b.broadcast_in_dim(b.reshape(v, kept), g.sizes, dims);
-    v = b.convert(v, dt);
-    if (!need_old) return b.finish({ir::write_view(b, nullptr, st, g, v)});
-    ir::Value old = b.param(st);
-    if (st.dtype != dt) {
-      ir::Value cur = b.bitcast(old, dt);
-      return b.finish({b.bitcast(ir::write_view(b, &cur, ir::Type{dt, st.shape}, g, v), st.dtype)});
-    }
-    return b.finish({ir::write_view(b, &old, st, g, v)});
+    ir::Value v = lowering::coerce(b, b.param(vt), dt, g.sizes);
+    if (whole) return b.finish({b.reshape(ir::reinterpret(b, v, st.dtype), st.shape)});
+    // A view of another dtype writes through the storage's bytes.
+    ir::Value cur = ir::reinterpret(b, b.param(st), dt);
+    ir::Value written = ir::write_view(b, &cur, cur.type, g, v);
+    return b.finish({b.reshape(ir::reinterpret(b, written, st.dtype), st.shape)});
   }, args, s.device)[0];
 }
 

@@ -370,12 +370,7 @@ class KernelCtx final : public lowering::Ctx {
         v = b.convert(v, DType::F32);
     } else {
       Value s = storage_value(arg, elem);
-      if (s.dtype() != dt) {
-        TORCH_CHECK(itemsize(s.dtype()) == itemsize(dt), info_.name,
-                    ": reading a ", t.scalar_type(), " view of a storage holding ",
-                    mlir_name(s.dtype()), " elements of another size is not supported on tpu");
-        s = b.bitcast(s, dt);
-      }
+      if (s.dtype() != dt) s = ir::reinterpret(b, s, dt);
       v = ir::read_view(b, s, geometry_of(t));
     }
     values_.emplace(key, v);
@@ -453,6 +448,19 @@ std::string describe(const OpInfo& info, c10::ArrayRef<IValue> args) {
   return s + ")";
 }
 
+// The storage after writing `val` into a tensor's view of it. A view of another dtype
+// writes through a reinterpretation of the storage's bytes.
+Value write_into_storage(ir::Builder& b, KernelCtx& ctx, int arg, int elem, const ir::Type& st,
+                         const ir::Geometry& g, const Value& val) {
+  if (itemsize(st.dtype) == itemsize(val.dtype()) && g.covers(st.shape)) {  // no old bytes needed
+    Value bytes = ir::reinterpret(b, b.reshape(val, {val.type.numel()}), st.dtype);
+    return b.reshape(bytes, st.shape);
+  }
+  Value cur = ir::reinterpret(b, ctx.storage_value(arg, elem), val.dtype());
+  Value written = ir::write_view(b, &cur, cur.type, g, val);
+  return b.reshape(ir::reinterpret(b, written, st.dtype), st.shape);
+}
+
 std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& info,
                                  c10::ArrayRef<IValue> args, const KeyState& k,
                                  const std::vector<at::Tensor>& meta_outs) {
@@ -508,13 +516,7 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
         ir::Type st = storage_type(t);
         ir::Geometry g = geometry_of(t);
         Value val = fit(results[j], out_types[j]);
-        Value storage;
-        Value* sp = nullptr;
-        if (!g.covers(st.shape)) {
-          storage = ctx.storage_value(a, elem);
-          sp = &storage;
-        }
-        program_results.push_back(ir::write_view(b, sp, st, g, val));
+        program_results.push_back(write_into_storage(b, ctx, a, elem, st, g, val));
         plan->outs.push_back({true, a, elem, t.scalar_type(), {}});
       }
     }
@@ -573,8 +575,9 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
       try {
         std::tie(margs, mrets) = run_meta(op, args);
       } catch (const std::exception& e) {
-        // Outputs whose shape depends on values (a boolean mask) cannot be planned
-        // ahead: those calls take the counted fallback. Other errors are the user's.
+        // Outputs whose shape depends on values cannot be planned ahead: boolean-mask
+        // indices become coordinates (value_shaped_ops.cpp); anything else takes the
+        // counted fallback. Other errors are the user's.
         std::string w = e.what();
         if (w.find("NotImplementedError") == std::string::npos &&
             w.find("data-independent") == std::string::npos)

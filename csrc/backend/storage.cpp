@@ -92,7 +92,7 @@ runtime::BufferPtr dense_buffer(const at::Tensor& t) {
   if (has) args.push_back(s.buffer.get());
   return run_internal("dense:" + view_key(t), [&](ir::Builder& b) {
     ir::Value src = has ? b.param(st) : b.constant(0, st.dtype, st.shape);
-    if (src.dtype() != dt) src = b.bitcast(src, dt);
+    if (src.dtype() != dt) src = ir::reinterpret(b, src, dt);
     return b.finish({ir::read_view(b, src, g)});
   }, args, s.device)[0];
 }

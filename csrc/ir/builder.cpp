@@ -107,7 +107,12 @@ Value Builder::convert(const Value& x, DType to) {
 
 Value Builder::bitcast(const Value& x, DType to) {
   if (x.dtype() == to) return x;
-  return raw("stablehlo.bitcast_convert", {x}, "", Type{to, x.shape()});
+  // Wider to narrower adds a minor dim of the ratio; narrower to wider drops it.
+  Shape out = x.shape();
+  int64_t a = itemsize(x.dtype()), c = itemsize(to);
+  if (a > c) out.push_back(a / c);
+  if (a < c) out.pop_back();
+  return raw("stablehlo.bitcast_convert", {x}, "", Type{to, out});
 }
 
 static std::string literal(double v, DType t) {

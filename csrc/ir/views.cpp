@@ -82,6 +82,22 @@ Value read_compact(Builder& b, const Value& storage, const Geometry& g) {
 
 }  // namespace
 
+Value reinterpret(Builder& b, const Value& storage, DType to) {
+  if (storage.dtype() == to) return storage;
+  Value x = flat(b, storage);
+  // Bools have no bit layout in StableHLO: they travel as bytes.
+  if (x.dtype() == DType::Bool) x = b.convert(x, DType::U8);
+  if (to == DType::Bool) return b.convert(reinterpret(b, x, DType::U8), DType::Bool);
+  int64_t a = itemsize(x.dtype()), c = itemsize(to), n = x.type.numel();
+  if (a < c) {
+    if (n % (c / a)) throw std::invalid_argument("a storage of " + std::to_string(n * a) +
+                                                 " bytes holds no whole number of " + mlir_name(to));
+    x = b.reshape(x, {n / (c / a), c / a});
+  }
+  Value y = b.bitcast(x, to);
+  return b.reshape(y, {y.type.numel()});
+}
+
 Value read_view(Builder& b, const Value& storage, const Geometry& g) {
   if (g.numel() == 0) return b.constant(0, storage.dtype(), g.sizes);
   std::vector<int64_t> kept;

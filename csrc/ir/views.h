@@ -17,6 +17,10 @@ struct Geometry {
   std::string key() const;
 };
 
+// The storage's bytes as a flat array of `to` (a dtype view of the storage, like
+// PyTorch's Tensor.view(dtype) or a byte view for serialization).
+Value reinterpret(Builder& b, const Value& storage, DType to);
+
 // The view's values, shaped `g.sizes`, read from `storage`.
 Value read_view(Builder& b, const Value& storage, const Geometry& g);
 // The storage after writing `value` (shaped `g.sizes`, any dtype: converted) into the view.
