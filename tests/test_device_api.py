@@ -24,6 +24,21 @@ def test_accelerator_api():
     assert torch.accelerator.device_count() == torch.tpu.device_count()
     torch.accelerator.synchronize()
     assert torch.accelerator.current_device_index() == 0
+    s = torch.accelerator.current_stream()
+    assert s.device == torch.device("tpu", 0)
+
+
+def test_streams_and_events_follow_the_device_queue():
+    s = torch.Stream(device="tpu")
+    assert s.device == torch.device("tpu", 0)
+    x = torch.randn(256, 256, device="tpu")
+    with s:
+        y = x @ x
+    e = torch.Event(device="tpu")
+    e.record()
+    e.synchronize()
+    assert e.query() and s.query()
+    torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu(), rtol=1e-4, atol=1e-4)
 
 
 def test_api_names_match_torchtpu():

@@ -533,6 +533,14 @@ void Client::reap(bool all, int device) {
   pending_.swap(keep);
 }
 
+bool Client::is_idle(int device) {
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  reap(false, device);
+  for (auto& p : pending_)
+    if (p.device == device) return false;
+  return true;
+}
+
 void Client::synchronize(int device) {
   std::lock_guard<std::mutex> lock(pending_mu_);
   reap(true, device);

@@ -136,6 +136,8 @@ class Client {
                                  int device, bool wait);
   // Waits for every launched execution on `device` (-1: all) and raises the first error.
   void synchronize(int device = -1);
+  // True when every launched execution on `device` has finished (does not wait).
+  bool is_idle(int device);
 
   DeviceStats& stats(int device) { return *stats_.at(device); }
   Counters& counters() { return counters_; }
