@@ -1,4 +1,5 @@
 """Ops without a lowering rule run on the counted CPU fallback; TPU_FALLBACK=error forbids it."""
+import pytest
 import torch
 
 import torch_tpu
@@ -8,6 +9,9 @@ from conftest import run_python
 def fallbacks(op):
     """Fallbacks of `op` under any overload (a functional op may run as its out= form)."""
     return sum(n for k, n in torch_tpu.metrics()["fallbacks"].items() if k.split(".")[0] == op)
+
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*CPU fallback")
 
 
 def test_fallback_computes_counts_and_keeps_results_on_tpu():
@@ -38,3 +42,17 @@ def test_fallback_error_mode_names_the_op():
                    env={"TPU_FALLBACK": "error"})
     assert r.returncode != 0
     assert "special_bessel_j0" in r.stderr and "TPU_FALLBACK=error" in r.stderr
+
+
+def test_fallback_warns_once_per_op():
+    code = """
+import warnings, torch
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    x = torch.ones(3, device="tpu")
+    torch.special.bessel_j0(x); torch.special.bessel_j0(x); torch.special.bessel_y0(x)
+print(sum("CPU fallback" in str(m.message) for m in w))
+"""
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "2"
