@@ -506,15 +506,19 @@ void Client::track_event(PJRT_Event* ev, int device, const std::string& op) {
 
 // Drops finished events (all of `device`'s, waiting, when `all`), keeping the first error.
 void Client::reap(bool all, int device) {
-  std::vector<Pending> keep;
-  for (auto& p : pending_) {
+  size_t kept = 0;  // compacted in place: the vector keeps its capacity
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    Pending& p = pending_[i];
     bool mine = device < 0 || p.device == device;
-    bool ready = false;
     if (!all || !mine) {
       auto r = ARGS(PJRT_Event_IsReady_Args);
       r.event = p.event;
-      ready = !api_->PJRT_Event_IsReady(&r) && r.is_ready;
-      if (!ready) { keep.push_back(p); continue; }
+      bool ready = !api_->PJRT_Event_IsReady(&r) && r.is_ready;
+      if (!ready) {
+        if (kept != i) pending_[kept] = std::move(p);
+        ++kept;
+        continue;
+      }
     }
     auto w = ARGS(PJRT_Event_Await_Args);
     w.event = p.event;
@@ -530,7 +534,7 @@ void Client::reap(bool all, int device) {
     d.event = p.event;
     api_->PJRT_Event_Destroy(&d);
   }
-  pending_.swap(keep);
+  pending_.resize(kept);
 }
 
 bool Client::is_idle(int device) {
