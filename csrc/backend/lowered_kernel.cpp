@@ -403,6 +403,19 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// The value of a 0-dim CPU tensor (a wrapped Python number, mostly), read directly:
+// this runs on every op with a Python scalar operand.
+c10::Scalar cpu_scalar(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kDouble: return *t.const_data_ptr<double>();
+    case at::kFloat: return *t.const_data_ptr<float>();
+    case at::kLong: return *t.const_data_ptr<int64_t>();
+    case at::kInt: return *t.const_data_ptr<int32_t>();
+    case at::kBool: return *t.const_data_ptr<bool>();
+    default: return t.item();
+  }
+}
+
 // ---- runtime operands -------------------------------------------------------------------
 
 runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device) {
@@ -616,7 +629,7 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
         keep.push_back(materialized(*tensor_at(args, s.arg, s.elem, &tmp)));
         break;
       case Source::CpuTensor:
-        keep.push_back(scalar_buffer(tensor_at(args, s.arg, s.elem, &tmp)->item(), s.dtype, k.device));
+        keep.push_back(scalar_buffer(cpu_scalar(*tensor_at(args, s.arg, s.elem, &tmp)), s.dtype, k.device));
         break;
       case Source::Scalar: {
         const IValue& v = args[s.arg];
