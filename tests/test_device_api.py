@@ -99,6 +99,12 @@ def test_import_torch_alone_autoloads_the_backend():
     assert r.stdout.strip().endswith("4.0")
 
 
+def test_import_torch_tpu_first_works():
+    r = run_python("import torch_tpu, torch; print(torch.ones(2, device='tpu').sum().item())")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("2.0")
+
+
 def test_autoload_can_be_disabled():
     r = run_python("import torch, sys; print('torch_tpu' in sys.modules)",
                    env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})

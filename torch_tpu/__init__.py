@@ -5,7 +5,16 @@ registers the device. Move code from GPU by writing "tpu" where it said "cuda".
 """
 import os
 
-import torch
+
+def _autoload():
+    """Entry point for `torch.backends`: importing this module is all it takes.
+
+    Defined before `import torch`: when `import torch_tpu` comes first, torch's
+    autoload finds this name on the partly imported package.
+    """
+
+
+import torch  # noqa: E402
 
 # The XLA plugins log INFO lines to stderr at start-up; keep warnings and errors.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -33,6 +42,3 @@ __all__ = [
     "metrics_report", "api",
 ]
 
-
-def _autoload():
-    """Entry point for `torch.backends`: importing this module is all it takes."""
