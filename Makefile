@@ -4,15 +4,15 @@ PY     := $(VENV)/bin/python
 export CCACHE_BASEDIR := $(CURDIR)
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup build demo test test-cpp test-py clean
+.PHONY: setup build demo test test-cpp test-py clean conformance
 
 setup: $(VENV)/.ready
 
 # Everything lives in the project venv. torch 2.13.0 CPU comes from the wheel on disk.
-$(VENV)/.ready: pyproject.toml
+$(VENV)/.ready: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=23" setuptools wheel
-	$(PY) -m pip install -q torch==2.13.0 xla-cpu-pjrt numpy pytest pytest-timeout cmake ninja
+	$(PY) -m pip install -q torch==2.13.0 xla-cpu-pjrt numpy pytest pytest-timeout expecttest cmake ninja
 	command -v ccache >/dev/null || (apt-get install -y -q ccache >/dev/null 2>&1 || true)
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $@
@@ -36,6 +36,11 @@ test-py: build
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 test: test-cpp test-py
+
+# OpInfo conformance of every op_db entry, CPU vs tpu, into conformance_results/.
+# Options through ARGS, e.g. ARGS="--ops add,nn.functional.* --baseline old.json --check".
+conformance: build
+	$(PY) -m torch_tpu.conformance $(ARGS)
 
 clean:
 	rm -rf build torch_tpu/_C*.so

@@ -195,3 +195,10 @@ def test_save_load_and_deepcopy():
     same(back["half"], m.weight.cpu().half())
     buf.seek(0)
     assert torch.load(buf, map_location="cpu")["sd"]["bias"].device.type == "cpu"
+
+
+def test_item_of_any_one_element_tensor():
+    assert torch.tensor([3.5], device="tpu").item() == 3.5
+    assert torch.tensor([[7]], device="tpu").item() == 7
+    with pytest.raises(RuntimeError, match="cannot be converted to Scalar"):
+        torch.ones(2, device="tpu").item()

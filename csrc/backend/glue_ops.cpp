@@ -185,7 +185,8 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
 }
 
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
-  at::Tensor host = at::empty({}, self.options().device(at::kCPU));
+  TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(), " elements cannot be converted to Scalar");
+  at::Tensor host = at::empty(self.sizes(), self.options().device(at::kCPU));
   at::Tensor h = host;
   copy_(h, self, false);
   return host.item();

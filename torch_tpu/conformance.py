@@ -1,0 +1,585 @@
+"""OpInfo conformance: every entry of PyTorch's op_db run on CPU and on tpu, compared.
+
+    python -m torch_tpu.conformance [--ops add,nn.functional.*] [--dtype float32,bool]
+        [--jobs 2] [--timeout 60] [--max-samples 8] [--out DIR] [--baseline FILE --check]
+
+Per (entry, dtype, direction) the status is one of
+  native    outputs (or gradients) match and nothing fell back to the CPU
+  fallback  they match, but some ATen op ran on the CPU fallback (the ops are recorded)
+  mismatch  values, dtypes or structure differ
+  error     tpu raised while the CPU worked (first line of the message is recorded)
+  skipped   nothing to compare: no samples, dtype unsupported on CPU, complex or sparse
+            inputs, CPU itself raised, random numbers drawn, not differentiable
+Entries run in spawned worker processes with a per-entry timeout, so a crash or a hang
+costs one entry. `--baseline old.json --check` exits non-zero when an entry that was
+native in the baseline is not native now.
+"""
+import argparse
+import collections
+import functools
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import torch.utils._pytree as pytree  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import torch_tpu  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64,
+          "int32": torch.int32, "bool": torch.bool}
+STATUSES = ("native", "fallback", "mismatch", "error", "skipped")
+# (atol, rtol) when the OpInfo gives none. XLA's float kernels differ from ATen's (other
+# polynomial approximations, other summation orders; gradients accumulate both), hence not
+# torch's 1.3e-6; PyTorch's own CPU-vs-device test (test_compare_cpu) allows 1e-3.
+DEFAULT_TOL = {torch.float32: (1e-4, 1e-4), torch.complex64: (1e-4, 1e-4),
+               torch.float64: (1e-7, 1e-7), torch.complex128: (1e-7, 1e-7),
+               torch.bfloat16: (1e-2, 1.6e-2), torch.float16: (1e-3, 1e-3)}
+# Ops whose tensor arguments other than the input must stay on the CPU (as on CUDA).
+CPU_ARGS = {"tensor_split"}
+
+
+# ---------------------------------------------------------------- the op database
+
+@functools.cache
+def op_db() -> dict:
+    """{entry key: OpInfo} for every op_db entry."""
+    from torch.testing._internal.common_methods_invocations import op_db as db
+    return {entry_key(op): op for op in db}
+
+
+def entry_key(op) -> str:
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def select(keys, patterns):
+    """Keys named by patterns: an entry key or op name, or a prefix ending in '*'."""
+    def hit(k, p):
+        return k == p or op_db()[k].name == p or p.endswith("*") and k.startswith(p[:-1])
+    return [k for k in keys if not patterns or any(hit(k, p) for p in patterns)]
+
+
+def differentiable(op) -> bool:
+    return op.supports_autograd and torch.float32 in op.supported_backward_dtypes("cpu")
+
+
+def tolerance(op, dtype, out_dtype):
+    """(atol, rtol): the loosest of our default for the output dtype and the OpInfo's own
+    overrides for the sample dtype (those of Inductor and other devices' tests excluded)."""
+    from torch.testing._internal.common_device_type import precisionOverride, toleranceOverride
+    from torch.testing._internal.opinfo.core import DecorateInfo
+    atol, rtol = DEFAULT_TOL.get(out_dtype, (0.0, 0.0))
+    for info in op.decorators:
+        if not isinstance(info, DecorateInfo) or "Inductor" in (info.cls_name or "") \
+                or info.device_type not in (None, "cpu", "cuda"):
+            continue
+        for d in info.decorators:
+            if isinstance(d, toleranceOverride) and dtype in d.d:
+                atol, rtol = max(atol, d.d[dtype].atol), max(rtol, d.d[dtype].rtol)
+            elif isinstance(d, precisionOverride) and dtype in d.d:
+                atol = max(atol, d.d[dtype])
+    return atol, rtol
+
+
+# ---------------------------------------------------------------- one sample
+
+def fallbacks() -> dict:
+    return dict(torch_tpu.metrics()["fallbacks"])
+
+
+def grown(before: dict) -> list:
+    """Ops whose fallback count grew since `before`."""
+    return sorted(k for k, n in torch_tpu.metrics()["fallbacks"].items() if n > before.get(k, 0))
+
+
+def first_line(e: BaseException) -> str:
+    lines = [s.strip() for s in str(e).splitlines() if s.strip()]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def mismatch_text(e: AssertionError) -> str:
+    # assert_close explains on several lines; the first few say what and by how much.
+    return "; ".join(s.strip() for s in str(e).splitlines() if s.strip())[:300]
+
+
+def leaves(sample) -> list:
+    return [t for t in pytree.tree_leaves((sample.input, sample.args, sample.kwargs))
+            if isinstance(t, torch.Tensor)]
+
+
+def copy_args(op, sample, device):
+    """(input, args, kwargs) with every tensor a fresh leaf on `device` (requires_grad kept);
+    device arguments ("cpu" in the samples) follow, so factories allocate there too."""
+    def move(t, to=device):
+        if isinstance(t, torch.device) and t.type == "cpu" or isinstance(t, str) and t == "cpu":
+            return torch.device(device) if isinstance(t, torch.device) else device
+        if not isinstance(t, torch.Tensor):
+            return t
+        c = t.detach().to(to, copy=True)
+        return c.requires_grad_(t.requires_grad) if c.is_floating_point() else c
+    inp = pytree.tree_map(move, sample.input)
+    rest = "cpu" if op.name in CPU_ARGS else device
+    args, kwargs = pytree.tree_map(lambda t: move(t, rest), (sample.args, sample.kwargs))
+    if "device" in kwargs:
+        kwargs = dict(kwargs, device=device)
+    return inp, args, kwargs
+
+
+class Seeded(TorchDispatchMode):
+    """Notes whether an ATen op that draws random numbers ran (OpInfo wraps some ops in a
+    fixed seed, so two runs agree, yet the tpu's generator draws other numbers)."""
+    drew = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.drew |= torch.Tag.nondeterministic_seeded in func.tags
+        return func(*args, **(kwargs or {}))
+
+
+def call(op, sample, device):
+    inp, args, kwargs = copy_args(op, sample, device)
+    return op(inp, *args, **kwargs), [t for t in pytree.tree_leaves((inp, args, kwargs))
+                                     if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def to_cpu(out):
+    # .cpu() is differentiable, so a backward from the copies reaches the tpu graph.
+    return pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, out)
+
+
+def compare(got, want, op, dtype):
+    """Raises AssertionError when tensor or number leaves of two outputs differ."""
+    g, gspec = pytree.tree_flatten(got)
+    w, wspec = pytree.tree_flatten(want)
+    if len(g) != len(w):
+        raise AssertionError(f"output structure differs: {gspec} vs {wspec}")
+    for i, (a, b) in enumerate(zip(g, w)):
+        try:
+            if isinstance(b, torch.Tensor):
+                if not isinstance(a, torch.Tensor):
+                    raise AssertionError(f"expected a tensor, got {type(a).__name__}")
+                atol, rtol = tolerance(op, dtype, b.dtype)
+                torch.testing.assert_close(a, b, atol=atol, rtol=rtol, equal_nan=True)
+            elif isinstance(b, (bool, int, float, complex)):
+                torch.testing.assert_close(a, b, equal_nan=True)
+        except AssertionError as e:
+            raise AssertionError(f"output {i} of {len(w)}: {e}" if len(w) > 1 else e) from None
+
+
+def loss(out):
+    """Sum of every real floating output that requires grad, or None."""
+    ts = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+          and t.requires_grad and t.is_floating_point()]
+    return sum(t.sum() for t in ts) if ts else None
+
+
+def same(a, b) -> bool:
+    """Whether two CPU runs gave bit-identical tensors (else the op is random)."""
+    ta = [t for t in pytree.tree_leaves(a) if isinstance(t, torch.Tensor)]
+    tb = [t for t in pytree.tree_leaves(b) if isinstance(t, torch.Tensor)]
+    try:
+        torch.testing.assert_close(ta, tb, atol=0, rtol=0, equal_nan=True)
+        return True
+    except (AssertionError, TypeError, RuntimeError, ValueError):
+        return False
+
+
+def run_sample(op, sample, dtype, backward):
+    """((status, detail, fallback ops) forward, same for backward or None)."""
+    def skip(reason):
+        return ("skipped", reason, []), ("skipped", reason, []) if backward else None
+    ts = leaves(sample)
+    if any(t.is_complex() for t in ts):
+        return skip("complex")
+    if any(t.layout != torch.strided for t in ts):
+        return skip("sparse")
+    if any(t.device.type != "cpu" for t in ts):
+        return skip("meta-only")
+    try:
+        want_raw, want_leaves = call(op, sample, "cpu")
+        with Seeded() as seeded:  # with grad too: some ops take other paths without
+            again = call(op, sample, "cpu")[0]
+        want = sample.output_process_fn_grad(want_raw)
+    except Exception as e:  # noqa: BLE001 - any CPU failure means nothing to compare
+        return skip(f"CPU raised: {first_line(e)}")
+    if seeded.drew or not same(to_cpu(again), to_cpu(want_raw)):
+        return skip("random")
+    if any(t.layout != torch.strided for t in pytree.tree_leaves(want_raw)
+           if isinstance(t, torch.Tensor)):
+        return skip("sparse output")
+
+    before = fallbacks()
+    try:
+        got_raw, got_leaves = call(op, sample, "tpu")
+        wrong = [t.device for t in pytree.tree_leaves(got_raw)
+                 if isinstance(t, torch.Tensor) and t.device.type != "tpu"]
+        got = sample.output_process_fn_grad(to_cpu(got_raw))
+        torch_tpu.synchronize()
+    except Exception as e:  # noqa: BLE001
+        err = ("error", first_line(e), grown(before))
+        return err, ("error", "forward: " + err[1], []) if backward else None
+    fb = grown(before)
+    try:
+        if wrong:
+            raise AssertionError(f"output on {wrong[0]}, not on tpu")
+        compare(got, want, op, dtype)
+        fwd = ("fallback" if fb else "native", "", fb)
+    except AssertionError as e:
+        fwd = ("mismatch", mismatch_text(e), fb)
+    if not backward:
+        return fwd, None
+    return fwd, run_backward(op, dtype, want, want_leaves, got, got_leaves)
+
+
+def run_backward(op, dtype, want, want_leaves, got, got_leaves):
+    lw, lg = loss(want), loss(got)
+    if lw is None or not want_leaves:
+        return ("skipped", "no differentiable output", [])
+    try:
+        lw.backward()
+    except Exception as e:  # noqa: BLE001
+        return ("skipped", f"CPU raised: {first_line(e)}", [])
+    before = fallbacks()
+    try:
+        if lg is None:
+            raise AssertionError("no differentiable output on tpu")
+        lg.backward()
+        grads = [None if t.grad is None else t.grad.cpu() for t in got_leaves]
+        torch_tpu.synchronize()
+    except AssertionError as e:
+        return ("mismatch", mismatch_text(e), grown(before))
+    except Exception as e:  # noqa: BLE001
+        return ("error", first_line(e), grown(before))
+    fb = grown(before)
+    try:
+        for a, w in zip(grads, want_leaves):
+            if (a is None) != (w.grad is None):
+                raise AssertionError(f"grad is {'None' if a is None else 'set'} on tpu, "
+                                     f"{'None' if w.grad is None else 'set'} on CPU")
+            if a is not None:
+                compare(a, w.grad, op, dtype)
+        return ("fallback" if fb else "native", "", fb)
+    except AssertionError as e:
+        return ("mismatch", mismatch_text(e), fb)
+
+
+# ---------------------------------------------------------------- one entry
+
+def aggregate(results) -> dict:
+    """One record from per-sample (status, detail, fallback ops)."""
+    counts = collections.Counter(s for s, _, _ in results)
+    ops = sorted({o for _, _, fb in results for o in fb})
+    ran = [r for r in results if r[0] != "skipped"]
+    if not ran:
+        reasons = collections.Counter(d for _, d, _ in results)
+        reason = reasons.most_common(1)[0][0] if reasons else "no sample inputs"
+        return {"status": "skipped", "reason": reason, "samples": dict(counts)}
+    for status in ("mismatch", "error", "fallback", "native"):
+        if counts[status]:
+            break
+    rec = {"status": status, "samples": dict(counts), "fallback_ops": ops}
+    msg = next((d for s, d, _ in ran if s == status and d), "")
+    if msg:
+        rec["message"] = msg
+    return rec
+
+
+def run_entry(op, dtypes=("float32",), max_samples=8) -> dict:
+    """{dtype: {"fwd": record, "bwd": record (float32 differentiable entries only)}}."""
+    out = {}
+    supported = op.supported_dtypes("cpu")
+    for name in dtypes:
+        dtype = DTYPES[name]
+        backward = name == "float32" and differentiable(op)
+        if dtype not in supported:
+            if name == "float32":
+                rec = {"status": "skipped", "reason": "dtype unsupported on CPU", "samples": {}}
+                out[name] = {"fwd": rec, **({"bwd": rec} if backward else {})}
+            continue
+        if op.has_nondeterministic_output:  # empty & co: uninitialized memory
+            rec = {"status": "skipped", "reason": "random", "samples": {}}
+            out[name] = {"fwd": rec, **({"bwd": rec} if backward else {})}
+            continue
+        grad = op.supports_autograd and (dtype.is_floating_point or dtype.is_complex)
+        fwd, bwd = [], []
+        torch.manual_seed(0)
+        try:
+            samples = iter(op.sample_inputs("cpu", dtype, requires_grad=grad))
+        except Exception as e:  # noqa: BLE001
+            samples = iter(())
+            fwd.append(("skipped", f"sample inputs raised: {first_line(e)}", []))
+        for _ in range(max_samples):
+            try:
+                sample = next(samples)
+            except StopIteration:
+                break
+            except Exception as e:  # noqa: BLE001 - the OpInfo's generator itself failed
+                fwd.append(("skipped", f"sample inputs raised: {first_line(e)}", []))
+                break
+            f, b = run_sample(op, sample, dtype, backward)
+            fwd.append(f)
+            if b:
+                bwd.append(b)
+        out[name] = {"fwd": aggregate(fwd)}
+        if backward:
+            # No backward records: no samples, or the generator raised (its skip says why).
+            out[name]["bwd"] = aggregate(bwd or [r for r in fwd if r[0] == "skipped"])
+    return out
+
+
+def failed_entry(op, dtypes, message) -> dict:
+    """The record of an entry whose worker timed out or died."""
+    rec = {"status": "error", "message": message, "samples": {}, "fallback_ops": []}
+    out = {}
+    for name in dtypes:
+        if DTYPES[name] in op.supported_dtypes("cpu") or name == "float32":
+            out[name] = {"fwd": rec}
+            if name == "float32" and differentiable(op):
+                out[name]["bwd"] = rec
+    return out
+
+
+# ---------------------------------------------------------------- workers
+
+def quiet():
+    """Backend warnings (one per fallback op) and OpInfo's deprecation noise, silenced."""
+    warnings.filterwarnings("ignore", message=".*CPU fallback")
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def _worker(conn, dtypes, max_samples, log_path, max_entries):
+    # The plugin and the ops write to fd 2; keep it in a log, not in the progress lines.
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    quiet()
+    db = op_db()
+    conn.send(("ready",))
+    for _ in range(max_entries):
+        key = conn.recv()
+        try:
+            res = run_entry(db[key], dtypes, max_samples)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            res = failed_entry(db[key], dtypes, f"tool: {first_line(e)}")
+        conn.send(("done", key, res))
+    conn.send(("bye",))
+
+
+class Pool:
+    """Spawned workers, each running one entry at a time under a deadline; a worker that
+    hangs is killed and replaced, one that dies is replaced."""
+
+    def __init__(self, jobs, dtypes, max_samples, log_path, max_entries=150):
+        import multiprocessing as mp
+        self.ctx, self.args = mp.get_context("spawn"), (dtypes, max_samples, log_path,
+                                                        max_entries)
+        self.workers = {}  # conn -> [process, key or None, deadline, ready]
+        for _ in range(jobs):
+            self.start()
+
+    def start(self):
+        parent, child = self.ctx.Pipe()
+        p = self.ctx.Process(target=_worker, args=(child, *self.args), daemon=True)
+        p.start()
+        child.close()
+        self.workers[parent] = [p, None, None, False]
+
+    def stop(self, conn):
+        p = self.workers.pop(conn)[0]
+        p.kill()
+        p.join()
+        conn.close()
+
+    def map(self, keys, timeout):
+        """Yields (key, result or None, message) as entries finish."""
+        from multiprocessing.connection import wait
+        todo, failures = collections.deque(keys), 0
+        while todo or any(w[1] for w in self.workers.values()):
+            for conn, w in self.workers.items():
+                if w[3] and w[1] is None and todo:
+                    w[1], w[2] = todo.popleft(), time.monotonic() + timeout
+                    conn.send(w[1])
+            deadlines = [w[2] for w in self.workers.values() if w[1]]
+            wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 60.0
+            for conn in wait(list(self.workers), timeout=wait_s):
+                w = self.workers[conn]
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    key = w[1]
+                    self.stop(conn)
+                    self.start()
+                    if key:
+                        yield key, None, f"worker died (exit {w[0].exitcode})"
+                    elif not w[3] and (failures := failures + 1) > 3:
+                        raise RuntimeError("conformance workers fail to start; see the log")
+                    continue
+                if msg[0] == "ready":
+                    w[3] = True
+                elif msg[0] == "done":
+                    w[1] = None
+                    yield msg[1], msg[2], ""
+                else:  # "bye": the worker retires after max_entries (memory stays bounded)
+                    if w[1]:
+                        todo.appendleft(w[1])  # sent after its last entry: not run
+                    self.stop(conn)
+                    self.start()
+            now = time.monotonic()
+            for conn, w in list(self.workers.items()):
+                if w[1] and now > w[2]:
+                    key = w[1]
+                    self.stop(conn)
+                    self.start()
+                    yield key, None, "timeout"
+
+    def close(self):
+        for conn in list(self.workers):
+            self.stop(conn)
+
+
+# ---------------------------------------------------------------- reports
+
+def summarize(entries: dict, wall_s: float) -> dict:
+    """Totals and percentages per status for float32 forward and backward."""
+    out = {"entries": len(entries), "wall_s": round(wall_s, 1)}
+    for d in ("fwd", "bwd"):
+        recs = [e["float32"][d] for e in entries.values() if d in e.get("float32", {})]
+        c = collections.Counter(r["status"] for r in recs)
+        out[d] = {"total": len(recs),
+                  **{s: c[s] for s in STATUSES},
+                  **{f"{s}_pct": round(100.0 * c[s] / len(recs), 1) if recs else 0.0
+                     for s in STATUSES}}
+    return out
+
+
+def summary_table(s: dict) -> str:
+    rows = [f"Entries: {s['entries']}    wall time: {s['wall_s']:.0f} s", "",
+            "| float32 | entries | native | via fallback | mismatch | error | skipped |",
+            "|---|---|---|---|---|---|---|"]
+    for d, label in (("fwd", "forward"), ("bwd", "backward (differentiable)")):
+        r = s[d]
+        rows.append(f"| {label} | {r['total']} | " + " | ".join(
+            f"{r[x + '_pct']:.1f}% ({r[x]})" for x in STATUSES) + " |")
+    return "\n".join(rows)
+
+
+def detail(rec) -> str:
+    if rec["status"] == "fallback":
+        return "fallback: " + ", ".join(rec.get("fallback_ops", []))
+    return rec.get("message") or rec.get("reason") or ""
+
+
+def markdown(results: dict) -> str:
+    others = [d for d in DTYPES if d != "float32"]
+    lines = ["# OpInfo conformance of torch_tpu", "", summary_table(results["summary"]), "",
+             "| entry | float32 fwd | float32 bwd | " + " | ".join(others) + " | detail |",
+             "|---|---|---|" + "---|" * len(others) + "---|"]
+    for key, e in sorted(results["entries"].items()):
+        f32 = e.get("float32", {})
+        cells = [f32.get(d, {}).get("status", "-") for d in ("fwd", "bwd")]
+        cells += [e[d]["fwd"]["status"] if d in e else "-" for d in others]
+        notes = [f"{n} {d}: {detail(r)}" for n, x in e.items() for d, r in x.items()
+                 if r["status"] != "native" and detail(r)]
+        text = "; ".join(dict.fromkeys(notes)).replace("|", "\\|")[:400]
+        lines.append(f"| {key} | " + " | ".join(cells) + f" | {text} |")
+    return "\n".join(lines) + "\n"
+
+
+def regressions(baseline: dict, entries: dict) -> list:
+    """'key dtype dir: was native, now S' for everything native before and not now."""
+    out = []
+    for key, e in baseline.get("entries", {}).items():
+        for dt, dirs in e.items():
+            for d, rec in dirs.items():
+                now = entries.get(key, {}).get(dt, {}).get(d)
+                if rec["status"] == "native" and now and now["status"] != "native":
+                    out.append(f"{key} {dt} {d}: was native, now {now['status']}"
+                               + (f" ({detail(now)})" if detail(now) else ""))
+    return out
+
+
+# ---------------------------------------------------------------- driver
+
+def run(ops=None, dtypes=("float32",), max_samples=8, jobs=2, timeout=60.0, out=None,
+        progress=True) -> dict:
+    """Runs the selected entries (in-process when jobs == 0); writes out/conformance.{json,md}
+    when `out` is given. Returns {"meta", "summary", "entries"}."""
+    t0 = time.monotonic()
+    db = op_db()
+    keys = select(db, ops)
+    entries = {}
+    def done(i, key, res, msg):
+        entries[key] = res if res is not None else failed_entry(db[key], dtypes, msg)
+        if progress:
+            f32 = entries[key].get("float32", {})
+            st = " ".join(f"{d} {r['status']}" for d, r in f32.items())
+            print(f"[{i}/{len(keys)}] {key}  {st}", file=sys.stderr, flush=True)
+    if out:
+        os.makedirs(out, exist_ok=True)
+    if jobs == 0:
+        with warnings.catch_warnings():
+            quiet()
+            for i, key in enumerate(keys, 1):
+                done(i, key, run_entry(db[key], dtypes, max_samples), "")
+    else:
+        log = os.path.join(out or ".", "workers.log")
+        pool = Pool(jobs, dtypes, max_samples, log)
+        try:
+            for i, (key, res, msg) in enumerate(pool.map(keys, timeout), 1):
+                done(i, key, res, msg)
+        finally:
+            pool.close()
+    entries = {k: entries[k] for k in keys}
+    results = {"meta": {"torch": torch.__version__, "dtypes": list(dtypes),
+                        "max_samples": max_samples, "jobs": jobs, "timeout_s": timeout},
+               "summary": summarize(entries, time.monotonic() - t0), "entries": entries}
+    if out:
+        with open(os.path.join(out, "conformance.json"), "w") as f:
+            json.dump(results, f, indent=1, sort_keys=True)
+        with open(os.path.join(out, "conformance.md"), "w") as f:
+            f.write(markdown(results))
+    return results
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torch_tpu.conformance", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ops", help="comma-separated entry keys or op names; 'x*' is a prefix")
+    p.add_argument("--dtype", default=",".join(DTYPES), help="subset of " + ",".join(DTYPES))
+    p.add_argument("--max-samples", type=int, default=8, help="samples per entry and dtype")
+    p.add_argument("--jobs", type=int, default=2, help="worker processes (0: in-process)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per entry")
+    p.add_argument("--out", default="conformance_results")
+    p.add_argument("--baseline", help="a previous conformance.json")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if an entry native in --baseline is not native now")
+    a = p.parse_args(argv)
+    dtypes = tuple(d for d in a.dtype.split(",") if d)
+    if unknown := [d for d in dtypes if d not in DTYPES]:
+        p.error(f"unknown dtype {unknown}")
+    if a.check and not a.baseline:
+        p.error("--check needs --baseline")
+    ops = [o for o in (a.ops or "").split(",") if o]
+    res = run(ops, dtypes, a.max_samples, a.jobs, a.timeout, a.out)
+    print(summary_table(res["summary"]))
+    print(f"Results: {os.path.join(a.out, 'conformance.md')}, conformance.json")
+    if a.baseline:
+        with open(a.baseline) as f:
+            lost = regressions(json.load(f), res["entries"])
+        print(f"{len(lost)} regression(s) against {a.baseline}")
+        for line in lost:
+            print("  " + line)
+        if lost and a.check:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
