@@ -202,3 +202,10 @@ def test_item_of_any_one_element_tensor():
     assert torch.tensor([[7]], device="tpu").item() == 7
     with pytest.raises(RuntimeError, match="cannot be converted to Scalar"):
         torch.ones(2, device="tpu").item()
+
+
+def test_copying_lazy_conjugate_and_negative_views_to_tpu():
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    assert torch.equal(z.conj().to("tpu").cpu(), z.conj().resolve_conj())
+    n = torch._neg_view(torch.tensor([1.0, -2.0]))
+    assert torch.equal(n.to("tpu").cpu(), torch.tensor([-1.0, 2.0]))

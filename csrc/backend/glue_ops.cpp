@@ -139,7 +139,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   return guarded([&]() -> at::Tensor& {
     if (self.is_privateuseone() && src.is_cpu()) {
       // Sent as it is; the device program casts and broadcasts.
-      at::Tensor host = src.contiguous();
+      at::Tensor host = src.resolve_conj().resolve_neg().contiguous();  // lazy bits are host views
       DType st = device_dtype(host.scalar_type(), "copy_");
       std::vector<int64_t> dims(host.sizes().begin(), host.sizes().end());
       auto buf = runtime::Client::get().from_host(host.data_ptr(), st, dims, device_index(self));
@@ -148,6 +148,9 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
       auto buf = dense_buffer(src);
       at::Tensor host = at::empty(src.sizes(), src.options().device(at::kCPU));
       runtime::Client::get().to_host(*buf, host.data_ptr(), host.nbytes());
+      // The buffer holds the stored values; lazy conjugate/negative bits apply on top.
+      if (src.is_conj()) host = host.conj();
+      if (src.is_neg()) host = at::_neg_view(host);
       self.copy_(host);
     } else {
       TORCH_CHECK(self.is_privateuseone() && src.is_privateuseone(), "copy_ from ", src.device(),
