@@ -236,31 +236,22 @@ static Value index_scatter(Builder& b, const Value& self, int64_t dim, const Val
   return b.scatter(self, b.reshape(i64(b, index), {n, 1}), src, window, {dim}, {dim}, 1, fn);
 }
 
-// Slice-shaped source for index_* on `self` (rank >= 1).
-static Value index_source(Builder& b, const Value& src, const Value& self, int64_t dim, int64_t n) {
+// index_add / index_copy: args (self, dim, index, source[, alpha]); `scale` multiplies
+// the source slices (index_add's alpha) before they are combined by `fn`.
+static std::vector<Value> index_write(Ctx& ctx, const ir::RegionFn& fn, bool scale) {
+  Builder& b = ctx.b;
+  Value self = ctx.in(0), index = ctx.in(2);
+  if (self.rank() == 0) self = b.reshape(self, {1});
+  int64_t dim = wrap_dim(ctx.i(1), self.rank());
   Shape s = self.shape();
-  s[dim] = n;
-  return b.reshape(b.convert(src, self.dtype()), s);
+  s[dim] = index.type.numel();
+  Value src = b.reshape(b.convert(ctx.in(3), self.dtype()), s);
+  if (scale) src = mul(b, src, broadcast_to(b, ctx.scalar(4, self.dtype()), s));
+  return {b.reshape(index_scatter(b, self, dim, index, src, fn), ctx.out(0).shape)};
 }
 
-TPU_LOWER(index_add, "index_add") {
-  Builder& b = ctx.b;
-  Value self = ctx.in(0), index = ctx.in(2);
-  if (self.rank() == 0) self = b.reshape(self, {1});
-  int64_t dim = wrap_dim(ctx.i(1), self.rank());
-  Value src = index_source(b, ctx.in(3), self, dim, index.type.numel());
-  src = mul(b, src, broadcast_to(b, ctx.scalar(4, self.dtype()), src.shape()));
-  return {b.reshape(index_scatter(b, self, dim, index, src, accumulate), ctx.out(0).shape)};
-}
-
-TPU_LOWER(index_copy, "index_copy") {
-  Builder& b = ctx.b;
-  Value self = ctx.in(0), index = ctx.in(2);
-  if (self.rank() == 0) self = b.reshape(self, {1});
-  int64_t dim = wrap_dim(ctx.i(1), self.rank());
-  Value src = index_source(b, ctx.in(3), self, dim, index.type.numel());
-  return {b.reshape(index_scatter(b, self, dim, index, src, take_new), ctx.out(0).shape)};
-}
+TPU_LOWER(index_add, "index_add") { return index_write(ctx, accumulate, true); }
+TPU_LOWER(index_copy, "index_copy") { return index_write(ctx, take_new, false); }
 
 // index_fill wraps negative indices, unlike index_add/index_copy.
 TPU_LOWER(index_fill, "index_fill.int_Scalar", "index_fill.int_Tensor") {
