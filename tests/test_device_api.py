@@ -76,7 +76,8 @@ def test_out_of_memory_is_torch_oom_and_keeps_tensors():
     torch_tpu._C.set_memory_limit(torch.tpu.memory_allocated() + 1000)
     try:
         with pytest.raises(torch.OutOfMemoryError, match="out of device memory"):
-            torch.ones(1000, 1000, device="tpu") + 1
+            # Strict raises at the op; DeferAndFuse when the value is needed.
+            (torch.ones(1000, 1000, device="tpu") + 1).cpu()
     finally:
         torch_tpu._C.set_memory_limit(0)
     assert keep.sum().item() == 45.0

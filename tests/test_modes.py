@@ -1,4 +1,6 @@
-"""Strict (asynchronous) and Debug (launch-blocking) eager modes."""
+"""Strict (asynchronous), Debug (launch-blocking) and DeferAndFuse eager modes."""
+import os
+
 import pytest
 import torch
 
@@ -8,16 +10,23 @@ from conftest import run_python
 
 
 def test_default_is_strict_and_switching_works():
-    assert torch_tpu.get_eager_mode() == EagerMode.DEFER_NEVER
+    # The suite also runs with TPU_DEFER_AND_FUSE=1 / TPU_LAUNCH_BLOCKING=1 selecting the mode.
+    start = torch_tpu.get_eager_mode()
+    if not (os.environ.get("TPU_DEFER_AND_FUSE") == "1" or os.environ.get("TPU_LAUNCH_BLOCKING") == "1"):
+        assert start == EagerMode.DEFER_NEVER
     with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING):
         assert torch_tpu.get_eager_mode() == EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
         assert (torch.ones(3, device="tpu") * 2).sum().item() == 6.0
-    assert torch_tpu.get_eager_mode() == EagerMode.DEFER_NEVER
+        with torch_tpu.set_eager_mode(EagerMode.DEFER_AND_FUSE):
+            assert torch_tpu.get_eager_mode() == EagerMode.DEFER_AND_FUSE
+            assert (torch.ones(3, device="tpu") * 2).sum().item() == 6.0
+        assert torch_tpu.get_eager_mode() == EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+    assert torch_tpu.get_eager_mode() == start
     from torch_tpu._internal import execution_mode
-    execution_mode.eager_mode = EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
-    assert torch_tpu.get_eager_mode() == EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
-    execution_mode.eager_mode = EagerMode.DEFER_NEVER
-    assert torch_tpu.get_eager_mode() == EagerMode.DEFER_NEVER
+    execution_mode.eager_mode = EagerMode.DEFER_AND_FUSE
+    assert torch_tpu.get_eager_mode() == EagerMode.DEFER_AND_FUSE
+    execution_mode.eager_mode = start
+    assert torch_tpu.get_eager_mode() == start
 
 
 def test_env_selects_debug_mode():

@@ -616,6 +616,7 @@ def test_value_shaped_ops_run_natively():
     # Different counts share the compiled program (ops on the results still see
     # count-sized shapes: those compile per shape).
     r = torch.arange(20, device="tpu")
+    torch.tpu.synchronize()  # r materialized: each later graph is just the compare
     torch.nonzero(r > 0)
     c0 = torch_tpu.metrics()["compiles"]
     counts = [torch.nonzero(r > k * 5).shape[0] for k in range(1, 4)]

@@ -36,6 +36,7 @@ from ._internal.execution_mode import EagerMode, get_eager_mode, set_eager_mode 
 from ._internal.sync import synchronize  # noqa: E402
 from ._metrics import metrics, metrics_report  # noqa: E402
 from . import api  # noqa: E402
+from . import _step_boundary  # noqa: E402,F401  (cuts deferred graphs at optimizer steps)
 
 __all__ = [
     "EagerMode", "set_eager_mode", "get_eager_mode", "synchronize", "metrics",

@@ -1,4 +1,5 @@
 #include "backend/device.h"
+#include "backend/deferred.h"
 
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -81,7 +82,10 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return !event || runtime::Client::get().is_idle(*static_cast<c10::DeviceIndex*>(event));
   }
   void synchronizeEvent(void* event) const override {
-    if (event) runtime::Client::get().synchronize(*static_cast<c10::DeviceIndex*>(event));
+    if (event) {
+      flush("synchronize");
+      runtime::Client::get().synchronize(*static_cast<c10::DeviceIndex*>(event));
+    }
   }
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
     delete static_cast<c10::DeviceIndex*>(event);
@@ -90,9 +94,11 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return runtime::Client::get().is_idle(s.device_index());
   }
   void synchronizeStream(const c10::Stream& s) const override {
+    flush("synchronize");
     runtime::Client::get().synchronize(s.device_index());
   }
   void synchronizeDevice(const c10::DeviceIndex d) const override {
+    flush("synchronize");
     runtime::Client::get().synchronize(d);
   }
 };

@@ -1,13 +1,23 @@
 #include "backend/executor.h"
 
+#include "runtime/disk_cache.h"
+
+#include <sys/stat.h>
+
 #include <cstdlib>
+#include <optional>
 #include <unordered_map>
 
 namespace tpu::backend {
 
 static EagerMode initial_mode() {
-  const char* s = std::getenv("TPU_LAUNCH_BLOCKING");
-  return (s && std::string(s) == "1") ? EagerMode::Debug : EagerMode::Strict;
+  auto on = [](const char* name) {
+    const char* s = std::getenv(name);
+    return s && std::string(s) == "1";
+  };
+  if (on("TPU_LAUNCH_BLOCKING")) return EagerMode::Debug;
+  if (on("TPU_DEFER_AND_FUSE")) return EagerMode::DeferAndFuse;
+  return EagerMode::Strict;
 }
 static std::atomic<int> g_mode{static_cast<int>(initial_mode())};
 
@@ -17,6 +27,43 @@ void set_eager_mode(EagerMode m) { g_mode = static_cast<int>(m); }
 Metrics& metrics() {
   static Metrics m;
   return m;
+}
+
+// What makes a compiled executable reusable by another process: the plugin binary and
+// the API it speaks (compile options are fixed by runtime/compile_options.cpp).
+static const std::string& cache_identity() {
+  static const std::string id = [] {
+    auto& c = runtime::Client::get();
+    std::string s = "torch_tpu executable v1|" + c.plugin_path() + "|" + c.platform();
+    struct stat st;
+    if (::stat(c.plugin_path().c_str(), &st) == 0)
+      s += "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtime);
+    auto [major, minor] = c.api_version();
+    return s + "|" + std::to_string(major) + "." + std::to_string(minor) + "\n";
+  }();
+  return id;
+}
+
+// Compiles, or loads what an earlier process compiled from the on-disk cache.
+static runtime::ExecutablePtr compile_persistent(const std::string& text, const std::string& name) {
+  auto& client = runtime::Client::get();
+  runtime::DiskCache* disk = runtime::DiskCache::get();
+  if (!disk) return client.compile(text, name);
+  std::string key = cache_identity() + text;
+  if (std::optional<std::string> bytes = disk->load(key)) {
+    try {
+      return client.deserialize(*bytes, name);
+    } catch (const runtime::Error&) {
+      disk->remove(key);  // the plugin rejected it: compile afresh
+    }
+  }
+  runtime::ExecutablePtr exe = client.compile(text, name);
+  try {
+    disk->store(key, client.serialize(*exe));
+  } catch (const runtime::Error&) {
+    // A plugin that cannot serialize just runs without persistence.
+  }
+  return exe;
 }
 
 runtime::ExecutablePtr compile_cached(const std::string& text, const std::string& name) {
@@ -30,7 +77,7 @@ runtime::ExecutablePtr compile_cached(const std::string& text, const std::string
       return it->second;
     }
   }
-  auto exe = runtime::Client::get().compile(text, name);
+  auto exe = compile_persistent(text, name);
   std::lock_guard<std::mutex> lock(mu);
   by_text.emplace(text, exe);
   return exe;
@@ -41,27 +88,6 @@ std::vector<runtime::BufferPtr> launch(const runtime::Executable& exe,
   return guarded([&] {
     return runtime::Client::get().execute(exe, args, device, eager_mode() == EagerMode::Debug);
   });
-}
-
-std::vector<runtime::BufferPtr> run_internal(
-    const std::string& key, const std::function<std::string(ir::Builder&)>& build,
-    const std::vector<runtime::Buffer*>& args, int device) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, runtime::ExecutablePtr> cache;
-  runtime::ExecutablePtr exe;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) exe = it->second;
-  }
-  if (!exe) {
-    ir::Builder b;
-    std::string text = build(b);
-    exe = guarded([&] { return compile_cached(text, key); });
-    std::lock_guard<std::mutex> lock(mu);
-    cache.emplace(key, exe);
-  }
-  return launch(*exe, args, device);
 }
 
 }  // namespace tpu::backend

@@ -14,7 +14,7 @@
 
 namespace tpu::backend {
 
-enum class EagerMode { Strict = 0, Debug = 1 };
+enum class EagerMode { Strict = 0, Debug = 1, DeferAndFuse = 2 };
 EagerMode eager_mode();
 void set_eager_mode(EagerMode m);
 
@@ -25,6 +25,7 @@ struct Metrics {
   std::atomic<int64_t> program_hits{0};      // emitted text already compiled
   std::mutex mu;
   std::map<std::string, int64_t> fallbacks;  // op -> count
+  std::map<std::string, int64_t> flushes;    // why deferred graphs ran -> count
 };
 Metrics& metrics();
 
@@ -34,11 +35,6 @@ runtime::ExecutablePtr compile_cached(const std::string& text, const std::string
 // Launches `exe` on `device`; waits in Debug mode.
 std::vector<runtime::BufferPtr> launch(const runtime::Executable& exe,
                                        const std::vector<runtime::Buffer*>& args, int device);
-
-// A small internal program (zero fill, relayout...) cached under `key`, built on a miss.
-std::vector<runtime::BufferPtr> run_internal(
-    const std::string& key, const std::function<std::string(ir::Builder&)>& build,
-    const std::vector<runtime::Buffer*>& args, int device);
 
 // Runs `fn`, turning runtime errors into PyTorch's: device OOM becomes
 // torch.OutOfMemoryError, other PJRT errors RuntimeError with the plugin's message.

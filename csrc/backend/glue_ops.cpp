@@ -21,29 +21,28 @@ namespace {
 constexpr c10::DispatchKeySet kTpuKeys(c10::DispatchKey::PrivateUse1);
 
 // Writes `value` (broadcastable to dst, any dtype) into dst's view of its storage.
-void assign(const at::Tensor& dst, const runtime::BufferPtr& value) {
+void assign(const at::Tensor& dst, const Operand& value) {
   StorageData& s = storage_of(dst);
   DType dt = device_dtype(dst.scalar_type(), "copy_");
   ir::Geometry g = geometry_of(dst);
   ir::Type st = storage_type(dst);
-  if (value->dtype() == dt && value->dims() == st.shape && g.covers(st.shape) && st.dtype == dt) {
-    s.buffer = value;
+  ir::Type vt = value.type();
+  if (vt.dtype == dt && vt.shape == st.shape && g.covers(st.shape) && st.dtype == dt) {
+    s.value = value;
     return;
   }
   // The whole storage rewritten: the old bytes are not needed.
   bool whole = itemsize(st.dtype) == itemsize(dt) && g.covers(st.shape);
-  if (!whole) materialized(dst);
-  std::vector<runtime::Buffer*> args{value.get()};
-  if (!whole) args.push_back(s.buffer.get());
-  ir::Type vt{value->dtype(), value->dims()};
+  std::vector<Operand> args{value};
+  if (!whole) args.push_back(storage_value(dst));
   std::string key = "assign:" + vt.str() + "->" + view_key(dst);
-  s.buffer = run_internal(key, [&](ir::Builder& b) {
+  s.value = run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
     ir::Value v = lowering::coerce(b, b.param(vt), dt, g.sizes);
-    if (whole) return b.finish({b.reshape(ir::reinterpret(b, v, st.dtype), st.shape)});
+    if (whole) return {b.reshape(ir::reinterpret(b, v, st.dtype), st.shape)};
     // A view of another dtype writes through the storage's bytes.
     ir::Value cur = ir::reinterpret(b, b.param(st), dt);
     ir::Value written = ir::write_view(b, &cur, cur.type, g, v);
-    return b.finish({b.reshape(ir::reinterpret(b, written, st.dtype), st.shape)});
+    return {b.reshape(ir::reinterpret(b, written, st.dtype), st.shape)};
   }, args, s.device)[0];
 }
 
@@ -93,20 +92,21 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   c10::Storage storage = self.storage();
   if (need > storage.nbytes()) {
     StorageData& old = storage_of(self);
-    runtime::BufferPtr old_buf = old.buffer;
+    Operand old_value = old.value;
     int dev = old.device;
     c10::DeviceGuard guard(self.device());
     c10::DataPtr fresh = tpu_allocator()->allocate(need);
-    if (old_buf && old_buf->numel() > 0) {
+    if (old_value && old_value.type().numel() > 0) {
       // Keep the old contents at the front of the bigger storage.
-      int64_t n_old = old_buf->numel();
-      int64_t n_new = static_cast<int64_t>(need) / itemsize(old_buf->dtype());
-      ir::Type ot{old_buf->dtype(), old_buf->dims()};
-      static_cast<StorageData*>(fresh.get_context())->buffer = guarded([&] {
-        return run_internal("grow:" + ot.str() + "->" + std::to_string(n_new), [&](ir::Builder& b) {
+      ir::Type ot = old_value.type();
+      int64_t n_old = ot.numel();
+      int64_t n_new = static_cast<int64_t>(need) / itemsize(ot.dtype);
+      static_cast<StorageData*>(fresh.get_context())->value = guarded([&] {
+        return run_internal("grow:" + ot.str() + "->" + std::to_string(n_new),
+                            [&](ir::Builder& b) -> std::vector<ir::Value> {
           ir::Value flat = b.reshape(b.param(ot), {n_old});
-          return b.finish({b.pad(flat, b.constant(0, ot.dtype), {0}, {n_new - n_old}, {0})});
-        }, {old_buf.get()}, dev)[0];
+          return {b.pad(flat, b.constant(0, ot.dtype), {0}, {n_new - n_old}, {0})};
+        }, {old_value}, dev)[0];
       });
     }
     storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(fresh));
@@ -155,10 +155,10 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
     } else {
       TORCH_CHECK(self.is_privateuseone() && src.is_privateuseone(), "copy_ from ", src.device(),
                   " to ", self.device(), " is not supported by the tpu backend");
-      auto buf = dense_buffer(src);
+      Operand v = dense_value(src);
       if (device_index(src) != device_index(self))
-        buf = runtime::Client::get().copy_to_device(*buf, device_index(self));
-      assign(self, buf);
+        v = runtime::Client::get().copy_to_device(*resolve(v), device_index(self));
+      assign(self, v);
     }
     return self;
   });

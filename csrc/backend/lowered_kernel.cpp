@@ -67,7 +67,7 @@ struct OutSpec {
 };
 
 struct Plan {
-  runtime::ExecutablePtr exe;
+  ProgramPtr program;
   std::vector<Source> sources;
   std::vector<OutSpec> outs;
   std::vector<int> ret_counts;  // functional ops: tensors per return (Tensor[] > 1)
@@ -127,7 +127,7 @@ void key_tensor(KeyState& k, const at::Tensor& t) {
   k.key += geometry_of(t).key();
   StorageData& s = storage_of(t);
   k.key += storage_type(t).str();
-  if (!s.buffer) k.key += "z";
+  if (!s.value) k.key += "z";
 }
 
 void key_scalar(KeyState& k, const c10::Scalar& s) {
@@ -343,7 +343,7 @@ class KernelCtx final : public lowering::Ctx {
     const at::Tensor& t = *tensor_at(args_, arg, elem, &tmp);
     ir::Type st = storage_type(t);
     Value v;
-    if (storage_of(t).buffer) {
+    if (storage_of(t).value) {
       plan_.sources.push_back({Source::Storage, arg, elem, st.dtype});
       v = b.param(st);
     } else {
@@ -534,8 +534,7 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
       }
     }
   }
-  std::string text = b.finish(program_results);
-  plan->exe = guarded([&] { return compile_cached(text, describe(info, args)); });
+  plan->program = std::make_shared<Program>(b, program_results, describe(info, args));
   return plan;
 }
 
@@ -619,14 +618,16 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   }
   TORCH_CHECK(k.device >= 0, info.name, ": no tpu tensor among the arguments");
 
-  // Gather the parameters.
-  std::vector<runtime::BufferPtr> keep;
-  std::vector<runtime::Buffer*> params;
+  // Gather the parameters. While deferring, nothing may flush the graph between
+  // reading the operands and recording the call.
+  std::unique_lock<std::recursive_mutex> recording;
+  if (deferring()) recording = graph_lock();
+  std::vector<Operand> keep;
   for (const Source& s : plan->sources) {
     at::Tensor tmp;
     switch (s.kind) {
       case Source::Storage:
-        keep.push_back(materialized(*tensor_at(args, s.arg, s.elem, &tmp)));
+        keep.push_back(storage_value(*tensor_at(args, s.arg, s.elem, &tmp)));
         break;
       case Source::CpuTensor:
         keep.push_back(scalar_buffer(cpu_scalar(*tensor_at(args, s.arg, s.elem, &tmp)), s.dtype, k.device));
@@ -647,9 +648,8 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
         break;
       }
     }
-    params.push_back(keep.back().get());
   }
-  std::vector<runtime::BufferPtr> results = launch(*plan->exe, params, k.device);
+  std::vector<Operand> results = run(plan->program, keep, k.device);
 
   // Commit results: new storage buffers for mutated args, new tensors otherwise.
   std::vector<at::Tensor> fresh;
@@ -659,9 +659,9 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
       fresh.emplace_back();
     } else if (o.write) {
       at::Tensor tmp;
-      storage_of(*tensor_at(args, o.arg, o.elem, &tmp)).buffer = results[next_result++];
+      storage_of(*tensor_at(args, o.arg, o.elem, &tmp)).value = results[next_result++];
     } else {
-      fresh.push_back(wrap_buffer(results[next_result++], o.dtype, o.sizes, k.device));
+      fresh.push_back(wrap_value(results[next_result++], o.dtype, o.sizes, k.device));
     }
   }
 

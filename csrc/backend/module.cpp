@@ -2,10 +2,13 @@
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
+#include <set>
+
 #include "backend/device.h"
 #include "backend/executor.h"
 #include "backend/storage.h"
 #include "runtime/client.h"
+#include "runtime/disk_cache.h"
 #include "runtime/plugin_search.h"
 
 namespace tpu::backend {
@@ -36,11 +39,31 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_device", [](int d) { guarded([&] { set_current_device(d); return 0; }); });
   m.def("synchronize", [](int d) {
     py::gil_scoped_release nogil;
-    guarded([&] { client().synchronize(d); return 0; });
+    guarded([&] { flush("synchronize"); client().synchronize(d); return 0; });
   });
-  m.def("memory_allocated", [](int d) { return client().stats(d).live_bytes.load(); });
-  m.def("max_memory_allocated", [](int d) { return client().stats(d).peak_bytes.load(); });
+  // Runs the pending deferred graph without waiting for it (a training step's end).
+  m.def("flush", [](const std::string& reason) {
+    py::gil_scoped_release nogil;
+    static std::mutex mu;
+    static std::set<std::string> reasons;  // flush() keeps the pointer: intern the text
+    const char* r;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      r = reasons.insert(reason).first->c_str();
+    }
+    guarded([&] { flush(r); return 0; });
+  });
+  // Memory figures count buffers: pending deferred values run first.
+  m.def("memory_allocated", [](int d) {
+    guarded([&] { flush("memory query"); return 0; });
+    return client().stats(d).live_bytes.load();
+  });
+  m.def("max_memory_allocated", [](int d) {
+    guarded([&] { flush("memory query"); return 0; });
+    return client().stats(d).peak_bytes.load();
+  });
   m.def("reset_peak_memory_stats", [](int d) {
+    guarded([&] { flush("memory query"); return 0; });
     auto& s = client().stats(d);
     s.peak_bytes = s.live_bytes.load();
   });
@@ -60,7 +83,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("lowered_ops", [] { return lowered_op_names(); });
   m.def("is_materialized", [](const at::Tensor& t) {
     void* ctx = t.storage().data_ptr().get_context();
-    return ctx && static_cast<bool>(static_cast<StorageData*>(ctx)->buffer);
+    if (!ctx) return false;
+    const Operand& v = static_cast<StorageData*>(ctx)->value;
+    return v.buffer != nullptr || (v.slot && v.slot->buffer != nullptr);
+  });
+  m.def("compile_cache_dir", [] {
+    runtime::DiskCache* disk = runtime::DiskCache::get();
+    return disk ? disk->dir() : std::string();
   });
   m.def("memory_kinds", [](int d) { return client().memory_kinds(d); });
   // Fault injection through the real plugin: a float tensor whose upload has not landed,
@@ -70,7 +99,7 @@ PYBIND11_MODULE(_C, m) {
     int dev = current_device();
     std::shared_ptr<runtime::PendingUpload> up =
         guarded([&] { return client().upload_later(DType::F32, sizes, dev); });
-    at::Tensor t = wrap_buffer(up->buffer(), at::kFloat, sizes, dev);
+    at::Tensor t = wrap_value(up->buffer(), at::kFloat, sizes, dev);
     py::cpp_function fail([up](const std::string& msg) { up->fail(msg); });
     return py::make_tuple(t, fail);
   });
@@ -87,6 +116,28 @@ PYBIND11_MODULE(_C, m) {
       for (auto& [k, v] : mt.fallbacks) fb[py::str(k)] = v;
     }
     d["fallbacks"] = fb;
+    py::dict fl;
+    {
+      std::lock_guard<std::mutex> lock(mt.mu);
+      for (auto& [k, v] : mt.flushes) fl[py::str(k)] = v;
+    }
+    d["flushes"] = fl;
+    FuseStats& fs = fuse_stats();
+    d["deferred_ops"] = fs.recorded.load();
+    d["fused_graphs"] = fs.graphs.load();
+    d["fused_graph_cache_hits"] = fs.graph_hits.load();
+    d["fused_outputs"] = fs.outputs.load();
+    d["elided_intermediates"] = fs.elided.load();
+    d["donated_buffers"] = fs.donated.load();
+    d["fused_replays"] = fs.replays.load();
+    if (runtime::DiskCache* disk = runtime::DiskCache::get()) {
+      auto& ds = disk->stats();
+      d["disk_cache_hits"] = ds.hits.load();
+      d["disk_cache_misses"] = ds.misses.load();
+      d["disk_cache_writes"] = ds.writes.load();
+      d["disk_cache_corrupt"] = ds.corrupt.load();
+      d["disk_cache_evicted"] = ds.evicted.load();
+    }
     if (runtime::Client::initialized()) {
       auto& c = runtime::Client::get().counters();
       d["compiles"] = c.compiles.load();

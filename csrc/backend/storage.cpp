@@ -17,7 +17,7 @@ class TpuAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
     c10::DeviceIndex dev = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index();
-    auto* s = new StorageData{dev, nbytes, nullptr};
+    auto* s = new StorageData{dev, nbytes, {}};
     // The data pointer is only an identity: device memory is never host-addressable.
     return c10::DataPtr(s, s, &delete_storage, c10::Device(c10::DeviceType::PrivateUse1, dev));
   }
@@ -53,7 +53,7 @@ ir::Geometry geometry_of(const at::Tensor& t) {
 
 ir::Type storage_type(const at::Tensor& t) {
   StorageData& s = storage_of(t);
-  if (s.buffer) return ir::Type{s.buffer->dtype(), s.buffer->dims()};
+  if (s.value) return s.value.type();
   // Not written yet: shape the buffer like the tensor when it spans the storage.
   DType d = device_dtype(t.scalar_type(), "tpu storage");
   int64_t n = static_cast<int64_t>(s.nbytes) / itemsize(d);
@@ -62,47 +62,52 @@ ir::Type storage_type(const at::Tensor& t) {
   return ir::Type{d, {n}};
 }
 
+Operand storage_value(const at::Tensor& t) {
+  StorageData& s = storage_of(t);
+  if (s.value) return s.value;
+  ir::Type ty = storage_type(t);
+  s.value = run_internal("zeros:" + ty.str(), [&](ir::Builder& b) -> std::vector<ir::Value> {
+    return {b.constant(0, ty.dtype, ty.shape)};
+  }, {}, s.device)[0];
+  return s.value;
+}
+
 runtime::BufferPtr materialized(const at::Tensor& t) {
   StorageData& s = storage_of(t);
-  if (s.buffer) return s.buffer;
-  ir::Type ty = storage_type(t);
-  std::string key = "zeros:" + ty.str();
-  s.buffer = run_internal(key, [&](ir::Builder& b) {
-    return b.finish({b.constant(0, ty.dtype, ty.shape)});
-  }, {}, s.device)[0];
-  return s.buffer;
+  runtime::BufferPtr b = resolve(storage_value(t));
+  s.value = b;  // forget the slot: the storage now holds the buffer itself
+  return b;
 }
 
 std::string view_key(const at::Tensor& t) {
   return mlir_name(device_dtype(t.scalar_type(), "copy")) + geometry_of(t).key() + storage_type(t).str() +
-         (storage_of(t).buffer ? "" : "z");
+         (storage_of(t).value ? "" : "z");
 }
 
-// A dense buffer holding exactly `t`'s values (its own storage buffer when that fits).
-runtime::BufferPtr dense_buffer(const at::Tensor& t) {
+// A dense value holding exactly `t`'s values (its own storage's value when that fits).
+Operand dense_value(const at::Tensor& t) {
   StorageData& s = storage_of(t);
   DType dt = device_dtype(t.scalar_type(), "read");
   ir::Geometry g = geometry_of(t);
-  if (s.buffer && s.buffer->dtype() == dt && g.covers(s.buffer->dims()) &&
-      s.buffer->dims() == g.sizes)
-    return s.buffer;
   ir::Type st = storage_type(t);
-  bool has = static_cast<bool>(s.buffer);
-  std::vector<runtime::Buffer*> args;
-  if (has) args.push_back(s.buffer.get());
-  return run_internal("dense:" + view_key(t), [&](ir::Builder& b) {
+  if (s.value && st.dtype == dt && g.covers(st.shape) && st.shape == g.sizes) return s.value;
+  bool has = static_cast<bool>(s.value);
+  std::vector<Operand> args;
+  if (has) args.push_back(s.value);
+  return run_internal("dense:" + view_key(t), [&](ir::Builder& b) -> std::vector<ir::Value> {
     ir::Value src = has ? b.param(st) : b.constant(0, st.dtype, st.shape);
     if (src.dtype() != dt) src = ir::reinterpret(b, src, dt);
-    return b.finish({ir::read_view(b, src, g)});
+    return {ir::read_view(b, src, g)};
   }, args, s.device)[0];
 }
 
-at::Tensor wrap_buffer(runtime::BufferPtr buffer, c10::ScalarType dtype, at::IntArrayRef sizes,
-                       int device) {
+runtime::BufferPtr dense_buffer(const at::Tensor& t) { return resolve(dense_value(t)); }
+
+at::Tensor wrap_value(Operand value, c10::ScalarType dtype, at::IntArrayRef sizes, int device) {
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
   constexpr c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
   at::Tensor t = at::detail::empty_generic(sizes, &g_allocator, ks, dtype, std::nullopt);
-  storage_of(t).buffer = std::move(buffer);
+  storage_of(t).value = std::move(value);
   return t;
 }
 

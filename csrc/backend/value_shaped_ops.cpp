@@ -57,10 +57,10 @@ at::Tensor nonzero_tpu(const at::Tensor& self) {
         cols.push_back(b.reshape(c, {n, 1}));
       }
       Value coords = r ? b.concatenate(cols, 1) : b.constant(0, DType::I64, {n, 0});
-      return b.finish({coords, count});
-    }, {dense_buffer(self).get()}, dev);
-    at::Tensor all = wrap_buffer(res[0], at::kLong, {n, r}, dev);
-    return all.narrow(0, 0, read_count(res[1]));
+      return std::vector<Value>{coords, count};
+    }, {dense_value(self)}, dev);
+    at::Tensor all = wrap_value(res[0], at::kLong, {n, r}, dev);
+    return all.narrow(0, 0, read_count(resolve(res[1])));
   });
 }
 
@@ -77,10 +77,10 @@ at::Tensor masked_select_tpu(const at::Tensor& self, const at::Tensor& mask) {
       Value x = b.reshape(lowering::broadcast_to(b, b.param(st), shape), {n});
       Value m = b.reshape(lowering::broadcast_to(b, b.param(mt), shape), {n});
       auto [values, count] = selected_first(b, m, x);
-      return b.finish({values, count});
-    }, {dense_buffer(self).get(), dense_buffer(mask).get()}, dev);
-    at::Tensor all = wrap_buffer(res[0], self.scalar_type(), {n}, dev);
-    return all.narrow(0, 0, read_count(res[1]));
+      return std::vector<Value>{values, count};
+    }, {dense_value(self), dense_value(mask)}, dev);
+    at::Tensor all = wrap_value(res[0], self.scalar_type(), {n}, dev);
+    return all.narrow(0, 0, read_count(resolve(res[1])));
   });
 }
 

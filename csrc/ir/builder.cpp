@@ -412,17 +412,22 @@ std::pair<Value, Value> Builder::rng_bit_generator(const Value& state, const Typ
   return {Value{name + "#0", state.type}, Value{name + "#1", bits_type}};
 }
 
-std::string Builder::finish(const std::vector<Value>& results) {
+std::string Builder::function(const std::string& name, const std::vector<Value>& results,
+                              bool is_public) const {
   std::ostringstream m;
-  m << "module @torch_tpu {\n  func.func public @main(";
+  m << "  func.func " << (is_public ? "public" : "private") << " @" << name << "(";
   for (size_t i = 0; i < params_.size(); ++i) {
     m << (i ? ", " : "") << "%arg" << i << ": " << params_[i].str();
   }
   m << ") -> (";
   for (size_t i = 0; i < results.size(); ++i) m << (i ? ", " : "") << results[i].type.str();
   m << ") {\n" << body_.str() << "    \"func.return\"(" << names(results) << ") : "
-    << sig(results) << " -> ()\n  }\n}\n";
+    << sig(results) << " -> ()\n  }\n";
   return m.str();
+}
+
+std::string Builder::finish(const std::vector<Value>& results) {
+  return "module @torch_tpu {\n" + function("main", results, true) + "}\n";
 }
 
 }  // namespace tpu::ir

@@ -98,6 +98,10 @@ class Builder {
 
   // The whole module, returning `results`.
   std::string finish(const std::vector<Value>& results);
+  // The same program as one function of a larger module (see ir/fusion.h).
+  std::string function(const std::string& name, const std::vector<Value>& results,
+                       bool is_public) const;
+  const std::vector<Type>& params() const { return params_; }
 
  private:
   std::string fresh();

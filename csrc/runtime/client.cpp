@@ -409,9 +409,17 @@ ExecutablePtr Client::compile(const std::string& mlir, const std::string& name) 
   a.compile_options = options.data();
   a.compile_options_size = options.size();
   check(api_->PJRT_Client_Compile(&a), "compiling " + name);
+  ExecutablePtr exe = wrap_loaded(a.executable, name);
+  counters_.compiles += 1;
+  counters_.compile_us += std::chrono::duration_cast<std::chrono::microseconds>(
+                              std::chrono::steady_clock::now() - t0).count();
+  return exe;
+}
 
+// Owns `loaded` and reads what launches need to know: output count, memory sizes.
+ExecutablePtr Client::wrap_loaded(PJRT_LoadedExecutable* loaded, const std::string& name) {
   auto ge = ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
-  ge.loaded_executable = a.executable;
+  ge.loaded_executable = loaded;
   check(api_->PJRT_LoadedExecutable_GetExecutable(&ge), "GetExecutable");
   auto no = ARGS(PJRT_Executable_NumOutputs_Args);
   no.executable = ge.executable;
@@ -430,17 +438,41 @@ ExecutablePtr Client::compile(const std::string& mlir, const std::string& name) 
   auto de = ARGS(PJRT_Executable_Destroy_Args);
   de.executable = ge.executable;
   check(api_->PJRT_Executable_Destroy(&de), "Executable_Destroy");
-
-  counters_.compiles += 1;
-  counters_.compile_us += std::chrono::duration_cast<std::chrono::microseconds>(
-                              std::chrono::steady_clock::now() - t0).count();
-  auto exe = std::make_shared<Executable>(a.executable, no.num_outputs, temp, out_bytes);
+  auto exe = std::make_shared<Executable>(loaded, no.num_outputs, temp, out_bytes);
   exe->name = name;
   return exe;
 }
 
+std::string Client::serialize(const Executable& exe) {
+  auto ge = ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  ge.loaded_executable = exe.raw();
+  check(api_->PJRT_LoadedExecutable_GetExecutable(&ge), "GetExecutable");
+  auto s = ARGS(PJRT_Executable_Serialize_Args);
+  s.executable = ge.executable;
+  PJRT_Error* err = api_->PJRT_Executable_Serialize(&s);
+  std::string bytes;
+  if (!err) {
+    bytes.assign(s.serialized_bytes, s.serialized_bytes_size);
+    if (s.serialized_executable_deleter) s.serialized_executable_deleter(s.serialized_executable);
+  }
+  auto de = ARGS(PJRT_Executable_Destroy_Args);
+  de.executable = ge.executable;
+  api_->PJRT_Executable_Destroy(&de);
+  check(err, "serializing " + exe.name);
+  return bytes;
+}
+
+ExecutablePtr Client::deserialize(const std::string& bytes, const std::string& name) {
+  auto a = ARGS(PJRT_Executable_DeserializeAndLoad_Args);
+  a.client = client_;
+  a.serialized_executable = bytes.data();
+  a.serialized_executable_size = bytes.size();
+  check(api_->PJRT_Executable_DeserializeAndLoad(&a), "loading the cached executable of " + name);
+  return wrap_loaded(a.loaded_executable, name);
+}
+
 std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<Buffer*>& args,
-                                       int device, bool wait) {
+                                       int device, bool wait, const std::vector<bool>& donate) {
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     if (!deferred_error_.empty()) {
@@ -455,8 +487,9 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
 
   std::vector<PJRT_Buffer*> raw(args.size());
   for (size_t i = 0; i < args.size(); ++i) raw[i] = args[i]->raw();
-  std::vector<int64_t> keep(args.size());  // inputs the program may not reuse: all
-  for (size_t i = 0; i < args.size(); ++i) keep[i] = static_cast<int64_t>(i);
+  std::vector<int64_t> keep;  // inputs the program may not reuse
+  for (size_t i = 0; i < args.size(); ++i)
+    if (i >= donate.size() || !donate[i]) keep.push_back(static_cast<int64_t>(i));
   std::vector<PJRT_Buffer*> outs(exe.num_outputs(), nullptr);
   PJRT_Buffer* const* arg_lists[1] = {raw.data()};
   PJRT_Buffer** out_lists[1] = {outs.data()};

@@ -130,10 +130,14 @@ class Client {
   std::vector<std::string> memory_kinds(int device) const;
 
   ExecutablePtr compile(const std::string& mlir, const std::string& name);
+  // A compiled executable as bytes (for an on-disk cache), and back.
+  std::string serialize(const Executable& exe);
+  ExecutablePtr deserialize(const std::string& bytes, const std::string& name);
   // Launches asynchronously; returns the outputs. With `wait` it blocks until done
-  // and raises any execution error here. No input is donated.
+  // and raises any execution error here. Inputs marked in `donate` may have their memory
+  // reused by an output the program aliases to them (the caller must not read them again).
   std::vector<BufferPtr> execute(const Executable& exe, const std::vector<Buffer*>& args,
-                                 int device, bool wait);
+                                 int device, bool wait, const std::vector<bool>& donate = {});
   // Waits for every launched execution on `device` (-1: all) and raises the first error.
   void synchronize(int device = -1);
   // True when every launched execution on `device` has finished (does not wait).
@@ -151,6 +155,7 @@ class Client {
 
  private:
   Client();
+  ExecutablePtr wrap_loaded(PJRT_LoadedExecutable* loaded, const std::string& name);
   void track_event(PJRT_Event* ev, int device, const std::string& op);
   void reap(bool all, int device);
   void await_event(PJRT_Event* ev, const std::string& what);

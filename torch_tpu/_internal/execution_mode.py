@@ -2,6 +2,9 @@
 
 DEFER_NEVER (Strict, default): op by op, asynchronous.
 DEFER_NEVER_AND_LAUNCH_BLOCKING (Debug): each op waits; errors surface at their line.
+DEFER_AND_FUSE (fused eager): ops are recorded; the pending graph runs as one compiled
+program when a value is needed (.item(), .cpu(), print, a fallback op, synchronize),
+at the end of each optimizer step, or when it reaches TPU_FUSE_MAX_OPS ops.
 """
 import contextlib
 import enum
@@ -13,6 +16,7 @@ from .. import _C
 class EagerMode(enum.Enum):
     DEFER_NEVER = 0
     DEFER_NEVER_AND_LAUNCH_BLOCKING = 1
+    DEFER_AND_FUSE = 2
 
 
 def get_eager_mode() -> EagerMode:
@@ -22,7 +26,7 @@ def get_eager_mode() -> EagerMode:
 def _set(mode: EagerMode) -> None:
     if not isinstance(mode, EagerMode):
         raise TypeError(f"expected a torch_tpu.EagerMode, got {mode!r}")
-    _C.synchronize(-1)  # work launched under the old mode finishes under it
+    _C.synchronize(-1)  # work recorded or launched under the old mode finishes under it
     _C.set_eager_mode(mode.value)
 
 

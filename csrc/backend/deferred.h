@@ -1,0 +1,103 @@
+// Programs, and the values they produce: the promise behind every tpu storage.
+//
+// Every op runs as a Program. In Strict and Debug mode `run` launches it at once and
+// returns buffers. In DeferAndFuse mode `run` records the call in the pending graph and
+// returns Slots, promises of values; `flush` turns the whole pending graph into one
+// program (each recorded program a function that `main` calls), compiles it once per
+// graph shape, and launches it. Only slots some storage still holds become outputs:
+// intermediates nobody references are never materialized, and input buffers nobody else
+// holds are donated to same-shaped outputs (in-place updates reuse their memory).
+#pragma once
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ir/builder.h"
+#include "runtime/client.h"
+
+namespace tpu::backend {
+
+// A program over buffers; compiled on its first eager launch, while fused graphs use
+// its text as a function.
+class Program {
+ public:
+  Program(const ir::Builder& b, const std::vector<ir::Value>& results, std::string name);
+  int64_t id() const { return id_; }
+  const std::string& name() const { return name_; }
+  const std::string& function_text() const { return function_; }
+  std::string function_name() const { return "p" + std::to_string(id_); }
+  const std::vector<ir::Type>& params() const { return params_; }
+  const std::vector<ir::Type>& results() const { return results_; }
+  const std::string& module_text() const { return module_; }
+  runtime::ExecutablePtr executable();  // compiles on first use
+
+ private:
+  int64_t id_;
+  std::string name_, module_, function_;
+  std::vector<ir::Type> params_, results_;
+  std::mutex mu_;
+  runtime::ExecutablePtr exe_;
+};
+using ProgramPtr = std::shared_ptr<Program>;
+
+struct Node;
+
+// One output of a recorded program: pending until its graph runs.
+struct Slot {
+  ir::Type type;
+  int device = 0;
+  Node* producer = nullptr;  // while pending: the node, owned by the pending graph
+  int index = 0;             // which output of the producer
+  runtime::BufferPtr buffer; // once the graph has run
+  std::string error;         // the graph failed: why
+};
+using SlotPtr = std::shared_ptr<Slot>;
+
+// A program operand or result: a buffer, or a slot of the pending graph.
+struct Operand {
+  runtime::BufferPtr buffer;
+  SlotPtr slot;
+  Operand() = default;
+  Operand(runtime::BufferPtr b) : buffer(std::move(b)) {}  // NOLINT: implicit by design
+  Operand(SlotPtr s) : slot(std::move(s)) {}               // NOLINT
+  explicit operator bool() const { return buffer || slot; }
+  ir::Type type() const {
+    return buffer ? ir::Type{buffer->dtype(), buffer->dims()} : slot->type;
+  }
+};
+
+bool deferring();  // DeferAndFuse is the current mode
+
+// Runs `program` on `device` (launches, or records while deferring).
+std::vector<Operand> run(const ProgramPtr& program, const std::vector<Operand>& args, int device);
+
+// A small internal program (zero fill, relayout...) made once per `key`, then run.
+std::vector<Operand> run_internal(const std::string& key,
+                                  const std::function<std::vector<ir::Value>(ir::Builder&)>& build,
+                                  const std::vector<Operand>& args, int device);
+
+// The buffer behind `v`, running the pending graph if it is still pending.
+runtime::BufferPtr resolve(const Operand& v);
+
+// Runs the pending graph (if any) as one program. `reason` is counted in the metrics.
+void flush(const char* reason);
+
+// Held while gathering operands and recording, so other threads (autograd's) cannot
+// flush the graph in between.
+std::unique_lock<std::recursive_mutex> graph_lock();
+
+struct FuseStats {
+  std::atomic<int64_t> recorded{0};      // program calls recorded
+  std::atomic<int64_t> graphs{0};        // fused graphs launched
+  std::atomic<int64_t> graph_hits{0};    // ... whose executable was already built
+  std::atomic<int64_t> outputs{0};       // values materialized by graphs
+  std::atomic<int64_t> elided{0};        // values no one referenced: never materialized
+  std::atomic<int64_t> donated{0};       // input buffers reused for outputs
+  std::atomic<int64_t> replays{0};       // graphs re-run op by op after a failure
+};
+FuseStats& fuse_stats();
+
+}  // namespace tpu::backend

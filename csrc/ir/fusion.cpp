@@ -1,0 +1,56 @@
+#include "ir/fusion.h"
+
+namespace tpu::ir {
+namespace {
+
+std::string joined_names(const std::vector<Value>& vs) {
+  std::string s;
+  for (size_t i = 0; i < vs.size(); ++i) s += (i ? ", " : "") + vs[i].name;
+  return s;
+}
+
+std::string joined_types(const std::vector<Type>& ts) {
+  std::string s;
+  for (size_t i = 0; i < ts.size(); ++i) s += (i ? ", " : "") + ts[i].str();
+  return s;
+}
+
+std::vector<Type> types_of(const std::vector<Value>& vs) {
+  std::vector<Type> ts;
+  for (const Value& v : vs) ts.push_back(v.type);
+  return ts;
+}
+
+}  // namespace
+
+Value FusedModule::param(const Type& t) {
+  params_.push_back(t);
+  return Value{"%arg" + std::to_string(params_.size() - 1), t};
+}
+
+std::vector<Value> FusedModule::call(const std::string& fn, const std::vector<Value>& args,
+                                     const std::vector<Type>& results) {
+  std::string name = "%c" + std::to_string(next_++);
+  body_ += "    " + name + (results.size() > 1 ? ":" + std::to_string(results.size()) : "") +
+           " = \"func.call\"(" + joined_names(args) + ") {callee = @" + fn + "} : (" +
+           joined_types(types_of(args)) + ") -> (" + joined_types(results) + ")\n";
+  std::vector<Value> out;
+  for (size_t i = 0; i < results.size(); ++i)
+    out.push_back(Value{results.size() > 1 ? name + "#" + std::to_string(i) : name, results[i]});
+  return out;
+}
+
+std::string FusedModule::finish(const std::vector<Value>& results,
+                                const std::vector<int>& aliases) const {
+  std::string m = "module @torch_tpu_fused {\n" + functions_ + "  func.func public @main(";
+  for (size_t i = 0; i < params_.size(); ++i) {
+    m += (i ? ", " : "") + std::string("%arg") + std::to_string(i) + ": " + params_[i].str();
+    if (i < aliases.size() && aliases[i] >= 0)
+      m += " {tf.aliasing_output = " + std::to_string(aliases[i]) + " : i32}";
+  }
+  m += ") -> (" + joined_types(types_of(results)) + ") {\n" + body_ + "    \"func.return\"(" +
+       joined_names(results) + ") : (" + joined_types(types_of(results)) + ") -> ()\n  }\n}\n";
+  return m;
+}
+
+}  // namespace tpu::ir

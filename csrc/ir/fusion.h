@@ -1,0 +1,32 @@
+// One module from many programs: each recorded op's program becomes a private function,
+// and `main` calls them in recording order. XLA inlines the calls and fuses across them,
+// so the text of an op's program is emitted once however often the graph uses it.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "ir/builder.h"
+
+namespace tpu::ir {
+
+class FusedModule {
+ public:
+  // `main`'s next parameter.
+  Value param(const Type& t);
+  // Adds a function made by Builder::function (private, uniquely named).
+  void add_function(const std::string& text) { functions_ += text; }
+  // Calls `fn` from main; returns its results.
+  std::vector<Value> call(const std::string& fn, const std::vector<Value>& args,
+                          const std::vector<Type>& results);
+  // The module text. `aliases[i]` >= 0 lets parameter i's buffer be reused for that
+  // result (the caller donates the buffer at launch).
+  std::string finish(const std::vector<Value>& results, const std::vector<int>& aliases) const;
+
+ private:
+  std::vector<Type> params_;
+  std::string functions_;
+  std::string body_;
+  int next_ = 0;
+};
+
+}  // namespace tpu::ir

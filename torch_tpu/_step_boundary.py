@@ -1,0 +1,16 @@
+"""Training steps end at optimizer steps: there the deferred graph is cut and launched.
+
+Cutting at the same place every step makes every step's graph the same program, so it
+compiles once; launching without waiting lets Python record the next step meanwhile.
+"""
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from . import _C
+
+
+def _after_optimizer_step(optimizer, args, kwargs):
+    if _C.get_eager_mode() == 2:  # EagerMode.DEFER_AND_FUSE
+        _C.flush("optimizer step")
+
+
+register_optimizer_step_post_hook(_after_optimizer_step)
