@@ -2,6 +2,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -9,6 +10,8 @@ import torch
 import torch_tpu
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Hermetic runs: a fresh persistent compile cache per session (subprocesses share it).
+os.environ.setdefault("TPU_COMPILE_CACHE_DIR", tempfile.mkdtemp(prefix="torch_tpu_compile_cache_"))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

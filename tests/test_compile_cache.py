@@ -1,0 +1,66 @@
+"""The persistent compile cache: a second process compiles nothing; corrupt entries are
+recompiled; the directory stays within its bound; it can be switched off."""
+import json
+import os
+
+from conftest import run_python
+
+PROGRAM = (
+    "import json, torch, torch_tpu\n"
+    "x = torch.arange(12.0, device='tpu').reshape(3, 4)\n"
+    "y = (x.softmax(-1) @ x.T).tanh().sum(0)\n"
+    "with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):\n"
+    "    z = ((x * 3).relu() + y.unsqueeze(1)).mean()\n"
+    "    v = z.item()\n"
+    "m = torch_tpu.metrics()\n"
+    "print(json.dumps({'y': y.tolist(), 'v': v, 'compiles': m['compiles'],\n"
+    "                  'hits': m.get('disk_cache_hits', 0), 'corrupt': m.get('disk_cache_corrupt', 0),\n"
+    "                  'evicted': m.get('disk_cache_evicted', 0), 'dir': torch_tpu._C.compile_cache_dir()}))\n"
+)
+
+
+def run(cache_dir, **env):
+    r = run_python(PROGRAM, env={"TPU_COMPILE_CACHE_DIR": str(cache_dir), **env})
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_compiles_nothing(tmp_path):
+    cold = run(tmp_path)
+    warm = run(tmp_path)
+    assert cold["compiles"] > 0 and cold["hits"] == 0
+    assert warm["compiles"] == 0 and warm["hits"] >= cold["compiles"]
+    assert warm["y"] == cold["y"] and warm["v"] == cold["v"]
+    assert any(f.endswith(".exe") for f in os.listdir(tmp_path))
+
+
+def test_corrupt_entries_are_detected_and_recompiled(tmp_path):
+    cold = run(tmp_path)
+    entries = [f for f in os.listdir(tmp_path) if f.endswith(".exe")]
+    for i, f in enumerate(entries):
+        with open(tmp_path / f, "r+b") as fh:
+            if i % 2:
+                fh.truncate(40)            # torn write
+            else:
+                fh.seek(-20, os.SEEK_END)  # flipped payload bytes
+                fh.write(b"\x00" * 12)
+    again = run(tmp_path)
+    assert again["corrupt"] == len(entries)
+    assert again["compiles"] == cold["compiles"]
+    assert again["y"] == cold["y"] and again["v"] == cold["v"]
+    assert run(tmp_path)["compiles"] == 0  # rewritten entries are good
+
+
+def test_cache_stays_within_its_size_bound(tmp_path):
+    bound = 0.02  # MiB: fewer bytes than this program's executables need
+    out = run(tmp_path, TPU_COMPILE_CACHE_MAX_MB=str(bound))
+    sizes = [os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path)]
+    assert out["evicted"] > 0
+    assert sum(sizes) <= bound * (1 << 20)
+    assert run(tmp_path, TPU_COMPILE_CACHE_MAX_MB=str(bound))["y"] == out["y"]
+
+
+def test_cache_can_be_switched_off(tmp_path):
+    out = run(tmp_path, TPU_COMPILE_CACHE="0")
+    assert out["dir"] == "" and out["hits"] == 0
+    assert os.listdir(tmp_path) == []
