@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 export CCACHE_BASEDIR := $(CURDIR)
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup build demo test test-cpp test-py clean conformance
+.PHONY: setup build demo test test-cpp test-py test-modes clean conformance bench
 
 setup: $(VENV)/.ready
 
@@ -12,7 +12,7 @@ setup: $(VENV)/.ready
 $(VENV)/.ready: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=23" setuptools wheel
-	$(PY) -m pip install -q torch==2.13.0 xla-cpu-pjrt numpy pytest pytest-timeout expecttest cmake ninja
+	$(PY) -m pip install -q torch==2.13.0 xla-cpu-pjrt numpy pytest pytest-timeout expecttest cmake ninja matplotlib
 	command -v ccache >/dev/null || (apt-get install -y -q ccache >/dev/null 2>&1 || true)
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $@
@@ -35,12 +35,25 @@ test-cpp: build
 test-py: build
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-test: test-cpp test-py
+# The device-semantics, op, training and mode tests again under the other eager modes.
+MODE_TESTS := tests/test_semantics.py tests/test_device_api.py tests/test_rng.py \
+  tests/test_training.py tests/test_modes.py tests/test_ops_elementwise.py tests/test_ops_nn.py \
+  tests/test_defer_and_fuse.py
+test-modes: build
+	TPU_DEFER_AND_FUSE=1 $(PY) -m pytest -q -p no:cacheprovider $(MODE_TESTS)
+	TPU_LAUNCH_BLOCKING=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_semantics.py \
+	  tests/test_device_api.py tests/test_rng.py tests/test_training.py tests/test_modes.py
+
+test: test-cpp test-py test-modes
 
 # OpInfo conformance of every op_db entry, CPU vs tpu, into conformance_results/.
 # Options through ARGS, e.g. ARGS="--ops add,nn.functional.* --baseline old.json --check".
 conformance: build
 	$(PY) -m torch_tpu.conformance $(ARGS)
+
+# Eager modes side by side with native CPU PyTorch: benchmarks/results/results.{json,md,png}.
+bench: build
+	$(PY) benchmarks/run.py $(ARGS)
 
 clean:
 	rm -rf build torch_tpu/_C*.so

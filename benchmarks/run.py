@@ -1,0 +1,336 @@
+"""Side-by-side benchmarks: native PyTorch on CPU and torch_tpu in each eager mode, in one
+process, on the same models and data.
+
+    .venv/bin/python benchmarks/run.py            (or: make bench)
+
+Workloads: (a) GPT decoder training step, (b) its prefill forward, (c) MLP training step,
+(d) small CNN training step. Per workload and mode: median step time over --steps timed
+steps after --warmup steps, throughput (tokens/s or samples/s), peak device memory
+(torch.tpu.max_memory_allocated over the timed steps), compiles and executions per
+step; then cold- vs warm-cache start of a fresh process (time to finish its first
+training step). Writes results.json, results.md and results.png to --out, and checks
+issue 4's targets (printed, and recorded in the JSON).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+from gpt import GPT, batches  # noqa: E402
+
+import torch_tpu  # noqa: E402
+from torch_tpu import EagerMode  # noqa: E402
+
+MODES = {
+    "cpu": None,
+    "strict": EagerMode.DEFER_NEVER,
+    "debug": EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
+    "fused": EagerMode.DEFER_AND_FUSE,
+}
+
+
+# ---- workloads: each returns (step function, units per step, unit name) -------------
+
+def gpt_config(quick):
+    return dict(vocab=256, d_model=128 if quick else 256, n_heads=4, n_layers=2 if quick else 4,
+                seq=128 if quick else 256), 8
+
+
+def gpt_train(device, quick):
+    cfg, batch = gpt_config(quick)
+    torch.manual_seed(0)
+    model = GPT(**cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = [(x.to(device), y.to(device)) for x, y in batches(cfg["vocab"], cfg["seq"], batch, 4)]
+    state = {"i": 0}
+
+    def step():
+        x, y = data[state["i"] % len(data)]
+        state["i"] += 1
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+    return step, batch * cfg["seq"], "tokens/s"
+
+
+def gpt_prefill(device, quick):
+    cfg, batch = gpt_config(quick)
+    torch.manual_seed(0)
+    model = GPT(**cfg).to(device).eval()
+    x, _ = next(batches(cfg["vocab"], cfg["seq"], batch, 1))
+    x = x.to(device)
+
+    def step():
+        with torch.no_grad():
+            logits = model(x)
+            return logits[:, -1].argmax(-1).sum().item()  # next tokens: the value a decoder needs
+    return step, batch * cfg["seq"], "tokens/s"
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in=512, hidden=2048, d_out=10):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, hidden),
+                                 nn.GELU(), nn.Linear(hidden, d_out))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def mlp_train(device, quick):
+    torch.manual_seed(0)
+    model = MLP(hidden=512 if quick else 2048).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = 256
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 512, generator=g).to(device)
+    y = torch.randint(0, 10, (batch,), generator=g).to(device)
+
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+    return step, batch, "samples/s"
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 32, 3, padding=1)
+        self.c2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc = nn.Linear(64 * 8 * 8, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.c1(x)), 2)
+        x = F.max_pool2d(F.relu(self.c2(x)), 2)
+        return self.fc(x.flatten(1))
+
+
+def cnn_train(device, quick):
+    torch.manual_seed(0)
+    model = CNN().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    batch = 16 if quick else 32
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 3, 32, 32, generator=g).to(device)
+    y = torch.randint(0, 10, (batch,), generator=g).to(device)
+
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+    return step, batch, "samples/s"
+
+
+WORKLOADS = {"gpt_train": gpt_train, "gpt_prefill": gpt_prefill, "mlp_train": mlp_train,
+             "cnn_train": cnn_train}
+
+
+# ---- measuring --------------------------------------------------------------------------
+
+def measure(workload, mode, steps, warmup, quick):
+    on_tpu = mode != "cpu"
+    device = "tpu" if on_tpu else "cpu"
+    ctx = torch_tpu.set_eager_mode(MODES[mode]) if on_tpu else None
+    try:
+        step, units, unit_name = WORKLOADS[workload](device, quick)
+        t_first = time.perf_counter()
+        step()
+        first = time.perf_counter() - t_first
+        for _ in range(warmup - 1):
+            step()
+        if on_tpu:
+            torch.tpu.synchronize()
+            torch.tpu.reset_peak_memory_stats()
+            m0 = torch_tpu.metrics()
+        times, values = [], []
+        for _ in range(steps):
+            t = time.perf_counter()
+            values.append(step())
+            times.append(time.perf_counter() - t)
+        row = {"workload": workload, "mode": mode, "unit": unit_name,
+               "median_step_s": statistics.median(times), "first_step_s": first,
+               "throughput": units / statistics.median(times), "last_value": values[-1]}
+        if on_tpu:
+            m1 = torch_tpu.metrics()
+            row["peak_bytes"] = torch.tpu.max_memory_allocated()
+            row["compiles_per_step"] = (m1["compiles"] - m0["compiles"]) / steps
+            row["executions_per_step"] = (m1["executions"] - m0["executions"]) / steps
+            row["fallbacks"] = sum(m1["fallbacks"].values()) - sum(m0["fallbacks"].values())
+        return row
+    finally:
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+
+
+def start_probe(workload, mode, quick):
+    """In a fresh process: the time to finish the first training step."""
+    t0 = time.perf_counter()
+    torch.ones(1, device="tpu").add(1).cpu()  # process-level start-up, not the model's
+    t1 = time.perf_counter()
+    with torch_tpu.set_eager_mode(MODES[mode]):
+        step, _, _ = WORKLOADS[workload]("tpu", quick)
+        step()
+    t2 = time.perf_counter()
+    m = torch_tpu.metrics()
+    print(json.dumps({"first_step_s": t2 - t1, "process_warmup_s": t1 - t0,
+                      "compiles": m["compiles"], "disk_cache_hits": m.get("disk_cache_hits", 0)}))
+
+
+def cold_vs_warm(workload, mode, quick):
+    with tempfile.TemporaryDirectory(prefix="torch_tpu_bench_cache_") as cache:
+        env = dict(os.environ, TPU_COMPILE_CACHE_DIR=cache)
+        cmd = [sys.executable, os.path.abspath(__file__), "--start-probe", workload, "--probe-mode", mode]
+        if quick:
+            cmd.append("--quick")
+        runs = []
+        for _ in range(2):
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+            if r.returncode != 0:
+                raise RuntimeError(r.stderr[-2000:])
+            runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    return {"workload": workload, "mode": mode, "cold": cold, "warm": warm,
+            "speedup": cold["first_step_s"] / max(warm["first_step_s"], 1e-9)}
+
+
+# ---- reporting -----------------------------------------------------------------------------
+
+def targets(rows, start):
+    by = {(r["workload"], r["mode"]): r for r in rows}
+    out = {}
+    s, f = by.get(("gpt_train", "strict")), by.get(("gpt_train", "fused"))
+    if s and f:
+        out["gpt_train fused/strict throughput (>= 2.0)"] = f["throughput"] / s["throughput"]
+        out["gpt_train fused/strict peak memory (<= 0.7)"] = f["peak_bytes"] / max(s["peak_bytes"], 1)
+        out["gpt_train fused compiles per step (== 0)"] = f["compiles_per_step"]
+        out["gpt_train fused executions per step (<= 4)"] = f["executions_per_step"]
+    if start:
+        out["warm/cold start speed-up (>= 10)"] = start["speedup"]
+    return out
+
+
+def met(name, value):
+    if "(>= " in name:
+        return value >= float(name.split("(>= ")[1].rstrip(")"))
+    if "(<= " in name:
+        return value <= float(name.split("(<= ")[1].rstrip(")"))
+    if "(== " in name:
+        return value == float(name.split("(== ")[1].rstrip(")"))
+    return None
+
+
+def markdown(rows, start, checks, meta):
+    lines = [f"# torch_tpu benchmarks ({meta['date']}, {meta['machine']})", "",
+             f"Plugin: `{meta['plugin']}`; median of {meta['steps']} steps after {meta['warmup']} warm-up "
+             f"steps{' (quick sizes)' if meta['quick'] else ''}.", "",
+             "| workload | mode | throughput | median step | vs strict | peak device MiB | "
+             "compiles/step | executions/step | first step |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    by = {(r["workload"], r["mode"]): r for r in rows}
+    for r in rows:
+        s = by.get((r["workload"], "strict"))
+        rel = f"{r['throughput'] / s['throughput']:.2f}x" if s else ""
+        peak = f"{r['peak_bytes'] / 2**20:.1f}" if "peak_bytes" in r else "-"
+        cps = f"{r['compiles_per_step']:.1f}" if "compiles_per_step" in r else "-"
+        eps = f"{r['executions_per_step']:.1f}" if "executions_per_step" in r else "-"
+        lines.append(f"| {r['workload']} | {r['mode']} | {r['throughput']:,.0f} {r['unit']} | "
+                     f"{r['median_step_s'] * 1e3:.1f} ms | {rel} | {peak} | {cps} | {eps} | "
+                     f"{r['first_step_s']:.2f} s |")
+    if start:
+        lines += ["", f"Start of a fresh process, {start['workload']} in {start['mode']} mode "
+                  "(time to finish the first training step):", "",
+                  "| cache | first step | compiles | disk-cache hits |", "|---|---|---|---|",
+                  f"| cold | {start['cold']['first_step_s']:.2f} s | {start['cold']['compiles']} | "
+                  f"{start['cold']['disk_cache_hits']} |",
+                  f"| warm | {start['warm']['first_step_s']:.2f} s | {start['warm']['compiles']} | "
+                  f"{start['warm']['disk_cache_hits']} |"]
+    lines += ["", "| target | value | met |", "|---|---|---|"]
+    for k, v in checks.items():
+        lines.append(f"| {k} | {v:.3f} | {'yes' if met(k, v) else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    by = {(r["workload"], r["mode"]): r for r in rows}
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(modes)
+    for i, mode in enumerate(modes):
+        vals = []
+        for w in workloads:
+            s, r = by.get((w, "strict")), by.get((w, mode))
+            vals.append(r["throughput"] / s["throughput"] if r and s else 0)
+        ax.bar([j + i * width for j in range(len(workloads))], vals, width, label=mode)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(workloads))], workloads)
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_ylabel("throughput relative to Strict")
+    ax.set_title("torch_tpu eager modes vs native CPU PyTorch")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="smaller models (a smoke run)")
+    ap.add_argument("--no-start", action="store_true", help="skip the cold/warm start measurement")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--start-probe", help=argparse.SUPPRESS)
+    ap.add_argument("--probe-mode", default="fused", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.start_probe:
+        start_probe(a.start_probe, a.probe_mode, a.quick)
+        return
+    rows = []
+    for w in a.workloads.split(","):
+        for mode in a.modes.split(","):
+            print(f"{w:12s} {mode:7s} ...", end=" ", flush=True)
+            r = measure(w, mode, a.steps, a.warmup, a.quick)
+            rows.append(r)
+            print(f"{r['throughput']:,.0f} {r['unit']}  median {r['median_step_s'] * 1e3:.1f} ms"
+                  + (f"  peak {r['peak_bytes'] / 2**20:.1f} MiB  exec/step {r['executions_per_step']:.1f}"
+                     if "peak_bytes" in r else ""), flush=True)
+    start = None if a.no_start else cold_vs_warm("gpt_train", "fused", a.quick)
+    checks = targets(rows, start)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} CPUs",
+            "plugin": torch_tpu._C.plugin_path(), "steps": a.steps, "warmup": a.warmup, "quick": a.quick,
+            "torch": torch.__version__}
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows, "start": start,
+                   "targets": {k: {"value": v, "met": met(k, v)} for k, v in checks.items()}}, f, indent=1)
+    md = markdown(rows, start, checks, meta)
+    with open(os.path.join(a.out, "results.md"), "w") as f:
+        f.write(md)
+    chart(rows, os.path.join(a.out, "results.png"))
+    print()
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
