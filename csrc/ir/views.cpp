@@ -1,5 +1,6 @@
 #include "ir/views.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace tpu::ir {
@@ -66,6 +67,94 @@ Geometry compact(const Geometry& g, std::vector<int64_t>* kept) {
   return c;
 }
 
+// A view whose dims, ordered by decreasing stride, each step a whole number of the next
+// dim's extents (transposes, column slices, steps): it is a box in the storage region
+// [offset, offset + sizes[p0] * strides[p0]) reshaped to `dims`, read with slices and a
+// transpose instead of a gather over computed indices.
+struct Box {
+  std::vector<int64_t> order;  // view dims by decreasing stride
+  Shape dims;                  // the region's shape: [size_p0, s_p0/s_p1, ..., s_last]
+  int64_t span = 0;            // elements in the region
+};
+
+bool as_box(const Geometry& g, Box* box) {
+  size_t k = g.sizes.size();
+  if (k == 0) return false;
+  std::vector<int64_t> order(k);
+  for (size_t i = 0; i < k; ++i) order[i] = static_cast<int64_t>(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t c) { return g.strides[a] > g.strides[c]; });
+  Shape dims{g.sizes[order[0]]};
+  for (size_t j = 0; j + 1 < k; ++j) {
+    int64_t s = g.strides[order[j]], t = g.strides[order[j + 1]];
+    if (t <= 0 || s % t != 0 || s / t < g.sizes[order[j + 1]]) return false;  // overlapping
+    dims.push_back(s / t);
+  }
+  dims.push_back(g.strides[order[k - 1]]);
+  box->order = order;
+  box->dims = dims;
+  box->span = g.sizes[order[0]] * g.strides[order[0]];
+  return true;
+}
+
+// The flat storage with zeros appended so that `end` elements exist.
+Value padded_flat(Builder& b, const Value& storage, int64_t end) {
+  Value f = flat(b, storage);
+  int64_t n = f.type.numel();
+  if (end <= n) return f;
+  return b.pad(f, b.constant(0, f.dtype()), {0}, {end - n}, {0});
+}
+
+// Box positions of the view's elements (sizes in box order, plus a trailing 1).
+Shape box_limits(const Geometry& g, const Box& box) {
+  Shape lim;
+  for (int64_t d : box.order) lim.push_back(g.sizes[d]);
+  lim.push_back(1);
+  return lim;
+}
+
+// Transpose from box order back to the view's dim order.
+std::vector<int64_t> inverse(const std::vector<int64_t>& order) {
+  std::vector<int64_t> inv(order.size());
+  for (size_t j = 0; j < order.size(); ++j) inv[order[j]] = static_cast<int64_t>(j);
+  return inv;
+}
+
+Value read_box(Builder& b, const Value& storage, const Geometry& g, const Box& box) {
+  Value f = padded_flat(b, storage, g.offset + box.span);
+  Value region = b.reshape(b.slice(f, {g.offset}, {g.offset + box.span}, {1}), box.dims);
+  Shape lim = box_limits(g, box);
+  Value v = b.slice(region, Shape(lim.size(), 0), lim, Shape(lim.size(), 1));
+  Shape sorted(lim.begin(), lim.end() - 1);
+  v = b.reshape(v, sorted);
+  return b.transpose(v, inverse(box.order));
+}
+
+Value write_box(Builder& b, const Value& storage, const Geometry& g, const Box& box, const Value& value) {
+  int64_t n = storage.type.numel();
+  int64_t end = g.offset + box.span;
+  Value f = padded_flat(b, storage, end);
+  Value region = b.reshape(b.slice(f, {g.offset}, {end}, {1}), box.dims);
+  Shape lim = box_limits(g, box);
+  Value upd = b.reshape(b.transpose(value, box.order), lim);
+  Value zero = b.constant(0, DType::I64);
+  region = b.dynamic_update_slice(region, upd, std::vector<Value>(lim.size(), zero));
+  Value start = b.constant(static_cast<double>(g.offset), DType::I64);
+  Value out = b.dynamic_update_slice(f, b.reshape(region, {box.span}), {start});
+  if (out.type.numel() > n) out = b.slice(out, {0}, {n}, {1});
+  return out;
+}
+
+// A view whose writes land in a box: no element written twice (stride-0 dims of size
+// one only).
+bool writable_box(const Geometry& g, Box* box) {
+  for (size_t d = 0; d < g.sizes.size(); ++d)
+    if (g.strides[d] == 0 && g.sizes[d] != 1) return false;
+  std::vector<int64_t> kept;
+  Geometry c = compact(g, &kept);
+  return as_box(c, box);
+}
+
 // Reads a view with no size-1 or stride-0 dims.
 Value read_compact(Builder& b, const Value& storage, const Geometry& g) {
   if (g.covers(storage.shape()) && g.sizes == storage.shape()) return storage;
@@ -74,7 +163,9 @@ Value read_compact(Builder& b, const Value& storage, const Geometry& g) {
     Value f = b.slice(flat(b, storage), {g.offset}, {g.offset + g.numel()}, {1});
     return b.reshape(f, g.sizes);
   }
-  // General strides (transposes, steps, overlaps): gather over computed flat indices.
+  Box box;
+  if (as_box(g, &box)) return read_box(b, storage, g, box);
+  // Overlapping or irregular strides: gather over computed flat indices.
   Value idx = view_indices(b, g, n);
   return b.gather(flat(b, storage), idx, {}, {0}, {0}, static_cast<int64_t>(g.sizes.size()), {1},
                   g.sizes);
@@ -120,6 +211,10 @@ Value write_view(Builder& b, const Value* storage, const Type& st, const Geometr
   if (g.is_contiguous()) {
     Value start = b.constant(static_cast<double>(g.offset), DType::I64);
     out = b.dynamic_update_slice(f, upd, {start});
+  } else if (Box box; writable_box(g, &box)) {
+    std::vector<int64_t> kept;
+    Geometry c = compact(g, &kept);
+    out = write_box(b, f, c, box, b.reshape(value, c.sizes));
   } else {
     Value idx = b.reshape(view_indices(b, g, n), {g.numel(), 1});
     out = b.scatter(f, idx, upd, {}, {0}, {0}, 1, [](Builder&, const std::vector<Value>& a) {

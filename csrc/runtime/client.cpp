@@ -1,5 +1,7 @@
 #include "runtime/client.h"
 
+#include <algorithm>
+
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -424,7 +426,7 @@ ExecutablePtr Client::wrap_loaded(PJRT_LoadedExecutable* loaded, const std::stri
   auto no = ARGS(PJRT_Executable_NumOutputs_Args);
   no.executable = ge.executable;
   check(api_->PJRT_Executable_NumOutputs(&no), "NumOutputs");
-  int64_t temp = 0, out_bytes = 0;
+  int64_t temp = 0, out_bytes = 0, alias = 0;
   auto ms = ARGS(PJRT_Executable_GetCompiledMemoryStats_Args);
   ms.executable = ge.executable;
   if (PJRT_Error* err = api_->PJRT_Executable_GetCompiledMemoryStats(&ms)) {
@@ -434,11 +436,13 @@ ExecutablePtr Client::wrap_loaded(PJRT_LoadedExecutable* loaded, const std::stri
   } else {
     temp = ms.temp_size_in_bytes;
     out_bytes = ms.output_size_in_bytes;
+    alias = ms.alias_size_in_bytes;
   }
   auto de = ARGS(PJRT_Executable_Destroy_Args);
   de.executable = ge.executable;
   check(api_->PJRT_Executable_Destroy(&de), "Executable_Destroy");
   auto exe = std::make_shared<Executable>(loaded, no.num_outputs, temp, out_bytes);
+  exe->alias_bytes = alias;
   exe->name = name;
   return exe;
 }
@@ -481,9 +485,12 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
       throw Error(e, PJRT_Error_Code_INTERNAL);
     }
   }
-  check_capacity(*this, device, exe.output_bytes() + exe.temp_bytes(), exe.name);
+  // Outputs aliased to donated inputs take no new memory.
+  bool donating = std::find(donate.begin(), donate.end(), true) != donate.end();
+  int64_t fresh = exe.output_bytes() + exe.temp_bytes() - (donating ? exe.alias_bytes : 0);
+  check_capacity(*this, device, fresh, exe.name);
   DeviceStats& st = stats(device);
-  st.bump_peak(st.live_bytes.load() + exe.output_bytes() + exe.temp_bytes());
+  st.bump_peak(st.live_bytes.load() + fresh);
 
   std::vector<PJRT_Buffer*> raw(args.size());
   for (size_t i = 0; i < args.size(); ++i) raw[i] = args[i]->raw();

@@ -85,6 +85,7 @@ class Executable {
   int64_t temp_bytes() const { return temp_bytes_; }
   int64_t output_bytes() const { return output_bytes_; }
   std::string name;  // what it computes, for errors
+  int64_t alias_bytes = 0;  // outputs that reuse donated inputs' memory
  private:
   PJRT_LoadedExecutable* exe_;
   size_t num_outputs_;
