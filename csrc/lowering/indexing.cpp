@@ -102,6 +102,8 @@ static Value coords(Builder& b, const Value& index, int64_t dim) {
 TPU_LOWER(gather, "gather") {
   Builder& b = ctx.b;
   Value x = ctx.in(0), index = ctx.in(2);
+  // An empty index gives an empty result (its rank may exceed the input's).
+  if (index.type.numel() == 0) return {b.constant(0, ctx.out(0).dtype, ctx.out(0).shape)};
   if (x.rank() == 0) x = b.reshape(x, {1});
   if (index.rank() == 0) index = b.reshape(index, {1});
   int64_t dim = wrap_dim(ctx.i(1), x.rank());
@@ -393,12 +395,14 @@ TPU_LOWER(index_put, "index_put", "_index_put_impl", "_unsafe_index_put") {
   return {b.transpose(r, inverse(p.perm))};
 }
 
-// The k-th true element of mask (row-major, mask broadcast to self) takes source's
-// k-th element; k is an inclusive count of the mask, in log2(n) shifted adds.
+// The k-th true element of mask (row-major; self and mask broadcast to the result's
+// shape) takes source's k-th element; k is an inclusive count of the mask, in log2(n)
+// shifted adds.
 TPU_LOWER(masked_scatter, "masked_scatter") {
   Builder& b = ctx.b;
-  Value self = ctx.in(0);
-  Value mask = broadcast_to(b, b.convert(ctx.in(1), DType::Bool), self.shape());
+  const Shape& shape = ctx.out(0).shape;
+  Value self = broadcast_to(b, ctx.in(0), shape);
+  Value mask = broadcast_to(b, b.convert(ctx.in(1), DType::Bool), shape);
   Value src = b.convert(ctx.in(2), self.dtype());
   int64_t n = self.type.numel(), m = src.type.numel();
   if (n == 0 || m == 0) return {self};
