@@ -116,6 +116,7 @@ TPU_LOWER(gather, "gather") {
 // self with `updates` (index-shaped) scattered along dim at `index`, combined by `fn`.
 static Value scatter_dim(Builder& b, const Value& self, int64_t dim, const Value& index,
                          const Value& updates, const ir::RegionFn& fn) {
+  if (index.type.numel() == 0) return self;  // nothing to write (index rank may exceed self's)
   auto all = range(0, self.rank());
   return b.scatter(self, coords(b, index, dim), updates, {}, all, all, index.rank(), fn);
 }

@@ -213,17 +213,20 @@ TPU_LOWER(all_dims, "all.dims") {
 }
 
 // log(sum(exp(x - m))) + m with m the max, taken as 0 where it is infinite so that
-// all -inf gives -inf and an inf gives inf (not NaN).
+// all -inf gives -inf and an inf gives inf (not NaN). CPU composes it from tensor
+// ops, so bf16/f16 inputs round to their dtype after each step; so do we.
 TPU_LOWER(logsumexp, "logsumexp") {
   Builder& b = ctx.b;
   Value x = acc_in(ctx);
+  DType t = ctx.out(0).dtype;
+  auto R = [&](const Value& v) { return t == v.dtype() ? v : b.convert(b.convert(v, t), v.dtype()); };
   auto dims = dims_arg(ctx, 1, x.rank());
   Value m = extremum(b, x, dims, true);
   Value finite = b.raw("stablehlo.is_finite", {m}, "", Type{DType::Bool, m.shape()});
   m = b.select(finite, m, full_like(b, m, 0));
   Value mk = broadcast_to(b, keep_dims(b, m, x.shape(), dims), x.shape());
-  Value s = reduce_sum(b, b.unary("stablehlo.exponential", sub(b, x, mk)), dims);
-  return {fit(ctx, add(b, b.unary("stablehlo.log", s), m))};
+  Value s = R(reduce_sum(b, R(b.unary("stablehlo.exponential", R(sub(b, x, mk)))), dims));
+  return {fit(ctx, add(b, R(b.unary("stablehlo.log", s)), m))};
 }
 
 // Inclusive scan along dim in log2(n) steps (Hillis-Steele): each step combines
