@@ -260,6 +260,32 @@ def test_scatter_reduce(reduce, include_self, dtype):
               x, i, src, rtol=1e-5 if dtype != torch.bfloat16 else 1.6e-2, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_accumulation_with_duplicates_matches_cpu(dtype):
+    """CPU's scatter kernels accumulate bf16/f16 in f32 and round once; index_add over
+    1-D (or alpha != 1, or an inner dim) and index_put_ add slice by slice, rounding
+    each step. Many duplicates make the two differ, so the results pin the order."""
+    torch.manual_seed(9)
+    x = torch.randn(4, 8).to(dtype)
+    idx = torch.randint(0, 4, (200,))
+    sidx = torch.randint(0, 4, (200, 8))
+    src = (torch.randn(200, 8) / 8 + 1).to(dtype)
+    exact(lambda a, i, s: a.index_add(0, i, s), x, idx, src)
+    exact(lambda a, i, s: a.index_add(0, i, s, alpha=0.3), x, idx, src)
+    exact(lambda a, i, s: a.t().index_add(1, i, s.t()), x, idx, src)
+    exact(lambda a, i, s: a[0].index_add(0, i % 8, s[:, 0]), x, idx, src)
+    exact(lambda a, i, s: a[0].index_add(0, i % 8, s[:, 0], alpha=-2), x, idx, src)
+    exact(lambda a, i, s: a.view(2, 4, 4).index_add(1, i[:100] % 4, s.view(2, 100, 8)[:, :, :4]),
+          x, idx, src)
+    exact(lambda a, i, s: a.index_put((i,), s, accumulate=True), x, idx, src)
+    exact(lambda a, i, s: a.scatter_add(0, i, s), x, sidx, src)
+    exact(lambda a, i, s: a.scatter(0, i, s, reduce="multiply"), x, sidx, src)
+    exact(lambda a, i: a.scatter(0, i, 1.01, reduce="multiply"), x, sidx)
+    for reduce in ("sum", "mean", "prod", "amax", "amin"):
+        for inc in (True, False):
+            exact(lambda a, i, s: a.scatter_reduce(0, i, s, reduce, include_self=inc), x, sidx, src)
+
+
 def test_scatter_reduce_nan_and_empty_index():
     x = torch.tensor([1.0, 2.0, 3.0])
     src = torch.tensor([NAN, 5.0, -1.0, 0.5])
