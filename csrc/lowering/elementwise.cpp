@@ -108,31 +108,51 @@ DType common_type(Ctx& ctx, const std::vector<int>& idx) {
   return t;
 }
 
-// Python's modulo: C's fmod, moved into the divisor's sign.
+// Python's modulo: C's fmod, moved into the divisor's sign (a zero keeps fmod's
+// sign, as CPU's kernel). Integer x % 0 is x (XLA's remainder; CPU raises).
 Value py_mod(Builder& b, const Value& a, const Value& d) {
   Value r = op2(b, "remainder", a, d);
   Value fix = and_(b, cmpk(b, r, 0, Cmp::NE), cmp(b, cmpk(b, r, 0, Cmp::LT), cmpk(b, d, 0, Cmp::LT), Cmp::NE));
   return b.select(fix, add(b, r, d), r);
 }
 
-// Floor division. Floats follow PyTorch's div_floor: go through fmod so that
-// a == q * d + a % d holds, then round the quotient to the nearest integer.
-Value floor_div(Builder& b, const Value& a, const Value& d) {
+// Rounds a value of the f32 math type to the storage dtype `t` and back: how CPU's
+// bf16/f16 kernels round after each step of a multi-step formula. No-op otherwise.
+Value round_to(Builder& b, const Value& x, DType t) {
+  if (t == x.dtype() || !flt(x)) return x;
+  return b.convert(b.convert(x, t), x.dtype());
+}
+
+// Floor division. Floats follow PyTorch's div_floor_floating: go through fmod so
+// that a == q * d + a % d holds, then round the quotient to the nearest integer;
+// each step is rounded to `t` (CPU computes bf16/f16 step by step). Integer x // 0
+// is -1, as XLA's integer divide (CPU raises ZeroDivisionError); INT_MIN // -1 wraps.
+Value floor_div(Builder& b, const Value& a, const Value& d, DType t) {
+  auto R = [&](const Value& v) { return round_to(b, v, t); };
   Value mod = op2(b, "remainder", a, d);
   Value fix = and_(b, cmpk(b, mod, 0, Cmp::NE), cmp(b, cmpk(b, mod, 0, Cmp::LT), cmpk(b, d, 0, Cmp::LT), Cmp::NE));
   if (!flt(a)) {
     Value q = div(b, a, d);  // truncates
+    fix = and_(b, fix, cmpk(b, d, 0, Cmp::NE));
     return b.select(fix, sub(b, q, cst(b, q, 1)), q);
   }
-  Value q = div(b, sub(b, a, mod), d);
-  q = b.select(fix, sub(b, q, cst(b, q, 1)), q);
+  Value q = R(div(b, R(sub(b, a, mod)), d));
+  q = b.select(fix, R(sub(b, q, cst(b, q, 1))), q);
   Value fq = op1(b, "floor", q);
-  fq = b.select(cmpk(b, sub(b, q, fq), 0.5, Cmp::GT), add(b, fq, cst(b, fq, 1)), fq);
-  Value exact = div(b, a, d);
+  fq = b.select(cmpk(b, R(sub(b, q, fq)), 0.5, Cmp::GT), R(add(b, fq, cst(b, fq, 1))), fq);
+  Value exact = R(div(b, a, d));
   Value res = b.select(cmpk(b, q, 0, Cmp::NE), fq, mul(b, exact, cst(b, exact, 0)));  // signed zero
   return b.select(cmpk(b, d, 0, Cmp::EQ), exact, res);
 }
 
+// max/min that propagate NaN from either side (XLA:CPU's maximum/minimum drop it),
+// as PyTorch's maximum, minimum and clamp.
+Value nan_minmax(Builder& b, const Value& x, const Value& y, const char* op) {
+  Value r = op2(b, op, x, y);
+  if (!flt(r)) return r;
+  r = b.select(isnan_(b, y), y, r);
+  return b.select(isnan_(b, x), x, r);
+}
 Value trunc_(Builder& b, const Value& x) {
   if (!flt(x)) return x;
   return b.select(cmpk(b, x, 0, Cmp::LT), op1(b, "ceil", x), op1(b, "floor", x));
@@ -183,18 +203,29 @@ TPU_LOWER(mul_rule, "mul.Tensor", "mul.Scalar") {
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return mul(b, x[0], x[1]); });
 }
 
+// The dtype each step of a rounded division is rounded to. CPU's bf16/f16 kernels
+// round every step to the tensor's dtype, except when the divisor is a single value
+// (a Scalar, or a tensor of one element broadcast): then the whole formula runs in
+// f32 with one rounding at the end.
+static DType div_step_type(Ctx& ctx) {
+  bool scalar_divisor = !ctx.is_tensor(1) || ctx.type_of(1).numel() == 1;
+  return scalar_divisor ? math_type(ctx.out(0).dtype) : ctx.out(0).dtype;
+}
+
 // True division, or rounded by rounding_mode ("trunc", "floor"). Integer outputs
-// only arise with a rounding mode; StableHLO's integer divide truncates.
+// only arise with a rounding mode; StableHLO's integer divide truncates (x / 0 is -1).
 TPU_LOWER(div_rule, "div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode") {
   std::string mode = ctx.num_args() > 2 && !ctx.is_none(2) ? ctx.str(2) : "";
   if (mode.empty()) return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return div(b, x[0], x[1]); });
+  DType t = div_step_type(ctx);
   if (mode == "trunc")
-    return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return trunc_(b, div(b, x[0], x[1])); });
-  if (mode == "floor") return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return floor_div(b, x[0], x[1]); });
+    return map(ctx, {0, 1}, [t](Builder& b, const Vs& x) { return trunc_(b, round_to(b, div(b, x[0], x[1]), t)); });
+  if (mode == "floor") return map(ctx, {0, 1}, [t](Builder& b, const Vs& x) { return floor_div(b, x[0], x[1], t); });
   throw Unsupported("div rounding_mode " + mode);
 }
 TPU_LOWER(floor_divide_rule, "floor_divide", "floor_divide.Scalar", "floor_divide_.Tensor") {
-  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return floor_div(b, x[0], x[1]); });
+  DType t = div_step_type(ctx);
+  return map(ctx, {0, 1}, [t](Builder& b, const Vs& x) { return floor_div(b, x[0], x[1], t); });
 }
 TPU_LOWER(remainder_rule, "remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor") {
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return py_mod(b, x[0], x[1]); });
@@ -412,10 +443,10 @@ TPU_LOWER(frac_rule, "frac") {
 // ---- Min / max / clamp ---------------------------------------------------------
 
 TPU_LOWER(maximum_rule, "maximum") {
-  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "maximum", x[0], x[1]); });
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return nan_minmax(b, x[0], x[1], "maximum"); });
 }
 TPU_LOWER(minimum_rule, "minimum") {
-  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "minimum", x[0], x[1]); });
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return nan_minmax(b, x[0], x[1], "minimum"); });
 }
 // fmax/fmin ignore a NaN operand (maximum/minimum propagate it).
 static Value fminmax(Builder& b, const Vs& x, const char* op) {
@@ -427,19 +458,22 @@ static Value fminmax(Builder& b, const Vs& x, const char* op) {
 TPU_LOWER(fmax_rule, "fmax") { return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return fminmax(b, x, "maximum"); }); }
 TPU_LOWER(fmin_rule, "fmin") { return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return fminmax(b, x, "minimum"); }); }
 
-// min(max(x, lo), hi) as PyTorch: NaN in x propagates, and hi wins when lo > hi.
+// min(max(x, lo), hi) as PyTorch: NaN in x or in a bound propagates, and hi wins
+// when lo > hi.
 TPU_LOWER(clamp_rule, "clamp", "clamp.Tensor") {
   Type o = ctx.out(0);
-  Value x = operand(ctx, 0, o.dtype, o.shape);
-  if (!ctx.is_none(1)) x = op2(ctx.b, "maximum", x, operand(ctx, 1, o.dtype, o.shape));
-  if (!ctx.is_none(2)) x = op2(ctx.b, "minimum", x, operand(ctx, 2, o.dtype, o.shape));
-  return {x};
+  Builder& b = ctx.b;
+  DType t = math_type(o.dtype);
+  Value x = operand(ctx, 0, t, o.shape);
+  if (!ctx.is_none(1)) x = nan_minmax(b, x, operand(ctx, 1, t, o.shape), "maximum");
+  if (!ctx.is_none(2)) x = nan_minmax(b, x, operand(ctx, 2, t, o.shape), "minimum");
+  return {b.convert(x, o.dtype)};
 }
 TPU_LOWER(clamp_min_rule, "clamp_min", "clamp_min.Tensor") {
-  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "maximum", x[0], x[1]); });
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return nan_minmax(b, x[0], x[1], "maximum"); });
 }
 TPU_LOWER(clamp_max_rule, "clamp_max", "clamp_max.Tensor") {
-  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "minimum", x[0], x[1]); });
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return nan_minmax(b, x[0], x[1], "minimum"); });
 }
 
 // ---- Comparisons, logic, bits -------------------------------------------------

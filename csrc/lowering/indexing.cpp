@@ -102,6 +102,8 @@ static Value coords(Builder& b, const Value& index, int64_t dim) {
 TPU_LOWER(gather, "gather") {
   Builder& b = ctx.b;
   Value x = ctx.in(0), index = ctx.in(2);
+  // An empty index gives an empty result (its rank may exceed the input's).
+  if (index.type.numel() == 0) return {b.constant(0, ctx.out(0).dtype, ctx.out(0).shape)};
   if (x.rank() == 0) x = b.reshape(x, {1});
   if (index.rank() == 0) index = b.reshape(index, {1});
   int64_t dim = wrap_dim(ctx.i(1), x.rank());
@@ -114,6 +116,7 @@ TPU_LOWER(gather, "gather") {
 // self with `updates` (index-shaped) scattered along dim at `index`, combined by `fn`.
 static Value scatter_dim(Builder& b, const Value& self, int64_t dim, const Value& index,
                          const Value& updates, const ir::RegionFn& fn) {
+  if (index.type.numel() == 0) return self;  // nothing to write (index rank may exceed self's)
   auto all = range(0, self.rank());
   return b.scatter(self, coords(b, index, dim), updates, {}, all, all, index.rank(), fn);
 }
@@ -143,9 +146,14 @@ static ScatterArgs scatter_args(Ctx& ctx, bool src_is_scalar) {
   return a;
 }
 
-static Value scatter_with(Ctx& ctx, bool scalar, const ir::RegionFn& fn) {
+// Reducing scatters of bf16/f16 accumulate in f32 and round once, as CPU's
+// scatter kernels do (plain writes need no widening).
+static Value scatter_with(Ctx& ctx, bool scalar, const ir::RegionFn& fn, bool reduces) {
+  Builder& b = ctx.b;
   auto a = scatter_args(ctx, scalar);
-  return ctx.b.reshape(scatter_dim(ctx.b, a.self, a.dim, a.index, a.src, fn), ctx.out(0).shape);
+  DType t = a.self.dtype(), acc = reduces ? acc_type(t) : t;
+  Value r = scatter_dim(b, b.convert(a.self, acc), a.dim, a.index, b.convert(a.src, acc), fn);
+  return b.reshape(b.convert(r, t), ctx.out(0).shape);
 }
 
 // Combiner for a named reduce (scatter.reduce's add/multiply, scatter_reduce's
@@ -184,23 +192,28 @@ static Value identity(Builder& b, const std::string& reduce, DType t, const Shap
   return b.constant(v, t, shape);
 }
 
-TPU_LOWER(scatter_src, "scatter.src") { return {scatter_with(ctx, false, take_new)}; }
-TPU_LOWER(scatter_value, "scatter.value") { return {scatter_with(ctx, true, take_new)}; }
-TPU_LOWER(scatter_add, "scatter_add") { return {scatter_with(ctx, false, accumulate)}; }
-TPU_LOWER(scatter_reduce_, "scatter.reduce") { return {scatter_with(ctx, false, combiner(ctx.str(4)))}; }
+TPU_LOWER(scatter_src, "scatter.src") { return {scatter_with(ctx, false, take_new, false)}; }
+TPU_LOWER(scatter_value, "scatter.value") { return {scatter_with(ctx, true, take_new, false)}; }
+TPU_LOWER(scatter_add, "scatter_add") { return {scatter_with(ctx, false, accumulate, true)}; }
+TPU_LOWER(scatter_reduce_, "scatter.reduce") {
+  return {scatter_with(ctx, false, combiner(ctx.str(4)), true)};
+}
 TPU_LOWER(scatter_value_reduce, "scatter.value_reduce") {
-  return {scatter_with(ctx, true, combiner(ctx.str(4)))};
+  return {scatter_with(ctx, true, combiner(ctx.str(4)), true)};
 }
 
 // scatter_reduce.two. Without include_self, targets start from the reduction's
 // identity; mean divides by the number of contributions (self counting as one),
-// flooring for integers; untouched positions keep self.
+// flooring for integers; untouched positions keep self. bf16/f16 accumulate in f32;
+// mean rounds the sum to the dtype before dividing, as CPU.
 TPU_LOWER(scatter_reduce_two, "scatter_reduce.two") {
   Builder& b = ctx.b;
   auto a = scatter_args(ctx, false);
   std::string red = ctx.str(4);
   bool include_self = ctx.flag_or(5, true);
-  DType t = a.self.dtype();
+  DType st = a.self.dtype(), t = acc_type(st);
+  a.self = b.convert(a.self, t);
+  a.src = b.convert(a.src, t);
   const Shape& s = a.self.shape();
   Value ones = b.constant(1, t, a.index.shape());
   Value hits = scatter_dim(b, b.constant(0, t, s), a.dim, a.index, ones, accumulate);
@@ -211,6 +224,7 @@ TPU_LOWER(scatter_reduce_two, "scatter_reduce.two") {
   }
   Value r = scatter_dim(b, base, a.dim, a.index, a.src, combiner(red));
   if (red == "mean") {
+    if (t != st) r = b.convert(b.convert(r, st), t);
     Value n = include_self ? add(b, hits, b.constant(1, t, s)) : hits;
     n = b.select(touched, n, b.constant(1, t, s));
     Value q = div(b, r, n);
@@ -223,7 +237,7 @@ TPU_LOWER(scatter_reduce_two, "scatter_reduce.two") {
     }
     r = q;
   }
-  return {b.reshape(r, ctx.out(0).shape)};
+  return {b.reshape(b.convert(r, st), ctx.out(0).shape)};
 }
 
 // index_add / index_copy / index_fill: whole slices along dim at 1-D `index`.
@@ -245,9 +259,21 @@ static std::vector<Value> index_write(Ctx& ctx, const ir::RegionFn& fn, bool sca
   int64_t dim = wrap_dim(ctx.i(1), self.rank());
   Shape s = self.shape();
   s[dim] = index.type.numel();
-  Value src = b.reshape(b.convert(ctx.in(3), self.dtype()), s);
-  if (scale) src = mul(b, src, broadcast_to(b, ctx.scalar(4, self.dtype()), s));
-  return {b.reshape(index_scatter(b, self, dim, index, src, fn), ctx.out(0).shape)};
+  DType t = self.dtype();
+  Value src = b.reshape(b.convert(ctx.in(3), t), s);
+  if (!scale) return {b.reshape(index_scatter(b, self, dim, index, src, fn), ctx.out(0).shape)};
+  Value alpha = ctx.scalar(4, t);
+  // Updates in index order, each rounded to t (with t = bf16/f16 what CPU's
+  // slice-by-slice loop does).
+  Value seq = index_scatter(b, self, dim, index, mul(b, src, broadcast_to(b, alpha, s)), fn);
+  DType acc = acc_type(t);
+  if (acc != t && self.rank() > 1 && (dim == 0 || dim == self.rank() - 1)) {
+    // CPU runs these (alpha 1) as a scatter_add accumulating in f32, rounded once.
+    Value once = b.convert(index_scatter(b, b.convert(self, acc), dim, index, b.convert(src, acc), fn), t);
+    Value unit = b.compare(b.convert(alpha, acc), b.constant(1, acc), Cmp::EQ);
+    seq = b.select(broadcast_to(b, unit, self.shape()), once, seq);
+  }
+  return {b.reshape(seq, ctx.out(0).shape)};
 }
 
 TPU_LOWER(index_add, "index_add") { return index_write(ctx, accumulate, true); }
@@ -393,12 +419,14 @@ TPU_LOWER(index_put, "index_put", "_index_put_impl", "_unsafe_index_put") {
   return {b.transpose(r, inverse(p.perm))};
 }
 
-// The k-th true element of mask (row-major, mask broadcast to self) takes source's
-// k-th element; k is an inclusive count of the mask, in log2(n) shifted adds.
+// The k-th true element of mask (row-major; self and mask broadcast to the result's
+// shape) takes source's k-th element; k is an inclusive count of the mask, in log2(n)
+// shifted adds.
 TPU_LOWER(masked_scatter, "masked_scatter") {
   Builder& b = ctx.b;
-  Value self = ctx.in(0);
-  Value mask = broadcast_to(b, b.convert(ctx.in(1), DType::Bool), self.shape());
+  const Shape& shape = ctx.out(0).shape;
+  Value self = broadcast_to(b, ctx.in(0), shape);
+  Value mask = broadcast_to(b, b.convert(ctx.in(1), DType::Bool), shape);
   Value src = b.convert(ctx.in(2), self.dtype());
   int64_t n = self.type.numel(), m = src.type.numel();
   if (n == 0 || m == 0) return {self};

@@ -2,6 +2,8 @@
 // CPU/CUDA. Rules end by fitting their result to the meta output: keepdim is then a
 // reshape to that shape, and the dtype a convert.
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "lowering/helpers.h"
 
@@ -84,14 +86,18 @@ static Value extremum(Builder& b, const Value& x, const std::vector<int64_t>& di
   })[0];
 }
 
-TPU_LOWER(max_all, "max") {
+// max()/min() of an empty tensor have no identity to return: CPU raises, and so do
+// we (the meta kernels let them through).
+static Value extremum_all(Ctx& ctx, bool is_max) {
   Value x = ctx.in(0);
-  return {fit(ctx, extremum(ctx.b, x, reduce_dims({}, x.rank()), true))};
+  if (x.type.numel() == 0)
+    throw std::invalid_argument(std::string(is_max ? "max" : "min") +
+                                "(): Expected reduction dim to be specified for input.numel() == 0. "
+                                "Specify the reduction dim with the 'dim' argument.");
+  return fit(ctx, extremum(ctx.b, x, reduce_dims({}, x.rank()), is_max));
 }
-TPU_LOWER(min_all, "min") {
-  Value x = ctx.in(0);
-  return {fit(ctx, extremum(ctx.b, x, reduce_dims({}, x.rank()), false))};
-}
+TPU_LOWER(max_all, "max") { return {extremum_all(ctx, true)}; }
+TPU_LOWER(min_all, "min") { return {extremum_all(ctx, false)}; }
 TPU_LOWER(amax, "amax") {
   Value x = ctx.in(0);
   return {fit(ctx, extremum(ctx.b, x, dims_arg(ctx, 1, x.rank()), true))};
@@ -130,7 +136,11 @@ static std::vector<Value> arg_reduce(Builder& b, const Value& x, int64_t dim, bo
 static std::vector<Value> minmax_dim(Ctx& ctx, bool is_max) {
   Value x = ctx.in(0);
   if (x.rank() == 0) return {fit(ctx, x, 0), fit(ctx, ctx.b.constant(0, DType::I64), 1)};
-  auto r = arg_reduce(ctx.b, x, wrap_dim(ctx.i(1), x.rank()), is_max);
+  int64_t dim = wrap_dim(ctx.i(1), x.rank());
+  if (x.shape()[dim] == 0)
+    throw std::out_of_range(std::string(is_max ? "max" : "min") + "(): Expected reduction dim " +
+                            std::to_string(dim) + " to have non-zero size.");
+  auto r = arg_reduce(ctx.b, x, dim, is_max);
   return {fit(ctx, r[0], 0), fit(ctx, r[1], 1)};
 }
 
@@ -203,17 +213,20 @@ TPU_LOWER(all_dims, "all.dims") {
 }
 
 // log(sum(exp(x - m))) + m with m the max, taken as 0 where it is infinite so that
-// all -inf gives -inf and an inf gives inf (not NaN).
+// all -inf gives -inf and an inf gives inf (not NaN). CPU composes it from tensor
+// ops, so bf16/f16 inputs round to their dtype after each step; so do we.
 TPU_LOWER(logsumexp, "logsumexp") {
   Builder& b = ctx.b;
   Value x = acc_in(ctx);
+  DType t = ctx.out(0).dtype;
+  auto R = [&](const Value& v) { return t == v.dtype() ? v : b.convert(b.convert(v, t), v.dtype()); };
   auto dims = dims_arg(ctx, 1, x.rank());
   Value m = extremum(b, x, dims, true);
   Value finite = b.raw("stablehlo.is_finite", {m}, "", Type{DType::Bool, m.shape()});
   m = b.select(finite, m, full_like(b, m, 0));
   Value mk = broadcast_to(b, keep_dims(b, m, x.shape(), dims), x.shape());
-  Value s = reduce_sum(b, b.unary("stablehlo.exponential", sub(b, x, mk)), dims);
-  return {fit(ctx, add(b, b.unary("stablehlo.log", s), m))};
+  Value s = R(reduce_sum(b, R(b.unary("stablehlo.exponential", R(sub(b, x, mk)))), dims));
+  return {fit(ctx, add(b, R(b.unary("stablehlo.log", s)), m))};
 }
 
 // Inclusive scan along dim in log2(n) steps (Hillis-Steele): each step combines
