@@ -261,6 +261,7 @@ def test_scatter_reduce(reduce, include_self, dtype):
               x, i, src)
 
 
+@pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_accumulation_with_duplicates_matches_cpu(dtype):
     """CPU's scatter kernels accumulate bf16/f16 in f32 and round once; index_add over
@@ -637,3 +638,46 @@ def test_masked_scatter_broadcasts_self_and_mask():
     exact(lambda s, m, v: s.masked_scatter(m, v), torch.zeros(5, 5), mask[0], src)    # mask broadcast
     exact(lambda s, m, v: s.masked_scatter(m, v), torch.zeros(1, 5), mask[:, :1], src)
     exact(lambda s, m, v: s.clone().masked_scatter_(m, v), torch.zeros(5, 5), mask, src)
+
+
+# ---- out-of-range indices: a clear error, never clamped garbage ----
+
+OOB_CASES = {
+    "index": lambda x, i: x[i],
+    "index_select": lambda x, i: x.index_select(0, i),
+    "gather": lambda x, i: x.gather(0, i),
+    "embedding": lambda x, i: torch.nn.functional.embedding(i, x.reshape(5, 2)),
+    "scatter_add": lambda x, i: x.scatter_add(0, i, torch.ones_like(x[:2])),
+    "index_add": lambda x, i: x.index_add(0, i, torch.ones_like(x[:2])),
+}
+
+
+@pytest.mark.parametrize("op", sorted(OOB_CASES))
+def test_out_of_range_index_is_an_index_error_naming_the_op(op):
+    x = torch.arange(10.0, device="tpu")
+    bad = torch.tensor([1, 11], device="tpu")
+    with pytest.raises(IndexError, match=r"out of (bounds|range).*(size 10|0 to 4)"):
+        OOB_CASES[op](x, bad).cpu()
+    # reported once; the process and the inputs are unharmed
+    torch.tpu.synchronize()
+    assert x.sum().item() == 45.0
+    good = torch.tensor([1, 3], device="tpu")
+    assert torch.equal(OOB_CASES[op](x, good).cpu(), OOB_CASES[op](x.cpu(), good.cpu()))
+
+
+def test_failed_in_place_index_write_leaves_the_tensor_unchanged():
+    z = torch.arange(4.0, device="tpu")
+    z[torch.tensor([0, 9], device="tpu")] = 5.0
+    with pytest.raises(IndexError, match=r"index_put_.*size 4"):
+        torch.tpu.synchronize()
+    assert z.tolist() == [0.0, 1.0, 2.0, 3.0]
+    z.index_add_(0, torch.tensor([-1], device="tpu"), torch.ones(1, device="tpu"))
+    with pytest.raises(IndexError, match=r"index_add"):
+        z.cpu()
+    assert z.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_negative_indices_in_range_wrap_like_cpu():
+    x = torch.arange(10.0)
+    i = torch.tensor([-1, -10, 3])
+    assert torch.equal(x.to("tpu")[i.to("tpu")].cpu(), x[i])

@@ -1,5 +1,6 @@
 #include "backend/device.h"
 #include "backend/deferred.h"
+#include "backend/device_checks.h"
 
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -100,6 +101,7 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void synchronizeDevice(const c10::DeviceIndex d) const override {
     flush("synchronize");
     runtime::Client::get().synchronize(d);
+    verify_device_checks();
   }
 };
 C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);

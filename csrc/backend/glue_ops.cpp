@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include "backend/device.h"
+#include "backend/device_checks.h"
 #include "backend/dtypes.h"
 #include "backend/executor.h"
 #include "backend/storage.h"
@@ -145,6 +146,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
       auto buf = runtime::Client::get().from_host(host.data_ptr(), st, dims, device_index(self));
       assign(self, buf);
     } else if (self.is_cpu() && src.is_privateuseone()) {
+      verify_device_checks();  // values read back must not come from a failed op
       auto buf = dense_buffer(src);
       at::Tensor host = at::empty(src.sizes(), src.options().device(at::kCPU));
       runtime::Client::get().to_host(*buf, host.data_ptr(), host.nbytes());

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "backend/device.h"
+#include "backend/device_checks.h"
 #include "backend/dtypes.h"
 #include "backend/executor.h"
 #include "backend/fallback.h"
@@ -73,6 +74,7 @@ struct Plan {
   std::vector<int> ret_counts;  // functional ops: tensors per return (Tensor[] > 1)
   bool fallback = false;        // the rule declined this signature
   std::string fallback_reason;
+  std::vector<std::string> checks;  // messages of the check flags after the outputs
 };
 
 const at::Tensor* tensor_at(c10::ArrayRef<IValue> args, int arg, int elem, at::Tensor* tmp) {
@@ -328,6 +330,12 @@ class KernelCtx final : public lowering::Ctx {
   int num_outs() const override { return static_cast<int>(outs_.size()); }
   ir::Type out(int j) const override { return outs_.at(j); }
 
+  void check(const Value& ok, const std::string& message) override {
+    checks_.push_back(b.reshape(b.convert(ok, DType::Bool), {}));
+    plan_.checks.push_back(message);
+  }
+  const std::vector<Value>& checks() const { return checks_; }
+
   Value random_bits(const ir::Type& t) override {
     plan_.sources.push_back({Source::Rng, info_.generator_arg, -1, DType::I64});
     Value state = b.param(ir::Type{DType::I64, {2}});
@@ -394,6 +402,7 @@ class KernelCtx final : public lowering::Ctx {
   bool f64_;
   std::map<std::pair<int, int>, Value> values_;
   std::map<std::pair<int, int>, Value> storages_;
+  std::vector<Value> checks_;
 };
 
 uint64_t splitmix64(uint64_t x) {
@@ -529,11 +538,20 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
         ir::Type st = storage_type(t);
         ir::Geometry g = geometry_of(t);
         Value val = fit(results[j], out_types[j]);
-        program_results.push_back(write_into_storage(b, ctx, a, elem, st, g, val));
+        Value written = write_into_storage(b, ctx, a, elem, st, g, val);
+        if (!ctx.checks().empty()) {  // a failed check leaves the tensor as it was
+          Value ok = ctx.checks()[0];
+          for (size_t c = 1; c < ctx.checks().size(); ++c)
+            ok = b.binary("stablehlo.and", ok, ctx.checks()[c]);
+          Value old = ctx.storage_value(a, elem);
+          written = b.select(b.broadcast_in_dim(ok, st.shape, {}), written, old);
+        }
+        program_results.push_back(written);
         plan->outs.push_back({true, a, elem, t.scalar_type(), {}});
       }
     }
   }
+  for (const Value& c : ctx.checks()) program_results.push_back(c);
   plan->program = std::make_shared<Program>(b, program_results, describe(info, args));
   return plan;
 }
@@ -664,6 +682,8 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
       fresh.push_back(wrap_value(results[next_result++], o.dtype, o.sizes, k.device));
     }
   }
+
+  for (const std::string& message : plan->checks) add_device_check(results[next_result++], message);
 
   const auto& rets = op.schema().returns();
   std::vector<IValue> out_vals;

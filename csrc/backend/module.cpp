@@ -5,6 +5,7 @@
 #include <set>
 
 #include "backend/device.h"
+#include "backend/device_checks.h"
 #include "backend/executor.h"
 #include "backend/storage.h"
 #include "runtime/client.h"
@@ -40,6 +41,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("synchronize", [](int d) {
     py::gil_scoped_release nogil;
     guarded([&] { flush("synchronize"); client().synchronize(d); return 0; });
+    verify_device_checks();
   });
   // Runs the pending deferred graph without waiting for it (a training step's end).
   m.def("flush", [](const std::string& reason) {

@@ -170,4 +170,16 @@ Value matmul2d(Builder& b, const Value& x, const Value& y, DType out) {
   return b.convert(r, out);
 }
 
+Value all_in_range(Builder& b, const Value& idx, int64_t lo, int64_t hi) {
+  if (idx.type.numel() == 0) return b.constant(1, DType::Bool);
+  Value x = b.convert(idx, DType::I64);
+  Value ge = b.compare(x, b.constant(static_cast<double>(lo), DType::I64, x.shape()), ir::Cmp::GE);
+  Value lt = b.compare(x, b.constant(static_cast<double>(hi), DType::I64, x.shape()), ir::Cmp::LT);
+  Value ok = b.convert(b.binary("stablehlo.and", ge, lt), DType::I32);
+  std::vector<int64_t> all;
+  for (int64_t d = 0; d < x.rank(); ++d) all.push_back(d);
+  Value m = x.rank() ? reduce_min(b, ok, all) : ok;
+  return b.compare(m, b.constant(1, DType::I32), ir::Cmp::EQ);
+}
+
 }  // namespace tpu::lowering

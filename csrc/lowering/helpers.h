@@ -28,6 +28,8 @@ Value keep_dims(Builder& b, const Value& reduced, const Shape& in_shape,
 Value reduce_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims);
 Value reduce_max(Builder& b, const Value& x, const std::vector<int64_t>& dims);
 Value reduce_min(Builder& b, const Value& x, const std::vector<int64_t>& dims);
+// True (a bool scalar) when every element of integer `idx` lies in [lo, hi).
+Value all_in_range(Builder& b, const Value& idx, int64_t lo, int64_t hi);
 // Lowest / highest value of a dtype (-inf/inf for floats).
 double lowest(DType t);
 double highest(DType t);

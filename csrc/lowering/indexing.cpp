@@ -12,6 +12,19 @@ using ir::Cmp;
 
 static Value i64(Builder& b, const Value& x) { return b.convert(x, DType::I64); }
 
+// Out-of-range indices are an error (raised at the next synchronization), never a
+// silently clamped read or write.
+static std::string bounds_message(const Ctx& ctx, int64_t dim, int64_t size, bool negative_ok) {
+  return "aten::" + ctx.op() + ": index out of bounds for dimension " + std::to_string(dim) +
+         " with size " + std::to_string(size) + " (valid indices: " +
+         (negative_ok ? std::to_string(-size) : std::string("0")) + " to " + std::to_string(size - 1) + ")";
+}
+
+static void check_bounds(Ctx& ctx, const Value& idx, int64_t dim, int64_t size, bool negative_ok) {
+  ctx.check(all_in_range(ctx.b, idx, negative_ok ? -size : 0, size),
+            bounds_message(ctx, dim, size, negative_ok));
+}
+
 // Index values with negative entries wrapped by `size`, as PyTorch's indexing does.
 static Value wrap_index(Builder& b, const Value& idx, int64_t size) {
   Value x = i64(b, idx);
@@ -82,7 +95,9 @@ static Value take_along(Builder& b, const Value& x, int64_t dim, const Value& in
 TPU_LOWER(index_select, "index_select") {
   Value x = ctx.in(0);
   if (x.rank() == 0) x = ctx.b.reshape(x, {1});
-  Value r = take_along(ctx.b, x, wrap_dim(ctx.i(1), x.rank()), ctx.in(2));
+  int64_t dim = wrap_dim(ctx.i(1), x.rank());
+  check_bounds(ctx, ctx.in(2), dim, x.shape()[dim], false);
+  Value r = take_along(ctx.b, x, dim, ctx.in(2));
   return {ctx.b.reshape(r, ctx.out(0).shape)};
 }
 
@@ -107,6 +122,7 @@ TPU_LOWER(gather, "gather") {
   if (x.rank() == 0) x = b.reshape(x, {1});
   if (index.rank() == 0) index = b.reshape(index, {1});
   int64_t dim = wrap_dim(ctx.i(1), x.rank());
+  check_bounds(ctx, index, dim, x.shape()[dim], false);
   auto all = range(0, x.rank());
   Value r = b.gather(x, coords(b, index, dim), {}, all, all, index.rank(), Shape(x.rank(), 1),
                      index.shape());
@@ -135,6 +151,7 @@ static ScatterArgs scatter_args(Ctx& ctx, bool src_is_scalar) {
   if (a.self.rank() == 0) a.self = b.reshape(a.self, {1});
   if (a.index.rank() == 0) a.index = b.reshape(a.index, {1});
   a.dim = wrap_dim(ctx.i(1), a.self.rank());
+  check_bounds(ctx, a.index, a.dim, a.self.shape()[a.dim], false);
   DType t = a.self.dtype();
   if (src_is_scalar) {
     a.src = broadcast_to(b, ctx.scalar(3, t), a.index.shape());
@@ -257,6 +274,7 @@ static std::vector<Value> index_write(Ctx& ctx, const ir::RegionFn& fn, bool sca
   Value self = ctx.in(0), index = ctx.in(2);
   if (self.rank() == 0) self = b.reshape(self, {1});
   int64_t dim = wrap_dim(ctx.i(1), self.rank());
+  check_bounds(ctx, index, dim, self.shape()[dim], false);
   Shape s = self.shape();
   s[dim] = index.type.numel();
   DType t = self.dtype();
@@ -285,6 +303,7 @@ TPU_LOWER(index_fill, "index_fill.int_Scalar", "index_fill.int_Tensor") {
   Value self = ctx.in(0);
   if (self.rank() == 0) self = b.reshape(self, {1});
   int64_t dim = wrap_dim(ctx.i(1), self.rank());
+  check_bounds(ctx, ctx.in(2), dim, self.shape()[dim], true);
   Value index = wrap_index(b, ctx.in(2), self.shape()[dim]);
   Value v = ctx.is_tensor(3) ? b.convert(ctx.in(3), self.dtype()) : ctx.scalar(3, self.dtype());
   Shape s = self.shape();
@@ -306,7 +325,8 @@ struct AdvIndex {
   Shape batch, rest;
 };
 
-static AdvIndex plan(Builder& b, const Shape& shape, const std::vector<std::optional<Value>>& idx) {
+static AdvIndex plan(Ctx& ctx, const Shape& shape, const std::vector<std::optional<Value>>& idx) {
+  Builder& b = ctx.b;
   AdvIndex p;
   std::vector<int64_t> dims;
   std::vector<Value> vals;
@@ -325,8 +345,10 @@ static AdvIndex plan(Builder& b, const Shape& shape, const std::vector<std::opti
   Shape b1 = p.batch;
   b1.push_back(1);
   std::vector<Value> parts;
-  for (size_t j = 0; j < vals.size(); ++j)
+  for (size_t j = 0; j < vals.size(); ++j) {
+    check_bounds(ctx, vals[j], dims[j], shape[dims[j]], true);
     parts.push_back(b.reshape(broadcast_to(b, wrap_index(b, vals[j], shape[dims[j]]), p.batch), b1));
+  }
   p.coords = b.concatenate(parts, p.nb);
   bool adjacent = true;
   for (size_t j = 1; j < dims.size(); ++j) adjacent &= dims[j] == dims[j - 1] + 1;
@@ -353,7 +375,7 @@ static std::vector<int64_t> result_perm(const AdvIndex& p) {
 TPU_LOWER(index, "index.Tensor", "_unsafe_index.Tensor") {
   Builder& b = ctx.b;
   Value self = ctx.in(0);
-  AdvIndex p = plan(b, self.shape(), ctx.opt_list(1));
+  AdvIndex p = plan(ctx, self.shape(), ctx.opt_list(1));
   Value x = b.transpose(self, p.perm);
   Shape sizes(p.k, 1), out = p.batch;
   sizes.insert(sizes.end(), p.rest.begin(), p.rest.end());
@@ -404,7 +426,7 @@ TPU_LOWER(index_put, "index_put", "_index_put_impl", "_unsafe_index_put") {
   for (auto& i : idx)
     if (i && (i->dtype() == DType::Bool || i->dtype() == DType::U8))
       return {put_mask(b, self, idx, values, acc)};
-  AdvIndex p = plan(b, self.shape(), idx);
+  AdvIndex p = plan(ctx, self.shape(), idx);
   // values: broadcast to the shape self[indices] has, then into the scatter layout.
   auto rp = result_perm(p);
   Shape gather_shape = p.batch;

@@ -187,6 +187,8 @@ TPU_LOWER(embedding, "embedding") {
   Builder& b = ctx.b;
   Value w = ctx.in(0), idx = b.convert(ctx.in(1), DType::I64);
   int64_t n = idx.type.numel(), d = w.shape()[1];
+  ctx.check(all_in_range(b, idx, 0, w.shape()[0]),
+            "aten::embedding: index out of range: valid indices are 0 to " + std::to_string(w.shape()[0] - 1));
   Value r = b.gather(w, b.reshape(idx, {n, 1}), {1}, {0}, {0}, 1, {1, d}, {n, d});
   return {b.reshape(r, ctx.out(0).shape)};
 }

@@ -53,6 +53,11 @@ class Ctx {
   // Random bits of `t` (unsigned element type) from the op's generator.
   virtual Value random_bits(const Type& t) = 0;
 
+  // A condition on values (a bool scalar) that must hold, like a CUDA device-side
+  // assert: when it fails, the op leaves the tensors it writes unchanged and `message`
+  // is raised at the next synchronization (at once in Debug mode).
+  virtual void check(const Value& ok, const std::string& message) = 0;
+
   // Helpers over the above.
   int64_t i_or(int idx, int64_t dflt) const { return is_none(idx) ? dflt : i(idx); }
   double f_or(int idx, double dflt) const { return is_none(idx) ? dflt : f(idx); }

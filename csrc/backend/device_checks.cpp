@@ -1,0 +1,54 @@
+#include "backend/device_checks.h"
+
+#include <c10/util/Exception.h>
+
+#include <mutex>
+#include <vector>
+
+#include "backend/executor.h"
+
+namespace tpu::backend {
+namespace {
+
+struct Check {
+  Operand ok;
+  std::string message;
+};
+
+std::mutex g_mu;
+std::vector<Check> g_checks;
+
+// Flags waiting to be read; past this many they are read at the next op that adds one.
+constexpr size_t kMaxOutstanding = 256;
+
+}  // namespace
+
+void add_device_check(Operand ok, std::string message) {
+  size_t n;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_checks.push_back({std::move(ok), std::move(message)});
+    n = g_checks.size();
+  }
+  if (eager_mode() == EagerMode::Debug || n > kMaxOutstanding) verify_device_checks();
+}
+
+void verify_device_checks() {
+  std::vector<Check> checks;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_checks.empty()) return;
+    checks.swap(g_checks);
+  }
+  for (const Check& c : checks) {
+    runtime::BufferPtr b = guarded([&] { return resolve(c.ok); });
+    bool ok = true;
+    guarded([&] {
+      runtime::Client::get().to_host(*b, &ok, 1);
+      return 0;
+    });
+    TORCH_CHECK_INDEX(ok, c.message);
+  }
+}
+
+}  // namespace tpu::backend
