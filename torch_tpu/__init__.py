@@ -25,6 +25,10 @@ from . import _plugins  # noqa: E402
 
 _num_lowered = _C._init(_plugins.candidates())
 
+import atexit  # noqa: E402
+
+atexit.register(_C._drain)  # deferred graphs still launching finish before teardown
+
 from . import tpu as _tpu_module  # noqa: E402
 
 torch._register_device_module("tpu", _tpu_module)

@@ -1,6 +1,9 @@
 #include "backend/deferred.h"
 
+#include <condition_variable>
 #include <cstdlib>
+#include <deque>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -104,14 +107,33 @@ std::vector<Operand> run(const ProgramPtr& program, const std::vector<Operand>& 
   return out;
 }
 
+namespace {
+std::mutex g_slot_mu;               // guards Slot::buffer / Slot::error
+std::condition_variable g_slot_cv;  // a graph finished
+void forget_launch_error(const std::exception_ptr& e);  // raised here: not again at sync
+}  // namespace
+
+bool is_ready(const Operand& v) {
+  if (v.buffer) return true;
+  std::lock_guard<std::mutex> lock(g_slot_mu);
+  return v.slot && v.slot->buffer;
+}
+
 runtime::BufferPtr resolve(const Operand& v) {
   if (v.buffer) return v.buffer;
   TORCH_INTERNAL_ASSERT(v.slot, "resolving an empty operand");
-  if (!v.slot->buffer && v.slot->error.empty()) {
-    flush("value needed");
+  {
+    auto lock = graph_lock();
+    if (v.slot->producer) flush("value needed");
   }
-  TORCH_CHECK(v.slot->error.empty(), v.slot->error);
-  TORCH_INTERNAL_ASSERT(v.slot->buffer, "a pending value was not produced by its graph");
+  std::unique_lock<std::mutex> lock(g_slot_mu);
+  g_slot_cv.wait(lock, [&] { return v.slot->buffer || v.slot->error; });
+  if (v.slot->error) {
+    std::exception_ptr e = v.slot->error;
+    lock.unlock();
+    forget_launch_error(e);
+    std::rethrow_exception(e);
+  }
   return v.slot->buffer;
 }
 
@@ -173,29 +195,180 @@ std::string fused_text(const std::vector<Call>& calls, const std::vector<ir::Typ
   return m.finish(outs, aliases);
 }
 
+// A flushed graph, everything the launcher thread needs.
+struct Job {
+  std::string key;
+  int device = 0;
+  std::vector<Call> calls;
+  std::vector<Operand> params;  // buffers, or slots of earlier jobs
+  std::vector<ir::Type> param_types;
+  std::vector<Wire> results;
+  std::vector<SlotPtr> result_slots;
+  std::vector<std::vector<SlotPtr>> outs;  // every call's outputs
+  std::vector<int> aliases;
+  std::vector<bool> donate;
+};
+
+void fail_slots(const std::vector<std::vector<SlotPtr>>& outs, size_t from, std::exception_ptr e) {
+  std::lock_guard<std::mutex> lock(g_slot_mu);
+  for (size_t n = from; n < outs.size(); ++n)
+    for (const SlotPtr& s : outs[n])
+      if (!s->buffer) s->error = e;
+}
+
 // After a failed fused launch: runs the calls one by one, so the error names the op
 // that failed and the values before it survive.
-void replay(const std::vector<Call>& calls, const std::vector<runtime::BufferPtr>& params,
-            const std::vector<std::vector<SlotPtr>>& outs, int device) {
+void replay(const Job& job, const std::vector<runtime::BufferPtr>& params) {
   fuse_stats().replays += 1;
   std::vector<std::vector<runtime::BufferPtr>> values;
-  for (size_t n = 0; n < calls.size(); ++n) {
+  for (size_t n = 0; n < job.calls.size(); ++n) {
     try {
       std::vector<runtime::Buffer*> raw;
-      for (const Wire& w : calls[n].args)
+      for (const Wire& w : job.calls[n].args)
         raw.push_back(w.node < 0 ? params[w.index].get() : values[w.node][w.index].get());
-      values.push_back(launch(*calls[n].program->executable(), raw, device));
-      for (size_t i = 0; i < outs[n].size(); ++i) outs[n][i]->buffer = values[n][i];
-    } catch (const std::exception& e) {
-      for (size_t m = n; m < calls.size(); ++m)
-        for (const SlotPtr& s : outs[m])
-          s->error = std::string("a deferred op failed: ") + calls[n].program->name() + ": " + e.what();
+      values.push_back(launch(*job.calls[n].program->executable(), raw, job.device));
+      std::lock_guard<std::mutex> lock(g_slot_mu);
+      for (size_t i = 0; i < job.outs[n].size(); ++i) job.outs[n][i]->buffer = values[n][i];
+    } catch (...) {
+      fail_slots(job.outs, n, std::current_exception());
       throw;
     }
   }
 }
 
+void run_job(Job& job) {
+  std::vector<runtime::BufferPtr> params;
+  try {
+    for (const Operand& p : job.params) {
+      if (p.buffer) {
+        params.push_back(p.buffer);
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(g_slot_mu);  // an earlier job set it (or failed)
+      if (p.slot->error) std::rethrow_exception(p.slot->error);
+      TORCH_INTERNAL_ASSERT(p.slot->buffer, "a graph input was never produced");
+      params.push_back(p.slot->buffer);
+    }
+  } catch (...) {
+    fail_slots(job.outs, 0, std::current_exception());
+    throw;
+  }
+  job.params.clear();  // donated buffers are now held only by `params`
+
+  static std::mutex cache_mu;
+  static std::unordered_map<std::string, runtime::ExecutablePtr> cache;
+  runtime::ExecutablePtr exe;
+  {
+    std::lock_guard<std::mutex> l(cache_mu);
+    auto it = cache.find(job.key);
+    if (it != cache.end()) exe = it->second;
+  }
+  std::vector<runtime::BufferPtr> produced;
+  try {
+    if (exe) {
+      fuse_stats().graph_hits += 1;
+    } else {
+      std::string text = fused_text(job.calls, job.param_types, job.results, job.aliases);
+      exe = guarded([&] { return compile_cached(text, describe_graph(job.calls)); });
+      std::lock_guard<std::mutex> l(cache_mu);
+      cache.emplace(job.key, exe);
+    }
+    std::vector<runtime::Buffer*> raw;
+    for (auto& p : params) raw.push_back(p.get());
+    produced = guarded([&] { return runtime::Client::get().execute(*exe, raw, job.device, false, job.donate); });
+  } catch (...) {
+    // Run op by op instead (nothing was donated: the launch did not start).
+    replay(job, params);
+    return;
+  }
+  fuse_stats().graphs += 1;
+  for (bool d : job.donate) fuse_stats().donated += d ? 1 : 0;
+  std::lock_guard<std::mutex> lock(g_slot_mu);
+  for (size_t j = 0; j < job.result_slots.size(); ++j) job.result_slots[j]->buffer = produced[j];
+}
+
+// The launcher thread: runs jobs in flush order, so a job's inputs from earlier jobs
+// exist by the time it runs.
+class Launcher {
+ public:
+  void submit(Job job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!started_) {
+        std::thread([this] { loop(); }).detach();  // lives as long as the process
+        started_ = true;
+      }
+      queue_.push_back(std::move(job));
+      ++pending_;
+    }
+    cv_.notify_all();
+  }
+
+  void forget(const std::exception_ptr& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_ == e) error_ = nullptr;
+  }
+
+  void wait_idle() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return pending_ == 0; });
+    if (error_) {
+      std::exception_ptr e = error_;
+      error_ = nullptr;
+      lock.unlock();
+      std::rethrow_exception(e);
+    }
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !queue_.empty(); });
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr failed;
+      try {
+        run_job(job);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      job = Job{};  // release buffers before reporting idle (memory figures)
+      g_slot_cv.notify_all();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (failed && !error_) error_ = failed;
+        --pending_;
+      }
+      {
+        std::lock_guard<std::mutex> lock(g_slot_mu);
+      }
+      g_slot_cv.notify_all();
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  int pending_ = 0;
+  bool started_ = false;
+  std::exception_ptr error_;
+};
+
+Launcher& launcher() {
+  static Launcher* l = new Launcher();  // never destroyed: its thread may outlive statics
+  return *l;
+}
+
+void forget_launch_error(const std::exception_ptr& e) { launcher().forget(e); }
+
 }  // namespace
+
+void wait_launched() { launcher().wait_idle(); }
 
 void flush(const char* reason) {
   auto lock = graph_lock();
@@ -203,11 +376,11 @@ void flush(const char* reason) {
   Graph g = std::move(g_graph);
   g_graph = Graph{};
   count_flush(reason);
-  const int device = g.device;
+  Job job;
+  job.device = g.device;
 
   // Wiring, external inputs, and how often the graph itself references each slot.
-  std::string key;
-  std::vector<Call> calls;
+  std::string& key = job.key;
   std::vector<Operand> ext;
   std::unordered_map<const void*, int> ext_index;
   std::unordered_map<const Slot*, long> graph_refs;
@@ -228,12 +401,9 @@ void flush(const char* reason) {
              std::to_string(c.args.back().index) + ",";
     }
     key += ")";
-    calls.push_back(std::move(c));
+    job.calls.push_back(std::move(c));
   }
   // A slot is an output when something besides the graph holds it (a storage, a caller).
-  std::vector<Wire> results;
-  std::vector<SlotPtr> result_slots;
-  std::vector<std::vector<SlotPtr>> outs;
   key += "->";
   for (const auto& node : g.nodes) {
     for (const SlotPtr& s : node->outputs) {
@@ -241,86 +411,50 @@ void flush(const char* reason) {
       long inside = 1 + (it == graph_refs.end() ? 0 : it->second);
       bool live = s.use_count() > inside;
       key += live ? "1" : "0";
-      if (live) results.push_back({node->position, s->index});
+      if (live) job.results.push_back({node->position, s->index});
     }
   }
   for (auto& node : g.nodes) {
     for (const SlotPtr& s : node->outputs) s->producer = nullptr;
-    outs.push_back(std::move(node->outputs));
+    job.outs.push_back(std::move(node->outputs));
   }
-  for (const Wire& w : results) result_slots.push_back(outs[w.node][w.index]);
-  fuse_stats().outputs += static_cast<int64_t>(results.size());
+  for (const Wire& w : job.results) job.result_slots.push_back(job.outs[w.node][w.index]);
+  fuse_stats().outputs += static_cast<int64_t>(job.results.size());
   int64_t total = 0;
-  for (auto& o : outs) total += static_cast<int64_t>(o.size());
-  fuse_stats().elided += total - static_cast<int64_t>(results.size());
+  for (auto& o : job.outs) total += static_cast<int64_t>(o.size());
+  fuse_stats().elided += total - static_cast<int64_t>(job.results.size());
   g.nodes.clear();  // drops the graph's references to its inputs
 
-  // External inputs as buffers; those nobody else holds are donated to an output of
-  // the same type (an optimizer's in-place update reuses the parameter's memory).
-  std::vector<runtime::BufferPtr> params;
-  std::vector<ir::Type> param_types;
-  for (Operand& e : ext) {
-    if (e.slot && e.slot->buffer == nullptr) {
-      std::string why = e.slot->error.empty() ? "internal: an input of the graph was never produced"
-                                              : e.slot->error;
-      for (auto& o : outs)
-        for (const SlotPtr& s : o) s->error = why;
-      TORCH_CHECK(false, why);
-    }
-    params.push_back(e.slot ? e.slot->buffer : e.buffer);
-    param_types.push_back(ir::Type{params.back()->dtype(), params.back()->dims()});
-  }
-  std::vector<int> aliases(params.size(), -1);
-  std::vector<bool> donate(params.size(), false);
-  {
-    std::vector<bool> taken(results.size(), false);
-    for (size_t i = 0; i < params.size(); ++i) {
-      bool sole = ext[i].slot ? (ext[i].slot.use_count() == 1 && params[i].use_count() == 2)
-                              : params[i].use_count() == 2;
-      if (!sole) continue;
-      for (size_t j = 0; j < results.size(); ++j) {
-        if (taken[j] || !(result_slots[j]->type.dtype == param_types[i].dtype && result_slots[j]->type.shape == param_types[i].shape)) continue;
-        taken[j] = true;
-        aliases[i] = static_cast<int>(j);
-        donate[i] = true;
-        key += "a" + std::to_string(i) + ":" + std::to_string(j);
-        break;
-      }
-    }
-  }
-  ext.clear();
-
-  static std::mutex cache_mu;
-  static std::unordered_map<std::string, runtime::ExecutablePtr> cache;
-  runtime::ExecutablePtr exe;
-  {
-    std::lock_guard<std::mutex> l(cache_mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) exe = it->second;
-  }
-  std::vector<runtime::BufferPtr> produced;
-  try {
-    if (exe) {
-      fuse_stats().graph_hits += 1;
+  // Inputs nobody else holds are donated to an output of the same type (an optimizer's
+  // in-place update reuses the parameter's memory). A slot of a job still in flight
+  // has no buffer yet: then only the slot can ever hold it.
+  for (Operand& e : ext) job.param_types.push_back(e.type());
+  job.aliases.assign(ext.size(), -1);
+  job.donate.assign(ext.size(), false);
+  std::vector<bool> taken(job.results.size(), false);
+  for (size_t i = 0; i < ext.size(); ++i) {
+    bool sole;
+    if (ext[i].slot) {
+      std::lock_guard<std::mutex> l(g_slot_mu);
+      sole = ext[i].slot.use_count() == 1 && !ext[i].slot->error &&
+             (!ext[i].slot->buffer || ext[i].slot->buffer.use_count() == 1);
     } else {
-      std::string text = fused_text(calls, param_types, results, aliases);
-      exe = guarded([&] { return compile_cached(text, describe_graph(calls)); });
-      std::lock_guard<std::mutex> l(cache_mu);
-      cache.emplace(key, exe);
+      sole = ext[i].buffer.use_count() == 1;
     }
-    std::vector<runtime::Buffer*> raw;
-    for (auto& p : params) raw.push_back(p.get());
-    produced = guarded([&] {
-      return runtime::Client::get().execute(*exe, raw, device, eager_mode() == EagerMode::Debug, donate);
-    });
-  } catch (const std::exception&) {
-    // Run op by op instead (nothing was donated: the launch did not start).
-    replay(calls, params, outs, device);
-    return;
+    if (!sole) continue;
+    const ir::Type& pt = job.param_types[i];
+    for (size_t j = 0; j < job.results.size(); ++j) {
+      const ir::Type& rt = job.result_slots[j]->type;
+      if (taken[j] || rt.dtype != pt.dtype || rt.shape != pt.shape) continue;
+      taken[j] = true;
+      job.aliases[i] = static_cast<int>(j);
+      job.donate[i] = true;
+      key += "a" + std::to_string(i) + ":" + std::to_string(j);
+      break;
+    }
   }
-  fuse_stats().graphs += 1;
-  for (size_t d = 0; d < donate.size(); ++d) fuse_stats().donated += donate[d] ? 1 : 0;
-  for (size_t j = 0; j < result_slots.size(); ++j) result_slots[j]->buffer = produced[j];
+  job.params = std::move(ext);
+  launcher().submit(std::move(job));
 }
 
 }  // namespace tpu::backend

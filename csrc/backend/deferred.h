@@ -9,6 +9,7 @@
 // holds are donated to same-shaped outputs (in-place updates reuse their memory).
 #pragma once
 #include <atomic>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -51,8 +52,9 @@ struct Slot {
   int device = 0;
   Node* producer = nullptr;  // while pending: the node, owned by the pending graph
   int index = 0;             // which output of the producer
-  runtime::BufferPtr buffer; // once the graph has run
-  std::string error;         // the graph failed: why
+  // Set by the launcher thread once the graph ran (or failed); read under slot_mutex().
+  runtime::BufferPtr buffer;
+  std::exception_ptr error;
 };
 using SlotPtr = std::shared_ptr<Slot>;
 
@@ -81,9 +83,15 @@ std::vector<Operand> run_internal(const std::string& key,
 
 // The buffer behind `v`, running the pending graph if it is still pending.
 runtime::BufferPtr resolve(const Operand& v);
+// True when `v` has its buffer (does not wait).
+bool is_ready(const Operand& v);
 
-// Runs the pending graph (if any) as one program. `reason` is counted in the metrics.
+// Hands the pending graph (if any) to the launcher thread, which compiles (once per
+// graph shape) and launches it as one program. `reason` is counted in the metrics.
 void flush(const char* reason);
+// Waits until every flushed graph has been launched; raises the first failure since the
+// last call.
+void wait_launched();
 
 // Held while gathering operands and recording, so other threads (autograd's) cannot
 // flush the graph in between.

@@ -85,6 +85,7 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void synchronizeEvent(void* event) const override {
     if (event) {
       flush("synchronize");
+    wait_launched();
       runtime::Client::get().synchronize(*static_cast<c10::DeviceIndex*>(event));
     }
   }
@@ -96,10 +97,12 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   void synchronizeStream(const c10::Stream& s) const override {
     flush("synchronize");
+    wait_launched();
     runtime::Client::get().synchronize(s.device_index());
   }
   void synchronizeDevice(const c10::DeviceIndex d) const override {
     flush("synchronize");
+    wait_launched();
     runtime::Client::get().synchronize(d);
     verify_device_checks();
   }

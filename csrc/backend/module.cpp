@@ -40,8 +40,22 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_device", [](int d) { guarded([&] { set_current_device(d); return 0; }); });
   m.def("synchronize", [](int d) {
     py::gil_scoped_release nogil;
-    guarded([&] { flush("synchronize"); client().synchronize(d); return 0; });
+    guarded([&] {
+      flush("synchronize");
+      wait_launched();
+      client().synchronize(d);
+      return 0;
+    });
     verify_device_checks();
+  });
+  // At exit: launch what is pending and let it finish, ignoring errors nobody will read.
+  m.def("_drain", [] {
+    py::gil_scoped_release nogil;
+    try {
+      flush("exit");
+      wait_launched();
+    } catch (...) {
+    }
   });
   // Runs the pending deferred graph without waiting for it (a training step's end).
   m.def("flush", [](const std::string& reason) {
@@ -57,15 +71,15 @@ PYBIND11_MODULE(_C, m) {
   });
   // Memory figures count buffers: pending deferred values run first.
   m.def("memory_allocated", [](int d) {
-    guarded([&] { flush("memory query"); return 0; });
+    guarded([&] { flush("memory query"); wait_launched(); return 0; });
     return client().stats(d).live_bytes.load();
   });
   m.def("max_memory_allocated", [](int d) {
-    guarded([&] { flush("memory query"); return 0; });
+    guarded([&] { flush("memory query"); wait_launched(); return 0; });
     return client().stats(d).peak_bytes.load();
   });
   m.def("reset_peak_memory_stats", [](int d) {
-    guarded([&] { flush("memory query"); return 0; });
+    guarded([&] { flush("memory query"); wait_launched(); return 0; });
     auto& s = client().stats(d);
     s.peak_bytes = s.live_bytes.load();
   });
@@ -87,7 +101,7 @@ PYBIND11_MODULE(_C, m) {
     void* ctx = t.storage().data_ptr().get_context();
     if (!ctx) return false;
     const Operand& v = static_cast<StorageData*>(ctx)->value;
-    return v.buffer != nullptr || (v.slot && v.slot->buffer != nullptr);
+    return is_ready(v);
   });
   m.def("compile_cache_dir", [] {
     runtime::DiskCache* disk = runtime::DiskCache::get();
