@@ -25,6 +25,10 @@ from . import _plugins  # noqa: E402
 
 _num_lowered = _C._init(_plugins.candidates())
 
+from . import _decompositions  # noqa: E402  (after the rules: ops still without a kernel)
+
+_decompositions.register()
+
 from . import tpu as _tpu_module  # noqa: E402
 
 torch._register_device_module("tpu", _tpu_module)
