@@ -1,0 +1,119 @@
+"""Op coverage: rules and decompositions added to raise OpInfo conformance, each checked
+against PyTorch's CPU kernels with no CPU fallback (neither the C++ one nor a
+decomposition kernel's host round trip)."""
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+from torch_tpu import _decompositions
+from conftest import dev, host
+
+F32 = dict(rtol=1e-4, atol=1e-5)
+
+
+def all_fallbacks():
+    fb = dict(torch_tpu.metrics()["fallbacks"])
+    for k, n in _decompositions.fallbacks.items():
+        fb[k] = fb.get(k, 0) + n
+    return fb
+
+
+@contextlib.contextmanager
+def native():
+    before = all_fallbacks()
+    yield
+    grown = {k: v - before.get(k, 0) for k, v in all_fallbacks().items() if v != before.get(k, 0)}
+    assert not grown, f"ops fell back to the CPU: {grown}"
+
+
+def randn(*shape, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def check(fn, *args, grad=True, **tol):
+    """fn on CPU vs on tpu (forward, and the gradients of float args), natively."""
+    tol = tol or F32
+    cpu = [a.clone().requires_grad_(grad) if isinstance(a, torch.Tensor) and a.is_floating_point()
+           else a for a in args]
+    tpu = [dev(a.detach()).requires_grad_(grad) if isinstance(a, torch.Tensor)
+           and a.is_floating_point() else dev(a) for a in args]
+    with native():
+        want, got = fn(*cpu), fn(*tpu)
+        torch.testing.assert_close(host(got), want, **tol)
+        if grad:
+            w = torch.randn(want.shape, generator=torch.Generator().manual_seed(1))
+            (want * w).sum().backward()
+            (got * dev(w)).sum().backward()
+            for c, t in zip(cpu, tpu):
+                if isinstance(c, torch.Tensor) and c.requires_grad:
+                    torch.testing.assert_close(host(t.grad), c.grad, **tol)
+
+
+# ---- pooling.cpp
+
+@pytest.mark.parametrize("out", [(3, 4), (1, 1), (7, 9), (5, 2)])
+def test_adaptive_avg_pool2d(out):
+    check(lambda x: F.adaptive_avg_pool2d(x, out), randn(2, 3, 7, 9))
+
+
+def test_adaptive_avg_pool1d_and_3d():
+    check(lambda x: F.adaptive_avg_pool1d(x, 4), randn(3, 5, 9))
+    check(lambda x: F.adaptive_avg_pool3d(x, (2, 3, 4)), randn(2, 3, 5, 7, 9))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=(2, 3, 2), stride=(1, 2, 3), padding=(1, 1, 0), ceil_mode=True,
+         count_include_pad=False),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, divisor_override=5),
+])
+def test_avg_pool3d(kw):
+    check(lambda x: F.avg_pool3d(x, **kw), randn(2, 3, 6, 7, 8))
+
+
+# ---- fft.cpp
+
+@pytest.mark.parametrize("norm", [None, "ortho", "forward"])
+def test_fft_forward_transforms(norm):
+    x = randn(4, 6, 5)
+    for fn in (lambda z: torch.fft.rfft(z, norm=norm),
+               lambda z: torch.fft.fft(z, dim=1, norm=norm),
+               lambda z: torch.fft.rfftn(z, dim=(0, 2), norm=norm),
+               lambda z: torch.fft.fft2(z, norm=norm),
+               lambda z: torch.fft.irfft(torch.fft.rfft(z), n=5, norm=norm),
+               lambda z: torch.fft.irfftn(torch.fft.rfftn(z, dim=(0, 1)), dim=(0, 1), s=(4, 6),
+                                          norm=norm),
+               lambda z: torch.fft.ifft(torch.fft.fft(z, dim=0), dim=0, norm=norm)):
+        check(fn, x, grad=False)
+
+
+# ---- decompositions
+
+def test_decomposition_kernels_run_natively():
+    assert "aten::nansum" in _decompositions.registered
+    x = randn(4, 5)
+    x[0, 0] = float("nan")
+    check(lambda t: torch.nansum(t, 1), x, grad=False)
+    with native():
+        torch.testing.assert_close(torch.linspace(-1, 2, 7, device="tpu").cpu(),
+                                   torch.linspace(-1, 2, 7))
+
+
+def test_decompositions_skip_ops_with_kernels():
+    for name in _decompositions.registered:
+        for key in ("CompositeImplicitAutograd", "CompositeExplicitAutograd"):
+            assert not torch._C._dispatch_has_kernel_for_dispatch_key(name, key), (name, key)
+
+
+def test_declined_decomposition_takes_a_counted_host_round_trip():
+    # frexp's decomposition is no use on tpu: it reaches frexp again.
+    before = dict(_decompositions.fallbacks)
+    x = randn(5)
+    m, e = torch.frexp(x.to("tpu"))
+    wm, we = torch.frexp(x)
+    assert m.device.type == "tpu"
+    torch.testing.assert_close((m.cpu(), e.cpu()), (wm, we))
+    assert sum(_decompositions.fallbacks.values()) > sum(before.values())
