@@ -117,3 +117,31 @@ def test_declined_decomposition_takes_a_counted_host_round_trip():
     assert m.device.type == "tpu"
     torch.testing.assert_close((m.cpu(), e.cpu()), (wm, we))
     assert sum(_decompositions.fallbacks.values()) > sum(before.values())
+
+
+# ---- normalization.cpp
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (6, 3), (2, 3, 7)])
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm(shape, training):
+    rm, rv = randn(3, seed=2), randn(3, seed=3).abs() + 0.5
+    stats = {}
+
+    def fn(x, w, b):
+        m, v = dev(rm) if x.device.type == "tpu" else rm.clone(), \
+            dev(rv) if x.device.type == "tpu" else rv.clone()
+        y = F.batch_norm(x, m, v, w, b, training=training)
+        stats[x.device.type] = (host(m), host(v))
+        return y
+    check(fn, randn(*shape), randn(3, seed=4), randn(3, seed=5))
+    torch.testing.assert_close(stats["tpu"], stats["cpu"])
+    check(lambda x: F.batch_norm(x, None, None, training=True), randn(*shape))
+
+
+# ---- distance.cpp
+
+@pytest.mark.parametrize("p", [0, 0.5, 1, 1.5, 2, 3, float("inf")])
+def test_cdist_and_pdist(p):
+    check(lambda a, b: torch.cdist(a, b, p=p), randn(2, 5, 3), randn(2, 4, 3, seed=1))
+    check(lambda a, b: torch.cdist(a, b, p=p), randn(5, 3), randn(4, 3, seed=1))
+    check(lambda a: torch.pdist(a, p=p), randn(6, 3))
