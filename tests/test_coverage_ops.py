@@ -145,3 +145,41 @@ def test_cdist_and_pdist(p):
     check(lambda a, b: torch.cdist(a, b, p=p), randn(2, 5, 3), randn(2, 4, 3, seed=1))
     check(lambda a, b: torch.cdist(a, b, p=p), randn(5, 3), randn(4, 3, seed=1))
     check(lambda a: torch.pdist(a, p=p), randn(6, 3))
+
+
+# ---- linalg.cpp
+
+def spd(*batch, n=4, seed=0):
+    a = randn(*batch, n, n, seed=seed) + 4 * torch.eye(n)
+    return a @ a.mT
+
+
+@pytest.mark.parametrize("upper", [True, False])
+@pytest.mark.parametrize("unit", [True, False])
+def test_triangular_solves(upper, unit):
+    a, b, bl = randn(2, 4, 4) + 4 * torch.eye(4), randn(2, 4, 3, seed=1), randn(3, 4, seed=2)
+    check(lambda a, b: torch.linalg.solve_triangular(a, b, upper=upper, unitriangular=unit), a, b)
+    check(lambda a, b: torch.linalg.solve_triangular(a, b, upper=upper, left=False,
+                                                     unitriangular=unit), a, bl)
+    for tr in (True, False):
+        check(lambda a, b: torch.triangular_solve(b, a, upper=upper, transpose=tr,
+                                                  unitriangular=unit)[0], a, b, grad=False)
+
+
+@pytest.mark.parametrize("upper", [True, False])
+def test_cholesky_family(upper):
+    s, b = spd(2), randn(2, 4, 3, seed=1)
+    check(lambda s: torch.linalg.cholesky(s, upper=upper), s)
+    f = torch.linalg.cholesky(s, upper=upper)
+    check(lambda f, b: torch.cholesky_solve(b, f, upper=upper), f, b)
+    check(lambda f: torch.cholesky_inverse(f[0], upper=upper), f)
+
+
+def test_cholesky_info_names_the_first_failing_minor():
+    s = spd(3, n=5)
+    s[1, 2, 2], s[2, 0, 0] = -100, float("nan")
+    with native():
+        got = torch.linalg.cholesky_ex(s.to("tpu")).info.cpu()
+    assert got.tolist() == torch.linalg.cholesky_ex(s).info.tolist() == [0, 3, 1]
+    with pytest.raises(RuntimeError, match="positive-definite"):
+        torch.linalg.cholesky(s.to("tpu"))
