@@ -183,3 +183,16 @@ def test_cholesky_info_names_the_first_failing_minor():
     assert got.tolist() == torch.linalg.cholesky_ex(s).info.tolist() == [0, 3, 1]
     with pytest.raises(RuntimeError, match="positive-definite"):
         torch.linalg.cholesky(s.to("tpu"))
+
+
+# ---- random.cpp
+
+def test_randperm_is_a_seeded_permutation():
+    with native():
+        torch.manual_seed(3)
+        a = torch.randperm(50, device="tpu").cpu()
+        torch.manual_seed(3)
+        b = torch.randperm(50, device="tpu").cpu()
+        c = torch.randperm(50, device="tpu", dtype=torch.float32).cpu()
+    assert sorted(a.tolist()) == list(range(50)) and torch.equal(a, b)
+    assert sorted(c.tolist()) == list(range(50)) and c.dtype == torch.float32
