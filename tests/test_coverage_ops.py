@@ -108,15 +108,22 @@ def test_decompositions_skip_ops_with_kernels():
             assert not torch._C._dispatch_has_kernel_for_dispatch_key(name, key), (name, key)
 
 
-def test_declined_decomposition_takes_a_counted_host_round_trip():
-    # frexp's decomposition is no use on tpu: it reaches frexp again.
-    before = dict(_decompositions.fallbacks)
+def test_declined_or_recursing_decomposition_takes_a_counted_host_round_trip():
     x = randn(5)
-    m, e = torch.frexp(x.to("tpu"))
-    wm, we = torch.frexp(x)
-    assert m.device.type == "tpu"
-    torch.testing.assert_close((m.cpu(), e.cpu()), (wm, we))
-    assert sum(_decompositions.fallbacks.values()) > sum(before.values())
+    op = torch.ops.aten.nansum.default
+    for decomp, why in ((lambda *a, **k: NotImplemented, "declined"),
+                        (lambda t, *a, **k: op(t), "calls it again"),
+                        (lambda *a, **k: 1 / 0, "failed")):
+        before = _decompositions.fallbacks.get("aten::nansum", 0)
+        with pytest.warns(UserWarning, match=why) if before == 0 else contextlib.nullcontext():
+            y = _decompositions._kernel(op, decomp)(x.to("tpu"))
+        assert y.device.type == "tpu"
+        torch.testing.assert_close(y.cpu(), torch.nansum(x))
+        assert _decompositions.fallbacks["aten::nansum"] == before + 1
+
+
+def test_always_recursing_decompositions_are_not_registered():
+    assert "aten::special_bessel_j0.out" not in _decompositions.registered
 
 
 # ---- normalization.cpp
