@@ -35,7 +35,26 @@ _EXCLUDED: set = {
         "digamma", "lgamma", "i0", "erfinv", "igamma", "igammac", "nextafter", "special_i1",
         "special_i1e", "special_i0e", "special_erfcx", "special_ndtri", "special_zeta",
         "special_bessel_j0", "special_bessel_j1", "special_spherical_bessel_j0")
-} | {"aten::frexp.Tensor_out"}
+} | {"aten::frexp.Tensor_out",
+     # Their references assign through complex views (.real/.imag), which tpu cannot
+     # alias: the writes would be lost.
+     "aten::polar.out", "aten::complex.out"}
+
+
+def _batch_norm(op, decomp):
+    """Inference batch norm is the native _native_batch_norm_legit_no_training, with empty
+    saved statistics as on CPU (the decomposition and the meta kernel make full ones)."""
+    def run(input, weight, bias, running_mean, running_var, training, momentum, eps):
+        if not training and running_mean is not None and running_var is not None:
+            out = torch.ops.aten._native_batch_norm_legit_no_training(
+                input, weight, bias, running_mean, running_var, momentum, eps)[0]
+            return out, input.new_empty((0,)), input.new_empty((0,))
+        return decomp(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    return run
+
+
+# Ops whose decomposition is wrapped: op name -> (op, decomposition) -> function.
+_WRAPPERS = {"aten::_native_batch_norm_legit": _batch_norm, "aten::native_batch_norm": _batch_norm}
 
 
 def _name(op) -> str:
@@ -145,7 +164,8 @@ def register() -> int:
         if not eligible(op):
             continue
         s = op._schema
+        wrap = _WRAPPERS.get(_name(op))
         _lib.impl(s.name.split("::", 1)[1] + ("." + s.overload_name if s.overload_name else ""),
-                  _kernel(op, decomp), "PrivateUse1")
+                  _kernel(op, wrap(op, decomp) if wrap else decomp), "PrivateUse1")
         registered.append(_name(op))
     return len(registered)
