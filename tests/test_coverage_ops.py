@@ -145,6 +145,16 @@ def test_batch_norm(shape, training):
     check(lambda x: F.batch_norm(x, None, None, training=True), randn(*shape))
 
 
+def test_inference_batch_norm_ops_save_empty_stats_like_cpu():
+    a = torch.ops.aten
+    x, rm, rv = randn(3, 2, 4), randn(2, seed=1), randn(2, seed=2).abs() + 0.5
+    for op in (a.native_batch_norm, a._native_batch_norm_legit):
+        want = op(x, None, None, rm, rv, False, 0.1, 1e-5)
+        with native():
+            got = host(op(dev(x), None, None, dev(rm), dev(rv), False, 0.1, 1e-5))
+        torch.testing.assert_close(tuple(got), tuple(want))
+
+
 # ---- distance.cpp
 
 @pytest.mark.parametrize("p", [0, 0.5, 1, 1.5, 2, 3, float("inf")])
