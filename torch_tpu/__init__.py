@@ -29,6 +29,10 @@ import atexit  # noqa: E402
 
 atexit.register(_C._drain)  # deferred graphs still launching finish before teardown
 
+from . import _decompositions  # noqa: E402  (after the rules: ops still without a kernel)
+
+_decompositions.register()
+
 from . import tpu as _tpu_module  # noqa: E402
 
 torch._register_device_module("tpu", _tpu_module)

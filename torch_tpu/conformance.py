@@ -31,6 +31,7 @@ import torch.utils._pytree as pytree  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import torch_tpu  # noqa: E402
+from torch_tpu import _decompositions  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64,
           "int32": torch.int32, "bool": torch.bool}
@@ -90,12 +91,16 @@ def tolerance(op, dtype, out_dtype):
 # ---------------------------------------------------------------- one sample
 
 def fallbacks() -> dict:
-    return dict(torch_tpu.metrics()["fallbacks"])
+    """CPU fallbacks so far: the C++ fallback's and decomposition kernels' round trips."""
+    fb = dict(torch_tpu.metrics()["fallbacks"])
+    for k, n in _decompositions.fallbacks.items():
+        fb[k] = fb.get(k, 0) + n
+    return fb
 
 
 def grown(before: dict) -> list:
     """Ops whose fallback count grew since `before`."""
-    return sorted(k for k, n in torch_tpu.metrics()["fallbacks"].items() if n > before.get(k, 0))
+    return sorted(k for k, n in fallbacks().items() if n > before.get(k, 0))
 
 
 def first_line(e: BaseException) -> str:

@@ -211,4 +211,19 @@ TPU_LOWER(native_dropout_backward_rule, "native_dropout_backward") {  // grad * 
   return {b.convert(mul(b, mul(b, g, m), b.constant(ctx.f(2), t, o.shape)), o.dtype)};
 }
 
+// randperm(n, generator, out): the positions 0..n-1 sorted by 64-bit random keys
+// (a uniform permutation up to key collisions, which a stable sort keeps valid).
+TPU_LOWER(randperm_rule, "randperm.generator_out") {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  if (o.shape.size() != 1) throw Unsupported("randperm shape");
+  int64_t n = o.shape[0];
+  Value keys = ctx.random_bits(Type{DType::U64, {n}});
+  Value idx = b.iota(Type{DType::I64, {n}}, 0);
+  auto sorted = b.sort({keys, idx}, 0, true, [](Builder& b, const std::vector<Value>& a) {
+    return std::vector<Value>{b.compare(a[0], a[1], Cmp::LT)};
+  });
+  return {b.convert(sorted[1], o.dtype)};
+}
+
 }  // namespace tpu::lowering

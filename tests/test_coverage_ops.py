@@ -1,0 +1,215 @@
+"""Op coverage: rules and decompositions added to raise OpInfo conformance, each checked
+against PyTorch's CPU kernels with no CPU fallback (neither the C++ one nor a
+decomposition kernel's host round trip)."""
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+from torch_tpu import _decompositions
+from conftest import dev, host
+
+F32 = dict(rtol=1e-4, atol=1e-5)
+
+
+def all_fallbacks():
+    fb = dict(torch_tpu.metrics()["fallbacks"])
+    for k, n in _decompositions.fallbacks.items():
+        fb[k] = fb.get(k, 0) + n
+    return fb
+
+
+@contextlib.contextmanager
+def native():
+    before = all_fallbacks()
+    yield
+    grown = {k: v - before.get(k, 0) for k, v in all_fallbacks().items() if v != before.get(k, 0)}
+    assert not grown, f"ops fell back to the CPU: {grown}"
+
+
+def randn(*shape, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def check(fn, *args, grad=True, **tol):
+    """fn on CPU vs on tpu (forward, and the gradients of float args), natively."""
+    tol = tol or F32
+    cpu = [a.clone().requires_grad_(grad) if isinstance(a, torch.Tensor) and a.is_floating_point()
+           else a for a in args]
+    tpu = [dev(a.detach()).requires_grad_(grad) if isinstance(a, torch.Tensor)
+           and a.is_floating_point() else dev(a) for a in args]
+    with native():
+        want, got = fn(*cpu), fn(*tpu)
+        torch.testing.assert_close(host(got), want, **tol)
+        if grad:
+            w = torch.randn(want.shape, generator=torch.Generator().manual_seed(1))
+            (want * w).sum().backward()
+            (got * dev(w)).sum().backward()
+            for c, t in zip(cpu, tpu):
+                if isinstance(c, torch.Tensor) and c.requires_grad:
+                    torch.testing.assert_close(host(t.grad), c.grad, **tol)
+
+
+# ---- pooling.cpp
+
+@pytest.mark.parametrize("out", [(3, 4), (1, 1), (7, 9), (5, 2)])
+def test_adaptive_avg_pool2d(out):
+    check(lambda x: F.adaptive_avg_pool2d(x, out), randn(2, 3, 7, 9))
+
+
+def test_adaptive_avg_pool1d_and_3d():
+    check(lambda x: F.adaptive_avg_pool1d(x, 4), randn(3, 5, 9))
+    check(lambda x: F.adaptive_avg_pool3d(x, (2, 3, 4)), randn(2, 3, 5, 7, 9))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=(2, 3, 2), stride=(1, 2, 3), padding=(1, 1, 0), ceil_mode=True,
+         count_include_pad=False),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, divisor_override=5),
+])
+def test_avg_pool3d(kw):
+    check(lambda x: F.avg_pool3d(x, **kw), randn(2, 3, 6, 7, 8))
+
+
+# ---- fft.cpp
+
+@pytest.mark.parametrize("norm", [None, "ortho", "forward"])
+def test_fft_forward_transforms(norm):
+    x = randn(4, 6, 5)
+    for fn in (lambda z: torch.fft.rfft(z, norm=norm),
+               lambda z: torch.fft.fft(z, dim=1, norm=norm),
+               lambda z: torch.fft.rfftn(z, dim=(0, 2), norm=norm),
+               lambda z: torch.fft.fft2(z, norm=norm),
+               lambda z: torch.fft.irfft(torch.fft.rfft(z), n=5, norm=norm),
+               lambda z: torch.fft.irfftn(torch.fft.rfftn(z, dim=(0, 1)), dim=(0, 1), s=(4, 6),
+                                          norm=norm),
+               lambda z: torch.fft.ifft(torch.fft.fft(z, dim=0), dim=0, norm=norm)):
+        check(fn, x, grad=False)
+
+
+# ---- decompositions
+
+def test_decomposition_kernels_run_natively():
+    assert "aten::nansum" in _decompositions.registered
+    x = randn(4, 5)
+    x[0, 0] = float("nan")
+    check(lambda t: torch.nansum(t, 1), x, grad=False)
+    with native():
+        torch.testing.assert_close(torch.linspace(-1, 2, 7, device="tpu").cpu(),
+                                   torch.linspace(-1, 2, 7))
+
+
+def test_decompositions_skip_ops_with_kernels():
+    for name in _decompositions.registered:
+        for key in ("CompositeImplicitAutograd", "CompositeExplicitAutograd"):
+            assert not torch._C._dispatch_has_kernel_for_dispatch_key(name, key), (name, key)
+
+
+def test_declined_or_recursing_decomposition_takes_a_counted_host_round_trip():
+    x = randn(5)
+    op = torch.ops.aten.nansum.default
+    for decomp, why in ((lambda *a, **k: NotImplemented, "declined"),
+                        (lambda t, *a, **k: op(t), "calls it again"),
+                        (lambda *a, **k: 1 / 0, "failed")):
+        before = _decompositions.fallbacks.get("aten::nansum", 0)
+        with pytest.warns(UserWarning, match=why) if before == 0 else contextlib.nullcontext():
+            y = _decompositions._kernel(op, decomp)(x.to("tpu"))
+        assert y.device.type == "tpu"
+        torch.testing.assert_close(y.cpu(), torch.nansum(x))
+        assert _decompositions.fallbacks["aten::nansum"] == before + 1
+
+
+def test_always_recursing_decompositions_are_not_registered():
+    assert "aten::special_bessel_j0.out" not in _decompositions.registered
+
+
+# ---- normalization.cpp
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (6, 3), (2, 3, 7)])
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm(shape, training):
+    rm, rv = randn(3, seed=2), randn(3, seed=3).abs() + 0.5
+    stats = {}
+
+    def fn(x, w, b):
+        m, v = dev(rm) if x.device.type == "tpu" else rm.clone(), \
+            dev(rv) if x.device.type == "tpu" else rv.clone()
+        y = F.batch_norm(x, m, v, w, b, training=training)
+        stats[x.device.type] = (host(m), host(v))
+        return y
+    check(fn, randn(*shape), randn(3, seed=4), randn(3, seed=5))
+    torch.testing.assert_close(stats["tpu"], stats["cpu"])
+    check(lambda x: F.batch_norm(x, None, None, training=True), randn(*shape))
+
+
+def test_inference_batch_norm_ops_save_empty_stats_like_cpu():
+    a = torch.ops.aten
+    x, rm, rv = randn(3, 2, 4), randn(2, seed=1), randn(2, seed=2).abs() + 0.5
+    for op in (a.native_batch_norm, a._native_batch_norm_legit):
+        want = op(x, None, None, rm, rv, False, 0.1, 1e-5)
+        with native():
+            got = host(op(dev(x), None, None, dev(rm), dev(rv), False, 0.1, 1e-5))
+        torch.testing.assert_close(tuple(got), tuple(want))
+
+
+# ---- distance.cpp
+
+@pytest.mark.parametrize("p", [0, 0.5, 1, 1.5, 2, 3, float("inf")])
+def test_cdist_and_pdist(p):
+    check(lambda a, b: torch.cdist(a, b, p=p), randn(2, 5, 3), randn(2, 4, 3, seed=1))
+    check(lambda a, b: torch.cdist(a, b, p=p), randn(5, 3), randn(4, 3, seed=1))
+    check(lambda a: torch.pdist(a, p=p), randn(6, 3))
+
+
+# ---- linalg.cpp
+
+def spd(*batch, n=4, seed=0):
+    a = randn(*batch, n, n, seed=seed) + 4 * torch.eye(n)
+    return a @ a.mT
+
+
+@pytest.mark.parametrize("upper", [True, False])
+@pytest.mark.parametrize("unit", [True, False])
+def test_triangular_solves(upper, unit):
+    a, b, bl = randn(2, 4, 4) + 4 * torch.eye(4), randn(2, 4, 3, seed=1), randn(3, 4, seed=2)
+    check(lambda a, b: torch.linalg.solve_triangular(a, b, upper=upper, unitriangular=unit), a, b)
+    check(lambda a, b: torch.linalg.solve_triangular(a, b, upper=upper, left=False,
+                                                     unitriangular=unit), a, bl)
+    for tr in (True, False):
+        check(lambda a, b: torch.triangular_solve(b, a, upper=upper, transpose=tr,
+                                                  unitriangular=unit)[0], a, b, grad=False)
+
+
+@pytest.mark.parametrize("upper", [True, False])
+def test_cholesky_family(upper):
+    s, b = spd(2), randn(2, 4, 3, seed=1)
+    check(lambda s: torch.linalg.cholesky(s, upper=upper), s)
+    f = torch.linalg.cholesky(s, upper=upper)
+    check(lambda f, b: torch.cholesky_solve(b, f, upper=upper), f, b)
+    check(lambda f: torch.cholesky_inverse(f[0], upper=upper), f)
+
+
+def test_cholesky_info_names_the_first_failing_minor():
+    s = spd(3, n=5)
+    s[1, 2, 2], s[2, 0, 0] = -100, float("nan")
+    with native():
+        got = torch.linalg.cholesky_ex(s.to("tpu")).info.cpu()
+    assert got.tolist() == torch.linalg.cholesky_ex(s).info.tolist() == [0, 3, 1]
+    with pytest.raises(RuntimeError, match="positive-definite"):
+        torch.linalg.cholesky(s.to("tpu"))
+
+
+# ---- random.cpp
+
+def test_randperm_is_a_seeded_permutation():
+    with native():
+        torch.manual_seed(3)
+        a = torch.randperm(50, device="tpu").cpu()
+        torch.manual_seed(3)
+        b = torch.randperm(50, device="tpu").cpu()
+        c = torch.randperm(50, device="tpu", dtype=torch.float32).cpu()
+    assert sorted(a.tolist()) == list(range(50)) and torch.equal(a, b)
+    assert sorted(c.tolist()) == list(range(50)) and c.dtype == torch.float32

@@ -1,0 +1,171 @@
+"""ATen ops without a native rule run PyTorch's own decompositions on tpu tensors.
+
+PyTorch ships Python decompositions (`torch._decomp.decomposition_table`) that
+express many ops through other ATen ops. For an op that has no tpu kernel of its own
+(no lowering rule, no composite kernel), `register()` installs a PrivateUse1 kernel
+that runs the decomposition on the tpu tensors themselves: the ops it calls are
+lowered natively, so nothing crosses to the host.
+
+Left alone: ops with a tpu kernel already (lowering rules are registered first), ops
+with a CompositeImplicitAutograd kernel (a backend kernel would bypass their
+autograd) or a CompositeExplicitAutograd one (they already run on tpu through other
+ops), and view ops (a decomposition would copy instead of alias).
+
+A decomposition that declines a call (returns NotImplemented), fails, or reaches its
+own op again runs that call through a host round trip, counted in `fallbacks` and merged
+into `torch_tpu.metrics()["fallbacks"]` like the C++ fallback, and forbidden by
+TPU_FALLBACK=error in the same way. `TPU_DECOMPOSITIONS=0` disables all of this.
+"""
+import os
+import threading
+import warnings
+
+import torch
+from torch.utils import _pytree as pytree
+
+registered: list = []          # op names ("aten::nansum") given a decomposition kernel
+fallbacks: dict = {}           # op name -> host round trips taken by decomposition kernels
+_lib = None
+_state = threading.local()
+_lock = threading.Lock()
+# Decompositions that always reach their own op again (the reference calls a prim that
+# runs the op itself): no use on tpu, so these ops keep the C++ fallback.
+_EXCLUDED: set = {
+    "aten::" + n + ".out" for n in (
+        "digamma", "lgamma", "i0", "erfinv", "igamma", "igammac", "nextafter", "special_i1",
+        "special_i1e", "special_i0e", "special_erfcx", "special_ndtri", "special_zeta",
+        "special_bessel_j0", "special_bessel_j1", "special_spherical_bessel_j0")
+} | {"aten::frexp.Tensor_out",
+     # Their references assign through complex views (.real/.imag), which tpu cannot
+     # alias: the writes would be lost.
+     "aten::polar.out", "aten::complex.out"}
+
+
+def _batch_norm(op, decomp):
+    """Inference batch norm is the native _native_batch_norm_legit_no_training, with empty
+    saved statistics as on CPU (the decomposition and the meta kernel make full ones)."""
+    def run(input, weight, bias, running_mean, running_var, training, momentum, eps):
+        if not training and running_mean is not None and running_var is not None:
+            out = torch.ops.aten._native_batch_norm_legit_no_training(
+                input, weight, bias, running_mean, running_var, momentum, eps)[0]
+            return out, input.new_empty((0,)), input.new_empty((0,))
+        return decomp(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    return run
+
+
+# Ops whose decomposition is wrapped: op name -> (op, decomposition) -> function.
+_WRAPPERS = {"aten::_native_batch_norm_legit": _batch_norm, "aten::native_batch_norm": _batch_norm}
+
+
+def _name(op) -> str:
+    s = op._schema
+    return s.name + ("." + s.overload_name if s.overload_name else "")
+
+
+def _has(name: str, key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+
+
+def eligible(op) -> bool:
+    """Whether `op` should get a decomposition kernel for tpu."""
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+        return False
+    n = _name(op)
+    if n in _EXCLUDED:
+        return False
+    if any(_has(n, k) for k in ("PrivateUse1", "CompositeImplicitAutograd",
+                                "CompositeExplicitAutograd",
+                                "CompositeExplicitAutogradNonFunctional")):
+        return False
+    # Views: a return that aliases an input without writing it.
+    for r in op._schema.returns:
+        if r.alias_info is not None and not r.alias_info.is_write:
+            return False
+    return True
+
+
+def _host(op, args, kwargs, why):
+    """The CPU round trip of the C++ fallback, for a call a decomposition declined."""
+    n = _name(op)
+    if os.environ.get("TPU_FALLBACK") == "error":
+        raise RuntimeError(f"torch_tpu: {n} has no native tpu lowering for these arguments "
+                           f"({why}) and TPU_FALLBACK=error forbids the CPU fallback")
+    with _lock:
+        first = n not in fallbacks
+        fallbacks[n] = fallbacks.get(n, 0) + 1
+    if first:
+        warnings.warn(f"torch_tpu: {n} runs on the CPU fallback ({why}); this copies its "
+                      "tensors through the host")
+    device = None
+    host = {}  # id(cpu copy) -> tpu original
+
+    def down(t):
+        nonlocal device
+        if isinstance(t, torch.Tensor) and t.device.type == "tpu":
+            device = device or t.device
+            c = t.cpu()
+            host[id(c)] = t
+            return c
+        return t
+
+    cargs, ckwargs = pytree.tree_map(down, (args, kwargs))
+    out = op(*cargs, **ckwargs)
+    # Written arguments (in-place, out=) go back to their tpu tensors.
+    for i, a in enumerate(op._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        c = cargs[i] if i < len(cargs) else ckwargs.get(a.name)
+        for ct in pytree.tree_leaves(c):
+            if isinstance(ct, torch.Tensor) and id(ct) in host:
+                t = host[id(ct)]
+                if t.shape != ct.shape:
+                    t.resize_(ct.shape)
+                t.copy_(ct)
+
+    def up(t):
+        if isinstance(t, torch.Tensor):
+            if id(t) in host:
+                return host[id(t)]
+            return t.to(device) if device is not None else t
+        return t
+    return pytree.tree_map(up, out)
+
+
+def _kernel(op, decomp):
+    def kernel(*args, **kwargs):
+        active = getattr(_state, "active", None)
+        if active is None:
+            active = _state.active = set()
+        if op in active:
+            return _host(op, args, kwargs, "its decomposition calls it again")
+        active.add(op)
+        try:
+            r = decomp(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - the CPU kernel decides what is an error
+            lines = str(e).strip().splitlines() or [""]
+            return _host(op, args, kwargs, f"its decomposition failed: {type(e).__name__}: "
+                         f"{lines[0][:200]}")
+        finally:
+            active.discard(op)
+        if r is NotImplemented:
+            return _host(op, args, kwargs, "its decomposition declined these arguments")
+        return r
+    return kernel
+
+
+def register() -> int:
+    """Installs decomposition kernels for the eligible ops; returns how many."""
+    global _lib
+    if _lib is not None or os.environ.get("TPU_DECOMPOSITIONS", "1") == "0":
+        return len(registered)
+    from torch._decomp import decomposition_table
+    _lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kept for the process
+    for op, decomp in list(decomposition_table.items()):
+        if not eligible(op):
+            continue
+        s = op._schema
+        wrap = _WRAPPERS.get(_name(op))
+        _lib.impl(s.name.split("::", 1)[1] + ("." + s.overload_name if s.overload_name else ""),
+                  _kernel(op, wrap(op, decomp) if wrap else decomp), "PrivateUse1")
+        registered.append(_name(op))
+    return len(registered)
