@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 export CCACHE_BASEDIR := $(CURDIR)
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup build demo test test-cpp test-py test-modes clean conformance bench
+.PHONY: setup build demo test test-cpp test-py test-modes clean conformance conformance-baseline bench
 
 setup: $(VENV)/.ready
 
@@ -51,6 +51,10 @@ test: test-cpp test-py test-modes
 # Options through ARGS, e.g. ARGS="--ops add,nn.functional.* --baseline old.json --check".
 conformance: build
 	$(PY) -m torch_tpu.conformance $(ARGS)
+
+# A full run that becomes the regression guard's checked-in baseline.
+conformance-baseline: build
+	$(PY) -m torch_tpu.conformance --write-baseline tests/conformance_baseline.json $(ARGS)
 
 # Eager modes side by side with native CPU PyTorch: benchmarks/results/results.{json,md,png}.
 bench: build

@@ -171,6 +171,7 @@ def spd(*batch, n=4, seed=0):
     return a @ a.mT
 
 
+@pytest.mark.filterwarnings("ignore:torch.triangular_solve is deprecated")
 @pytest.mark.parametrize("upper", [True, False])
 @pytest.mark.parametrize("unit", [True, False])
 def test_triangular_solves(upper, unit):

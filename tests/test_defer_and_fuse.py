@@ -119,6 +119,27 @@ def test_graph_size_bound_cuts_long_recordings():
     assert "'graph size bound': 3" in r.stdout
 
 
+def test_bounded_graphs_align_with_a_loop_body_and_repeat():
+    # A loop with no materialization point: the size bound cuts it where the graph's
+    # first op recurs, so every graph is whole loop bodies and compiles once.
+    r = run_python(
+        "import torch, torch_tpu\n"
+        "torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE)\n"
+        "x = torch.ones(8, device='tpu')\n"
+        "c = []\n"
+        "for i in range(60):\n"
+        "    x = (x * 0.5 + 1).tanh().sin()\n"       # a 4-op body
+        "    c.append(torch_tpu.metrics()['compiles'])\n"
+        "ref = torch.ones(8)\n"
+        "for i in range(60): ref = (ref * 0.5 + 1).tanh().sin()\n"
+        "print(torch.allclose(x.cpu(), ref), c[-1] - c[20], torch_tpu.metrics()['flushes'])\n",
+        env={"TPU_FUSE_MAX_OPS": "18"})
+    assert r.returncode == 0, r.stderr
+    ok, late_compiles, _ = r.stdout.split(" ", 2)
+    assert ok == "True"
+    assert late_compiles == "0"   # the same 4-body (16-op) graph from then on
+
+
 def train(mode, steps=6):
     torch.manual_seed(0)
     data = list(batches(vocab=64, seq=32, batch=8, steps=steps))

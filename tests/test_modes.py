@@ -66,12 +66,14 @@ def test_results_match_across_modes():
     assert torch.equal(ref, dbg)
 
 
-def test_asynchronous_error_is_raised_at_the_next_sync_with_the_op_name():
+@pytest.mark.parametrize("mode", [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE])
+def test_asynchronous_error_is_raised_at_the_next_sync_with_the_op_name(mode):
     t, fail = torch_tpu._C._testing_failing_upload([4])
-    y = t * 2                 # launched: waits on the upload
-    fail("DMA failed")        # the device side fails after the launch returned
-    with pytest.raises(RuntimeError, match=r"aten::mul\.Tensor.*DMA failed|DMA failed.*aten::mul"):
-        torch.tpu.synchronize()
+    with torch_tpu.set_eager_mode(mode):  # (Debug mode would wait for the upload here)
+        y = t * 2             # launched (or recorded): waits on the upload
+        fail("DMA failed")    # the device side fails after the launch returned
+        with pytest.raises(RuntimeError, match=r"aten::mul\.Tensor.*DMA failed|DMA failed.*aten::mul"):
+            torch.tpu.synchronize()
     torch.tpu.synchronize()   # reported once
     assert (torch.ones(3, device="tpu") * 2).sum().item() == 6.0
     del y

@@ -667,12 +667,12 @@ def test_out_of_range_index_is_an_index_error_naming_the_op(op):
 
 def test_failed_in_place_index_write_leaves_the_tensor_unchanged():
     z = torch.arange(4.0, device="tpu")
-    z[torch.tensor([0, 9], device="tpu")] = 5.0
     with pytest.raises(IndexError, match=r"index_put_.*size 4"):
-        torch.tpu.synchronize()
+        z[torch.tensor([0, 9], device="tpu")] = 5.0  # raised here in Debug mode
+        torch.tpu.synchronize()                      # else at the next synchronization
     assert z.tolist() == [0.0, 1.0, 2.0, 3.0]
-    z.index_add_(0, torch.tensor([-1], device="tpu"), torch.ones(1, device="tpu"))
     with pytest.raises(IndexError, match=r"index_add"):
+        z.index_add_(0, torch.tensor([-1], device="tpu"), torch.ones(1, device="tpu"))
         z.cpu()
     assert z.tolist() == [0.0, 1.0, 2.0, 3.0]
 

@@ -31,7 +31,6 @@ import torch.utils._pytree as pytree  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import torch_tpu  # noqa: E402
-from torch_tpu import _decompositions  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64,
           "int32": torch.int32, "bool": torch.bool}
@@ -91,11 +90,9 @@ def tolerance(op, dtype, out_dtype):
 # ---------------------------------------------------------------- one sample
 
 def fallbacks() -> dict:
-    """CPU fallbacks so far: the C++ fallback's and decomposition kernels' round trips."""
-    fb = dict(torch_tpu.metrics()["fallbacks"])
-    for k, n in _decompositions.fallbacks.items():
-        fb[k] = fb.get(k, 0) + n
-    return fb
+    """CPU fallbacks so far: the C++ fallback's and decomposition kernels' round trips
+    (torch_tpu.metrics() counts both)."""
+    return dict(torch_tpu.metrics()["fallbacks"])
 
 
 def grown(before: dict) -> list:
@@ -510,6 +507,33 @@ def regressions(baseline: dict, entries: dict) -> list:
     return out
 
 
+def baseline_of(results: dict) -> dict:
+    """The results with each record cut to its status: small enough to check in."""
+    entries = {key: {dt: {d: {"status": rec["status"]} for d, rec in dirs.items()}
+                     for dt, dirs in e.items()}
+               for key, e in results["entries"].items()}
+    return {"meta": results["meta"], "summary": results["summary"], "entries": entries}
+
+
+def stratified_sample(baseline: dict, n: int, dtype: str = "float32") -> list:
+    """About `n` entry keys that were native forward in `baseline`, spread over op
+    families (linalg., nn.functional., special., ... and the rest) in proportion to each
+    family's size; deterministic, so every run checks the same entries."""
+    families = {}
+    for key, e in sorted(baseline.get("entries", {}).items()):
+        if e.get(dtype, {}).get("fwd", {}).get("status") != "native":
+            continue
+        fam = key.rsplit(".", 1)[0] if "." in key and not key.startswith("_") else "core"
+        families.setdefault(fam, []).append(key)
+    total = sum(len(v) for v in families.values())
+    picked = []
+    for fam, keys in sorted(families.items()):
+        k = max(1, round(n * len(keys) / max(total, 1)))
+        step = len(keys) / min(k, len(keys))
+        picked += [keys[int(i * step)] for i in range(min(k, len(keys)))]
+    return picked
+
+
 # ---------------------------------------------------------------- driver
 
 def run(ops=None, dtypes=("float32",), max_samples=8, jobs=2, timeout=60.0, out=None,
@@ -565,6 +589,8 @@ def main(argv=None) -> int:
     p.add_argument("--baseline", help="a previous conformance.json")
     p.add_argument("--check", action="store_true",
                    help="exit 1 if an entry native in --baseline is not native now")
+    p.add_argument("--write-baseline", metavar="FILE",
+                   help="also write the statuses alone (the regression guard's baseline) to FILE")
     a = p.parse_args(argv)
     dtypes = tuple(d for d in a.dtype.split(",") if d)
     if unknown := [d for d in dtypes if d not in DTYPES]:
@@ -575,6 +601,9 @@ def main(argv=None) -> int:
     res = run(ops, dtypes, a.max_samples, a.jobs, a.timeout, a.out)
     print(summary_table(res["summary"]))
     print(f"Results: {os.path.join(a.out, 'conformance.md')}, conformance.json")
+    if a.write_baseline:
+        with open(a.write_baseline, "w") as f:
+            json.dump(baseline_of(res), f, indent=0, sort_keys=True)
     if a.baseline:
         with open(a.baseline) as f:
             lost = regressions(json.load(f), res["entries"])

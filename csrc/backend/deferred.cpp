@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <cstdlib>
+#include <limits>
 #include <deque>
 #include <thread>
 #include <unordered_map>
@@ -71,6 +72,9 @@ void count_flush(const char* reason) {
 
 }  // namespace
 
+void flush_prefix(const char* reason, size_t count);
+void flush_bounded();
+
 std::unique_lock<std::recursive_mutex> graph_lock() { return std::unique_lock<std::recursive_mutex>(g_mu); }
 
 std::vector<Operand> run(const ProgramPtr& program, const std::vector<Operand>& args, int device) {
@@ -86,7 +90,7 @@ std::vector<Operand> run(const ProgramPtr& program, const std::vector<Operand>& 
   }
   auto lock = graph_lock();
   if (g_graph.device >= 0 && g_graph.device != device) flush("another device");
-  if (g_graph.nodes.size() >= max_graph_ops()) flush("graph size bound");
+  if (g_graph.nodes.size() >= max_graph_ops()) flush_bounded();
   auto node = std::make_unique<Node>();
   node->program = program;
   node->inputs = args;
@@ -111,6 +115,7 @@ namespace {
 std::mutex g_slot_mu;               // guards Slot::buffer / Slot::error
 std::condition_variable g_slot_cv;  // a graph finished
 void forget_launch_error(const std::exception_ptr& e);  // raised here: not again at sync
+void record_launch_error(const std::exception_ptr& e);  // for the next sync
 }  // namespace
 
 bool is_ready(const Operand& v) {
@@ -209,7 +214,9 @@ struct Job {
   std::vector<bool> donate;
 };
 
+// Recorded for the next sync before any reader can see it (a reader forgets it).
 void fail_slots(const std::vector<std::vector<SlotPtr>>& outs, size_t from, std::exception_ptr e) {
+  record_launch_error(e);
   std::lock_guard<std::mutex> lock(g_slot_mu);
   for (size_t n = from; n < outs.size(); ++n)
     for (const SlotPtr& s : outs[n])
@@ -304,6 +311,11 @@ class Launcher {
     cv_.notify_all();
   }
 
+  void record(const std::exception_ptr& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_) error_ = e;
+  }
+
   void forget(const std::exception_ptr& e) {
     std::lock_guard<std::mutex> lock(mu_);
     if (error_ == e) error_ = nullptr;
@@ -330,17 +342,15 @@ class Launcher {
         job = std::move(queue_.front());
         queue_.pop_front();
       }
-      std::exception_ptr failed;
       try {
         run_job(job);
       } catch (...) {
-        failed = std::current_exception();
+        // fail_slots recorded it for readers and for the next sync
       }
       job = Job{};  // release buffers before reporting idle (memory figures)
       g_slot_cv.notify_all();
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (failed && !error_) error_ = failed;
         --pending_;
       }
       {
@@ -365,16 +375,42 @@ Launcher& launcher() {
 }
 
 void forget_launch_error(const std::exception_ptr& e) { launcher().forget(e); }
+void record_launch_error(const std::exception_ptr& e) { launcher().record(e); }
 
 }  // namespace
 
 void wait_launched() { launcher().wait_idle(); }
 
-void flush(const char* reason) {
+void flush(const char* reason) { flush_prefix(reason, std::numeric_limits<size_t>::max()); }
+
+// A full graph is cut where its first op recurs last (in its second half): a loop body
+// that starts a graph then starts the next one too, so the cut points, and with them
+// the programs, repeat from iteration to iteration instead of drifting.
+void flush_bounded() {
+  const auto& nodes = g_graph.nodes;
+  size_t n = nodes.size(), cut = n;
+  for (size_t p = n - 1; p >= n / 2 && p > 0; --p) {
+    if (nodes[p]->program == nodes[0]->program) {
+      cut = p;
+      break;
+    }
+  }
+  flush_prefix("graph size bound", cut);
+}
+
+void flush_prefix(const char* reason, size_t count) {
   auto lock = graph_lock();
   if (g_graph.nodes.empty()) return;
   Graph g = std::move(g_graph);
   g_graph = Graph{};
+  if (count < g.nodes.size()) {  // the rest stays pending, as a graph of its own
+    g_graph.device = g.device;
+    for (size_t i = count; i < g.nodes.size(); ++i) {
+      g.nodes[i]->position = static_cast<int>(i - count);
+      g_graph.nodes.push_back(std::move(g.nodes[i]));
+    }
+    g.nodes.resize(count);
+  }
   count_flush(reason);
   Job job;
   job.device = g.device;

@@ -1,0 +1,24 @@
+"""Regression guard: a stratified sample of the op_db entries that ran natively in the
+checked-in full run (tests/conformance_baseline.json, from `make conformance`) must still
+run natively, forward and backward, in float32."""
+import json
+import os
+
+from conftest import ROOT
+from torch_tpu import conformance
+
+BASELINE = os.path.join(ROOT, "tests", "conformance_baseline.json")
+SAMPLE = 120
+
+
+def test_baseline_native_entries_stay_native(tmp_path):
+    with open(BASELINE) as f:
+        base = json.load(f)
+    keys = conformance.stratified_sample(base, SAMPLE)
+    assert len(keys) >= SAMPLE * 0.8
+    families = {k.rsplit(".", 1)[0] for k in keys if "." in k}
+    assert {"linalg", "nn.functional", "special"} <= families  # spread over the families
+    res = conformance.run(keys, ("float32",), max_samples=3, jobs=2, timeout=120,
+                          out=str(tmp_path), progress=False)
+    lost = conformance.regressions(base, res["entries"])
+    assert not lost, "entries native in the baseline are not native now:\n" + "\n".join(lost)
