@@ -37,6 +37,12 @@ FuseStats& fuse_stats() {
 
 bool deferring() { return eager_mode() == EagerMode::DeferAndFuse; }
 
+void note_replacement(const Operand& fresh, const Operand& old) {
+  if (!fresh.slot || !old) return;
+  if (old.slot && old.slot->producer) fresh.slot->replaces = old.slot->replaces;  // same graph
+  else fresh.slot->replaces = old.slot ? static_cast<const void*>(old.slot.get()) : old.buffer.get();
+}
+
 // ---- the pending graph -----------------------------------------------------------------
 
 struct Node {
@@ -90,6 +96,7 @@ std::vector<Operand> run(const ProgramPtr& program, const std::vector<Operand>& 
   }
   auto lock = graph_lock();
   if (g_graph.device >= 0 && g_graph.device != device) flush("another device");
+
   if (g_graph.nodes.size() >= max_graph_ops()) flush_bounded();
   auto node = std::make_unique<Node>();
   node->program = program;
@@ -467,26 +474,33 @@ void flush_prefix(const char* reason, size_t count) {
   for (Operand& e : ext) job.param_types.push_back(e.type());
   job.aliases.assign(ext.size(), -1);
   job.donate.assign(ext.size(), false);
-  std::vector<bool> taken(job.results.size(), false);
+  std::vector<bool> sole(ext.size(), false), taken(job.results.size(), false);
   for (size_t i = 0; i < ext.size(); ++i) {
-    bool sole;
     if (ext[i].slot) {
       std::lock_guard<std::mutex> l(g_slot_mu);
-      sole = ext[i].slot.use_count() == 1 && !ext[i].slot->error &&
-             (!ext[i].slot->buffer || ext[i].slot->buffer.use_count() == 1);
+      sole[i] = ext[i].slot.use_count() == 1 && !ext[i].slot->error &&
+                (!ext[i].slot->buffer || ext[i].slot->buffer.use_count() == 1);
     } else {
-      sole = ext[i].buffer.use_count() == 1;
+      sole[i] = ext[i].buffer.use_count() == 1;
     }
-    if (!sole) continue;
-    const ir::Type& pt = job.param_types[i];
-    for (size_t j = 0; j < job.results.size(); ++j) {
-      const ir::Type& rt = job.result_slots[j]->type;
-      if (taken[j] || rt.dtype != pt.dtype || rt.shape != pt.shape) continue;
-      taken[j] = true;
-      job.aliases[i] = static_cast<int>(j);
-      job.donate[i] = true;
-      key += "a" + std::to_string(i) + ":" + std::to_string(j);
-      break;
+  }
+  // An input goes first to the output that replaced it in its storage (its own update:
+  // no copy needed), then to any output of its type.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < ext.size(); ++i) {
+      if (!sole[i] || job.donate[i]) continue;
+      const void* id = ext[i].slot ? static_cast<const void*>(ext[i].slot.get()) : ext[i].buffer.get();
+      const ir::Type& pt = job.param_types[i];
+      for (size_t j = 0; j < job.results.size(); ++j) {
+        const Slot& r = *job.result_slots[j];
+        if (taken[j] || r.type.dtype != pt.dtype || r.type.shape != pt.shape) continue;
+        if (pass == 0 && r.replaces != id) continue;
+        taken[j] = true;
+        job.aliases[i] = static_cast<int>(j);
+        job.donate[i] = true;
+        key += "a" + std::to_string(i) + ":" + std::to_string(j);
+        break;
+      }
     }
   }
   job.params = std::move(ext);

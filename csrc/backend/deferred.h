@@ -52,6 +52,10 @@ struct Slot {
   int device = 0;
   Node* producer = nullptr;  // while pending: the node, owned by the pending graph
   int index = 0;             // which output of the producer
+  // For a value an in-place op wrote into a storage: the value that storage held before
+  // the current graph (a buffer or an earlier graph's slot), so a donated input is
+  // aliased to its own update.
+  const void* replaces = nullptr;
   // Set by the launcher thread once the graph ran (or failed); read under slot_mutex().
   runtime::BufferPtr buffer;
   std::exception_ptr error;
@@ -72,6 +76,9 @@ struct Operand {
 };
 
 bool deferring();  // DeferAndFuse is the current mode
+
+// Records that `fresh` (an in-place op's result) replaces `old` in a storage.
+void note_replacement(const Operand& fresh, const Operand& old);
 
 // Runs `program` on `device` (launches, or records while deferring).
 std::vector<Operand> run(const ProgramPtr& program, const std::vector<Operand>& args, int device);

@@ -677,7 +677,9 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
       fresh.emplace_back();
     } else if (o.write) {
       at::Tensor tmp;
-      storage_of(*tensor_at(args, o.arg, o.elem, &tmp)).value = results[next_result++];
+      StorageData& sd = storage_of(*tensor_at(args, o.arg, o.elem, &tmp));
+      note_replacement(results[next_result], sd.value);
+      sd.value = results[next_result++];
     } else {
       fresh.push_back(wrap_value(results[next_result++], o.dtype, o.sizes, k.device));
     }
