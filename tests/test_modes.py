@@ -80,6 +80,9 @@ def test_asynchronous_error_is_raised_at_the_next_sync_with_the_op_name(mode):
 
 
 def test_debug_mode_raises_at_the_failing_op():
+    # The in-place add compiles the same program text first: errors still name the
+    # op that ran, not the one that compiled the shared executable.
+    torch.zeros(4, device="tpu").add_(1).cpu()
     t, fail = torch_tpu._C._testing_failing_upload([4])
     fail("DMA failed")
     with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING):

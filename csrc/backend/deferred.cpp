@@ -91,7 +91,7 @@ std::vector<Operand> run(const ProgramPtr& program, const std::vector<Operand>& 
       keep.push_back(resolve(a));
       raw.push_back(keep.back().get());
     }
-    std::vector<runtime::BufferPtr> outs = launch(*program->executable(), raw, device);
+    std::vector<runtime::BufferPtr> outs = launch(*program->executable(), raw, device, program->name());
     return std::vector<Operand>(outs.begin(), outs.end());
   }
   auto lock = graph_lock();
@@ -240,7 +240,7 @@ void replay(const Job& job, const std::vector<runtime::BufferPtr>& params) {
       std::vector<runtime::Buffer*> raw;
       for (const Wire& w : job.calls[n].args)
         raw.push_back(w.node < 0 ? params[w.index].get() : values[w.node][w.index].get());
-      values.push_back(launch(*job.calls[n].program->executable(), raw, job.device));
+      values.push_back(launch(*job.calls[n].program->executable(), raw, job.device, job.calls[n].program->name()));
       std::lock_guard<std::mutex> lock(g_slot_mu);
       for (size_t i = 0; i < job.outs[n].size(); ++i) job.outs[n][i]->buffer = values[n][i];
     } catch (...) {
@@ -289,7 +289,8 @@ void run_job(Job& job) {
     }
     std::vector<runtime::Buffer*> raw;
     for (auto& p : params) raw.push_back(p.get());
-    produced = guarded([&] { return runtime::Client::get().execute(*exe, raw, job.device, false, job.donate); });
+    produced = guarded([&] { return runtime::Client::get().execute(*exe, raw, job.device, false, job.donate,
+                                                        describe_graph(job.calls)); });
   } catch (...) {
     // Run op by op instead (nothing was donated: the launch did not start).
     replay(job, params);

@@ -84,9 +84,10 @@ runtime::ExecutablePtr compile_cached(const std::string& text, const std::string
 }
 
 std::vector<runtime::BufferPtr> launch(const runtime::Executable& exe,
-                                       const std::vector<runtime::Buffer*>& args, int device) {
+                                       const std::vector<runtime::Buffer*>& args, int device,
+                                       const std::string& what) {
   return guarded([&] {
-    return runtime::Client::get().execute(exe, args, device, eager_mode() == EagerMode::Debug);
+    return runtime::Client::get().execute(exe, args, device, eager_mode() == EagerMode::Debug, {}, what);
   });
 }
 

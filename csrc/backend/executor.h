@@ -33,8 +33,10 @@ Metrics& metrics();
 runtime::ExecutablePtr compile_cached(const std::string& text, const std::string& name);
 
 // Launches `exe` on `device`; waits in Debug mode.
+// `what` names the op in errors (the executable may be shared with other ops).
 std::vector<runtime::BufferPtr> launch(const runtime::Executable& exe,
-                                       const std::vector<runtime::Buffer*>& args, int device);
+                                       const std::vector<runtime::Buffer*>& args, int device,
+                                       const std::string& what = "");
 
 // Runs `fn`, turning runtime errors into PyTorch's: device OOM becomes
 // torch.OutOfMemoryError, other PJRT errors RuntimeError with the plugin's message.

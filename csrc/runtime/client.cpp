@@ -476,7 +476,10 @@ ExecutablePtr Client::deserialize(const std::string& bytes, const std::string& n
 }
 
 std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<Buffer*>& args,
-                                       int device, bool wait, const std::vector<bool>& donate) {
+                                       int device, bool wait, const std::vector<bool>& donate,
+                                       const std::string& what) {
+  // Executables are shared by identical programs: name the caller's op in errors.
+  const std::string& name = what.empty() ? exe.name : what;
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     if (!deferred_error_.empty()) {
@@ -488,7 +491,7 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
   // Outputs aliased to donated inputs take no new memory.
   bool donating = std::find(donate.begin(), donate.end(), true) != donate.end();
   int64_t fresh = exe.output_bytes() + exe.temp_bytes() - (donating ? exe.alias_bytes : 0);
-  check_capacity(*this, device, fresh, exe.name);
+  check_capacity(*this, device, fresh, name);
   DeviceStats& st = stats(device);
   st.bump_peak(st.live_bytes.load() + fresh);
 
@@ -514,7 +517,7 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
   a.output_lists = out_lists;
   a.device_complete_events = done;
   a.execute_device = devices_.at(device);
-  check(api_->PJRT_LoadedExecutable_Execute(&a), "executing " + exe.name);
+  check(api_->PJRT_LoadedExecutable_Execute(&a), "executing " + name);
   counters_.executions += 1;
 
   std::vector<BufferPtr> result;
@@ -528,12 +531,12 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
     check(api_->PJRT_Buffer_Dimensions(&dm), "Buffer_Dimensions");
     auto b = std::make_shared<Buffer>(o, device, from_pjrt(et.type),
                                       std::vector<int64_t>(dm.dims, dm.dims + dm.num_dims));
-    b->producer = exe.name;
+    b->producer = name;
     result.push_back(std::move(b));
   }
   if (done[0]) {
-    if (wait) await_event(done[0], "executing " + exe.name);
-    else track_event(done[0], device, exe.name);
+    if (wait) await_event(done[0], "executing " + name);
+    else track_event(done[0], device, name);
   }
   return result;
 }

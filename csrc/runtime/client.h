@@ -138,7 +138,8 @@ class Client {
   // and raises any execution error here. Inputs marked in `donate` may have their memory
   // reused by an output the program aliases to them (the caller must not read them again).
   std::vector<BufferPtr> execute(const Executable& exe, const std::vector<Buffer*>& args,
-                                 int device, bool wait, const std::vector<bool>& donate = {});
+                                 int device, bool wait, const std::vector<bool>& donate = {},
+                                 const std::string& what = "");
   // Waits for every launched execution on `device` (-1: all) and raises the first error.
   void synchronize(int device = -1);
   // True when every launched execution on `device` has finished (does not wait).
