@@ -17,10 +17,7 @@ from test_coverage_ops import native
 aten = torch.ops.aten
 
 # Core ATen ops with no native route yet, and why.
-MISSING = {
-    "aten::_embedding_bag": "no rule yet: bags by offsets in sum/mean/max modes, with "
-                            "offset2bag/bag_size/max_indices outputs for the backward",
-}
+MISSING: dict = {}
 # Symbolic-shape queries: answered from metadata, nothing runs on the device.
 METADATA = {"aten::sym_numel", "aten::sym_size.int", "aten::sym_storage_offset",
             "aten::sym_stride.int"}

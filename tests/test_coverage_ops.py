@@ -2,6 +2,7 @@
 against PyTorch's CPU kernels with no CPU fallback (neither the C++ one nor a
 decomposition kernel's host round trip)."""
 import contextlib
+import warnings
 
 import pytest
 import torch
@@ -214,3 +215,28 @@ def test_randperm_is_a_seeded_permutation():
         c = torch.randperm(50, device="tpu", dtype=torch.float32).cpu()
     assert sorted(a.tolist()) == list(range(50)) and torch.equal(a, b)
     assert sorted(c.tolist()) == list(range(50)) and c.dtype == torch.float32
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("extra", [{}, {"padding_idx": 2}, {"include_last_offset": True}])
+def test_embedding_bag_runs_natively(mode, extra):
+    # Forward natively; the backward (_embedding_bag_backward) has no rule yet and takes
+    # the counted fallback, so it is compared outside native().
+    w = randn(10, 3)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    off = torch.tensor([0, 4, 4, 6])  # an empty bag; include_last_offset: CPU's edge rules
+    check(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, **extra), w, idx, off, grad=False)
+    check(lambda w, i: F.embedding_bag(i, w, mode=mode), w, idx.reshape(2, 4), grad=False)
+    if mode == "sum":
+        psw = torch.rand(8)
+        check(lambda w, i, o, p: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p), w, idx, off, psw,
+              grad=False)
+    if extra.get("include_last_offset"):
+        off = torch.tensor([0, 4, 4, 6, 8])  # the documented form: the last offset ends the input
+        check(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, **extra), w, idx, off, grad=False)
+    wc, wt = w.clone().requires_grad_(), dev(w).requires_grad_()
+    F.embedding_bag(idx, wc, off, mode=mode, **extra).pow(2).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's once-per-op warning
+        F.embedding_bag(dev(idx), wt, dev(off), mode=mode, **extra).pow(2).sum().backward()
+    torch.testing.assert_close(host(wt.grad), wc.grad, **F32)
