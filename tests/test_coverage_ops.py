@@ -240,3 +240,35 @@ def test_embedding_bag_runs_natively(mode, extra):
         warnings.simplefilter("ignore")  # the fallback's once-per-op warning
         F.embedding_bag(dev(idx), wt, dev(off), mode=mode, **extra).pow(2).sum().backward()
     torch.testing.assert_close(host(wt.grad), wc.grad, **F32)
+
+
+# ---- special.cpp
+
+SPECIAL_X = torch.tensor([-9.3, -4.7, -2.2, -0.5, -0.1, 1e-3, 0.3, 1.0, 2.5, 5.5, 7.1, 30.0])
+
+
+@pytest.mark.parametrize("fn", [torch.lgamma, torch.digamma, lambda t: torch.polygamma(1, t),
+                                lambda t: torch.polygamma(2, t), lambda t: torch.polygamma(3, t)],
+                         ids=["lgamma", "digamma", "polygamma1", "polygamma2", "polygamma3"])
+def test_gamma_family_natively(fn):
+    check(fn, SPECIAL_X.clone(), rtol=1e-4, atol=1e-4)
+
+
+def test_special_function_edge_values_match_cpu():
+    x = torch.tensor([0.0, -1.0, -3.0, float("inf"), float("nan")])
+    with native():
+        for fn in (torch.digamma, torch.lgamma):
+            torch.testing.assert_close(fn(x.to("tpu")).cpu(), fn(x), equal_nan=True)
+        for n in (1, 2):
+            got, want = torch.polygamma(n, x.to("tpu")).cpu(), torch.polygamma(n, x)
+            # At the poles CPU's series gives +-inf or a huge value of the same sign;
+            # we give the infinity.
+            assert torch.equal(got[:3].sign(), want[:3].sign()) and got[:3].abs().min() > 1e15
+            assert got[4].isnan()
+
+
+def test_erfinv_and_bessel_i1_natively():
+    check(torch.erfinv, torch.linspace(-0.99, 0.99, 11), rtol=1e-4, atol=1e-5)
+    x = torch.linspace(-6, 6, 13)
+    check(torch.special.i1, x, grad=False, rtol=1e-4, atol=1e-5)
+    check(torch.special.i1e, x, grad=False, rtol=1e-4, atol=1e-5)
