@@ -79,6 +79,17 @@ def gpt_prefill(device, quick):
     return step, batch * cfg["seq"], "tokens/s"
 
 
+def classifier_step(model, opt, x, y):
+    """One cross-entropy training step, ending with the loss read back (a sync)."""
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+    return step
+
+
 class MLP(nn.Module):
     def __init__(self, d_in=512, hidden=2048, d_out=10):
         super().__init__()
@@ -98,13 +109,7 @@ def mlp_train(device, quick):
     x = torch.randn(batch, 512, generator=g).to(device)
     y = torch.randint(0, 10, (batch,), generator=g).to(device)
 
-    def step():
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.item()
-    return step, batch, "samples/s"
+    return classifier_step(model, opt, x, y), batch, "samples/s"
 
 
 class CNN(nn.Module):
@@ -129,13 +134,7 @@ def cnn_train(device, quick):
     x = torch.randn(batch, 3, 32, 32, generator=g).to(device)
     y = torch.randint(0, 10, (batch,), generator=g).to(device)
 
-    def step():
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.item()
-    return step, batch, "samples/s"
+    return classifier_step(model, opt, x, y), batch, "samples/s"
 
 
 WORKLOADS = {"gpt_train": gpt_train, "gpt_prefill": gpt_prefill, "mlp_train": mlp_train,

@@ -356,15 +356,11 @@ class Launcher {
         // fail_slots recorded it for readers and for the next sync
       }
       job = Job{};  // release buffers before reporting idle (memory figures)
-      g_slot_cv.notify_all();
+      g_slot_cv.notify_all();  // slots were written under g_slot_mu
       {
         std::lock_guard<std::mutex> lock(mu_);
         --pending_;
       }
-      {
-        std::lock_guard<std::mutex> lock(g_slot_mu);
-      }
-      g_slot_cv.notify_all();
       cv_.notify_all();
     }
   }

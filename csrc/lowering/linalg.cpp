@@ -38,28 +38,27 @@ static Value tri_solve(Builder& b, const Value& a, const Value& rhs, bool left, 
 
 static Shape batch_of(const Type& out) { return Shape(out.shape.begin(), out.shape.end() - 2); }
 
-// linalg_solve_triangular(A, B, *, upper, left, unitriangular): A X = B or X A = B.
-TPU_LOWER(linalg_solve_triangular, "linalg_solve_triangular") {
-  Builder& b = ctx.b;
+// Arguments i and j of a solve, in the output's (float) dtype and broadcast to its batch.
+static std::pair<Value, Value> solve_operands(Ctx& ctx, int i, int j) {
   Type o = ctx.out(0);
   check_float(o.dtype);
   if (o.numel() == 0) throw Unsupported("empty solve");
   Shape batch = batch_of(o);
-  Value a = to_batch(b, b.convert(ctx.in(0), o.dtype), batch);
-  Value rhs = to_batch(b, b.convert(ctx.in(1), o.dtype), batch);
-  return {tri_solve(b, a, rhs, ctx.flag(3), !ctx.flag(2), ctx.flag(4), false)};
+  return {to_batch(ctx.b, ctx.b.convert(ctx.in(i), o.dtype), batch),
+          to_batch(ctx.b, ctx.b.convert(ctx.in(j), o.dtype), batch)};
+}
+
+// linalg_solve_triangular(A, B, *, upper, left, unitriangular): A X = B or X A = B.
+TPU_LOWER(linalg_solve_triangular, "linalg_solve_triangular") {
+  auto [a, rhs] = solve_operands(ctx, 0, 1);
+  return {tri_solve(ctx.b, a, rhs, ctx.flag(3), !ctx.flag(2), ctx.flag(4), false)};
 }
 
 // triangular_solve(b, A, upper, transpose, unitriangular) -> (solution, A's copy).
 TPU_LOWER(triangular_solve, "triangular_solve") {
   Builder& b = ctx.b;
-  Type o = ctx.out(0);
-  check_float(o.dtype);
-  if (o.numel() == 0) throw Unsupported("empty solve");
-  Shape batch = batch_of(o);
-  Value rhs = to_batch(b, b.convert(ctx.in(0), o.dtype), batch);
-  Value a = b.convert(ctx.in(1), o.dtype);
-  Value x = tri_solve(b, to_batch(b, a, batch), rhs, true, !ctx.flag(2), ctx.flag(4), ctx.flag(3));
+  auto [rhs, a] = solve_operands(ctx, 0, 1);
+  Value x = tri_solve(b, a, rhs, true, !ctx.flag(2), ctx.flag(4), ctx.flag(3));
   return {x, to_batch(b, a, batch_of(ctx.out(1)))};
 }
 
@@ -116,12 +115,7 @@ TPU_LOWER(linalg_cholesky_ex, "linalg_cholesky_ex") {
 // Solves A X = B with A = L L^T (or U^T U) given the factor: two triangular solves.
 TPU_LOWER(cholesky_solve_helper, "_cholesky_solve_helper") {
   Builder& b = ctx.b;
-  Type o = ctx.out(0);
-  check_float(o.dtype);
-  if (o.numel() == 0) throw Unsupported("empty solve");
-  Shape batch = batch_of(o);
-  Value rhs = to_batch(b, b.convert(ctx.in(0), o.dtype), batch);
-  Value f = to_batch(b, b.convert(ctx.in(1), o.dtype), batch);
+  auto [rhs, f] = solve_operands(ctx, 0, 1);
   bool upper = ctx.flag(2);
   // lower: L y = B, L^T x = y; upper: U^T y = B, U x = y.
   Value y = tri_solve(b, f, rhs, true, !upper, false, upper);
