@@ -142,8 +142,13 @@ Value Builder::constant(double v, DType t, const Shape& shape) {
   Value scalar;
   if (t == DType::F16 || t == DType::BF16) {  // spelled in f32, narrowed by XLA at compile time
     scalar = convert(constant(v, DType::F32), t);
-  } else if (is_complex(t)) {
-    throw std::invalid_argument("complex constants are not supported");
+  } else if (is_complex(t)) {  // (re, im) pairs of the component type
+    DType part = t == DType::C64 ? DType::F32 : DType::F64;
+    Type st{t, {}};
+    scalar = Value{fresh(), st};
+    body_ << std::string(depth_ * 2, ' ') << scalar.name << " = \"stablehlo.constant\"() {value = dense<("
+          << literal(v, part) << ", " << literal(0.0, part) << ")> : " << st.str() << "} : () -> "
+          << st.str() << "\n";
   } else {
     Type st{t, {}};
     scalar = Value{fresh(), st};
@@ -241,8 +246,14 @@ Value Builder::dynamic_slice(const Value& x, const std::vector<Value>& starts, c
 }
 
 void Builder::emit_region(const std::vector<Type>& arg_types, const RegionFn& fn) {
+  body_ << " (";
+  emit_block(arg_types, fn);
+  body_ << ")";
+}
+
+void Builder::emit_block(const std::vector<Type>& arg_types, const RegionFn& fn) {
   std::string pad(depth_ * 2, ' ');
-  body_ << " ({\n" << pad << "^bb0(";
+  body_ << "{\n" << pad << "^bb0(";
   std::vector<Value> args;
   for (size_t i = 0; i < arg_types.size(); ++i) {
     Value a{fresh(), arg_types[i]};
@@ -255,7 +266,7 @@ void Builder::emit_region(const std::vector<Type>& arg_types, const RegionFn& fn
   body_ << std::string(depth_ * 2, ' ') << "\"stablehlo.return\"(" << names(res) << ") : "
         << sig(res) << " -> ()\n";
   --depth_;
-  body_ << pad << "})";
+  body_ << pad << "}";
 }
 
 static std::vector<Value> multi(const std::string& base, const std::vector<Type>& types) {
@@ -333,6 +344,21 @@ Value Builder::reduce_window(const Value& x, const Value& init, const Shape& win
         << pads << "]> : tensor<" << out.size() << "x2xi64>} : " << sig({x, init}) << " -> "
         << rt.str() << "\n";
   return Value{name, rt};
+}
+
+std::vector<Value> Builder::while_loop(const std::vector<Value>& init, const RegionFn& cond,
+                                       const RegionFn& body) {
+  std::vector<Type> types;
+  for (auto& v : init) types.push_back(v.type);
+  std::string name = fresh();
+  body_ << std::string(depth_ * 2, ' ') << name
+        << (init.size() > 1 ? ":" + std::to_string(init.size()) : "") << " = \"stablehlo.while\"("
+        << names(init) << ") (";
+  emit_block(types, cond);
+  body_ << ", ";
+  emit_block(types, body);
+  body_ << ") : " << sig(init) << " -> " << result_list(types) << "\n";
+  return multi(name, types);
 }
 
 std::vector<Value> Builder::sort(const std::vector<Value>& xs, int64_t dim, bool stable,

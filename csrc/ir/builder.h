@@ -75,6 +75,10 @@ class Builder {
   Value reduce_window(const Value& x, const Value& init, const Shape& window, const Shape& strides,
                       const std::vector<std::pair<int64_t, int64_t>>& padding,
                       const std::string& op);
+  // A loop over `init` (the carried state): `cond` returns a scalar i1 from the
+  // state, `body` the next state. Returns the final state.
+  std::vector<Value> while_loop(const std::vector<Value>& init, const RegionFn& cond,
+                                const RegionFn& body);
   std::vector<Value> sort(const std::vector<Value>& xs, int64_t dim, bool stable,
                           const RegionFn& comparator);
 
@@ -106,7 +110,8 @@ class Builder {
  private:
   std::string fresh();
   std::string sig(const std::vector<Value>& operands) const;
-  void emit_region(const std::vector<Type>& arg_types, const RegionFn& fn);
+  void emit_region(const std::vector<Type>& arg_types, const RegionFn& fn);  // " ({...})"
+  void emit_block(const std::vector<Type>& arg_types, const RegionFn& fn);   // "{...}"
 
   std::vector<Type> params_;
   std::ostringstream body_;

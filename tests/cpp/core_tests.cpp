@@ -117,6 +117,35 @@ int main() {
     CHECK(fetch<int32_t>(*out[1]) == std::vector<int32_t>({4, 1, 3, 2, 0}));
   });
 
+  run("while_loop carries state until its condition fails", [] {
+    Builder b;
+    Value x = b.param(Type{DType::F32, {3}});
+    // Double x five times: state (i, x).
+    auto r = b.while_loop(
+        {b.constant(0, DType::I32), x},
+        [](Builder& bb, const std::vector<Value>& s) {
+          return std::vector<Value>{bb.compare(s[0], bb.constant(5, DType::I32), ir::Cmp::LT)};
+        },
+        [](Builder& bb, const std::vector<Value>& s) {
+          return std::vector<Value>{bb.binary("stablehlo.add", s[0], bb.constant(1, DType::I32)),
+                                    bb.binary("stablehlo.add", s[1], s[1])};
+        });
+    std::vector<float> a = {1, -2, 0.5f};
+    auto out = run_program(b.finish({r[0], r[1]}), {C().from_host(a.data(), DType::F32, {3}, 0)});
+    CHECK(fetch<int32_t>(*out[0]) == std::vector<int32_t>({5}));
+    CHECK(fetch<float>(*out[1]) == std::vector<float>({32, -64, 16}));
+  });
+
+  run("complex constants: a real value with zero imaginary part", [] {
+    Builder b;
+    Value c = b.constant(2.5, DType::C64, {2});
+    Value re = b.raw("stablehlo.real", {c}, "", Type{DType::F32, {2}});
+    Value im = b.raw("stablehlo.imag", {c}, "", Type{DType::F32, {2}});
+    auto out = run_program(b.finish({re, im}), {});
+    CHECK(fetch<float>(*out[0]) == std::vector<float>({2.5f, 2.5f}));
+    CHECK(fetch<float>(*out[1]) == std::vector<float>({0, 0}));
+  });
+
   run("views: strided read and scatter write into a storage", [] {
     Builder b;
     Value s = b.param(Type{DType::F32, {3, 4}});
