@@ -3,10 +3,13 @@ import json
 import os
 
 import pytest
+import torch
 
 from torch_tpu import conformance
 
-OPS = ["add", "mul", "sum", "softmax", "nonzero", "special.bessel_j0"]
+# linalg.eigvals: a fallback (no rule for non-symmetric eigenvalues); rand_like, empty_like:
+# random and uninitialized outputs.
+OPS = ["add", "mul", "sum", "softmax", "nonzero", "linalg.eigvals", "rand_like", "empty_like"]
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +23,7 @@ def report(tmp_path_factory):
 def test_native_ops_are_native_forward_and_backward(report):
     e = report[1]["entries"]
     assert set(e) == {"add", "mul", "sum", "softmax", "softmax.with_dtype", "nonzero",
-                      "special.bessel_j0"}
+                      "linalg.eigvals", "rand_like", "empty_like"}
     for key in ("add", "mul", "sum", "softmax"):
         assert e[key]["float32"]["fwd"]["status"] == "native", e[key]
         assert e[key]["float32"]["bwd"]["status"] == "native", e[key]
@@ -30,9 +33,22 @@ def test_native_ops_are_native_forward_and_backward(report):
 
 
 def test_fallback_op_is_classified_with_the_op_recorded(report):
-    rec = report[1]["entries"]["special.bessel_j0"]["float32"]["fwd"]
+    rec = report[1]["entries"]["linalg.eigvals"]["float32"]["fwd"]
     assert rec["status"] == "fallback"
-    assert any("special_bessel_j0" in op for op in rec["fallback_ops"])
+    assert any("linalg_eig" in op for op in rec["fallback_ops"])
+
+
+def test_random_ops_are_compared_by_shapes_and_dtypes(report):
+    e = report[1]["entries"]
+    for key in ("rand_like", "empty_like"):
+        rec = e[key]["float32"]["fwd"]
+        assert rec["status"] == "native" and rec["message"] == conformance.RANDOM, rec
+    assert report[1]["summary"]["fwd"]["native_random"] == 2
+    with pytest.raises(AssertionError, match="on tpu"):
+        conformance.compare_meta([torch.zeros(2, 3)], [torch.zeros(3, 2)])
+    with pytest.raises(AssertionError, match="non-finite"):
+        conformance.compare_meta(torch.tensor([float("nan")]), torch.tensor([1.0]))
+    conformance.compare_meta((torch.ones(2), 3), (torch.zeros(2), 5))
 
 
 def test_reports_are_written_with_the_summary(report):
@@ -40,26 +56,26 @@ def test_reports_are_written_with_the_summary(report):
     with open(os.path.join(out, "conformance.json")) as f:
         data = json.load(f)
     s = data["summary"]
-    assert s["entries"] == 7 and "wall_s" in s
+    assert s["entries"] == 9 and "wall_s" in s
     for d in ("fwd", "bwd"):
         assert {"native_pct", "fallback_pct", "mismatch_pct", "error_pct",
                 "skipped_pct"} <= set(s[d])
-    assert s["fwd"]["total"] == 7 and s["bwd"]["total"] == 5  # nonzero, bessel_j0: no grad
+    assert s["fwd"]["total"] == 9 and s["bwd"]["total"] == 6  # nonzero, rand_like, empty_like: no grad
     assert abs(sum(s["fwd"][k + "_pct"] for k in conformance.STATUSES) - 100) < 0.5
     md = open(os.path.join(out, "conformance.md")).read()
-    assert "via fallback" in md and "| special.bessel_j0 | fallback |" in md
+    assert "via fallback" in md and "| linalg.eigvals | fallback |" in md
 
 
 def test_check_against_a_baseline_reports_lost_native_entries(report, tmp_path, capsys):
     out, res = report
     base = json.loads(json.dumps(res))
-    base["entries"]["special.bessel_j0"]["float32"]["fwd"]["status"] = "native"
+    base["entries"]["linalg.eigvals"]["float32"]["fwd"]["status"] = "native"
     path = tmp_path / "base.json"
     path.write_text(json.dumps(base))
-    argv = ["--ops", "special.bessel_j0", "--dtype", "float32", "--max-samples", "2",
+    argv = ["--ops", "linalg.eigvals", "--dtype", "float32", "--max-samples", "2",
             "--jobs", "0", "--out", str(tmp_path / "now"), "--baseline", str(path)]
     assert conformance.main(argv + ["--check"]) == 1
-    assert "special.bessel_j0 float32 fwd: was native, now fallback" in capsys.readouterr().out
+    assert "linalg.eigvals float32 fwd: was native, now fallback" in capsys.readouterr().out
     assert conformance.main(argv) == 0  # without --check it only reports
     path.write_text(json.dumps(res))
     assert conformance.main(argv + ["--check"]) == 0
