@@ -64,3 +64,32 @@ def test_explicit_generator_and_state_round_trip():
     x = torch.rand(8, device="tpu").cpu()
     torch.tpu.set_rng_state(state)
     assert torch.equal(x, torch.rand(8, device="tpu").cpu())
+
+
+def test_multinomial_frequencies_follow_the_probabilities():
+    torch.manual_seed(3)
+    p = torch.tensor([[0.1, 0.0, 0.6, 0.3], [1.0, 1.0, 0.0, 2.0]])
+    with no_fallbacks():
+        s = torch.multinomial(p.to("tpu"), 20_000, replacement=True).cpu()
+        race = torch.stack([torch.multinomial(p[0].to("tpu"), 3) for _ in range(1000)]).cpu()
+    assert s.dtype == torch.int64 and s.shape == (2, 20_000)
+    freq = torch.stack([torch.bincount(r, minlength=4) for r in s]).float() / 20_000
+    torch.testing.assert_close(freq, p / p.sum(1, keepdim=True), atol=0.015, rtol=0)
+    # Without replacement: distinct categories, zero-probability ones never drawn, the
+    # first draw distributed like p.
+    assert all(len(set(r.tolist())) == 3 for r in race) and not (race == 1).any()
+    first = torch.bincount(race[:, 0], minlength=4).float() / 1000
+    torch.testing.assert_close(first, p[0], atol=0.04, rtol=0)
+
+
+def test_multinomial_rejects_bad_probabilities_like_cpu():
+    import pytest
+    for probs, k, repl in (([1.0, -1.0], 1, True), ([0.0, 0.0], 1, True), ([1.0, float('nan')], 1, False)):
+        with pytest.raises(RuntimeError):
+            torch.multinomial(torch.tensor(probs), k, repl)
+        with pytest.raises(RuntimeError, match="multinomial"):
+            torch.multinomial(torch.tensor(probs, device="tpu"), k, repl).cpu()
+    # The device and its tensors stay usable. Like CPU, categories of probability 0 are
+    # drawn last once the others are exhausted.
+    assert torch.multinomial(torch.tensor([0.0, 1.0], device="tpu"), 1).item() == 1
+    assert torch.multinomial(torch.tensor([1.0, 0.0], device="tpu"), 2).tolist() == [0, 1]

@@ -47,6 +47,10 @@ void verify_device_checks() {
       runtime::Client::get().to_host(*b, &ok, 1);
       return 0;
     });
+    // IndexError by default (out-of-range indices); a "RuntimeError: " prefix asks for
+    // PyTorch's generic error instead (invalid values, like CPU's TORCH_CHECK).
+    const std::string tag = "RuntimeError: ";
+    if (c.message.rfind(tag, 0) == 0) TORCH_CHECK(ok, c.message.substr(tag.size()));
     TORCH_CHECK_INDEX(ok, c.message);
   }
 }

@@ -10,7 +10,8 @@ namespace tpu::backend {
 
 // `ok` is a bool scalar computed by an op; `message` is raised if it is false.
 void add_device_check(Operand ok, std::string message);
-// Reads every outstanding flag; raises IndexError with the first failed one's message.
+// Reads every outstanding flag; raises IndexError with the first failed one's message
+// (RuntimeError when the message starts with "RuntimeError: ").
 void verify_device_checks();
 
 }  // namespace tpu::backend

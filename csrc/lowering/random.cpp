@@ -227,3 +227,57 @@ TPU_LOWER(randperm_rule, "randperm.generator_out") {
 }
 
 }  // namespace tpu::lowering
+
+namespace tpu::lowering {
+
+// multinomial(probs (n) or (b, n), num_samples, replacement, generator) -> int64 indices.
+// With replacement: the inverse CDF, u scaled by the row's total. Without: the categories
+// ordered by p / E with E ~ Exp(1) (an exponential race; the first k arrivals are a
+// sample without replacement weighted by p). Bad probabilities fail like CPU's checks.
+TPU_LOWER(multinomial_rule, "multinomial") {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  Value p = ctx.in(0);
+  if (!is_float(p.dtype())) throw Unsupported("multinomial of a non-float tensor");
+  bool batched = p.rank() == 2;
+  int64_t rows = batched ? p.shape()[0] : 1, n = p.shape().back(), k = ctx.i(1);
+  if (n == 0 || rows == 0 || k == 0) throw Unsupported("multinomial: empty");
+  DType t = fine_type(p.dtype());
+  p = b.reshape(b.convert(p, t), {rows, n});
+  Value zero = b.constant(0, t, {rows, n});
+  Value finite = b.compare(op1(b, "abs", p), b.constant(INFINITY, t, {rows, n}), Cmp::LT);
+  Value good = b.binary("stablehlo.and", b.compare(p, zero, Cmp::GE), finite);
+  ctx.check(b.reduce(good, b.constant(1, DType::Bool), {0, 1}, "stablehlo.and"),
+            "RuntimeError: multinomial: probability tensor contains either `inf`, `nan` or element < 0");
+  Value total = reduce_sum(b, p, {1});
+  ctx.check(b.reduce(b.compare(total, b.constant(0, t, {rows}), Cmp::GT), b.constant(1, DType::Bool),
+                     {0}, "stablehlo.and"),
+            "RuntimeError: multinomial: invalid multinomial distribution (sum of probabilities <= 0)");
+  Value idx;
+  if (ctx.flag(2)) {
+    Value cdf = b.reduce_window(p, b.constant(0, t), {1, n}, {1, 1}, {{0, 0}, {n - 1, 0}}, "stablehlo.add");
+    Value last = b.slice(cdf, {0, n - 1}, {rows, n}, {1, 1});                      // (rows, 1)
+    Value u = mul(b, uniform(ctx, t, {rows, k}), b.broadcast_in_dim(b.reshape(last, {rows}), {rows, k}, {0}));
+    Shape s3{rows, k, n};
+    Value below = b.compare(b.broadcast_in_dim(cdf, s3, {0, 2}), b.broadcast_in_dim(u, s3, {0, 1}), Cmp::LE);
+    idx = reduce_sum(b, b.convert(below, DType::I64), {2});
+    // Rounding can leave u at the top: the last category with mass is the answer then.
+    Value pos = b.select(b.compare(p, zero, Cmp::GT), b.iota(Type{DType::I64, {rows, n}}, 1),
+                         b.constant(0, DType::I64, {rows, n}));
+    Value top = reduce_max(b, pos, {1});
+    idx = b.clamp(b.constant(0, DType::I64, {rows, k}), idx, b.broadcast_in_dim(top, {rows, k}, {0}));
+  } else {
+    // Like CPU, zero-probability categories come last once the others are drawn.
+    Value u = uniform(ctx, t, {rows, n});
+    Value e = op1(b, "negate", op1(b, "log", sub(b, cst(b, u, 1), u)));  // Exp(1), > 0 a.s.
+    Value key = div(b, p, e);
+    auto sorted = b.sort({key, b.iota(Type{DType::I64, {rows, n}}, 1)}, 1, true,
+                         [](Builder& r, const std::vector<Value>& a) {
+                           return std::vector<Value>{r.compare(a[0], a[1], Cmp::GT)};
+                         });
+    idx = b.slice(sorted[1], {0, 0}, {rows, k}, {1, 1});
+  }
+  return {b.reshape(b.convert(idx, o.dtype), o.shape)};
+}
+
+}  // namespace tpu::lowering

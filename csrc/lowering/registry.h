@@ -55,7 +55,8 @@ class Ctx {
 
   // A condition on values (a bool scalar) that must hold, like a CUDA device-side
   // assert: when it fails, the op leaves the tensors it writes unchanged and `message`
-  // is raised at the next synchronization (at once in Debug mode).
+  // is raised at the next synchronization (at once in Debug mode): an IndexError, or a
+  // RuntimeError when `message` starts with "RuntimeError: ".
   virtual void check(const Value& ok, const std::string& message) = 0;
 
   // Helpers over the above.
