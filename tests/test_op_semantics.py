@@ -48,6 +48,19 @@ def test_integer_division_rounding_modes(dtype):
     exact(lambda x: torch.fmod(x, -3), a)
 
 
+def test_division_into_out_tensors():
+    a, b = torch.tensor([7.0, -7.5, 1.0]), torch.tensor([2.0, 2.0, -3.0])
+    for mode in (None, "trunc", "floor"):
+        want = torch.empty(3)
+        torch.div(a, b, rounding_mode=mode, out=want)
+        got = dev(torch.zeros(3))
+        torch.div(dev(a), dev(b), rounding_mode=mode, out=got)
+        same(got, want)
+    got = dev(torch.zeros(3))
+    torch.div(dev(a), dev(b), out=got)  # `out` is no rounding mode
+    same(got, a / b)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_float_division_rounding_modes(dtype):
     a = torch.tensor([7.5, -7.5, 7.5, -7.5, 0.0, -0.0, 1.0, -1.0, 5.0, 1e30, 3.0, NAN], dtype=dtype)

@@ -215,7 +215,8 @@ static DType div_step_type(Ctx& ctx) {
 // True division, or rounded by rounding_mode ("trunc", "floor"). Integer outputs
 // only arise with a rounding mode; StableHLO's integer divide truncates (x / 0 is -1).
 TPU_LOWER(div_rule, "div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode") {
-  std::string mode = ctx.num_args() > 2 && !ctx.is_none(2) ? ctx.str(2) : "";
+  // div.out's third argument is `out` itself, not a mode.
+  std::string mode = ctx.num_args() > 2 && !ctx.is_none(2) && !ctx.is_tensor(2) ? ctx.str(2) : "";
   if (mode.empty()) return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return div(b, x[0], x[1]); });
   DType t = div_step_type(ctx);
   if (mode == "trunc")
