@@ -272,3 +272,25 @@ def test_erfinv_and_bessel_i1_natively():
     x = torch.linspace(-6, 6, 13)
     check(torch.special.i1, x, grad=False, rtol=1e-4, atol=1e-5)
     check(torch.special.i1e, x, grad=False, rtol=1e-4, atol=1e-5)
+
+
+# ---- fractional_pool.cpp
+
+@pytest.mark.parametrize("shape,k,out", [((2, 3, 9, 11), (2, 3), (4, 5)), ((3, 8, 8), (3, 3), (3, 4)),
+                                         ((2, 2, 6, 7, 8), (2, 2, 3), (3, 4, 2)),
+                                         ((1, 2, 9, 11), (2, 3), (1, 1))])
+def test_fractional_max_pool_with_given_samples(shape, k, out):
+    nd = len(k)
+    x = randn(*shape)
+    x.view(-1)[5] = float("nan")  # NaN wins its windows, like CPU
+    planes = (shape[0] if len(shape) == nd + 2 else 1, shape[-nd - 1], nd)
+    samples = torch.rand(planes, generator=torch.Generator().manual_seed(2))
+    fn = torch.ops.aten.fractional_max_pool2d if nd == 2 else torch.ops.aten.fractional_max_pool3d
+    with native():
+        got = fn(dev(x), k, out, dev(samples))
+        want = fn(x, k, out, samples)
+        torch.testing.assert_close(host(got[0]), want[0], equal_nan=True, rtol=0, atol=0)
+        assert torch.equal(host(got[1]), want[1])
+    if nd == 2:  # (the 3-d backward has no meta kernel: it takes the fallback)
+        check(lambda t: fn(t, k, out, dev(samples) if t.device.type == "tpu" else samples)[0],
+              torch.nan_to_num(x))
