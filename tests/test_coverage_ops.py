@@ -294,3 +294,45 @@ def test_fractional_max_pool_with_given_samples(shape, k, out):
     if nd == 2:  # (the 3-d backward has no meta kernel: it takes the fallback)
         check(lambda t: fn(t, k, out, dev(samples) if t.device.type == "tpu" else samples)[0],
               torch.nan_to_num(x))
+
+
+# ---- attention.cpp and backend/attention_ops.cpp
+
+def sdpa_grads(device, q, k, v, **kw):
+    q, k, v = (t.detach().to(device).requires_grad_() for t in (q, k, v))
+    kw = {a: (b.to(device) if isinstance(b, torch.Tensor) else b) for a, b in kw.items()}
+    out = F.scaled_dot_product_attention(q, k, v, **kw)
+    w = torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(device)
+    (out * w).sum().backward()
+    return [t.cpu() for t in (out, q.grad, k.grad, v.grad)], type(out.grad_fn).__name__
+
+
+@pytest.mark.parametrize("lq,lk,kw", [
+    (16, 16, dict(is_causal=True)), (8, 12, {}), (8, 8, dict(scale=0.3, is_causal=True)),
+    (8, 8, dict(attn_mask=torch.rand(8, 8, generator=torch.Generator().manual_seed(3)) > 0.3)),
+    (8, 12, dict(attn_mask=randn(2, 1, 8, 12, seed=4)))])
+def test_attention_is_one_op_that_recomputes_in_backward(lq, lk, kw):
+    q, k, v = randn(2, 3, lq, 8, seed=1), randn(2, 3, lk, 8, seed=2), randn(2, 3, lk, 8, seed=3)
+    want, _ = sdpa_grads("cpu", q, k, v, **kw)
+    with native():
+        got, node = sdpa_grads("tpu", q, k, v, **kw)
+    assert node == "ScaledDotProductFusedAttentionOverrideableBackward0"
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **F32)
+
+
+def test_attention_other_cases_take_the_math_path_and_rows_with_no_key_give_zeros():
+    q, k, v = randn(2, 4, 6, 8, seed=1), randn(2, 2, 6, 8, seed=2), randn(2, 2, 6, 5, seed=3)
+    want, _ = sdpa_grads("cpu", q, k, v, enable_gqa=True)
+    with native():
+        got, node = sdpa_grads("tpu", q, k, v, enable_gqa=True)  # grouped heads, other head size
+    assert node != "ScaledDotProductFusedAttentionOverrideableBackward0"
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **F32)
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[1] = False
+    x = randn(1, 1, 4, 8)
+    with native():
+        got = F.scaled_dot_product_attention(dev(x), dev(x), dev(x), attn_mask=dev(mask))
+    torch.testing.assert_close(host(got), F.scaled_dot_product_attention(x, x, x, attn_mask=mask))
+    assert host(got)[0, 0, 1].abs().sum() == 0

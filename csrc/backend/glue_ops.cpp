@@ -197,12 +197,6 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   return host.item();
 }
 
-// Scaled dot-product attention: the math path (matmul + softmax), lowered natively.
-int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                         const std::optional<at::Tensor>&, double, bool, std::optional<double>, bool) {
-  return 0;  // SDPBackend::math
-}
-
 }  // namespace
 
 // Ops the generic lowered kernel must not claim: these are ours.
@@ -232,7 +226,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_to_copy", to_copy);
   m.impl("_local_scalar_dense", local_scalar_dense);
-  m.impl("_fused_sdp_choice", fused_sdp_choice);
 }
 
 }  // namespace tpu::backend

@@ -361,6 +361,17 @@ std::vector<Value> Builder::while_loop(const std::vector<Value>& init, const Reg
   return multi(name, types);
 }
 
+std::vector<Value> Builder::optimization_barrier(const std::vector<Value>& xs) {
+  std::vector<Type> types;
+  for (auto& x : xs) types.push_back(x.type);
+  std::string name = fresh();
+  body_ << std::string(depth_ * 2, ' ') << name
+        << (xs.size() > 1 ? ":" + std::to_string(xs.size()) : "")
+        << " = \"stablehlo.optimization_barrier\"(" << names(xs) << ") : " << sig(xs) << " -> "
+        << result_list(types) << "\n";
+  return multi(name, types);
+}
+
 std::vector<Value> Builder::sort(const std::vector<Value>& xs, int64_t dim, bool stable,
                                  const RegionFn& comparator) {
   std::vector<Type> region_types, result_types;

@@ -79,6 +79,9 @@ class Builder {
   // state, `body` the next state. Returns the final state.
   std::vector<Value> while_loop(const std::vector<Value>& init, const RegionFn& cond,
                                 const RegionFn& body);
+  // The values unchanged, but XLA may not move computation across the barrier or merge
+  // what depends on its results with what does not (how recomputation is kept apart).
+  std::vector<Value> optimization_barrier(const std::vector<Value>& xs);
   std::vector<Value> sort(const std::vector<Value>& xs, int64_t dim, bool stable,
                           const RegionFn& comparator);
 

@@ -1,0 +1,70 @@
+// Scaled dot-product attention. PyTorch asks the device which kernel to use
+// (_fused_sdp_choice); ours is the "overrideable" one, whose forward and backward run
+// the flash-attention-shaped rules of lowering/attention.cpp: the (L, S) probabilities
+// are recomputed in the backward instead of being saved. Calls those rules do not take
+// (dropout, grouped-query heads, a value head size other than the query's, a mask that
+// needs a gradient) use the math path.
+#include <ATen/ATen.h>
+#include <ATen/native/DispatchStub.h>
+#include <ATen/native/transformers/attention.h>
+#include <torch/library.h>
+
+namespace tpu::backend {
+
+constexpr int64_t kMath = 0, kOverrideable = 4;  // sdp::SDPBackend
+
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double dropout_p, bool,
+                         std::optional<double>, bool enable_gqa) {
+  bool dense = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && !q.is_nested();
+  bool same_heads = dense && q.size(1) == k.size(1) && k.size(1) == v.size(1) &&
+                    q.size(0) == k.size(0) && k.size(0) == v.size(0) &&
+                    v.size(3) == q.size(3);  // the flash kernels' output has q's head size
+  bool floats = q.is_floating_point() && k.scalar_type() == q.scalar_type() &&
+                v.scalar_type() == q.scalar_type();
+  bool mask_ok = !mask || !mask->defined() || !mask->requires_grad();
+  if (dense && same_heads && floats && mask_ok && dropout_p == 0.0 && !enable_gqa &&
+      q.size(2) > 0 && k.size(2) > 0)
+    return kOverrideable;
+  return kMath;
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor,
+           at::Tensor, at::Tensor>
+attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const std::optional<at::Tensor>& bias, double dropout_p, bool is_causal,
+                  bool return_debug_mask, std::optional<double> scale) {
+  TORCH_CHECK(!return_debug_mask, "scaled_dot_product_attention on tpu: no debug attention mask");
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal,
+                                                                     bias, scale);
+  at::Tensor none = at::empty({0}, q.options().dtype(at::kLong));
+  return {out, lse, none, none, c10::SymInt(q.size(2)), c10::SymInt(k.size(2)), none, none, none};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& bias, std::array<bool, 4> mask, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p, bool is_causal,
+    const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
+  TORCH_CHECK(!mask[3], "scaled_dot_product_attention on tpu: no gradient for attn_mask");
+  std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
+  auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+      grad_out.contiguous(), q, k, v, out, lse, dropout_p, is_causal, b, scale);
+  return {dq, dk, dv, at::Tensor()};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_fused_sdp_choice", fused_sdp_choice);
+  m.impl("_scaled_dot_product_fused_attention_overrideable", attention_forward);
+  m.impl("_scaled_dot_product_fused_attention_overrideable_backward", attention_backward);
+}
+
+}  // namespace tpu::backend
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &tpu::backend::fused_sdp_choice);
+}
