@@ -6,12 +6,15 @@ namespace tpu::lowering {
 
 using ir::Cmp;
 
-static void check_float(DType t) {
+// Helpers shared with linalg_lu*.cpp (declared there).
+namespace linalg_base {
+
+void check_float(DType t) {
   if (t != DType::F32 && t != DType::F64) throw Unsupported("linear algebra of this dtype");
 }
 
 // x (*, r, c) broadcast to batch + [r, c].
-static Value to_batch(Builder& b, const Value& x, const Shape& batch) {
+Value to_batch(Builder& b, const Value& x, const Shape& batch) {
   Shape s = batch;
   s.push_back(x.shape()[x.rank() - 2]);
   s.push_back(x.shape().back());
@@ -19,7 +22,7 @@ static Value to_batch(Builder& b, const Value& x, const Shape& batch) {
 }
 
 // The lower (or upper) triangle of square matrices, the rest zero.
-static Value triangle(Builder& b, const Value& a, bool lower) {
+Value triangle(Builder& b, const Value& a, bool lower) {
   int64_t r = a.rank();
   Type it{DType::I64, a.shape()};
   Value i = b.iota(it, r - 2), j = b.iota(it, r - 1);
@@ -27,7 +30,7 @@ static Value triangle(Builder& b, const Value& a, bool lower) {
   return b.select(keep, a, full_like(b, a, 0));
 }
 
-static Value tri_solve(Builder& b, const Value& a, const Value& rhs, bool left, bool lower, bool unit,
+Value tri_solve(Builder& b, const Value& a, const Value& rhs, bool left, bool lower, bool unit,
                        bool transpose) {
   std::string attrs = std::string("left_side = ") + (left ? "true" : "false") +
                       ", lower = " + (lower ? "true" : "false") +
@@ -36,7 +39,10 @@ static Value tri_solve(Builder& b, const Value& a, const Value& rhs, bool left, 
   return b.raw("stablehlo.triangular_solve", {triangle(b, a, lower), rhs}, attrs, rhs.type);
 }
 
-static Shape batch_of(const Type& out) { return Shape(out.shape.begin(), out.shape.end() - 2); }
+Shape batch_of(const Type& out) { return Shape(out.shape.begin(), out.shape.end() - 2); }
+
+}  // namespace linalg_base
+using namespace linalg_base;
 
 // Arguments i and j of a solve, in the output's (float) dtype and broadcast to its batch.
 static std::pair<Value, Value> solve_operands(Ctx& ctx, int i, int j) {
