@@ -102,6 +102,7 @@ LU lu_factor(Builder& b, const Value& a) {
   Shape bs = lead(a.shape(), 2), ps = bs;
   ps.push_back(k);
   Value piv0 = b.constant(0, DType::I32, ps), info0 = b.constant(0, DType::I32, bs);
+  if (k == 0) return {a, piv0, info0};  // nothing to factor (and no column to slice)
   auto st = b.while_loop(
       {i64(b, 0), a, piv0, info0},
       [&](Builder& b, const std::vector<Value>& s) { return std::vector<Value>{less_than(b, s[0], k)}; },
@@ -153,6 +154,7 @@ Value apply_swaps(Builder& b, const Value& piv, const Value& x, bool reverse) {
   Shape bs = lead(x.shape(), 2);
   Shape ps = bs;
   ps.push_back(k);
+  if (k == 0) return x;
   Value pv = broadcast_to(b, piv, ps);
   auto st = b.while_loop(
       {i64(b, 0), x},
