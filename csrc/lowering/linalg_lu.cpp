@@ -319,19 +319,20 @@ TPU_LOWER(linalg_slogdet, "_linalg_slogdet") {
   return {mul(b, pivots_sign(b, f.piv, a.dtype()), sg), lad, f.lu, f.piv};
 }
 
-// linalg_inv_ex(A, check_errors) -> (inverse, info): CPU solves A X = I through the
-// factorization of A^T.
+// linalg_inv_ex(A, check_errors) -> (inverse, info): like CPU, A X = I solved through
+// the factorization of A.
 TPU_LOWER(linalg_inv_ex, "linalg_inv_ex") {
   Builder& b = ctx.b;
   Value a = ctx.in(0);
   check_float(a.dtype());
   if (ctx.flag(1)) throw Unsupported("inv_ex with check_errors");
-  LU f = lu_factor(b, mT(b, a));
-  Value x = lu_solve(b, f.lu, f.piv, eye_like(b, a.shape(), a.dtype()), true, true);
+  LU f = lu_factor(b, a);
+  Value x = lu_solve(b, f.lu, f.piv, eye_like(b, a.shape(), a.dtype()), true, false);
   return {x, f.info};
 }
 
-// _linalg_solve_ex(A, B, left, check_errors) -> (result, LU, pivots, info). B may be a
+// _linalg_solve_ex(A, B, left, check_errors) -> (result, LU, pivots, info), with the LU
+// of A itself (as this PyTorch's CPU kernel gives it). B may be a
 // (batch of) vector(s): numpy's rule, as in linalg_solve_is_vector_rhs.
 TPU_LOWER(linalg_solve_ex, "_linalg_solve_ex") {
   Builder& b = ctx.b;
@@ -340,7 +341,7 @@ TPU_LOWER(linalg_solve_ex, "_linalg_solve_ex") {
   check_float(o.dtype);
   if (ctx.flag(3)) throw Unsupported("solve_ex with check_errors");
   bool left = ctx.flag(2);
-  LU f = lu_factor(b, mT(b, b.convert(a, o.dtype)));
+  LU f = lu_factor(b, b.convert(a, o.dtype));
   bool vec = rhs.rank() == 1 || (rhs.rank() == a.rank() - 1 && rhs.shape() == lead(a.shape(), 1));
   Shape xs = o.shape;
   if (vec) xs.push_back(1);
@@ -351,7 +352,7 @@ TPU_LOWER(linalg_solve_ex, "_linalg_solve_ex") {
   Value lu = to_batch(b, f.lu, bs);
   Shape ps = bs;
   ps.push_back(f.piv.shape().back());
-  Value x = lu_solve(b, lu, broadcast_to(b, f.piv, ps), B, left, true);
+  Value x = lu_solve(b, lu, broadcast_to(b, f.piv, ps), B, left, false);
   return {b.reshape(x, o.shape), f.lu, f.piv, f.info};
 }
 
