@@ -143,6 +143,29 @@ TPU_LOWER(linalg_cholesky_ex, "linalg_cholesky_ex") {
   return {upper ? b.transpose(l, perm) : l, b.convert(info, ctx.out(1).dtype)};
 }
 
+// cholesky(A, upper): the factor; a matrix that is not positive-definite raises, as
+// CPU's info check does (a device check, so at the next synchronization).
+TPU_LOWER(cholesky, "cholesky") {
+  Builder& b = ctx.b;
+  Value a = ctx.in(0);
+  check_float(a.dtype());
+  int64_t r = a.rank();
+  bool upper = ctx.flag(1);
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < r - 2; ++i) perm.push_back(i);
+  perm.push_back(r - 1), perm.push_back(r - 2);
+  auto [l, info] = cholesky_loop(b, upper ? b.transpose(a, perm) : a);
+  if (info.type.numel() > 0) {
+    std::vector<int64_t> all;
+    for (int64_t i = 0; i < info.rank(); ++i) all.push_back(i);
+    Value worst = info.rank() ? reduce_max(b, info, all) : info;
+    ctx.check(b.compare(worst, b.constant(0, DType::I32), Cmp::EQ),
+              "cholesky: The factorization could not be completed because the input is not "
+              "positive-definite.");
+  }
+  return {upper ? b.transpose(l, perm) : l};
+}
+
 // Solves A X = B with A = L L^T (or U^T U) given the factor: two triangular solves.
 TPU_LOWER(cholesky_solve_helper, "_cholesky_solve_helper") {
   Builder& b = ctx.b;
