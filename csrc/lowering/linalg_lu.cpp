@@ -265,8 +265,8 @@ TPU_LOWER(lu_unpack, "lu_unpack") {
   if (pivs) {
     int64_t m = lu.shape()[lu.rank() - 2];
     ctx.check(all_in_range(ctx.b, piv, 1, m + 1),
-              "torch.lu_unpack: pivots passed to lu_unpack must be between 1 and LU.size(-2) inclusive."
-              "Did you use the LU decomposition from torch.linalg.lu_factor or torch.linalg.lu_factor_ex?");
+              "pivots passed to lu_unpack must be between 1 and LU.size(-2) inclusive."
+              "Did you properly pass the result of lu_factor?");
   }
   return unpack(ctx, lu, piv, data, pivs);
 }
