@@ -295,8 +295,10 @@ TPU_LOWER(linalg_lu_solve, "linalg_lu_solve") {
   return {lu_solve(b, lu, piv, rhs, ctx.flag(3), ctx.flag(4))};
 }
 
-// _linalg_det(A) -> (det, LU, pivots). Like CPU, a (contiguous) A is factored as A^T;
-// its LU is what the backward's lu_solve expects.
+// _linalg_det(A) -> (det, LU, pivots). CPU factors A^T when A is contiguous and A
+// otherwise, and the backward picks lu_solve's adjoint flag from A.is_contiguous(). Rules
+// cannot see strides, so this assumes a contiguous A: a non-contiguous one gets the right
+// det but an LU its backward misreads (needs a stride query on Ctx; see the branch report).
 TPU_LOWER(linalg_det, "_linalg_det") {
   Builder& b = ctx.b;
   Value a = ctx.in(0);
@@ -306,7 +308,7 @@ TPU_LOWER(linalg_det, "_linalg_det") {
   return {mul(b, pivots_sign(b, f.piv, a.dtype()), d), f.lu, f.piv};
 }
 
-// _linalg_slogdet(A) -> (sign, logabsdet, LU, pivots).
+// _linalg_slogdet(A) -> (sign, logabsdet, LU, pivots); LU as for _linalg_det.
 TPU_LOWER(linalg_slogdet, "_linalg_slogdet") {
   Builder& b = ctx.b;
   Value a = ctx.in(0);
