@@ -111,8 +111,8 @@ def test_lu_unpack_flags_and_bad_pivots():
     with native():
         for d, p in [(True, False), (False, True)]:
             same(torch.lu_unpack(dev(lu), dev(piv), d, p), torch.lu_unpack(lu, piv, d, p))
-    # A device check: CPU's message, raised (as IndexError, what device checks raise) at
-    # the next synchronization.
+    # A device check: CPU's message, raised at the next synchronization (a RuntimeError once
+    # device checks honour the "RuntimeError: " tag; an IndexError before).
     with pytest.raises((RuntimeError, IndexError), match="must be between 1 and LU.size"):
         host(torch.lu_unpack(dev(lu), dev(piv + 4))[0])
 

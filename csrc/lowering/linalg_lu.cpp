@@ -247,7 +247,8 @@ static std::vector<Value> unpack(Ctx& ctx, const Value& lu, const Value& piv, bo
     Shape z(r, 0), one(r, 1);
     Value l = b.slice(lu, z, ls, one), u = b.slice(lu, z, us, one);
     Value li = b.iota(Type{DType::I64, ls}, r - 2), lj = b.iota(Type{DType::I64, ls}, r - 1);
-    l = b.select(b.compare(li, lj, Cmp::GT), l, b.select(b.compare(li, lj, Cmp::EQ), full_like(b, l, 1), full_like(b, l, 0)));
+    Value unit = b.select(b.compare(li, lj, Cmp::EQ), full_like(b, l, 1), full_like(b, l, 0));
+    l = b.select(b.compare(li, lj, Cmp::GT), l, unit);
     Value ui = b.iota(Type{DType::I64, us}, r - 2), uj = b.iota(Type{DType::I64, us}, r - 1);
     u = b.select(b.compare(ui, uj, Cmp::LE), u, full_like(b, u, 0));
     outs.push_back(l), outs.push_back(u);
@@ -265,7 +266,7 @@ TPU_LOWER(lu_unpack, "lu_unpack") {
   if (pivs) {
     int64_t m = lu.shape()[lu.rank() - 2];
     ctx.check(all_in_range(ctx.b, piv, 1, m + 1),
-              "pivots passed to lu_unpack must be between 1 and LU.size(-2) inclusive."
+              "RuntimeError: pivots passed to lu_unpack must be between 1 and LU.size(-2) inclusive."
               "Did you properly pass the result of lu_factor?");
   }
   return unpack(ctx, lu, piv, data, pivs);
