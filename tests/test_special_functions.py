@@ -175,3 +175,19 @@ def test_incomplete_gamma(fn):
     edge_x = t(1.0, -1.0, 1.0, 0.0, NAN, 0.0, 1.0, INF, INF, 0.0, NAN, NAN, INF)
     check(fn, edge_a, edge_x)
     check(fn, a.double(), x.double(), rtol=1e-7, atol=1e-10)
+
+
+def test_incomplete_gamma_large_a_and_bfloat16():
+    a = torch.tensor([1e3, 1e3, 5e3, 2e4, 2e4, 1e5]).reshape(-1, 1)
+    x = torch.tensor([0.95, 1.0, 1.02, 1.1]) * a
+    for fn in (torch.igamma, torch.igammac):
+        check(fn, a, x, rtol=1e-4, atol=1e-6)
+        aa, xx = torch.rand(50) * 20, torch.rand(50) * 25
+        check(fn, aa.bfloat16(), xx.bfloat16(), rtol=1.6e-2, atol=1e-2)
+
+
+def test_polynomials_of_high_degree():
+    x = torch.linspace(-0.99, 0.99, 23, dtype=torch.float64)
+    n = torch.tensor([300.0, 1000.0], dtype=torch.float64).reshape(-1, 1)
+    for name in ("legendre_polynomial_p", "chebyshev_polynomial_t", "chebyshev_polynomial_u"):
+        check(getattr(torch.special, name), x, n, rtol=1e-6, atol=1e-6)

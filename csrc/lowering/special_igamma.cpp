@@ -1,7 +1,8 @@
 // Regularized incomplete gamma functions P(a, x) (igamma) and Q(a, x) (igammac),
-// in float64: the power series of P where x < a + 1, else Lentz's continued fraction
-// of Q, both run in one while loop until every element has converged. Edge values
-// (a or x negative, zero or infinite) as the CPU kernel gives them.
+// in float64 for every float dtype (CPU's bf16 results match float64's, rounded):
+// the power series of P where x < a + 1, else Lentz's continued fraction of Q, both
+// run in one while loop until every element has converged. Edge values (a or x
+// negative, zero or infinite) as the CPU kernel gives them.
 #include <cmath>
 
 #include "lowering/special_util.h"
@@ -90,7 +91,7 @@ Value igamma(Builder& b, const Value& a_in, const Value& x_in, bool upper) {
 
 std::vector<Value> rule(Ctx& ctx, bool upper) {
   Type o = ctx.out(0);
-  if (o.dtype != DType::F32 && o.dtype != DType::F64) throw Unsupported("igamma: float32/float64 only");
+  if (!is_float(o.dtype)) throw Unsupported("igamma: float dtypes only");
   Value a = operand(ctx, 0, DType::F64, o.shape), x = operand(ctx, 1, DType::F64, o.shape);
   return {ctx.b.convert(igamma(ctx.b, a, x, upper), o.dtype)};
 }
