@@ -52,12 +52,6 @@ Value recur(Builder& b, const Value& x, const Value& n, const Value& p0, const V
   return out[5];
 }
 
-// The per-polynomial closed forms: `rec` is the recurrence's value, n the degree as
-// a float, ni as int64, even its parity.
-struct Args {
-  Value x, nf, ni, even;
-};
-
 enum class Kind { T, U, V, W, ShT, ShU, ShV, ShW, H, He, L, P };
 
 Value sel(Builder& b, const Value& c, const Value& t, const Value& f) { return b.select(c, t, f); }
@@ -86,7 +80,7 @@ Value polynomial(Builder& b, Kind kind, const Value& x, const Value& n_in) {
   Value np1 = add(b, nf, one), n2p1 = add(b, add(b, nf, nf), one);
   auto pm = [&](const Value& v) { return sel(b, even, v, neg_(b, v)); };  // +v for even n
 
-  Value res, closed, rec_init_q, rec_init_p = one;
+  Value res;
   Recurrence rec;
   bool shifted = kind == Kind::ShT || kind == Kind::ShU || kind == Kind::ShV || kind == Kind::ShW;
   Value y = shifted ? sub(b, add(b, x, x), one) : x;
