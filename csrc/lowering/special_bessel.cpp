@@ -155,21 +155,21 @@ Value j1(Builder& b, const Value& x) {
 Value y0(Builder& b, const Value& x) {
   Value z = mul(b, x, x);
   Value mid = add(b, div(b, horner(b, z, Y0_YP), horner(b, z, Y0_YQ)),
-                  mul(b, mul(b, K(b, x, k2OverPi), log_(b, x)), j0(b, x)));
+                  mul(b, mul(b, K(b, x, k2OverPi), log_exact(b, x)), j0(b, x)));
   Value big = asymptotic(b, x, w_of(b, x, false), false, true);
-  Value r = b.select(cmpk(b, x, 0, Cmp::LT), K(b, x, NAN), mid);
-  r = b.select(cmpk(b, x, 0, Cmp::EQ), K(b, x, -INFINITY), r);
+  Value r = b.select(is_neg(b, x), K(b, x, NAN), mid);
+  r = b.select(is_zero(b, x), K(b, x, -INFINITY), r);
   return b.select(cmpk(b, x, 5, Cmp::LE), r, big);
 }
 
 Value y1(Builder& b, const Value& x) {
   Value z = mul(b, x, x);
-  Value lj = sub(b, mul(b, j1(b, x), log_(b, x)), div(b, K(b, x, 1), x));
+  Value lj = sub(b, mul(b, j1(b, x), log_exact(b, x)), div_exact(b, K(b, x, 1), x));
   Value mid = add(b, mul(b, x, div(b, horner(b, z, Y1_YP), horner(b, z, Y1_YQ))),
                   mul(b, K(b, x, k2OverPi), lj));
   Value big = asymptotic(b, x, w_of(b, x, true), true, true);
-  Value r = b.select(cmpk(b, x, 0, Cmp::LT), K(b, x, NAN), mid);
-  r = b.select(cmpk(b, x, 0, Cmp::EQ), K(b, x, -INFINITY), r);
+  Value r = b.select(is_neg(b, x), K(b, x, NAN), mid);
+  r = b.select(is_zero(b, x), K(b, x, -INFINITY), r);
   return b.select(cmpk(b, x, 5, Cmp::LE), r, big);
 }
 

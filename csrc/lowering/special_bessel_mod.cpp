@@ -115,8 +115,9 @@ Value i1(Builder& b, const Value& x_in) {
 Value k_impl(Builder& b, const Value& x, bool order1, bool scaled) {
   Value y = sub(b, mul(b, x, x), K(b, x, 2));
   Value a = chebyshev(b, y, order1 ? K1_A : K0_A);
-  Value l = log_(b, mul(b, K(b, x, 0.5), x));
-  Value lo = order1 ? add(b, mul(b, l, i1(b, x)), div(b, a, x)) : sub(b, a, mul(b, l, i0(b, x)));
+  Value l = b.select(is_subnormal(b, x), add(b, log_exact(b, x), K(b, x, -M_LN2)),
+                     log_(b, mul(b, K(b, x, 0.5), x)));
+  Value lo = order1 ? add(b, mul(b, l, i1(b, x)), div_exact(b, a, x)) : sub(b, a, mul(b, l, i0(b, x)));
   Value hi = chebyshev(b, sub(b, div(b, K(b, x, 8), x), K(b, x, 2)), order1 ? K1_B : K0_B);
   if (scaled) {
     lo = mul(b, lo, exp_(b, x));
@@ -125,8 +126,8 @@ Value k_impl(Builder& b, const Value& x, bool order1, bool scaled) {
   }
   hi = div(b, hi, sqrt_(b, x));
   Value r = b.select(cmpk(b, x, 2, Cmp::LE), lo, hi);
-  r = b.select(cmpk(b, x, 0, Cmp::LT), K(b, x, NAN), r);
-  return b.select(cmpk(b, x, 0, Cmp::EQ), K(b, x, INFINITY), r);
+  r = b.select(is_neg(b, x), K(b, x, NAN), r);
+  return b.select(is_zero(b, x), K(b, x, INFINITY), r);
 }
 Value k0(Builder& b, const Value& x) { return k_impl(b, x, false, false); }
 Value k1(Builder& b, const Value& x) { return k_impl(b, x, true, false); }

@@ -76,7 +76,7 @@ Value ndtri(Builder& b, const Value& y0) {
   Value c = sub(b, y0, K(b, y0, 0.5)), c2 = mul(b, c, c);
   Value central = mul(b, add(b, c, mul(b, c, div(b, mul(b, c2, horner(b, c2, ND_P0)), horner(b, c2, ND_Q0)))),
                       K(b, y0, s2pi));
-  Value x = sqrt_(b, mul(b, K(b, y0, -2), log_(b, y)));
+  Value x = sqrt_(b, mul(b, K(b, y0, -2), log_exact(b, y)));
   Value x0 = sub(b, x, div(b, log_(b, x), x));
   Value z = div(b, one, x);
   Value near = div(b, mul(b, z, horner(b, z, ND_P1)), horner(b, z, ND_Q1));
@@ -84,9 +84,9 @@ Value ndtri(Builder& b, const Value& y0) {
   Value tail = sub(b, x0, b.select(cmpk(b, x, 8, Cmp::LT), near, far));
   tail = b.select(upper, tail, neg_(b, tail));
   Value r = b.select(cmpk(b, y, e2, Cmp::GT), central, tail);
-  r = b.select(or_(b, cmpk(b, y0, 0, Cmp::LT), cmpk(b, y0, 1, Cmp::GT)), K(b, y0, NAN), r);
+  r = b.select(or_(b, is_neg(b, y0), cmpk(b, y0, 1, Cmp::GT)), K(b, y0, NAN), r);
   r = b.select(cmpk(b, y0, 1, Cmp::EQ), K(b, y0, INFINITY), r);
-  return b.select(cmpk(b, y0, 0, Cmp::EQ), K(b, y0, -INFINITY), r);
+  return b.select(is_zero(b, y0), K(b, y0, -INFINITY), r);
 }
 
 // fn on float32/float64 (float64 math when `wide`); bf16/f16 only where CPU has them.
