@@ -327,6 +327,7 @@ class KernelCtx final : public lowering::Ctx {
     return ir::Type{device_dtype(t.scalar_type(), info_.name.c_str()),
                     std::vector<int64_t>(t.sizes().begin(), t.sizes().end())};
   }
+  bool contiguous(int i) const override { return args_.at(i).toTensor().is_contiguous(); }
   int num_outs() const override { return static_cast<int>(outs_.size()); }
   ir::Type out(int j) const override { return outs_.at(j); }
 

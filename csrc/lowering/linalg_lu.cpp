@@ -297,14 +297,12 @@ TPU_LOWER(linalg_lu_solve, "linalg_lu_solve") {
 }
 
 // _linalg_det(A) -> (det, LU, pivots). CPU factors A^T when A is contiguous and A
-// otherwise, and the backward picks lu_solve's adjoint flag from A.is_contiguous(). Rules
-// cannot see strides, so this assumes a contiguous A: a non-contiguous one gets the right
-// det but an LU its backward misreads (needs a stride query on Ctx; see the branch report).
+// otherwise, and the backward picks lu_solve's adjoint flag from A.is_contiguous().
 TPU_LOWER(linalg_det, "_linalg_det") {
   Builder& b = ctx.b;
   Value a = ctx.in(0);
   check_float(a.dtype());
-  LU f = lu_factor(b, mT(b, a));
+  LU f = lu_factor(b, ctx.contiguous(0) ? mT(b, a) : a);
   Value d = b.reduce(diagonal(b, f.lu), b.constant(1, a.dtype()), {a.rank() - 2}, "stablehlo.multiply");
   return {mul(b, pivots_sign(b, f.piv, a.dtype()), d), f.lu, f.piv};
 }
@@ -314,7 +312,7 @@ TPU_LOWER(linalg_slogdet, "_linalg_slogdet") {
   Builder& b = ctx.b;
   Value a = ctx.in(0);
   check_float(a.dtype());
-  LU f = lu_factor(b, mT(b, a));
+  LU f = lu_factor(b, ctx.contiguous(0) ? mT(b, a) : a);
   Value dg = diagonal(b, f.lu);
   int64_t last = dg.rank() - 1;
   Value sg = b.reduce(b.unary("stablehlo.sign", dg), b.constant(1, a.dtype()), {last}, "stablehlo.multiply");

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,12 @@ using ir::Builder;
 using ir::Shape;
 using ir::Type;
 using ir::Value;
+
+// A rule that cannot lower this particular call (an argument it does not support)
+// throws Unsupported; the backend then runs the op through the counted fallback.
+struct Unsupported : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // What a rule can ask of the op being lowered. Argument indices follow the ATen
 // schema of the functional op (`add.Tensor`: 0 self, 1 other, 2 alpha).
@@ -43,6 +50,9 @@ class Ctx {
   virtual DType dtype_arg(int idx) const = 0;                        // ScalarType
   // Type of a tensor argument without reading it.
   virtual Type type_of(int i) const = 0;
+  // Whether tensor argument i is contiguous (its layout, not its values): for the few ops
+  // whose CPU results depend on it. (Compiled programs are keyed by layout too.)
+  virtual bool contiguous(int i) const { throw Unsupported("argument layout unknown"); }
 
   // The outputs PyTorch expects (from its meta kernels): rules produce these. An output
   // PyTorch leaves undefined (a backward op's output_mask) has dtype Invalid: return
@@ -70,12 +80,6 @@ using Rule = std::vector<Value> (*)(Ctx&);
 void register_rule(const char* op, Rule rule);
 const Rule* find_rule(const std::string& op);
 std::vector<std::string> rule_names();
-
-// A rule that cannot lower this particular call (an argument it does not support)
-// throws Unsupported; the backend then runs the op through the counted fallback.
-struct Unsupported : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 struct Registrar {
   Registrar(std::initializer_list<const char*> ops, Rule r) {
