@@ -104,6 +104,7 @@ std::pair<Value, Value> householder_qr(Builder& b, const Value& a) {
 Value apply_householder(Builder& b, const Value& vs, const Value& tau, const Value& c, bool left,
                         bool transpose) {
   int64_t k = tau.shape()[1];
+  if (k == 0) return c;  // no reflectors (tau's dynamic_slice would not even type-check)
   // Q = H_0 ... H_{k-1}: Q C and C Q^T apply the last reflector first.
   bool forward = left == transpose;
   auto out = b.while_loop(
