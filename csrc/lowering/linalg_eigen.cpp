@@ -18,7 +18,7 @@ Value eye3(Builder& b, DType t, int64_t batch, int64_t m, int64_t n);
 Value idx_const(Builder& b, int64_t v);
 std::pair<Value, Value> householder_qr(Builder& b, const Value& a);
 Value apply_householder(Builder& b, const Value& vs, const Value& tau, const Value& c, bool left,
-                        bool transpose);
+                        bool transpose, bool from_identity);
 
 constexpr int64_t kMaxSweeps = 24;
 
@@ -144,6 +144,14 @@ static std::pair<Value, Value> jacobi_eigh(Builder& b, const Value& a) {
   return {ws, matmul3(b, out[2], perm)};
 }
 
+// Whether every element of x is finite: a bool scalar.
+static Value all_finite(Builder& b, const Value& x) {
+  Value fin = b.raw("stablehlo.is_finite", {x}, "", Type{DType::Bool, x.shape()});
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < x.rank(); ++i) dims.push_back(i);
+  return b.reduce(fin, b.constant(1, DType::Bool), dims, "stablehlo.and");
+}
+
 // _linalg_eigh(A, UPLO, compute_v) -> (eigenvalues, eigenvectors).
 TPU_LOWER(linalg_eigh, "_linalg_eigh") {
   Builder& b = ctx.b;
@@ -156,6 +164,9 @@ TPU_LOWER(linalg_eigh, "_linalg_eigh") {
   Type st{DType::I64, a3.shape()};
   Value keep = b.compare(b.iota(st, 1), b.iota(st, 2), lower ? Cmp::GE : Cmp::LE);
   Value sym = b.select(keep, a3, swap_last(b, a3));  // the named triangle, mirrored
+  // LAPACK fails on non-finite input (its error code is not reproduced).
+  ctx.check(all_finite(b, sym), "linalg.eigh: The algorithm failed to converge because the input matrix "
+                                "is ill-conditioned or has too many repeated eigenvalues");
   auto [w, v] = jacobi_eigh(b, sym);
   Value vv = vo.numel() == 0 ? b.constant(0, vo.dtype, vo.shape) : b.reshape(v, vo.shape);
   return {b.reshape(w, wo.shape), vv};
@@ -205,7 +216,7 @@ static Svd jacobi_svd(Builder& b, const Value& a, bool want_u, int64_t mu) {
   Value is0 = b.compare(sb, zero, Cmp::EQ);
   Value u0 = b.select(is0, zero, div(b, ys, b.select(is0, full_like(b, sb, 1), sb)));
   auto [f, tau] = householder_qr(b, u0);
-  Value q = apply_householder(b, f, tau, eye3(b, t, batch, m, mu), true, false);
+  Value q = apply_householder(b, f, tau, eye3(b, t, batch, m, mu), true, false, true);
   // sign(R_jj) for j < n (1 where R_jj is 0), 1 for the completed columns.
   Value rd = masked_rows(b, b.compare(b.iota(st, 1), b.iota(st, 2), Cmp::EQ),
                          b.slice(f, {0, 0, 0}, {batch, n, n}, {1, 1, 1}));
@@ -242,6 +253,8 @@ TPU_LOWER(linalg_svd, "_linalg_svd") {
     Value v = uv ? eye_like(vo) : b.constant(0, vo.dtype, vo.shape);
     return {u, b.constant(0, so.dtype, so.shape), v};
   }
+  ctx.check(all_finite(b, a3), "linalg.svd: The algorithm failed to converge because the input matrix "
+                              "contained non-finite values.");
   bool wide = m < n;  // the SVD of A^T: A = V S U^T
   Value x = wide ? swap_last(b, a3) : a3;
   int64_t rows = wide ? n : m, cols = wide ? m : n;

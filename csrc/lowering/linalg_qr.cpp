@@ -15,8 +15,9 @@ Value to_batch3(Builder& b, const Value& x);                       // (*, m, n) 
 Value eye3(Builder& b, DType t, int64_t batch, int64_t m, int64_t n);
 Value idx_const(Builder& b, int64_t v);                            // an i64 scalar
 std::pair<Value, Value> householder_qr(Builder& b, const Value& a);  // (B,m,n) -> (a, tau (B,k))
+// from_identity: c is the identity, so H_i only touches columns >= i (as LAPACK's orgqr).
 Value apply_householder(Builder& b, const Value& vs, const Value& tau, const Value& c, bool left,
-                        bool transpose);
+                        bool transpose, bool from_identity = false);
 
 void check_decomp_float(DType t) {
   if (t != DType::F32 && t != DType::F64) throw Unsupported("decomposition of this dtype");
@@ -89,7 +90,9 @@ std::pair<Value, Value> householder_qr(Builder& b, const Value& a) {
                                    broadcast_to(bb, w, full)));
         Type ft{DType::I64, full};
         Value rr = bb.iota(ft, 1), cc = bb.iota(ft, 2), jf = spread(bb, j, full);
-        Value y = bb.select(bb.compare(cc, jf, Cmp::GT), upd, x);
+        // Only A(j:, j+1:) changes, as in LAPACK (NaN elsewhere must not spread).
+        Value y = bb.select(bb.binary("stablehlo.and", bb.compare(cc, jf, Cmp::GT), bb.compare(rr, jf, Cmp::GE)),
+                            upd, x);
         // Column j: beta on the diagonal, v's tail below it.
         Value colj = bb.compare(cc, jf, Cmp::EQ);
         Value newcol = bb.select(at, broadcast_to(bb, bb.select(trivial, alpha, beta), cs),
@@ -102,7 +105,7 @@ std::pair<Value, Value> householder_qr(Builder& b, const Value& a) {
 }
 
 Value apply_householder(Builder& b, const Value& vs, const Value& tau, const Value& c, bool left,
-                        bool transpose) {
+                        bool transpose, bool from_identity) {
   int64_t k = tau.shape()[1];
   if (k == 0) return c;  // no reflectors (tau's dynamic_slice would not even type-check)
   // Q = H_0 ... H_{k-1}: Q C and C Q^T apply the last reflector first.
@@ -129,6 +132,12 @@ Value apply_householder(Builder& b, const Value& vs, const Value& tau, const Val
           Value tv = mul(bb, vt, broadcast_to(bb, bb.reshape(ti, {full[0], 1, 1}), vt.shape()));
           y = sub(bb, x, mul(bb, broadcast_to(bb, w, full), broadcast_to(bb, tv, full)));
         }
+        // H_i changes rows i: (left) or columns i: (right) only, as in LAPACK.
+        Type ft{DType::I64, full};
+        Value ib = bb.broadcast_in_dim(i, full, {});
+        Value touched = bb.compare(bb.iota(ft, left ? 1 : 2), ib, Cmp::GE);
+        if (from_identity) touched = bb.binary("stablehlo.and", touched, bb.compare(bb.iota(ft, 2), ib, Cmp::GE));
+        y = bb.select(touched, y, x);
         return std::vector<Value>{add(bb, s[0], idx_const(bb, 1)), y};
       });
   return out[1];
@@ -180,7 +189,7 @@ TPU_LOWER(linalg_qr, "linalg_qr") {
   Value r = upper(b, b.slice(f, {0, 0, 0}, {batch, rr, n}, {1, 1, 1}));
   Value q = mode == "r" ? b.constant(0, qo.dtype, qo.shape)
                         : b.reshape(apply_householder(b, f, tau, eye3(b, a.dtype(), batch, m, qc),
-                                                      true, false),
+                                                      true, false, true),
                                     qo.shape);
   return {q, b.reshape(r, ro.shape)};
 }
@@ -199,7 +208,7 @@ TPU_LOWER(linalg_householder_product, "linalg_householder_product") {
   ts.push_back(tau.shape().back());
   tau = broadcast_to(b, tau, ts);
   tau = b.reshape(tau, {vs.shape()[0], ts.back()});
-  Value q = apply_householder(b, vs, tau, eye3(b, o.dtype, vs.shape()[0], m, n), true, false);
+  Value q = apply_householder(b, vs, tau, eye3(b, o.dtype, vs.shape()[0], m, n), true, false, true);
   return {b.reshape(q, o.shape)};
 }
 
