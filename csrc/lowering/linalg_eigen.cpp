@@ -41,50 +41,79 @@ static Value masked_rows(Builder& b, const Value& mask, const Value& x) {
   return reduce_sum(b, b.select(mask, x, full_like(b, x, 0)), {2});
 }
 
-// The rotation J (B, n, n) of round `round` for the symmetric g (B, n, n): for each pair
-// (p < q) of the round, J[p,p] = J[q,q] = c, J[p,q] = s, J[q,p] = -s with t = s/c the
-// smaller root of t^2 + 2 zeta t - 1 = 0, zeta = (g_qq - g_pp) / (2 g_pq), so that
-// (J^T g J)[p,q] = 0. Pairs with g_pq^2 <= skip^2 |g_pp g_qq| are left alone.
-static Value jacobi_rotation(Builder& b, const Value& g, const Value& round, double skip) {
-  int64_t batch = g.shape()[0], n = g.shape()[1], big = n + n % 2, rounds = big - 1;
-  DType t = g.dtype();
-  // Round-robin (circle) pairing of big players: i < big-1 meets (r - i) mod (big-1),
-  // or player big-1 when that is itself. Player n (odd n) is a bye.
+// The pairs of one round of the parallel (round-robin) ordering over n indices.
+struct Round {
+  Value partner;  // (n, 1) i64: the index paired with i (i itself when i sits out)
+  Value lo;       // (B, n): i is the smaller of its pair
+  Value paired;   // (B, n)
+  Value mask;     // (B, n, n): k == partner[i]
+};
+
+// Circle method over big = n rounded up to even: i < big-1 meets (r - i) mod (big-1), or
+// big-1 when that is i itself; index n (odd n) is a bye. Any big-1 consecutive rounds
+// meet every pair once.
+static Round round_pairs(Builder& b, const Value& round, int64_t batch, int64_t n) {
+  int64_t big = n + n % 2, rounds = big - 1;
   Type vt{DType::I64, {n}};
   Value i = b.iota(vt, 0);
   Value r = b.binary("stablehlo.remainder", round, idx_const(b, rounds));
-  Value rv = b.broadcast_in_dim(r, {n}, {});
   Value rs = b.constant(static_cast<double>(rounds), DType::I64, {n});
-  Value j = b.binary("stablehlo.remainder", add(b, sub(b, rv, i), rs), rs);
+  Value j = b.binary("stablehlo.remainder", add(b, sub(b, b.broadcast_in_dim(r, {n}, {}), i), rs), rs);
   Value lastp = b.binary("stablehlo.remainder", mul(b, r, idx_const(b, big / 2)), idx_const(b, rounds));
   Value top = b.constant(static_cast<double>(big - 1), DType::I64, {n});
   Value p = b.select(b.compare(j, i, Cmp::EQ), top, j);
   p = b.select(b.compare(i, top, Cmp::EQ), b.broadcast_in_dim(lastp, {n}, {}), p);
+  Value has = b.compare(p, b.constant(static_cast<double>(n), DType::I64, {n}), Cmp::LT);
+  p = b.select(has, p, i);
   Shape sq{batch, n, n}, vec{batch, n};
-  Type st{DType::I64, sq};
-  Value col = b.iota(st, 2);
-  Value partner = b.compare(col, b.broadcast_in_dim(p, sq, {1}), Cmp::EQ);  // k == p[i]
-  Value diag = b.compare(col, b.iota(st, 1), Cmp::EQ);
-  Value paired = b.broadcast_in_dim(b.compare(p, b.constant(static_cast<double>(n), DType::I64, {n}), Cmp::LT), vec, {1});
-  Value lo = b.broadcast_in_dim(b.compare(i, p, Cmp::LT), vec, {1});
-  Value d = masked_rows(b, diag, g);
-  Value dp = masked_rows(b, partner, spread2(b, d, 2));
-  Value gpq = b.select(lo, masked_rows(b, partner, g), masked_rows(b, partner, swap_last(b, g)));
-  Value app = b.select(lo, d, dp), aqq = b.select(lo, dp, d);
+  Value mask = b.compare(b.iota(Type{DType::I64, sq}, 2), b.broadcast_in_dim(p, sq, {1}), Cmp::EQ);
+  return {b.reshape(p, {n, 1}), b.broadcast_in_dim(b.compare(i, p, Cmp::LT), vec, {1}),
+          b.broadcast_in_dim(has, vec, {1}), mask};
+}
+
+// x[..., partner] along dim 2 (columns) or 1 (rows) of x (B, r, c).
+static Value permute(Builder& b, const Value& x, const Value& partner, int64_t dim) {
+  Shape sizes = x.shape();
+  sizes[dim] = 1;
+  std::vector<int64_t> offs = dim == 2 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0, 2};
+  return b.gather(x, partner, offs, {dim}, {dim}, 1, sizes, x.shape());
+}
+
+struct Rotation {
+  Value c, ss;   // (B, n): x J = x c - x[:, partner] ss (columns); J^T x likewise on rows
+  Value active;  // (B, n): the pair is rotated
+};
+
+// Per index of a pair (p < q) with entries g_pp, g_qq, g_pq: J[p,p] = J[q,q] = c,
+// J[p,q] = s, J[q,p] = -s with t = s/c the smaller root of t^2 + 2 zeta t - 1 = 0,
+// zeta = (g_qq - g_pp) / (2 g_pq), so that (J^T g J)[p,q] = 0. `small` pairs stay.
+static Rotation rotation(Builder& b, const Round& rd, const Value& d, const Value& dp,
+                         const Value& gpq, const Value& small) {
+  Value app = b.select(rd.lo, d, dp), aqq = b.select(rd.lo, dp, d);
   Value diff = sub(b, aqq, app), zero = full_like(b, diff, 0), one = full_like(b, diff, 1);
   Value sgn = b.select(b.compare(diff, zero, Cmp::GE), one, full_like(b, diff, -1));
   Value den = add(b, b.unary("stablehlo.abs", diff),
                   b.unary("stablehlo.sqrt", add(b, mul(b, diff, diff), mul(b, full_like(b, diff, 4), mul(b, gpq, gpq)))));
-  Value small = b.compare(mul(b, gpq, gpq),
-                          mul(b, full_like(b, diff, skip * skip), b.unary("stablehlo.abs", mul(b, app, aqq))), Cmp::LE);
-  Value idle = b.binary("stablehlo.or", b.unary("stablehlo.not", paired),
-                        b.binary("stablehlo.or", small, b.compare(den, zero, Cmp::EQ)));
-  Value tt = b.select(idle, zero, div(b, mul(b, full_like(b, diff, 2), mul(b, gpq, sgn)), b.select(idle, one, den)));
+  Value active = b.binary("stablehlo.and", rd.paired,
+                          b.unary("stablehlo.not", b.binary("stablehlo.or", small, b.compare(den, zero, Cmp::EQ))));
+  Value tt = b.select(active, div(b, mul(b, full_like(b, diff, 2), mul(b, gpq, sgn)), b.select(active, den, one)), zero);
   Value c = b.unary("stablehlo.rsqrt", add(b, one, mul(b, tt, tt)));
   Value s = mul(b, tt, c);
-  Value ss = b.select(lo, s, b.unary("stablehlo.negate", s));
-  Value zsq = b.constant(0, t, sq);
-  return b.select(diag, spread2(b, c, 1), b.select(partner, spread2(b, ss, 1), zsq));
+  // x J's column i adds J[partner, i] x[:, partner]: -s for p, +s for q.
+  return {c, b.select(rd.lo, s, b.unary("stablehlo.negate", s)), active};
+}
+
+// x J (dim 2) or J^T x (dim 1) for x (B, r, n) / (B, n, c).
+static Value rotate(Builder& b, const Value& x, const Round& rd, const Rotation& rot, int64_t dim) {
+  Value c = b.broadcast_in_dim(rot.c, x.shape(), {0, dim});
+  Value ss = b.broadcast_in_dim(rot.ss, x.shape(), {0, dim});
+  return sub(b, mul(b, x, c), mul(b, permute(b, x, rd.partner, dim), ss));
+}
+
+// Whether a rotation was applied: (quiet rounds so far + 1) or 0.
+static Value next_quiet(Builder& b, const Value& quiet, const Value& active) {
+  Value any = b.reduce(active, b.constant(0, DType::Bool), {0, 1}, "stablehlo.or");
+  return b.select(any, idx_const(b, 0), add(b, quiet, idx_const(b, 1)));
 }
 
 // Per-matrix max |x| over (B, r, c), with 1 for zero matrices: (B).
@@ -114,34 +143,41 @@ static std::pair<Value, Value> sort_keys(Builder& b, const Value& keys, bool asc
 }
 
 // Eigen-decomposition of symmetric a (B, n, n): (ascending eigenvalues (B, n), vectors).
+// Pairs with |a_pq| <= eps ||A||_F stay; a rotated pair's a_pq is set to 0. Done after
+// a whole sweep of rounds without a rotation.
 static std::pair<Value, Value> jacobi_eigh(Builder& b, const Value& a) {
   int64_t batch = a.shape()[0], n = a.shape()[1], rounds = n + n % 2 - 1;
   DType t = a.dtype();
   Value scale = scale_of(b, a);
   Value x = divide_by(b, a, scale);
-  double tol = 2 * eps_of(t) * std::sqrt(static_cast<double>(n));
+  Value fro = b.unary("stablehlo.sqrt", reduce_sum(b, mul(b, x, x), {1, 2}));  // (B)
+  Value thresh = b.broadcast_in_dim(mul(b, fro, full_like(b, fro, eps_of(t))), {batch, n}, {0});
   Type st{DType::I64, {batch, n, n}};
-  Value offd = b.compare(b.iota(st, 1), b.iota(st, 2), Cmp::NE);
+  Value diag = b.compare(b.iota(st, 1), b.iota(st, 2), Cmp::EQ);
   auto out = b.while_loop(
-      {idx_const(b, 0), x, eye3(b, t, batch, n, n)},
+      {idx_const(b, 0), idx_const(b, 0), x, eye3(b, t, batch, n, n)},
       [&](Builder& bb, const std::vector<Value>& s) {
-        Value sq = mul(bb, s[1], s[1]);
-        Value off = reduce_sum(bb, bb.select(offd, sq, full_like(bb, sq, 0)), {1, 2});
-        Value all = reduce_sum(bb, sq, {1, 2});
-        Value big = bb.compare(off, mul(bb, all, full_like(bb, all, tol * tol)), Cmp::GT);
-        Value any = bb.reduce(big, bb.constant(0, DType::Bool), {0}, "stablehlo.or");
         Value more = bb.compare(s[0], idx_const(bb, kMaxSweeps * rounds), Cmp::LT);
-        return std::vector<Value>{bb.binary("stablehlo.and", any, more)};
+        return std::vector<Value>{bb.binary("stablehlo.and", more, bb.compare(s[1], idx_const(bb, rounds), Cmp::LT))};
       },
       [&](Builder& bb, const std::vector<Value>& s) {
-        Value j = jacobi_rotation(bb, s[1], s[0], 0.0);
-        Value y = bb.dot_general(j, matmul3(bb, s[1], j), {0}, {0}, {1}, {1}, t);  // J^T A J
-        return std::vector<Value>{add(bb, s[0], idx_const(bb, 1)), y, matmul3(bb, s[2], j)};
+        Round rd = round_pairs(bb, s[0], batch, n);
+        const Value& y = s[2];
+        Value d = masked_rows(bb, diag, y);
+        Value dp = masked_rows(bb, rd.mask, spread2(bb, d, 2));
+        Value gpq = bb.select(rd.lo, masked_rows(bb, rd.mask, y), masked_rows(bb, rd.mask, swap_last(bb, y)));
+        Value small = bb.compare(bb.unary("stablehlo.abs", gpq), thresh, Cmp::LE);
+        Rotation rot = rotation(bb, rd, d, dp, gpq, small);
+        Value z = rotate(bb, rotate(bb, y, rd, rot, 2), rd, rot, 1);
+        Value zero_pq = bb.binary("stablehlo.and", rd.mask, spread2(bb, rot.active, 1));
+        z = bb.select(zero_pq, full_like(bb, z, 0), z);
+        return std::vector<Value>{add(bb, s[0], idx_const(bb, 1)), next_quiet(bb, s[1], rot.active), z,
+                                  rotate(bb, s[3], rd, rot, 2)};
       });
-  Value w = masked_rows(b, b.compare(b.iota(st, 1), b.iota(st, 2), Cmp::EQ), out[1]);
+  Value w = masked_rows(b, diag, out[2]);
   w = mul(b, w, b.broadcast_in_dim(scale, w.shape(), {0}));
   auto [ws, perm] = sort_keys(b, w, true);
-  return {ws, matmul3(b, out[2], perm)};
+  return {ws, matmul3(b, out[3], perm)};
 }
 
 // Whether every element of x is finite: a bool scalar.
@@ -185,30 +221,31 @@ static Svd jacobi_svd(Builder& b, const Value& a, bool want_u, int64_t mu) {
   Value scale = scale_of(b, a);
   Value x = divide_by(b, a, scale);
   double tol = 2 * eps_of(t) * std::sqrt(static_cast<double>(m));
-  auto gram = [&](Builder& bb, const Value& y) { return bb.dot_general(y, y, {0}, {0}, {1}, {1}, t); };
-  Type st{DType::I64, {batch, n, n}};
-  Value offd = b.compare(b.iota(st, 1), b.iota(st, 2), Cmp::NE);
+  // Pairs whose columns are orthogonal to tol (relative) stay; done after a whole
+  // sweep of rounds without a rotation.
   auto out = b.while_loop(
-      {idx_const(b, 0), x, eye3(b, t, batch, n, n), gram(b, x)},
+      {idx_const(b, 0), idx_const(b, 0), x, eye3(b, t, batch, n, n)},
       [&](Builder& bb, const std::vector<Value>& s) {
-        const Value& g = s[3];
-        Value d = masked_rows(bb, bb.compare(bb.iota(st, 1), bb.iota(st, 2), Cmp::EQ), g);
-        Value dd = mul(bb, spread2(bb, d, 1), spread2(bb, d, 2));
-        Value big = bb.compare(mul(bb, g, g), mul(bb, dd, full_like(bb, dd, tol * tol)), Cmp::GT);
-        big = bb.binary("stablehlo.and", big, offd);
-        Value any = bb.reduce(big, bb.constant(0, DType::Bool), {0, 1, 2}, "stablehlo.or");
         Value more = bb.compare(s[0], idx_const(bb, kMaxSweeps * rounds), Cmp::LT);
-        return std::vector<Value>{bb.binary("stablehlo.and", any, more)};
+        return std::vector<Value>{bb.binary("stablehlo.and", more, bb.compare(s[1], idx_const(bb, rounds), Cmp::LT))};
       },
       [&](Builder& bb, const std::vector<Value>& s) {
-        Value j = jacobi_rotation(bb, s[3], s[0], tol);
-        Value y = matmul3(bb, s[1], j);
-        return std::vector<Value>{add(bb, s[0], idx_const(bb, 1)), y, matmul3(bb, s[2], j), gram(bb, y)};
+        Round rd = round_pairs(bb, s[0], batch, n);
+        const Value& y = s[2];
+        Value yp = permute(bb, y, rd.partner, 2);
+        Value d = reduce_sum(bb, mul(bb, y, y), {1}), dp = reduce_sum(bb, mul(bb, yp, yp), {1});
+        Value gpq = reduce_sum(bb, mul(bb, y, yp), {1});
+        Value small = bb.compare(mul(bb, gpq, gpq), mul(bb, full_like(bb, d, tol * tol), mul(bb, d, dp)), Cmp::LE);
+        Rotation rot = rotation(bb, rd, d, dp, gpq, small);
+        Value c = bb.broadcast_in_dim(rot.c, y.shape(), {0, 2}), ss = bb.broadcast_in_dim(rot.ss, y.shape(), {0, 2});
+        Value z = sub(bb, mul(bb, y, c), mul(bb, yp, ss));
+        return std::vector<Value>{add(bb, s[0], idx_const(bb, 1)), next_quiet(bb, s[1], rot.active), z,
+                                  rotate(bb, s[3], rd, rot, 2)};
       });
-  Value y = out[1];
+  Value y = out[2];
   Value norms = b.unary("stablehlo.sqrt", reduce_sum(b, mul(b, y, y), {1}));  // (B, n)
   auto [s, perm] = sort_keys(b, norms, false);
-  Svd r{Value{}, mul(b, s, b.broadcast_in_dim(scale, s.shape(), {0})), matmul3(b, out[2], perm)};
+  Svd r{Value{}, mul(b, s, b.broadcast_in_dim(scale, s.shape(), {0})), matmul3(b, out[3], perm)};
   if (!want_u) return r;
   Value ys = matmul3(b, y, perm);
   Value sb = b.broadcast_in_dim(s, ys.shape(), {0, 2});
@@ -218,6 +255,7 @@ static Svd jacobi_svd(Builder& b, const Value& a, bool want_u, int64_t mu) {
   auto [f, tau] = householder_qr(b, u0);
   Value q = apply_householder(b, f, tau, eye3(b, t, batch, m, mu), true, false, true);
   // sign(R_jj) for j < n (1 where R_jj is 0), 1 for the completed columns.
+  Type st{DType::I64, {batch, n, n}};
   Value rd = masked_rows(b, b.compare(b.iota(st, 1), b.iota(st, 2), Cmp::EQ),
                          b.slice(f, {0, 0, 0}, {batch, n, n}, {1, 1, 1}));
   Value sg = b.select(b.compare(rd, full_like(b, rd, 0), Cmp::LT), full_like(b, rd, -1), full_like(b, rd, 1));
