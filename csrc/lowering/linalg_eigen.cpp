@@ -1,8 +1,9 @@
 // Symmetric eigendecomposition (two-sided Jacobi) and SVD (one-sided Jacobi on the
 // columns), both with the parallel round-robin ordering: each round rotates n/2 disjoint
-// pairs at once with one rotation matrix J, so a round is a few batched dot_generals.
-// Rounds run in a while loop until the off-diagonal part is negligible (or a sweep cap).
+// pairs at once, elementwise with a gather of each index's partner (O(n^2) a round).
+// Rounds run in a while loop until a whole sweep rotates nothing (or a sweep cap).
 // Matrices are flattened to (B, m, n) and scaled to max |a| = 1 first (no overflow).
+// Results are sorted like LAPACK's (eigenvalues ascending, singular values descending).
 #include <cmath>
 
 #include "lowering/helpers.h"
