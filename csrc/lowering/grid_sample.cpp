@@ -4,6 +4,7 @@
 // a row gather from the input viewed as (N * S, C). The backward scatters grad * weight
 // to the same taps and differentiates the weights for the grid.
 #include <cmath>
+#include <functional>
 
 #include "lowering/helpers.h"
 
@@ -216,18 +217,30 @@ Value as_rows(Builder& b, const Value& x, const Sampler& s) {
   return b.reshape(b.transpose(x, perm), {s.N * s.S, s.C});
 }
 
-Value gather_rows(Builder& b, const Value& rows, const Value& idx, const Sampler& s) {
-  Value g = b.gather(rows, b.reshape(idx, {s.N * s.P, 1}), {1}, {0}, {0}, 1, {1, s.C}, {s.N * s.P, s.C});
-  return b.reshape(g, {s.N, s.P, s.C});
-}
-
-Value per_point(Builder& b, const Value& v, const Sampler& s) {  // (N, P) -> (N, P, C)
-  return b.broadcast_in_dim(v, {s.N, s.P, s.C}, {0, 1});
-}
-
 // (N, P, C) -> (N, C, out...)
 Value to_output(Builder& b, const Value& v, const Shape& out) {
   return b.reshape(b.transpose(v, {0, 2, 1}), out);
+}
+
+// Per-tap (N, P) values stacked on a leading tap dim: (T, N, P).
+Value stack(Builder& b, const std::vector<Tap>& ts, const std::function<Value(const Tap&)>& f) {
+  std::vector<Value> vs;
+  for (auto& tp : ts) {
+    Value v = f(tp);
+    vs.push_back(b.reshape(v, {1, v.shape()[0], v.shape()[1]}));
+  }
+  return vs.size() == 1 ? vs[0] : b.concatenate(vs, 0);
+}
+
+// The (T, N, P) rows of every tap read at once: (T, N, P, C).
+Value gather_taps(Builder& b, const Value& rows, const Value& idx, const Sampler& s, int64_t T) {
+  int64_t m = T * s.N * s.P;
+  Value g = b.gather(rows, b.reshape(idx, {m, 1}), {1}, {0}, {0}, 1, {1, s.C}, {m, s.C});
+  return b.reshape(g, {T, s.N, s.P, s.C});
+}
+
+Value per_tap_point(Builder& b, const Value& v, const Sampler& s) {  // (T, N, P) -> (T, N, P, C)
+  return b.broadcast_in_dim(v, {v.shape()[0], s.N, s.P, s.C}, {0, 1, 2});
 }
 
 std::vector<Value> forward(Ctx& ctx) {
@@ -239,15 +252,13 @@ std::vector<Value> forward(Ctx& ctx) {
   Sampler s = make(ctx, input, grid, 2);
   std::vector<Value> mult;
   auto ts = taps(s, grid, mult);
-  Value rows = as_rows(b, input, s);
-  Value zero = b.constant(0, t, {s.N, s.P, s.C});
-  std::optional<Value> acc;
-  for (auto& tp : ts) {
-    Value v = mul(b, gather_rows(b, rows, tp.row, s), per_point(b, tp.w, s));
-    v = b.select(per_point(b, tp.ok, s), v, zero);
-    acc = acc ? add(b, *acc, v) : v;
-  }
-  return {b.convert(to_output(b, *acc, o.shape), o.dtype)};
+  int64_t T = static_cast<int64_t>(ts.size());
+  Value idx = stack(b, ts, [](const Tap& tp) { return tp.row; });
+  Value ok = per_tap_point(b, stack(b, ts, [](const Tap& tp) { return tp.ok; }), s);
+  Value w = per_tap_point(b, stack(b, ts, [](const Tap& tp) { return tp.w; }), s);
+  Value v = mul(b, gather_taps(b, as_rows(b, input, s), idx, s, T), w);
+  v = b.select(ok, v, b.constant(0, t, v.shape()));
+  return {b.convert(to_output(b, reduce_sum(b, v, {0}), o.shape), o.dtype)};
 }
 
 // backward(grad_output, input, grid, mode, padding, align_corners, output_mask)
@@ -257,31 +268,34 @@ std::vector<Value> backward(Ctx& ctx) {
   DType t = acc_type(ctx.in(1).dtype());
   Value go = b.convert(ctx.in(0), t), input = b.convert(ctx.in(1), t), grid = b.convert(ctx.in(2), t);
   bool want_in = gi.dtype != DType::Invalid, want_grid = gg.dtype != DType::Invalid;
-  auto zeros = [&](const Type& ty) { return b.constant(0, ty.dtype == DType::Invalid ? DType::F32 : ty.dtype, ty.dtype == DType::Invalid ? Shape{} : ty.shape); };
+  auto zeros = [&](const Type& ty) {
+    return ty.dtype == DType::Invalid ? b.constant(0, DType::F32) : b.constant(0, ty.dtype, ty.shape);
+  };
   if (input.type.numel() == 0 || grid.type.numel() == 0) return {zeros(gi), zeros(gg)};
   Sampler s = make(ctx, input, grid, 3);
   std::vector<Value> mult;
   auto ts = taps(s, grid, mult);
-  // grad_output (N, C, out...) as (N, P, C).
+  int64_t T = static_cast<int64_t>(ts.size()), m = T * s.N * s.P;
+  // grad_output (N, C, out...) as (T, N, P, C).
   Value g = b.transpose(b.reshape(go, {s.N, s.C, s.P}), {0, 2, 1});
-  Value rows = as_rows(b, input, s);
-  Value zero = b.constant(0, t, {s.N, s.P, s.C});
+  g = b.broadcast_in_dim(g, {T, s.N, s.P, s.C}, {1, 2, 3});
+  Value idx = stack(b, ts, [](const Tap& tp) { return tp.row; });
+  Value ok = per_tap_point(b, stack(b, ts, [](const Tap& tp) { return tp.ok; }), s);
+  Value zero = b.constant(0, t, {T, s.N, s.P, s.C});
   auto sum = [](Builder& b, const std::vector<Value>& a) { return std::vector<Value>{add(b, a[0], a[1])}; };
   Value din = b.constant(0, t, {s.N * s.S, s.C});
+  if (want_in) {
+    Value w = per_tap_point(b, stack(b, ts, [](const Tap& tp) { return tp.w; }), s);
+    Value u = b.select(ok, mul(b, g, w), zero);
+    din = b.scatter(din, b.reshape(idx, {m, 1}), b.reshape(u, {m, s.C}), {1}, {0}, {0}, 1, sum);
+  }
   std::vector<std::optional<Value>> dsrc(s.n);
-  for (auto& tp : ts) {
-    Value ok = per_point(b, tp.ok, s);
-    if (want_in) {
-      Value u = b.select(ok, mul(b, g, per_point(b, tp.w, s)), zero);
-      din = b.scatter(din, b.reshape(tp.row, {s.N * s.P, 1}), b.reshape(u, {s.N * s.P, s.C}), {1}, {0}, {0}, 1, sum);
-    }
-    if (want_grid && s.mode != kNearest) {
-      Value gv = b.select(ok, mul(b, g, gather_rows(b, rows, tp.row, s)), zero);
-      Value gsum = reduce_sum(b, gv, {2});  // over channels: (N, P)
-      for (int64_t d = 0; d < s.n; ++d) {
-        Value c = mul(b, gsum, tp.dw[d]);
-        dsrc[d] = dsrc[d] ? add(b, *dsrc[d], c) : c;
-      }
+  if (want_grid && s.mode != kNearest) {
+    Value gv = b.select(ok, mul(b, g, gather_taps(b, as_rows(b, input, s), idx, s, T)), zero);
+    Value gsum = reduce_sum(b, gv, {3});  // over channels: (T, N, P)
+    for (int64_t d = 0; d < s.n; ++d) {
+      Value dw = stack(b, ts, [d](const Tap& tp) { return tp.dw[d]; });
+      dsrc[d] = reduce_sum(b, mul(b, gsum, dw), {0});
     }
   }
   Value in_grad = zeros(gi), grid_grad = zeros(gg);

@@ -690,10 +690,16 @@ TPU_LOWER(convolution_backward, "convolution_backward") {
     if (transposed) {
       std::vector<std::pair<int64_t, int64_t>> pads;
       for (int64_t i = 0; i < a.n; ++i) pads.push_back({a.pad[i], a.pad[i]});
-      Shape full = x.shape();
-      // Without output_padding's extra rows the plain convolution lands on x's size.
+      // The plain convolution's size, cut to x's: output_padding (which may reach the
+      // dilation) only added rows x never fed.
+      Shape full = x.shape(), one(x.rank(), 1), zero(x.rank(), 0);
+      for (int64_t i = 0; i < a.n; ++i) {
+        int64_t kd = (w.shape()[2 + i] - 1) * a.dil[i] + 1;
+        full[2 + i] = (g.shape()[2 + i] + 2 * a.pad[i] - kd) / a.stride[i] + 1;
+      }
       gi = conv(b, g, w, conv_numbers(a.n, "bf", "oi", "bf"), a.stride, pads, Shape(a.n, 1), a.dil, a.groups, 1,
                 Type{acc, full});
+      if (full != x.shape()) gi = b.slice(gi, zero, x.shape(), one);
     } else {
       gi = conv_input_grad(b, g, w, a, sp, Type{acc, x.shape()});
     }
