@@ -70,7 +70,7 @@ def test_adaptive_avg_pool_empty_batch():
     check(lambda x: F.adaptive_avg_pool3d(x, (5, 7, 4)), torch.zeros(0, 8, 8, 8, 8), grad=False)
 
 
-@pytest.mark.parametrize("out", [3, 1, (5, 2), (4, 7)])
+@pytest.mark.parametrize("out", [3, (5, 2)])
 def test_adaptive_max_pool2d(out):
     x = randn(2, 3, 7, 9)
     x[0, 0, 1, 1] = x[0, 0, 1, 2] = 5.0  # a tie: CPU's index is the first
@@ -105,12 +105,9 @@ def test_pdist_few_rows():
 # ---- upsample.cpp
 
 @pytest.mark.parametrize("kw", [
-    dict(size=(7, 5), mode="bilinear", align_corners=False),
     dict(scale_factor=1.7, mode="bilinear", align_corners=True),
-    dict(size=(3, 4), mode="bicubic", align_corners=False),
-    dict(scale_factor=2, mode="bicubic", align_corners=True),
+    dict(size=(3, 7), mode="bicubic", align_corners=False),
     dict(size=(7, 5), mode="nearest"),
-    dict(scale_factor=2, mode="nearest"),
     dict(size=(3, 7), mode="nearest-exact"),
     dict(size=(3, 7), mode="bilinear", antialias=True),
     dict(size=(9, 4), mode="bicubic", antialias=True, align_corners=True),
@@ -119,8 +116,8 @@ def test_interpolate_2d(kw):
     check(lambda x: F.interpolate(x, **kw), randn(2, 3, 6, 5))
 
 
-@pytest.mark.parametrize("kw", [dict(size=7, mode="linear"), dict(scale_factor=0.6, mode="linear", align_corners=True),
-                                dict(size=11, mode="nearest"), dict(size=4, mode="nearest-exact")])
+@pytest.mark.parametrize("kw", [dict(scale_factor=0.6, mode="linear", align_corners=True),
+                                dict(scale_factor=2, mode="nearest")])
 def test_interpolate_1d(kw):
     check(lambda x: F.interpolate(x, **kw), randn(2, 3, 6))
 
@@ -133,8 +130,7 @@ def test_interpolate_3d():
 # ---- grid_sample.cpp
 
 @pytest.mark.parametrize("mode,pad,align", [
-    ("bilinear", "zeros", False), ("bilinear", "border", True), ("bilinear", "reflection", False),
-    ("bilinear", "reflection", True), ("nearest", "zeros", False), ("nearest", "reflection", True),
+    ("bilinear", "border", True), ("bilinear", "reflection", False), ("nearest", "reflection", True),
     ("bicubic", "zeros", False), ("bicubic", "border", True), ("bicubic", "reflection", False),
 ])
 def test_grid_sample_2d(mode, pad, align):
@@ -153,9 +149,8 @@ def test_grid_sample_3d(mode, pad):
 # ---- padding.cpp
 
 @pytest.mark.parametrize("mode,pad,shape", [
-    ("reflect", (2, 3), (2, 3, 6)), ("replicate", (2, 3), (2, 3, 6)), ("replicate", (1, 2, 3, 0), (2, 3, 4, 5)),
-    ("reflect", (1, 2, 2, 1), (1, 2, 4, 5)), ("replicate", (-1, 2), (2, 3, 6)),
-    ("replicate", (1, 1, 2, 0, 1, 1), (1, 2, 3, 4, 3)),
+    ("reflect", (2, 3), (2, 3, 6)), ("replicate", (1, 2, 3, 0), (2, 3, 4, 5)),
+    ("replicate", (-1, 2), (2, 3, 6)), ("reflect", (1, 1, 2, 0, 1, 1), (1, 2, 3, 4, 3)),
 ])
 def test_pad_backward(mode, pad, shape):
     check(lambda x: F.pad(x, pad, mode=mode), randn(*shape))
@@ -216,8 +211,7 @@ def test_conv_transpose_backward(n, kw):
 
 # ---- embedding_bag.cpp
 
-@pytest.mark.parametrize("mode,psw,pad", [("sum", False, None), ("mean", False, 2), ("max", False, None),
-                                          ("sum", True, 1)])
+@pytest.mark.parametrize("mode,psw,pad", [("mean", False, 2), ("max", False, None), ("sum", True, 1)])
 def test_embedding_bag_backward(mode, psw, pad):
     w = randn(10, 3)
     idx, off = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 3, 3, 6])
