@@ -190,6 +190,9 @@ std::vector<Tap> taps(const Sampler& s, const Value& grid, std::vector<Value>& m
 }
 
 Sampler make(Ctx& ctx, const Value& input, const Value& grid, int first) {
+  // CPU computes the coordinates of f16/bf16 grids in that precision, which moves taps.
+  DType in_t = ctx.in(first - 2).dtype();
+  if (in_t == DType::F16 || in_t == DType::BF16) throw Unsupported("grid_sampler in low precision");
   Sampler s{ctx.b, input.rank() - 2, input.shape()[0], input.shape()[1], 1};
   for (int64_t d = 0; d < s.n; ++d) s.P *= grid.shape()[1 + d];
   int64_t r = input.rank(), st = 1;
