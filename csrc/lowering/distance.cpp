@@ -132,7 +132,8 @@ TPU_LOWER(pdist_forward, "_pdist_forward") {
   double p = ctx.f(1);
   check_p(p);
   Value x = b.convert(ctx.in(0), acc_type(o.dtype));
-  if (x.rank() != 2 || x.shape()[0] < 2) throw Unsupported("pdist of fewer than two rows");
+  if (x.rank() != 2) throw Unsupported("pdist of a non-matrix");
+  if (x.shape()[0] < 2) return {b.constant(0, o.dtype, o.shape)};  // no pairs: empty
   auto [i, j] = pairs(b, x.shape()[0]);
   return {b.convert(pnorm(b, sub(b, rows(b, x, i), rows(b, x, j)), p, 1), o.dtype)};
 }
@@ -146,7 +147,8 @@ TPU_LOWER(pdist_backward, "_pdist_backward") {
   check_p(p);
   DType t = acc_type(o.dtype);
   Value g = b.convert(ctx.in(0), t), x = b.convert(ctx.in(1), t), dist = b.convert(ctx.in(3), t);
-  if (x.rank() != 2 || x.shape()[0] < 2) throw Unsupported("pdist of fewer than two rows");
+  if (x.rank() != 2) throw Unsupported("pdist of a non-matrix");
+  if (x.shape()[0] < 2 || x.shape()[1] == 0) return {b.constant(0, o.dtype, o.shape)};
   auto [i, j] = pairs(b, x.shape()[0]);
   Value d = sub(b, rows(b, x, i), rows(b, x, j));
   const Shape& ks = d.shape();

@@ -86,3 +86,87 @@ TPU_LOWER(embedding_bag, "_embedding_bag", "_embedding_bag_forward_only") {
 }
 
 }  // namespace tpu::lowering
+
+namespace tpu::lowering {
+
+// Dense weight gradient: sum / mean add each bag's grad (times the sample weight, over the
+// bag size for mean) into the rows its indices name, padding_idx excluded; max adds it at
+// the index that won each (bag, column).
+static std::vector<Value> embedding_bag_grad(Ctx& ctx, int g_i, int idx_i, int o2b_i, int size_i, int max_i,
+                                             int num_i, int freq_i, int mode_i, int psw_i, int pad_i) {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  DType acc = acc_type(o.dtype);
+  Value g = b.convert(ctx.in(g_i), acc);
+  Value idx = b.convert(ctx.in(idx_i), DType::I64);
+  const int64_t mode = ctx.i(mode_i), pad = ctx.i_or(pad_i, -1), v = ctx.i(num_i);
+  if (ctx.flag(freq_i)) throw Unsupported("embedding_bag backward: scale_grad_by_freq");
+  if (g.rank() != 2 || idx.rank() != 1 || o.shape != Shape{v, g.shape()[1]}) throw Unsupported("embedding_bag backward: shapes");
+  const int64_t n = idx.type.numel(), nb = g.shape()[0], d = g.shape()[1];
+  auto sum = [](Builder& b, const std::vector<Value>& a) { return std::vector<Value>{add(b, a[0], a[1])}; };
+  Value zero = b.constant(0, acc, {v, d});
+  if (n == 0 || nb == 0 || d == 0) return {b.convert(zero, o.dtype)};
+  if (mode == 2) {
+    Value mi = b.convert(ctx.in(max_i), DType::I64);
+    if (mi.shape() != Shape{nb, d}) throw Unsupported("embedding_bag backward: max_indices");
+    Value ok = b.compare(mi, b.constant(0, DType::I64, {nb, d}), Cmp::GE);
+    Value u = b.select(ok, g, b.constant(0, acc, {nb, d}));
+    Value row = b.reshape(b.select(ok, mi, b.constant(0, DType::I64, {nb, d})), {nb, d, 1});
+    Value col = b.iota(Type{DType::I64, {nb, d, 1}}, 1);
+    return {b.convert(b.scatter(zero, b.concatenate({row, col}, 2), u, {}, {0, 1}, {0, 1}, 2, sum), o.dtype)};
+  }
+  if (mode != 0 && mode != 1) throw Unsupported("embedding_bag backward: mode");
+  Value o2b = b.convert(ctx.in(o2b_i), DType::I64);
+  if (o2b.type.numel() != n) throw Unsupported("embedding_bag backward: offset2bag");
+  o2b = b.reshape(o2b, {n});
+  Value rows = b.gather(g, b.reshape(o2b, {n, 1}), {1}, {0}, {0}, 1, {1, d}, {n, d});
+  Value scale = b.constant(1, acc, {n});
+  if (!ctx.is_none(psw_i)) scale = b.convert(ctx.in(psw_i), acc);
+  if (mode == 1) {
+    Value bs = b.convert(ctx.in(size_i), acc);
+    Value per = b.gather(bs, b.reshape(o2b, {n, 1}), {}, {0}, {0}, 1, {1}, {n});
+    scale = div(b, scale, per);
+  }
+  Value keep = b.constant(1, DType::Bool, {n});
+  if (pad >= 0) keep = b.compare(idx, b.constant(static_cast<double>(pad), DType::I64, {n}), Cmp::NE);
+  scale = b.select(keep, scale, b.constant(0, acc, {n}));
+  Value u = mul(b, rows, b.broadcast_in_dim(scale, {n, d}, {0}));
+  u = b.select(b.broadcast_in_dim(keep, {n, d}, {0}), u, b.constant(0, acc, {n, d}));
+  Value out = b.scatter(zero, b.reshape(idx, {n, 1}), u, {1}, {0}, {0}, 1, sum);
+  return {b.convert(out, o.dtype)};
+}
+
+// (grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+//  scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)
+TPU_LOWER(embedding_bag_backward, "_embedding_bag_backward") {
+  if (ctx.flag(9)) throw Unsupported("embedding_bag backward: sparse");
+  return embedding_bag_grad(ctx, 0, 1, 3, 4, 5, 6, 7, 8, 10, 11);
+}
+
+// (grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq,
+//  mode, per_sample_weights, padding_idx)
+TPU_LOWER(embedding_bag_dense_backward, "_embedding_bag_dense_backward") {
+  return embedding_bag_grad(ctx, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9);
+}
+
+// d loss / d per_sample_weights[i] = <grad[bag(i)], weight[indices[i]]> (sum mode only).
+TPU_LOWER(embedding_bag_psw_backward, "_embedding_bag_per_sample_weights_backward") {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  DType acc = acc_type(o.dtype);
+  if (ctx.i(5) != 0) throw Unsupported("per_sample_weights backward: only mode sum");
+  Value g = b.convert(ctx.in(0), acc), w = b.convert(ctx.in(1), acc);
+  Value idx = b.convert(ctx.in(2), DType::I64), o2b = b.convert(ctx.in(4), DType::I64);
+  int64_t pad = ctx.i_or(6, -1), n = idx.type.numel(), d = w.shape()[1];
+  if (n == 0) return {b.constant(0, o.dtype, o.shape)};
+  if (o2b.type.numel() != n || idx.rank() != 1) throw Unsupported("per_sample_weights backward: offset2bag");
+  Value gr = b.gather(g, b.reshape(o2b, {n, 1}), {1}, {0}, {0}, 1, {1, d}, {n, d});
+  Value wr = b.gather(w, b.reshape(idx, {n, 1}), {1}, {0}, {0}, 1, {1, d}, {n, d});
+  Value r = reduce_sum(b, mul(b, gr, wr), {1});
+  if (pad >= 0)
+    r = b.select(b.compare(idx, b.constant(static_cast<double>(pad), DType::I64, {n}), Cmp::NE), r,
+                 b.constant(0, acc, {n}));
+  return {b.convert(b.reshape(r, o.shape), o.dtype)};
+}
+
+}  // namespace tpu::lowering

@@ -660,12 +660,25 @@ TPU_LOWER(convolution, "convolution") {
   return {b.convert(y, out.dtype)};
 }
 
-// Plain (not transposed) convolutions: grad_input as above; grad_weight is the
-// input correlated with the grad, batch taking the role of features and the
-// groups split over the batch (batch_group_count); grad_bias sums the grad.
+// Gradient of a plain convolution's weight: the input correlated with the grad, batch
+// taking the role of features and the groups split over the batch (batch_group_count).
+static Value conv_weight_grad(Builder& b, const Value& x, const Value& g, const ConvArgs& a, const Type& out) {
+  std::vector<std::pair<int64_t, int64_t>> pads;
+  for (int64_t i = 0; i < a.n; ++i) {
+    int64_t kd = (out.shape[2 + i] - 1) * a.dil[i] + 1;
+    int64_t od = (g.shape()[2 + i] - 1) * a.stride[i] + 1;
+    pads.push_back({a.pad[i], od - x.shape()[2 + i] + kd - a.pad[i] - 1});
+  }
+  return conv(b, x, g, conv_numbers(a.n, "fb", "io", "fb"), a.dil, pads, Shape(a.n, 1), a.stride, 1, a.groups, out);
+}
+
+// Plain convolutions: grad_input as above, grad_weight by conv_weight_grad. A transposed
+// convolution is the adjoint of the plain one (in its input), so its grad_input is the
+// plain convolution of the grad and its grad_weight the plain weight gradient with the
+// roles of input and grad swapped. grad_bias sums the grad.
 TPU_LOWER(convolution_backward, "convolution_backward") {
   Builder& b = ctx.b;
-  if (ctx.flag(7)) throw Unsupported("convolution_backward of a transposed convolution");
+  bool transposed = ctx.flag(7);
   Value g = ctx.in(0), x = ctx.in(1), w = ctx.in(2);
   DType acc = acc_type(g.dtype());
   x = b.convert(x, g.dtype()), w = b.convert(w, g.dtype());
@@ -673,20 +686,30 @@ TPU_LOWER(convolution_backward, "convolution_backward") {
   std::vector<Value> outs;
   if (wanted(ctx, 0)) {
     Shape sp(x.shape().begin() + 2, x.shape().end());
-    outs.push_back(as_out(ctx, conv_input_grad(b, g, w, a, sp, Type{acc, x.shape()}), 0));
+    Value gi;
+    if (transposed) {
+      std::vector<std::pair<int64_t, int64_t>> pads;
+      for (int64_t i = 0; i < a.n; ++i) pads.push_back({a.pad[i], a.pad[i]});
+      // The plain convolution's size, cut to x's: output_padding (which may reach the
+      // dilation) only added rows x never fed.
+      Shape full = x.shape(), one(x.rank(), 1), zero(x.rank(), 0);
+      for (int64_t i = 0; i < a.n; ++i) {
+        int64_t kd = (w.shape()[2 + i] - 1) * a.dil[i] + 1;
+        full[2 + i] = (g.shape()[2 + i] + 2 * a.pad[i] - kd) / a.stride[i] + 1;
+      }
+      gi = conv(b, g, w, conv_numbers(a.n, "bf", "oi", "bf"), a.stride, pads, Shape(a.n, 1), a.dil, a.groups, 1,
+                Type{acc, full});
+      if (full != x.shape()) gi = b.slice(gi, zero, x.shape(), one);
+    } else {
+      gi = conv_input_grad(b, g, w, a, sp, Type{acc, x.shape()});
+    }
+    outs.push_back(as_out(ctx, gi, 0));
   } else {
     outs.push_back(placeholder(ctx));
   }
   if (wanted(ctx, 1)) {
-    std::vector<std::pair<int64_t, int64_t>> pads;
-    for (int64_t i = 0; i < a.n; ++i) {
-      int64_t kd = (w.shape()[2 + i] - 1) * a.dil[i] + 1;
-      int64_t od = (g.shape()[2 + i] - 1) * a.stride[i] + 1;
-      pads.push_back({a.pad[i], od - x.shape()[2 + i] + kd - a.pad[i] - 1});
-    }
-    Value dw = conv(b, x, g, conv_numbers(a.n, "fb", "io", "fb"), a.dil, pads, Shape(a.n, 1),
-                    a.stride, 1, a.groups, Type{acc, w.shape()});
-    outs.push_back(as_out(ctx, dw, 1));
+    Type wt{acc, w.shape()};
+    outs.push_back(as_out(ctx, transposed ? conv_weight_grad(b, g, x, a, wt) : conv_weight_grad(b, x, g, a, wt), 1));
   } else {
     outs.push_back(placeholder(ctx));
   }

@@ -41,18 +41,23 @@ static Value adaptive_apply(Builder& b, Value x, const Shape& in, const Shape& o
 }
 
 static Shape tail(const Shape& s, int64_t k) { return Shape(s.end() - k, s.end()); }
+static std::vector<int64_t> range_from(int64_t from, size_t to) {
+  std::vector<int64_t> v;
+  for (int64_t i = from; i < static_cast<int64_t>(to); ++i) v.push_back(i);
+  return v;
+}
 
 static std::vector<Value> adaptive_avg(Ctx& ctx, int64_t k) {
   Builder& b = ctx.b;
   Value x = b.convert(ctx.in(0), acc_type(ctx.in(0).dtype()));
-  if (x.type.numel() == 0) throw Unsupported("empty adaptive pool");
+  if (x.type.numel() == 0) return {b.constant(0, ctx.out(0).dtype, ctx.out(0).shape)};  // empty batch
   return {as_out(ctx, adaptive_apply(b, x, tail(x.shape(), k), tail(ctx.out(0).shape, k), true))};
 }
 
 static std::vector<Value> adaptive_avg_backward(Ctx& ctx, int64_t k) {
   Builder& b = ctx.b;
   Value g = b.convert(ctx.in(0), acc_type(ctx.in(0).dtype()));
-  if (g.type.numel() == 0) throw Unsupported("empty adaptive pool");
+  if (g.type.numel() == 0 || ctx.out(0).numel() == 0) return {b.constant(0, ctx.out(0).dtype, ctx.out(0).shape)};
   return {as_out(ctx, adaptive_apply(b, g, tail(ctx.out(0).shape, k), tail(g.shape(), k), false))};
 }
 
@@ -149,5 +154,134 @@ TPU_LOWER(avg_pool3d_backward, "avg_pool3d_backward") {
   for (int64_t i = 0; i < n; ++i) start[r - n + i] = w.p[i], limit[r - n + i] = w.p[i] + w.in[i];
   return {as_out(ctx, b.slice(*acc, start, limit, one))};
 }
+
+// ---- adaptive max pooling ----
+// Bin o of a dim covers [floor(o * in / out), ceil((o + 1) * in / out)). Every bin is read
+// through K = the longest bin's taps (short bins repeat their last element, which changes
+// no maximum), so the windows are one gather per dim.
+
+struct Bins {
+  int64_t k = 1;
+  std::vector<int64_t> idx;  // out * k
+};
+
+static Bins bins(int64_t in, int64_t out) {
+  Bins r;
+  auto lo = [&](int64_t o) { return o * in / out; };
+  auto hi = [&](int64_t o) { return ((o + 1) * in + out - 1) / out; };
+  for (int64_t o = 0; o < out; ++o) r.k = std::max(r.k, hi(o) - lo(o));
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t j = 0; j < r.k; ++j) r.idx.push_back(std::min(lo(o) + j, hi(o) - 1));
+  return r;
+}
+
+static Value i64_table(Builder& b, const std::vector<int64_t>& v, const Shape& shape) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  int64_t n = static_cast<int64_t>(v.size());
+  Value c = b.raw("stablehlo.constant", {}, "value = dense<[" + s + "]> : tensor<" + std::to_string(n) + "xi64>",
+                  Type{DType::I64, {n}});
+  return b.reshape(c, shape);
+}
+
+// x (R, S1..Sk) with dim 1 + j replaced by its bins' taps (out_j * K_j).
+static Value gather_bins(Builder& b, const Value& x, int64_t dim, const Bins& bn, int64_t out) {
+  Shape s = x.shape();
+  int64_t m = out * bn.k;
+  Shape slice = s;
+  slice[dim] = 1;
+  Shape res = s;
+  res[dim] = m;
+  std::vector<int64_t> offs;
+  for (int64_t i = 0; i < x.rank(); ++i)
+    if (i != dim) offs.push_back(i);
+  // Output dims: the index dim lands where `dim` was (offset dims fill the others).
+  return b.gather(x, i64_table(b, bn.idx, {m, 1}), offs, {dim}, {dim}, 1, slice, res);
+}
+
+static std::vector<Value> adaptive_max(Ctx& ctx, int64_t k) {
+  Builder& b = ctx.b;
+  Value x = ctx.in(0);
+  Type o = ctx.out(0);
+  if (x.type.numel() == 0 || o.numel() == 0)
+    return {b.constant(0, o.dtype, o.shape), b.constant(0, ctx.out(1).dtype, ctx.out(1).shape)};
+  Shape in = tail(x.shape(), k), out = tail(o.shape, k);
+  int64_t rows = x.type.numel() / Type{x.dtype(), in}.numel();
+  Shape rs{rows};
+  rs.insert(rs.end(), in.begin(), in.end());
+  Value v = b.reshape(x, rs);
+  // Taps laid out (R, o1, K1, ..., ok, Kk); the flat input index of each tap alongside.
+  Shape split{rows}, iota_shape;
+  std::vector<Bins> bs;
+  for (int64_t j = 0; j < k; ++j) {
+    bs.push_back(bins(in[j], out[j]));
+    v = gather_bins(b, v, 1 + j, bs[j], out[j]);
+    split.push_back(out[j]), split.push_back(bs[j].k);
+    iota_shape.push_back(out[j]), iota_shape.push_back(bs[j].k);
+  }
+  Value flat = b.constant(0, DType::I64, iota_shape);
+  int64_t stride = 1;
+  for (int64_t j = k - 1; j >= 0; --j) {
+    Value t = b.broadcast_in_dim(i64_table(b, bs[j].idx, {out[j], bs[j].k}), iota_shape, {2 * j, 2 * j + 1});
+    flat = add(b, flat, mul(b, t, b.constant(static_cast<double>(stride), DType::I64, iota_shape)));
+    stride *= in[j];
+  }
+  // (R, o.., K..) with the taps flattened last.
+  std::vector<int64_t> perm{0};
+  int64_t kprod = 1;
+  for (int64_t j = 0; j < k; ++j) perm.push_back(1 + 2 * j);
+  for (int64_t j = 0; j < k; ++j) perm.push_back(2 + 2 * j), kprod *= bs[j].k;
+  Shape red{rows};
+  red.insert(red.end(), out.begin(), out.end());
+  red.push_back(kprod);
+  v = b.reshape(b.transpose(b.reshape(v, split), perm), red);
+  std::vector<int64_t> iperm;
+  for (int64_t q = 1; q < static_cast<int64_t>(perm.size()); ++q) iperm.push_back(perm[q] - 1);
+  Shape ired(red.begin() + 1, red.end());
+  Value fi = b.broadcast_in_dim(b.reshape(b.transpose(flat, iperm), ired), red, range_from(1, red.size()));
+  bool fp = is_float(x.dtype());
+  // CPU scans the window in order, taking a value when it is greater or NaN: the last NaN
+  // wins, else the first maximum.
+  auto combine = [&](Builder& b, const std::vector<Value>& a) {
+    const Value &va = a[0], &ia = a[1], &vb = a[2], &ib = a[3];
+    Value wins = b.binary("stablehlo.or", b.compare(va, vb, Cmp::GT),
+                          b.binary("stablehlo.and", b.compare(va, vb, Cmp::EQ), b.compare(ia, ib, Cmp::LT)));
+    if (fp) {
+      Value na = b.compare(va, va, Cmp::NE), nb = b.compare(vb, vb, Cmp::NE);
+      Value both = b.binary("stablehlo.and", na, nb);
+      wins = b.select(both, b.compare(ia, ib, Cmp::GT),
+                      b.select(na, b.constant(1, DType::Bool), b.select(nb, b.constant(0, DType::Bool), wins)));
+    }
+    return std::vector<Value>{b.select(wins, va, vb), b.select(wins, ia, ib)};
+  };
+  int64_t last = static_cast<int64_t>(red.size()) - 1;
+  auto r = b.reduce({v, fi}, {b.constant(lowest(x.dtype()), x.dtype()), b.constant(9.2e18, DType::I64)}, {last},
+                    combine);
+  return {b.reshape(r[0], o.shape), b.convert(b.reshape(r[1], ctx.out(1).shape), ctx.out(1).dtype)};
+}
+
+TPU_LOWER(adaptive_max_pool2d, "adaptive_max_pool2d") { return adaptive_max(ctx, 2); }
+TPU_LOWER(adaptive_max_pool3d, "adaptive_max_pool3d") { return adaptive_max(ctx, 3); }
+
+// Max pool backwards: each output's grad added at the flat input position its index names.
+static std::vector<Value> max_scatter(Ctx& ctx, int64_t k, int idx_arg) {
+  Builder& b = ctx.b;
+  Value g = ctx.in(0), self = ctx.in(1), idx = b.convert(ctx.in(idx_arg), DType::I64);
+  Type o = ctx.out(0);
+  DType t = acc_type(g.dtype());
+  int64_t sp = Type{t, tail(self.shape(), k)}.numel(), osp = Type{t, tail(g.shape(), k)}.numel();
+  if (self.type.numel() == 0 || g.type.numel() == 0) return {b.constant(0, o.dtype, o.shape)};
+  int64_t rows = self.type.numel() / sp;
+  Value gf = b.reshape(b.convert(g, t), {rows, osp});
+  Value ix = b.reshape(idx, {rows, osp, 1});
+  Value row = b.iota(Type{DType::I64, {rows, osp, 1}}, 0);
+  auto sum = [](Builder& b, const std::vector<Value>& a) { return std::vector<Value>{add(b, a[0], a[1])}; };
+  Value out = b.scatter(b.constant(0, t, {rows, sp}), b.concatenate({row, ix}, 2), gf, {}, {0, 1}, {0, 1}, 2, sum);
+  return {b.convert(b.reshape(out, o.shape), o.dtype)};
+}
+
+TPU_LOWER(adaptive_max_pool2d_bw, "adaptive_max_pool2d_backward") { return max_scatter(ctx, 2, 2); }
+TPU_LOWER(adaptive_max_pool3d_bw, "adaptive_max_pool3d_backward") { return max_scatter(ctx, 3, 2); }
+TPU_LOWER(max_pool3d_with_indices_bw, "max_pool3d_with_indices_backward") { return max_scatter(ctx, 3, 7); }
 
 }  // namespace tpu::lowering

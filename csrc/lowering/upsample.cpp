@@ -1,0 +1,264 @@
+// Upsampling backwards (nearest, nearest-exact, linear, bicubic) and the antialiased
+// bilinear/bicubic resize, forward and backward. Every mode is separable: along one dim,
+// output o reads taps idx[o][k] with weights w[o][k]. The tap tables depend on shapes and
+// scales only, so they are computed here (in float, with PyTorch's CPU formulas, so the
+// chosen indices are the same) and embedded as constants. Forward: gather + weighted sum
+// per dim (last dim first, as CPU); backward: the adjoint, a scatter-add per dim.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include "lowering/helpers.h"
+
+namespace tpu::lowering {
+
+namespace {
+
+using Scale = std::optional<double>;
+
+struct Taps {
+  int64_t k = 1;
+  std::vector<int64_t> idx;  // out * k
+  std::vector<float> w;      // out * k
+};
+
+enum class Mode { Nearest, NearestExact, Linear, Cubic, LinearAA, CubicAA };
+
+// PyTorch's area_pixel_compute_scale in float.
+float pixel_scale(int64_t in, int64_t out, bool align, Scale s) {
+  if (align) return out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.f;
+  if (s && *s > 0) return static_cast<float>(1.0 / *s);
+  return static_cast<float>(in) / static_cast<float>(out);
+}
+
+float source_index(float scale, int64_t o, bool align, bool cubic) {
+  if (align) return scale * static_cast<float>(o);
+  float src = scale * (static_cast<float>(o) + 0.5f) - 0.5f;
+  return (!cubic && src < 0) ? 0.f : src;
+}
+
+float cubic1(float x, float a) { return ((a + 2) * x - (a + 3)) * x * x + 1; }
+float cubic2(float x, float a) { return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a; }
+
+float aa_filter(float x, bool cubic) {
+  x = std::fabs(x);
+  if (!cubic) return x < 1.f ? 1.f - x : 0.f;
+  const float a = -0.5f;
+  if (x < 1.f) return cubic1(x, a);
+  if (x < 2.f) return cubic2(x, a);
+  return 0.f;
+}
+
+Taps make_taps(Mode m, int64_t in, int64_t out, bool align, Scale s) {
+  Taps t;
+  auto push = [&t](int64_t i, float w) { t.idx.push_back(i), t.w.push_back(w); };
+  if (m == Mode::Nearest || m == Mode::NearestExact) {
+    float sc = (s && *s > 0) ? static_cast<float>(1.0 / *s) : static_cast<float>(in) / static_cast<float>(out);
+    for (int64_t o = 0; o < out; ++o) {
+      int64_t i;
+      if (m == Mode::NearestExact) {
+        i = static_cast<int64_t>(std::floor(static_cast<float>((o + 0.5) * sc)));
+      } else if (out == in) {
+        i = o;
+      } else if (out == 2 * in) {
+        i = o >> 1;
+      } else {
+        i = static_cast<int64_t>(std::floor(static_cast<float>(o) * sc));
+      }
+      push(std::min(i, in - 1), 1.f);
+    }
+    return t;
+  }
+  float sc = pixel_scale(in, out, align, s);
+  if (m == Mode::Linear) {
+    t.k = 2;
+    for (int64_t o = 0; o < out; ++o) {
+      if (out == in) {
+        push(o, 1.f), push(o, 0.f);
+        continue;
+      }
+      float real = source_index(sc, o, align, false);
+      int64_t i0 = std::min(static_cast<int64_t>(std::floor(real)), in - 1);
+      float l1 = std::min(std::max(real - static_cast<float>(i0), 0.f), 1.f);
+      push(i0, 1.f - l1), push(i0 + (i0 < in - 1 ? 1 : 0), l1);
+    }
+    return t;
+  }
+  if (m == Mode::Cubic) {
+    t.k = 4;
+    const float a = -0.75f;
+    for (int64_t o = 0; o < out; ++o) {
+      float real = source_index(sc, o, align, true);
+      int64_t i0 = std::min(static_cast<int64_t>(std::floor(real)), in - 1);
+      float l = std::min(std::max(real - static_cast<float>(i0), 0.f), 1.f);
+      float c[4] = {cubic2(l + 1.f, a), cubic1(l, a), cubic1(1.f - l, a), cubic2(2.f - l, a)};
+      for (int64_t j = 0; j < 4; ++j) push(std::max<int64_t>(std::min(i0 - 1 + j, in - 1), 0), c[j]);
+    }
+    return t;
+  }
+  // Antialiased: a filter stretched by the scale when downsampling, normalized per output.
+  bool cubic = m == Mode::CubicAA;
+  float interp = cubic ? 4.f : 2.f;
+  float support = sc >= 1.f ? static_cast<float>((interp * 0.5) * sc) : interp * 0.5f;
+  t.k = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
+  // The mixed float/double steps follow CPU's, so the window bounds agree exactly.
+  float inv = sc >= 1.f ? static_cast<float>(1.0 / sc) : 1.f;
+  for (int64_t o = 0; o < out; ++o) {
+    float center = static_cast<float>(static_cast<double>(sc) * (static_cast<double>(o) + 0.5));
+    int64_t lo = std::max<int64_t>(static_cast<int64_t>(static_cast<double>(center - support) + 0.5), 0);
+    int64_t n = std::min<int64_t>(static_cast<int64_t>(static_cast<double>(center + support) + 0.5), in) - lo;
+    n = std::clamp<int64_t>(n, 0, t.k);
+    std::vector<float> w(t.k, 0.f);
+    float total = 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      double arg = (static_cast<double>(static_cast<float>(j + lo) - center) + 0.5) * static_cast<double>(inv);
+      w[j] = aa_filter(static_cast<float>(arg), cubic);
+      total += w[j];
+    }
+    if (total != 0.f)
+      for (int64_t j = 0; j < n; ++j) w[j] /= total;
+    for (int64_t j = 0; j < t.k; ++j) push(std::min(lo + j, in - 1), j < n ? w[j] : 0.f);
+  }
+  return t;
+}
+
+Value const_i64(Builder& b, const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  int64_t n = static_cast<int64_t>(v.size());
+  return b.raw("stablehlo.constant", {}, "value = dense<[" + s + "]> : tensor<" + std::to_string(n) + "xi64>",
+               Type{DType::I64, {n}});
+}
+
+Value const_f32(Builder& b, const std::vector<float>& v) {
+  std::string s;
+  char buf[32];
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%.9e", static_cast<double>(v[i]));
+    s += (i ? ", " : "") + std::string(buf);
+  }
+  int64_t n = static_cast<int64_t>(v.size());
+  return b.raw("stablehlo.constant", {}, "value = dense<[" + s + "]> : tensor<" + std::to_string(n) + "xf32>",
+               Type{DType::F32, {n}});
+}
+
+// x with dim d moved to the front and the rest flattened: (n, R), plus how to undo it.
+struct Front {
+  std::vector<int64_t> perm, inv;
+  Shape moved;  // shape after the transpose
+};
+
+Front front(const Shape& s, int64_t d) {
+  Front f;
+  f.perm.push_back(d);
+  for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i)
+    if (i != d) f.perm.push_back(i);
+  f.inv.assign(s.size(), 0);
+  for (size_t i = 0; i < f.perm.size(); ++i) f.inv[f.perm[i]] = static_cast<int64_t>(i), f.moved.push_back(s[f.perm[i]]);
+  return f;
+}
+
+// Along dim d: out[o] = sum_k w[o][k] * x[idx[o][k]]   (in -> out).
+Value apply_fwd(Builder& b, const Value& x, int64_t d, const Taps& t, int64_t out) {
+  Front f = front(x.shape(), d);
+  int64_t n = f.moved[0], rest = n ? x.type.numel() / n : 0, m = out * t.k;
+  Value xf = b.reshape(b.transpose(x, f.perm), {n, rest});
+  Value idx = b.reshape(const_i64(b, t.idx), {m, 1});
+  Value g = b.gather(xf, idx, {1}, {0}, {0}, 1, {1, rest}, {m, rest});
+  Value y = g;
+  if (t.k > 1) {
+    Value w = b.convert(b.broadcast_in_dim(b.reshape(const_f32(b, t.w), {out, t.k}), {out, t.k, rest}, {0, 1}), x.dtype());
+    y = reduce_sum(b, mul(b, b.reshape(g, {out, t.k, rest}), w), {1});
+  }
+  Shape moved = f.moved;
+  moved[0] = out;
+  return b.transpose(b.reshape(y, moved), f.inv);
+}
+
+// The adjoint: grad_in[idx[o][k]] += w[o][k] * grad_out[o]   (out -> in).
+Value apply_bwd(Builder& b, const Value& g, int64_t d, const Taps& t, int64_t in) {
+  Front f = front(g.shape(), d);
+  int64_t out = f.moved[0], rest = out ? g.type.numel() / out : 0, m = out * t.k;
+  Value gf = b.reshape(b.transpose(g, f.perm), {out, rest});
+  Value u = b.broadcast_in_dim(gf, {out, t.k, rest}, {0, 2});
+  Value w = b.convert(b.broadcast_in_dim(b.reshape(const_f32(b, t.w), {out, t.k}), {out, t.k, rest}, {0, 1}), g.dtype());
+  u = b.reshape(mul(b, u, w), {m, rest});
+  Value idx = b.reshape(const_i64(b, t.idx), {m, 1});
+  auto sum = [](Builder& b, const std::vector<Value>& a) { return std::vector<Value>{add(b, a[0], a[1])}; };
+  Value r = b.scatter(b.constant(0, g.dtype(), {in, rest}), idx, u, {1}, {0}, {0}, 1, sum);
+  Shape moved = f.moved;
+  moved[0] = in;
+  return b.transpose(b.reshape(r, moved), f.inv);
+}
+
+std::vector<Scale> scales(Ctx& ctx, int first, int n) {
+  std::vector<Scale> s;
+  for (int i = 0; i < n; ++i) {
+    int a = first + i;
+    s.push_back(a < ctx.num_args() && !ctx.is_none(a) ? Scale(ctx.f(a)) : std::nullopt);
+  }
+  return s;
+}
+
+// backward(grad_output, output_size, input_size, [align_corners,] scales...).
+std::vector<Value> backward(Ctx& ctx, Mode m, int n, bool has_align) {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  Value g = b.convert(ctx.in(0), acc_type(o.dtype));
+  if (g.type.numel() == 0 || o.numel() == 0) return {b.constant(0, o.dtype, o.shape)};
+  bool align = has_align && ctx.flag(3);
+  auto sc = scales(ctx, has_align ? 4 : 3, n);
+  int64_t r = g.rank();
+  for (int i = n - 1; i >= 0; --i) {
+    int64_t d = r - n + i, in = o.shape[d], out = g.shape()[d];
+    g = apply_bwd(b, g, d, make_taps(m, in, out, align, sc[i]), in);
+  }
+  return {b.convert(g, o.dtype)};
+}
+
+// Antialiased forward: self, output_size, align_corners, scales_h, scales_w.
+std::vector<Value> aa_forward(Ctx& ctx, bool cubic) {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  Value x = b.convert(ctx.in(0), acc_type(o.dtype));
+  if (x.type.numel() == 0 || o.numel() == 0) return {b.constant(0, o.dtype, o.shape)};
+  bool align = ctx.flag(2);
+  auto sc = scales(ctx, 3, 2);
+  int64_t r = x.rank();
+  for (int i = 1; i >= 0; --i) {
+    int64_t d = r - 2 + i, in = x.shape()[d], out = o.shape[d];
+    if (in == out) continue;  // CPU leaves an unresized dim alone
+    x = apply_fwd(b, x, d, make_taps(cubic ? Mode::CubicAA : Mode::LinearAA, in, out, align, sc[i]), out);
+  }
+  return {b.convert(x, o.dtype)};
+}
+
+}  // namespace
+
+TPU_LOWER(upsample_nearest1d_bw, "upsample_nearest1d_backward") { return backward(ctx, Mode::Nearest, 1, false); }
+TPU_LOWER(upsample_nearest2d_bw, "upsample_nearest2d_backward") { return backward(ctx, Mode::Nearest, 2, false); }
+TPU_LOWER(upsample_nearest3d_bw, "upsample_nearest3d_backward") { return backward(ctx, Mode::Nearest, 3, false); }
+TPU_LOWER(upsample_nearest_exact1d_bw, "_upsample_nearest_exact1d_backward") {
+  return backward(ctx, Mode::NearestExact, 1, false);
+}
+TPU_LOWER(upsample_nearest_exact2d_bw, "_upsample_nearest_exact2d_backward") {
+  return backward(ctx, Mode::NearestExact, 2, false);
+}
+TPU_LOWER(upsample_nearest_exact3d_bw, "_upsample_nearest_exact3d_backward") {
+  return backward(ctx, Mode::NearestExact, 3, false);
+}
+TPU_LOWER(upsample_linear1d_bw, "upsample_linear1d_backward") { return backward(ctx, Mode::Linear, 1, true); }
+TPU_LOWER(upsample_bilinear2d_bw, "upsample_bilinear2d_backward") { return backward(ctx, Mode::Linear, 2, true); }
+TPU_LOWER(upsample_trilinear3d_bw, "upsample_trilinear3d_backward") { return backward(ctx, Mode::Linear, 3, true); }
+TPU_LOWER(upsample_bicubic2d_bw, "upsample_bicubic2d_backward") { return backward(ctx, Mode::Cubic, 2, true); }
+TPU_LOWER(upsample_bilinear2d_aa, "_upsample_bilinear2d_aa") { return aa_forward(ctx, false); }
+TPU_LOWER(upsample_bicubic2d_aa, "_upsample_bicubic2d_aa") { return aa_forward(ctx, true); }
+TPU_LOWER(upsample_bilinear2d_aa_bw, "_upsample_bilinear2d_aa_backward") {
+  return backward(ctx, Mode::LinearAA, 2, true);
+}
+TPU_LOWER(upsample_bicubic2d_aa_bw, "_upsample_bicubic2d_aa_backward") {
+  return backward(ctx, Mode::CubicAA, 2, true);
+}
+
+}  // namespace tpu::lowering

@@ -1,0 +1,223 @@
+"""Native NN forwards and backwards (pooling, upsampling, grid sampling, padding, CTC and
+margin losses, transposed convolutions, embedding_bag), each checked against PyTorch's
+CPU kernels with nothing falling back to the CPU."""
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+from torch_tpu import _decompositions
+from conftest import dev, host
+
+F32 = dict(rtol=1e-4, atol=1e-5)
+
+# PyTorch ships no Meta kernel for these backwards, and the backend plans an op from its
+# Meta outputs (without one it takes the fallback). Until torch_tpu registers them, the
+# tests supply the obvious ones (grad_input shaped like self / log_probs) so the rules run.
+_META_LIB = torch.library.Library("aten", "IMPL")
+for _name, _like in [("multi_margin_loss_backward", 1), ("multilabel_margin_loss_backward", 1),
+                     ("_ctc_loss_backward", 1)]:
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + _name, "Meta"):
+        _META_LIB.impl(_name, lambda *a, _i=_like, **k: torch.empty_like(a[_i]), "Meta")
+
+
+def all_fallbacks():
+    fb = dict(torch_tpu.metrics()["fallbacks"])
+    for k, n in _decompositions.fallbacks.items():
+        fb[k] = fb.get(k, 0) + n
+    return fb
+
+
+@contextlib.contextmanager
+def native():
+    before = all_fallbacks()
+    yield
+    grown = {k: v - before.get(k, 0) for k, v in all_fallbacks().items() if v != before.get(k, 0)}
+    assert not grown, f"ops fell back to the CPU: {grown}"
+
+
+def randn(*shape, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def check(fn, *args, grad=True, **tol):
+    """fn on CPU vs on tpu (forward, and the gradients of float args), natively."""
+    tol = tol or F32
+    cpu = [a.clone().requires_grad_(grad) if isinstance(a, torch.Tensor) and a.is_floating_point()
+           else a for a in args]
+    tpu = [dev(a.detach()).requires_grad_(grad) if isinstance(a, torch.Tensor)
+           and a.is_floating_point() else dev(a) for a in args]
+    with native():
+        want, got = fn(*cpu), fn(*tpu)
+        if isinstance(want, tuple):
+            want, got = want[0], got[0]
+        torch.testing.assert_close(host(got), want, **tol)
+        if grad:
+            w = torch.randn(want.shape, generator=torch.Generator().manual_seed(1))
+            (want * w).sum().backward()
+            (got * dev(w)).sum().backward()
+            for c, t in zip(cpu, tpu):
+                if isinstance(c, torch.Tensor) and c.requires_grad:
+                    torch.testing.assert_close(host(t.grad), c.grad, **tol)
+
+
+# ---- pooling.cpp, distance.cpp
+
+def test_adaptive_avg_pool_empty_batch():
+    check(lambda x: F.adaptive_avg_pool1d(x, 5), torch.zeros(0, 8, 8), grad=False)
+    check(lambda x: F.adaptive_avg_pool3d(x, (5, 7, 4)), torch.zeros(0, 8, 8, 8, 8), grad=False)
+
+
+@pytest.mark.parametrize("out", [3, (5, 2)])
+def test_adaptive_max_pool2d(out):
+    x = randn(2, 3, 7, 9)
+    x[0, 0, 1, 1] = x[0, 0, 1, 2] = 5.0  # a tie: CPU's index is the first
+    check(lambda x: F.adaptive_max_pool2d(x, out), x)
+    want = F.adaptive_max_pool2d(x, out, return_indices=True)[1]
+    with native():
+        got = F.adaptive_max_pool2d(dev(x), out, return_indices=True)[1]
+    assert torch.equal(host(got), want)
+
+
+def test_adaptive_max_pool1d_3d_nan():
+    check(lambda x: F.adaptive_max_pool1d(x, 3), randn(3, 4, 4))
+    check(lambda x: F.adaptive_max_pool3d(x, (2, 3, 2)), randn(2, 2, 5, 6, 4))
+    x = randn(1, 2, 6, 6)
+    x[0, 0, 0, 0] = x[0, 0, 0, 1] = float("nan")
+    want = F.adaptive_max_pool2d(x, 2, return_indices=True)
+    with native():
+        got = F.adaptive_max_pool2d(dev(x), 2, return_indices=True)
+    torch.testing.assert_close(host(got[0]), want[0], equal_nan=True)
+    assert torch.equal(host(got[1]), want[1])
+
+
+def test_max_pool3d_backward():
+    check(lambda x: F.max_pool3d(x, 2, stride=1, padding=1), randn(2, 2, 4, 5, 3))
+
+
+def test_pdist_few_rows():
+    check(lambda x: F.pdist(x), randn(1, 5))
+    check(lambda x: F.pdist(x, 3.0), randn(5, 4))
+
+
+# ---- upsample.cpp
+
+@pytest.mark.parametrize("kw", [
+    dict(scale_factor=1.7, mode="bilinear", align_corners=True),
+    dict(size=(3, 7), mode="bicubic", align_corners=False),
+    dict(size=(7, 5), mode="nearest"),
+    dict(size=(3, 7), mode="nearest-exact"),
+    dict(size=(3, 7), mode="bilinear", antialias=True),
+    dict(size=(9, 4), mode="bicubic", antialias=True, align_corners=True),
+])
+def test_interpolate_2d(kw):
+    check(lambda x: F.interpolate(x, **kw), randn(2, 3, 6, 5))
+
+
+@pytest.mark.parametrize("kw", [dict(scale_factor=0.6, mode="linear", align_corners=True),
+                                dict(scale_factor=2, mode="nearest")])
+def test_interpolate_1d(kw):
+    check(lambda x: F.interpolate(x, **kw), randn(2, 3, 6))
+
+
+def test_interpolate_3d():
+    check(lambda x: F.interpolate(x, size=(3, 5, 4), mode="trilinear"), randn(1, 2, 4, 3, 5))
+    check(lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), randn(1, 2, 2, 3, 2))
+
+
+# ---- grid_sample.cpp
+
+@pytest.mark.parametrize("mode,pad,align", [
+    ("bilinear", "border", True), ("bilinear", "reflection", False), ("nearest", "reflection", True),
+    ("bicubic", "zeros", False), ("bicubic", "border", True), ("bicubic", "reflection", False),
+])
+def test_grid_sample_2d(mode, pad, align):
+    x, grid = randn(2, 3, 5, 6), randn(2, 4, 3, 2, seed=1) * 0.8
+    check(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=pad, align_corners=align), x, grid,
+          rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode,pad", [("bilinear", "zeros"), ("bilinear", "reflection"), ("nearest", "border")])
+def test_grid_sample_3d(mode, pad):
+    x, grid = randn(2, 2, 4, 5, 3), randn(2, 3, 2, 4, 3, seed=1) * 0.8
+    check(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=pad, align_corners=False), x, grid,
+          rtol=1e-4, atol=1e-4)
+
+
+# ---- padding.cpp
+
+@pytest.mark.parametrize("mode,pad,shape", [
+    ("reflect", (2, 3), (2, 3, 6)), ("replicate", (1, 2, 3, 0), (2, 3, 4, 5)),
+    ("replicate", (-1, 2), (2, 3, 6)), ("reflect", (1, 1, 2, 0, 1, 1), (1, 2, 3, 4, 3)),
+])
+def test_pad_backward(mode, pad, shape):
+    check(lambda x: F.pad(x, pad, mode=mode), randn(*shape))
+
+
+# ---- loss_margin.cpp
+
+@pytest.mark.parametrize("p,weight,red", [(1, False, "mean"), (2, True, "sum"), (1, True, "none")])
+def test_multi_margin_loss(p, weight, red):
+    x, y = randn(4, 5), torch.tensor([0, 3, 4, 1])
+    w = randn(5, seed=2).abs() if weight else None
+    def fn(x, y):
+        wd = None if w is None else (w if x.device.type == "cpu" else dev(w))
+        return F.multi_margin_loss(x, y, p=p, margin=0.7, weight=wd, reduction=red)
+    check(fn, x, y)
+
+
+@pytest.mark.parametrize("red", ["mean", "none"])
+def test_multilabel_margin_loss(red):
+    x, y = randn(3, 5), torch.tensor([[3, 0, -1, 1, 2], [1, 1, 4, 2, 0], [-1, 2, 3, 0, 0]])
+    check(lambda x, y: F.multilabel_margin_loss(x, y, reduction=red), x, y)
+
+
+# ---- loss_ctc.cpp
+
+@pytest.mark.parametrize("targets_2d,red", [(True, "mean"), (False, "none")])
+def test_ctc_loss(targets_2d, red):
+    T, B, C = 12, 3, 5
+    lp = randn(T, B, C).log_softmax(2)
+    tl = torch.tensor([4, 0, 3])
+    il = torch.tensor([12, 5, 9])
+    tg = torch.tensor([[1, 2, 2, 3], [1, 1, 1, 1], [4, 1, 4, 0]])
+    if not targets_2d:
+        tg = torch.cat([tg[i, :tl[i]] for i in range(B)])
+    check(lambda lp, tg, il, tl: F.ctc_loss(lp, tg, il, tl, reduction=red), lp, tg, il, tl)
+
+
+def test_ctc_loss_zero_infinity():
+    lp = randn(3, 2, 4).log_softmax(2)
+    tg, il, tl = torch.tensor([[1, 2, 1, 2], [3, 3, 3, 3]]), torch.tensor([3, 3]), torch.tensor([4, 1])
+    check(lambda lp, tg, il, tl: F.ctc_loss(lp, tg, il, tl, reduction="sum", zero_infinity=True), lp, tg, il, tl)
+
+
+# ---- nn.cpp: transposed convolutions
+
+@pytest.mark.parametrize("n,kw", [
+    (1, dict(stride=2, padding=1, output_padding=1)),
+    (2, dict(stride=(2, 1), padding=(0, 1), groups=2, dilation=(1, 2))),
+    (3, dict(stride=2, output_padding=1)),
+])
+def test_conv_transpose_backward(n, kw):
+    x = randn(2, 4, *([5] * n))
+    w = randn(4, 3, *([3] * n), seed=1)  # (in, out / groups, k...)
+    b = randn(3 * kw.get("groups", 1), seed=2)
+    fn = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[n]
+    check(lambda x, w, b: fn(x, w, b, **kw), x, w, b, rtol=1e-4, atol=1e-4)
+
+
+# ---- embedding_bag.cpp
+
+@pytest.mark.parametrize("mode,psw,pad", [("mean", False, 2), ("max", False, None), ("sum", True, 1)])
+def test_embedding_bag_backward(mode, psw, pad):
+    w = randn(10, 3)
+    idx, off = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 3, 3, 6])
+    s = randn(8, seed=3) if psw else None
+    if psw:
+        check(lambda w, s, i, o: F.embedding_bag(i, w, o, mode=mode, per_sample_weights=s, padding_idx=pad),
+              w, s, idx, off)
+    else:
+        check(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, padding_idx=pad), w, idx, off)
