@@ -241,7 +241,7 @@ def test_complex128():
 
 
 UNARY = [torch.neg, torch.reciprocal, torch.abs, torch.sgn, torch.exp, torch.log, torch.sqrt,
-         torch.sin, torch.cos, torch.tanh, lambda z: z.sum(), lambda z: z.sum(0), lambda z: z.mean(1),
+         torch.sin, torch.cos, torch.tanh, torch.tan, lambda z: z.sum(), lambda z: z.sum(0), lambda z: z.mean(1),
          lambda z: z @ z.mT, lambda z: z.real * z.imag, lambda z: torch.cat([z, z.conj()])]
 
 
@@ -260,6 +260,24 @@ def test_special_values():
         for fn in (torch.sgn, torch.abs, torch.angle, torch.reciprocal, lambda t: t == t):
             same(fn(dev(z)), fn(z))
         same(dev(z) / dev(zero), z / zero)
+
+
+def test_special_values_of_complex_functions():
+    # Every pairing of these parts, compared as assert_close compares complex values: a
+    # value with a NaN part is NaN (which part is NaN follows C99 on CPU, not on XLA).
+    vals = [0.0, -0.0, 1.5, -2.0, math.inf, -math.inf, math.nan, 100.0]
+    z = torch.tensor([complex(a, b) for a in vals for b in vals], dtype=torch.complex64)
+    with native():
+        for fn in (torch.exp, torch.log, torch.sqrt, torch.sin, torch.cos, torch.tanh, torch.tan,
+                   torch.sgn, torch.neg, lambda t: t * t.conj(), lambda t: t + 1j, torch.abs,
+                   torch.angle, torch.isnan, torch.isinf, torch.isfinite):
+            same(fn(dev(z)), fn(z))
+        # the branch cut follows the sign of a zero imaginary part
+        neg0 = torch.tensor([complex(-2.0, -0.0), complex(-2.0, 0.0)])
+        same(torch.view_as_real(torch.sqrt(dev(neg0))), torch.view_as_real(torch.sqrt(neg0)))
+        same(torch.nan_to_num(dev(z)), torch.nan_to_num(z))
+        same(torch.nan_to_num(dev(z), nan=1.0, posinf=2.0, neginf=-3.0),
+             torch.nan_to_num(z, nan=1.0, posinf=2.0, neginf=-3.0))
 
 
 def test_inplace_and_casts():

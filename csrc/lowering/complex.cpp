@@ -137,29 +137,109 @@ TPU_LOWER(c_reciprocal, "complex:reciprocal") {
   return omap(ctx, {0}, [](Builder& b, const Vs& x) { return div(b, b.constant(1, x[0].dtype(), x[0].shape()), x[0]); });
 }
 
-// One StableHLO op that takes complex operands.
+// Tests and fixes of special values look at each part (CPU's complex kernels do).
+static Value either(Builder& b, const Value& z, const std::function<Value(const Value&)>& test) {
+  return op2(b, "or", test(re(b, z)), test(im(b, z)));
+}
+static Value is_nan(Builder& b, const Value& x) { return b.compare(x, x, Cmp::NE); }
+static Value is_inf(Builder& b, const Value& x) {
+  return b.compare(op1(b, "abs", x), b.constant(INFINITY, x.dtype(), x.shape()), Cmp::EQ);
+}
+// One StableHLO op that takes complex operands (and agrees with CPU on special values).
 #define TPU_COMPLEX_UNARY(fn, aten, hlo) \
   TPU_LOWER(fn, "complex:" aten) { return omap(ctx, {0}, [](Builder& b, const Vs& x) { return op1(b, hlo, x[0]); }); }
-TPU_COMPLEX_UNARY(c_exp, "exp", "exponential")
 TPU_COMPLEX_UNARY(c_log, "log", "log")
-TPU_COMPLEX_UNARY(c_sqrt, "sqrt", "sqrt")
-TPU_COMPLEX_UNARY(c_sin, "sin", "sine")
-TPU_COMPLEX_UNARY(c_cos, "cos", "cosine")
 TPU_COMPLEX_UNARY(c_tanh, "tanh", "tanh")
+TPU_COMPLEX_UNARY(c_tan, "tan", "tan")
 #undef TPU_COMPLEX_UNARY
 
+// |z| like C's hypot: inf if a part is infinite, else NaN if a part is NaN (XLA's
+// complex abs drops a NaN part).
+static Value cabs(Builder& b, const Value& z) {
+  Value r = b.raw("stablehlo.abs", {z}, "", re(b, z).type);
+  Value k_inf = b.constant(INFINITY, r.dtype(), r.shape()), k_nan = b.constant(NAN, r.dtype(), r.shape());
+  r = b.select(either(b, z, [&](const Value& p) { return is_nan(b, p); }), k_nan, r);
+  return b.select(either(b, z, [&](const Value& p) { return is_inf(b, p); }), k_inf, r);
+}
+static Value sign_bit(Builder& b, const Value& x) {
+  DType it = x.dtype() == DType::F64 ? DType::I64 : DType::I32;
+  Value bits = b.bitcast(x, it);
+  return b.compare(bits, b.constant(0, it, x.shape()), Cmp::LT);
+}
+
+// exp: e^(-inf) times a non-finite direction is 0, as C's cexp (XLA: NaN).
+TPU_LOWER(c_exp, "complex:exp") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value z = x[0], e = op1(b, "exponential", z), r = re(b, z), i = im(b, z);
+    Value fin = b.compare(op2(b, "subtract", i, i), zero_like(b, i), Cmp::EQ);
+    Value to_zero = op2(b, "and", b.compare(r, b.constant(-INFINITY, r.dtype(), r.shape()), Cmp::EQ),
+                        op1(b, "not", fin));
+    return b.select(to_zero, zero_like(b, z), e);
+  });
+}
+// sqrt on the branch cut follows the sign of a zero imaginary part, and an infinite
+// imaginary part gives (inf, it) whatever the real part, as C's csqrt.
+TPU_LOWER(c_sqrt, "complex:sqrt") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value z = x[0], s = op1(b, "sqrt", z), i = im(b, z);
+    Value si = im(b, s), ai = op1(b, "abs", si);
+    Value im_s = b.select(sign_bit(b, i), op1(b, "negate", ai), ai);
+    im_s = b.select(is_nan(b, si), si, im_s);
+    Value inf_i = is_inf(b, i);
+    Value re_s = b.select(inf_i, b.constant(INFINITY, i.dtype(), i.shape()), re(b, s));
+    return cplx(b, re_s, b.select(inf_i, i, im_s));
+  });
+}
+// sin/cos of a purely imaginary z: the part multiplied by sin(0) is 0, also where
+// cosh/sinh overflow (XLA: 0 * inf = NaN).
+TPU_LOWER(c_sin, "complex:sin") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value z = x[0], s = op1(b, "sine", z), r = re(b, z);
+    return cplx(b, b.select(b.compare(r, zero_like(b, r), Cmp::EQ), r, re(b, s)), im(b, s));
+  });
+}
+TPU_LOWER(c_cos, "complex:cos") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value z = x[0], c = op1(b, "cosine", z), r = re(b, z);
+    Value zero = b.select(sign_bit(b, im(b, z)), r, op1(b, "negate", r));  // -sin(r) sinh(i), r = +-0
+    return cplx(b, re(b, c), b.select(b.compare(r, zero_like(b, r), Cmp::EQ), zero, im(b, c)));
+  });
+}
+
 TPU_LOWER(c_abs, "complex:abs") {
-  return imap(ctx, [](Builder& b, const Vs& x) { return b.raw("stablehlo.abs", {x[0]}, "", re(b, x[0]).type); });
+  return imap(ctx, [](Builder& b, const Vs& x) { return cabs(b, x[0]); });
 }
 // sgn(z) = z / |z|, and 0 at 0.
 TPU_LOWER(c_sgn, "complex:sgn") {
   return omap(ctx, {0}, [](Builder& b, const Vs& x) {
     Value z = x[0];
-    Value r = b.raw("stablehlo.abs", {z}, "", re(b, z).type);
+    Value r = cabs(b, z);
     Value q = div(b, z, cplx(b, r, zero_like(b, r)));
     return b.select(b.compare(r, zero_like(b, r), Cmp::EQ), zero_like(b, z), q);
   });
 }
+TPU_LOWER(c_isnan, "complex:isnan") {
+  return imap(ctx, [](Builder& b, const Vs& x) { return either(b, x[0], [&](const Value& p) { return is_nan(b, p); }); });
+}
+TPU_LOWER(c_isinf, "complex:isinf") {
+  return imap(ctx, [](Builder& b, const Vs& x) { return either(b, x[0], [&](const Value& p) { return is_inf(b, p); }); });
+}
+// NaN -> nan, +-inf -> posinf/neginf (default: the part dtype's finite extremes), per part.
+TPU_LOWER(c_nan_to_num, "complex:nan_to_num") {
+  Builder& b = ctx.b;
+  Value z = ctx.in(0);
+  if (!is_complex(z.dtype())) throw Unsupported("complex rule with a real input");
+  double big = part_of(z.dtype()) == DType::F64 ? 1.7976931348623157e308 : 3.4028234663852886e38;
+  double nan = ctx.f_or(1, 0), pinf = ctx.f_or(2, big), ninf = ctx.f_or(3, -big);
+  auto fix = [&](Value x) {
+    auto k = [&](double v) { return b.constant(v, x.dtype(), x.shape()); };
+    x = b.select(is_nan(b, x), k(nan), x);
+    x = b.select(b.compare(x, k(INFINITY), Cmp::EQ), k(pinf), x);
+    return b.select(b.compare(x, k(-INFINITY), Cmp::EQ), k(ninf), x);
+  };
+  return {b.convert(cplx(b, fix(re(b, z)), fix(im(b, z))), ctx.out(0).dtype)};
+}
+
 // The complex type two operands compare in (PyTorch's result_type, made complex).
 static DType compare_type(Ctx& ctx) {
   Vs ts{Value{"", ctx.type_of(0)}};
