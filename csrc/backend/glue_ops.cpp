@@ -39,11 +39,11 @@ void assign(const at::Tensor& dst, const Operand& value) {
   std::string key = "assign:" + vt.str() + "->" + view_key(dst);
   s.value = run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
     ir::Value v = lowering::coerce(b, b.param(vt), dt, g.sizes);
-    if (whole) return {b.reshape(ir::reinterpret(b, v, st.dtype), st.shape)};
+    if (whole) return {b.reshape(reinterpret_bytes(b, v, st.dtype), st.shape)};
     // A view of another dtype writes through the storage's bytes.
-    ir::Value cur = ir::reinterpret(b, b.param(st), dt);
+    ir::Value cur = reinterpret_bytes(b, b.param(st), dt);
     ir::Value written = ir::write_view(b, &cur, cur.type, g, v);
-    return {b.reshape(ir::reinterpret(b, written, st.dtype), st.shape)};
+    return {as_storage(b, written, st)};
   }, args, s.device)[0];
 }
 
@@ -79,6 +79,20 @@ at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::nati
 
 at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
   return at::native::_reshape_alias(self, size, stride);
+}
+
+// Complex <-> (re, im) pairs: same storage, the dtype reinterpreted (programs read a
+// view of another dtype through the storage's bytes), so writes show through both.
+at::Tensor view_as_real(const at::Tensor& self) { return at::native::view_as_real(self); }
+at::Tensor view_as_complex(const at::Tensor& self) { return at::native::view_as_complex(self); }
+
+// PyTorch's autograd asks for zeros it will not write; a storage no op has written
+// reads as zeros, so this is an allocation only. It is a plain tensor (not flagged
+// as a ZeroTensor): the same values, just without CPU's shortcut for them.
+at::Tensor efficientzerotensor(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin) {
+  return empty_memory_format(size, dtype, layout, device, pin, std::nullopt);
 }
 
 at::Tensor unfold(const at::Tensor& self, int64_t dim, int64_t size, int64_t step) {
@@ -134,13 +148,31 @@ at::Tensor& set_source_storage(at::Tensor& self, c10::Storage src) {
   return at::cpu::set_(self, src, 0, {n}, {});
 }
 
+// The stored values `v` of src turned into those dst must store: src's lazy
+// conjugate/negative bits applied, then dst's (both self-inverse).
+Operand with_math_bits(const Operand& v, const at::Tensor& src, const at::Tensor& dst) {
+  bool conj = src.is_conj() != dst.is_conj() && src.is_complex(), neg = src.is_neg() != dst.is_neg();
+  if (!conj && !neg) return v;
+  ir::Type vt = v.type();
+  std::string key = std::string("mathbits:") + (conj ? "c" : "") + (neg ? "n" : "") + vt.str();
+  return run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
+    ir::Value x = b.param(vt);
+    if (conj) x = conj_value(b, x);
+    return {neg ? b.unary("stablehlo.negate", x) : x};
+  }, {v}, device_index(src))[0];
+}
+
 // copy_ across devices and dtypes; tpu->tpu runs one program.
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   if (self.numel() == 0) return self;
   return guarded([&]() -> at::Tensor& {
     if (self.is_privateuseone() && src.is_cpu()) {
       // Sent as it is; the device program casts and broadcasts.
-      at::Tensor host = src.resolve_conj().resolve_neg().contiguous();  // lazy bits are host views
+      at::Tensor host = src.resolve_conj().resolve_neg();  // lazy bits are host views
+      // self's own bits: store the values that read back as src's (both self-inverse).
+      if (self.is_conj() && host.is_complex()) host = host.conj_physical();
+      if (self.is_neg()) host = host.neg();
+      host = host.contiguous();
       DType st = device_dtype(host.scalar_type(), "copy_");
       std::vector<int64_t> dims(host.sizes().begin(), host.sizes().end());
       auto buf = runtime::Client::get().from_host(host.data_ptr(), st, dims, device_index(self));
@@ -157,7 +189,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
     } else {
       TORCH_CHECK(self.is_privateuseone() && src.is_privateuseone(), "copy_ from ", src.device(),
                   " to ", self.device(), " is not supported by the tpu backend");
-      Operand v = dense_value(src);
+      Operand v = with_math_bits(dense_value(src), src, self);
       if (device_index(src) != device_index(self))
         v = runtime::Client::get().copy_to_device(*resolve(v), device_index(self));
       assign(self, v);
@@ -205,7 +237,8 @@ bool is_glue_op(const std::string& name) {
                                 "resize_", "empty.memory_format", "empty_strided", "as_strided",
                                 "view", "_reshape_alias", "unfold", "_local_scalar_dense",
                                 "set_.source_Storage_storage_offset", "set_.source_Tensor",
-                                "set_.source_Storage", "_fused_sdp_choice", "nonzero", "masked_select"};
+                                "set_.source_Storage", "_fused_sdp_choice", "nonzero", "masked_select",
+                                "view_as_real", "view_as_complex", "_efficientzerotensor"};
   for (auto* g : kGlue) if (name == g) return true;
   return false;
 }
@@ -217,6 +250,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("view", view);
   m.impl("_reshape_alias", reshape_alias);
   m.impl("unfold", unfold);
+  m.impl("view_as_real", view_as_real);
+  m.impl("view_as_complex", view_as_complex);
+  m.impl("_efficientzerotensor", efficientzerotensor);
   m.impl("resize_", resize_);
   m.impl("set_.source_Storage_storage_offset", set_storage);
   m.impl("set_.source_Tensor", set_tensor);

@@ -32,6 +32,7 @@ using lowering::Value;
 struct OpInfo {
   std::string name;  // add_.Tensor
   const lowering::Rule* rule = nullptr;
+  const lowering::Rule* complex_rule = nullptr;  // "complex:<op>": calls with complex values
   int num_args = 0;
   std::vector<int> mutated;      // written args, in schema order
   std::vector<bool> is_scalar;   // `Scalar` / `Scalar[]` args: runtime operands
@@ -113,7 +114,8 @@ void key_tensor(KeyState& k, const at::Tensor& t) {
     k.key += "c";
     k.key += mlir_name(device_dtype(t.scalar_type(), k.op));
     if (t.unsafeGetTensorImpl()->is_wrapped_number()) k.key += "w";
-    if (t.scalar_type() == at::kDouble && !t.unsafeGetTensorImpl()->is_wrapped_number()) k.has_f64 = true;
+    bool dbl = t.scalar_type() == at::kDouble || t.scalar_type() == at::kComplexDouble;
+    if (dbl && !t.unsafeGetTensorImpl()->is_wrapped_number()) k.has_f64 = true;
     return;
   }
   TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, k.op,
@@ -123,13 +125,14 @@ void key_tensor(KeyState& k, const at::Tensor& t) {
               ": expected all tensors on the same device, but found tpu:", k.device, " and tpu:", d);
   k.device = d;
   DType dt = device_dtype(t.scalar_type(), k.op);
-  if (dt == DType::F64) k.has_f64 = true;
+  if (dt == DType::F64 || dt == DType::C128) k.has_f64 = true;
   k.key += "t";
   k.key += mlir_name(dt);
   k.key += geometry_of(t).key();
   StorageData& s = storage_of(t);
   k.key += storage_type(t).str();
   if (!s.value) k.key += "z";
+  k.key += math_bits_key(t);
 }
 
 void key_scalar(KeyState& k, const c10::Scalar& s) {
@@ -377,10 +380,13 @@ class KernelCtx final : public lowering::Ctx {
       // A wrapped Python number behaves like a scalar of its category.
       if (t.unsafeGetTensorImpl()->is_wrapped_number() && dt == DType::F64 && !f64_)
         v = b.convert(v, DType::F32);
+      if (t.unsafeGetTensorImpl()->is_wrapped_number() && dt == DType::C128 && !f64_)
+        v = b.convert(v, DType::C64);
     } else {
       Value s = storage_value(arg, elem);
-      if (s.dtype() != dt) s = ir::reinterpret(b, s, dt);
-      v = ir::read_view(b, s, geometry_of(t));
+      if (s.dtype() != dt) s = reinterpret_bytes(b, s, dt);
+      // Ops the Conjugate/Negative fallbacks let through (mm, dot, ...) see lazy bits.
+      v = apply_math_bits(b, ir::read_view(b, s, geometry_of(t)), t);
     }
     values_.emplace(key, v);
     return v;
@@ -390,8 +396,9 @@ class KernelCtx final : public lowering::Ctx {
     DType pt = s.isFloatingPoint() ? (f64_ ? DType::F64 : DType::F32)
                : s.isBoolean()    ? DType::Bool
                : s.isIntegral(false) ? DType::I64
+               : s.isComplex()       ? (f64_ ? DType::C128 : DType::C64)
                                      : DType::Invalid;
-    if (pt == DType::Invalid) throw lowering::Unsupported("complex scalars");
+    if (pt == DType::Invalid) throw lowering::Unsupported("scalars of this kind");
     plan_.sources.push_back({Source::Scalar, arg, elem, pt});
     return b.convert(b.param(ir::Type{pt, {}}), t);
   }
@@ -432,7 +439,7 @@ runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device) {
   // Small host->device copies of the same value (lr, betas, eps) are cached.
   static std::mutex mu;
   static std::unordered_map<std::string, runtime::BufferPtr> cache;
-  char bytes[8] = {0};
+  char bytes[16] = {0};
   switch (t) {
     case DType::F32: { float v = static_cast<float>(s.toDouble()); std::memcpy(bytes, &v, 4); break; }
     case DType::F64: { double v = s.toDouble(); std::memcpy(bytes, &v, 8); break; }
@@ -444,7 +451,7 @@ runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device) {
       std::memcpy(bytes, tmp.data_ptr(), itemsize(t));
     }
   }
-  std::string key(bytes, 8);
+  std::string key(bytes, 16);
   key += static_cast<char>(t);
   key += static_cast<char>(device);
   std::lock_guard<std::mutex> lock(mu);
@@ -476,12 +483,27 @@ std::string describe(const OpInfo& info, c10::ArrayRef<IValue> args) {
 Value write_into_storage(ir::Builder& b, KernelCtx& ctx, int arg, int elem, const ir::Type& st,
                          const ir::Geometry& g, const Value& val) {
   if (itemsize(st.dtype) == itemsize(val.dtype()) && g.covers(st.shape)) {  // no old bytes needed
-    Value bytes = ir::reinterpret(b, b.reshape(val, {val.type.numel()}), st.dtype);
+    Value bytes = reinterpret_bytes(b, b.reshape(val, {val.type.numel()}), st.dtype);
     return b.reshape(bytes, st.shape);
   }
-  Value cur = ir::reinterpret(b, ctx.storage_value(arg, elem), val.dtype());
+  Value cur = reinterpret_bytes(b, ctx.storage_value(arg, elem), val.dtype());
   Value written = ir::write_view(b, &cur, cur.type, g, val);
-  return b.reshape(ir::reinterpret(b, written, st.dtype), st.shape);
+  return as_storage(b, written, st);
+}
+
+// A complex tensor among the arguments (or a complex Scalar) or the outputs.
+bool involves_complex(c10::ArrayRef<IValue> args, const std::vector<ir::Type>& outs) {
+  for (const ir::Type& t : outs)
+    if (is_complex(t.dtype)) return true;
+  auto cplx = [](const at::Tensor& t) { return t.defined() && t.is_complex(); };
+  for (const IValue& v : args) {
+    if (v.isTensor() && cplx(v.toTensor())) return true;
+    if (v.isComplexDouble()) return true;
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList())
+        if (cplx(t)) return true;
+  }
+  return false;
 }
 
 std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& info,
@@ -500,8 +522,10 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
   ir::Builder b;
   KernelCtx ctx(b, info, args, *plan, out_types, k.has_f64);
   std::vector<Value> results;
+  const lowering::Rule* rule = info.complex_rule && involves_complex(args, out_types) ? info.complex_rule : info.rule;
   try {
-    results = (*info.rule)(ctx);
+    if (!rule) throw lowering::Unsupported("no lowering for real arguments");
+    results = (*rule)(ctx);
   } catch (const lowering::Unsupported& e) {
     plan->fallback = true;
     plan->fallback_reason = e.what();
@@ -538,7 +562,7 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
         const at::Tensor& t = *tensor_at(args, a, elem, &tmp);
         ir::Type st = storage_type(t);
         ir::Geometry g = geometry_of(t);
-        Value val = fit(results[j], out_types[j]);
+        Value val = apply_math_bits(b, fit(results[j], out_types[j]), t);  // stored, not logical
         Value written = write_into_storage(b, ctx, a, elem, st, g, val);
         if (!ctx.checks().empty()) {  // a failed check leaves the tensor as it was
           Value ok = ctx.checks()[0];
@@ -716,20 +740,24 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
 
 // The rule for an op: its own, the functional op's for an in-place op, or the
 // functional op with the same non-out arguments for an out= op.
-const lowering::Rule* rule_for(const c10::FunctionSchema& schema) {
+// `prefix` selects a family of rules ("complex:" for the complex overrides).
+const lowering::Rule* rule_for(const c10::FunctionSchema& schema, const std::string& prefix = "") {
   std::string base = schema.name().substr(schema.name().find("::") + 2);
   const std::string& ov = schema.overload_name();
-  if (auto* r = lowering::find_rule(ov.empty() ? base : base + "." + ov)) return r;
+  if (auto* r = lowering::find_rule(prefix + (ov.empty() ? base : base + "." + ov))) return r;
   if (!base.empty() && base.back() == '_') {
     std::string f = base.substr(0, base.size() - 1);
-    if (auto* r = lowering::find_rule(ov.empty() ? f : f + "." + ov)) return r;
+    if (auto* r = lowering::find_rule(prefix + (ov.empty() ? f : f + "." + ov))) return r;
   }
   if (!schema.is_mutable()) return nullptr;
   std::vector<std::string> want;
   for (const auto& a : schema.arguments())
     if (!(a.kwarg_only() && a.alias_info() && a.alias_info()->isWrite()))
       want.push_back(a.name() + ":" + a.type()->str());
-  for (const std::string& name : lowering::rule_names()) {
+  for (const std::string& full : lowering::rule_names()) {
+    if (full.compare(0, prefix.size(), prefix) != 0) continue;
+    std::string name = full.substr(prefix.size());
+    if (name.find(':') != std::string::npos) continue;  // another family
     std::string rb = name.substr(0, name.find('.'));
     if (rb != base) continue;
     std::string rov = name.find('.') == std::string::npos ? "" : name.substr(name.find('.') + 1);
@@ -737,7 +765,7 @@ const lowering::Rule* rule_for(const c10::FunctionSchema& schema) {
     if (!h) continue;
     std::vector<std::string> have;
     for (const auto& a : h->schema().arguments()) have.push_back(a.name() + ":" + a.type()->str());
-    if (have == want) return lowering::find_rule(name);
+    if (have == want) return lowering::find_rule(full);
   }
   return nullptr;
 }
@@ -758,10 +786,12 @@ int register_lowered_kernels() {
     const c10::FunctionSchema& schema = h->schema();
     if (is_glue_op(op_key_name(name))) continue;
     const lowering::Rule* rule = rule_for(schema);
-    if (!rule) continue;
+    const lowering::Rule* complex_rule = rule_for(schema, "complex:");
+    if (!rule && !complex_rule) continue;
     OpInfo info;
     info.name = op_key_name(name);
     info.rule = rule;
+    info.complex_rule = complex_rule;
     const auto& sargs = schema.arguments();
     info.num_args = static_cast<int>(sargs.size());
     for (size_t i = 0; i < sargs.size(); ++i) {

@@ -96,7 +96,7 @@ Operand dense_value(const at::Tensor& t) {
   if (has) args.push_back(s.value);
   return run_internal("dense:" + view_key(t), [&](ir::Builder& b) -> std::vector<ir::Value> {
     ir::Value src = has ? b.param(st) : b.constant(0, st.dtype, st.shape);
-    if (src.dtype() != dt) src = ir::reinterpret(b, src, dt);
+    if (src.dtype() != dt) src = reinterpret_bytes(b, src, dt);
     return {ir::read_view(b, src, g)};
   }, args, s.device)[0];
 }
@@ -109,6 +109,58 @@ at::Tensor wrap_value(Operand value, c10::ScalarType dtype, at::IntArrayRef size
   at::Tensor t = at::detail::empty_generic(sizes, &g_allocator, ks, dtype, std::nullopt);
   storage_of(t).value = std::move(value);
   return t;
+}
+
+static DType part_of(DType c) { return c == DType::C128 ? DType::F64 : DType::F32; }
+
+ir::Value reinterpret_bytes(ir::Builder& b, const ir::Value& v_in, DType to) {
+  if (v_in.dtype() == to) return v_in;
+  ir::Value v = v_in;
+  int64_t n = v.type.numel(), a = itemsize(v.dtype()), c = itemsize(to);
+  if (a < c && (n * a) % c) {  // pad to whole elements of `to`
+    int64_t extra = (c - (n * a) % c) / a;
+    v = b.pad(b.reshape(v, {n}), b.constant(0, v.dtype()), {0}, {extra}, {0});
+    n += extra;
+  }
+  if (!is_complex(v.dtype()) && !is_complex(to)) return ir::reinterpret(b, v, to);
+  if (is_complex(v.dtype())) {  // interleave (re, im), then reinterpret the parts
+    ir::Type pt{part_of(v.dtype()), {n, 1}};
+    ir::Value flat = b.reshape(v, {n});
+    ir::Value re = b.reshape(b.raw("stablehlo.real", {flat}, "", ir::Type{pt.dtype, {n}}), pt.shape);
+    ir::Value im = b.reshape(b.raw("stablehlo.imag", {flat}, "", ir::Type{pt.dtype, {n}}), pt.shape);
+    return reinterpret_bytes(b, b.reshape(b.concatenate({re, im}, 1), {2 * n}), to);
+  }
+  ir::Value parts = ir::reinterpret(b, v, part_of(to));  // to the parts, then pair them
+  int64_t m = parts.type.numel();
+  ir::Value pairs = b.reshape(parts, {m / 2, 2});
+  ir::Value re = b.reshape(b.slice(pairs, {0, 0}, {m / 2, 1}, {1, 1}), {m / 2});
+  ir::Value im = b.reshape(b.slice(pairs, {0, 1}, {m / 2, 2}, {1, 1}), {m / 2});
+  return b.raw("stablehlo.complex", {re, im}, "", ir::Type{to, {m / 2}});
+}
+
+ir::Value as_storage(ir::Builder& b, const ir::Value& v, const ir::Type& st) {
+  ir::Value flat = reinterpret_bytes(b, v, st.dtype);
+  int64_t n = st.numel();
+  if (flat.type.numel() > n) flat = b.slice(flat, {0}, {n}, {1});
+  return b.reshape(flat, st.shape);
+}
+
+ir::Value conj_value(ir::Builder& b, const ir::Value& v) {
+  ir::Type pt{part_of(v.dtype()), v.shape()};
+  ir::Value im = b.unary("stablehlo.negate", b.raw("stablehlo.imag", {v}, "", pt));
+  return b.raw("stablehlo.complex", {b.raw("stablehlo.real", {v}, "", pt), im}, "", v.type);
+}
+
+ir::Value apply_math_bits(ir::Builder& b, const ir::Value& v, const at::Tensor& t) {
+  ir::Value out = v;
+  if (t.is_conj() && is_complex(v.dtype())) out = conj_value(b, out);
+  if (t.is_neg()) out = b.unary("stablehlo.negate", out);
+  return out;
+}
+
+const char* math_bits_key(const at::Tensor& t) {
+  bool c = t.is_conj(), n = t.is_neg();
+  return c && n ? "~-" : c ? "~" : n ? "-" : "";
 }
 
 }  // namespace tpu::backend

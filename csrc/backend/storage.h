@@ -36,5 +36,19 @@ runtime::BufferPtr dense_buffer(const at::Tensor& t);  // the same, materialized
 // A new contiguous tensor on `device` whose storage holds `value`.
 at::Tensor wrap_value(Operand value, c10::ScalarType dtype, at::IntArrayRef sizes, int device);
 int device_index(const at::Tensor& t);
+// ir::reinterpret that also crosses between complex and real dtypes (StableHLO's
+// bitcast_convert refuses complex): a complex element is its (re, im) pair of parts.
+// Bytes that do not fill a last element of `to` are padded with zeros (a float storage
+// of odd length seen as complex): no valid view addresses that element.
+ir::Value reinterpret_bytes(ir::Builder& b, const ir::Value& storage, DType to);
+// `v`'s bytes as a storage of type `st` again (dropping such padding).
+ir::Value as_storage(ir::Builder& b, const ir::Value& v, const ir::Type& st);
+// The complex conjugate of a complex value.
+ir::Value conj_value(ir::Builder& b, const ir::Value& v);
+// A tensor's lazy conjugate / negative bits applied to its stored values `v` (both are
+// self-inverse: the same turns a logical value back into the one to store).
+ir::Value apply_math_bits(ir::Builder& b, const ir::Value& v, const at::Tensor& t);
+// Key suffix for those bits (programs differ by them).
+const char* math_bits_key(const at::Tensor& t);
 
 }  // namespace tpu::backend

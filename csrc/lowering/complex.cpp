@@ -1,0 +1,276 @@
+// Complex numbers. Ops that only exist for complex values (complex, polar, angle,
+// conj_physical), and complex overrides: rules registered as "complex:<op>" that the
+// backend uses instead of the op's own rule when a call involves a complex tensor or
+// output (the general elementwise rules compute in real math types only).
+// StableHLO's arithmetic and transcendental ops accept complex operands; comparisons
+// and sign-like ops are spelled out on the real and imaginary parts.
+#include <cmath>
+#include <functional>
+
+#include "lowering/helpers.h"
+
+namespace tpu::lowering {
+namespace {
+
+using Vs = std::vector<Value>;
+using ir::Cmp;
+
+DType part_of(DType c) { return c == DType::C128 ? DType::F64 : DType::F32; }
+DType complex_of(DType t) { return t == DType::F64 ? DType::C128 : DType::C64; }
+
+Value re(Builder& b, const Value& z) {
+  return b.raw("stablehlo.real", {z}, "", Type{part_of(z.dtype()), z.shape()});
+}
+Value im(Builder& b, const Value& z) {
+  return b.raw("stablehlo.imag", {z}, "", Type{part_of(z.dtype()), z.shape()});
+}
+Value cplx(Builder& b, const Value& r, const Value& i) {
+  return b.raw("stablehlo.complex", {r, i}, "", Type{complex_of(r.dtype()), r.shape()});
+}
+Value op1(Builder& b, const char* op, const Value& x) { return b.unary(std::string("stablehlo.") + op, x); }
+Value op2(Builder& b, const char* op, const Value& x, const Value& y) {
+  return b.binary(std::string("stablehlo.") + op, x, y);
+}
+
+// Argument i (a Tensor or a Scalar) as dtype t broadcast to `shape`.
+Value operand(Ctx& ctx, int i, DType t, const Shape& shape) {
+  if (ctx.is_tensor(i)) return coerce(ctx.b, ctx.in(i), t, shape);
+  return broadcast_to(ctx.b, ctx.scalar(i, t), shape);
+}
+
+// fn over arguments `idx` converted to `t` (complex) and broadcast to the output's shape;
+// the result converted to the output dtype.
+using Fn = std::function<Value(Builder&, const Vs&)>;
+std::vector<Value> cmap(Ctx& ctx, const std::vector<int>& idx, DType t, const Fn& fn) {
+  Type o = ctx.out(0);
+  Vs xs;
+  for (int i : idx) xs.push_back(operand(ctx, i, t, o.shape));
+  return {ctx.b.convert(fn(ctx.b, xs), o.dtype)};
+}
+// Math in the output's (complex) dtype.
+std::vector<Value> omap(Ctx& ctx, const std::vector<int>& idx, const Fn& fn) {
+  DType t = ctx.out(0).dtype;
+  if (!is_complex(t)) throw Unsupported("complex rule with a real output");
+  return cmap(ctx, idx, t, fn);
+}
+// Math in the (complex) dtype of input 0: ops whose output is real (abs, angle).
+std::vector<Value> imap(Ctx& ctx, const Fn& fn) {
+  DType t = ctx.type_of(0).dtype;
+  if (!is_complex(t)) throw Unsupported("complex rule with a real input");
+  return cmap(ctx, {0}, t, fn);
+}
+
+Value zero_like(Builder& b, const Value& x) { return b.constant(0, x.dtype(), x.shape()); }
+
+// z == w on both parts (NaN parts compare unequal, as CPU).
+Value equal(Builder& b, const Value& z, const Value& w) {
+  return op2(b, "and", b.compare(re(b, z), re(b, w), Cmp::EQ), b.compare(im(b, z), im(b, w), Cmp::EQ));
+}
+
+// The complex conjugate; a real value is its own.
+Value conj(Builder& b, const Value& z) {
+  if (!is_complex(z.dtype())) return z;
+  return cplx(b, re(b, z), op1(b, "negate", im(b, z)));
+}
+
+// PyTorch's angle of a real x: pi for x < 0, else 0, NaN kept.
+Value real_angle(Builder& b, const Value& x) {
+  Value pi = b.constant(M_PI, x.dtype(), x.shape()), zero = zero_like(b, x);
+  Value a = b.select(b.compare(x, zero, Cmp::LT), pi, zero);
+  return b.select(b.compare(x, x, Cmp::NE), x, a);
+}
+
+}  // namespace
+
+// ---- ops of their own ---------------------------------------------------------------
+
+TPU_LOWER(complex_rule, "complex") {
+  Type o = ctx.out(0);
+  DType p = part_of(o.dtype);
+  return {cplx(ctx.b, coerce(ctx.b, ctx.in(0), p, o.shape), coerce(ctx.b, ctx.in(1), p, o.shape))};
+}
+
+// abs * (cos angle, sin angle), each part one product like CPU's kernel.
+TPU_LOWER(polar_rule, "polar") {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  DType p = part_of(o.dtype);
+  Value r = coerce(b, ctx.in(0), p, o.shape), t = coerce(b, ctx.in(1), p, o.shape);
+  return {cplx(b, mul(b, r, op1(b, "cosine", t)), mul(b, r, op1(b, "sine", t)))};
+}
+
+TPU_LOWER(angle_rule, "angle") {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  Value x = ctx.in(0);
+  if (is_complex(x.dtype())) return {b.convert(op2(b, "atan2", im(b, x), re(b, x)), o.dtype)};
+  return {real_angle(b, b.convert(x, o.dtype))};  // integers are promoted to float first
+}
+
+// The functional op may alias a real input on CPU: only its out= and in-place
+// forms (which CPU runs through the kernel directly) are ours.
+TPU_LOWER(conj_physical_rule, "conj_physical.out", "conj_physical_") {
+  return {ctx.b.convert(conj(ctx.b, ctx.in(0)), ctx.out(0).dtype)};
+}
+
+// ---- complex overrides of real rules -------------------------------------------------
+
+TPU_LOWER(c_add, "complex:add.Tensor", "complex:add.Scalar") {
+  return omap(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return add(b, x[0], mul(b, x[2], x[1])); });
+}
+TPU_LOWER(c_sub, "complex:sub.Tensor", "complex:sub.Scalar") {
+  return omap(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return sub(b, x[0], mul(b, x[2], x[1])); });
+}
+TPU_LOWER(c_rsub, "complex:rsub.Tensor", "complex:rsub.Scalar") {
+  return omap(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return sub(b, x[1], mul(b, x[2], x[0])); });
+}
+TPU_LOWER(c_mul, "complex:mul.Tensor", "complex:mul.Scalar") {
+  return omap(ctx, {0, 1}, [](Builder& b, const Vs& x) { return mul(b, x[0], x[1]); });
+}
+TPU_LOWER(c_div, "complex:div.Tensor", "complex:div.Scalar") {
+  return omap(ctx, {0, 1}, [](Builder& b, const Vs& x) { return div(b, x[0], x[1]); });
+}
+TPU_LOWER(c_neg, "complex:neg") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) { return op1(b, "negate", x[0]); });
+}
+TPU_LOWER(c_reciprocal, "complex:reciprocal") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) { return div(b, b.constant(1, x[0].dtype(), x[0].shape()), x[0]); });
+}
+
+// Tests and fixes of special values look at each part (CPU's complex kernels do).
+static Value either(Builder& b, const Value& z, const std::function<Value(const Value&)>& test) {
+  return op2(b, "or", test(re(b, z)), test(im(b, z)));
+}
+static Value is_nan(Builder& b, const Value& x) { return b.compare(x, x, Cmp::NE); }
+static Value is_inf(Builder& b, const Value& x) {
+  return b.compare(op1(b, "abs", x), b.constant(INFINITY, x.dtype(), x.shape()), Cmp::EQ);
+}
+// One StableHLO op that takes complex operands (and agrees with CPU on special values).
+#define TPU_COMPLEX_UNARY(fn, aten, hlo) \
+  TPU_LOWER(fn, "complex:" aten) { return omap(ctx, {0}, [](Builder& b, const Vs& x) { return op1(b, hlo, x[0]); }); }
+TPU_COMPLEX_UNARY(c_log, "log", "log")
+TPU_COMPLEX_UNARY(c_tanh, "tanh", "tanh")
+TPU_COMPLEX_UNARY(c_tan, "tan", "tan")
+#undef TPU_COMPLEX_UNARY
+
+// |z| like C's hypot: inf if a part is infinite, else NaN if a part is NaN (XLA's
+// complex abs drops a NaN part).
+static Value cabs(Builder& b, const Value& z) {
+  Value r = b.raw("stablehlo.abs", {z}, "", re(b, z).type);
+  Value k_inf = b.constant(INFINITY, r.dtype(), r.shape()), k_nan = b.constant(NAN, r.dtype(), r.shape());
+  r = b.select(either(b, z, [&](const Value& p) { return is_nan(b, p); }), k_nan, r);
+  return b.select(either(b, z, [&](const Value& p) { return is_inf(b, p); }), k_inf, r);
+}
+static Value sign_bit(Builder& b, const Value& x) {
+  DType it = x.dtype() == DType::F64 ? DType::I64 : DType::I32;
+  Value bits = b.bitcast(x, it);
+  return b.compare(bits, b.constant(0, it, x.shape()), Cmp::LT);
+}
+
+// exp: e^(-inf) times a non-finite direction is 0, as C's cexp (XLA: NaN).
+TPU_LOWER(c_exp, "complex:exp") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value z = x[0], e = op1(b, "exponential", z), r = re(b, z), i = im(b, z);
+    Value fin = b.compare(op2(b, "subtract", i, i), zero_like(b, i), Cmp::EQ);
+    Value to_zero = op2(b, "and", b.compare(r, b.constant(-INFINITY, r.dtype(), r.shape()), Cmp::EQ),
+                        op1(b, "not", fin));
+    return b.select(to_zero, zero_like(b, z), e);
+  });
+}
+// sqrt on the branch cut follows the sign of a zero imaginary part, and an infinite
+// imaginary part gives (inf, it) whatever the real part, as C's csqrt.
+TPU_LOWER(c_sqrt, "complex:sqrt") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value z = x[0], s = op1(b, "sqrt", z), i = im(b, z);
+    Value si = im(b, s), ai = op1(b, "abs", si);
+    Value im_s = b.select(sign_bit(b, i), op1(b, "negate", ai), ai);
+    im_s = b.select(is_nan(b, si), si, im_s);
+    Value inf_i = is_inf(b, i);
+    Value re_s = b.select(inf_i, b.constant(INFINITY, i.dtype(), i.shape()), re(b, s));
+    return cplx(b, re_s, b.select(inf_i, i, im_s));
+  });
+}
+// sin/cos of a purely imaginary z: the part multiplied by sin(0) is 0, also where
+// cosh/sinh overflow (XLA: 0 * inf = NaN).
+TPU_LOWER(c_sin, "complex:sin") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value z = x[0], s = op1(b, "sine", z), r = re(b, z);
+    return cplx(b, b.select(b.compare(r, zero_like(b, r), Cmp::EQ), r, re(b, s)), im(b, s));
+  });
+}
+TPU_LOWER(c_cos, "complex:cos") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value z = x[0], c = op1(b, "cosine", z), r = re(b, z);
+    Value zero = b.select(sign_bit(b, im(b, z)), r, op1(b, "negate", r));  // -sin(r) sinh(i), r = +-0
+    return cplx(b, re(b, c), b.select(b.compare(r, zero_like(b, r), Cmp::EQ), zero, im(b, c)));
+  });
+}
+
+TPU_LOWER(c_abs, "complex:abs") {
+  return imap(ctx, [](Builder& b, const Vs& x) { return cabs(b, x[0]); });
+}
+// sgn(z) = z / |z|, and 0 at 0.
+TPU_LOWER(c_sgn, "complex:sgn") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value z = x[0];
+    Value r = cabs(b, z);
+    Value q = div(b, z, cplx(b, r, zero_like(b, r)));
+    return b.select(b.compare(r, zero_like(b, r), Cmp::EQ), zero_like(b, z), q);
+  });
+}
+TPU_LOWER(c_isnan, "complex:isnan") {
+  return imap(ctx, [](Builder& b, const Vs& x) { return either(b, x[0], [&](const Value& p) { return is_nan(b, p); }); });
+}
+TPU_LOWER(c_isinf, "complex:isinf") {
+  return imap(ctx, [](Builder& b, const Vs& x) { return either(b, x[0], [&](const Value& p) { return is_inf(b, p); }); });
+}
+// NaN -> nan, +-inf -> posinf/neginf (default: the part dtype's finite extremes), per part.
+TPU_LOWER(c_nan_to_num, "complex:nan_to_num") {
+  Builder& b = ctx.b;
+  Value z = ctx.in(0);
+  if (!is_complex(z.dtype())) throw Unsupported("complex rule with a real input");
+  double big = part_of(z.dtype()) == DType::F64 ? 1.7976931348623157e308 : 3.4028234663852886e38;
+  double nan = ctx.f_or(1, 0), pinf = ctx.f_or(2, big), ninf = ctx.f_or(3, -big);
+  auto fix = [&](Value x) {
+    auto k = [&](double v) { return b.constant(v, x.dtype(), x.shape()); };
+    x = b.select(is_nan(b, x), k(nan), x);
+    x = b.select(b.compare(x, k(INFINITY), Cmp::EQ), k(pinf), x);
+    return b.select(b.compare(x, k(-INFINITY), Cmp::EQ), k(ninf), x);
+  };
+  return {b.convert(cplx(b, fix(re(b, z)), fix(im(b, z))), ctx.out(0).dtype)};
+}
+
+// The complex type two operands compare in (PyTorch's result_type, made complex).
+static DType compare_type(Ctx& ctx) {
+  Vs ts{Value{"", ctx.type_of(0)}};
+  if (ctx.is_tensor(1)) ts.push_back(Value{"", ctx.type_of(1)});
+  DType t = result_type(ts);
+  return is_complex(t) ? t : complex_of(t);
+}
+TPU_LOWER(c_eq, "complex:eq.Tensor", "complex:eq.Scalar") {
+  return cmap(ctx, {0, 1}, compare_type(ctx), [](Builder& b, const Vs& x) { return equal(b, x[0], x[1]); });
+}
+TPU_LOWER(c_ne, "complex:ne.Tensor", "complex:ne.Scalar") {
+  return cmap(ctx, {0, 1}, compare_type(ctx), [](Builder& b, const Vs& x) { return op1(b, "not", equal(b, x[0], x[1])); });
+}
+
+// beta * self + alpha * (x . y); beta == 0 ignores self (NaN included), as PyTorch.
+static Value c_addmm_like(Ctx& ctx, const std::vector<int64_t>& bx, const std::vector<int64_t>& by,
+                          const std::vector<int64_t>& cx, const std::vector<int64_t>& cy) {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  if (!is_complex(o.dtype)) throw Unsupported("complex rule with a real output");
+  Value p = b.dot_general(b.convert(ctx.in(1), o.dtype), b.convert(ctx.in(2), o.dtype), bx, by, cx, cy, o.dtype);
+  Value self = coerce(b, ctx.in(0), o.dtype, o.shape);
+  Value beta = broadcast_to(b, ctx.scalar(3, o.dtype), o.shape);
+  Value alpha = broadcast_to(b, ctx.scalar(4, o.dtype), o.shape);
+  Value zero = zero_like(b, self);
+  Value scaled = b.select(equal(b, beta, zero), zero, mul(b, beta, self));
+  return add(b, scaled, mul(b, alpha, p));
+}
+TPU_LOWER(c_addmm, "complex:addmm") { return {c_addmm_like(ctx, {}, {}, {1}, {0})}; }
+TPU_LOWER(c_addmv, "complex:addmv") { return {c_addmm_like(ctx, {}, {}, {1}, {0})}; }
+TPU_LOWER(c_baddbmm, "complex:baddbmm") { return {c_addmm_like(ctx, {0}, {0}, {2}, {1})}; }
+TPU_LOWER(c_addbmm, "complex:addbmm") { return {c_addmm_like(ctx, {}, {}, {0, 2}, {0, 1})}; }
+
+}  // namespace tpu::lowering

@@ -1,0 +1,338 @@
+"""Complex numbers on tpu: complex views of real storage and back, PyTorch's lazy
+conjugate/negative bits, the complex-only ops (complex, polar, angle, conj_physical)
+and complex arithmetic, each checked against CPU with no CPU fallback."""
+import contextlib
+import math
+import warnings
+
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu import _decompositions
+from conftest import dev, host
+
+C64 = dict(rtol=1e-5, atol=1e-5)
+
+
+def all_fallbacks():
+    fb = dict(torch_tpu.metrics()["fallbacks"])
+    for k, n in _decompositions.fallbacks.items():
+        fb[k] = fb.get(k, 0) + n
+    return fb
+
+
+@contextlib.contextmanager
+def native():
+    before = all_fallbacks()
+    yield
+    grown = {k: v - before.get(k, 0) for k, v in all_fallbacks().items() if v != before.get(k, 0)}
+    assert not grown, f"ops fell back to the CPU: {grown}"
+
+
+def crandn(*shape, seed=0, dtype=torch.complex64):
+    return torch.randn(shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+
+
+def randn(*shape, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def same(got, want, **tol):
+    torch.testing.assert_close(host(got), want, equal_nan=True, **(tol or C64))
+
+
+# ---- views: same storage, dtype reinterpreted
+
+def test_view_as_real_is_a_view_both_ways():
+    z = crandn(3, 4)
+    with native():
+        zt = dev(z)
+        r = torch.view_as_real(zt)
+        assert r._base is zt and r.untyped_storage().data_ptr() == zt.untyped_storage().data_ptr()
+        same(r, torch.view_as_real(z))
+        r[1, 2, 1] = 7.0  # a write through the real view changes the complex tensor
+        r[0].mul_(2)
+        z_cpu = z.clone()
+        torch.view_as_real(z_cpu)[1, 2, 1] = 7.0
+        torch.view_as_real(z_cpu)[0].mul_(2)
+        same(zt, z_cpu)
+        zt[2, 0] = 1 - 3j  # and a write to the complex tensor shows in the view
+        z_cpu[2, 0] = 1 - 3j
+        same(r, torch.view_as_real(z_cpu))
+
+
+def test_view_as_complex_is_a_view_both_ways():
+    x = randn(5, 2)
+    with native():
+        xt = dev(x)
+        c = torch.view_as_complex(xt)
+        same(c, torch.view_as_complex(x))
+        c.mul_(2j)
+        x_cpu = x.clone()
+        torch.view_as_complex(x_cpu).mul_(2j)
+        same(xt, x_cpu)
+        xt[3, 1] = -4.0
+        x_cpu[3, 1] = -4.0
+        same(c, torch.view_as_complex(x_cpu))
+        # real and imag are views through view_as_real
+        same(c.real + c.imag, x_cpu[:, 0] + x_cpu[:, 1])
+
+
+def test_dtype_views_between_real_and_complex():
+    x, z = randn(4, 6), crandn(3, 2)
+    with native():
+        same(dev(x).view(torch.complex64), x.view(torch.complex64))
+        same(dev(z).view(torch.float32), z.view(torch.float32))
+        same(dev(z).view(torch.float64), z.view(torch.float64))
+        same(dev(z.to(torch.complex128)).view(torch.complex64), z.to(torch.complex128).view(torch.complex64))
+
+
+def test_complex_view_of_odd_length_storage():
+    # 5 floats: the complex view addresses the first 4; the 5th must survive writes.
+    x = randn(5)
+    with native():
+        xt = dev(x)
+        c = torch.view_as_complex(xt[:4].view(2, 2))
+        same(c, torch.view_as_complex(x[:4].view(2, 2)))
+        c.add_(1j)
+        want = x.clone()
+        torch.view_as_complex(want[:4].view(2, 2)).add_(1j)
+        same(xt, want)
+
+
+def test_view_of_unwritten_complex_storage_reads_zeros():
+    with native():
+        e = torch.zeros(3, dtype=torch.complex64, device="tpu")
+        same(torch.view_as_real(e), torch.zeros(3, 2))
+        z = torch._efficientzerotensor((2, 3), dtype=torch.complex64, device="tpu")
+        same(z, torch.zeros(2, 3, dtype=torch.complex64))
+
+
+# ---- lazy conjugate / negative bits
+
+def test_conj_bit_reads_and_copies():
+    z = crandn(4, 3)
+    with native():
+        zt = dev(z)
+        c = zt.conj()
+        assert c.is_conj()
+        same(c, z.conj())
+        same(c.clone(), z.conj())
+        same(c.resolve_conj(), z.conj())
+        assert not c.resolve_conj().is_conj()
+        same(c * 2 + 1, z.conj() * 2 + 1)  # ops behind the Conjugate fallback
+        same(c.imag, z.conj().imag)  # a negative-bit view
+        assert c.imag.is_neg()
+        same(c.imag * 3, z.conj().imag * 3)
+        same(c.imag.resolve_neg(), z.conj().imag.resolve_neg())
+
+
+def test_conj_bit_seen_by_ops_the_fallback_lets_through():
+    a, b, v, w = crandn(3, 4), crandn(4, 2, seed=1), crandn(5, seed=2), crandn(5, seed=3)
+    with native():
+        same(dev(a).conj() @ dev(b), a.conj() @ b)
+        same(dev(a).mH @ dev(a), a.mH @ a)
+        same(torch.vdot(dev(v), dev(w)), torch.vdot(v, w))
+        same(torch.dot(dev(v).conj(), dev(w)), torch.dot(v.conj(), w))
+        same(torch.addmm(dev(a @ b), dev(a).conj(), dev(b)), torch.addmm(a @ b, a.conj(), b))
+        same(torch.bmm(dev(a[None]).conj(), dev(b[None])), torch.bmm(a[None].conj(), b[None]))
+
+
+def test_writes_through_conj_and_neg_views():
+    v, w = crandn(5), crandn(5, seed=1)
+    with native():
+        x, xt = v.clone(), dev(v)
+        x.conj().add_(1 + 2j)
+        xt.conj().add_(1 + 2j)
+        same(xt, x)
+        x.conj().imag.mul_(3)
+        xt.conj().imag.mul_(3)
+        same(xt, x)
+        x.conj().copy_(w)  # copy_ into a conj view stores the conjugate
+        xt.conj().copy_(dev(w))
+        same(xt, x)
+        y = dev(v)
+        y.conj().copy_(w)  # from the host as well
+        same(y, w.conj())
+        n = dev(v).conj().imag
+        n.copy_(torch.arange(5.0))
+        same(n, torch.arange(5.0))
+
+
+def test_conj_physical():
+    z, x = crandn(3, 4), randn(3, 4)
+    with native():
+        same(torch.conj_physical(dev(z)), torch.conj_physical(z))
+        same(torch.conj_physical(dev(x)), torch.conj_physical(x))
+        same(torch.conj_physical(dev(z).conj()), torch.conj_physical(z.conj()))
+        out = torch.empty(3, 4, dtype=torch.complex64, device="tpu")
+        torch.conj_physical(dev(z), out=out)
+        same(out, z.conj_physical())
+        y = dev(z)
+        y.conj_physical_()
+        same(y, z.conj_physical())
+
+
+# ---- complex-only ops
+
+def test_angle_real_and_complex():
+    x = torch.tensor([-2.0, -0.0, 0.0, 3.0, float("nan"), -float("inf"), float("inf")])
+    z = torch.tensor([1 + 1j, -1 + 0j, -1 - 0j, 0j, complex(float("nan"), 1), complex(0, -2)],
+                     dtype=torch.complex64)
+    with native():
+        same(torch.angle(dev(x)), torch.angle(x))
+        same(torch.angle(dev(z)), torch.angle(z))
+        same(torch.angle(dev(torch.tensor([-3, 0, 4]))), torch.angle(torch.tensor([-3, 0, 4])))
+        out = torch.empty(6, device="tpu")
+        torch.angle(dev(z), out=out)
+        same(out, torch.angle(z))
+
+
+def test_complex_and_polar():
+    re, im = randn(3, 1), randn(1, 4, seed=1)
+    with native():
+        same(torch.complex(dev(re), dev(im)), torch.complex(re, im))
+        same(torch.complex(dev(re.double()), dev(im.double())), torch.complex(re.double(), im.double()))
+        same(torch.polar(dev(re.abs()), dev(im)), torch.polar(re.abs(), im))
+        out = torch.empty(3, 4, dtype=torch.complex64, device="tpu")
+        torch.complex(dev(re), dev(im), out=out)
+        same(out, torch.complex(re, im))
+        torch.polar(dev(re.abs()), dev(im), out=out)
+        same(out, torch.polar(re.abs(), im))
+
+
+def test_complex_and_polar_backward():
+    for fn in (torch.complex, lambda a, t: torch.polar(a.abs(), t)):
+        a, t = randn(3, 4).requires_grad_(), randn(3, 4, seed=1).requires_grad_()
+        at, tt = dev(a.detach()).requires_grad_(), dev(t.detach()).requires_grad_()
+        w = crandn(3, 4, seed=2)
+        with native():
+            torch.view_as_real(fn(a, t) * w).sum().backward()
+            torch.view_as_real(fn(at, tt) * dev(w)).sum().backward()
+            same(at.grad, a.grad)
+            same(tt.grad, t.grad)
+
+
+# ---- complex arithmetic
+
+BINARY = [
+    lambda x, y: x + y, lambda x, y: x - y, lambda x, y: x * y, lambda x, y: x / y,
+    lambda x, y: torch.add(x, y, alpha=2), lambda x, y: torch.sub(x, y, alpha=0.5),
+    lambda x, y: x * 2.5, lambda x, y: x * (1 - 2j), lambda x, y: x + 1j, lambda x, y: 3 - x,
+    lambda x, y: x / (2 + 1j), lambda x, y: x.real + y, lambda x, y: x == y, lambda x, y: x != x.conj(),
+    lambda x, y: x == (1 + 1j),
+]
+
+
+@pytest.mark.parametrize("i", range(len(BINARY)))
+def test_binary(i):
+    x, y = crandn(3, 4), crandn(1, 4, seed=1)
+    with native():
+        same(BINARY[i](dev(x), dev(y)), BINARY[i](x, y))
+
+
+def test_complex128():
+    x, y = crandn(3, 4, dtype=torch.complex128), crandn(1, 4, seed=1, dtype=torch.complex128)
+    with native():
+        for fn in BINARY[:8]:
+            same(fn(dev(x), dev(y)), fn(x, y), rtol=1e-12, atol=1e-12)
+        same(dev(x).abs(), x.abs(), rtol=1e-12, atol=1e-12)
+
+
+UNARY = [torch.neg, torch.reciprocal, torch.abs, torch.sgn, torch.exp, torch.log, torch.sqrt,
+         torch.sin, torch.cos, torch.tanh, torch.tan, lambda z: z.sum(), lambda z: z.sum(0), lambda z: z.mean(1),
+         lambda z: z @ z.mT, lambda z: z.real * z.imag, lambda z: torch.cat([z, z.conj()])]
+
+
+@pytest.mark.parametrize("i", range(len(UNARY)))
+def test_unary(i):
+    z = crandn(3, 3)
+    with native():
+        same(UNARY[i](dev(z)), UNARY[i](z))
+
+
+def test_special_values():
+    z = torch.tensor([0j, 1 + 1j, complex(math.inf, 0), complex(math.nan, 1), complex(0, -0.0)],
+                     dtype=torch.complex64)
+    zero = torch.zeros(5, dtype=torch.complex64)
+    with native():
+        for fn in (torch.sgn, torch.abs, torch.angle, torch.reciprocal, lambda t: t == t):
+            same(fn(dev(z)), fn(z))
+        same(dev(z) / dev(zero), z / zero)
+
+
+def test_special_values_of_complex_functions():
+    # Every pairing of these parts, compared as assert_close compares complex values: a
+    # value with a NaN part is NaN (which part is NaN follows C99 on CPU, not on XLA).
+    vals = [0.0, -0.0, 1.5, -2.0, math.inf, -math.inf, math.nan, 100.0]
+    z = torch.tensor([complex(a, b) for a in vals for b in vals], dtype=torch.complex64)
+    with native():
+        for fn in (torch.exp, torch.log, torch.sqrt, torch.sin, torch.cos, torch.tanh, torch.tan,
+                   torch.sgn, torch.neg, lambda t: t * t.conj(), lambda t: t + 1j, torch.abs,
+                   torch.angle, torch.isnan, torch.isinf, torch.isfinite):
+            same(fn(dev(z)), fn(z))
+        # the branch cut follows the sign of a zero imaginary part
+        neg0 = torch.tensor([complex(-2.0, -0.0), complex(-2.0, 0.0)])
+        same(torch.view_as_real(torch.sqrt(dev(neg0))), torch.view_as_real(torch.sqrt(neg0)))
+        same(torch.nan_to_num(dev(z)), torch.nan_to_num(z))
+        same(torch.nan_to_num(dev(z), nan=1.0, posinf=2.0, neginf=-3.0),
+             torch.nan_to_num(z, nan=1.0, posinf=2.0, neginf=-3.0))
+
+
+def test_inplace_and_casts():
+    z, x = crandn(3, 4), randn(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # casting complex to real discards the imaginary part
+        with native():
+            zt = dev(z)
+            zt.mul_(2j).add_(dev(x))
+            same(zt, z * 2j + x)
+            same(dev(z).to(torch.float32), z.to(torch.float32))
+            same(dev(x).to(torch.complex64), x.to(torch.complex64))
+            same(dev(z).to(torch.complex128), z.to(torch.complex128))
+            same(torch.where(dev(x) > 0, dev(z), 0j), torch.where(x > 0, z, 0j))
+
+
+# ---- fft with conjugate views and complex backward
+
+def test_fft_of_conj_views():
+    z, x = crandn(4, 6), randn(4, 6)
+    with native():
+        same(torch.fft.ifft(dev(z).conj()), torch.fft.ifft(z.conj()))
+        same(torch.fft.ihfft(dev(x)), torch.fft.ihfft(x))
+        same(torch.fft.ihfft2(dev(x)), torch.fft.ihfft2(x))
+        same(torch.fft.hfft2(dev(z)), torch.fft.hfft2(z), rtol=1e-4, atol=1e-4)
+        same(torch.fft.hfftn(dev(z), dim=(0, 1)), torch.fft.hfftn(z, dim=(0, 1)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fn", [torch.fft.irfft, torch.fft.hfft, torch.fft.irfft2, torch.fft.ihfftn])
+def test_fft_backward(fn):
+    x = randn(4, 6)
+    xc = torch.fft.rfft2(x) if fn in (torch.fft.irfft, torch.fft.hfft, torch.fft.irfft2) else x
+    a = xc.clone().requires_grad_()
+    at = dev(xc).requires_grad_()
+    with native():
+        out, out_t = fn(a), fn(at)
+        w = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(1))
+        (torch.view_as_real(out * w) if out.is_complex() else out * w).sum().backward()
+        (torch.view_as_real(out_t * dev(w)) if out_t.is_complex() else out_t * dev(w)).sum().backward()
+        same(at.grad, a.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_sgn_backward_uses_native_zeros():
+    x = randn(6)
+    x[2] = 0.0
+    a, at = x.clone().requires_grad_(), dev(x).requires_grad_()
+    with native():
+        torch.sgn(a).sum().backward()
+        torch.sgn(at).sum().backward()
+        same(at.grad, a.grad)
+
+
+def test_complex_half_is_a_clear_error():
+    # XLA has no complex<f16>: holding chalf in complex64 would misstate its dtype.
+    with pytest.raises(TypeError, match="ComplexHalf is not supported on tpu"):
+        dev(randn(3)).chalf()
+    with pytest.raises(TypeError, match="ComplexHalf is not supported on tpu"):
+        torch.zeros(2, dtype=torch.complex32, device="tpu")
