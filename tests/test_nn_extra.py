@@ -13,16 +13,6 @@ from conftest import dev, host
 
 F32 = dict(rtol=1e-4, atol=1e-5)
 
-# PyTorch ships no Meta kernel for these backwards, and the backend plans an op from its
-# Meta outputs (without one it takes the fallback). Until torch_tpu registers them, the
-# tests supply the obvious ones (grad_input shaped like self / log_probs) so the rules run.
-_META_LIB = torch.library.Library("aten", "IMPL")
-for _name, _like in [("multi_margin_loss_backward", 1), ("multilabel_margin_loss_backward", 1),
-                     ("_ctc_loss_backward", 1)]:
-    if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + _name, "Meta"):
-        _META_LIB.impl(_name, lambda *a, _i=_like, **k: torch.empty_like(a[_i]), "Meta")
-
-
 def all_fallbacks():
     fb = dict(torch_tpu.metrics()["fallbacks"])
     for k, n in _decompositions.fallbacks.items():

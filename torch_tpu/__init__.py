@@ -29,6 +29,9 @@ import atexit  # noqa: E402
 
 atexit.register(_C._drain)  # deferred graphs still launching finish before teardown
 
+from . import _meta  # noqa: E402  (shapes of the few ops PyTorch has no Meta kernel for)
+
+_meta.register()
 from . import _decompositions  # noqa: E402  (after the rules: ops still without a kernel)
 
 _decompositions.register()
