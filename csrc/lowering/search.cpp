@@ -1,0 +1,219 @@
+// Searching sorted data and order statistics: searchsorted, median, nanmedian, mode.
+#include <algorithm>
+
+#include "lowering/search_util.h"
+
+namespace tpu::lowering {
+
+using ir::Cmp;
+using namespace search;
+
+// searchsorted: CPU's binary search, step for step (so NaN in the boundaries or the
+// values lands where CPU puts it), unrolled floor(log2 n) + 1 times over all values.
+// Left side moves right while !(mid >= v), right side while !(mid > v). Both compare
+// in the result type of boundaries and values (a Python scalar counts as wrapped).
+static std::vector<Value> searchsorted(Ctx& ctx, bool scalar) {
+  Builder& b = ctx.b;
+  Value bd = ctx.in(0);
+  DType t;
+  Value v;
+  if (scalar) {
+    t = bd.dtype();
+    if (!is_float(t) && ctx.scalar_is_float(1)) t = DType::F32;
+    v = ctx.scalar(1, t);
+  } else {
+    v = ctx.in(1);
+    t = result_type({bd, v});
+  }
+  bool right = ctx.flag_or(3, false);
+  if (!ctx.is_none(4)) right = ctx.str(4) == "right";
+  Type out = ctx.out(0);
+  int64_t n = bd.shape().back(), total = v.type.numel();
+  if (n == 0 || total == 0) return {b.constant(0, out.dtype, out.shape)};
+  bd = b.reshape(b.convert(bd, t), {bd.type.numel()});
+  v = b.reshape(b.convert(v, t), {total});
+  Type it{DType::I64, {total}};
+  auto c = [&](double x) { return b.constant(x, DType::I64, {total}); };
+  Value base = c(0);
+  if (ctx.type_of(0).rank() > 1) {  // one row of boundaries per row of values
+    int64_t m = ctx.type_of(1).shape.back();
+    base = mul(b, b.binary("stablehlo.divide", b.iota(it, 0), c(double(m))), c(double(n)));
+  }
+  std::optional<Value> sorter;
+  if (!ctx.is_none(5)) {
+    Value s = ctx.in(5);
+    ctx.check(all_in_range(b, s, 0, n), "searchsorted(): sorter index out of range");
+    sorter = b.reshape(b.convert(s, DType::I64), {s.type.numel()});
+  }
+  Value lo = c(0), hi = c(double(n));
+  for (int64_t span = 1; span <= n; span *= 2) {
+    Value active = b.compare(lo, hi, Cmp::LT);
+    Value mid = add(b, lo, b.binary("stablehlo.shift_right_arithmetic", sub(b, hi, lo), c(1)));
+    Value at = b.clamp(c(0), mid, c(double(n - 1)));
+    if (sorter) at = gather_flat(b, *sorter, add(b, base, at));
+    Value mv = gather_flat(b, bd, add(b, base, at));
+    Value go_right = lnot(b, b.compare(mv, v, right ? Cmp::GT : Cmp::GE));
+    lo = b.select(land(b, active, go_right), add(b, mid, c(1)), lo);
+    hi = b.select(land(b, active, lnot(b, go_right)), mid, hi);
+  }
+  return {b.reshape(b.convert(lo, out.dtype), out.shape)};
+}
+
+TPU_LOWER(searchsorted_tensor, "searchsorted.Tensor") { return searchsorted(ctx, false); }
+TPU_LOWER(searchsorted_scalar, "searchsorted.Scalar") { return searchsorted(ctx, true); }
+
+// ---- median / nanmedian ----
+
+// Entry k (an int64 value shaped like x without its last dim) of the last dim of x.
+static Value pick_last(Builder& b, const Value& x, const Value& k) {
+  Shape s = x.shape();
+  int64_t n = s.back(), rows = x.type.numel() / std::max<int64_t>(n, 1);
+  Value flat = b.reshape(x, {rows * n});
+  Value row = b.iota(Type{DType::I64, {rows}}, 0);
+  Value pos = add(b, mul(b, row, b.constant(double(n), DType::I64, {rows})), b.reshape(k, {rows}));
+  Shape rs(s.begin(), s.end() - 1);
+  return b.reshape(gather_flat(b, flat, pos), rs);
+}
+
+// CPU partitions a row of NaN with std::nth_element(k = 0) under a comparator that
+// finds no NaN before another: which position ends first then depends on n alone, so
+// the same libstdc++ algorithm run on positions gives it.
+static int64_t all_nan_pick(int64_t n) {
+  std::vector<int64_t> pos(n);
+  for (int64_t i = 0; i < n; ++i) pos[i] = i;
+  std::nth_element(pos.begin(), pos.begin(), pos.end(), [](int64_t, int64_t) { return false; });
+  return pos[0];
+}
+
+// Median along the last dim of x (sorted with NaN last, stable, as CPU's index choice
+// agrees with). median: a NaN anywhere gives that row's first NaN. nanmedian: the
+// lower median of the non-NaN values; a row of NaN: see all_nan_pick.
+static std::pair<Value, Value> median_last(Builder& b, const Value& x, bool ignore_nan) {
+  int64_t n = x.shape().back();
+  Shape rs(x.shape().begin(), x.shape().end() - 1);
+  auto sorted = sort_nan_last(b, x, x.rank() - 1);
+  Value k;
+  if (ignore_nan) {
+    Value cnt = reduce_sum(b, b.convert(lnot(b, is_nan(b, x)), DType::I64), {x.rank() - 1});
+    Value half = b.binary("stablehlo.divide", sub(b, cnt, b.constant(1, DType::I64, rs)),
+                          b.constant(2, DType::I64, rs));
+    Value none = b.compare(cnt, b.constant(0, DType::I64, rs), Cmp::EQ);
+    k = b.select(none, b.constant(double(all_nan_pick(n)), DType::I64, rs), half);
+  } else {
+    // With a NaN, sorted position count(non-NaN) is the first NaN (stable order).
+    Value cnt = reduce_sum(b, b.convert(lnot(b, is_nan(b, x)), DType::I64), {x.rank() - 1});
+    Value has_nan = b.compare(cnt, b.constant(double(n), DType::I64, rs), Cmp::LT);
+    k = b.select(has_nan, cnt, b.constant(double((n - 1) / 2), DType::I64, rs));
+  }
+  return {pick_last(b, sorted[0], k), pick_last(b, sorted[1], k)};
+}
+
+static Value median_all(Ctx& ctx, bool ignore_nan) {
+  Value x = ctx.in(0);
+  int64_t n = x.type.numel();
+  if (n == 0) throw Unsupported("median of an empty tensor");
+  Value flat = ctx.b.reshape(x, {n});
+  return ctx.b.reshape(median_last(ctx.b, flat, ignore_nan).first, ctx.out(0).shape);
+}
+
+static std::vector<Value> median_dim(Ctx& ctx, bool ignore_nan) {
+  Builder& b = ctx.b;
+  Value x = ctx.in(0);
+  if (x.rank() == 0) return {x, b.constant(0, DType::I64)};
+  int64_t dim = wrap_dim(ctx.i(1), x.rank());
+  if (x.shape()[dim] == 0) throw Unsupported("median over an empty dim");
+  auto [v, i] = median_last(b, dim_last(b, x, dim), ignore_nan);
+  return {b.reshape(v, ctx.out(0).shape), b.reshape(i, ctx.out(1).shape)};
+}
+
+TPU_LOWER(median, "median") { return {median_all(ctx, false)}; }
+TPU_LOWER(nanmedian, "nanmedian") { return {median_all(ctx, true)}; }
+TPU_LOWER(median_d, "median.dim") { return median_dim(ctx, false); }
+TPU_LOWER(nanmedian_d, "nanmedian.dim") { return median_dim(ctx, true); }
+
+// ---- mode ----
+
+// CPU sorts each row of (value, index) pairs with std::sort on `value <`, which for up
+// to 16 elements is libstdc++'s insertion sort: replayed here step by step, so NaN and
+// ties end where CPU leaves them. Then the first strictly longest run of equal values
+// (`!=` ends a run, so each NaN is its own) gives the value and the index of the run's
+// last element. Longer rows go through introsort, which we do not replay.
+static std::pair<Value, Value> insertion_sort(Builder& b, Value a, Value ix) {
+  const Shape& s = a.shape();
+  int64_t r = a.rank(), n = s.back();
+  Value pos = b.iota(Type{DType::I64, s}, r - 1);
+  auto k = [&](double v) { return b.constant(v, DType::I64, s); };
+  auto col = [&](const Value& x, int64_t i) {
+    Shape lo(r, 0), hi = s, one(r, 1);
+    lo[r - 1] = i;
+    hi[r - 1] = i + 1;
+    return broadcast_to(b, b.slice(x, lo, hi, one), s);
+  };
+  auto shift_right = [&](const Value& x) {
+    Shape lo(r, 0), hi(r, 0), in(r, 0), zero(r, 0), one(r, 1);
+    lo[r - 1] = 1;
+    return b.slice(b.pad(x, b.constant(0, x.dtype()), lo, hi, in), zero, s, one);
+  };
+  for (int64_t i = 1; i < n; ++i) {
+    Value val = col(a, i), vix = col(ix, i);
+    Value lt = b.compare(val, a, Cmp::LT);
+    Value before_i = b.compare(pos, k(double(i)), Cmp::LT);
+    // Insertion point: one past the last earlier element that val is not below; 0 when
+    // val is below the first (then everything before i moves up).
+    Value stop = land(b, lnot(b, lt), before_i);
+    Value p = reduce_max(b, b.select(stop, pos, k(-1)), {r - 1});
+    p = add(b, p, b.constant(1, DType::I64, p.shape()));
+    Value front = b.reshape(col(lt, 0), s);
+    Value pb = b.select(front, k(0), broadcast_to(b, keep_dims(b, p, s, {r - 1}), s));
+    Value at = b.compare(pos, pb, Cmp::EQ);
+    Value moved = land(b, b.compare(pos, pb, Cmp::GT), b.compare(pos, k(double(i)), Cmp::LE));
+    a = b.select(at, val, b.select(moved, shift_right(a), a));
+    ix = b.select(at, vix, b.select(moved, shift_right(ix), ix));
+  }
+  return {a, ix};
+}
+
+TPU_LOWER(mode, "mode") {
+  Builder& b = ctx.b;
+  Value x = ctx.in(0);
+  if (x.rank() == 0) return {x, b.constant(0, DType::I64)};
+  int64_t dim = wrap_dim(ctx.i_or(1, -1), x.rank());
+  int64_t n = x.shape()[dim];
+  if (n == 0 || n > 16) throw Unsupported("mode over a dim of size 0 or > 16");
+  Value y = dim_last(b, x, dim);
+  if (y.dtype() == DType::Bool) y = b.convert(y, DType::U8);
+  int64_t r = y.rank();
+  const Shape& s = y.shape();
+  auto [a, ix] = insertion_sort(b, y, b.iota(Type{DType::I64, s}, r - 1));
+  // Run ends: the last element, or a value != its successor.
+  Shape lo(r, 0), one(r, 1);
+  lo[r - 1] = 1;
+  Shape pad_hi(r, 0);
+  pad_hi[r - 1] = 1;
+  Value next = b.pad(b.slice(a, lo, s, one), b.constant(0, a.dtype()), Shape(r, 0), pad_hi, Shape(r, 0));
+  Value pos = b.iota(Type{DType::I64, s}, r - 1);
+  Value is_last = b.compare(pos, b.constant(double(n - 1), DType::I64, s), Cmp::EQ);
+  Value end = lor(b, is_last, b.compare(a, next, Cmp::NE));
+  // Run length at an end: its position minus the previous end's.
+  Shape s2 = s;
+  s2.push_back(n);
+  std::vector<int64_t> as_j, as_l;
+  for (int64_t d = 0; d < r; ++d) as_j.push_back(d);
+  for (int64_t d = 0; d < r - 1; ++d) as_l.push_back(d);
+  as_l.push_back(r);
+  Value jj = b.iota(Type{DType::I64, s2}, r - 1), ll = b.iota(Type{DType::I64, s2}, r);
+  Value earlier_end = land(b, b.broadcast_in_dim(end, s2, as_l), b.compare(ll, jj, Cmp::LT));
+  Value prev = reduce_max(b, b.select(earlier_end, ll, b.constant(-1, DType::I64, s2)), {r});
+  Value len = b.select(end, sub(b, pos, prev), b.constant(0, DType::I64, s));
+  // First strictly longest run: max length, ties to the lower position.
+  auto best = b.reduce({len, pos}, {b.constant(-1, DType::I64), b.constant(0, DType::I64)}, {r - 1},
+                       [](Builder& q, const std::vector<Value>& v) {
+    Value pick = lor(q, q.compare(v[0], v[2], Cmp::GT),
+                     land(q, q.compare(v[0], v[2], Cmp::EQ), q.compare(v[1], v[3], Cmp::LT)));
+    return std::vector<Value>{q.select(pick, v[0], v[2]), q.select(pick, v[1], v[3])};
+  });
+  Value val = pick_last(b, a, best[1]), idx = pick_last(b, ix, best[1]);
+  return {b.reshape(b.convert(val, x.dtype()), ctx.out(0).shape), b.reshape(idx, ctx.out(1).shape)};
+}
+
+}  // namespace tpu::lowering
