@@ -1,4 +1,5 @@
-// Searching sorted data and order statistics: searchsorted, median, nanmedian, mode.
+// Searching sorted data and order statistics: searchsorted, median, nanmedian,
+// kthvalue, mode.
 #include <algorithm>
 
 #include "lowering/search_util.h"
@@ -130,6 +131,122 @@ TPU_LOWER(median, "median") { return {median_all(ctx, false)}; }
 TPU_LOWER(nanmedian, "nanmedian") { return {median_all(ctx, true)}; }
 TPU_LOWER(median_d, "median.dim") { return median_dim(ctx, false); }
 TPU_LOWER(nanmedian_d, "nanmedian.dim") { return median_dim(ctx, true); }
+
+// ---- kthvalue ----
+
+// CPU finds the k-th value with Sedgewick's quickselect (median of three, then
+// scanning i up and j down), and ties end wherever its swaps leave them. Replayed
+// here exactly: every row runs the same state machine in lockstep in one while loop,
+// one scan step per iteration. Phases: 0 start a round, 1 scan i, 2 scan j, 3 swap or
+// close the round, 4 done.
+struct QuickSelect {
+  Builder& b;
+  int64_t rows, n;
+  Shape rs, s;
+  Value col, base;
+  QuickSelect(Builder& bb, int64_t r, int64_t nn) : b(bb), rows(r), n(nn), rs{r}, s{r, nn} {
+    col = b.iota(Type{DType::I64, s}, 1);
+    base = mul(b, b.iota(Type{DType::I64, rs}, 0), b.constant(double(n), DType::I64, rs));
+  }
+  Value I(double v) { return b.constant(v, DType::I64, rs); }
+  Value get(const Value& a, const Value& pos) {
+    Value p = b.clamp(I(0), pos, I(double(n - 1)));
+    return gather_flat(b, b.reshape(a, {rows * n}), add(b, base, p));
+  }
+  // x sorts after y: greater, or NaN against a number.
+  Value gt(const Value& x, const Value& y) {
+    Value r = b.compare(x, y, Cmp::GT);
+    if (!is_float(x.dtype())) return r;
+    return lor(b, r, land(b, is_nan(b, x), lnot(b, is_nan(b, y))));
+  }
+  void swap(Value& a, Value& ix, const Value& p, const Value& q, const Value& on) {
+    Value va = get(a, p), vb = get(a, q), ia = get(ix, p), ib = get(ix, q);
+    auto B = [&](const Value& v) { return b.broadcast_in_dim(v, s, {0}); };
+    Value at_p = land(b, B(on), b.compare(col, B(p), Cmp::EQ));
+    Value at_q = land(b, B(on), b.compare(col, B(q), Cmp::EQ));
+    a = b.select(at_p, B(vb), b.select(at_q, B(va), a));
+    ix = b.select(at_p, B(ib), b.select(at_q, B(ia), ix));
+  }
+};
+
+static std::pair<Value, Value> quickselect(Builder& outer, const Value& x, int64_t k) {
+  int64_t rows = x.shape()[0], n = x.shape()[1];
+  Shape rs{rows};
+  std::vector<Value> init = {x, outer.iota(Type{DType::I64, x.shape()}, 1),
+                             outer.constant(0, DType::I64, rs), outer.constant(double(n - 1), DType::I64, rs),
+                             outer.constant(0, DType::I64, rs), outer.constant(0, DType::I64, rs),
+                             outer.constant(0, x.dtype(), rs), outer.constant(0, DType::I32, rs)};
+  auto st = outer.while_loop(init, [](Builder& b, const std::vector<Value>& v) {
+    Value live = b.convert(b.compare(v[7], b.constant(4, DType::I32, v[7].shape()), Cmp::NE), DType::I32);
+    return std::vector<Value>{b.compare(b.reduce(live, b.constant(0, DType::I32), {0}, "stablehlo.maximum"),
+                                        b.constant(0, DType::I32), Cmp::GT)};
+  }, [rows, n, k](Builder& b, const std::vector<Value>& v) {
+    QuickSelect q(b, rows, n);
+    Value a = v[0], ix = v[1], L = v[2], R = v[3], i = v[4], j = v[5], piv = v[6], ph = v[7];
+    auto P = [&](int p) { return b.compare(ph, b.constant(p, DType::I32, ph.shape()), Cmp::EQ); };
+    Value p0 = P(0), p1 = P(1), p2 = P(2), p3 = P(3);
+    auto ph_to = [&](const Value& on, int p) { ph = b.select(on, b.constant(p, DType::I32, ph.shape()), ph); };
+    Value one = q.I(1);
+    // Phase 0: one element: done; two: order them, done; else median of three.
+    Value single = b.compare(R, L, Cmp::LE), two = b.compare(R, add(b, L, one), Cmp::EQ);
+    Value two_on = land(b, p0, land(b, lnot(b, single), two));
+    q.swap(a, ix, L, R, land(b, two_on, q.gt(q.get(a, L), q.get(a, R))));
+    Value gen = land(b, p0, lnot(b, lor(b, single, two)));
+    Value L1 = add(b, L, one);
+    Value mid = b.binary("stablehlo.shift_right_arithmetic", add(b, L, R), one);
+    q.swap(a, ix, mid, L1, gen);
+    q.swap(a, ix, L1, R, land(b, gen, q.gt(q.get(a, L1), q.get(a, R))));
+    q.swap(a, ix, L, R, land(b, gen, q.gt(q.get(a, L), q.get(a, R))));
+    q.swap(a, ix, L1, L, land(b, gen, q.gt(q.get(a, L1), q.get(a, L))));
+    i = b.select(gen, L1, i);
+    j = b.select(gen, R, j);
+    piv = b.select(gen, q.get(a, L), piv);
+    ph_to(land(b, p0, lnot(b, gen)), 4);
+    ph_to(gen, 1);
+    // Phase 1: i moves up while piv sorts after arr[i].
+    Value i1 = add(b, i, one);
+    Value stop_i = land(b, p1, lnot(b, q.gt(piv, q.get(a, i1))));
+    i = b.select(p1, i1, i);
+    ph_to(stop_i, 2);
+    // Phase 2: j moves down while arr[j] sorts after piv.
+    Value j1 = sub(b, j, one);
+    Value stop_j = land(b, p2, lnot(b, q.gt(q.get(a, j1), piv)));
+    j = b.select(p2, j1, j);
+    ph_to(stop_j, 3);
+    // Phase 3: crossed: pivot into place, narrow to k's side; else swap and scan on.
+    Value crossed = b.compare(j, i, Cmp::LT);
+    Value go_on = land(b, p3, lnot(b, crossed)), close = land(b, p3, crossed);
+    q.swap(a, ix, i, j, go_on);
+    ph_to(go_on, 1);
+    q.swap(a, ix, L, j, close);
+    Value kk = q.I(double(k));
+    Value newL = b.select(land(b, close, b.compare(j, kk, Cmp::LE)), i, L);
+    R = b.select(land(b, close, b.compare(j, kk, Cmp::GE)), sub(b, j, one), R);
+    L = newL;
+    ph_to(close, 0);
+    return std::vector<Value>{a, ix, L, R, i, j, piv, ph};
+  });
+  Value at = outer.constant(double(k), DType::I64, rs);
+  QuickSelect q(outer, rows, n);
+  return {q.get(st[0], at), q.get(st[1], at)};
+}
+
+TPU_LOWER(kthvalue, "kthvalue") {
+  Builder& b = ctx.b;
+  Value x = ctx.in(0);
+  int64_t k = ctx.i(1);
+  if (x.rank() == 0) {
+    if (k != 1) throw Unsupported("kthvalue: k out of range");
+    return {x, b.constant(0, DType::I64)};
+  }
+  int64_t dim = wrap_dim(ctx.i_or(2, -1), x.rank()), n = x.shape()[dim];
+  if (k < 1 || k > n || x.type.numel() == 0) throw Unsupported("kthvalue: k out of range or empty input");
+  Value y = dim_last(b, x, dim);
+  if (y.dtype() == DType::Bool) y = b.convert(y, DType::U8);
+  int64_t rows = y.type.numel() / n;
+  auto [v, i] = quickselect(b, b.reshape(y, {rows, n}), k - 1);
+  return {b.reshape(b.convert(v, x.dtype()), ctx.out(0).shape), b.reshape(i, ctx.out(1).shape)};
+}
 
 // ---- mode ----
 
