@@ -1,4 +1,5 @@
-// Ops that address a tensor as if flattened: take, put, nonzero_static.
+// Ops that address a tensor as if flattened: take, put, nonzero_static; and
+// hash_tensor.
 #include "lowering/search_util.h"
 
 namespace tpu::lowering {
@@ -83,6 +84,26 @@ TPU_LOWER(nonzero_static, "nonzero_static") {
   Value row = b.iota(Type{DType::I64, out.shape}, 0);
   Value valid = b.compare(row, broadcast_to(b, count, out.shape), Cmp::LT);
   return {b.select(valid, coords, filled)};
+}
+
+}  // namespace tpu::lowering
+
+namespace tpu::lowering {
+
+// hash_tensor(self, dim, keepdim, mode 0): XOR of the elements' 64-bit patterns, as
+// CPU forms them: floats widened to f64, integers (and bool) to int64, then reread
+// as uint64.
+TPU_LOWER(hash_tensor, "hash_tensor") {
+  Builder& b = ctx.b;
+  Value x = ctx.in(0);
+  if (ctx.i_or(3, 0) != 0) throw Unsupported("hash_tensor mode");
+  DType t = x.dtype();
+  if (is_complex(t)) throw Unsupported("hash_tensor of complex");
+  Value w = is_float(t) ? b.bitcast(b.convert(x, DType::F64), DType::U64)
+                        : b.bitcast(b.convert(x, DType::I64), DType::U64);
+  std::vector<int64_t> dims = reduce_dims(ctx.is_none(1) ? std::vector<int64_t>{} : ctx.ints(1), x.rank());
+  Value r = b.reduce(w, b.constant(0, DType::U64), dims, "stablehlo.xor");
+  return {b.reshape(r, ctx.out(0).shape)};
 }
 
 }  // namespace tpu::lowering
