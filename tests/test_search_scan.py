@@ -83,7 +83,7 @@ def test_searchsorted_rows_sorter_scalar():
 
 # ---- order statistics
 
-@pytest.mark.parametrize("n", [3, 5, 12, 30])
+@pytest.mark.parametrize("n", [5, 30])
 def test_median_nanmedian_indices(n):
     x = ties(40, n, nan=0.25, seed=n)
     x[0] = NAN  # an all-NaN row: CPU's nth_element decides its index
@@ -95,16 +95,13 @@ def test_median_nanmedian_indices(n):
 
 
 def test_kthvalue_ties_and_nan():
-    for seed in range(8):
-        n = 2 + 5 * seed
-        x = ties(3, n, nan=0.1, seed=seed)
-        for k in {1, (n + 1) // 2, n}:
-            same(lambda a: torch.kthvalue(a, k, 1), x)
+    for seed, n, k in [(0, 5, 3), (1, 12, 1), (2, 12, 12), (3, 23, 11)]:
+        same(lambda a: torch.kthvalue(a, k, 1), ties(3, n, nan=0.1, seed=seed))
     same(lambda a: torch.kthvalue(a, 3, 0, keepdim=True), torch.randint(0, 3, (7, 4, 2), generator=gen()))
     same(lambda a: torch.kthvalue(a, 1), torch.tensor(2.))
 
 
-@pytest.mark.parametrize("n", [1, 2, 5, 9, 16])
+@pytest.mark.parametrize("n", [1, 5, 16])
 def test_mode_ties_and_nan(n):
     same(lambda a: torch.mode(a, 1), torch.randint(0, 3, (30, n), generator=gen(n)))
     same(lambda a: torch.mode(a, 0), ties(n, 12, nan=0.2, seed=n))

@@ -255,39 +255,46 @@ TPU_LOWER(kthvalue, "kthvalue") {
 // ties end where CPU leaves them. Then the first strictly longest run of equal values
 // (`!=` ends a run, so each NaN is its own) gives the value and the index of the run's
 // last element. Longer rows go through introsort, which we do not replay.
-static std::pair<Value, Value> insertion_sort(Builder& b, Value a, Value ix) {
-  const Shape& s = a.shape();
-  int64_t r = a.rank(), n = s.back();
-  Value pos = b.iota(Type{DType::I64, s}, r - 1);
-  auto k = [&](double v) { return b.constant(v, DType::I64, s); };
-  auto col = [&](const Value& x, int64_t i) {
-    Shape lo(r, 0), hi = s, one(r, 1);
-    lo[r - 1] = i;
-    hi[r - 1] = i + 1;
-    return broadcast_to(b, b.slice(x, lo, hi, one), s);
-  };
-  auto shift_right = [&](const Value& x) {
-    Shape lo(r, 0), hi(r, 0), in(r, 0), zero(r, 0), one(r, 1);
-    lo[r - 1] = 1;
-    return b.slice(b.pad(x, b.constant(0, x.dtype()), lo, hi, in), zero, s, one);
-  };
-  for (int64_t i = 1; i < n; ++i) {
+static std::pair<Value, Value> insertion_sort(Builder& outer, const Value& a0, const Value& ix0) {
+  const Shape s = a0.shape();
+  int64_t r = a0.rank(), n = s.back();
+  // One insertion per iteration (a loop, not unrolled: small programs compile fast).
+  auto st = outer.while_loop({a0, ix0, outer.constant(1, DType::I64)},
+                             [n](Builder& b, const std::vector<Value>& v) {
+    return std::vector<Value>{b.compare(v[2], b.constant(double(n), DType::I64), Cmp::LT)};
+  }, [s, r](Builder& b, const std::vector<Value>& v) {
+    Value a = v[0], ix = v[1], i = v[2];
+    Value pos = b.iota(Type{DType::I64, s}, r - 1);
+    auto k = [&](double x) { return b.constant(x, DType::I64, s); };
+    Value ib = broadcast_to(b, i, s);
+    auto col = [&](const Value& x, const Value& at) {
+      std::vector<Value> starts(r, b.constant(0, DType::I64));
+      starts[r - 1] = at;
+      Shape one = s;
+      one[r - 1] = 1;
+      return broadcast_to(b, b.dynamic_slice(x, starts, one), s);
+    };
+    auto shift_right = [&](const Value& x) {
+      Shape lo(r, 0), hi(r, 0), in(r, 0), zero(r, 0), one(r, 1);
+      lo[r - 1] = 1;
+      return b.slice(b.pad(x, b.constant(0, x.dtype()), lo, hi, in), zero, s, one);
+    };
     Value val = col(a, i), vix = col(ix, i);
     Value lt = b.compare(val, a, Cmp::LT);
-    Value before_i = b.compare(pos, k(double(i)), Cmp::LT);
     // Insertion point: one past the last earlier element that val is not below; 0 when
     // val is below the first (then everything before i moves up).
-    Value stop = land(b, lnot(b, lt), before_i);
+    Value stop = land(b, lnot(b, lt), b.compare(pos, ib, Cmp::LT));
     Value p = reduce_max(b, b.select(stop, pos, k(-1)), {r - 1});
     p = add(b, p, b.constant(1, DType::I64, p.shape()));
-    Value front = b.reshape(col(lt, 0), s);
+    Value front = col(lt, b.constant(0, DType::I64));
     Value pb = b.select(front, k(0), broadcast_to(b, keep_dims(b, p, s, {r - 1}), s));
     Value at = b.compare(pos, pb, Cmp::EQ);
-    Value moved = land(b, b.compare(pos, pb, Cmp::GT), b.compare(pos, k(double(i)), Cmp::LE));
+    Value moved = land(b, b.compare(pos, pb, Cmp::GT), b.compare(pos, ib, Cmp::LE));
     a = b.select(at, val, b.select(moved, shift_right(a), a));
     ix = b.select(at, vix, b.select(moved, shift_right(ix), ix));
-  }
-  return {a, ix};
+    return std::vector<Value>{a, ix, add(b, i, b.constant(1, DType::I64))};
+  });
+  return {st[0], st[1]};
 }
 
 TPU_LOWER(mode, "mode") {
