@@ -108,6 +108,8 @@ Value scatter_1d(Builder& b, const Value& into, const Value& at, const Value& up
 // torch.equal: same sizes and every element equal (NaN never is), compared in the
 // promoted dtype on the device; the host reads one flag.
 bool equal_tpu(const at::Tensor& self, const at::Tensor& other) {
+  TORCH_CHECK(self.device() == other.device(), "Cannot compare two tensors on different devices. Got: ",
+              self.device(), " and ", other.device());
   if (self.sizes() != other.sizes()) return false;
   if (self.numel() == 0) return true;
   return guarded([&] {
