@@ -149,9 +149,18 @@ struct QuickSelect {
     base = mul(b, b.iota(Type{DType::I64, rs}, 0), b.constant(double(n), DType::I64, rs));
   }
   Value I(double v) { return b.constant(v, DType::I64, rs); }
-  Value get(const Value& a, const Value& pos) {
-    Value p = b.clamp(I(0), pos, I(double(n - 1)));
-    return gather_flat(b, b.reshape(a, {rows * n}), add(b, base, p));
+  // Row r's entries at positions pos[r, m...] (one gather for all of them).
+  Value get(const Value& a, const std::vector<Value>& pos) {
+    std::vector<Value> cols;
+    for (auto& p : pos) cols.push_back(b.reshape(b.clamp(I(0), p, I(double(n - 1))), {rows, 1}));
+    int64_t m = static_cast<int64_t>(pos.size());
+    Value at = add(b, b.broadcast_in_dim(base, {rows, m}, {0}), b.concatenate(cols, 1));
+    return gather_flat(b, b.reshape(a, {rows * n}), at);
+  }
+  Value get(const Value& a, const Value& pos) { return b.reshape(get(a, std::vector<Value>{pos}), rs); }
+  static Value part(Builder& b, const Value& g, int64_t j) {
+    int64_t rows = g.shape()[0];
+    return b.reshape(b.slice(g, {0, j}, {rows, j + 1}, {1, 1}), {rows});
   }
   // x sorts after y: greater, or NaN against a number.
   Value gt(const Value& x, const Value& y) {
@@ -159,13 +168,10 @@ struct QuickSelect {
     if (!is_float(x.dtype())) return r;
     return lor(b, r, land(b, is_nan(b, x), lnot(b, is_nan(b, y))));
   }
-  void swap(Value& a, Value& ix, const Value& p, const Value& q, const Value& on) {
-    Value va = get(a, p), vb = get(a, q), ia = get(ix, p), ib = get(ix, q);
-    auto B = [&](const Value& v) { return b.broadcast_in_dim(v, s, {0}); };
-    Value at_p = land(b, B(on), b.compare(col, B(p), Cmp::EQ));
-    Value at_q = land(b, B(on), b.compare(col, B(q), Cmp::EQ));
-    a = b.select(at_p, B(vb), b.select(at_q, B(va), a));
-    ix = b.select(at_p, B(ib), b.select(at_q, B(ia), ix));
+  // a with row r's entry at pos[r] set to v[r] where on[r].
+  Value put(const Value& a, const Value& pos, const Value& v, const Value& on) {
+    auto B = [&](const Value& x) { return b.broadcast_in_dim(x, s, {0}); };
+    return b.select(land(b, B(on), b.compare(col, B(pos), Cmp::EQ)), B(v), a);
   }
 };
 
@@ -187,41 +193,68 @@ static std::pair<Value, Value> quickselect(Builder& outer, const Value& x, int64
     Value p0 = P(0), p1 = P(1), p2 = P(2), p3 = P(3);
     auto ph_to = [&](const Value& on, int p) { ph = b.select(on, b.constant(p, DType::I32, ph.shape()), ph); };
     Value one = q.I(1);
-    // Phase 0: one element: done; two: order them, done; else median of three.
-    Value single = b.compare(R, L, Cmp::LE), two = b.compare(R, add(b, L, one), Cmp::EQ);
-    Value two_on = land(b, p0, land(b, lnot(b, single), two));
-    q.swap(a, ix, L, R, land(b, two_on, q.gt(q.get(a, L), q.get(a, R))));
-    Value gen = land(b, p0, lnot(b, lor(b, single, two)));
+    auto sel = [&](const Value& c, const Value& x, const Value& y) { return b.select(c, x, y); };
+    // Phase 0, on registers: entries at L, L+1, mid, R read once, CPU's swaps replayed
+    // on them, then written back (mid first: it may be L+1, which then wins).
     Value L1 = add(b, L, one);
     Value mid = b.binary("stablehlo.shift_right_arithmetic", add(b, L, R), one);
-    q.swap(a, ix, mid, L1, gen);
-    q.swap(a, ix, L1, R, land(b, gen, q.gt(q.get(a, L1), q.get(a, R))));
-    q.swap(a, ix, L, R, land(b, gen, q.gt(q.get(a, L), q.get(a, R))));
-    q.swap(a, ix, L1, L, land(b, gen, q.gt(q.get(a, L1), q.get(a, L))));
-    i = b.select(gen, L1, i);
-    j = b.select(gen, R, j);
-    piv = b.select(gen, q.get(a, L), piv);
+    std::vector<Value> at = {L, L1, mid, R};
+    Value ga = q.get(a, at), gi = q.get(ix, at);
+    Value aL = q.part(b, ga, 0), a1 = q.part(b, ga, 1), am = q.part(b, ga, 2), aR = q.part(b, ga, 3);
+    Value iL = q.part(b, gi, 0), i1 = q.part(b, gi, 1), im = q.part(b, gi, 2), iR = q.part(b, gi, 3);
+    Value single = b.compare(R, L, Cmp::LE), two = b.compare(R, L1, Cmp::EQ);
+    Value gen = land(b, p0, lnot(b, lor(b, single, two)));
+    Value two_on = land(b, p0, land(b, lnot(b, single), two));
+    // Two elements: order them.
+    Value c2 = land(b, two_on, q.gt(aL, aR));
+    // More: swap(mid, L+1), then order (L+1, R), (L, R), (L+1, L).
+    Value m1 = am, mi1 = im;  // L+1 after the first swap; mid holds the old L+1
+    Value s1 = q.gt(m1, aR);
+    Value v1 = sel(s1, aR, m1), w1 = sel(s1, iR, mi1), vR = sel(s1, m1, aR), wR = sel(s1, mi1, iR);
+    Value s2 = q.gt(aL, vR);
+    Value vL = sel(s2, vR, aL), wL = sel(s2, wR, iL);
+    vR = sel(s2, aL, vR);
+    wR = sel(s2, iL, wR);
+    Value s3 = q.gt(v1, vL);
+    Value t = v1, tw = w1;
+    v1 = sel(s3, vL, v1);
+    w1 = sel(s3, wL, w1);
+    vL = sel(s3, t, vL);
+    wL = sel(s3, tw, wL);
+    // Write back: two-element rows swap L and R; general rows write mid, L+1, L, R.
+    a = q.put(a, mid, a1, gen);
+    ix = q.put(ix, mid, i1, gen);
+    a = q.put(a, L1, v1, gen);
+    ix = q.put(ix, L1, w1, gen);
+    a = q.put(a, L, sel(gen, vL, aR), lor(b, gen, c2));
+    ix = q.put(ix, L, sel(gen, wL, iR), lor(b, gen, c2));
+    a = q.put(a, R, sel(gen, vR, aL), lor(b, gen, c2));
+    ix = q.put(ix, R, sel(gen, wR, iL), lor(b, gen, c2));
+    i = sel(gen, L1, i);
+    j = sel(gen, R, j);
+    piv = sel(gen, vL, piv);
     ph_to(land(b, p0, lnot(b, gen)), 4);
     ph_to(gen, 1);
     // Phase 1: i moves up while piv sorts after arr[i].
-    Value i1 = add(b, i, one);
-    Value stop_i = land(b, p1, lnot(b, q.gt(piv, q.get(a, i1))));
-    i = b.select(p1, i1, i);
-    ph_to(stop_i, 2);
+    Value inext = add(b, i, one);
+    ph_to(land(b, p1, lnot(b, q.gt(piv, q.get(a, inext)))), 2);
+    i = sel(p1, inext, i);
     // Phase 2: j moves down while arr[j] sorts after piv.
-    Value j1 = sub(b, j, one);
-    Value stop_j = land(b, p2, lnot(b, q.gt(q.get(a, j1), piv)));
-    j = b.select(p2, j1, j);
-    ph_to(stop_j, 3);
-    // Phase 3: crossed: pivot into place, narrow to k's side; else swap and scan on.
+    Value jnext = sub(b, j, one);
+    ph_to(land(b, p2, lnot(b, q.gt(q.get(a, jnext), piv))), 3);
+    j = sel(p2, jnext, j);
+    // Phase 3: not crossed: swap(i, j), scan on; crossed: swap(L, j), narrow to k's side.
     Value crossed = b.compare(j, i, Cmp::LT);
     Value go_on = land(b, p3, lnot(b, crossed)), close = land(b, p3, crossed);
-    q.swap(a, ix, i, j, go_on);
+    Value first = sel(crossed, L, i);
+    std::vector<Value> pq = {first, j};
+    Value sa = q.get(a, pq), si = q.get(ix, pq);
+    a = q.put(q.put(a, first, q.part(b, sa, 1), p3), j, q.part(b, sa, 0), p3);
+    ix = q.put(q.put(ix, first, q.part(b, si, 1), p3), j, q.part(b, si, 0), p3);
     ph_to(go_on, 1);
-    q.swap(a, ix, L, j, close);
     Value kk = q.I(double(k));
-    Value newL = b.select(land(b, close, b.compare(j, kk, Cmp::LE)), i, L);
-    R = b.select(land(b, close, b.compare(j, kk, Cmp::GE)), sub(b, j, one), R);
+    Value newL = sel(land(b, close, b.compare(j, kk, Cmp::LE)), i, L);
+    R = sel(land(b, close, b.compare(j, kk, Cmp::GE)), sub(b, j, one), R);
     L = newL;
     ph_to(close, 0);
     return std::vector<Value>{a, ix, L, R, i, j, piv, ph};
