@@ -108,6 +108,15 @@ def test_mode_ties_and_nan(n):
     same(lambda a: torch.mode(a, 1), torch.randint(0, 2, (6, n), generator=gen(n)).bool())
 
 
+def test_mode_long_rows_introsort():
+    """Rows over 16 go through std::sort's introsort on CPU: replayed, ties included."""
+    same(lambda a: torch.mode(a, 1), torch.randint(-3, 3, (4, 40), generator=gen()))
+    x = ties(3, 40, nan=0.1, seed=3)
+    same(lambda a: torch.mode(a, 1), x)
+    same(torch.mode, torch.randint(-9, 9, (3000,), generator=gen()))
+    same(torch.mode, (torch.arange(300) // 4).flip(0))
+
+
 # ---- scans
 
 @pytest.mark.parametrize("dim", [0, 1])

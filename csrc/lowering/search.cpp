@@ -287,15 +287,17 @@ TPU_LOWER(kthvalue, "kthvalue") {
 // to 16 elements is libstdc++'s insertion sort: replayed here step by step, so NaN and
 // ties end where CPU leaves them. Then the first strictly longest run of equal values
 // (`!=` ends a run, so each NaN is its own) gives the value and the index of the run's
-// last element. Longer rows go through introsort, which we do not replay.
-static std::pair<Value, Value> insertion_sort(Builder& outer, const Value& a0, const Value& ix0) {
+// last element. Longer rows go through introsort first (replayed below), then an
+// insertion pass whose front check only guards the first 16 elements.
+static std::pair<Value, Value> insertion_sort(Builder& outer, const Value& a0, const Value& ix0,
+                                              int64_t guarded) {
   const Shape s = a0.shape();
   int64_t r = a0.rank(), n = s.back();
   // One insertion per iteration (a loop, not unrolled: small programs compile fast).
   auto st = outer.while_loop({a0, ix0, outer.constant(1, DType::I64)},
                              [n](Builder& b, const std::vector<Value>& v) {
     return std::vector<Value>{b.compare(v[2], b.constant(double(n), DType::I64), Cmp::LT)};
-  }, [s, r](Builder& b, const std::vector<Value>& v) {
+  }, [s, r, guarded](Builder& b, const std::vector<Value>& v) {
     Value a = v[0], ix = v[1], i = v[2];
     Value pos = b.iota(Type{DType::I64, s}, r - 1);
     auto k = [&](double x) { return b.constant(x, DType::I64, s); };
@@ -319,7 +321,8 @@ static std::pair<Value, Value> insertion_sort(Builder& outer, const Value& a0, c
     Value stop = land(b, lnot(b, lt), b.compare(pos, ib, Cmp::LT));
     Value p = reduce_max(b, b.select(stop, pos, k(-1)), {r - 1});
     p = add(b, p, b.constant(1, DType::I64, p.shape()));
-    Value front = col(lt, b.constant(0, DType::I64));
+    Value front = land(b, col(lt, b.constant(0, DType::I64)),
+                       broadcast_to(b, b.compare(i, b.constant(double(guarded), DType::I64), Cmp::LT), s));
     Value pb = b.select(front, k(0), broadcast_to(b, keep_dims(b, p, s, {r - 1}), s));
     Value at = b.compare(pos, pb, Cmp::EQ);
     Value moved = land(b, b.compare(pos, pb, Cmp::GT), b.compare(pos, ib, Cmp::LE));
@@ -330,18 +333,121 @@ static std::pair<Value, Value> insertion_sort(Builder& outer, const Value& a0, c
   return {st[0], st[1]};
 }
 
+static Value b_any(Builder& b, const Value& flags) {
+  Value m = b.reduce(b.convert(flags, DType::I32), b.constant(0, DType::I32), {0}, "stablehlo.maximum");
+  return b.compare(m, b.constant(0, DType::I32), Cmp::GT);
+}
+
+// libstdc++'s introsort loop on `value <` (rows in lockstep, one step per iteration):
+// ranges over 16 elements get a median-of-three pivot moved to their front and an
+// unguarded partition; the right part is stacked, the left one continues. Phases: 0
+// take a range, 1 scan lo up, 2 scan hi down, 3 swap or split, 4 done. Its heapsort
+// fallback (recursion depth 2 log2 n exhausted) is not replayed: `bad` flags it.
+static std::vector<Value> introsort(Builder& outer, const Value& x) {
+  int64_t rows = x.shape()[0], n = x.shape()[1];
+  int64_t depth = 0;
+  for (int64_t m = n; m > 1; m >>= 1) ++depth;
+  depth *= 2;
+  int64_t slots = depth + 2;
+  Shape rs{rows}, ss{rows, slots};
+  auto I = [&](double v) { return outer.constant(v, DType::I64, rs); };
+  std::vector<Value> init = {x, outer.iota(Type{DType::I64, x.shape()}, 1), I(0), I(double(n)), I(double(depth)),
+                             I(0), I(0), outer.constant(0, DType::I64, ss), outer.constant(0, DType::I64, ss),
+                             outer.constant(0, DType::I64, ss), I(0), outer.constant(0, DType::I32, rs),
+                             outer.constant(0, DType::Bool, rs)};
+  auto st = outer.while_loop(init, [](Builder& b, const std::vector<Value>& v) {
+    Value live = b.convert(b.compare(v[11], b.constant(4, DType::I32, v[11].shape()), Cmp::NE), DType::I32);
+    return std::vector<Value>{b.compare(b.reduce(live, b.constant(0, DType::I32), {0}, "stablehlo.maximum"),
+                                        b.constant(0, DType::I32), Cmp::GT)};
+  }, [rows, n, slots](Builder& b, const std::vector<Value>& v) {
+    QuickSelect q(b, rows, n), stk(b, rows, slots);
+    Value a = v[0], ix = v[1], F = v[2], La = v[3], D = v[4], lo = v[5], hi = v[6];
+    Value sF = v[7], sL = v[8], sD = v[9], sp = v[10], ph = v[11], bad = v[12];
+    auto P = [&](int p) { return b.compare(ph, b.constant(p, DType::I32, ph.shape()), Cmp::EQ); };
+    Value p0 = P(0), p1 = P(1), p2 = P(2), p3 = P(3);
+    auto ph_to = [&](const Value& on, int p) { ph = b.select(on, b.constant(p, DType::I32, ph.shape()), ph); };
+    auto sel = [&](const Value& c, const Value& x, const Value& y) { return b.select(c, x, y); };
+    auto lt = [&](const Value& x, const Value& y) { return b.compare(x, y, Cmp::LT); };
+    Value one = q.I(1);
+    // Phase 0: small range: pop the next (or finish); else pick the pivot.
+    Value big = b.compare(sub(b, La, F), q.I(16), Cmp::GT);
+    Value empty = b.compare(sp, q.I(0), Cmp::EQ);
+    Value pop = land(b, p0, land(b, lnot(b, big), lnot(b, empty)));
+    ph_to(land(b, p0, land(b, lnot(b, big), empty)), 4);
+    Value top = sub(b, sp, one);
+    F = sel(pop, stk.get(sF, top), F);
+    La = sel(pop, stk.get(sL, top), La);
+    D = sel(pop, stk.get(sD, top), D);
+    sp = sel(pop, top, sp);
+    Value out_of_depth = land(b, p0, land(b, big, b.compare(D, q.I(0), Cmp::EQ)));
+    bad = lor(b, bad, out_of_depth);
+    ph_to(out_of_depth, 4);
+    Value go = land(b, p0, land(b, big, b.compare(D, q.I(0), Cmp::GT)));
+    D = sel(go, sub(b, D, one), D);
+    Value F1 = add(b, F, one), mid = add(b, F, b.binary("stablehlo.divide", sub(b, La, F), q.I(2)));
+    Value last1 = sub(b, La, one);
+    std::vector<Value> at = {F, F1, mid, last1};
+    Value ga = q.get(a, at), gi = q.get(ix, at);
+    Value vr = q.part(b, ga, 0), va = q.part(b, ga, 1), vb = q.part(b, ga, 2), vc = q.part(b, ga, 3);
+    Value ir = q.part(b, gi, 0);
+    // __move_median_to_first(result, a, b, c): which of a, b, c trades places with result.
+    Value ab = lt(va, vb), bc = lt(vb, vc), ac = lt(va, vc);
+    Value pick = sel(ab, sel(bc, mid, sel(ac, last1, F1)), sel(ac, F1, sel(bc, last1, mid)));
+    Value pv = q.get(a, pick), pi = q.get(ix, pick);
+    a = q.put(q.put(a, pick, vr, go), F, pv, go);
+    ix = q.put(q.put(ix, pick, ir, go), F, pi, go);
+    lo = sel(go, F1, lo);
+    hi = sel(go, La, hi);
+    ph_to(go, 1);
+    // Phase 1: while a[lo] < pivot (at F): lo++.
+    Value piv = q.get(a, F);
+    Value up = lt(q.get(a, lo), piv);
+    lo = sel(land(b, p1, up), add(b, lo, one), lo);
+    ph_to(land(b, p1, lnot(b, up)), 2);
+    // Phase 2: do hi-- while pivot < a[hi].
+    Value hn = sub(b, hi, one);
+    hi = sel(p2, hn, hi);
+    ph_to(land(b, p2, lnot(b, lt(piv, q.get(a, hn)))), 3);
+    // Phase 3: lo < hi: swap them, lo++, scan on; else cut at lo: stack [lo, last).
+    Value cross = lnot(b, lt(lo, hi));
+    Value sw = land(b, p3, lnot(b, cross)), cut = land(b, p3, cross);
+    std::vector<Value> pq = {lo, hi};
+    Value sa = q.get(a, pq), si = q.get(ix, pq);
+    a = q.put(q.put(a, lo, q.part(b, sa, 1), sw), hi, q.part(b, sa, 0), sw);
+    ix = q.put(q.put(ix, lo, q.part(b, si, 1), sw), hi, q.part(b, si, 0), sw);
+    sF = stk.put(sF, sp, lo, cut);
+    sL = stk.put(sL, sp, La, cut);
+    sD = stk.put(sD, sp, D, cut);
+    sp = sel(cut, add(b, sp, one), sp);
+    La = sel(cut, lo, La);
+    lo = sel(sw, add(b, lo, one), lo);
+    ph_to(sw, 1);
+    ph_to(cut, 0);
+    return std::vector<Value>{a, ix, F, La, D, lo, hi, sF, sL, sD, sp, ph, bad};
+  });
+  Value any_bad = b_any(outer, st[12]);
+  return {st[0], st[1], any_bad};
+}
+
 TPU_LOWER(mode, "mode") {
   Builder& b = ctx.b;
   Value x = ctx.in(0);
   if (x.rank() == 0) return {x, b.constant(0, DType::I64)};
   int64_t dim = wrap_dim(ctx.i_or(1, -1), x.rank());
   int64_t n = x.shape()[dim];
-  if (n == 0 || n > 16) throw Unsupported("mode over a dim of size 0 or > 16");
+  if (n == 0) throw Unsupported("mode over an empty dim");
   Value y = dim_last(b, x, dim);
   if (y.dtype() == DType::Bool) y = b.convert(y, DType::U8);
   int64_t r = y.rank();
   const Shape& s = y.shape();
-  auto [a, ix] = insertion_sort(b, y, b.iota(Type{DType::I64, s}, r - 1));
+  Value a = y, ix = b.iota(Type{DType::I64, s}, r - 1);
+  if (n > 16) {
+    auto is = introsort(b, b.reshape(y, {y.type.numel() / n, n}));
+    ctx.check(lnot(b, is[2]), "mode: input order hits std::sort's heapsort fallback, not replayed natively");
+    a = b.reshape(is[0], s);
+    ix = b.reshape(is[1], s);
+  }
+  std::tie(a, ix) = insertion_sort(b, a, ix, 16);
   // Run ends: the last element, or a value != its successor.
   Shape lo(r, 0), one(r, 1);
   lo[r - 1] = 1;
