@@ -1,5 +1,5 @@
 // Ops whose output shape depends on tensor values (nonzero, masked_select, indexing
-// with boolean masks). One program per input signature packs the selected entries
+// with boolean masks, unique, repeat_interleave; equal returns a host bool). One program per input signature packs the selected entries
 // first and counts them; the host reads the count (a sync, as on CUDA) and returns a
 // view of that prefix, so every count shares the same compiled program.
 #include <ATen/ATen.h>
@@ -8,8 +8,10 @@
 
 #include "backend/dtypes.h"
 #include "backend/executor.h"
+#include "backend/fallback.h"
 #include "backend/storage.h"
 #include "lowering/helpers.h"
+#include "lowering/search_util.h"
 
 namespace tpu::backend {
 namespace {
@@ -84,6 +86,152 @@ at::Tensor masked_select_tpu(const at::Tensor& self, const at::Tensor& mask) {
   });
 }
 
+// ---- equal, unique, unique_consecutive, repeat_interleave ----
+
+// Inclusive prefix sum of 1-D int64 `x` in log2(n) shifted adds.
+Value prefix_sum(Builder& b, Value x) {
+  int64_t n = x.shape()[0];
+  Value zero = b.constant(0, DType::I64);
+  for (int64_t s = 1; s < n; s *= 2) x = lowering::add(b, x, b.slice(b.pad(x, zero, {s}, {0}, {0}), {0}, {n}, {1}));
+  return x;
+}
+
+// 1-D `into` with `upd` written (or added) at positions `at`; positions n drop out.
+Value scatter_1d(Builder& b, const Value& into, const Value& at, const Value& upd, bool add) {
+  int64_t m = at.shape()[0];
+  return b.scatter(into, b.reshape(at, {m, 1}), upd, {}, {0}, {0}, 1,
+                   [add](Builder& q, const std::vector<Value>& a) {
+    return std::vector<Value>{add ? lowering::add(q, a[0], a[1]) : a[1]};
+  });
+}
+
+// torch.equal: same sizes and every element equal (NaN never is), compared in the
+// promoted dtype on the device; the host reads one flag.
+bool equal_tpu(const at::Tensor& self, const at::Tensor& other) {
+  TORCH_CHECK(self.device() == other.device(), "Cannot compare two tensors on different devices. Got: ",
+              self.device(), " and ", other.device());
+  if (self.sizes() != other.sizes()) return false;
+  if (self.numel() == 0) return true;
+  return guarded([&] {
+    int dev = device_index(self);
+    Type st = type_of(self, "equal"), ot = type_of(other, "equal");
+    DType t = lowering::promote(st.dtype, ot.dtype);
+    auto res = run_internal("equal:" + st.str() + ot.str(), [&](Builder& b) {
+      Value a = b.param(st), o = b.param(ot);  // in this order: the buffers' order
+      Value eq = b.compare(b.convert(a, t), b.convert(o, t), ir::Cmp::EQ);
+      std::vector<int64_t> all;
+      for (int64_t d = 0; d < st.rank(); ++d) all.push_back(d);
+      Value n_ne = lowering::reduce_sum(b, b.convert(b.unary("stablehlo.not", eq), DType::I64), all);
+      return std::vector<Value>{n_ne};
+    }, {dense_value(self), dense_value(other)}, dev);
+    return read_count(resolve(res[0])) == 0;
+  });
+}
+
+// Unique values of `self` (flattened): sorted first (stable, NaN last) unless
+// `consecutive`; a group starts where a value differs from the previous one (so every
+// NaN is its own, as CPU). Returns the group firsts packed in front, the inverse and
+// the counts, each cut to the number of groups.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_impl(const at::Tensor& self, bool consecutive,
+                                                           bool want_inverse, bool want_counts) {
+  at::Tensor none = at::empty({0}, self.options().dtype(at::kLong));
+  int64_t n = self.numel();
+  if (n == 0)
+    return {at::empty({0}, self.options()), want_inverse ? at::empty(self.sizes(), none.options()) : none,
+            want_counts ? at::empty({0}, none.options()) : none};
+  int dev = device_index(self);
+  Type it = type_of(self, "unique");
+  auto res = run_internal(std::string(consecutive ? "unique_consecutive:" : "unique:") + it.str(),
+                          [&](Builder& b) {
+    Value x = b.reshape(b.param(it), {n});
+    if (x.dtype() == DType::Bool) x = b.convert(x, DType::U8);
+    Type lt{DType::I64, {n}};
+    Value pos = b.iota(lt, 0), perm = pos, s = x;
+    if (!consecutive) {
+      auto sorted = lowering::search::sort_nan_last(b, x, 0);
+      s = sorted[0];
+      perm = sorted[1];
+    }
+    Value prev = b.slice(b.pad(s, b.constant(0, s.dtype()), {1}, {0}, {0}), {0}, {n}, {1});
+    Value first = b.binary("stablehlo.or", b.compare(pos, b.constant(0, DType::I64, {n}), ir::Cmp::EQ),
+                           b.compare(s, prev, ir::Cmp::NE));
+    Value one = b.constant(1, DType::I64, {n});
+    Value group = lowering::sub(b, prefix_sum(b, b.convert(first, DType::I64)), one);
+    Value count = lowering::reduce_sum(b, b.convert(first, DType::I64), {0});
+    Value slot = b.select(first, group, b.constant(double(n), DType::I64, {n}));
+    Value values = scatter_1d(b, b.constant(0, s.dtype(), {n}), slot, s, false);
+    Value inverse = scatter_1d(b, b.constant(0, DType::I64, {n}), perm, group, false);
+    Value counts = scatter_1d(b, b.constant(0, DType::I64, {n}), group, one, true);
+    return std::vector<Value>{b.convert(values, it.dtype), inverse, counts, count};
+  }, {dense_value(self)}, dev);
+  int64_t k = read_count(resolve(res[3]));
+  at::Tensor values = wrap_value(res[0], self.scalar_type(), {n}, dev).narrow(0, 0, k);
+  at::Tensor inverse = want_inverse ? wrap_value(res[1], at::kLong, self.sizes(), dev) : none;
+  at::Tensor counts = want_counts ? wrap_value(res[2], at::kLong, {n}, dev).narrow(0, 0, k) : none;
+  return {values, inverse, counts};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> unique2_tpu(const at::Tensor& self, bool, bool inverse,
+                                                           bool counts) {
+  return guarded([&] { return unique_impl(self, false, inverse, counts); });
+}
+
+std::tuple<at::Tensor, at::Tensor> unique_tpu(const at::Tensor& self, bool, bool inverse) {
+  return guarded([&] {
+    auto r = unique_impl(self, false, inverse, false);
+    return std::make_tuple(std::get<0>(r), std::get<1>(r));
+  });
+}
+
+// unique_consecutive over a dim is not lowered: it takes the counted fallback.
+void unique_consecutive_tpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 4);
+  if (!args[3].isNone()) return run_fallback(op, stack, "unique_consecutive over a dim");
+  at::Tensor self = args[0].toTensor();
+  bool inverse = args[1].toBool(), counts = args[2].toBool();
+  auto r = guarded([&] { return unique_impl(self, true, inverse, counts); });
+  torch::jit::drop(*stack, 4);
+  stack->push_back(std::get<0>(r));
+  stack->push_back(std::get<1>(r));
+  stack->push_back(std::get<2>(r));
+}
+
+// repeat_interleave(repeats): i repeated repeats[i] times. The total (and the check
+// that no count is negative) is read from the device first; a second program,
+// one per total, spreads the indices: out[j] = #{i : cumsum(repeats)[i] <= j}.
+at::Tensor repeat_interleave_tpu(const at::Tensor& repeats, std::optional<c10::SymInt> output_size) {
+  TORCH_CHECK(repeats.dim() == 1, "repeat_interleave only accept 1D vector as repeat");
+  TORCH_CHECK(repeats.scalar_type() == at::kLong || repeats.scalar_type() == at::kInt,
+              "repeats has to be Long or Int tensor");
+  return guarded([&] {
+    int64_t n = repeats.numel();
+    int dev = device_index(repeats);
+    if (n == 0) return at::empty({0}, repeats.options());
+    Type rt = type_of(repeats, "repeat_interleave");
+    auto stats = run_internal("repeat_interleave_total:" + rt.str(), [&](Builder& b) {
+      Value r = b.convert(b.param(rt), DType::I64);
+      Value neg = b.compare(r, b.constant(0, DType::I64, {n}), ir::Cmp::LT);
+      Value bad = lowering::reduce_sum(b, b.convert(neg, DType::I64), {0});
+      Value total = lowering::reduce_sum(b, r, {0});
+      return std::vector<Value>{b.concatenate({b.reshape(total, {1}), b.reshape(bad, {1})}, 0)};
+    }, {dense_value(repeats)}, dev);
+    int64_t st[2] = {0, 0};
+    runtime::Client::get().to_host(*resolve(stats[0]), st, sizeof(st));
+    TORCH_CHECK(st[1] == 0, "repeats can not be negative");
+    int64_t total = st[0];
+    if (output_size.has_value())
+      TORCH_CHECK(output_size->expect_int() == total, "allocated size does not match required size");
+    if (total == 0) return at::empty({0}, repeats.options());
+    auto res = run_internal("repeat_interleave:" + rt.str() + ":" + std::to_string(total), [&](Builder& b) {
+      Value cs = prefix_sum(b, b.convert(b.param(rt), DType::I64));
+      Value marks = scatter_1d(b, b.constant(0, DType::I64, {total + 1}), cs, b.constant(1, DType::I64, {n}), true);
+      Value out = prefix_sum(b, b.slice(marks, {0}, {total}, {1}));
+      return std::vector<Value>{b.convert(out, rt.dtype)};
+    }, {dense_value(repeats)}, dev);
+    return wrap_value(res[0], repeats.scalar_type(), {total}, dev);
+  });
+}
+
 }  // namespace
 
 // Boolean masks among an op's Tensor?[] indices become the long coordinates of their
@@ -116,6 +264,11 @@ bool redispatch_with_mask_coordinates(const c10::OperatorHandle& op, torch::jit:
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("nonzero", nonzero_tpu);
   m.impl("masked_select", masked_select_tpu);
+  m.impl("equal", equal_tpu);
+  m.impl("_unique2", unique2_tpu);
+  m.impl("_unique", unique_tpu);
+  m.impl("unique_consecutive", torch::CppFunction::makeFromBoxedFunction<&unique_consecutive_tpu>());
+  m.impl("repeat_interleave.Tensor", repeat_interleave_tpu);
 }
 
 }  // namespace tpu::backend
