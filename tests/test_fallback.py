@@ -14,34 +14,37 @@ def fallbacks(op):
 pytestmark = pytest.mark.filterwarnings("ignore:.*CPU fallback")
 
 
+# gcd (integer greatest common divisor) has no lowering rule: the example fallback op.
+A = torch.tensor([12, 18, -8, 0, 7, 100])
+B = torch.tensor([8, 27, 12, 5, 0, 75])
+
+
 def test_fallback_computes_counts_and_keeps_results_on_tpu():
-    x = torch.rand(5) * 3 + 0.5
-    n0 = fallbacks("aten::special_bessel_j0")
-    y = torch.special.bessel_j0(x.to("tpu"))
+    n0 = fallbacks("aten::gcd")
+    y = torch.gcd(A.to("tpu"), B.to("tpu"))
     assert y.device.type == "tpu"
-    torch.testing.assert_close(y.cpu(), torch.special.bessel_j0(x))
-    assert fallbacks("aten::special_bessel_j0") == n0 + 1
+    assert torch.equal(y.cpu(), torch.gcd(A, B))
+    assert fallbacks("aten::gcd") == n0 + 1
 
 
 def test_fallback_honours_out_and_in_place():
-    x = torch.rand(6) * 3 + 0.5
-    out = torch.zeros(2, 6, device="tpu")
-    torch.special.bessel_j0(x.to("tpu"), out=out[1])
-    torch.testing.assert_close(out[1].cpu(), torch.special.bessel_j0(x))
+    out = torch.zeros(2, 6, dtype=torch.int64, device="tpu")
+    torch.gcd(A.to("tpu"), B.to("tpu"), out=out[1])
+    assert torch.equal(out[1].cpu(), torch.gcd(A, B))
     assert out[0].abs().sum().item() == 0
-    t = x.to("tpu")
+    t = A.to("tpu")
     view = t[::2]
-    view.lgamma_()
-    ref = x.clone()
-    ref[::2].lgamma_()
-    torch.testing.assert_close(t.cpu(), ref)
+    view.gcd_(B[::2].to("tpu"))
+    ref = A.clone()
+    ref[::2].gcd_(B[::2])
+    assert torch.equal(t.cpu(), ref)
 
 
 def test_fallback_error_mode_names_the_op():
-    r = run_python("import torch; torch.special.bessel_j0(torch.ones(3, device='tpu'))",
+    r = run_python("import torch; x = torch.ones(3, dtype=torch.int64, device='tpu'); torch.gcd(x, x)",
                    env={"TPU_FALLBACK": "error"})
     assert r.returncode != 0
-    assert "special_bessel_j0" in r.stderr and "TPU_FALLBACK=error" in r.stderr
+    assert "aten::gcd" in r.stderr and "TPU_FALLBACK=error" in r.stderr
 
 
 def test_fallback_warns_once_per_op():
@@ -49,8 +52,8 @@ def test_fallback_warns_once_per_op():
 import warnings, torch
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
-    x = torch.ones(3, device="tpu")
-    torch.special.bessel_j0(x); torch.special.bessel_j0(x); torch.special.bessel_y0(x)
+    x = torch.ones(3, dtype=torch.int64, device="tpu")
+    torch.gcd(x, x); torch.gcd(x, x); torch.linalg.ldl_factor(torch.eye(3, device="tpu"))
 print(sum("CPU fallback" in str(m.message) for m in w))
 """
     r = run_python(code)

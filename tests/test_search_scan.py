@@ -240,3 +240,12 @@ def test_repeat_interleave_and_equal():
         assert torch.equal(dev(torch.ones(3)), dev(torch.ones(3, dtype=torch.long)))
         assert not torch.equal(dev(x), dev(x))
         assert not torch.equal(dev(torch.ones(3)), dev(torch.ones(2)))
+
+
+def test_histc_range_errors_are_runtime_errors_like_cpu():
+    bad = torch.tensor([0.0, float("inf")])
+    with pytest.raises(RuntimeError):
+        torch.histc(bad, 4)
+    with pytest.raises(RuntimeError, match="not finite"):
+        host(torch.histc(dev(bad), 4))
+    assert host(torch.histc(dev(torch.tensor([1.0, 2.0])), 2)).tolist() == [1.0, 1.0]

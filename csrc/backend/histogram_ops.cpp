@@ -132,7 +132,7 @@ std::pair<at::Tensor, std::vector<at::Tensor>> run_histogramdd(const at::Tensor&
     if (ok) out.push_back(*ok);
     return out;
   }, args, dev);
-  if (data_range) add_device_check(res.back(), "torch.histogramdd: the range of the input is not finite");
+  if (data_range) add_device_check(res.back(), "RuntimeError: torch.histogramdd: the range of the input is not finite");
   at::Tensor h = wrap_value(res[0], self.scalar_type(), counts, dev);
   std::vector<at::Tensor> edges;
   for (int64_t j = 0; j < d; ++j)

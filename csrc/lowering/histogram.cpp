@@ -149,8 +149,8 @@ TPU_LOWER(histc, "histc") {
   lo = b.select(same, sub(b, lo, b.constant(1, DType::F64)), lo);
   hi = b.select(same, add(b, hi, b.constant(1, DType::F64)), hi);
   auto finite = [&](const Value& v) { return b.raw("stablehlo.is_finite", {v}, "", Type{DType::Bool, {}}); };
-  ctx.check(search::land(b, finite(lo), finite(hi)), "torch.histc: range of [min, max] is not finite");
-  ctx.check(b.compare(lo, hi, Cmp::LT), "torch.histc: max must be larger than min");
+  ctx.check(search::land(b, finite(lo), finite(hi)), "RuntimeError: torch.histc: range of [min, max] is not finite");
+  ctx.check(b.compare(lo, hi, Cmp::LT), "RuntimeError: torch.histc: max must be larger than min");
   Value edges = hist::linspace(b, lo, hi, bins + 1, t);
   return {hist::histogram(b, flat, {edges}, std::nullopt, false, hist::Find::Linear)};
 }
