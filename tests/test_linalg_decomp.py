@@ -237,6 +237,7 @@ def test_hermitian_rank_and_pinv():
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.float16])
+@pytest.mark.filterwarnings("ignore:.*CPU fallback")
 def test_other_dtypes_fall_back(dtype):
     # Only float32/float64 are native; CPU itself rejects these, and so must we.
     a = torch.eye(3, dtype=dtype)

@@ -220,6 +220,7 @@ def test_cholesky_ex_large(n, upper):
     same(l[0], want_l[0])
 
 
+@pytest.mark.filterwarnings("ignore:torch.cholesky is deprecated")
 def test_cholesky_variants():
     a = spd(70, (2,))
     b = randn(2, 70, 3, seed=1)
@@ -243,6 +244,7 @@ def test_cholesky_raises_when_not_positive_definite():
         host(torch.cholesky(dev(a)))
 
 
+@pytest.mark.filterwarnings("ignore:torch.triangular_solve is deprecated")
 def test_empty_solves():
     with native():
         same(torch.triangular_solve(dev(torch.zeros(2, 0, 3)), dev(torch.zeros(2, 0, 0))),

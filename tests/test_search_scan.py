@@ -188,6 +188,7 @@ def test_histogramdd():
 
 @pytest.mark.parametrize("red", ["prod", "mean", "amax", "amin"])
 @pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.filterwarnings("ignore:index_reduce\\(\\) is in beta")
 def test_index_reduce(red, include_self):
     x = torch.randn(5, 3, generator=gen())
     x[1, 1] = NAN
