@@ -34,6 +34,13 @@ def test_second_process_compiles_nothing(tmp_path):
     assert any(f.endswith(".exe") for f in os.listdir(tmp_path))
 
 
+def test_other_xla_flags_do_not_reuse_entries(tmp_path):
+    base = run(tmp_path, XLA_FLAGS="")
+    other = run(tmp_path, XLA_FLAGS="--xla_cpu_enable_fast_math=false")
+    assert base["compiles"] > 0 and other["compiles"] == base["compiles"] and other["hits"] == 0
+    assert run(tmp_path, XLA_FLAGS="--xla_cpu_enable_fast_math=false")["compiles"] == 0
+
+
 def test_corrupt_entries_are_detected_and_recompiled(tmp_path):
     cold = run(tmp_path)
     entries = [f for f in os.listdir(tmp_path) if f.endswith(".exe")]

@@ -39,7 +39,9 @@ static const std::string& cache_identity() {
     if (::stat(c.plugin_path().c_str(), &st) == 0)
       s += "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtime);
     auto [major, minor] = c.api_version();
-    return s + "|" + std::to_string(major) + "." + std::to_string(minor) + "\n";
+    // XLA_FLAGS change what the compiler makes of the same program.
+    const char* flags = std::getenv("XLA_FLAGS");
+    return s + "|" + std::to_string(major) + "." + std::to_string(minor) + "|" + (flags ? flags : "") + "\n";
   }();
   return id;
 }
