@@ -302,9 +302,9 @@ def test_non_finite_inputs():
     q0, r0 = torch.linalg.qr(a)
     torch.testing.assert_close(host(q), q0, equal_nan=True, **F32)
     torch.testing.assert_close(host(r), r0, equal_nan=True, **F32)
-    with pytest.raises(Exception, match="linalg.svd: The algorithm failed to converge"):
+    with pytest.raises(RuntimeError, match="linalg.svd: The algorithm failed to converge"):
         torch.linalg.svdvals(dev(a))
         torch_tpu.synchronize()
-    with pytest.raises(Exception, match="linalg.eigh: The algorithm failed to converge"):
+    with pytest.raises(RuntimeError, match="linalg.eigh: The algorithm failed to converge"):
         torch.linalg.eigvalsh(dev(a[:3]))
         torch_tpu.synchronize()

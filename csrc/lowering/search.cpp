@@ -443,7 +443,7 @@ TPU_LOWER(mode, "mode") {
   Value a = y, ix = b.iota(Type{DType::I64, s}, r - 1);
   if (n > 16) {
     auto is = introsort(b, b.reshape(y, {y.type.numel() / n, n}));
-    ctx.check(lnot(b, is[2]), "mode: input order hits std::sort's heapsort fallback, not replayed natively");
+    ctx.check(lnot(b, is[2]), "RuntimeError: mode: input order hits std::sort's heapsort fallback, not replayed natively");
     a = b.reshape(is[0], s);
     ix = b.reshape(is[1], s);
   }
