@@ -1,33 +1,15 @@
 """Complex numbers on tpu: complex views of real storage and back, PyTorch's lazy
 conjugate/negative bits, the complex-only ops (complex, polar, angle, conj_physical)
 and complex arithmetic, each checked against CPU with no CPU fallback."""
-import contextlib
 import math
 import warnings
 
 import pytest
 import torch
 
-import torch_tpu
-from torch_tpu import _decompositions
-from conftest import dev, host
+from conftest import dev, host, native
 
 C64 = dict(rtol=1e-5, atol=1e-5)
-
-
-def all_fallbacks():
-    fb = dict(torch_tpu.metrics()["fallbacks"])
-    for k, n in _decompositions.fallbacks.items():
-        fb[k] = fb.get(k, 0) + n
-    return fb
-
-
-@contextlib.contextmanager
-def native():
-    before = all_fallbacks()
-    yield
-    grown = {k: v - before.get(k, 0) for k, v in all_fallbacks().items() if v != before.get(k, 0)}
-    assert not grown, f"ops fell back to the CPU: {grown}"
 
 
 def crandn(*shape, seed=0, dtype=torch.complex64):

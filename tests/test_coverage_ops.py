@@ -8,26 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torch_tpu
 from torch_tpu import _decompositions
-from conftest import dev, host
+from conftest import dev, host, native
 
 F32 = dict(rtol=1e-4, atol=1e-5)
-
-
-def all_fallbacks():
-    fb = dict(torch_tpu.metrics()["fallbacks"])
-    for k, n in _decompositions.fallbacks.items():
-        fb[k] = fb.get(k, 0) + n
-    return fb
-
-
-@contextlib.contextmanager
-def native():
-    before = all_fallbacks()
-    yield
-    grown = {k: v - before.get(k, 0) for k, v in all_fallbacks().items() if v != before.get(k, 0)}
-    assert not grown, f"ops fell back to the CPU: {grown}"
 
 
 def randn(*shape, seed=0):

@@ -2,31 +2,13 @@
 (searchsorted, median, kthvalue, mode, cummax, logcumsumexp, histc/histogram,
 index_reduce, segment_reduce, take/put, unique, repeat_interleave, equal), each checked
 exactly against PyTorch's CPU kernels (values, dtypes, tied indices, NaN), natively."""
-import contextlib
 
 import pytest
 import torch
 
-import torch_tpu
-from torch_tpu import _decompositions
-from conftest import dev, host
+from conftest import dev, host, native
 
 NAN = float("nan")
-
-
-def all_fallbacks():
-    fb = dict(torch_tpu.metrics()["fallbacks"])
-    for k, n in _decompositions.fallbacks.items():
-        fb[k] = fb.get(k, 0) + n
-    return fb
-
-
-@contextlib.contextmanager
-def native():
-    before = all_fallbacks()
-    yield
-    grown = {k: v - before.get(k, 0) for k, v in all_fallbacks().items() if v != before.get(k, 0)}
-    assert not grown, f"ops fell back to the CPU: {grown}"
 
 
 def flat(r):

@@ -1,31 +1,13 @@
 """Special functions lowered natively (special_*.cpp): orthogonal polynomials, Bessel
 functions, i0/i0e, erfcx/log_ndtr/ndtri, zeta, igamma/igammac, nextafter and frexp,
 each compared with PyTorch's CPU kernels (edge values included) with no CPU fallback."""
-import contextlib
 
 import pytest
 import torch
 
-import torch_tpu
-from torch_tpu import _decompositions
-from conftest import dev, host
+from conftest import dev, host, native
 
 INF, NAN = float("inf"), float("nan")
-
-
-def all_fallbacks():
-    fb = dict(torch_tpu.metrics()["fallbacks"])
-    for k, n in _decompositions.fallbacks.items():
-        fb[k] = fb.get(k, 0) + n
-    return fb
-
-
-@contextlib.contextmanager
-def native():
-    before = all_fallbacks()
-    yield
-    grown = {k: v - before.get(k, 0) for k, v in all_fallbacks().items() if v != before.get(k, 0)}
-    assert not grown, f"ops fell back to the CPU: {grown}"
 
 
 def check(fn, *args, rtol=1e-4, atol=1e-5):
