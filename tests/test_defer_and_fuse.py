@@ -106,6 +106,21 @@ def test_in_place_updates_donate_and_views_see_them():
         assert p[0, 0].item() == 14.0 and p[3, 5].item() == 13.0
 
 
+def test_donation_does_not_depend_on_whether_the_producing_graph_finished():
+    # Which inputs a graph donates is part of its program: if that read counts held by a
+    # launch still in flight, a training loop would recompile whenever timing changed.
+    with torch_tpu.set_eager_mode(FUSED):
+        a = torch.randn(384, 384, device="tpu")
+        torch_tpu.synchronize()
+        for _ in range(3):
+            p = a @ a @ a @ a
+            torch_tpu.synchronize(wait=False)   # launched; likely still running
+            d0 = m()["donated_buffers"]
+            p.add_(1)
+            torch_tpu.synchronize()
+            assert m()["donated_buffers"] == d0 + 1
+
+
 def test_graph_size_bound_cuts_long_recordings():
     r = run_python(
         "import torch, torch_tpu\n"

@@ -329,6 +329,12 @@ class Launcher {
     if (error_ == e) error_ = nullptr;
   }
 
+  // Waits for every submitted job to finish and release what it holds; errors stay recorded.
+  void wait_quiet() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return pending_ == 0; });
+  }
+
   void wait_idle() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return pending_ == 0; });
@@ -384,6 +390,7 @@ void record_launch_error(const std::exception_ptr& e) { launcher().record(e); }
 }  // namespace
 
 void wait_launched() { launcher().wait_idle(); }
+void settle_launched() { launcher().wait_quiet(); }
 
 void flush(const char* reason) { flush_prefix(reason, std::numeric_limits<size_t>::max()); }
 
@@ -466,8 +473,11 @@ void flush_prefix(const char* reason, size_t count) {
   g.nodes.clear();  // drops the graph's references to its inputs
 
   // Inputs nobody else holds are donated to an output of the same type (an optimizer's
-  // in-place update reuses the parameter's memory). A slot of a job still in flight
-  // has no buffer yet: then only the slot can ever hold it.
+  // in-place update reuses the parameter's memory). Reference counts are only the
+  // users' once earlier jobs are done: a job in flight holds its inputs and outputs, and
+  // donating by a count it inflates would make the program (whose key names the
+  // donations) depend on the launcher's timing.
+  if (!ext.empty()) launcher().wait_quiet();
   for (Operand& e : ext) job.param_types.push_back(e.type());
   job.aliases.assign(ext.size(), -1);
   job.donate.assign(ext.size(), false);

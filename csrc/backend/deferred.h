@@ -99,6 +99,8 @@ void flush(const char* reason);
 // Waits until every flushed graph has been launched; raises the first failure since the
 // last call.
 void wait_launched();
+// Waits the same way but leaves failures for the next sync (for readers of counters).
+void settle_launched();
 
 // Held while gathering operands and recording, so other threads (autograd's) cannot
 // flush the graph in between.

@@ -120,6 +120,12 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(t, fail);
   });
   m.def("metrics", [] {
+    {
+      // Flushed graphs compile and run on the launcher thread: count them all, so a
+      // reading does not depend on how far that thread has got.
+      py::gil_scoped_release nogil;
+      settle_launched();
+    }
     py::dict d;
     Metrics& mt = metrics();
     d["op_calls"] = mt.op_calls.load();
