@@ -10,6 +10,7 @@
 
 #include "backend/executor.h"
 #include "ir/fusion.h"
+#include "ir/remat.h"
 
 namespace tpu::backend {
 
@@ -21,6 +22,7 @@ Program::Program(const ir::Builder& b, const std::vector<ir::Value>& results, st
   id_ = next++;
   for (const ir::Value& v : results) results_.push_back(v.type);
   function_ = b.function(function_name(), results, false);
+  recompute_cost_ = ir::recompute_cost(function_);
   module_ = "module @torch_tpu {\n" + b.function("main", results, true) + "}\n";
 }
 
@@ -174,11 +176,7 @@ std::vector<Operand> run_internal(const std::string& key,
 
 namespace {
 
-// Where a call's argument comes from: main's parameter `index` (node < 0) or output
-// `index` of an earlier call.
-struct Wire {
-  int node, index;
-};
+using Wire = ir::GraphRef;
 struct Call {
   ProgramPtr program;
   std::vector<Wire> args;
@@ -189,21 +187,76 @@ std::string describe_graph(const std::vector<Call>& calls) {
          " ... " + calls.back().program->name() + ")";
 }
 
+// What a fused graph may compute twice for a late reader (TPU_FUSE_REMAT): "matmul"
+// (the default) recomputes cheap ops (elementwise, normalization, data movement) and
+// also contractions whose output is larger than their computed inputs (projections up:
+// qkv, MLP in) when it would otherwise stay live across more than half the graph:
+// those values set a training step's peak. "cheap" leaves contractions alone; "off".
+enum class RematPolicy { Off, Cheap, Matmul };
+RematPolicy remat_policy() {
+  static const RematPolicy p = [] {
+    const char* s = std::getenv("TPU_FUSE_REMAT");
+    std::string v = s ? s : "matmul";
+    if (v == "off" || v == "0") return RematPolicy::Off;
+    if (v == "cheap") return RematPolicy::Cheap;
+    if (v != "matmul" && !v.empty())
+      TORCH_WARN("TPU_FUSE_REMAT=", v, " is not one of off, cheap, matmul: using matmul");
+    return RematPolicy::Matmul;
+  }();
+  return p;
+}
+// Readers more than this many calls after a value's earlier readers get a recomputation.
+constexpr int kRematGap = 4;
+
 std::string fused_text(const std::vector<Call>& calls, const std::vector<ir::Type>& param_types,
                        const std::vector<Wire>& results, const std::vector<int>& aliases) {
+  auto bytes = [](const ir::Type& t) { return t.numel() * static_cast<int64_t>(itemsize(t.dtype)); };
+  std::vector<ir::GraphCall> graph;
+  for (size_t n = 0; n < calls.size(); ++n) {
+    ir::GraphCall g;
+    g.fn = static_cast<int>(n);
+    g.args = calls[n].args;
+    for (const ir::Type& t : calls[n].program->results()) g.out_bytes.push_back(bytes(t));
+    ir::RecomputeCost cost = calls[n].program->recompute_cost();
+    if (cost == ir::RecomputeCost::Contraction && remat_policy() == RematPolicy::Matmul) {
+      int64_t computed_in = 0, out = 0;
+      for (const Wire& w : g.args)
+        if (w.node >= 0) computed_in += graph[w.node].out_bytes[w.index];
+      for (int64_t b : g.out_bytes) out += b;
+      g.recomputable = out > 2 * computed_in;
+      g.gap = std::max<int>(kRematGap, static_cast<int>(calls.size() / 2));
+    } else {
+      g.recomputable = cost == ir::RecomputeCost::Cheap;
+    }
+    graph.push_back(std::move(g));
+  }
+  std::vector<int64_t> param_bytes;
+  for (const ir::Type& t : param_types) param_bytes.push_back(bytes(t));
+  ir::Rematerialized plan;
+  if (remat_policy() != RematPolicy::Off) {
+    plan = ir::rematerialize(graph, param_bytes, kRematGap);
+  } else {
+    plan.calls = graph;
+    for (size_t n = 0; n < calls.size(); ++n) plan.position.push_back(static_cast<int>(n));
+  }
+  fuse_stats().recomputed += plan.recomputed;
+
   ir::FusedModule m;
   std::vector<ir::Value> params;
   for (const ir::Type& t : param_types) params.push_back(m.param(t));
   std::unordered_set<int64_t> added;
   std::vector<std::vector<ir::Value>> values;
-  for (const Call& c : calls) {
-    if (added.insert(c.program->id()).second) m.add_function(c.program->function_text());
+  auto value = [&](const Wire& w) { return w.node < 0 ? params[w.index] : values[w.node][w.index]; };
+  for (const ir::GraphCall& g : plan.calls) {
+    const Program& p = *calls[g.fn].program;
+    if (added.insert(p.id()).second) m.add_function(p.function_text());
     std::vector<ir::Value> args;
-    for (const Wire& w : c.args) args.push_back(w.node < 0 ? params[w.index] : values[w.node][w.index]);
-    values.push_back(m.call(c.program->function_name(), args, c.program->results()));
+    for (const Wire& w : g.args) args.push_back(value(w));
+    if (g.after_arg >= 0) args[g.after_arg] = m.after(args[g.after_arg], value(g.after));
+    values.push_back(m.call(p.function_name(), args, p.results()));
   }
   std::vector<ir::Value> outs;
-  for (const Wire& w : results) outs.push_back(values[w.node][w.index]);
+  for (const Wire& w : results) outs.push_back(values[plan.position[w.node]][w.index]);
   return m.finish(outs, aliases);
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ir/builder.h"
+#include "ir/remat.h"
 #include "runtime/client.h"
 
 namespace tpu::backend {
@@ -34,11 +35,14 @@ class Program {
   const std::vector<ir::Type>& results() const { return results_; }
   const std::string& module_text() const { return module_; }
   runtime::ExecutablePtr executable();  // compiles on first use
+  // What running it again for a late reader in a fused graph would cost.
+  ir::RecomputeCost recompute_cost() const { return recompute_cost_; }
 
  private:
   int64_t id_;
   std::string name_, module_, function_;
   std::vector<ir::Type> params_, results_;
+  ir::RecomputeCost recompute_cost_ = ir::RecomputeCost::Never;
   std::mutex mu_;
   runtime::ExecutablePtr exe_;
 };
@@ -114,6 +118,7 @@ struct FuseStats {
   std::atomic<int64_t> elided{0};        // values no one referenced: never materialized
   std::atomic<int64_t> donated{0};       // input buffers reused for outputs
   std::atomic<int64_t> replays{0};       // graphs re-run op by op after a failure
+  std::atomic<int64_t> recomputed{0};    // values compiled graphs compute again for late readers
 };
 FuseStats& fuse_stats();
 

@@ -152,6 +152,7 @@ PYBIND11_MODULE(_C, m) {
     d["elided_intermediates"] = fs.elided.load();
     d["donated_buffers"] = fs.donated.load();
     d["fused_replays"] = fs.replays.load();
+    d["recomputed_values"] = fs.recomputed.load();
     if (runtime::DiskCache* disk = runtime::DiskCache::get()) {
       auto& ds = disk->stats();
       d["disk_cache_hits"] = ds.hits.load();

@@ -361,6 +361,21 @@ std::vector<Value> Builder::while_loop(const std::vector<Value>& init, const Reg
   return multi(name, types);
 }
 
+Value Builder::after(const Value& x, const Value& dep) {
+  // dep's first element, compared with itself: false unless NaN, which the compiler
+  // cannot know, and min(that, 0) is always 0. Adding -0.0 leaves every float as it is
+  // (signed zeros and NaNs included); adding 0 or or-ing false leaves integers and bools.
+  Shape zero(dep.rank(), 0), one(dep.rank(), 1);
+  Value d0 = reshape(slice(dep, zero, one, one), {});
+  if (!is_float(d0.dtype())) d0 = convert(d0, DType::F32);
+  Value z = binary("stablehlo.minimum", convert(compare(d0, d0, Cmp::NE), DType::I32), constant(0, DType::I32));
+  if (x.dtype() == DType::Bool)
+    return binary("stablehlo.or", x, broadcast_in_dim(convert(z, DType::Bool), x.shape(), {}));
+  Value zx = convert(z, x.dtype());
+  if (is_float(x.dtype()) || is_complex(x.dtype())) zx = unary("stablehlo.negate", zx);
+  return binary("stablehlo.add", x, broadcast_in_dim(zx, x.shape(), {}));
+}
+
 std::vector<Value> Builder::optimization_barrier(const std::vector<Value>& xs) {
   std::vector<Type> types;
   for (auto& x : xs) types.push_back(x.type);

@@ -82,6 +82,10 @@ class Builder {
   // The values unchanged, but XLA may not move computation across the barrier or merge
   // what depends on its results with what does not (how recomputation is kept apart).
   std::vector<Value> optimization_barrier(const std::vector<Value>& xs);
+  // x unchanged, bit for bit, but computed from `dep` too: XLA then neither merges it
+  // with x's other uses nor computes what reads it before `dep` exists (XLA:CPU drops
+  // barriers before it merges equal computations, so recomputation needs this).
+  Value after(const Value& x, const Value& dep);
   std::vector<Value> sort(const std::vector<Value>& xs, int64_t dim, bool stable,
                           const RegionFn& comparator);
 

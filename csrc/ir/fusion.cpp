@@ -40,6 +40,17 @@ std::vector<Value> FusedModule::call(const std::string& fn, const std::vector<Va
   return out;
 }
 
+Value FusedModule::after(const Value& x, const Value& dep) {
+  std::string& fn = after_fns_[x.type.str() + "|" + dep.type.str()];
+  if (fn.empty()) {
+    fn = "after" + std::to_string(after_fns_.size());
+    Builder b;
+    Value px = b.param(x.type), pd = b.param(dep.type);
+    functions_ += b.function(fn, {b.after(px, pd)}, false);
+  }
+  return call(fn, {x, dep}, {x.type})[0];
+}
+
 std::string FusedModule::finish(const std::vector<Value>& results,
                                 const std::vector<int>& aliases) const {
   std::string m = "module @torch_tpu_fused {\n" + functions_ + "  func.func public @main(";

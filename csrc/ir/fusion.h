@@ -2,6 +2,7 @@
 // and `main` calls them in recording order. XLA inlines the calls and fuses across them,
 // so the text of an op's program is emitted once however often the graph uses it.
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@ class FusedModule {
   // Calls `fn` from main; returns its results.
   std::vector<Value> call(const std::string& fn, const std::vector<Value>& args,
                           const std::vector<Type>& results);
+  // x read through Builder::after(x, dep), as a call of a helper function.
+  Value after(const Value& x, const Value& dep);
   // The module text. `aliases[i]` >= 0 lets parameter i's buffer be reused for that
   // result (the caller donates the buffer at launch).
   std::string finish(const std::vector<Value>& results, const std::vector<int>& aliases) const;
@@ -26,6 +29,7 @@ class FusedModule {
   std::vector<Type> params_;
   std::string functions_;
   std::string body_;
+  std::map<std::string, std::string> after_fns_;  // by operand types
   int next_ = 0;
 };
 

@@ -120,23 +120,53 @@ std::vector<int64_t> inverse(const std::vector<int64_t>& order) {
   return inv;
 }
 
+// The box as a slice of the whole storage: when the storage is a whole number of the
+// box's outer steps, it reshapes to the box's dims (outer extent widened) and the
+// offset becomes start indices. Reading then copies nothing a consumer cannot fuse,
+// where the padded region would be a copy of the whole storage.
+bool box_in_storage(const Geometry& g, const Box& box, int64_t n, Shape* dims, Shape* starts) {
+  int64_t outer = g.strides[box.order[0]];
+  if (outer <= 0 || n % outer != 0) return false;
+  *dims = box.dims;
+  (*dims)[0] = n / outer;
+  Shape lim = box_limits(g, box);
+  starts->assign(dims->size(), 0);
+  int64_t rest = g.offset;
+  for (size_t j = dims->size(); j-- > 0;) {
+    (*starts)[j] = rest % (*dims)[j];
+    rest /= (*dims)[j];
+    if ((*starts)[j] + lim[j] > (*dims)[j]) return false;
+  }
+  return rest == 0;
+}
+
 Value read_box(Builder& b, const Value& storage, const Geometry& g, const Box& box) {
+  Shape lim = box_limits(g, box), sorted(lim.begin(), lim.end() - 1);
+  if (Shape dims, starts; box_in_storage(g, box, storage.type.numel(), &dims, &starts)) {
+    Shape ends(starts.size());
+    for (size_t j = 0; j < starts.size(); ++j) ends[j] = starts[j] + lim[j];
+    Value v = b.slice(b.reshape(storage, dims), starts, ends, Shape(dims.size(), 1));
+    return b.transpose(b.reshape(v, sorted), inverse(box.order));
+  }
   Value f = padded_flat(b, storage, g.offset + box.span);
   Value region = b.reshape(b.slice(f, {g.offset}, {g.offset + box.span}, {1}), box.dims);
-  Shape lim = box_limits(g, box);
   Value v = b.slice(region, Shape(lim.size(), 0), lim, Shape(lim.size(), 1));
-  Shape sorted(lim.begin(), lim.end() - 1);
   v = b.reshape(v, sorted);
   return b.transpose(v, inverse(box.order));
 }
 
 Value write_box(Builder& b, const Value& storage, const Geometry& g, const Box& box, const Value& value) {
   int64_t n = storage.type.numel();
+  Shape lim = box_limits(g, box);
+  Value upd = b.reshape(b.transpose(value, box.order), lim);
+  if (Shape dims, starts; box_in_storage(g, box, n, &dims, &starts)) {
+    std::vector<Value> at;
+    for (int64_t s : starts) at.push_back(b.constant(static_cast<double>(s), DType::I64));
+    return b.reshape(b.dynamic_update_slice(b.reshape(storage, dims), upd, at), {n});
+  }
   int64_t end = g.offset + box.span;
   Value f = padded_flat(b, storage, end);
   Value region = b.reshape(b.slice(f, {g.offset}, {end}, {1}), box.dims);
-  Shape lim = box_limits(g, box);
-  Value upd = b.reshape(b.transpose(value, box.order), lim);
   Value zero = b.constant(0, DType::I64);
   region = b.dynamic_update_slice(region, upd, std::vector<Value>(lim.size(), zero));
   Value start = b.constant(static_cast<double>(g.offset), DType::I64);

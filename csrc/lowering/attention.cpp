@@ -66,21 +66,6 @@ Scores scores_t(Ctx& ctx, const Value& q, const Value& k, bool causal, int mask_
   return {s, t, scale};
 }
 
-// x itself, read through a dynamic slice whose start (always 0: min(isnan(d0), 0)) the
-// compiler cannot prove, so x now depends on `dep` and is no longer the forward's value.
-Value depend_on(Builder& b, const Value& x, const Value& dep) {
-  Shape zero(dep.rank(), 0), one(dep.rank(), 1);
-  Value d0 = b.reshape(b.slice(dep, zero, one, one), {});
-  Value idx = b.binary("stablehlo.minimum", b.convert(b.compare(d0, d0, Cmp::NE), DType::I32),
-                       b.constant(0, DType::I32));
-  Shape lo(x.rank(), 0), hi(x.rank(), 0), in(x.rank(), 0);
-  hi[0] = 1;
-  Value padded = b.pad(x, b.constant(0, x.dtype()), lo, hi, in);
-  std::vector<Value> starts(x.rank(), b.constant(0, DType::I32));
-  starts[0] = idx;
-  return b.dynamic_slice(padded, starts, x.shape());
-}
-
 // exp(s - lse), 0 where the row's lse is -inf (nothing to attend to).
 Value probabilities(Builder& b, const Value& s, const Value& lse) {
   const Shape& ss = s.shape();
@@ -128,10 +113,10 @@ TPU_LOWER(sdpa_flash_backward, "_scaled_dot_product_flash_attention_for_cpu_back
   Value q = ctx.in(1), k = ctx.in(2), v = ctx.in(3);
   check_supported(ctx, q, k, v, 6);
   auto held = b.optimization_barrier({ctx.in(0), q, k, ctx.in(5)});
-  // XLA:CPU drops barriers before it merges equal computations: a data dependence on
-  // grad_out keeps the recomputation apart (and after grad_out exists).
-  q = depend_on(b, held[1], held[0]);
-  k = depend_on(b, held[2], held[0]);
+  // Depending on grad_out keeps the recomputation apart from the forward's (and after
+  // grad_out exists).
+  q = b.after(held[1], held[0]);
+  k = b.after(held[2], held[0]);
   Scores sc = scores_t(ctx, q, k, ctx.flag(7), 8, 9);
   DType t = sc.t;
   const Shape& ts = sc.s.shape();                                              // (B,H,S,L)

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ir/builder.h"
+#include "ir/remat.h"
 #include "ir/views.h"
 #include "runtime/client.h"
 
@@ -159,6 +160,82 @@ int main() {
     CHECK(fetch<float>(*out[0]) == std::vector<float>({1, 5, 9}));
     CHECK(fetch<float>(*out[1]) == std::vector<float>({0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}));
     CHECK(fetch<float>(*out[2]) == std::vector<float>({0, -1, 2, 3, 4, -1, 6, 7, 8, -1, 10, 11}));
+  });
+
+  run("views: a slice of rows that ends inside the storage reads and writes without padding", [] {
+    Builder b;
+    Value s = b.param(Type{DType::F32, {2, 6}});
+    ir::Geometry k{{2, 2}, {6, 1}, 2};  // columns 2..3 of each row: the `k` of a qkv split
+    Value r = ir::read_view(b, s, k);
+    Value w = ir::write_view(b, &s, s.type, k, b.constant(-1, DType::F32, {2, 2}));
+    std::string text = b.finish({r, w});
+    CHECK(text.find("stablehlo.pad") == std::string::npos);
+    std::vector<float> a = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    auto out = run_program(text, {C().from_host(a.data(), DType::F32, {2, 6}, 0)});
+    CHECK(fetch<float>(*out[0]) == std::vector<float>({2, 3, 8, 9}));
+    CHECK(fetch<float>(*out[1]) == std::vector<float>({0, 1, -1, -1, 4, 5, 6, 7, -1, -1, 10, 11}));
+  });
+
+  run("after: the value bit for bit (signed zeros, NaN, integers, bools), kept apart from x", [] {
+    Builder b;
+    Value x = b.param(Type{DType::F32, {4}});
+    Value dep = b.param(Type{DType::F32, {2}});
+    Value i = b.param(Type{DType::I32, {2}});
+    Value y = b.after(x, dep);
+    Value j = b.after(i, dep);
+    Value t = b.after(b.compare(i, b.constant(0, DType::I32, {2}), ir::Cmp::GT), i);
+    std::vector<float> xs = {-0.0f, 1.5f, NAN, -INFINITY}, ds = {NAN, 2};
+    std::vector<int32_t> is = {-7, 3};
+    auto out = run_program(b.finish({y, j, t}), {C().from_host(xs.data(), DType::F32, {4}, 0),
+                                                 C().from_host(ds.data(), DType::F32, {2}, 0),
+                                                 C().from_host(is.data(), DType::I32, {2}, 0)});
+    std::vector<float> got = fetch<float>(*out[0]);
+    CHECK(std::memcmp(got.data(), xs.data(), sizeof(float) * 4) == 0);
+    CHECK(fetch<int32_t>(*out[1]) == is);
+    CHECK(fetch<uint8_t>(*out[2]) == std::vector<uint8_t>({0, 1}));
+  });
+
+  // A chain of calls: call k reads call k-1 (a "backward"), and `late` reads `early`.
+  auto chain_graph = [](int n, ir::GraphRef early_in, bool early_cheap) {
+    std::vector<ir::GraphCall> g(n);
+    for (int k = 0; k < n; ++k) {
+      g[k].fn = k;
+      g[k].out_bytes = {400};
+      if (k > 0) g[k].args = {ir::GraphRef{k - 1, 0}};
+    }
+    g[1].args = {early_in};
+    g[1].recomputable = early_cheap;
+    g[n - 1].args.push_back(ir::GraphRef{1, 0});
+    return g;
+  };
+
+  run("rematerialize: a late reader of a cheap value gets a recomputation that waits", [&] {
+    auto g = chain_graph(12, ir::GraphRef{-1, 0}, true);  // call 1 reads a parameter
+    ir::Rematerialized r = ir::rematerialize(g, {400}, 4);
+    CHECK(r.recomputed == 1 && r.calls.size() == 13);
+    const ir::GraphCall& copy = r.calls[11];  // just before the late reader
+    CHECK(copy.fn == 1 && copy.after_arg == 0 && copy.after.node == r.position[10]);
+    CHECK(r.calls[12].args[1].node == 11);                // the late reader reads the copy
+    CHECK(r.calls[r.position[2]].args[0].node == r.position[1]);  // the early one the original
+    // Not recomputable, or readers close together: nothing changes.
+    CHECK(ir::rematerialize(chain_graph(12, ir::GraphRef{-1, 0}, false), {400}, 4).recomputed == 0);
+    CHECK(ir::rematerialize(chain_graph(5, ir::GraphRef{-1, 0}, true), {400}, 4).recomputed == 0);
+  });
+
+  run("rematerialize: inputs that died early are recomputed too, or nothing is", [&] {
+    // Call 1 reads call 0, which nothing else reads late: 0 must run again first.
+    auto g = chain_graph(12, ir::GraphRef{0, 0}, true);
+    g[0].args = {ir::GraphRef{-1, 0}};
+    g[0].recomputable = true;
+    ir::Rematerialized r = ir::rematerialize(g, {400}, 4);
+    CHECK(r.recomputed == 2 && r.calls.size() == 14);
+    CHECK(r.calls[11].fn == 0 && r.calls[11].after_arg == 0);
+    CHECK(r.calls[12].fn == 1 && r.calls[12].after_arg == -1 && r.calls[12].args[0].node == 11);
+    g[0].recomputable = false;  // then recomputing 1 would keep 0 alive: leave it
+    CHECK(ir::rematerialize(g, {400}, 4).recomputed == 0);
+    g[0].recomputable = true;   // a call with no inputs has nothing to wait through
+    g[0].args.clear();
+    CHECK(ir::rematerialize(g, {400}, 4).recomputed == 0);
   });
 
   run("rng_bit_generator is deterministic for a state", [] {

@@ -1,0 +1,167 @@
+#include "ir/remat.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <numeric>
+
+namespace tpu::ir {
+
+RecomputeCost recompute_cost(const std::string& text) {
+  static const char* never[] = {
+      "stablehlo.convolution", "stablehlo.while",   "stablehlo.sort",       "stablehlo.rng",
+      "stablehlo.custom_call", "stablehlo.scatter", "stablehlo.gather",     "stablehlo.fft",
+      "stablehlo.reduce_window", "stablehlo.select_and_scatter", "stablehlo.triangular_solve",
+      "stablehlo.cholesky",    "stablehlo.case",    "stablehlo.if",         "func.call"};
+  for (const char* op : never)
+    if (text.find(op) != std::string::npos) return RecomputeCost::Never;
+  return text.find("stablehlo.dot_general") != std::string::npos ? RecomputeCost::Contraction
+                                                                 : RecomputeCost::Cheap;
+}
+
+namespace {
+
+struct Recompute {
+  int of;                  // the original call
+  std::vector<int> local;  // per argument: a recomputation placed just before, or -1
+  GraphRef after;          // what it waits for (an original ref)
+  int after_arg = -1;      // -1: it reads a recomputation, which waits already
+};
+
+int64_t total(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+
+}  // namespace
+
+Rematerialized rematerialize(const std::vector<GraphCall>& calls, const std::vector<int64_t>& param_bytes,
+                             int gap) {
+  const int n = static_cast<int>(calls.size());
+  auto bytes = [&](const GraphRef& r) {
+    return r.node < 0 ? param_bytes[r.index] : calls[r.node].out_bytes[r.index];
+  };
+  // Consumers of each call, in order, and for each value the last consumer that still
+  // reads the original.
+  std::vector<std::vector<int>> users(n);
+  std::vector<int> first_value(n + 1, 0);
+  for (int c = 0; c < n; ++c) first_value[c + 1] = first_value[c] + static_cast<int>(calls[c].out_bytes.size());
+  std::vector<int> last_use_of(first_value[n], -1);
+  auto last_use = [&](const GraphRef& r) -> int& { return last_use_of[first_value[r.node] + r.index]; };
+  for (int c = 0; c < n; ++c)
+    for (const GraphRef& a : calls[c].args) {
+      if (a.node < 0) continue;
+      if (users[a.node].empty() || users[a.node].back() != c) users[a.node].push_back(c);
+      last_use(a) = c;
+    }
+
+  std::vector<std::vector<Recompute>> before(n);
+  std::map<std::pair<int, int>, std::pair<int, int>> subst;  // (consumer, arg) -> (s, j)
+  int recomputed = 0;
+  for (int p = 0; p < n; ++p) {
+    const GraphCall& pc = calls[p];
+    if (!pc.recomputable || pc.args.empty() || users[p].empty()) continue;
+    // Split the consumers into groups separated by more than `gap` calls; the first
+    // group (near p) reads the original.
+    const int split = pc.gap > 0 ? pc.gap : gap;
+    std::vector<std::vector<int>> groups{{}};
+    int prev = p;
+    for (int u : users[p]) {
+      if (u - prev > split) groups.emplace_back();
+      groups.back().push_back(u);
+      prev = u;
+    }
+    std::vector<int> keep_last(pc.out_bytes.size(), -1);  // per output: last reader of the original
+    auto keep = [&](int u) {
+      for (const GraphRef& a : calls[u].args)
+        if (a.node == p) keep_last[a.index] = std::max(keep_last[a.index], u);
+    };
+    for (int u : groups[0]) keep(u);
+    for (size_t g = 1; g < groups.size(); ++g) {
+      int s = groups[g].front();
+      int prev_end = groups[g - 1].empty() ? p : groups[g - 1].back();
+      // Something s reads that exists only after the previous group: the recomputation
+      // waits for it (a value of a call that is not itself recomputed, preferably).
+      GraphRef dep{-1, 0};
+      for (const GraphRef& a : calls[s].args) {
+        if (a.node <= prev_end || a.node == p) continue;
+        bool better = dep.node < 0 || (calls[dep.node].recomputable && !calls[a.node].recomputable) ||
+                      (calls[dep.node].recomputable == calls[a.node].recomputable && a.node > dep.node);
+        if (better) dep = a;
+      }
+      // What to run again: p, after whichever of its inputs are neither live near s
+      // anyway nor small next to what reads them, recomputed in turn (two levels).
+      std::vector<int> chain;
+      bool ok = dep.node >= 0;
+      std::function<void(int, int)> need = [&](int c, int depth) {
+        if (!ok || std::find(chain.begin(), chain.end(), c) != chain.end()) return;
+        for (const GraphRef& a : calls[c].args) {
+          if (a.node < 0 || last_use(a) >= s - gap || bytes(a) * 8 <= total(calls[c].out_bytes)) continue;
+          if (depth == 0 || !calls[a.node].recomputable || calls[a.node].args.empty()) {
+            ok = false;
+            return;
+          }
+          need(a.node, depth - 1);
+        }
+        chain.push_back(c);
+      };
+      need(p, 2);
+      if (!ok) {
+        for (int u : groups[g]) keep(u);
+        continue;
+      }
+      int j0 = static_cast<int>(before[s].size());
+      for (int c : chain) {
+        Recompute r{c, {}, dep, -1};
+        bool reads_local = false;
+        for (const GraphRef& a : calls[c].args) {
+          auto it = std::find(chain.begin(), chain.end(), a.node);
+          r.local.push_back(a.node >= 0 && it != chain.end() ? j0 + static_cast<int>(it - chain.begin()) : -1);
+          reads_local |= r.local.back() >= 0;
+          if (r.local.back() < 0 && a.node >= 0) last_use(a) = std::max(last_use(a), s);
+        }
+        if (!reads_local) {  // wait through the largest computed input (or parameter)
+          const auto& args = calls[c].args;
+          r.after_arg = 0;
+          for (size_t k = 1; k < args.size(); ++k) {
+            bool k_param = args[k].node < 0, best_param = args[r.after_arg].node < 0;
+            if ((best_param && !k_param) || (best_param == k_param && bytes(args[k]) > bytes(args[r.after_arg])))
+              r.after_arg = static_cast<int>(k);
+          }
+        }
+        before[s].push_back(std::move(r));
+      }
+      int j = j0 + static_cast<int>(chain.size()) - 1;
+      for (int u : groups[g])
+        for (size_t k = 0; k < calls[u].args.size(); ++k)
+          if (calls[u].args[k].node == p) subst[{u, static_cast<int>(k)}] = {s, j};
+      recomputed += static_cast<int>(chain.size());
+    }
+    for (size_t o = 0; o < keep_last.size(); ++o) last_use(GraphRef{p, static_cast<int>(o)}) = keep_last[o];
+  }
+
+  Rematerialized out;
+  out.recomputed = recomputed;
+  out.position.assign(n, -1);
+  std::vector<std::vector<int>> made(n);  // new positions of before[c]
+  auto place = [&](const GraphRef& r) { return r.node < 0 ? r : GraphRef{out.position[r.node], r.index}; };
+  for (int c = 0; c < n; ++c) {
+    for (const Recompute& rc : before[c]) {
+      GraphCall copy = calls[rc.of];
+      for (size_t k = 0; k < copy.args.size(); ++k)
+        copy.args[k] = rc.local[k] >= 0 ? GraphRef{made[c][rc.local[k]], copy.args[k].index} : place(copy.args[k]);
+      copy.after_arg = rc.after_arg;
+      copy.after = place(rc.after);
+      made[c].push_back(static_cast<int>(out.calls.size()));
+      out.calls.push_back(std::move(copy));
+    }
+    GraphCall call = calls[c];
+    for (size_t k = 0; k < call.args.size(); ++k) {
+      auto it = subst.find({c, static_cast<int>(k)});
+      if (it == subst.end()) call.args[k] = place(call.args[k]);
+      else call.args[k] = GraphRef{made[it->second.first][it->second.second], call.args[k].index};
+    }
+    out.position[c] = static_cast<int>(out.calls.size());
+    out.calls.push_back(std::move(call));
+  }
+  return out;
+}
+
+}  // namespace tpu::ir
