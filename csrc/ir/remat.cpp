@@ -52,6 +52,23 @@ Rematerialized rematerialize(const std::vector<GraphCall>& calls, const std::vec
       last_use(a) = c;
     }
 
+  // Where the graph holds the most computed values (each live from its call to its last
+  // reader): a recomputation pays only if the original would be live there.
+  std::vector<int64_t> delta(n + 1, 0);
+  for (int c = 0; c < n; ++c)
+    for (size_t o = 0; o < calls[c].out_bytes.size(); ++o) {
+      int last = last_use(GraphRef{c, static_cast<int>(o)});
+      if (last <= c) continue;
+      delta[c] += calls[c].out_bytes[o];
+      delta[last] -= calls[c].out_bytes[o];
+    }
+  int peak_at = 0;
+  int64_t live = 0, peak = -1;
+  for (int c = 0; c < n; ++c) {
+    live += delta[c];
+    if (live >= peak) peak = live, peak_at = c;  // the last of equal peaks
+  }
+
   std::vector<std::vector<Recompute>> before(n);
   std::map<std::pair<int, int>, std::pair<int, int>> subst;  // (consumer, arg) -> (s, j)
   int recomputed = 0;
@@ -89,7 +106,7 @@ Rematerialized rematerialize(const std::vector<GraphCall>& calls, const std::vec
       // What to run again: p, after whichever of its inputs are neither live near s
       // anyway nor small next to what reads them, recomputed in turn (two levels).
       std::vector<int> chain;
-      bool ok = dep.node >= 0;
+      bool ok = dep.node >= 0 && prev_end < peak_at && peak_at < s;
       std::function<void(int, int)> need = [&](int c, int depth) {
         if (!ok || std::find(chain.begin(), chain.end(), c) != chain.end()) return;
         for (const GraphRef& a : calls[c].args) {
@@ -103,28 +120,33 @@ Rematerialized rematerialize(const std::vector<GraphCall>& calls, const std::vec
         chain.push_back(c);
       };
       need(p, 2);
+      // Each recomputation that reads no other waits through its smallest input; that
+      // input may be copied (when XLA cannot fuse the wait into the recomputation), so
+      // it must not be larger than what the recomputation saves.
+      auto in_chain = [&](const GraphRef& a) {
+        return a.node >= 0 && std::find(chain.begin(), chain.end(), a.node) != chain.end();
+      };
+      std::vector<int> wait_arg(chain.size(), -1);
+      for (size_t e = 0; ok && e < chain.size(); ++e) {
+        const auto& args = calls[chain[e]].args;
+        if (std::any_of(args.begin(), args.end(), in_chain)) continue;
+        int k = static_cast<int>(std::min_element(args.begin(), args.end(), [&](const GraphRef& x, const GraphRef& y) {
+                                   return bytes(x) < bytes(y);
+                                 }) - args.begin());
+        if (bytes(args[k]) > total(calls[chain[e]].out_bytes)) ok = false;
+        wait_arg[e] = k;
+      }
       if (!ok) {
         for (int u : groups[g]) keep(u);
         continue;
       }
       int j0 = static_cast<int>(before[s].size());
-      for (int c : chain) {
-        Recompute r{c, {}, dep, -1};
-        bool reads_local = false;
-        for (const GraphRef& a : calls[c].args) {
+      for (size_t e = 0; e < chain.size(); ++e) {
+        Recompute r{chain[e], {}, dep, wait_arg[e]};
+        for (const GraphRef& a : calls[chain[e]].args) {
           auto it = std::find(chain.begin(), chain.end(), a.node);
-          r.local.push_back(a.node >= 0 && it != chain.end() ? j0 + static_cast<int>(it - chain.begin()) : -1);
-          reads_local |= r.local.back() >= 0;
+          r.local.push_back(in_chain(a) ? j0 + static_cast<int>(it - chain.begin()) : -1);
           if (r.local.back() < 0 && a.node >= 0) last_use(a) = std::max(last_use(a), s);
-        }
-        if (!reads_local) {  // wait through the largest computed input (or parameter)
-          const auto& args = calls[c].args;
-          r.after_arg = 0;
-          for (size_t k = 1; k < args.size(); ++k) {
-            bool k_param = args[k].node < 0, best_param = args[r.after_arg].node < 0;
-            if ((best_param && !k_param) || (best_param == k_param && bytes(args[k]) > bytes(args[r.after_arg])))
-              r.after_arg = static_cast<int>(k);
-          }
         }
         before[s].push_back(std::move(r));
       }

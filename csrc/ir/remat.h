@@ -34,8 +34,10 @@ struct Rematerialized {
 };
 
 // Recomputes call p for a group of its consumers when they come more than `gap` calls
-// after its earlier ones, when p's inputs are live there anyway (or small), and when the
-// group's first consumer reads a value made after p's earlier consumers, to depend on.
+// after its earlier ones, when the original would otherwise be live where the graph
+// holds the most, when p's inputs are live there anyway (or small, or recomputed too),
+// and when the group's first consumer reads a value made after p's earlier consumers,
+// to depend on.
 Rematerialized rematerialize(const std::vector<GraphCall>& calls, const std::vector<int64_t>& param_bytes,
                              int gap);
 
