@@ -162,26 +162,27 @@ std::tuple<at::Tensor, at::Tensor> histogram_bins_tensor(const at::Tensor& self,
   });
 }
 
+// The two halves of histogramdd with bin counts: the edges, or the histogram.
+std::pair<at::Tensor, std::vector<at::Tensor>> histogramdd_by_counts(const at::Tensor& self, at::IntArrayRef bins,
+                                                                      std::optional<at::ArrayRef<double>> range,
+                                                                      const std::optional<at::Tensor>& weight,
+                                                                      bool density) {
+  BinSpec s;
+  s.counts = bins.vec();
+  s.range = range;
+  return run_histogramdd(self, s, weight, density, true);
+}
+
 std::vector<at::Tensor> histogramdd_bin_edges(const at::Tensor& self, at::IntArrayRef bins,
                                               std::optional<at::ArrayRef<double>> range,
                                               const std::optional<at::Tensor>& weight, bool density) {
-  return guarded([&] {
-    BinSpec s;
-    s.counts = bins.vec();
-    s.range = range;
-    return run_histogramdd(self, s, weight, density, true).second;
-  });
+  return guarded([&] { return histogramdd_by_counts(self, bins, range, weight, density).second; });
 }
 
 at::Tensor histogramdd_from_bin_cts(const at::Tensor& self, at::IntArrayRef bins,
                                     std::optional<at::ArrayRef<double>> range,
                                     const std::optional<at::Tensor>& weight, bool density) {
-  return guarded([&] {
-    BinSpec s;
-    s.counts = bins.vec();
-    s.range = range;
-    return run_histogramdd(self, s, weight, density, true).first;
-  });
+  return guarded([&] { return histogramdd_by_counts(self, bins, range, weight, density).first; });
 }
 
 at::Tensor histogramdd_from_bin_tensors(const at::Tensor& self, at::TensorList bins,

@@ -128,19 +128,24 @@ static std::pair<Value, Value> cholesky_loop(Builder& b, const Value& x0) {
   return {triangle(b, st[1], true), st[2]};
 }
 
-// (L or U, info). For upper, U = L^T where L is the factor of A^T (the upper triangle read).
+// The lower factor L (A = L Lᴴ), or for `upper` U = Lᵀ of Aᵀ (A = Uᴴ U), with info.
+static std::pair<Value, Value> cholesky_factor(Builder& b, const Value& a, bool upper) {
+  if (!upper) return cholesky_loop(b, a);
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < a.rank() - 2; ++i) perm.push_back(i);
+  perm.push_back(a.rank() - 1), perm.push_back(a.rank() - 2);
+  auto [l, info] = cholesky_loop(b, b.transpose(a, perm));
+  return {b.transpose(l, perm), info};
+}
+
+// (L or U, info).
 TPU_LOWER(linalg_cholesky_ex, "linalg_cholesky_ex") {
   Builder& b = ctx.b;
   Value a = ctx.in(0);
   check_float(a.dtype());
   if (ctx.flag(2)) throw Unsupported("cholesky_ex with check_errors");
-  int64_t r = a.rank();
-  bool upper = ctx.flag(1);
-  std::vector<int64_t> perm;
-  for (int64_t i = 0; i < r - 2; ++i) perm.push_back(i);
-  perm.push_back(r - 1), perm.push_back(r - 2);
-  auto [l, info] = cholesky_loop(b, upper ? b.transpose(a, perm) : a);
-  return {upper ? b.transpose(l, perm) : l, b.convert(info, ctx.out(1).dtype)};
+  auto [l, info] = cholesky_factor(b, a, ctx.flag(1));
+  return {l, b.convert(info, ctx.out(1).dtype)};
 }
 
 // cholesky(A, upper): the factor; a matrix that is not positive-definite raises, as
@@ -149,12 +154,7 @@ TPU_LOWER(cholesky, "cholesky") {
   Builder& b = ctx.b;
   Value a = ctx.in(0);
   check_float(a.dtype());
-  int64_t r = a.rank();
-  bool upper = ctx.flag(1);
-  std::vector<int64_t> perm;
-  for (int64_t i = 0; i < r - 2; ++i) perm.push_back(i);
-  perm.push_back(r - 1), perm.push_back(r - 2);
-  auto [l, info] = cholesky_loop(b, upper ? b.transpose(a, perm) : a);
+  auto [l, info] = cholesky_factor(b, a, ctx.flag(1));
   if (info.type.numel() > 0) {
     std::vector<int64_t> all;
     for (int64_t i = 0; i < info.rank(); ++i) all.push_back(i);
@@ -163,7 +163,7 @@ TPU_LOWER(cholesky, "cholesky") {
               "RuntimeError: cholesky: The factorization could not be completed because the input is not "
               "positive-definite.");
   }
-  return {upper ? b.transpose(l, perm) : l};
+  return {l};
 }
 
 // Solves A X = B with A = L L^T (or U^T U) given the factor: two triangular solves.
