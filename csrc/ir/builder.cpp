@@ -366,7 +366,7 @@ Value Builder::after(const Value& x, const Value& dep) {
   // cannot know, and min(that, 0) is always 0. Adding -0.0 leaves every float as it is
   // (signed zeros and NaNs included); adding 0 or or-ing false leaves integers and bools.
   Shape zero(dep.rank(), 0), one(dep.rank(), 1);
-  Value d0 = reshape(slice(dep, zero, one, one), {});
+  Value d0 = dep.rank() ? reshape(slice(dep, zero, one, one), {}) : dep;
   if (!is_float(d0.dtype())) d0 = convert(d0, DType::F32);
   Value z = binary("stablehlo.minimum", convert(compare(d0, d0, Cmp::NE), DType::I32), constant(0, DType::I32));
   if (x.dtype() == DType::Bool)

@@ -85,6 +85,7 @@ class Builder {
   // x unchanged, bit for bit, but computed from `dep` too: XLA then neither merges it
   // with x's other uses nor computes what reads it before `dep` exists (XLA:CPU drops
   // barriers before it merges equal computations, so recomputation needs this).
+  // `dep` must have an element.
   Value after(const Value& x, const Value& dep);
   std::vector<Value> sort(const std::vector<Value>& xs, int64_t dim, bool stable,
                           const RegionFn& comparator);

@@ -98,7 +98,7 @@ Rematerialized rematerialize(const std::vector<GraphCall>& calls, const std::vec
       // waits for it (a value of a call that is not itself recomputed, preferably).
       GraphRef dep{-1, 0};
       for (const GraphRef& a : calls[s].args) {
-        if (a.node <= prev_end || a.node == p) continue;
+        if (a.node <= prev_end || a.node == p || bytes(a) == 0) continue;  // after() reads an element
         bool better = dep.node < 0 || (calls[dep.node].recomputable && !calls[a.node].recomputable) ||
                       (calls[dep.node].recomputable == calls[a.node].recomputable && a.node > dep.node);
         if (better) dep = a;

@@ -184,6 +184,7 @@ int main() {
     Value y = b.after(x, dep);
     Value j = b.after(i, dep);
     Value t = b.after(b.compare(i, b.constant(0, DType::I32, {2}), ir::Cmp::GT), i);
+    y = b.after(y, b.constant(1, DType::F32));  // a scalar dependence too
     std::vector<float> xs = {-0.0f, 1.5f, NAN, -INFINITY}, ds = {NAN, 2};
     std::vector<int32_t> is = {-7, 3};
     auto out = run_program(b.finish({y, j, t}), {C().from_host(xs.data(), DType::F32, {4}, 0),
@@ -220,6 +221,8 @@ int main() {
     // Not recomputable, or readers close together: nothing changes.
     CHECK(ir::rematerialize(chain_graph(12, ir::GraphRef{-1, 0}, false), {400}, 4).recomputed == 0);
     CHECK(ir::rematerialize(chain_graph(5, ir::GraphRef{-1, 0}, true), {400}, 4).recomputed == 0);
+    g[10].out_bytes = {0};  // an empty value has no element to wait on
+    CHECK(ir::rematerialize(g, {400}, 4).recomputed == 0);
   });
 
   run("rematerialize: inputs that died early are recomputed too, or nothing is", [&] {
