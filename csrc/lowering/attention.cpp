@@ -21,47 +21,31 @@ struct Scores {
   double scale;
 };
 
-// q kᵀ · scale with the causal and explicit masks applied (-inf where masked).
-Scores scores(Ctx& ctx, const Value& q, const Value& k, bool causal, int mask_arg, int scale_arg) {
+// q kᵀ · scale, (B, H, L, S), with the causal and explicit masks applied (-inf where
+// masked); `transposed` gives the same scores as k qᵀ, (B, H, S, L) (the backward's).
+Scores scores(Ctx& ctx, const Value& q, const Value& k, bool causal, int mask_arg, int scale_arg,
+              bool transposed = false) {
   Builder& b = ctx.b;
   DType t = q.dtype() == DType::F64 ? DType::F64 : DType::F32;
   int64_t e = q.shape()[3];
   double scale = ctx.is_none(scale_arg) ? 1.0 / std::sqrt(static_cast<double>(e)) : ctx.f(scale_arg);
-  Value s = b.dot_general(b.convert(q, t), b.convert(k, t), {0, 1}, {0, 1}, {3}, {3}, t);
+  Value qt = b.convert(q, t), kt = b.convert(k, t);
+  Value s = transposed ? b.dot_general(kt, qt, {0, 1}, {0, 1}, {3}, {3}, t)
+                       : b.dot_general(qt, kt, {0, 1}, {0, 1}, {3}, {3}, t);
   const Shape& ss = s.shape();
   s = mul(b, s, b.constant(scale, t, ss));
   Value ninf = b.constant(-std::numeric_limits<double>::infinity(), t, ss);
+  int qd = transposed ? 3 : 2, kd = transposed ? 2 : 3;  // the query and key dims of s
   if (causal) {  // query i sees keys j <= i (top-left aligned, like PyTorch)
-    Value i = b.iota(Type{DType::I64, ss}, 2), j = b.iota(Type{DType::I64, ss}, 3);
+    Value i = b.iota(Type{DType::I64, ss}, qd), j = b.iota(Type{DType::I64, ss}, kd);
     s = b.select(b.compare(j, i, Cmp::LE), s, ninf);
   }
   if (mask_arg >= 0 && !ctx.is_none(mask_arg)) {
     Value m = ctx.in(mask_arg);
-    if (m.dtype() == DType::Bool) s = b.select(broadcast_to(b, m, ss), s, ninf);
-    else s = add(b, s, coerce(b, m, t, ss));
-  }
-  return {s, t, scale};
-}
-
-// The same scores transposed, (B, H, S, L), computed as k qᵀ.
-Scores scores_t(Ctx& ctx, const Value& q, const Value& k, bool causal, int mask_arg, int scale_arg) {
-  Builder& b = ctx.b;
-  DType t = q.dtype() == DType::F64 ? DType::F64 : DType::F32;
-  int64_t e = q.shape()[3];
-  double scale = ctx.is_none(scale_arg) ? 1.0 / std::sqrt(static_cast<double>(e)) : ctx.f(scale_arg);
-  Value s = b.dot_general(b.convert(k, t), b.convert(q, t), {0, 1}, {0, 1}, {3}, {3}, t);
-  const Shape& ss = s.shape();
-  s = mul(b, s, b.constant(scale, t, ss));
-  Value ninf = b.constant(-std::numeric_limits<double>::infinity(), t, ss);
-  if (causal) {  // key j (dim 2) is seen by query i (dim 3) when j <= i
-    Value j = b.iota(Type{DType::I64, ss}, 2), i = b.iota(Type{DType::I64, ss}, 3);
-    s = b.select(b.compare(j, i, Cmp::LE), s, ninf);
-  }
-  if (mask_arg >= 0 && !ctx.is_none(mask_arg)) {
-    Value m = ctx.in(mask_arg);
-    Shape fs{ss[0], ss[1], ss[3], ss[2]};  // the mask broadcast in (L, S) order, then transposed
-    Value mt = b.transpose(m.dtype() == DType::Bool ? broadcast_to(b, m, fs) : coerce(b, m, t, fs), {0, 1, 3, 2});
-    s = m.dtype() == DType::Bool ? b.select(mt, s, ninf) : add(b, s, mt);
+    Shape ms{ss[0], ss[1], ss[qd], ss[kd]};  // the mask broadcast in (L, S) order
+    Value mb = m.dtype() == DType::Bool ? broadcast_to(b, m, ms) : coerce(b, m, t, ms);
+    if (transposed) mb = b.transpose(mb, {0, 1, 3, 2});
+    s = m.dtype() == DType::Bool ? b.select(mb, s, ninf) : add(b, s, mb);
   }
   return {s, t, scale};
 }
@@ -117,7 +101,7 @@ TPU_LOWER(sdpa_flash_backward, "_scaled_dot_product_flash_attention_for_cpu_back
   // grad_out exists).
   q = b.after(held[1], held[0]);
   k = b.after(held[2], held[0]);
-  Scores sc = scores_t(ctx, q, k, ctx.flag(7), 8, 9);
+  Scores sc = scores(ctx, q, k, ctx.flag(7), 8, 9, true);
   DType t = sc.t;
   const Shape& ts = sc.s.shape();                                              // (B,H,S,L)
   Value lse = b.broadcast_in_dim(b.convert(held[3], t), ts, {0, 1, 3});
