@@ -8,8 +8,10 @@ Workloads: (a) GPT decoder training step, (b) its prefill forward, (c) MLP train
 steps after --warmup steps, throughput (tokens/s or samples/s), peak device memory
 (torch.tpu.max_memory_allocated over the timed steps), compiles and executions per
 step; then cold- vs warm-cache start of a fresh process (time to finish its first
-training step). Writes results.json, results.md and results.png to --out, and checks
-issue 4's targets (printed, and recorded in the JSON).
+training step); then the ceilings this machine puts on those ratios (the time of the
+contractions, which fusion cannot shorten, and the steady step a warm start still runs).
+Writes results.json, results.md and results.png to --out, and checks issue 4's targets
+(printed, and recorded in the JSON).
 """
 import argparse
 import json
@@ -178,6 +180,57 @@ def measure(workload, mode, steps, warmup, quick):
             ctx.__exit__(None, None, None)
 
 
+# Ops whose work a fused program does exactly as Strict does (the same contraction on the
+# same XLA backend): fusion removes launches and memory traffic around them, not their math.
+CONTRACTIONS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution",
+                "aten::_convolution", "aten::convolution_backward", "aten::convolution_overrideable",
+                "aten::convolution_backward_overrideable")
+
+
+def contraction_time(workload, quick, warmup=2):
+    """Seconds per step that the workload's contractions take on the device, measured in
+    Debug mode (each op waits for its result, so an op's own time is its device time),
+    less a launch's overhead per call (a trivial op's time, measured the same way)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def own_time(fn, names):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+        evs = [e for e in prof.key_averages() if e.key in names]
+        return sum(e.self_cpu_time_total for e in evs) / 1e6, sum(e.count for e in evs)
+
+    with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING):
+        a = torch.ones(4, device="tpu")
+        a.add(a).cpu()
+        t, n = own_time(lambda: [a.add(a) for _ in range(50)], ("aten::add",))
+        launch = t / n
+        step, _, _ = WORKLOADS[workload]("tpu", quick)
+        for _ in range(warmup):
+            step()
+        t, n = own_time(step, CONTRACTIONS)
+    return {"contraction_s": max(t - n * launch, 0.0), "contraction_calls": n, "launch_s": launch}
+
+
+def ceilings(rows, starts, quick):
+    """Upper bounds this machine puts on issue 4's ratios, from the same run's numbers."""
+    by = {(r["workload"], r["mode"]): r for r in rows}
+    out = []
+    for w in WORKLOADS:
+        s = by.get((w, "strict"))
+        if not s:
+            continue
+        c = contraction_time(w, quick)
+        out.append({"workload": w, **c, "strict_step_s": s["median_step_s"],
+                    "fused_over_strict_ceiling": s["median_step_s"] / max(c["contraction_s"], 1e-9)})
+    for st in starts:
+        r = by.get(("gpt_train", st["mode"]))
+        if r:
+            out.append({"workload": "gpt_train start", "mode": st["mode"], "cold_s": st["cold"]["first_step_s"],
+                        "steady_step_s": r["median_step_s"],
+                        "warm_over_cold_ceiling": st["cold"]["first_step_s"] / r["median_step_s"]})
+    return out
+
+
 def start_probe(workload, mode, quick):
     """In a fresh process: the time to finish the first training step."""
     t0 = time.perf_counter()
@@ -189,7 +242,8 @@ def start_probe(workload, mode, quick):
     t2 = time.perf_counter()
     m = torch_tpu.metrics()
     print(json.dumps({"first_step_s": t2 - t1, "process_warmup_s": t1 - t0,
-                      "compiles": m["compiles"], "disk_cache_hits": m.get("disk_cache_hits", 0)}))
+                      "compiles": m["compiles"], "disk_cache_hits": m.get("disk_cache_hits", 0),
+                      "compile_s": m["compile_seconds"], "load_s": m["cache_load_seconds"]}))
 
 
 def cold_vs_warm(workload, mode, quick):
@@ -235,7 +289,7 @@ def met(name, value):
     return None
 
 
-def markdown(rows, starts, checks, meta):
+def markdown(rows, starts, checks, meta, bounds=()):
     lines = [f"# torch_tpu benchmarks ({meta['date']}, {meta['machine']})", "",
              f"Plugin: `{meta['plugin']}`; median of {meta['steps']} steps after {meta['warmup']} warm-up "
              f"steps{' (quick sizes)' if meta['quick'] else ''}.", "",
@@ -255,12 +309,26 @@ def markdown(rows, starts, checks, meta):
     if starts:
         lines += ["", "Start of a fresh process (time to finish its first gpt_train step, "
                   "after a one-op process warm-up), with an empty and with a warm compile cache:", "",
-                  "| mode | cache | first step | compiles | disk-cache hits |", "|---|---|---|---|---|"]
+                  "| mode | cache | first step | compiles | compiling | disk-cache hits | loading them |",
+                  "|---|---|---|---|---|---|---|"]
         for st in starts:
             for which in ("cold", "warm"):
                 r = st[which]
                 lines.append(f"| {st['mode']} | {which} | {r['first_step_s']:.2f} s | {r['compiles']} | "
-                             f"{r['disk_cache_hits']} |")
+                             f"{r['compile_s']:.2f} s | {r['disk_cache_hits']} | {r['load_s']:.2f} s |")
+    if bounds:
+        lines += ["", "Ceilings on this machine. A fused program runs the same contractions (matmuls, "
+                  "convolutions) on the same backend as Strict, so fused/strict cannot exceed Strict's step over "
+                  "their time (Debug mode, launch overhead subtracted). A warm first step still computes a "
+                  "step, so warm/cold cannot exceed the cold first step over a steady step:", "",
+                  "| workload | contractions | their time per step | Strict step | ceiling |", "|---|---|---|---|---|"]
+        for b in bounds:
+            if "fused_over_strict_ceiling" in b:
+                lines.append(f"| {b['workload']} | {b['contraction_calls']} calls | {b['contraction_s'] * 1e3:.1f} ms | "
+                             f"{b['strict_step_s'] * 1e3:.1f} ms | fused/strict <= {b['fused_over_strict_ceiling']:.2f}x |")
+            else:
+                lines.append(f"| {b['workload']} ({b['mode']}) | - | cold first step {b['cold_s']:.2f} s | "
+                             f"steady step {b['steady_step_s'] * 1e3:.1f} ms | warm/cold <= {b['warm_over_cold_ceiling']:.2f}x |")
     lines += ["", "| target | value | met |", "|---|---|---|"]
     for k, v in checks.items():
         lines.append(f"| {k} | {v:.3f} | {'yes' if met(k, v) else 'NO'} |")
@@ -299,6 +367,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="smaller models (a smoke run)")
     ap.add_argument("--no-start", action="store_true", help="skip the cold/warm start measurement")
+    ap.add_argument("--no-ceilings", action="store_true", help="skip the contraction-time ceilings")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--start-probe", help=argparse.SUPPRESS)
     ap.add_argument("--probe-mode", default="fused", help=argparse.SUPPRESS)
@@ -317,14 +386,15 @@ def main():
                      if "peak_bytes" in r else ""), flush=True)
     starts = [] if a.no_start else [cold_vs_warm("gpt_train", m, a.quick) for m in ("strict", "fused")]
     checks = targets(rows, starts)
+    bounds = [] if a.no_ceilings else ceilings(rows, starts, a.quick)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} CPUs",
             "plugin": torch_tpu._C.plugin_path(), "steps": a.steps, "warmup": a.warmup, "quick": a.quick,
             "torch": torch.__version__}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "results.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows, "start": starts,
+        json.dump({"meta": meta, "rows": rows, "start": starts, "ceilings": bounds,
                    "targets": {k: {"value": v, "met": met(k, v)} for k, v in checks.items()}}, f, indent=1)
-    md = markdown(rows, starts, checks, meta)
+    md = markdown(rows, starts, checks, meta, bounds)
     with open(os.path.join(a.out, "results.md"), "w") as f:
         f.write(md)
     chart(rows, os.path.join(a.out, "results.png"))

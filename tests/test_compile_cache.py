@@ -15,7 +15,8 @@ PROGRAM = (
     "m = torch_tpu.metrics()\n"
     "print(json.dumps({'y': y.tolist(), 'v': v, 'compiles': m['compiles'],\n"
     "                  'hits': m.get('disk_cache_hits', 0), 'corrupt': m.get('disk_cache_corrupt', 0),\n"
-    "                  'evicted': m.get('disk_cache_evicted', 0), 'dir': torch_tpu._C.compile_cache_dir()}))\n"
+    "                  'evicted': m.get('disk_cache_evicted', 0), 'dir': torch_tpu._C.compile_cache_dir(),\n"
+    "                  'compile_s': m['compile_seconds'], 'load_s': m['cache_load_seconds']}))\n"
 )
 
 
@@ -30,6 +31,9 @@ def test_second_process_compiles_nothing(tmp_path):
     warm = run(tmp_path)
     assert cold["compiles"] > 0 and cold["hits"] == 0
     assert warm["compiles"] == 0 and warm["hits"] >= cold["compiles"]
+    # Time goes to compiling in the first process and to loading in the second.
+    assert cold["compile_s"] > 0 and cold["load_s"] == 0
+    assert warm["compile_s"] == 0 and warm["load_s"] > 0
     assert warm["y"] == cold["y"] and warm["v"] == cold["v"]
     assert any(f.endswith(".exe") for f in os.listdir(tmp_path))
 

@@ -165,6 +165,7 @@ PYBIND11_MODULE(_C, m) {
       auto& c = runtime::Client::get().counters();
       d["compiles"] = c.compiles.load();
       d["compile_seconds"] = c.compile_us.load() / 1e6;
+      d["cache_load_seconds"] = c.load_us.load() / 1e6;
       d["executions"] = c.executions.load();
       d["h2d_transfers"] = c.h2d_transfers.load();
       d["h2d_bytes"] = c.h2d_bytes.load();

@@ -467,12 +467,16 @@ std::string Client::serialize(const Executable& exe) {
 }
 
 ExecutablePtr Client::deserialize(const std::string& bytes, const std::string& name) {
+  auto t0 = std::chrono::steady_clock::now();
   auto a = ARGS(PJRT_Executable_DeserializeAndLoad_Args);
   a.client = client_;
   a.serialized_executable = bytes.data();
   a.serialized_executable_size = bytes.size();
   check(api_->PJRT_Executable_DeserializeAndLoad(&a), "loading the cached executable of " + name);
-  return wrap_loaded(a.loaded_executable, name);
+  ExecutablePtr exe = wrap_loaded(a.loaded_executable, name);
+  counters_.load_us += std::chrono::duration_cast<std::chrono::microseconds>(
+                           std::chrono::steady_clock::now() - t0).count();
+  return exe;
 }
 
 std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<Buffer*>& args,

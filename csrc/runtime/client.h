@@ -44,6 +44,7 @@ struct DeviceStats {
 struct Counters {
   std::atomic<int64_t> compiles{0};
   std::atomic<int64_t> compile_us{0};
+  std::atomic<int64_t> load_us{0};  // deserializing cached executables
   std::atomic<int64_t> executions{0};
   std::atomic<int64_t> h2d_bytes{0};
   std::atomic<int64_t> h2d_transfers{0};
