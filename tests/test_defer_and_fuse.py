@@ -202,20 +202,29 @@ REMAT_PROBE = (
     "print(torch.tpu.max_memory_allocated(), m['recomputed_values'], sum(m['fallbacks'].values()), *losses)\n")
 
 
+def remat_probe(policy):
+    """(peak bytes, recomputed values, losses, stderr) of REMAT_PROBE under a policy."""
+    r = run_python(REMAT_PROBE, env={"TPU_FUSE_REMAT": policy, "TPU_COMPILE_CACHE": "0"})
+    assert r.returncode == 0, r.stderr
+    peak, recomputed, fallbacks, *losses = r.stdout.split()
+    assert fallbacks == "0"
+    return int(peak), int(recomputed), [float(v) for v in losses], r.stderr
+
+
 @pytest.mark.parametrize("policy", ["cheap", "matmul"])
 def test_recomputation_lowers_the_peak_and_keeps_the_losses(policy):
     # Peak memory here is XLA's buffer assignment for the step's program: deterministic.
-    def probe(p):
-        r = run_python(REMAT_PROBE, env={"TPU_FUSE_REMAT": p, "TPU_COMPILE_CACHE": "0"})
-        assert r.returncode == 0, r.stderr
-        peak, recomputed, fallbacks, *losses = r.stdout.split()
-        assert fallbacks == "0"
-        return int(peak), int(recomputed), [float(v) for v in losses]
-    off_peak, off_recomputed, off_losses = probe("off")
-    peak, recomputed, losses = probe(policy)
+    off_peak, off_recomputed, off_losses, _ = remat_probe("off")
+    peak, recomputed, losses, _ = remat_probe(policy)
     assert off_recomputed == 0 and recomputed > 0
     assert peak < off_peak * (0.9 if policy == "cheap" else 0.75), (peak, off_peak)
     assert max(abs(a - b) for a, b in zip(losses, off_losses)) < 1e-5, (losses, off_losses)
+
+
+def test_unknown_recomputation_policy_warns_and_uses_the_default():
+    peak, recomputed, losses, err = remat_probe("sometimes")
+    assert "TPU_FUSE_REMAT=sometimes is not one of off, cheap, matmul: using matmul" in err
+    assert (peak, recomputed, losses) == remat_probe("matmul")[:3]
 
 
 def test_failed_graph_is_replayed_op_by_op_and_names_the_op():
