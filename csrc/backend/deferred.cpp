@@ -218,7 +218,9 @@ std::string fused_text(const std::vector<Call>& calls, const std::vector<ir::Typ
     g.args = calls[n].args;
     for (const ir::Type& t : calls[n].program->results()) g.out_bytes.push_back(bytes(t));
     ir::RecomputeCost cost = calls[n].program->recompute_cost();
-    if (cost == ir::RecomputeCost::Contraction && remat_policy() == RematPolicy::Matmul) {
+    if (remat_policy() == RematPolicy::Off) {
+      g.recomputable = false;
+    } else if (cost == ir::RecomputeCost::Contraction && remat_policy() == RematPolicy::Matmul) {
       int64_t computed_in = 0, out = 0;
       for (const Wire& w : g.args)
         if (w.node >= 0) computed_in += graph[w.node].out_bytes[w.index];
@@ -232,13 +234,7 @@ std::string fused_text(const std::vector<Call>& calls, const std::vector<ir::Typ
   }
   std::vector<int64_t> param_bytes;
   for (const ir::Type& t : param_types) param_bytes.push_back(bytes(t));
-  ir::Rematerialized plan;
-  if (remat_policy() != RematPolicy::Off) {
-    plan = ir::rematerialize(graph, param_bytes, kRematGap);
-  } else {
-    plan.calls = graph;
-    for (size_t n = 0; n < calls.size(); ++n) plan.position.push_back(static_cast<int>(n));
-  }
+  ir::Rematerialized plan = ir::rematerialize(graph, param_bytes, kRematGap);
   fuse_stats().recomputed += plan.recomputed;
 
   ir::FusedModule m;

@@ -15,6 +15,10 @@
 namespace tpu::runtime {
 namespace {
 
+int64_t micros_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
 PJRT_Buffer_Type to_pjrt(DType t) {
   switch (t) {
     case DType::Bool: return PJRT_Buffer_Type_PRED;
@@ -413,8 +417,7 @@ ExecutablePtr Client::compile(const std::string& mlir, const std::string& name) 
   check(api_->PJRT_Client_Compile(&a), "compiling " + name);
   ExecutablePtr exe = wrap_loaded(a.executable, name);
   counters_.compiles += 1;
-  counters_.compile_us += std::chrono::duration_cast<std::chrono::microseconds>(
-                              std::chrono::steady_clock::now() - t0).count();
+  counters_.compile_us += micros_since(t0);
   return exe;
 }
 
@@ -474,8 +477,7 @@ ExecutablePtr Client::deserialize(const std::string& bytes, const std::string& n
   a.serialized_executable_size = bytes.size();
   check(api_->PJRT_Executable_DeserializeAndLoad(&a), "loading the cached executable of " + name);
   ExecutablePtr exe = wrap_loaded(a.loaded_executable, name);
-  counters_.load_us += std::chrono::duration_cast<std::chrono::microseconds>(
-                           std::chrono::steady_clock::now() - t0).count();
+  counters_.load_us += micros_since(t0);
   return exe;
 }
 
