@@ -22,3 +22,11 @@ def test_contraction_time_counts_every_matmul_and_convolution_of_a_step():
     assert c["contraction_calls"] == 7
     assert 0 < c["contraction_s"] < 10
     assert 0 < c["launch_s"] < 0.1
+
+
+def test_start_ceiling_is_the_cold_first_step_over_a_steady_step():
+    bench = load_bench()
+    rows = [{"workload": "gpt_train", "mode": "fused", "median_step_s": 0.5}]
+    starts = [{"mode": "fused", "cold": {"first_step_s": 4.0}, "warm": {"first_step_s": 1.0}}]
+    (b,) = bench.ceilings(rows, starts, quick=True)  # no strict row: no contraction ceiling
+    assert b["mode"] == "fused" and b["warm_over_cold_ceiling"] == 8.0
