@@ -229,6 +229,20 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   return host.item();
 }
 
+// nn.Module._apply keeps a parameter object (and so weight ties, optimizer references and
+// hooks) across `.to(device)` only when this says the two tensors' impls may be swapped
+// (`param.data = moved`). PyTorch answers yes for dense CPU/CUDA pairs; a tpu tensor is
+// the same plain strided TensorImpl, so dense CPU/tpu pairs are compatible too.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](c10::DispatchKeySet ks) {
+    constexpr c10::DispatchKeySet backends(
+        {c10::BackendComponent::CPUBit, c10::BackendComponent::PrivateUse1Bit});
+    return ks.has(c10::DispatchKey::Dense) && ks.has_any(backends);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+         (dense(self.key_set()) && dense(from.key_set()));
+}
+
 }  // namespace
 
 // Ops the generic lowered kernel must not claim: these are ours.
@@ -262,6 +276,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_to_copy", to_copy);
   m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
 }
 
 }  // namespace tpu::backend
