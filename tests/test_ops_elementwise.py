@@ -358,9 +358,14 @@ def test_activation_forward_backward(name, dtype):
 
 
 def test_activation_special_values_forward():
+    """Against float64 on the CPU: CPU's float32 kernels differ by instruction set at the
+    special values (vectorized GELU gives NaN for +inf with AVX-512; its definition, inf)."""
     x = floats()
     for name in ("relu", "gelu", "gelu_tanh", "silu", "elu", "softplus", "hardswish", "logsigmoid", "mish"):
-        check(ACT[name], x)
+        want = ACT[name](x.double()).float()
+        got = ACT[name](x.to("tpu")).cpu()
+        torch.testing.assert_close(got, want, equal_nan=True, msg=name)
+    assert F.gelu(torch.tensor([INF], device="tpu")).item() == INF
 
 
 def test_prelu_and_inplace_activations():
