@@ -243,6 +243,24 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
          (dense(self.key_set()) && dense(from.key_set()));
 }
 
+// torch.optim passes the fused Adam(W) step a float lr, which a program would bake in;
+// as the 0-dim operand of the lowered tensor_lr overload a schedule reuses one program.
+template <bool kDecoupled>
+void fused_adam_float_lr(at::TensorList self, at::TensorList grads, at::TensorList exp_avgs,
+                         at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                         at::TensorList state_steps, double lr, double beta1, double beta2,
+                         double weight_decay, double eps, bool amsgrad, bool maximize,
+                         const std::optional<at::Tensor>& grad_scale,
+                         const std::optional<at::Tensor>& found_inf) {
+  at::Tensor lr_t = at::scalar_tensor(lr, at::TensorOptions().dtype(at::kFloat));
+  if constexpr (kDecoupled)
+    at::_fused_adamw_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr_t, beta1,
+                      beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf);
+  else
+    at::_fused_adam_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr_t, beta1,
+                     beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf);
+}
+
 }  // namespace
 
 // Ops the generic lowered kernel must not claim: these are ours.
@@ -277,6 +295,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_to_copy", to_copy);
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+  m.impl("_fused_adam_", fused_adam_float_lr<false>);
+  m.impl("_fused_adamw_", fused_adam_float_lr<true>);
 }
 
 }  // namespace tpu::backend
