@@ -13,6 +13,7 @@ $(VENV)/.ready: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=23" setuptools wheel
 	$(PY) -m pip install -q torch==2.13.0 xla-cpu-pjrt numpy pytest pytest-timeout expecttest cmake ninja matplotlib
+	$(PY) -m pip install -q transformers==5.18.0 accelerate==1.15.0
 	command -v ccache >/dev/null || (apt-get install -y -q ccache >/dev/null 2>&1 || true)
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $@
@@ -38,7 +39,7 @@ test-py: build
 # The device-semantics, op, training and mode tests again under the other eager modes.
 MODE_TESTS := tests/test_semantics.py tests/test_device_api.py tests/test_rng.py \
   tests/test_training.py tests/test_modes.py tests/test_ops_elementwise.py tests/test_ops_nn.py \
-  tests/test_defer_and_fuse.py tests/test_op_semantics.py
+  tests/test_defer_and_fuse.py tests/test_op_semantics.py tests/test_tied_weights.py
 test-modes: build
 	TPU_DEFER_AND_FUSE=1 $(PY) -m pytest -q -p no:cacheprovider $(MODE_TESTS)
 	TPU_LAUNCH_BLOCKING=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_semantics.py \

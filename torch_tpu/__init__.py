@@ -48,6 +48,9 @@ from ._internal.sync import synchronize  # noqa: E402
 from ._metrics import metrics, metrics_report  # noqa: E402
 from . import api  # noqa: E402
 from . import _step_boundary  # noqa: E402,F401  (cuts deferred graphs at optimizer steps)
+from . import _accelerate  # noqa: E402  (Hugging Face accelerate/Trainer default to tpu)
+
+_accelerate.install()
 
 __all__ = [
     "EagerMode", "set_eager_mode", "get_eager_mode", "synchronize", "metrics",

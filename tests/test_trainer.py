@@ -1,0 +1,104 @@
+"""A plain Hugging Face `Trainer` script (no device code) trains on tpu, as it would on CUDA,
+and matches the same run on the CPU."""
+import os
+
+import pytest
+import torch
+
+from conftest import no_fallbacks, run_python
+
+transformers = pytest.importorskip("transformers")
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification,  # noqa: E402
+                          Trainer, TrainingArguments)
+
+
+def gpt2():
+    cfg = AutoConfig.for_model("gpt2", vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=32,
+                               bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+                               attn_pdrop=0.0)
+    return AutoModelForCausalLM.from_config(cfg)
+
+
+def bert():
+    cfg = AutoConfig.for_model("bert", vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                               num_attention_heads=2, intermediate_size=64, max_position_embeddings=32,
+                               hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)
+    return AutoModelForSequenceClassification.from_config(cfg)
+
+
+def lm_data(n=24):
+    g = torch.Generator().manual_seed(1)
+    return [{"input_ids": ids, "labels": ids} for ids in torch.randint(1, 64, (n, 16), generator=g)]
+
+
+def cls_data(n=24):
+    g = torch.Generator().manual_seed(2)
+    ids, labels = torch.randint(1, 64, (n, 12), generator=g), torch.randint(0, 3, (n,), generator=g)
+    return [{"input_ids": i, "labels": y} for i, y in zip(ids, labels)]
+
+
+def run(make_model, data, out, use_cpu, steps=6, resume=None, **kw):
+    torch.manual_seed(0)
+    model = make_model()
+    args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=4, max_steps=steps,
+                             logging_steps=1, learning_rate=1e-3, report_to=[], use_cpu=use_cpu,
+                             seed=0, dataloader_pin_memory=False, **kw)
+    trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:8])
+    trainer.train(resume_from_checkpoint=resume)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return trainer, model, losses
+
+
+@pytest.mark.parametrize("make_model,data", [(gpt2, lm_data), (bert, cls_data)], ids=["gpt2", "bert"])
+def test_trainer_trains_on_tpu_like_cpu(tmp_path, make_model, data):
+    """Gradient accumulation and clipping included; evaluation after training."""
+    kw = dict(gradient_accumulation_steps=2, max_grad_norm=0.5, save_strategy="no")
+    cpu_trainer, cpu_model, cpu_losses = run(make_model, data(), tmp_path / "cpu", True, **kw)
+    with no_fallbacks():
+        tpu_trainer, tpu_model, tpu_losses = run(make_model, data(), tmp_path / "tpu", False, **kw)
+    assert next(cpu_model.parameters()).device.type == "cpu"
+    assert {p.device.type for p in tpu_model.parameters()} == {"tpu"}
+    assert len(tpu_losses) == 6
+    torch.testing.assert_close(tpu_losses, cpu_losses, rtol=1e-4, atol=1e-4)
+    for p, q in zip(cpu_model.parameters(), tpu_model.parameters()):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-4)
+    ev_cpu, ev_tpu = cpu_trainer.evaluate()["eval_loss"], tpu_trainer.evaluate()["eval_loss"]
+    assert ev_tpu == pytest.approx(ev_cpu, rel=1e-4)
+
+
+def test_checkpoint_resume_continues_with_identical_losses(tmp_path):
+    kw = dict(save_strategy="steps", save_steps=3)
+    _, _, full = run(gpt2, lm_data(), tmp_path / "full", False, **kw)
+    ckpt = tmp_path / "full" / "checkpoint-3"
+    assert (ckpt / "model.safetensors").exists() and (ckpt / "optimizer.pt").exists()
+    trainer, model, resumed = run(gpt2, lm_data(), tmp_path / "resumed", False, resume=str(ckpt), **kw)
+    assert {p.device.type for p in model.parameters()} == {"tpu"}
+    # The resumed state's log keeps the first three losses; the last three are new.
+    assert len(resumed) == 6
+    torch.testing.assert_close(resumed[3:], full[3:], rtol=1e-6, atol=1e-6)
+    # save_model writes weights a CPU process loads back unchanged.
+    trainer.save_model(str(tmp_path / "saved"))
+    back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "saved"))
+    for p, q in zip(back.parameters(), model.parameters()):
+        torch.testing.assert_close(p, q.detach().cpu())
+
+
+def test_accelerate_defaults_to_tpu_but_explicit_choices_win():
+    code = """
+import torch
+from accelerate import Accelerator, PartialState
+print(Accelerator().device.type)
+PartialState._reset_state(); from accelerate.state import AcceleratorState; AcceleratorState._reset_state(True)
+print(Accelerator(cpu=True).device.type)
+"""
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["tpu", "cpu"]
+    r = run_python("from accelerate import Accelerator; print(Accelerator().device.type)",
+                   env={"ACCELERATE_TORCH_DEVICE": "cpu"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["cpu"]
+    r = run_python("from accelerate import Accelerator; print(Accelerator().device.type)",
+                   env={"TPU_ACCELERATE": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["cpu"]
