@@ -152,3 +152,27 @@ def test_weight_norm_interface_backward_matches_cpu():
                 gw.to("tpu"), v.to("tpu"), g.to("tpu"), norms.to("tpu"), dim)
         for a, b in zip(got, want):
             torch.testing.assert_close(a.cpu(), b)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bart"])
+def test_hugging_face_tied_models_get_cpu_gradients(arch):
+    """Two of the architectures that trained with wrong gradients: GPT-2 ties its LM head to
+    the token embedding; BART ties encoder, decoder and head embeddings to `shared`."""
+    transformers = pytest.importorskip("transformers")
+    sizes = (dict(n_embd=32, n_layer=2, n_head=2, n_positions=32) if arch == "gpt2" else
+             dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                  decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                  max_position_embeddings=32))
+    cfg = transformers.AutoConfig.for_model(arch, vocab_size=64, **sizes)
+    cls = transformers.AutoModelForCausalLM if arch == "gpt2" else transformers.AutoModelForSeq2SeqLM
+    torch.manual_seed(0)
+    cpu = cls.from_config(cfg).eval()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    assert tpu.get_output_embeddings().weight is tpu.get_input_embeddings().weight
+    ids = torch.randint(3, 64, (2, 8))
+    cpu(input_ids=ids, labels=ids).loss.backward()
+    with no_fallbacks():
+        tpu(input_ids=ids.to("tpu"), labels=ids.to("tpu")).loss.backward()
+    for (name, p), q in zip(cpu.named_parameters(), tpu.parameters()):
+        assert q.grad is not None, name
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-5, msg=name)
