@@ -24,7 +24,6 @@ import json
 import os
 import sys
 import time
-import traceback
 import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -34,6 +33,7 @@ import torch.utils._pytree as pytree  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import torch_tpu  # noqa: E402
+from torch_tpu._workers import Pool, first_line  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64,
           "int32": torch.int32, "bool": torch.bool}
@@ -101,11 +101,6 @@ def fallbacks() -> dict:
 def grown(before: dict) -> list:
     """Ops whose fallback count grew since `before`."""
     return sorted(k for k, n in fallbacks().items() if n > before.get(k, 0))
-
-
-def first_line(e: BaseException) -> str:
-    lines = [s.strip() for s in str(e).splitlines() if s.strip()]
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def mismatch_text(e: AssertionError) -> str:
@@ -382,94 +377,13 @@ def quiet():
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-def _worker(conn, dtypes, max_samples, log_path, max_entries):
-    # The plugin and the ops write to fd 2; keep it in a log, not in the progress lines.
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 2)
+def worker_setup():
     quiet()
-    db = op_db()
-    conn.send(("ready",))
-    for _ in range(max_entries):
-        key = conn.recv()
-        try:
-            res = run_entry(db[key], dtypes, max_samples)
-        except Exception as e:  # noqa: BLE001
-            traceback.print_exc()
-            res = failed_entry(db[key], dtypes, f"tool: {first_line(e)}")
-        conn.send(("done", key, res))
-    conn.send(("bye",))
 
 
-class Pool:
-    """Spawned workers, each running one entry at a time under a deadline; a worker that
-    hangs is killed and replaced, one that dies is replaced."""
-
-    def __init__(self, jobs, dtypes, max_samples, log_path, max_entries=150):
-        import multiprocessing as mp
-        self.ctx, self.args = mp.get_context("spawn"), (dtypes, max_samples, log_path,
-                                                        max_entries)
-        self.workers = {}  # conn -> [process, key or None, deadline, ready]
-        for _ in range(jobs):
-            self.start()
-
-    def start(self):
-        parent, child = self.ctx.Pipe()
-        p = self.ctx.Process(target=_worker, args=(child, *self.args), daemon=True)
-        p.start()
-        child.close()
-        self.workers[parent] = [p, None, None, False]
-
-    def stop(self, conn):
-        p = self.workers.pop(conn)[0]
-        p.kill()
-        p.join()
-        conn.close()
-
-    def map(self, keys, timeout):
-        """Yields (key, result or None, message) as entries finish."""
-        from multiprocessing.connection import wait
-        todo, failures = collections.deque(keys), 0
-        while todo or any(w[1] for w in self.workers.values()):
-            for conn, w in self.workers.items():
-                if w[3] and w[1] is None and todo:
-                    w[1], w[2] = todo.popleft(), time.monotonic() + timeout
-                    conn.send(w[1])
-            deadlines = [w[2] for w in self.workers.values() if w[1]]
-            wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 60.0
-            for conn in wait(list(self.workers), timeout=wait_s):
-                w = self.workers[conn]
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):
-                    key = w[1]
-                    self.stop(conn)
-                    self.start()
-                    if key:
-                        yield key, None, f"worker died (exit {w[0].exitcode})"
-                    elif not w[3] and (failures := failures + 1) > 3:
-                        raise RuntimeError("conformance workers fail to start; see the log")
-                    continue
-                if msg[0] == "ready":
-                    w[3] = True
-                elif msg[0] == "done":
-                    w[1] = None
-                    yield msg[1], msg[2], ""
-                else:  # "bye": the worker retires after max_entries (memory stays bounded)
-                    if w[1]:
-                        todo.appendleft(w[1])  # sent after its last entry: not run
-                    self.stop(conn)
-                    self.start()
-            now = time.monotonic()
-            for conn, w in list(self.workers.items()):
-                if w[1] and now > w[2]:
-                    key = w[1]
-                    self.stop(conn)
-                    self.start()
-                    yield key, None, "timeout"
-
-    def close(self):
-        for conn in list(self.workers):
-            self.stop(conn)
+def run_key(key, dtypes, max_samples):
+    """One entry in a worker process (see torch_tpu._workers)."""
+    return run_entry(op_db()[key], dtypes, max_samples)
 
 
 # ---------------------------------------------------------------- reports
@@ -589,7 +503,7 @@ def run(ops=None, dtypes=("float32",), max_samples=8, jobs=2, timeout=60.0, out=
                 done(i, key, run_entry(db[key], dtypes, max_samples), "")
     else:
         log = os.path.join(out or ".", "workers.log")
-        pool = Pool(jobs, dtypes, max_samples, log)
+        pool = Pool(jobs, ("torch_tpu.conformance", "run_key"), (dtypes, max_samples), log)
         try:
             for i, (key, res, msg) in enumerate(pool.map(keys, timeout), 1):
                 done(i, key, res, msg)

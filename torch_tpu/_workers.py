@@ -1,0 +1,105 @@
+"""Spawned worker processes for the tools that run many independent jobs (the conformance
+tool's op entries, the compatibility pipeline's models): each job runs under a deadline in
+a worker, so a crash or a hang costs one job, not the run."""
+import collections
+import importlib
+import os
+import time
+import traceback
+
+
+def first_line(e: BaseException) -> str:
+    lines = [s.strip() for s in str(e).splitlines() if s.strip()]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _worker(conn, target, args, log_path, max_jobs):
+    # The plugin and the ops write to fd 2; keep it in a log, not in the progress lines.
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    module = importlib.import_module(target[0])
+    fn = getattr(module, target[1])
+    if hasattr(module, "worker_setup"):
+        module.worker_setup()
+    conn.send(("ready",))
+    for _ in range(max_jobs):
+        key = conn.recv()
+        try:
+            conn.send(("done", key, fn(key, *args), ""))
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            conn.send(("done", key, None, f"tool: {first_line(e)}"))
+    conn.send(("bye",))
+
+
+class Pool:
+    """`jobs` spawned workers, each running `module.fn(key, *args)` for one key at a time
+    (after `module.worker_setup()` once, if the module has it) under a deadline; a worker
+    that hangs is killed and replaced, one that dies is replaced, and each retires after
+    `max_jobs` keys so memory stays bounded."""
+
+    def __init__(self, jobs, target, args, log_path, max_jobs=150):
+        import multiprocessing as mp
+        self.ctx, self.args = mp.get_context("spawn"), (target, args, log_path, max_jobs)
+        self.workers = {}  # conn -> [process, key or None, deadline, ready]
+        for _ in range(jobs):
+            self.start()
+
+    def start(self):
+        parent, child = self.ctx.Pipe()
+        p = self.ctx.Process(target=_worker, args=(child, *self.args), daemon=True)
+        p.start()
+        child.close()
+        self.workers[parent] = [p, None, None, False]
+
+    def stop(self, conn):
+        p = self.workers.pop(conn)[0]
+        p.kill()
+        p.join()
+        conn.close()
+
+    def map(self, keys, timeout):
+        """Yields (key, result or None, message) as jobs finish."""
+        from multiprocessing.connection import wait
+        todo, failures = collections.deque(keys), 0
+        while todo or any(w[1] for w in self.workers.values()):
+            for conn, w in self.workers.items():
+                if w[3] and w[1] is None and todo:
+                    w[1], w[2] = todo.popleft(), time.monotonic() + timeout
+                    conn.send(w[1])
+            deadlines = [w[2] for w in self.workers.values() if w[1]]
+            wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 60.0
+            for conn in wait(list(self.workers), timeout=wait_s):
+                w = self.workers[conn]
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    key = w[1]
+                    self.stop(conn)
+                    self.start()
+                    if key:
+                        yield key, None, f"worker died (exit {w[0].exitcode})"
+                    elif not w[3] and (failures := failures + 1) > 3:
+                        raise RuntimeError("workers fail to start; see the log")
+                    continue
+                if msg[0] == "ready":
+                    w[3] = True
+                elif msg[0] == "done":
+                    w[1] = None
+                    yield msg[1], msg[2], msg[3]
+                else:  # "bye": the worker retires
+                    if w[1]:
+                        todo.appendleft(w[1])  # sent after its last job: not run
+                    self.stop(conn)
+                    self.start()
+            now = time.monotonic()
+            for conn, w in list(self.workers.items()):
+                if w[1] and now > w[2]:
+                    key = w[1]
+                    self.stop(conn)
+                    self.start()
+                    yield key, None, "timeout"
+
+    def close(self):
+        for conn in list(self.workers):
+            self.stop(conn)
