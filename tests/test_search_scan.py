@@ -232,3 +232,15 @@ def test_histc_range_errors_are_runtime_errors_like_cpu():
     with pytest.raises(RuntimeError, match="not finite"):
         host(torch.histc(dev(bad), 4))
     assert host(torch.histc(dev(torch.tensor([1.0, 2.0])), 2)).tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_histc_of_integers_counts_like_cuda(dtype):
+    """CPU refuses integer histc; CUDA bins them (transformers' MoE counts tokens per expert
+    this way on every device but cpu/mps). Reference: the float histogram, in the int dtype."""
+    x = torch.tensor([0, 1, 1, 3, 2, 3, 3, 0, 7, 5], dtype=dtype)
+    for kw in (dict(bins=4, min=0, max=3), dict(bins=3), dict(bins=8, min=0, max=7)):
+        got = torch.histc(x.to("tpu"), **kw).cpu()
+        want = torch.histc(x.double(), **kw).to(dtype)
+        assert got.dtype == dtype
+        assert torch.equal(got, want), kw

@@ -134,8 +134,11 @@ using ir::Cmp;
 TPU_LOWER(histc, "histc") {
   Builder& b = ctx.b;
   Value x = ctx.in(0);
+  DType out_t = x.dtype();
+  // Integer inputs bin like CUDA's (CPU refuses them; transformers' MoE counts tokens per
+  // expert this way off the CPU): in floating point, counts returned in the input's type.
+  if (!is_float(out_t)) x = b.convert(x, itemsize(out_t) > 4 ? DType::F64 : DType::F32);
   DType t = x.dtype();
-  if (!is_float(t)) throw Unsupported("histc of non-floats");
   int64_t bins = ctx.i_or(1, 100), n = x.type.numel();
   Value lo = ctx.is_none(2) ? b.constant(0, DType::F64) : ctx.scalar(2, DType::F64);
   Value hi = ctx.is_none(3) ? b.constant(0, DType::F64) : ctx.scalar(3, DType::F64);
@@ -152,7 +155,7 @@ TPU_LOWER(histc, "histc") {
   ctx.check(search::land(b, finite(lo), finite(hi)), "RuntimeError: torch.histc: range of [min, max] is not finite");
   ctx.check(b.compare(lo, hi, Cmp::LT), "RuntimeError: torch.histc: max must be larger than min");
   Value edges = hist::linspace(b, lo, hi, bins + 1, t);
-  return {hist::histogram(b, flat, {edges}, std::nullopt, false, hist::Find::Linear)};
+  return {b.convert(hist::histogram(b, flat, {edges}, std::nullopt, false, hist::Find::Linear), out_t)};
 }
 
 }  // namespace tpu::lowering
