@@ -4,7 +4,8 @@ PY     := $(VENV)/bin/python
 export CCACHE_BASEDIR := $(CURDIR)
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup build demo test test-cpp test-py test-modes clean conformance conformance-baseline bench
+.PHONY: setup build demo test test-cpp test-py test-modes clean conformance conformance-baseline bench \
+  compat compat-baseline
 
 setup: $(VENV)/.ready
 
@@ -56,6 +57,14 @@ conformance: build
 # A full run that becomes the regression guard's checked-in baseline.
 conformance-baseline: build
 	$(PY) -m torch_tpu.conformance --write-baseline tests/conformance_baseline.json $(ARGS)
+
+# Every Hugging Face model type on CPU and tpu (Strict, DeferAndFuse): compat_results/.
+# Options through ARGS, e.g. ARGS="--archs gpt2,bert --jobs 2 --resume".
+compat: build
+	$(PY) -m torch_tpu.compat $(ARGS)
+
+compat-baseline: build
+	$(PY) -m torch_tpu.compat --write-baseline tests/compat_baseline.json $(ARGS)
 
 # Eager modes side by side with native CPU PyTorch: benchmarks/results/results.{json,md,png}.
 bench: build

@@ -1,0 +1,69 @@
+"""The model-compatibility pipeline (python -m torch_tpu.compat): its pieces, and a
+stratified subset of model types guarded against the checked-in baseline."""
+import json
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from torch_tpu.compat import __main__ as compat, models, report  # noqa: E402
+from torch_tpu.compat.run import compare  # noqa: E402
+
+from conftest import ROOT  # noqa: E402
+
+BASELINE = os.path.join(ROOT, "tests", "compat_baseline.json")
+# One or two model types per family (decoder, MoE decoder, state-space, encoder,
+# encoder-decoder, vision, audio), kept to a few minutes on 2 cores.
+CI_SUBSET = ["gpt2", "llama", "mixtral", "mamba", "bert", "bart", "vit", "whisper", "wav2vec2"]
+
+
+def test_every_model_type_gets_a_representative_class():
+    types = models.model_types()
+    assert len(types) > 400
+    heads = {t: models.representative(t) for t in types}
+    assert heads["gpt2"][:2] == ("causal_lm", "decoder")
+    assert heads["vit"][:2] == ("image_classification", "vision")
+    assert all(cls for _, _, cls in heads.values())
+
+
+def test_shrunk_configs_are_small_and_valid():
+    for t in ("gpt2", "llama", "whisper", "vit", "mixtral"):
+        model, cfg, head, _, _ = models.build(t)
+        assert sum(p.numel() for p in model.parameters()) < 2_000_000, t
+        kw = models.inputs(model, cfg, head)
+        out = model(**kw)
+        assert torch.isfinite(models.loss_of(out)), t
+
+
+def test_compare_names_what_differs():
+    outs, grads, params = [torch.ones(3)], [torch.ones(2, 2)], [torch.zeros(2, 2)]
+    want = (outs, ["w"], grads, params)
+    assert compare(want, want) == ""
+    assert compare(([torch.ones(3) * 1.01], ["w"], grads, params), want).startswith("output 0")
+    assert compare((outs, ["w"], [None], params), want) == "grad w: missing on tpu"
+    bad = [torch.zeros(2, 2)]
+    bad[0][0, 0] = 1e-2
+    assert compare((outs, ["w"], grads, bad), want) == "param w: max abs diff 0.01"
+
+
+def test_regressions_against_a_baseline():
+    base = {"entries": {"gpt2": {"strict": "pass", "fused": "pass"}, "t5": {"strict": "error"}}}
+    now = {"gpt2": {"modes": {"strict": {"status": "pass"}, "fused": {"status": "mismatch"}}},
+           "t5": {"modes": {"strict": {"status": "pass"}}}}
+    assert report.regressions(base, now) == ["gpt2 fused: was pass, now mismatch"]
+
+
+def test_ci_subset_matches_the_baseline(tmp_path):
+    """Each subset model type passes in Strict and DeferAndFuse, as in the baseline; the
+    reports (JSON, Markdown, PNG) are written."""
+    with open(BASELINE) as f:
+        baseline = json.load(f)
+    assert all(baseline["entries"][t] == {"strict": "pass", "fused": "pass"} for t in CI_SUBSET)
+    res = compat.run(CI_SUBSET, jobs=2, timeout=600, out=str(tmp_path), progress=False)
+    assert report.regressions(baseline, res["entries"]) == []
+    assert res["summary"]["strict"]["counts"]["pass"] == len(CI_SUBSET)
+    for name in ("compat.json", "compat.md", "compat.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    # MoE forward+backward+step in DeferAndFuse: the graphs per step are recorded.
+    assert res["entries"]["mixtral"]["modes"]["fused"]["fused_graphs"] > 0

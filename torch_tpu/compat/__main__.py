@@ -1,0 +1,130 @@
+"""The model-compatibility pipeline: every Hugging Face model type, built small from its
+config class with random weights, run on CPU and on tpu in each eager mode.
+
+    python -m torch_tpu.compat [--archs gpt2,bert] [--limit N] [--modes strict,fused]
+        [--jobs 2] [--timeout 300] [--out compat_results] [--resume]
+        [--baseline FILE --check] [--write-baseline FILE]
+
+Each model type runs in a spawned worker under a deadline (a crash or hang is a status);
+results go to OUT/compat.{json,md} and a chart OUT/compat.png. Statuses: see
+torch_tpu/compat/run.py.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from torch_tpu.compat import models, report  # noqa: E402
+from torch_tpu._workers import Pool  # noqa: E402
+
+
+def run_key(model_type, modes):
+    from torch_tpu.compat.run import run_model
+    return run_model(model_type, tuple(modes))
+
+
+def worker_setup():
+    from torch_tpu.compat.run import worker_setup as setup
+    setup()
+
+
+def failed(modes, message) -> dict:
+    from torch_tpu.compat.run import classify
+    st = {"status": "error", "message": message, "class": classify(message)}
+    return {"head": None, "family": "other", "class": None, "modes": {m: dict(st) for m in modes}}
+
+
+def run(archs=None, limit=None, modes=("strict", "fused"), jobs=2, timeout=300.0, out=None,
+        resume=False, progress=True) -> dict:
+    t0 = time.monotonic()
+    types = models.model_types(archs)[:limit]
+    entries = {}
+    path = os.path.join(out, "compat.json") if out else None
+    if resume and path and os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)["entries"]
+        entries = {k: v for k, v in old.items() if k in types and set(modes) <= set(v["modes"])}
+    todo = [t for t in types if t not in entries]
+    if out:
+        os.makedirs(out, exist_ok=True)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(todo), unit="model", file=sys.stderr)
+
+    def save():
+        res = results_of(entries, types, modes, jobs, timeout, time.monotonic() - t0)
+        if out:
+            report.write(res, out)
+        return res
+
+    pool = Pool(jobs, ("torch_tpu.compat.__main__", "run_key"), (list(modes),),
+                os.path.join(out or ".", "workers.log"), max_jobs=20)
+    try:
+        for i, (key, res, msg) in enumerate(pool.map(todo, timeout), 1):
+            entries[key] = res if res is not None else failed(modes, msg)
+            if bar:
+                bar.set_postfix_str(f"{key}: " + " ".join(r["status"] for r in entries[key]["modes"].values()))
+                bar.update()
+            if out and i % 10 == 0:
+                save()  # --resume picks up from here
+    finally:
+        pool.close()
+        if bar:
+            bar.close()
+    return save()
+
+
+def results_of(entries, types, modes, jobs, timeout, wall_s) -> dict:
+    import torch
+    import transformers
+    done = {t: entries[t] for t in types if t in entries}
+    return {"meta": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "modes": list(modes), "jobs": jobs, "timeout_s": timeout,
+                     "wall_s": round(wall_s, 1)},
+            "summary": report.summarize(done, modes), "entries": done}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torch_tpu.compat", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--archs", help="comma-separated model types (default: all)")
+    p.add_argument("--limit", type=int, help="only the first N model types")
+    p.add_argument("--modes", default="strict,fused", help="subset of strict,fused")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per model type")
+    p.add_argument("--out", default="compat_results")
+    p.add_argument("--resume", action="store_true", help="keep finished model types of OUT")
+    p.add_argument("--baseline", help="a previous compat.json or baseline file")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if a model type that passed in --baseline does not pass now")
+    p.add_argument("--write-baseline", metavar="FILE", help="also write the statuses alone to FILE")
+    a = p.parse_args(argv)
+    modes = tuple(m for m in a.modes.split(",") if m)
+    if bad := [m for m in modes if m not in ("strict", "fused")]:
+        p.error(f"unknown mode {bad}")
+    if a.check and not a.baseline:
+        p.error("--check needs --baseline")
+    archs = [x for x in (a.archs or "").split(",") if x] or None
+    res = run(archs, a.limit, modes, a.jobs, a.timeout, a.out, a.resume)
+    print(report.summary_table(res["summary"]))
+    print(f"Results: {os.path.join(a.out, 'compat.md')}, compat.json, compat.png")
+    if a.write_baseline:
+        with open(a.write_baseline, "w") as f:
+            json.dump(report.baseline_of(res), f, indent=0, sort_keys=True)
+    if a.baseline:
+        with open(a.baseline) as f:
+            lost = report.regressions(json.load(f), res["entries"])
+        print(f"{len(lost)} regression(s) against {a.baseline}")
+        for line in lost:
+            print("  " + line)
+        if lost and a.check:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The compatibility pipeline's reports: summary, Markdown tables, the chart, baselines."""
+import collections
+import json
+import os
+
+STATUSES = ("pass", "fallback", "mismatch", "error", "cpu-fails", "config-unbuildable")
+NOT_OURS = ("cpu-fails", "config-unbuildable")
+
+
+def summarize(entries: dict, modes) -> dict:
+    """Per mode: counts per status, and the pass rate over the model types that run on CPU."""
+    out = {"model_types": len(entries)}
+    for mode in modes:
+        c = collections.Counter(e["modes"][mode]["status"] for e in entries.values()
+                                if mode in e["modes"])
+        runnable = sum(n for s, n in c.items() if s not in NOT_OURS)
+        out[mode] = {"counts": {s: c.get(s, 0) for s in STATUSES},
+                     "runnable": runnable,
+                     "pass_pct": round(100 * c.get("pass", 0) / runnable, 1) if runnable else 0.0,
+                     "pass_or_fallback_pct": round(100 * (c.get("pass", 0) + c.get("fallback", 0))
+                                                   / runnable, 1) if runnable else 0.0}
+    return out
+
+
+def summary_table(s: dict) -> str:
+    modes = [m for m in s if m != "model_types"]
+    lines = ["| mode | " + " | ".join(STATUSES) + " | pass % of runnable |",
+             "|---" * (len(STATUSES) + 2) + "|"]
+    for m in modes:
+        c = s[m]["counts"]
+        lines.append(f"| {m} | " + " | ".join(str(c[x]) for x in STATUSES)
+                     + f" | {s[m]['pass_pct']} % of {s[m]['runnable']} |")
+    return "\n".join(lines)
+
+
+def markdown(res: dict) -> str:
+    s, entries = res["summary"], res["entries"]
+    modes = res["meta"]["modes"]
+    out = [f"# Model compatibility ({s['model_types']} model types, transformers "
+           f"{res['meta']['transformers']}, {res['meta']['wall_s']} s)", "",
+           "Pass = forward outputs, gradients and parameters after one AdamW step match CPU's "
+           "(float32, rtol 1e-3, atol 1e-4), with no CPU fallback.", "", summary_table(s), "",
+           "## Per family", "", "| family | mode | " + " | ".join(STATUSES) + " |",
+           "|---" * (len(STATUSES) + 2) + "|"]
+    fams = collections.defaultdict(list)
+    for e in entries.values():
+        fams[e["family"]].append(e)
+    for fam in sorted(fams):
+        for m in modes:
+            c = collections.Counter(e["modes"][m]["status"] for e in fams[fam] if m in e["modes"])
+            out.append(f"| {fam} | {m} | " + " | ".join(str(c.get(x, 0)) for x in STATUSES) + " |")
+    out += ["", "## Failure classes", ""]
+    classes = collections.Counter()
+    for e in entries.values():
+        for m, r in e["modes"].items():
+            if r["status"] == "error":
+                classes[(m, r.get("class", "other"))] += 1
+    out += [f"- {m} {cls}: {n}" for (m, cls), n in sorted(classes.items())]
+    out += ["", "## Every model type", "", "| type | class | " + " | ".join(modes) + " | detail |",
+            "|---" * (len(modes) + 3) + "|"]
+    for t, e in sorted(entries.items()):
+        details = sorted({r.get("message", "") for r in e["modes"].values() if r.get("message")})
+        out.append(f"| {t} | {e['class'] or '-'} | " + " | ".join(e["modes"][m]["status"] for m in modes)
+                   + f" | {'; '.join(details)[:160].replace('|', '/')} |")
+    return "\n".join(out) + "\n"
+
+
+def chart(res: dict, path: str) -> None:
+    """Stacked bars: model types per status, per family × mode."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    modes = res["meta"]["modes"]
+    fams = sorted({e["family"] for e in res["entries"].values()})
+    bars = [(f, m) for f in fams for m in modes]
+    colors = ["#2e7d32", "#9ccc65", "#ffb300", "#e53935", "#90a4ae", "#cfd8dc"]
+    fig, ax = plt.subplots(figsize=(max(6, len(bars) * 0.7), 4))
+    bottom = [0] * len(bars)
+    for st, col in zip(STATUSES, colors):
+        h = [sum(1 for e in res["entries"].values() if e["family"] == f and m in e["modes"]
+                 and e["modes"][m]["status"] == st) for f, m in bars]
+        ax.bar(range(len(bars)), h, bottom=bottom, color=col, label=st)
+        bottom = [b + x for b, x in zip(bottom, h)]
+    ax.set_xticks(range(len(bars)), [f"{f}\n{m}" for f, m in bars], fontsize=7)
+    ax.set_ylabel("model types")
+    ax.legend(fontsize=7, ncols=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(res: dict, out: str) -> None:
+    with open(os.path.join(out, "compat.json"), "w") as f:
+        json.dump(res, f, indent=1, sort_keys=True)
+    with open(os.path.join(out, "compat.md"), "w") as f:
+        f.write(markdown(res))
+    chart(res, os.path.join(out, "compat.png"))
+
+
+def baseline_of(res: dict) -> dict:
+    return {"meta": res["meta"], "summary": res["summary"],
+            "entries": {t: {m: r["status"] for m, r in e["modes"].items()}
+                        for t, e in res["entries"].items()}}
+
+
+def regressions(baseline: dict, entries: dict) -> list:
+    """Model types and modes that passed in `baseline` (a baseline file or a compat.json)
+    and do not pass now."""
+    lost = []
+    for t, modes in sorted(baseline.get("entries", {}).items()):
+        if "modes" in modes:
+            modes = {m: r["status"] for m, r in modes["modes"].items()}
+        for m, status in sorted(modes.items()):
+            now = entries.get(t, {}).get("modes", {}).get(m, {}).get("status")
+            if status == "pass" and now is not None and now != "pass":
+                lost.append(f"{t} {m}: was pass, now {now}")
+    return lost

@@ -1,0 +1,151 @@
+"""One model type, run on CPU and on tpu in each eager mode, compared.
+
+Per mode the status is one of
+  pass                forward outputs, gradients and the parameters after one AdamW step
+                      match CPU's, and no op fell back to the CPU
+  fallback            they match, but some ops ran on the CPU fallback (listed)
+  mismatch            a value differs (which one, how far)
+  error               tpu raised where CPU worked (first line, classified)
+  cpu-fails           the model fails on CPU too: not ours
+  config-unbuildable  no small valid config or input could be made (the reason)
+"""
+import time
+import warnings
+
+import torch
+
+import torch_tpu
+from torch_tpu._workers import first_line
+from torch_tpu.compat import models
+
+MODES = {"strict": torch_tpu.EagerMode.DEFER_NEVER, "fused": torch_tpu.EagerMode.DEFER_AND_FUSE}
+# float32 through whole models: XLA's and ATen's kernels round differently, and layers
+# compound it (the conformance tool allows 1e-4 per op).
+RTOL, ATOL = 1e-3, 1e-4
+LR = 1e-3
+
+
+def worker_setup():
+    import os
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    warnings.filterwarnings("ignore")
+    import transformers
+    transformers.logging.set_verbosity_error()
+
+
+def classify(message: str) -> str:
+    m = message.lower()
+    if "fallback" in m and "forbids" in m:
+        return "missing lowering"
+    if "dtype" in m or "not supported for" in m:
+        return "unsupported dtype"
+    if "compile" in m or "stablehlo" in m or "mlir" in m:
+        return "compile error"
+    if "timeout" in m or "worker died" in m:
+        return "crash or hang"
+    return "other"
+
+
+def fallbacks() -> dict:
+    from torch_tpu import _decompositions
+    fb = dict(torch_tpu.metrics()["fallbacks"])
+    for k, n in _decompositions.fallbacks.items():
+        fb[k] = fb.get(k, 0) + n
+    return fb
+
+
+def step(model, kw, device):
+    """Forward (train mode), backward and one AdamW step on `device`; returns the forward's
+    tensors, the gradients and the updated parameters, all on the CPU."""
+    model = model.to(device)
+    args = {k: v.to(device) for k, v in kw.items()}
+    torch.manual_seed(0)
+    out = model(**args)
+    # Copies: on the CPU .cpu() aliases, and the next mode reloads the initial weights.
+    outs = [t.detach().cpu().clone() for t in models.flat_tensors(out)]
+    models.loss_of(out).backward()
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    grads = [None if p.grad is None else p.grad.cpu().clone() for p in model.parameters() if p.requires_grad]
+    torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, eps=1e-4).step()
+    params = [p.detach().cpu().clone() for p in model.parameters() if p.requires_grad]
+    return outs, names, grads, params
+
+
+def compare(got, want) -> str:
+    """'' when they match, else what differs first."""
+    (go, names, gg, gp), (wo, _, wg, wp) = got, want
+    if len(go) != len(wo):
+        return f"{len(go)} outputs, CPU has {len(wo)}"
+    checks = [(f"output {i}", a, b) for i, (a, b) in enumerate(zip(go, wo))]
+    checks += [(f"grad {n}", a, b) for n, a, b in zip(names, gg, wg)]
+    checks += [(f"param {n}", a, b) for n, a, b in zip(names, gp, wp)]
+    for what, a, b in checks:
+        if (a is None) != (b is None):
+            return f"{what}: {'missing' if a is None else 'unexpected'} on tpu"
+        if a is None or not b.is_floating_point():
+            if a is not None and not torch.equal(a, b):
+                return f"{what}: integer values differ"
+            continue
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"{what}: {tuple(a.shape)} {a.dtype} vs CPU {tuple(b.shape)} {b.dtype}"
+        # Gradients are compared against their own scale: a layer's gradient can be tiny.
+        scale = max(models.finite_scale(b), 1.0) if what.startswith("grad") else 1.0
+        try:
+            torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL * scale, equal_nan=True)
+        except AssertionError:
+            diff = (a.float() - b.float()).abs().nan_to_num(float("inf")).max().item()
+            return f"{what}: max abs diff {diff:.3g}"
+    return ""
+
+
+def run_model(model_type, modes=("strict", "fused")) -> dict:
+    """{"head", "family", "class", "params", "modes": {mode: record}}."""
+    rec = {"head": None, "family": "other", "class": None, "modes": {}}
+    try:
+        model, cfg, head, family, cls_name = models.build(model_type)
+        kw = models.inputs(model, cfg, head)
+    except Exception as e:  # noqa: BLE001
+        status = {"status": "config-unbuildable", "message": first_line(e)}
+        rec["modes"] = {m: status for m in modes}
+        return rec
+    rec.update(head=head, family=family, params=sum(p.numel() for p in model.parameters()))
+    rec["class"] = cls_name
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        t0 = time.perf_counter()
+        want = step(model, kw, "cpu")
+        cpu_s = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001
+        status = {"status": "cpu-fails", "message": first_line(e)}
+        rec["modes"] = {m: status for m in modes}
+        return rec
+    for mode in modes:
+        model.load_state_dict(state)
+        model.zero_grad(set_to_none=True)
+        before, m0 = fallbacks(), dict(torch_tpu.metrics())
+        t0 = time.perf_counter()
+        try:
+            with torch_tpu.set_eager_mode(MODES[mode]):
+                got = step(model, kw, "tpu")
+                torch_tpu.synchronize()
+        except Exception as e:  # noqa: BLE001
+            msg = first_line(e)
+            rec["modes"][mode] = {"status": "error", "message": msg, "class": classify(msg)}
+            continue
+        finally:
+            model.to("cpu")
+        m1 = torch_tpu.metrics()
+        r = {"seconds": round(time.perf_counter() - t0, 2), "cpu_seconds": round(cpu_s, 2),
+             "compiles": m1.get("compiles", 0) - m0.get("compiles", 0),
+             "executions": m1.get("executions", 0) - m0.get("executions", 0),
+             "fused_graphs": m1.get("fused_graphs", 0) - m0.get("fused_graphs", 0)}
+        fb = {k: v - before.get(k, 0) for k, v in fallbacks().items() if v != before.get(k, 0)}
+        why = compare(got, want)
+        if why:
+            r.update(status="mismatch", message=why)
+        elif fb:
+            r.update(status="fallback", message=", ".join(sorted(fb)))
+        else:
+            r["status"] = "pass"
+        rec["modes"][mode] = r
+    return rec
