@@ -194,16 +194,13 @@ std::string build_key(const OpInfo& info, c10::ArrayRef<IValue> args, KeyState& 
 
 // ---- meta: what PyTorch expects the outputs to be ------------------------------------
 
-at::Tensor to_meta(const at::Tensor& t) {
-  if (!t.defined() || t.device().is_cpu()) return t;
-  return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
-}
-
-IValue to_meta(const IValue& v) {
-  if (v.isTensor()) return to_meta(v.toTensor());
+// Every tensor of an argument (lists and optional lists too) replaced by fn(tensor).
+template <typename F>
+IValue map_tensors(const IValue& v, const F& fn) {
+  if (v.isTensor()) return fn(v.toTensor());
   if (v.isTensorList()) {
     c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(to_meta(t));
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(fn(t));
     return out;
   }
   if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
@@ -211,11 +208,37 @@ IValue to_meta(const IValue& v) {
     auto l = v.toOptionalTensorList();
     for (size_t j = 0; j < l.size(); ++j) {
       std::optional<at::Tensor> o = l.get(j);
-      out.push_back(o.has_value() ? std::optional<at::Tensor>(to_meta(*o)) : std::nullopt);
+      out.push_back(o.has_value() ? std::optional<at::Tensor>(fn(*o)) : std::nullopt);
     }
     return out;
   }
   return v;
+}
+
+IValue to_meta(const IValue& v) {
+  return map_tensors(v, [](const at::Tensor& t) {
+    if (!t.defined() || t.device().is_cpu()) return t;
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+  });
+}
+
+// PyTorch's meta kernels (many are its Python references) check arguments in another
+// order than CPU's kernels, and some raise another exception type. When a meta kernel
+// refuses a call, the call on CPU zeros of the same shapes and strides says what CPU
+// does: its error is raised (CPU's type and message), or, where CPU accepts the call
+// (roll of an empty tensor), it takes the counted fallback on the real data. Argument
+// and shape checks read no values, so zeros stand in for the data; this runs only on
+// the error path.
+void raise_as_cpu_or_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                              size_t num_args, const std::exception& meta_error) {
+  torch::jit::Stack s;
+  for (size_t i = stack->size() - num_args; i < stack->size(); ++i)
+    s.push_back(map_tensors((*stack)[i], [](const at::Tensor& t) {
+      if (!t.defined() || t.device().is_cpu()) return t;
+      return at::zeros_like(at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kCPU)));
+    }));
+  op.callBoxed(&s);  // CPU's error, if it has one, propagates from here
+  run_fallback(op, stack, std::string("its meta kernel refuses a call CPU accepts: ") + meta_error.what());
 }
 
 // Runs the op on meta tensors; returns the meta args (mutated ones show their new
@@ -523,13 +546,27 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
   KernelCtx ctx(b, info, args, *plan, out_types, k.has_f64);
   std::vector<Value> results;
   const lowering::Rule* rule = info.complex_rule && involves_complex(args, out_types) ? info.complex_rule : info.rule;
+  // Outputs with no elements need no computation (and a rule's gathers and slices of
+  // zero-size operands need not be valid StableHLO): they are empty constants.
+  bool all_empty = std::any_of(out_types.begin(), out_types.end(),
+                               [](const ir::Type& t) { return t.dtype != DType::Invalid; }) &&
+                   std::all_of(out_types.begin(), out_types.end(), [](const ir::Type& t) {
+                     return t.dtype == DType::Invalid || t.numel() == 0;
+                   });
   try {
     if (!rule) throw lowering::Unsupported("no lowering for real arguments");
-    results = (*rule)(ctx);
+    if (all_empty) {
+      for (const ir::Type& t : out_types)
+        results.push_back(t.dtype == DType::Invalid ? b.constant(0, DType::F32) : b.constant(0, t.dtype, t.shape));
+    } else {
+      results = (*rule)(ctx);
+    }
   } catch (const lowering::Unsupported& e) {
     plan->fallback = true;
     plan->fallback_reason = e.what();
     return plan;
+  } catch (const std::out_of_range& e) {
+    TORCH_CHECK_INDEX(false, info.name, ": ", e.what());  // a dim out of range: IndexError, as CPU
   }
   TORCH_CHECK(results.size() == out_types.size(), "internal: lowering of ", describe(info, args),
               " made ", results.size(), " outputs, PyTorch expects ", out_types.size());
@@ -635,8 +672,10 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
         // counted fallback. Other errors are the user's.
         std::string w = e.what();
         if (w.find("NotImplementedError") == std::string::npos &&
-            w.find("data-independent") == std::string::npos)
-          throw;
+            w.find("data-independent") == std::string::npos) {
+          raise_as_cpu_or_fallback(op, stack, info.num_args, e);
+          return;
+        }
         if (redispatch_with_mask_coordinates(op, stack)) return;
         run_fallback(op, stack, "output shape depends on tensor values");
         return;

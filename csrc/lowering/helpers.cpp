@@ -81,8 +81,9 @@ Value coerce(Builder& b, const Value& x, DType t, const Shape& shape) {
 
 int64_t wrap_dim(int64_t d, int64_t rank) {
   int64_t r = std::max<int64_t>(rank, 1);
-  if (d < -r || d >= r) throw std::invalid_argument("dimension " + std::to_string(d) +
-                                                    " out of range for rank " + std::to_string(rank));
+  // out_of_range: the backend raises it as PyTorch's IndexError.
+  if (d < -r || d >= r) throw std::out_of_range("dimension " + std::to_string(d) +
+                                                " out of range for rank " + std::to_string(rank));
   return d < 0 ? d + r : d;
 }
 

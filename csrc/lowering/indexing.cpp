@@ -485,8 +485,9 @@ static std::vector<Value> sort_dim(Builder& b, const Value& x, int64_t dim, bool
 
 static std::vector<Value> sort_rule(Ctx& ctx, int dim_i, int desc_i) {
   Value x = ctx.in(0);
+  int64_t dim = wrap_dim(ctx.i_or(dim_i, -1), x.rank());  // checked for 0-dim too, as CPU
   if (x.rank() == 0) return {x, ctx.b.constant(0, DType::I64)};
-  return sort_dim(ctx.b, x, wrap_dim(ctx.i_or(dim_i, -1), x.rank()), ctx.flag_or(desc_i, false));
+  return sort_dim(ctx.b, x, dim, ctx.flag_or(desc_i, false));
 }
 
 TPU_LOWER(sort, "sort") { return sort_rule(ctx, 1, 2); }
@@ -495,8 +496,8 @@ TPU_LOWER(sort_stable, "sort.stable") { return sort_rule(ctx, 2, 3); }
 TPU_LOWER(topk, "topk") {
   Builder& b = ctx.b;
   Value x = ctx.in(0);
-  if (x.rank() == 0) return {x, b.constant(0, DType::I64)};
   int64_t dim = wrap_dim(ctx.i_or(2, -1), x.rank()), k = ctx.i(1);
+  if (x.rank() == 0) return {x, b.constant(0, DType::I64)};
   auto r = sort_dim(b, x, dim, ctx.flag_or(3, true));
   Shape lim = x.shape();
   lim[dim] = k;
