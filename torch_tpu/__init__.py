@@ -49,6 +49,9 @@ from ._metrics import metrics, metrics_report  # noqa: E402
 from . import api  # noqa: E402
 from . import _step_boundary  # noqa: E402,F401  (cuts deferred graphs at optimizer steps)
 
+if torch.distributed.is_available():
+    from ._internal import distributed as _distributed  # noqa: E402,F401  (registers tpu_dist)
+
 __all__ = [
     "EagerMode", "set_eager_mode", "get_eager_mode", "synchronize", "metrics",
     "metrics_report", "api",
