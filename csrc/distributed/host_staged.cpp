@@ -126,7 +126,8 @@ WorkPtr HostStagedTransport::allgather(std::vector<TensorList>& outputs, TensorL
 WorkPtr HostStagedTransport::_allgather_base(at::Tensor& output, at::Tensor& input,
                                              const c10d::AllgatherOptions& opts) {
   Staging s;
-  at::Tensor in = Staging::in(input), out = s.out(output);
+  // Flat on the host: Gloo wants the output as inputs stacked along dimension 0.
+  at::Tensor in = Staging::in(input).view(-1), out = s.out(output).view(-1);
   s.inner.push_back(host_->_allgather_base(out, in, opts));
   return finish(s, OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output});
 }
@@ -150,7 +151,7 @@ WorkPtr HostStagedTransport::allgather_into_tensor_coalesced(TensorList& outputs
                                                              const c10d::AllgatherOptions& opts) {
   Staging s;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    at::Tensor in = Staging::in(inputs[i]), out = s.out(outputs[i]);
+    at::Tensor in = Staging::in(inputs[i]).view(-1), out = s.out(outputs[i]).view(-1);
     s.inner.push_back(host_->_allgather_base(out, in, opts));
   }
   return finish(s, OpType::COALESCED, "all_gather_into_tensor_coalesced", outputs);
@@ -190,7 +191,7 @@ WorkPtr HostStagedTransport::reduce_scatter(TensorList& outputs, std::vector<Ten
 WorkPtr HostStagedTransport::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                   const c10d::ReduceScatterOptions& opts) {
   Staging s;
-  at::Tensor in = Staging::in(input), out = s.out(output);
+  at::Tensor in = Staging::in(input).view(-1), out = s.out(output).view(-1);
   c10d::ReduceScatterOptions o = opts;
   o.reduceOp = s.op(opts.reduceOp, {out});
   s.inner.push_back(host_->_reduce_scatter_base(out, in, o));
@@ -201,7 +202,7 @@ WorkPtr HostStagedTransport::reduce_scatter_tensor_coalesced(
     TensorList& outputs, TensorList& inputs, const c10d::ReduceScatterOptions& opts) {
   Staging s;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    at::Tensor in = Staging::in(inputs[i]), out = s.out(outputs[i]);
+    at::Tensor in = Staging::in(inputs[i]).view(-1), out = s.out(outputs[i]).view(-1);
     c10d::ReduceScatterOptions o = opts;
     o.reduceOp = s.op(opts.reduceOp, {out});
     s.inner.push_back(host_->_reduce_scatter_base(out, in, o));
