@@ -32,11 +32,12 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def launch(suite, world, env=None, timeout=150):
-    """Runs `suite` in `world` rank processes; returns ({rank: {check: result}}, procs)."""
+def launch(suite, world, env=None, timeout=150, script=HERE):
+    """Runs `suite` of `script` in `world` rank processes; returns {rank: {check: result}}
+    (plus "__rc" and "__out", the exit code and output tail)."""
     port, outdir = _free_port(), tempfile.mkdtemp(prefix="tpu_dist_")
     e = dict(os.environ, **(env or {}))
-    procs = [subprocess.Popen([sys.executable, HERE, suite, str(r), str(world), str(port), outdir],
+    procs = [subprocess.Popen([sys.executable, script, suite, str(r), str(world), str(port), outdir],
                               env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(world)]
     deadline, outs = time.time() + timeout, []
@@ -414,14 +415,16 @@ def uneven_pending_work(rank, world):
 # The rank process
 
 
-def _rank_main(suite, rank, world, port, outdir):
+def rank_main(suites, argv):
+    """The rank process: runs every check of the suite named in argv, records each."""
+    suite, rank, world, port, outdir = argv[1], int(argv[2]), int(argv[3]), int(argv[4]), argv[5]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     import torch  # noqa: F401  (loads torch_tpu)
     import torch.distributed as dist
     dist.init_process_group(timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
     results = {"__backend": str(dist.get_backend())}
-    for fn in SUITES[suite]:
+    for fn in suites[suite]:
         try:
             fn(rank, world)
             results[fn.__name__] = "ok"
@@ -433,7 +436,7 @@ def _rank_main(suite, rank, world, port, outdir):
 
 
 if __name__ == "__main__":
-    _rank_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    rank_main(SUITES, sys.argv)
 
 
 # ----------------------------------------------------------------------------------------
