@@ -411,8 +411,74 @@ def uneven_pending_work(rank, world):
         _eq(w, [21.0, 21.0])
 
 
+@check("collectives", "four")
+def device_ids_and_transport(rank, world):
+    import torch
+    from torch_tpu._internal.distributed import tpu_distributed as td
+    assert torch.tpu.device_count() == 1  # one process per device
+    assert td.global_device_id() == rank
+    assert td.all_global_device_ids() == list(range(world))
+    assert td.transport() == "host"
+
+
+# Faults: each in its own group (a dead peer breaks it).
+
+@check("rank_dies")
+def rank_dies_before_collective(rank, world):
+    import torch
+    import torch.distributed as dist
+    if rank == 1:
+        os._exit(3)
+    x = _t([1.0, 2.0])
+    start = time.time()
+    try:
+        dist.all_reduce(x)
+        raise AssertionError("all_reduce with a dead peer returned")
+    except (RuntimeError, dist.DistError) as e:
+        assert time.time() - start < PG_TIMEOUT_S + 10, time.time() - start
+        assert "tpu_dist all_reduce failed" in str(e), str(e)
+        print("dead peer:", round(time.time() - start, 2), "s:", str(e).splitlines()[0])
+    _eq(x + 1, [2.0, 3.0])  # the tensor and the device still work
+    assert torch.ones(2, device="tpu").sum().item() == 2
+
+
+@check("rank_stalls")
+def stalled_peer_times_out(rank, world):
+    """A live rank that never joins: the collective raises after the group's timeout."""
+    import torch.distributed as dist
+    timeout = _pg_timeout()
+    if rank == 1:
+        time.sleep(timeout + 6)
+        os._exit(0)
+    x = _t([1.0])
+    start = time.time()
+    try:
+        dist.all_reduce(x)
+        raise AssertionError("all_reduce without its peer returned")
+    except (RuntimeError, dist.DistError) as e:
+        took = time.time() - start
+        assert timeout - 0.5 <= took < timeout + 4, took
+        assert "tpu_dist all_reduce failed" in str(e), str(e)
+    _eq(x, [1.0])  # unchanged and readable
+
+
+@check("rank_exits")
+def rank_exits_after_collective(rank, world):
+    import torch.distributed as dist
+    x = _t([rank, 1.0])
+    dist.all_reduce(x)
+    if rank == 0:
+        os._exit(0)  # no teardown: the others must still finish
+    _eq(x, [sum(range(world)), world])
+    _eq(x * 2, [2 * sum(range(world)), 2 * world])
+
+
 # ----------------------------------------------------------------------------------------
 # The rank process
+
+
+def _pg_timeout():
+    return float(os.environ.get("TPU_DIST_TEST_PG_TIMEOUT", PG_TIMEOUT_S))
 
 
 def rank_main(suites, argv):
@@ -422,7 +488,7 @@ def rank_main(suites, argv):
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     import torch  # noqa: F401  (loads torch_tpu)
     import torch.distributed as dist
-    dist.init_process_group(timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    dist.init_process_group(timeout=datetime.timedelta(seconds=_pg_timeout()))
     results = {"__backend": str(dist.get_backend())}
     for fn in suites[suite]:
         try:
@@ -478,3 +544,20 @@ def test_eager_modes(mode, env):
     res = launch(mode, 2, env=env)
     for name in _names(mode):
         assert_check(res, name)
+
+
+def test_a_dead_rank_makes_the_others_raise():
+    res = launch("rank_dies", 2, timeout=PG_TIMEOUT_S + 60)
+    assert res[1]["__rc"] == 3
+    assert_check(res, "rank_dies_before_collective", ranks=[0])
+
+
+def test_a_stalled_rank_makes_the_others_time_out():
+    res = launch("rank_stalls", 2, env={"TPU_DIST_TEST_PG_TIMEOUT": "3"}, timeout=60)
+    assert_check(res, "stalled_peer_times_out", ranks=[0])
+
+
+def test_a_rank_exiting_after_a_collective_does_not_hang_the_others():
+    res = launch("rank_exits", 2, timeout=PG_TIMEOUT_S + 60)
+    assert res[0]["__rc"] == 0
+    assert_check(res, "rank_exits_after_collective", ranks=[1])
