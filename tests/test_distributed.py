@@ -1,9 +1,10 @@
 """tpu_dist collectives across processes (one process per device, as under torchrun).
 
-Each suite spawns its ranks once (127.0.0.1, a free port, a short PG timeout) and runs
-many checks in them; every check reports per rank, and each pytest test asserts one
-check. Run as a script, this file is the rank process: `test_distributed.py SUITE RANK
-WORLD PORT OUTDIR`.
+Each launch spawns its ranks once (127.0.0.1, a free port, a short PG timeout) and runs
+suites of checks in them, each suite under an eager mode (Strict, Debug, DeferAndFuse,
+switched with torch_tpu.set_eager_mode); every check reports per rank as "MODE/check",
+and each pytest test asserts one. Run as a script, this file is the rank process:
+`test_distributed.py LAUNCH RANK WORLD PORT OUTDIR`.
 """
 import datetime
 import functools
@@ -91,10 +92,10 @@ def _eq(a, b, tol=0.0):
     assert a.shape == b.shape and torch.allclose(a.double(), b.double(), atol=tol, rtol=tol), (a, b)
 
 
-ALL = ("collectives", "four", "debug", "fused")
+ALL = ("collectives", "modes")
 
 
-@check(*ALL)
+@check("collectives", "modes", "four")
 def all_reduce_ops(rank, world):
     import torch.distributed as dist
     R = dist.ReduceOp
@@ -132,7 +133,7 @@ def all_reduce_bitwise_ints(rank, world):
     _eq(x, [sum(r + 7 for r in range(world)) // world, 1])
 
 
-@check("collectives", "four", "fused")
+@check("collectives", "four", "modes")
 def all_reduce_dtypes(rank, world):
     import torch
     import torch.distributed as dist
@@ -217,7 +218,7 @@ def all_gather_forms(rank, world):
     _eq(shard, [[float(world * rank)] * 3] * 2)
 
 
-@check(*ALL)
+@check("collectives", "modes", "four")
 def reduce_scatter_forms(rank, world):
     import torch
     import torch.distributed as dist
@@ -233,7 +234,7 @@ def reduce_scatter_forms(rank, world):
     _eq(out, [sum(r * 100 for r in range(world)) / world + 2 * rank + j for j in range(2)], 1e-5)
 
 
-@check(*ALL)
+@check("collectives", "modes", "four")
 def all_to_all_forms(rank, world):
     import torch
     import torch.distributed as dist
@@ -253,7 +254,7 @@ def all_to_all_forms(rank, world):
     _eq(out, [v for j in range(world) for v in [100 * j + rank] * (j + rank + 1)])
 
 
-@check(*ALL)
+@check("collectives", "modes", "four")
 def gather_scatter(rank, world):
     import torch
     import torch.distributed as dist
@@ -269,7 +270,7 @@ def gather_scatter(rank, world):
         _eq(out, [rank, root])
 
 
-@check(*ALL)
+@check("collectives", "modes", "four")
 def send_recv(rank, world):
     import torch
     import torch.distributed as dist
@@ -349,7 +350,7 @@ def subgroups(rank, world):
     _eq(z, [world - 1])
 
 
-@check("collectives", "four", "debug", "fused")
+@check("collectives", "four", "modes")
 def errors_name_the_collective(rank, world):
     import torch
     import torch.distributed as dist
@@ -384,7 +385,7 @@ def errors_name_the_collective(rank, world):
     _eq(x, [sum(range(world)), world])
 
 
-@check("debug", "fused")
+@check("collectives", "modes")
 def uneven_pending_work(rank, world):
     """Ranks record different work before a collective; none hangs."""
     import torch
@@ -394,8 +395,7 @@ def uneven_pending_work(rank, world):
         x = x * 1.0 + 0.0
     y = (x * (rank + 1)).sum().reshape(1)
     import torch_tpu
-    fused = os.environ.get("TPU_DEFER_AND_FUSE") == "1"
-    assert (torch_tpu.get_eager_mode() == torch_tpu.EagerMode.DEFER_AND_FUSE) == fused
+    fused = torch_tpu.get_eager_mode() == torch_tpu.EagerMode.DEFER_AND_FUSE
     # While deferring, y is still a pending value: the collective materializes it.
     assert torch_tpu._C.is_materialized(y) != fused
     dist.all_reduce(y)
@@ -421,56 +421,49 @@ def device_ids_and_transport(rank, world):
     assert td.transport() == "host"
 
 
-# Faults: each in its own group (a dead peer breaks it).
+# Faults, in one group of 3 ranks (timeout 3 s): rank 2 exits right after a collective,
+# rank 1 later stalls. Whatever happens, the others raise in time, never hang.
 
-@check("rank_dies")
-def rank_dies_before_collective(rank, world):
+@check("faults")
+def faults(rank, world):
     import torch
     import torch.distributed as dist
-    if rank == 1:
-        os._exit(3)
-    x = _t([1.0, 2.0])
+    timeout = _pg_timeout()
+    # Every rank creates every group; a new group's timeout is its own (not the world's).
+    pair = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=timeout))
+    x = _t([rank, 1.0])
+    dist.all_reduce(x)
+    if rank == 2:
+        os._exit(0)  # no teardown: the others must still finish
+    _eq(x, [sum(range(world)), world])
+
+    # A peer that died: the collective fails at once, naming itself.
+    y = _t([1.0, 2.0])
     start = time.time()
     try:
-        dist.all_reduce(x)
+        dist.all_reduce(y)
         raise AssertionError("all_reduce with a dead peer returned")
     except (RuntimeError, dist.DistError) as e:
-        assert time.time() - start < PG_TIMEOUT_S + 10, time.time() - start
+        assert time.time() - start < timeout + 2, time.time() - start
         assert "tpu_dist all_reduce failed" in str(e), str(e)
-        print("dead peer:", round(time.time() - start, 2), "s:", str(e).splitlines()[0])
-    _eq(x + 1, [2.0, 3.0])  # the tensor and the device still work
-    assert torch.ones(2, device="tpu").sum().item() == 2
+    _eq(y + 1, [2.0, 3.0])  # the tensor and the device still work
+    dist.all_reduce(y, group=pair)  # a group without the dead rank still works
+    _eq(y, [2.0, 4.0])
 
-
-@check("rank_stalls")
-def stalled_peer_times_out(rank, world):
-    """A live rank that never joins: the collective raises after the group's timeout."""
-    import torch.distributed as dist
-    timeout = _pg_timeout()
+    # A peer alive but absent: the collective raises after the group's timeout.
     if rank == 1:
-        time.sleep(timeout + 6)
+        time.sleep(timeout + 5)
         os._exit(0)
-    x = _t([1.0])
     start = time.time()
     try:
-        dist.all_reduce(x)
+        dist.all_reduce(y, group=pair)
         raise AssertionError("all_reduce without its peer returned")
     except (RuntimeError, dist.DistError) as e:
         took = time.time() - start
         assert timeout - 0.5 <= took < timeout + 4, took
         assert "tpu_dist all_reduce failed" in str(e), str(e)
-    _eq(x, [1.0])  # unchanged and readable
-
-
-@check("rank_exits")
-def rank_exits_after_collective(rank, world):
-    import torch.distributed as dist
-    x = _t([rank, 1.0])
-    dist.all_reduce(x)
-    if rank == 0:
-        os._exit(0)  # no teardown: the others must still finish
-    _eq(x, [sum(range(world)), world])
-    _eq(x * 2, [2 * sum(range(world)), 2 * world])
+    _eq(y, [2.0, 4.0])  # unchanged and readable
+    assert torch.ones(2, device="tpu").sum().item() == 2
 
 
 # ----------------------------------------------------------------------------------------
@@ -481,44 +474,66 @@ def _pg_timeout():
     return float(os.environ.get("TPU_DIST_TEST_PG_TIMEOUT", PG_TIMEOUT_S))
 
 
-def rank_main(suites, argv):
-    """The rank process: runs every check of the suite named in argv, records each."""
-    suite, rank, world, port, outdir = argv[1], int(argv[2]), int(argv[3]), int(argv[4]), argv[5]
+MODES = {"strict": "DEFER_NEVER", "debug": "DEFER_NEVER_AND_LAUNCH_BLOCKING",
+         "fused": "DEFER_AND_FUSE"}
+# What each launch runs: (mode, suite) in turn, in the same processes.
+LAUNCHES = {
+    "two": [("strict", "collectives"), ("debug", "modes"), ("fused", "modes")],
+    "four": [("strict", "four")],
+    "faults": [("strict", "faults")],
+}
+
+
+def rank_main(suites, launches, argv):
+    """The rank process: runs the launch's suites, records each check's result."""
+    launch_name, rank, world, port, outdir = argv[1], int(argv[2]), int(argv[3]), int(argv[4]), argv[5]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     import torch  # noqa: F401  (loads torch_tpu)
     import torch.distributed as dist
+    import torch_tpu
     dist.init_process_group(timeout=datetime.timedelta(seconds=_pg_timeout()))
     results = {"__backend": str(dist.get_backend())}
-    for fn in suites[suite]:
-        try:
-            fn(rank, world)
-            results[fn.__name__] = "ok"
-        except Exception:
-            results[fn.__name__] = traceback.format_exc()[-3000:]
-    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
+    path = os.path.join(outdir, f"rank{rank}.json")
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(results, f)
+
+    for mode, suite in launches[launch_name]:
+        torch_tpu.set_eager_mode(getattr(torch_tpu.EagerMode, MODES[mode]))
+        for fn in suites[suite]:
+            key = f"{mode}/{fn.__name__}"
+            results[key] = "running"
+            save()  # a check that ends the process still leaves its record
+            try:
+                fn(rank, world)
+                results[key] = "ok"
+            except Exception:
+                results[key] = traceback.format_exc()[-3000:]
+            save()
+    torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_NEVER)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    rank_main(SUITES, sys.argv)
+    rank_main(SUITES, LAUNCHES, sys.argv)
 
 
 # ----------------------------------------------------------------------------------------
 # The tests
 
 
-def _names(suite):
-    return [fn.__name__ for fn in SUITES[suite]]
+def _names(launch_name):
+    return [f"{m}/{fn.__name__}" for m, suite in LAUNCHES[launch_name] for fn in SUITES[suite]]
 
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    return launch("collectives", 2)
+    return launch("two", 2)
 
 
-@pytest.mark.parametrize("name", _names("collectives"))
+@pytest.mark.parametrize("name", _names("two"))
 def test_two_ranks(two_ranks, name):
     assert_check(two_ranks, name)
 
@@ -528,36 +543,20 @@ def test_default_backend_is_gloo_and_tpu_dist(two_ranks):
         assert two_ranks[r]["__backend"] == "cpu:gloo,tpu:tpu_dist", two_ranks[r]
 
 
-@pytest.fixture(scope="module")
-def four_ranks():
-    return launch("four", 4)
-
-
 @pytest.mark.parametrize("name", _names("four"))
 def test_four_ranks(four_ranks, name):
     assert_check(four_ranks, name)
 
 
-@pytest.mark.parametrize("mode,env", [("debug", {"TPU_LAUNCH_BLOCKING": "1"}),
-                                      ("fused", {"TPU_DEFER_AND_FUSE": "1"})])
-def test_eager_modes(mode, env):
-    res = launch(mode, 2, env=env)
-    for name in _names(mode):
-        assert_check(res, name)
+@pytest.fixture(scope="module")
+def four_ranks():
+    return launch("four", 4)
 
 
-def test_a_dead_rank_makes_the_others_raise():
-    res = launch("rank_dies", 2, timeout=PG_TIMEOUT_S + 60)
-    assert res[1]["__rc"] == 3
-    assert_check(res, "rank_dies_before_collective", ranks=[0])
-
-
-def test_a_stalled_rank_makes_the_others_time_out():
-    res = launch("rank_stalls", 2, env={"TPU_DIST_TEST_PG_TIMEOUT": "3"}, timeout=60)
-    assert_check(res, "stalled_peer_times_out", ranks=[0])
-
-
-def test_a_rank_exiting_after_a_collective_does_not_hang_the_others():
-    res = launch("rank_exits", 2, timeout=PG_TIMEOUT_S + 60)
-    assert res[0]["__rc"] == 0
-    assert_check(res, "rank_exits_after_collective", ranks=[1])
+def test_faults_never_hang():
+    """Rank 2 exits after a collective, rank 1 stalls: ranks 0 and 1 raise in time."""
+    res = launch("faults", 3, env={"TPU_DIST_TEST_PG_TIMEOUT": "3"}, timeout=90)
+    assert [res[r]["__rc"] for r in range(3)] == [0, 0, 0], res
+    assert_check(res, "strict/faults", ranks=[0])
+    for r in (1, 2):  # they left mid-check, as planned
+        assert res[r]["strict/faults"] == "running", res[r]

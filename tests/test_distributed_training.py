@@ -2,15 +2,18 @@
 single-process full-batch run. Run as a script, this file is a rank process (see
 test_distributed.py)."""
 import os
+import re
+import subprocess
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_distributed import launch, assert_check, rank_main  # noqa: E402
+from test_distributed import _free_port, launch, assert_check, rank_main  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 SUITES = {"ddp": [], "fsdp": []}
+LAUNCHES = {"train": [("strict", "ddp"), ("fused", "ddp"), ("strict", "fsdp")]}
 STEPS, BATCH, LR = 5, 8, 0.1
 
 
@@ -110,18 +113,54 @@ SUITES["fsdp"].append(fsdp2_matches_full_batch)
 
 
 if __name__ == "__main__":
-    rank_main(SUITES, sys.argv)
+    rank_main(SUITES, LAUNCHES, sys.argv)
 
 
-@pytest.mark.parametrize("env", [{}, {"TPU_DEFER_AND_FUSE": "1"}], ids=["strict", "fused"])
-def test_ddp_two_ranks_matches_full_batch(env):
-    res = launch("ddp", 2, env=env, script=HERE)
-    assert_check(res, "ddp_matches_full_batch")
+@pytest.fixture(scope="module")
+def trained():
+    return launch("train", 2, script=HERE)
 
 
-def test_fsdp2_two_ranks_matches_full_batch():
-    res = launch("fsdp", 2, script=HERE)
-    assert_check(res, "fsdp2_matches_full_batch")
+@pytest.mark.parametrize("name", ["strict/ddp_matches_full_batch", "fused/ddp_matches_full_batch",
+                                  "strict/fsdp2_matches_full_batch"])
+def test_two_ranks_match_full_batch(trained, name):
+    assert_check(trained, name)
+
+
+def test_torchrun_launches_the_ddp_example():
+    root = os.path.dirname(os.path.dirname(HERE))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+           os.path.join(root, "examples", "train_ddp.py"), "--steps", "3"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=root)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    losses = [float(x) for x in re.findall(r"step \d+/3 loss ([0-9.]+)", out)]
+    assert len(losses) == 3 and losses[-1] < losses[0], out[-3000:]
+    assert "2 ranks, 3 steps" in out
+
+
+def test_prepare_tpu_environment(monkeypatch):
+    from torch_tpu._internal.distributed.launchers.singlehost_wrapper import prepare_tpu_environment
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT", "TPU_VISIBLE_CHIPS"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    set_now = prepare_tpu_environment(world_size=2)
+    assert os.environ["WORLD_SIZE"] == "2" and os.environ["RANK"] == "1"
+    assert os.environ["TPU_VISIBLE_CHIPS"] == "1" and os.environ["MASTER_ADDR"] == "127.0.0.1"
+    assert "LOCAL_RANK" not in set_now and set_now["TPU_VISIBLE_CHIPS"] == "1"
+    assert prepare_tpu_environment() == {}  # nothing left to fill
+
+
+def test_registered_backend_and_device_ids_without_a_group():
+    import torch
+    import torch.distributed as dist
+    from torch_tpu._internal.distributed import tpu_distributed as td
+    assert dist.Backend.default_device_backend_map["tpu"] == "tpu_dist"
+    assert "tpu" in dist.Backend.backend_capability["tpu_dist"]
+    assert td.global_device_id() == torch.tpu.current_device()
+    assert td.all_global_device_ids() == list(range(torch.tpu.device_count()))
 
 
 # What FSDP2 asks of tpu storages, in this process.
