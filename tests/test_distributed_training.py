@@ -12,8 +12,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_distributed import _free_port, launch, assert_check, rank_main  # noqa: E402
 
 HERE = os.path.abspath(__file__)
-SUITES = {"ddp": [], "fsdp": []}
-LAUNCHES = {"train": [("strict", "ddp"), ("fused", "ddp"), ("strict", "fsdp")]}
+SUITES = {"ddp": [], "fsdp": [], "dtensor": []}
+LAUNCHES = {"train": [("strict", "ddp"), ("fused", "ddp"), ("strict", "fsdp"),
+                      ("strict", "dtensor")]}
 STEPS, BATCH, LR = 5, 8, 0.1
 
 
@@ -112,6 +113,31 @@ def fsdp2_matches_full_batch(rank, world):
 SUITES["fsdp"].append(fsdp2_matches_full_batch)
 
 
+def dtensor_basics(rank, world):
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("tpu", (world,))
+    assert mesh.device_type == "tpu"
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(4 * world, 6, generator=g), torch.randn(6, 2 * world, generator=g)
+    da = distribute_tensor(a.to("tpu"), mesh, [Shard(0)])
+    assert da.to_local().shape == (4, 6) and da.to_local().device.type == "tpu"
+    assert torch.equal(da.to_local().cpu(), a[4 * rank:4 * (rank + 1)])
+    assert torch.equal(da.full_tensor().cpu(), a)
+    db = distribute_tensor(b.to("tpu"), mesh, [Shard(1)])
+    prod = da.redistribute(mesh, [Replicate()]) @ db  # column-parallel matmul
+    assert prod.placements == (Shard(1),)
+    assert torch.allclose(prod.full_tensor().cpu(), a @ b, atol=1e-5)
+    total = da.sum()  # a partial sum reduced across ranks
+    assert abs(total.full_tensor().item() - a.sum().item()) < 1e-4
+    moved = da.redistribute(mesh, [Shard(1)])
+    assert torch.equal(moved.full_tensor().cpu(), a)
+
+
+SUITES["dtensor"].append(dtensor_basics)
+
+
 if __name__ == "__main__":
     rank_main(SUITES, LAUNCHES, sys.argv)
 
@@ -122,7 +148,7 @@ def trained():
 
 
 @pytest.mark.parametrize("name", ["strict/ddp_matches_full_batch", "fused/ddp_matches_full_batch",
-                                  "strict/fsdp2_matches_full_batch"])
+                                  "strict/fsdp2_matches_full_batch", "strict/dtensor_basics"])
 def test_two_ranks_match_full_batch(trained, name):
     assert_check(trained, name)
 
