@@ -67,15 +67,15 @@ def transport(group=None) -> str:
 
 
 def global_device_id() -> int:
-    """This process's device among all processes' devices (rank-major)."""
-    local = torch.tpu.current_device()
+    """This process's device among all processes' devices. One process per device: its
+    rank (without a process group, the current local device)."""
     if not (dist.is_available() and dist.is_initialized()):
-        return local
-    return dist.get_rank() * torch.tpu.device_count() + local
+        return torch.tpu.current_device()
+    return dist.get_rank()
 
 
 def all_global_device_ids() -> list:
-    """Every process's device ids, in rank order."""
+    """Every process's device id, in rank order (without a group: the local devices)."""
     if not (dist.is_available() and dist.is_initialized()):
         return list(range(torch.tpu.device_count()))
-    return list(range(dist.get_world_size() * torch.tpu.device_count()))
+    return list(range(dist.get_world_size()))
