@@ -220,3 +220,18 @@ def test_out_list_of_views_of_one_storage():
     a, b = torch.empty(2, 4, device="tpu"), torch.empty(2, 2, device="tpu")
     torch.split_with_sizes_copy(src.to("tpu"), [4, 2], dim=1, out=[a, b])
     assert torch.equal(a.cpu(), src[:, :4]) and torch.equal(b.cpu(), src[:, 4:])
+
+
+def test_transport_choice_is_explicit():
+    import datetime
+    import torch.distributed as dist
+    from torch_tpu import _C
+    from torch_tpu._internal.distributed import create_process_group
+    t = datetime.timedelta(seconds=5)
+    backend = create_process_group(dist.HashStore(), 0, 1, t)
+    assert backend.name() == "tpu_dist" and _C._dist_transport(backend) == "host"
+    host = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, t)
+    with pytest.raises(RuntimeError, match="device-collective transport is not implemented"):
+        _C._dist_create_backend(host, "device")
+    with pytest.raises(ValueError, match="unknown transport 'nccl'"):
+        _C._dist_create_backend(host, "nccl")
