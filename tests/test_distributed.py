@@ -95,7 +95,7 @@ def _eq(a, b, tol=0.0):
 ALL = ("collectives", "modes")
 
 
-@check("collectives", "modes", "four")
+@check("collectives", "modes", "four", "explicit")
 def all_reduce_ops(rank, world):
     import torch.distributed as dist
     R = dist.ReduceOp
@@ -270,7 +270,7 @@ def gather_scatter(rank, world):
         _eq(out, [rank, root])
 
 
-@check("collectives", "modes", "four")
+@check("collectives", "modes", "four", "explicit")
 def send_recv(rank, world):
     import torch
     import torch.distributed as dist
@@ -295,7 +295,7 @@ def send_recv(rank, world):
     _eq(buf2, [prv + 0.5])
 
 
-@check(*ALL)
+@check(*ALL, "explicit")
 def barrier_and_objects(rank, world):
     import torch.distributed as dist
     dist.barrier()
@@ -494,6 +494,7 @@ LAUNCHES = {
     "four": [("strict", "four")],
     "faults": [("strict", "faults")],
     "chips": [("strict", "chips")],
+    "explicit": [("strict", "explicit")],
 }
 
 
@@ -507,7 +508,8 @@ def rank_main(suites, launches, argv):
     import torch_tpu
     from torch_tpu._internal.distributed.launchers.singlehost_wrapper import prepare_tpu_environment
     prepare_tpu_environment()  # TPU_VISIBLE_CHIPS = LOCAL_RANK
-    dist.init_process_group(timeout=datetime.timedelta(seconds=_pg_timeout()))
+    backend = os.environ.get("TPU_DIST_TEST_BACKEND")  # None: the default
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=_pg_timeout()))
     results = {"__backend": str(dist.get_backend())}
     path = os.path.join(outdir, f"rank{rank}.json")
 
@@ -566,6 +568,14 @@ def test_four_ranks(four_ranks, name):
 @pytest.fixture(scope="module")
 def four_ranks():
     return launch("four", 4)
+
+
+def test_init_process_group_tpu_dist():
+    res = launch("explicit", 2, env={"TPU_DIST_TEST_BACKEND": "tpu_dist"})
+    for r in (0, 1):
+        assert res[r]["__backend"] == "tpu_dist", res[r]
+    for name in _names("explicit"):
+        assert_check(res, name)
 
 
 def test_visible_chips_pick_each_rank_its_device():
