@@ -509,7 +509,11 @@ def rank_main(suites, launches, argv):
     from torch_tpu._internal.distributed.launchers.singlehost_wrapper import prepare_tpu_environment
     prepare_tpu_environment()  # TPU_VISIBLE_CHIPS = LOCAL_RANK
     backend = os.environ.get("TPU_DIST_TEST_BACKEND")  # None: the default
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=_pg_timeout()))
+    if backend == "mesh":  # the default group made by init_device_mesh
+        from torch.distributed.device_mesh import init_device_mesh
+        init_device_mesh("tpu", (world,))
+    else:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=_pg_timeout()))
     results = {"__backend": str(dist.get_backend())}
     path = os.path.join(outdir, f"rank{rank}.json")
 
@@ -579,8 +583,11 @@ def test_init_process_group_tpu_dist():
 
 
 def test_visible_chips_pick_each_rank_its_device():
-    res = launch("chips", 2, env={"TPU_NUM_DEVICES": "2"})
+    """...with the default group made by init_device_mesh("tpu", ...)."""
+    res = launch("chips", 2, env={"TPU_NUM_DEVICES": "2", "TPU_DIST_TEST_BACKEND": "mesh"})
     assert_check(res, "strict/device_ids_and_transport")
+    for r in (0, 1):
+        assert res[r]["__backend"] == "cpu:gloo,tpu:tpu_dist", res[r]
 
 
 def test_faults_never_hang():

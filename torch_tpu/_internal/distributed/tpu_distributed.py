@@ -2,6 +2,7 @@
 device, the torchrun model)."""
 import functools
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -58,6 +59,10 @@ def register():
     if not getattr(c10d.init_process_group, "_tpu_default_backend", False):
         c10d.init_process_group = _default_backend(c10d.init_process_group)
         dist.init_process_group = c10d.init_process_group
+        # init_device_mesh() initializes the default group through its own import.
+        mesh = sys.modules.get("torch.distributed.device_mesh")
+        if mesh is not None and hasattr(mesh, "init_process_group"):
+            mesh.init_process_group = c10d.init_process_group
 
 
 def transport(group=None) -> str:
