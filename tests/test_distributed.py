@@ -95,7 +95,7 @@ def _eq(a, b, tol=0.0):
 ALL = ("collectives", "modes")
 
 
-@check("collectives", "modes", "four", "explicit")
+@check("collectives", "modes", "four")
 def all_reduce_ops(rank, world):
     import torch.distributed as dist
     R = dist.ReduceOp
@@ -270,7 +270,7 @@ def gather_scatter(rank, world):
         _eq(out, [rank, root])
 
 
-@check("collectives", "modes", "four", "explicit")
+@check("collectives", "modes", "four")
 def send_recv(rank, world):
     import torch
     import torch.distributed as dist
@@ -295,7 +295,7 @@ def send_recv(rank, world):
     _eq(buf2, [prv + 0.5])
 
 
-@check(*ALL, "explicit")
+@check(*ALL, "four")
 def barrier_and_objects(rank, world):
     import torch.distributed as dist
     dist.barrier()
@@ -494,7 +494,6 @@ LAUNCHES = {
     "four": [("strict", "four")],
     "faults": [("strict", "faults")],
     "chips": [("strict", "chips")],
-    "explicit": [("strict", "explicit")],
 }
 
 
@@ -571,15 +570,13 @@ def test_four_ranks(four_ranks, name):
 
 @pytest.fixture(scope="module")
 def four_ranks():
-    return launch("four", 4)
+    """Four ranks with init_process_group("tpu_dist"): tpu tensors only."""
+    return launch("four", 4, env={"TPU_DIST_TEST_BACKEND": "tpu_dist"})
 
 
-def test_init_process_group_tpu_dist():
-    res = launch("explicit", 2, env={"TPU_DIST_TEST_BACKEND": "tpu_dist"})
-    for r in (0, 1):
-        assert res[r]["__backend"] == "tpu_dist", res[r]
-    for name in _names("explicit"):
-        assert_check(res, name)
+def test_init_process_group_tpu_dist(four_ranks):
+    for r in range(4):
+        assert four_ranks[r]["__backend"] == "tpu_dist", four_ranks[r]
 
 
 def test_visible_chips_pick_each_rank_its_device():
