@@ -487,13 +487,13 @@ def _pg_timeout():
 
 
 MODES = {"strict": "DEFER_NEVER", "debug": "DEFER_NEVER_AND_LAUNCH_BLOCKING",
-         "fused": "DEFER_AND_FUSE"}
+         "fused": "DEFER_AND_FUSE", "env": None}  # env: as TPU_* variables set it
 # What each launch runs: (mode, suite) in turn, in the same processes.
 LAUNCHES = {
     "two": [("strict", "collectives"), ("debug", "modes"), ("fused", "modes")],
     "four": [("strict", "four")],
     "faults": [("strict", "faults")],
-    "chips": [("strict", "chips")],
+    "chips": [("env", "chips")],
 }
 
 
@@ -521,7 +521,9 @@ def rank_main(suites, launches, argv):
             json.dump(results, f)
 
     for mode, suite in launches[launch_name]:
-        torch_tpu.set_eager_mode(getattr(torch_tpu.EagerMode, MODES[mode]))
+        if MODES[mode]:
+            torch_tpu.set_eager_mode(getattr(torch_tpu.EagerMode, MODES[mode]))
+        results[f"__mode/{suite}"] = torch_tpu.get_eager_mode().name
         for fn in suites[suite]:
             key = f"{mode}/{fn.__name__}"
             results[key] = "running"
@@ -580,11 +582,14 @@ def test_init_process_group_tpu_dist(four_ranks):
 
 
 def test_visible_chips_pick_each_rank_its_device():
-    """...with the default group made by init_device_mesh("tpu", ...)."""
-    res = launch("chips", 2, env={"TPU_NUM_DEVICES": "2", "TPU_DIST_TEST_BACKEND": "mesh"})
-    assert_check(res, "strict/device_ids_and_transport")
+    """...with the default group made by init_device_mesh("tpu", ...), in DeferAndFuse
+    mode as TPU_DEFER_AND_FUSE=1 sets it."""
+    res = launch("chips", 2, env={"TPU_NUM_DEVICES": "2", "TPU_DIST_TEST_BACKEND": "mesh",
+                                  "TPU_DEFER_AND_FUSE": "1"})
+    assert_check(res, "env/device_ids_and_transport")
     for r in (0, 1):
         assert res[r]["__backend"] == "cpu:gloo,tpu:tpu_dist", res[r]
+        assert res[r]["__mode/chips"] == "DEFER_AND_FUSE", res[r]
 
 
 def test_faults_never_hang():
