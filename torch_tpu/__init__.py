@@ -52,6 +52,9 @@ from . import _accelerate  # noqa: E402  (Hugging Face accelerate/Trainer defaul
 
 _accelerate.install()
 
+if torch.distributed.is_available():
+    from ._internal import distributed as _distributed  # noqa: E402,F401  (registers tpu_dist)
+
 __all__ = [
     "EagerMode", "set_eager_mode", "get_eager_mode", "synchronize", "metrics",
     "metrics_report", "api",

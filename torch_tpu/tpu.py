@@ -151,3 +151,35 @@ def _is_in_bad_fork() -> bool:
 
 def get_device_name(device=None) -> str:
     return f"tpu ({_C.platform()} PJRT plugin)"
+
+
+# Streams and events as torch.cuda spells them (FSDP2 asks the device module for them).
+# Each device has one in-order queue: these are PyTorch's generic stream objects.
+def Stream(device=None, priority: int = 0, **kwargs):
+    return torch.Stream(device=torch.device("tpu", _index(device)), priority=priority)
+
+
+def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+    return torch.Event(device="tpu", enable_timing=enable_timing, blocking=blocking,
+                       interprocess=interprocess)
+
+
+def current_stream(device=None):
+    return torch.accelerator.current_stream(_index(device))
+
+
+def set_stream(stream) -> None:
+    torch.accelerator.set_stream(stream)
+
+
+@contextlib.contextmanager
+def stream(s):
+    if s is None:
+        yield
+        return
+    prev = torch.accelerator.current_stream(s.device_index)
+    torch.accelerator.set_stream(s)
+    try:
+        yield
+    finally:
+        torch.accelerator.set_stream(prev)

@@ -6,6 +6,7 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/GeneratorImpl.h>
 #include <c10/util/Exception.h>
@@ -192,8 +193,19 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
     return static_cast<c10::DeviceIndex>(old);
   }
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
-  void resizePrivateUse1Bytes(const c10::Storage&, size_t) const override {
-    TORCH_CHECK(false, "resizing a tpu storage in place is done by aten::resize_ on tpu");
+  // untyped_storage().resize_(n): FSDP2 frees an unsharded parameter's memory (to 0
+  // bytes) and later allocates it again before writing it. Either way the storage is
+  // fresh (unwritten); keeping values across other sizes is not supported.
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const override {
+    size_t old = storage.nbytes();
+    if (old == nbytes) return;
+    TORCH_CHECK(old == 0 || nbytes == 0, "untyped_storage().resize_(): a tpu storage resizes "
+                "in place only to or from 0 bytes (free, then allocate again); got ", old,
+                " -> ", nbytes, " bytes");
+    c10::DeviceGuard guard(storage.device());
+    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    impl->set_data_ptr_noswap(tpu_allocator()->allocate(nbytes));
+    impl->set_nbytes(nbytes);
   }
 };
 

@@ -8,6 +8,7 @@
 #include <ATen/core/stack.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <unordered_map>
@@ -135,6 +136,27 @@ void key_tensor(KeyState& k, const at::Tensor& t) {
   k.key += math_bits_key(t);
 }
 
+// Mutated outputs sharing a storage are written in turn (build_plan): plans differ by
+// which outputs share. Empty when none do.
+std::string shared_outputs_key(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  std::vector<const c10::StorageImpl*> seen;
+  std::string key;
+  for (int a : info.mutated) {
+    const IValue& v = args[a];
+    if (!v.isTensor() && !v.isTensorList()) continue;
+    std::vector<at::Tensor> ts = v.isTensor() ? std::vector<at::Tensor>{v.toTensor()}
+                                              : v.toTensorList().vec();
+    for (const at::Tensor& t : ts) {
+      if (!t.defined() || !t.is_privateuseone()) continue;
+      const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+      size_t first = std::find(seen.begin(), seen.end(), impl) - seen.begin();
+      if (first < seen.size()) key += "|s" + std::to_string(seen.size()) + "=" + std::to_string(first);
+      seen.push_back(impl);
+    }
+  }
+  return key;
+}
+
 void key_scalar(KeyState& k, const c10::Scalar& s) {
   k.key += s.isFloatingPoint() ? "sf" : s.isBoolean() ? "sb" : s.isIntegral(false) ? "si" : "sc";
 }
@@ -189,6 +211,8 @@ std::string build_key(const OpInfo& info, c10::ArrayRef<IValue> args, KeyState& 
       k.key += c10::str(v);
     }
   }
+  if (info.mutated.size() > 1 || (info.mutated.size() == 1 && args[info.mutated[0]].isTensorList()))
+    k.key += shared_outputs_key(info, args);
   return k.key;
 }
 
@@ -503,13 +527,14 @@ std::string describe(const OpInfo& info, c10::ArrayRef<IValue> args) {
 
 // The storage after writing `val` into a tensor's view of it. A view of another dtype
 // writes through a reinterpretation of the storage's bytes.
+// `base`: the storage's value so far when an earlier output of the same op wrote it.
 Value write_into_storage(ir::Builder& b, KernelCtx& ctx, int arg, int elem, const ir::Type& st,
-                         const ir::Geometry& g, const Value& val) {
+                         const ir::Geometry& g, const Value& val, const Value* base) {
   if (itemsize(st.dtype) == itemsize(val.dtype()) && g.covers(st.shape)) {  // no old bytes needed
     Value bytes = reinterpret_bytes(b, b.reshape(val, {val.type.numel()}), st.dtype);
     return b.reshape(bytes, st.shape);
   }
-  Value cur = reinterpret_bytes(b, ctx.storage_value(arg, elem), val.dtype());
+  Value cur = reinterpret_bytes(b, base ? *base : ctx.storage_value(arg, elem), val.dtype());
   Value written = ir::write_view(b, &cur, cur.type, g, val);
   return as_storage(b, written, st);
 }
@@ -590,6 +615,9 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
                             std::vector<int64_t>(meta_outs[r].sizes().begin(), meta_outs[r].sizes().end())});
     }
   } else {
+    // Outputs that are views of one storage (split_with_sizes_copy's out= list into one
+    // flat buffer, as FSDP2 does) write in turn: each starts from the previous write.
+    std::vector<std::pair<const c10::StorageImpl*, Value>> written_storages;
     for (int a : info.mutated) {
       const IValue& v = args[a];
       size_t n = v.isTensor() ? 1 : v.toTensorList().size();
@@ -599,15 +627,20 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
         const at::Tensor& t = *tensor_at(args, a, elem, &tmp);
         ir::Type st = storage_type(t);
         ir::Geometry g = geometry_of(t);
+        const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+        const Value* base = nullptr;
+        for (auto& [si, val] : written_storages)
+          if (si == impl) base = &val;
         Value val = apply_math_bits(b, fit(results[j], out_types[j]), t);  // stored, not logical
-        Value written = write_into_storage(b, ctx, a, elem, st, g, val);
+        Value written = write_into_storage(b, ctx, a, elem, st, g, val, base);
         if (!ctx.checks().empty()) {  // a failed check leaves the tensor as it was
           Value ok = ctx.checks()[0];
           for (size_t c = 1; c < ctx.checks().size(); ++c)
             ok = b.binary("stablehlo.and", ok, ctx.checks()[c]);
-          Value old = ctx.storage_value(a, elem);
+          Value old = base ? *base : ctx.storage_value(a, elem);
           written = b.select(b.broadcast_in_dim(ok, st.shape, {}), written, old);
         }
+        written_storages.emplace_back(impl, written);
         program_results.push_back(written);
         plan->outs.push_back({true, a, elem, t.scalar_type(), {}});
       }

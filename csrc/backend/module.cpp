@@ -16,6 +16,9 @@ namespace tpu::backend {
 int register_lowered_kernels();
 std::vector<std::string> lowered_op_names();
 }  // namespace tpu::backend
+namespace tpu::distributed {
+void bind(pybind11::module_& m);  // csrc/distributed/python.cpp
+}  // namespace tpu::distributed
 
 namespace py = pybind11;
 using namespace tpu;
@@ -26,6 +29,7 @@ static runtime::Client& client() {
 }
 
 PYBIND11_MODULE(_C, m) {
+  distributed::bind(m);
   m.def("_init", [](std::vector<std::pair<std::string, std::string>> candidates) {
     runtime::set_plugin_candidates(std::move(candidates));
     register_device_hooks();

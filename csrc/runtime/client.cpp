@@ -229,6 +229,13 @@ Client::Client() {
   for (size_t i = 0; i < devices_.size(); ++i) capacity_.push_back(device_capacity(static_cast<int>(i)));
 }
 
+int Client::global_device_count() const {
+  auto a = ARGS(PJRT_Client_Devices_Args);
+  a.client = client_;
+  check(api_->PJRT_Client_Devices(&a), "PJRT_Client_Devices");
+  return static_cast<int>(a.num_devices);
+}
+
 std::pair<int, int> Client::api_version() const {
   return {api_->pjrt_api_version.major_version, api_->pjrt_api_version.minor_version};
 }

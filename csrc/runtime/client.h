@@ -119,6 +119,9 @@ class Client {
   static std::string resolve_plugin_path(std::string* how = nullptr);
 
   int device_count() const { return static_cast<int>(devices_.size()); }
+  // Devices the client sees across all its processes (addressable or not): more than
+  // device_count() when one client spans processes and can run cross-process collectives.
+  int global_device_count() const;
   const std::string& platform() const { return platform_; }
   const std::string& plugin_path() const { return plugin_path_; }
   std::pair<int, int> api_version() const;

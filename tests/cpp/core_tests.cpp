@@ -58,6 +58,12 @@ int main() {
     CHECK(!C().platform().empty());
   });
 
+  // What tpu_dist's transport choice reads: a client spanning processes would see more
+  // devices than it can address. The XLA CPU plugin's never does.
+  run("the client sees only its own process's devices", [] {
+    CHECK(C().global_device_count() == C().device_count());
+  });
+
   run("host round trip keeps f32, i64, bool and bf16 bits", [] {
     std::vector<float> f = {1.5f, -2.f, 3.25f, 0.f, 1e-30f, 7.f};
     auto b = C().from_host(f.data(), DType::F32, {2, 3}, 0);

@@ -1,0 +1,78 @@
+"""all_reduce bus bandwidth: tpu_dist on tpu tensors (host-staged over Gloo) beside Gloo
+on CPU tensors, in the same process group of --world ranks on this host.
+
+    .venv/bin/python benchmarks/dist_allreduce.py [--world 2] [--sizes-kib 4,64,1024,16384]
+
+Bus bandwidth = bytes * 2 (n - 1) / n / time (NCCL's convention for all_reduce): the rate
+each rank's link would carry. Prints a table from rank 0 and writes --out as JSON.
+"""
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+
+def rank_main(rank, world, port, sizes_kib, iters, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group(timeout=datetime.timedelta(seconds=60))  # cpu:gloo,tpu:tpu_dist
+    rows = []
+    for kib in sizes_kib:
+        n = kib * 1024 // 4
+        for device in ("cpu", "tpu"):
+            x = torch.ones(n, device=device)
+            for _ in range(2):  # warm-up: compiles, connections
+                dist.all_reduce(x)
+            x.sum().item()
+            times = []
+            for _ in range(iters):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_reduce(x)
+                x[:1].cpu()  # the result is on the device: wait for it
+                times.append(time.perf_counter() - t0)
+            t = statistics.median(times)
+            bus = n * 4 * 2 * (world - 1) / world / t
+            rows.append({"KiB": kib, "device": device,
+                         "backend": "gloo" if device == "cpu" else "tpu_dist",
+                         "median_ms": round(t * 1e3, 3), "bus_GBps": round(bus / 1e9, 3)})
+    if rank == 0:
+        print(f"{'KiB':>8} {'backend':>9} {'median ms':>10} {'bus GB/s':>9}")
+        for r in rows:
+            print(f"{r['KiB']:>8} {r['backend']:>9} {r['median_ms']:>10} {r['bus_GBps']:>9}")
+        with open(out, "w") as f:
+            json.dump({"world": world, "iters": iters, "rows": rows}, f, indent=1)
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--sizes-kib", default="4,64,1024,16384")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                 "results", "dist_allreduce.json"))
+    p.add_argument("--rank", type=int, default=None)
+    p.add_argument("--port", type=int, default=None)
+    a = p.parse_args()
+    sizes = [int(s) for s in a.sizes_kib.split(",")]
+    if a.rank is not None:
+        return rank_main(a.rank, a.world, a.port, sizes, a.iters, a.out)
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port)]
+                              + sys.argv[1:]) for r in range(a.world)]
+    sys.exit(max(p.wait() for p in procs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+// torch_tpu._C's distributed entry points; torch_tpu/_internal/distributed registers
+// the backend with torch.distributed.
+#include <torch/csrc/utils/pybind.h>
+
+#include "distributed/tpu_backend.h"
+
+namespace tpu::distributed {
+
+void bind(pybind11::module_& m) {
+  namespace py = pybind11;
+  // `host`: the CPU backend (a ProcessGroupGloo over a prefixed store) the host-staged
+  // transport runs on. Returned as c10d's Python Backend type.
+  m.def("_dist_create_backend",
+        [](c10::intrusive_ptr<c10d::Backend> host, const std::string& transport)
+            -> c10::intrusive_ptr<c10d::Backend> {
+          return c10::make_intrusive<TpuBackend>(std::move(host), transport);
+        },
+        py::arg("host"), py::arg("transport") = "");
+  m.def("_dist_transport", [](const c10::intrusive_ptr<c10d::Backend>& b) {
+    auto* tpu = dynamic_cast<TpuBackend*>(b.get());
+    TORCH_CHECK_VALUE(tpu, "not a tpu_dist backend: ", b->getBackendName());
+    return tpu->transport_name();
+  });
+}
+
+}  // namespace tpu::distributed

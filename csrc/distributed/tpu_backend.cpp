@@ -1,0 +1,191 @@
+#include "distributed/tpu_backend.h"
+
+#include "distributed/checks.h"
+#include "distributed/transport.h"
+
+namespace tpu::distributed {
+
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+using TensorList = std::vector<at::Tensor>;
+
+TpuBackend::TpuBackend(c10::intrusive_ptr<c10d::Backend> host, const std::string& transport)
+    : c10d::Backend(host->getRank(), host->getSize()) {
+  transport_ = choose_transport(std::move(host), transport, &transport_name_);
+}
+
+WorkPtr TpuBackend::broadcast(TensorList& tensors, const c10d::BroadcastOptions& opts) {
+  check_tpu("broadcast", tensors);
+  check_rank("broadcast", static_cast<int>(opts.rootRank), getSize(), "source");
+  return transport_->broadcast(tensors, opts);
+}
+
+WorkPtr TpuBackend::allreduce(TensorList& tensors, const c10d::AllreduceOptions& opts) {
+  check_tpu("all_reduce", tensors);
+  check_reduce_op("all_reduce", opts.reduceOp, tensors);
+  return transport_->allreduce(tensors, opts);
+}
+
+WorkPtr TpuBackend::allreduce_coalesced(TensorList& tensors,
+                                        const c10d::AllreduceCoalescedOptions& opts) {
+  check_tpu("all_reduce_coalesced", tensors);
+  check_reduce_op("all_reduce_coalesced", opts.reduceOp, tensors);
+  return transport_->allreduce_coalesced(tensors, opts);
+}
+
+WorkPtr TpuBackend::reduce(TensorList& tensors, const c10d::ReduceOptions& opts) {
+  check_tpu("reduce", tensors);
+  check_reduce_op("reduce", opts.reduceOp, tensors);
+  check_rank("reduce", static_cast<int>(opts.rootRank), getSize(), "destination");
+  return transport_->reduce(tensors, opts);
+}
+
+WorkPtr TpuBackend::allgather(std::vector<TensorList>& outputs, TensorList& inputs,
+                              const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1, "distributed.all_gather(): ",
+                    "tpu_dist takes one input tensor and one output list per process, got ",
+                    inputs.size(), " inputs and ", outputs.size(), " output lists");
+  check_tpu("all_gather", inputs, "input ");
+  check_tpu("all_gather", outputs[0], "output ");
+  check_per_rank("all_gather", outputs[0], getSize(), "output");
+  check_same("all_gather", outputs[0], inputs[0], "output");
+  return transport_->allgather(outputs, inputs, opts);
+}
+
+WorkPtr TpuBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                    const c10d::AllgatherOptions& opts) {
+  check_tpu("all_gather_into_tensor", {output, input});
+  check_times("all_gather_into_tensor", output, input, getSize(), "output", "input");
+  return transport_->_allgather_base(output, input, opts);
+}
+
+WorkPtr TpuBackend::allgather_coalesced(std::vector<TensorList>& outputs, TensorList& inputs,
+                                        const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "distributed.all_gather_coalesced(): ",
+                    "got ", outputs.size(), " output lists for ", inputs.size(), " inputs");
+  check_tpu("all_gather_coalesced", inputs, "input ");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tpu("all_gather_coalesced", outputs[i], "output ");
+    check_per_rank("all_gather_coalesced", outputs[i], getSize(), "output");
+    check_same("all_gather_coalesced", outputs[i], inputs[i], "output");
+  }
+  return transport_->allgather_coalesced(outputs, inputs, opts);
+}
+
+WorkPtr TpuBackend::allgather_into_tensor_coalesced(TensorList& outputs, TensorList& inputs,
+                                                    const c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather_into_tensor_coalesced";
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "distributed.", op, "(): got ",
+                    outputs.size(), " outputs for ", inputs.size(), " inputs");
+  check_tpu(op, inputs, "input ");
+  check_tpu(op, outputs, "output ");
+  for (size_t i = 0; i < inputs.size(); ++i)
+    check_times(op, outputs[i], inputs[i], getSize(), "output", "input");
+  return transport_->allgather_into_tensor_coalesced(outputs, inputs, opts);
+}
+
+WorkPtr TpuBackend::gather(std::vector<TensorList>& outputs, TensorList& inputs,
+                           const c10d::GatherOptions& opts) {
+  check_rank("gather", static_cast<int>(opts.rootRank), getSize(), "destination");
+  TORCH_CHECK_VALUE(inputs.size() == 1, "distributed.gather(): tpu_dist takes one input ",
+                    "tensor, got ", inputs.size());
+  check_tpu("gather", inputs, "input ");
+  if (getRank() == opts.rootRank) {
+    TORCH_CHECK_VALUE(outputs.size() == 1, "distributed.gather(): the destination needs one ",
+                      "output list, got ", outputs.size());
+    check_tpu("gather", outputs[0], "output ");
+    check_per_rank("gather", outputs[0], getSize(), "output");
+    check_same("gather", outputs[0], inputs[0], "output");
+  }
+  return transport_->gather(outputs, inputs, opts);
+}
+
+WorkPtr TpuBackend::scatter(TensorList& outputs, std::vector<TensorList>& inputs,
+                            const c10d::ScatterOptions& opts) {
+  check_rank("scatter", static_cast<int>(opts.rootRank), getSize(), "source");
+  TORCH_CHECK_VALUE(outputs.size() == 1, "distributed.scatter(): tpu_dist takes one output ",
+                    "tensor, got ", outputs.size());
+  check_tpu("scatter", outputs, "output ");
+  if (getRank() == opts.rootRank) {
+    TORCH_CHECK_VALUE(inputs.size() == 1, "distributed.scatter(): the source needs one input ",
+                      "list, got ", inputs.size());
+    check_tpu("scatter", inputs[0], "input ");
+    check_per_rank("scatter", inputs[0], getSize(), "input");
+    check_same("scatter", inputs[0], outputs[0], "input");
+  }
+  return transport_->scatter(outputs, inputs, opts);
+}
+
+WorkPtr TpuBackend::reduce_scatter(TensorList& outputs, std::vector<TensorList>& inputs,
+                                   const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1, "distributed.reduce_scatter(): ",
+                    "tpu_dist takes one output tensor and one input list per process");
+  check_tpu("reduce_scatter", outputs, "output ");
+  check_tpu("reduce_scatter", inputs[0], "input ");
+  check_per_rank("reduce_scatter", inputs[0], getSize(), "input");
+  check_same("reduce_scatter", inputs[0], outputs[0], "input");
+  check_reduce_op("reduce_scatter", opts.reduceOp, outputs);
+  return transport_->reduce_scatter(outputs, inputs, opts);
+}
+
+WorkPtr TpuBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                         const c10d::ReduceScatterOptions& opts) {
+  check_tpu("reduce_scatter_tensor", {output, input});
+  check_times("reduce_scatter_tensor", input, output, getSize(), "input", "output");
+  check_reduce_op("reduce_scatter_tensor", opts.reduceOp, {output});
+  return transport_->_reduce_scatter_base(output, input, opts);
+}
+
+WorkPtr TpuBackend::reduce_scatter_tensor_coalesced(TensorList& outputs, TensorList& inputs,
+                                                    const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter_tensor_coalesced";
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "distributed.", op, "(): got ",
+                    outputs.size(), " outputs for ", inputs.size(), " inputs");
+  check_tpu(op, inputs, "input ");
+  check_tpu(op, outputs, "output ");
+  for (size_t i = 0; i < inputs.size(); ++i)
+    check_times(op, inputs[i], outputs[i], getSize(), "input", "output");
+  check_reduce_op(op, opts.reduceOp, outputs);
+  return transport_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+}
+
+WorkPtr TpuBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                  std::vector<int64_t>& output_splits,
+                                  std::vector<int64_t>& input_splits,
+                                  const c10d::AllToAllOptions& opts) {
+  check_tpu("all_to_all_single", {output, input});
+  TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "distributed.all_to_all_single(): ",
+                   "output ", describe(output), " and input ", describe(input), " differ in dtype");
+  check_splits("all_to_all_single", input, input_splits, getSize(), "input");
+  check_splits("all_to_all_single", output, output_splits, getSize(), "output");
+  return transport_->alltoall_base(output, input, output_splits, input_splits, opts);
+}
+
+WorkPtr TpuBackend::alltoall(TensorList& outputs, TensorList& inputs,
+                             const c10d::AllToAllOptions& opts) {
+  check_tpu("all_to_all", inputs, "input ");
+  check_tpu("all_to_all", outputs, "output ");
+  check_per_rank("all_to_all", inputs, getSize(), "input");
+  check_per_rank("all_to_all", outputs, getSize(), "output");
+  return transport_->alltoall(outputs, inputs, opts);
+}
+
+WorkPtr TpuBackend::send(TensorList& tensors, int dst, int tag) {
+  check_tpu("send", tensors);
+  check_rank("send", dst, getSize(), "destination", getRank());
+  return transport_->send(tensors, dst, tag);
+}
+
+WorkPtr TpuBackend::recv(TensorList& tensors, int src, int tag) {
+  check_tpu("recv", tensors);
+  check_rank("recv", src, getSize(), "source", getRank());
+  return transport_->recv(tensors, src, tag);
+}
+
+WorkPtr TpuBackend::recvAnysource(TensorList& tensors, int tag) {
+  check_tpu("recv", tensors);
+  return transport_->recvAnysource(tensors, tag);
+}
+
+WorkPtr TpuBackend::barrier(const c10d::BarrierOptions& opts) { return transport_->barrier(opts); }
+
+}  // namespace tpu::distributed

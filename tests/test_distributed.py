@@ -1,0 +1,601 @@
+"""tpu_dist collectives across processes (one process per device, as under torchrun).
+
+Each launch spawns its ranks once (127.0.0.1, a free port, a short PG timeout) and runs
+suites of checks in them, each suite under an eager mode (Strict, Debug, DeferAndFuse,
+switched with torch_tpu.set_eager_mode); every check reports per rank as "MODE/check",
+and each pytest test asserts one. Run as a script, this file is the rank process:
+`test_distributed.py LAUNCH RANK WORLD PORT OUTDIR`.
+"""
+import datetime
+import functools
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import pytest
+
+HERE = os.path.abspath(__file__)
+PG_TIMEOUT_S = 10
+
+
+# ----------------------------------------------------------------------------------------
+# The harness (pytest side)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(suite, world, env=None, timeout=150, script=HERE):
+    """Runs `suite` of `script` in `world` rank processes; returns {rank: {check: result}}
+    (plus "__rc" and "__out", the exit code and output tail)."""
+    port, outdir = _free_port(), tempfile.mkdtemp(prefix="tpu_dist_")
+    e = dict(os.environ, **(env or {}))
+    procs = [subprocess.Popen([sys.executable, script, suite, str(r), str(world), str(port), outdir],
+                              env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    deadline, outs = time.time() + timeout, []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=max(1, deadline - time.time()))[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"suite {suite} hung past {timeout}s: " + p.communicate()[0][-3000:])
+    results = {}
+    for r in range(world):
+        path = os.path.join(outdir, f"rank{r}.json")
+        results[r] = json.load(open(path)) if os.path.exists(path) else {}
+        results[r]["__rc"], results[r]["__out"] = procs[r].returncode, outs[r][-3000:]
+    return results
+
+
+def assert_check(results, name, ranks=None):
+    for r, res in results.items():
+        if ranks is not None and r not in ranks:
+            continue
+        assert name in res, f"rank {r} did not run {name} (rc {res['__rc']}):\n{res['__out']}"
+        assert res[name] == "ok", f"rank {r}, {name}:\n{res[name]}"
+
+
+# ----------------------------------------------------------------------------------------
+# The checks (rank side). Each takes (rank, world); tensors are tiny.
+
+SUITES = {}
+
+
+def check(*suites):
+    def deco(fn):
+        for s in suites:
+            SUITES.setdefault(s, []).append(fn)
+        return fn
+    return deco
+
+
+def _t(values, dtype=None):
+    import torch
+    return torch.tensor(values, dtype=dtype or torch.float32, device="tpu")
+
+
+def _eq(a, b, tol=0.0):
+    import torch
+    assert a.device.type == "tpu", a.device
+    a = a.cpu()
+    b = torch.as_tensor(b, dtype=a.dtype)
+    assert a.shape == b.shape and torch.allclose(a.double(), b.double(), atol=tol, rtol=tol), (a, b)
+
+
+ALL = ("collectives", "modes")
+
+
+@check("collectives", "modes", "four")
+def all_reduce_ops(rank, world):
+    import torch.distributed as dist
+    R = dist.ReduceOp
+    rs = range(world)
+    expect = {
+        R.SUM: [0, world, sum(rs), sum(r * r for r in rs)],
+        R.MAX: [0, 1, world - 1, (world - 1) ** 2],
+        R.MIN: [0, 1, 0, 0],
+        R.PRODUCT: [0, 1, 0, 0],
+        R.AVG: [0, 1, sum(rs) / world, sum(r * r for r in rs) / world],
+    }
+    for op, want in expect.items():
+        x = _t([0, 1, rank, rank * rank])
+        dist.all_reduce(x, op=op)
+        _eq(x, want, 1e-6)
+    y = _t([rank + 1.0, 2.0])
+    dist.all_reduce(y, op=R.PRODUCT)
+    _eq(y, [float(functools.reduce(lambda a, b: a * b, [r + 1 for r in rs])), 2.0 ** world])
+
+
+@check(*ALL)
+def all_reduce_bitwise_ints(rank, world):
+    import torch
+    import torch.distributed as dist
+    R = dist.ReduceOp
+    vals = [[r + 1, 3 << r, 5 * r] for r in range(world)]
+    for op, f in ((R.BAND, lambda a, b: a & b), (R.BOR, lambda a, b: a | b),
+                  (R.BXOR, lambda a, b: a ^ b)):
+        for dt in (torch.int32, torch.int64):
+            x = _t(vals[rank], dt)
+            dist.all_reduce(x, op=op)
+            _eq(x, [functools.reduce(f, col) for col in zip(*vals)])
+    x = _t([rank + 7, 1], torch.int64)
+    dist.all_reduce(x, op=R.AVG)  # integers average with truncation
+    _eq(x, [sum(r + 7 for r in range(world)) // world, 1])
+
+
+@check("collectives", "four", "modes")
+def all_reduce_dtypes(rank, world):
+    import torch
+    import torch.distributed as dist
+    for dt in (torch.bfloat16, torch.float64, torch.int8):
+        x = _t([1, 2], dt)
+        dist.all_reduce(x)
+        _eq(x, [world, 2 * world])
+    b = _t([rank == 0, False], torch.bool)
+    dist.all_reduce(b, op=dist.ReduceOp.MAX)
+    _eq(b, [True, False])
+
+
+@check(*ALL)
+def all_reduce_async_work(rank, world):
+    import torch
+    import torch.distributed as dist
+    x = _t([rank, 1.0])
+    w = dist.all_reduce(x, async_op=True)
+    fut = w.get_future()
+    assert w.wait() is True and w.is_completed() and w.is_success()
+    _eq(x, [sum(range(world)), world])
+    (res,) = fut.wait()
+    assert res.device.type == "tpu" and torch.equal(res.cpu(), x.cpu())
+    # Several in flight at once complete in order.
+    xs = [_t([float(rank + i)]) for i in range(4)]
+    works = [dist.all_reduce(v, async_op=True) for v in xs]
+    for i, (v, w) in enumerate(zip(xs, works)):
+        w.wait()
+        _eq(v, [sum(range(world)) + world * i])
+
+
+@check(*ALL)
+def broadcast_into_views(rank, world):
+    import torch
+    import torch.distributed as dist
+    x = _t([rank] * 3)
+    dist.broadcast(x, src=world - 1)
+    _eq(x, [world - 1] * 3)
+    # A column of a matrix: only that column changes, in place.
+    m = torch.full((3, 4), float(rank), device="tpu")
+    col = m[:, 1]
+    dist.broadcast(col, src=0)
+    want = torch.full((3, 4), float(rank))
+    want[:, 1] = 0
+    _eq(m, want)
+
+
+@check(*ALL)
+def reduce_to_root(rank, world):
+    import torch.distributed as dist
+    for dst in (0, world - 1):
+        x = _t([rank, 2.0])
+        dist.reduce(x, dst=dst)
+        if rank == dst:
+            _eq(x, [sum(range(world)), 2.0 * world])
+    x = _t([rank + 1.0])
+    dist.reduce(x, dst=0, op=dist.ReduceOp.AVG)
+    if rank == 0:
+        _eq(x, [sum(range(1, world + 1)) / world], 1e-6)
+
+
+@check(*ALL)
+def all_gather_forms(rank, world):
+    import torch
+    import torch.distributed as dist
+    outs = [torch.empty(2, device="tpu") for _ in range(world)]
+    dist.all_gather(outs, _t([rank, -rank]))
+    for i, o in enumerate(outs):
+        _eq(o, [i, -i])
+    flat = torch.empty(2 * world, device="tpu")
+    dist.all_gather_into_tensor(flat, _t([rank, 10 + rank]))
+    _eq(flat, [v for i in range(world) for v in (i, 10 + i)])
+    stacked = torch.empty(world, 2, device="tpu", dtype=torch.int64)
+    dist.all_gather_into_tensor(stacked, _t([rank, 1], torch.int64))
+    _eq(stacked, [[i, 1] for i in range(world)])
+    # FSDP2's form: 2-D shards stacked along dimension 0, and back.
+    full = torch.empty(2 * world, 3, device="tpu")
+    dist.all_gather_into_tensor(full, torch.full((2, 3), float(rank), device="tpu"))
+    _eq(full, [[float(i)] * 3 for i in range(world) for _ in range(2)])
+    shard = torch.empty(2, 3, device="tpu")
+    dist.reduce_scatter_tensor(shard, full)
+    _eq(shard, [[float(world * rank)] * 3] * 2)
+
+
+@check("collectives", "modes", "four")
+def reduce_scatter_forms(rank, world):
+    import torch
+    import torch.distributed as dist
+    out = torch.empty(2, device="tpu")
+    dist.reduce_scatter(out, [_t([rank + i, 1]) for i in range(world)])
+    _eq(out, [sum(range(world)) + world * rank, world])
+    big = _t([float(rank * 100 + i) for i in range(2 * world)])
+    out = torch.empty(2, device="tpu")
+    dist.reduce_scatter_tensor(out, big)
+    _eq(out, [sum(r * 100 for r in range(world)) + world * (2 * rank + j) for j in range(2)])
+    out = torch.empty(2, device="tpu")
+    dist.reduce_scatter_tensor(out, big, op=dist.ReduceOp.AVG)
+    _eq(out, [sum(r * 100 for r in range(world)) / world + 2 * rank + j for j in range(2)], 1e-5)
+
+
+@check("collectives", "modes", "four")
+def all_to_all_forms(rank, world):
+    import torch
+    import torch.distributed as dist
+    outs = [torch.empty(1, device="tpu") for _ in range(world)]
+    dist.all_to_all(outs, [_t([rank * 10 + i]) for i in range(world)])
+    for i, o in enumerate(outs):
+        _eq(o, [i * 10 + rank])
+    out = torch.empty(world, device="tpu")
+    dist.all_to_all_single(out, _t([rank * 10 + i for i in range(world)]))
+    _eq(out, [i * 10 + rank for i in range(world)])
+    # Uneven: rank r sends r + i + 1 values to rank i.
+    send = [r_i for i in range(world) for r_i in [100 * rank + i] * (rank + i + 1)]
+    recv_splits = [j + rank + 1 for j in range(world)]
+    out = torch.empty(sum(recv_splits), device="tpu")
+    dist.all_to_all_single(out, _t(send), output_split_sizes=recv_splits,
+                           input_split_sizes=[rank + i + 1 for i in range(world)])
+    _eq(out, [v for j in range(world) for v in [100 * j + rank] * (j + rank + 1)])
+
+
+@check("collectives", "modes", "four")
+def gather_scatter(rank, world):
+    import torch
+    import torch.distributed as dist
+    for root in (0, world - 1):
+        outs = [torch.empty(2, device="tpu") for _ in range(world)] if rank == root else None
+        dist.gather(_t([rank, root]), outs, dst=root)
+        if rank == root:
+            for i, o in enumerate(outs):
+                _eq(o, [i, root])
+        out = torch.empty(2, device="tpu")
+        ins = [_t([i, root]) for i in range(world)] if rank == root else None
+        dist.scatter(out, ins, src=root)
+        _eq(out, [rank, root])
+
+
+@check("collectives", "modes", "four")
+def send_recv(rank, world):
+    import torch
+    import torch.distributed as dist
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    buf = torch.empty(3, device="tpu")
+    if rank % 2 == 0:
+        dist.send(_t([rank] * 3), dst=nxt)
+        dist.recv(buf, src=prv)
+    else:
+        dist.recv(buf, src=prv)
+        dist.send(_t([rank] * 3), dst=nxt)
+    _eq(buf, [prv] * 3)
+    buf = torch.empty(2, device="tpu")
+    reqs = [dist.isend(_t([rank, 1]), dst=nxt), dist.irecv(buf, src=prv)]
+    for r in reqs:
+        r.wait()
+    _eq(buf, [prv, 1])
+    ops = [dist.P2POp(dist.isend, _t([rank + 0.5]), nxt),
+           dist.P2POp(dist.irecv, buf2 := torch.empty(1, device="tpu"), prv)]
+    for r in dist.batch_isend_irecv(ops):
+        r.wait()
+    _eq(buf2, [prv + 0.5])
+
+
+@check(*ALL, "four")
+def barrier_and_objects(rank, world):
+    import torch.distributed as dist
+    dist.barrier()
+    objs = [{"rank": rank, "s": "x" * rank}] if rank == 0 else [None]
+    dist.broadcast_object_list(objs, src=0)
+    assert objs[0] == {"rank": 0, "s": ""}, objs
+    got = [None] * world
+    dist.all_gather_object(got, ("r", rank))
+    assert got == [("r", i) for i in range(world)], got
+
+
+@check(*ALL)
+def coalesced_forms(rank, world):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _coalescing_manager
+    a, b = _t([rank, 1.0]), _t([2.0 * rank])
+    dist.all_reduce_coalesced([a, b])
+    _eq(a, [sum(range(world)), world])
+    _eq(b, [2 * sum(range(world))])
+    outs = [torch.empty(world * 2, device="tpu") for _ in range(2)]
+    rs = [torch.empty(1, device="tpu") for _ in range(2)]
+    with _coalescing_manager(async_ops=True) as cm:
+        for k in range(2):
+            dist.all_gather_into_tensor(outs[k], _t([rank, k]))
+    cm.wait()
+    with _coalescing_manager(async_ops=True) as cm:
+        for k in range(2):
+            dist.reduce_scatter_tensor(rs[k], _t([float(k + i) for i in range(world)]))
+    cm.wait()
+    for k in range(2):
+        _eq(outs[k], [v for i in range(world) for v in (i, k)])
+        _eq(rs[k], [world * (k + rank)])
+
+
+@check("collectives", "four")
+def subgroups(rank, world):
+    import torch.distributed as dist
+    # Every rank creates every group, in the same order (c10d's rule).
+    evens, odds = list(range(0, world, 2)), list(range(1, world, 2))
+    g_even, g_odd = dist.new_group(evens), dist.new_group(odds)
+    mine, members = (g_even, evens) if rank % 2 == 0 else (g_odd, odds)
+    x = _t([rank, 1.0])
+    dist.all_reduce(x, group=mine)
+    _eq(x, [sum(members), len(members)])
+    y = _t([rank])
+    dist.broadcast(y, src=members[-1], group=mine)
+    _eq(y, [members[-1]])
+    rev = dist.new_group(list(reversed(range(world))))
+    z = _t([rank])
+    dist.all_reduce(z, group=rev, op=dist.ReduceOp.MAX)
+    _eq(z, [world - 1])
+
+
+@check("collectives", "four", "modes")
+def errors_name_the_collective(rank, world):
+    import torch
+    import torch.distributed as dist
+    x = _t([rank, 1.0])
+
+    def raises(exc, words, fn):
+        try:
+            fn()
+        except exc as e:
+            for w in words:
+                assert w in str(e), (w, str(e))
+            return
+        raise AssertionError(f"no {exc.__name__} for {words}")
+
+    premul = dist._make_nccl_premul_sum(2.0)
+    raises(ValueError, ["all_reduce", "PREMUL_SUM"], lambda: dist.all_reduce(x, op=premul))
+    raises(TypeError, ["all_reduce", "BAND", "Float"],
+           lambda: dist.all_reduce(x, op=dist.ReduceOp.BAND))
+    raises(ValueError, ["all_gather", "world size", f"{world + 1} output", f"{world} processes"],
+           lambda: dist.all_gather([torch.empty(2, device="tpu")] * (world + 1), x))
+    raises(ValueError, ["all_gather", "cpu", "tpu_dist"],
+           lambda: dist.all_gather([torch.empty(2)] * world, x))
+    raises(ValueError, ["all_gather_into_tensor", "world size"],
+           lambda: dist.all_gather_into_tensor(torch.empty(3, device="tpu"), x))
+    raises(ValueError, ["reduce_scatter_tensor"],
+           lambda: dist.reduce_scatter_tensor(torch.empty(3, device="tpu"), x))
+    raises(ValueError, ["all_to_all_single", "split sizes"],
+           lambda: dist.all_to_all_single(torch.empty(2, device="tpu"), x,
+                                          input_split_sizes=[5] * world))
+    # Nothing was sent: the group and the tensors still work.
+    dist.all_reduce(x)
+    _eq(x, [sum(range(world)), world])
+
+
+@check("collectives", "modes")
+def uneven_pending_work(rank, world):
+    """Ranks record different work before a collective; none hangs."""
+    import torch
+    import torch.distributed as dist
+    x = torch.ones(4, device="tpu")
+    for _ in range(40 if rank == 0 else 1):
+        x = x * 1.0 + 0.0
+    y = (x * (rank + 1)).sum().reshape(1)
+    import torch_tpu
+    fused = torch_tpu.get_eager_mode() == torch_tpu.EagerMode.DEFER_AND_FUSE
+    # While deferring, y is still a pending value: the collective materializes it.
+    assert torch_tpu._C.is_materialized(y) != fused
+    dist.all_reduce(y)
+    z = y + 1  # recorded after the collective, reading its result
+    _eq(z, [4.0 * sum(range(1, world + 1)) + 1])
+    if rank == 1:
+        dist.barrier()  # rank 1 waits in a barrier while rank 0 still records work
+    else:
+        w = torch.ones(2, device="tpu")
+        for _ in range(20):
+            w = w + 1
+        dist.barrier()
+        _eq(w, [21.0, 21.0])
+
+
+@check("collectives", "four", "chips")
+def device_ids_and_transport(rank, world):
+    import torch
+    import torch.distributed as dist
+    from torch_tpu._internal.distributed import tpu_distributed as td
+    # One process per device; TPU_VISIBLE_CHIPS (set from LOCAL_RANK by
+    # prepare_tpu_environment) picks it when the process sees several.
+    chips = int(os.environ.get("TPU_NUM_DEVICES", "1"))
+    assert torch.tpu.device_count() == chips
+    assert torch.tpu.current_device() == (rank if chips > 1 else 0)
+    assert td.global_device_id() == rank
+    assert td.all_global_device_ids() == list(range(world))
+    assert td.transport() == "host"
+    x = torch.ones(2, device="tpu")
+    assert x.device.index == torch.tpu.current_device()
+    dist.all_reduce(x)
+    _eq(x, [world, world])
+
+
+# Faults, in one group of 3 ranks (timeout 3 s): rank 2 exits right after a collective,
+# rank 1 later stalls. Whatever happens, the others raise in time, never hang.
+
+@check("faults")
+def faults(rank, world):
+    import torch
+    import torch.distributed as dist
+    timeout = _pg_timeout()
+    # Every rank creates every group; a new group's timeout is its own (not the world's).
+    # `patient` outlasts the skew a failed collective leaves between ranks (a rank may
+    # learn of the dead peer only at its timeout); `pair` has the short timeout.
+    patient = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=timeout + 30))
+    pair = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=timeout))
+    x = _t([rank, 1.0])
+    dist.all_reduce(x)
+    if rank == 2:
+        os._exit(0)  # no teardown: the others must still finish
+    _eq(x, [sum(range(world)), world])
+
+    # A peer that died: the collective fails at once, naming itself.
+    y = _t([1.0, 2.0])
+    start = time.time()
+    try:
+        dist.all_reduce(y)
+        raise AssertionError("all_reduce with a dead peer returned")
+    except (RuntimeError, dist.DistError) as e:
+        assert time.time() - start < timeout + 5, time.time() - start  # not the timeout
+        assert "tpu_dist all_reduce failed" in str(e), str(e)
+    _eq(y + 1, [2.0, 3.0])  # the tensor and the device still work
+    dist.all_reduce(y, group=patient)  # a group without the dead rank still works
+    _eq(y, [2.0, 4.0])
+
+    # A peer alive but absent: the collective raises after the group's timeout.
+    if rank == 1:
+        time.sleep(timeout + 6)  # leaving sooner would end rank 0's wait early
+        os._exit(0)
+    start = time.time()
+    try:
+        dist.all_reduce(y, group=pair)
+        raise AssertionError("all_reduce without its peer returned")
+    except (RuntimeError, dist.DistError) as e:
+        took = time.time() - start
+        assert timeout - 0.5 <= took < timeout + 8, took
+        assert "tpu_dist all_reduce failed" in str(e), str(e)
+    _eq(y, [2.0, 4.0])  # unchanged and readable
+    assert torch.ones(2, device="tpu").sum().item() == 2
+
+
+# ----------------------------------------------------------------------------------------
+# The rank process
+
+
+def _pg_timeout():
+    return float(os.environ.get("TPU_DIST_TEST_PG_TIMEOUT", PG_TIMEOUT_S))
+
+
+MODES = {"strict": "DEFER_NEVER", "debug": "DEFER_NEVER_AND_LAUNCH_BLOCKING",
+         "fused": "DEFER_AND_FUSE", "env": None}  # env: as TPU_* variables set it
+# What each launch runs: (mode, suite) in turn, in the same processes.
+LAUNCHES = {
+    "two": [("strict", "collectives"), ("debug", "modes"), ("fused", "modes")],
+    "four": [("strict", "four")],
+    "faults": [("strict", "faults")],
+    "chips": [("env", "chips")],
+}
+
+
+def rank_main(suites, launches, argv):
+    """The rank process: runs the launch's suites, records each check's result."""
+    launch_name, rank, world, port, outdir = argv[1], int(argv[2]), int(argv[3]), int(argv[4]), argv[5]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    import torch  # noqa: F401  (loads torch_tpu)
+    import torch.distributed as dist
+    import torch_tpu
+    from torch_tpu._internal.distributed.launchers.singlehost_wrapper import prepare_tpu_environment
+    prepare_tpu_environment()  # TPU_VISIBLE_CHIPS = LOCAL_RANK
+    backend = os.environ.get("TPU_DIST_TEST_BACKEND")  # None: the default
+    if backend == "mesh":  # the default group made by init_device_mesh
+        from torch.distributed.device_mesh import init_device_mesh
+        init_device_mesh("tpu", (world,))
+    else:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=_pg_timeout()))
+    results = {"__backend": str(dist.get_backend())}
+    path = os.path.join(outdir, f"rank{rank}.json")
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(results, f)
+
+    for mode, suite in launches[launch_name]:
+        if MODES[mode]:
+            torch_tpu.set_eager_mode(getattr(torch_tpu.EagerMode, MODES[mode]))
+        results[f"__mode/{suite}"] = torch_tpu.get_eager_mode().name
+        for fn in suites[suite]:
+            key = f"{mode}/{fn.__name__}"
+            results[key] = "running"
+            save()  # a check that ends the process still leaves its record
+            try:
+                fn(rank, world)
+                results[key] = "ok"
+            except Exception:
+                results[key] = traceback.format_exc()[-3000:]
+            save()
+    torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_NEVER)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    rank_main(SUITES, LAUNCHES, sys.argv)
+
+
+# ----------------------------------------------------------------------------------------
+# The tests
+
+
+def _names(launch_name):
+    return [f"{m}/{fn.__name__}" for m, suite in LAUNCHES[launch_name] for fn in SUITES[suite]]
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    return launch("two", 2)
+
+
+@pytest.mark.parametrize("name", _names("two"))
+def test_two_ranks(two_ranks, name):
+    assert_check(two_ranks, name)
+
+
+def test_default_backend_is_gloo_and_tpu_dist(two_ranks):
+    for r in (0, 1):
+        assert two_ranks[r]["__backend"] == "cpu:gloo,tpu:tpu_dist", two_ranks[r]
+
+
+@pytest.mark.parametrize("name", _names("four"))
+def test_four_ranks(four_ranks, name):
+    assert_check(four_ranks, name)
+
+
+@pytest.fixture(scope="module")
+def four_ranks():
+    """Four ranks with init_process_group("tpu_dist"): tpu tensors only."""
+    return launch("four", 4, env={"TPU_DIST_TEST_BACKEND": "tpu_dist"})
+
+
+def test_init_process_group_tpu_dist(four_ranks):
+    for r in range(4):
+        assert four_ranks[r]["__backend"] == "tpu_dist", four_ranks[r]
+
+
+def test_visible_chips_pick_each_rank_its_device():
+    """...with the default group made by init_device_mesh("tpu", ...), in DeferAndFuse
+    mode as TPU_DEFER_AND_FUSE=1 sets it."""
+    res = launch("chips", 2, env={"TPU_NUM_DEVICES": "2", "TPU_DIST_TEST_BACKEND": "mesh",
+                                  "TPU_DEFER_AND_FUSE": "1"})
+    assert_check(res, "env/device_ids_and_transport")
+    for r in (0, 1):
+        assert res[r]["__backend"] == "cpu:gloo,tpu:tpu_dist", res[r]
+        assert res[r]["__mode/chips"] == "DEFER_AND_FUSE", res[r]
+
+
+def test_faults_never_hang():
+    """Rank 2 exits after a collective, rank 1 stalls: ranks 0 and 1 raise in time."""
+    res = launch("faults", 3, env={"TPU_DIST_TEST_PG_TIMEOUT": "3"}, timeout=90)
+    assert [res[r]["__rc"] for r in range(3)] == [0, 0, 0], res
+    assert_check(res, "strict/faults", ranks=[0])
+    for r in (1, 2):  # they left mid-check, as planned
+        assert res[r]["strict/faults"] == "running", res[r]

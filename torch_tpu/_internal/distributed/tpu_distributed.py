@@ -1,0 +1,86 @@
+"""Registration of `tpu_dist` and the device ids of a process group (one process per
+device, the torchrun model)."""
+import functools
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from ... import _C
+
+BACKEND = "tpu_dist"
+DEFAULT_BACKEND = "cpu:gloo,tpu:tpu_dist"
+
+
+def create_process_group(store, rank, size, timeout):
+    """The c10d factory: a TpuBackend over its own Gloo group on the same store."""
+    _select_visible_chip()
+    # Own prefix: the cpu Gloo backend of the same group uses this store too.
+    host = dist.ProcessGroupGloo(dist.PrefixStore(f"{BACKEND}/", store), rank, size, timeout)
+    return _C._dist_create_backend(host, os.environ.get("TPU_DIST_TRANSPORT", ""))
+
+
+def _select_visible_chip():
+    """TPU_VISIBLE_CHIPS=k picks tpu:k when this process sees several devices (on a TPU
+    VM libtpu itself then exposes only that chip, as tpu:0)."""
+    chips = os.environ.get("TPU_VISIBLE_CHIPS", "").split(",")
+    if len(chips) == 1 and chips[0].strip().isdigit():
+        k = int(chips[0])
+        if k < torch.tpu.device_count() and torch.tpu.device_count() > 1:
+            torch.tpu.set_device(k)
+
+
+def _default_backend(init):
+    """With no backend (and no device_id), torch would give only the accelerator's
+    backend; give both, as `cpu:gloo,cuda:nccl` is on CUDA machines."""
+
+    @functools.wraps(init)
+    def init_process_group(backend=None, *args, **kwargs):
+        if backend is None and kwargs.get("device_id") is None:
+            backend = DEFAULT_BACKEND
+        init(backend, *args, **kwargs)
+        if BACKEND in str(backend):
+            # torch looks its plugins up by upper-case name in a lower-case map, so a
+            # mixed backend string leaves the default backend unset.
+            pg = dist.group.WORLD
+            pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+
+    init_process_group._tpu_default_backend = True
+    return init_process_group
+
+
+def register():
+    if BACKEND.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND, create_process_group, devices=["tpu"])
+    from torch.distributed import distributed_c10d as c10d
+
+    if not getattr(c10d.init_process_group, "_tpu_default_backend", False):
+        c10d.init_process_group = _default_backend(c10d.init_process_group)
+        dist.init_process_group = c10d.init_process_group
+        # init_device_mesh() initializes the default group through its own import.
+        mesh = sys.modules.get("torch.distributed.device_mesh")
+        if mesh is not None and hasattr(mesh, "init_process_group"):
+            mesh.init_process_group = c10d.init_process_group
+
+
+def transport(group=None) -> str:
+    """Which transport the group's tpu backend uses ("host": host-staged over Gloo)."""
+    pg = group or dist.group.WORLD
+    return _C._dist_transport(pg._get_backend(torch.device("tpu")))
+
+
+def global_device_id() -> int:
+    """This process's device among all processes' devices. One process per device: its
+    rank (without a process group, the current local device)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return torch.tpu.current_device()
+    return dist.get_rank()
+
+
+def all_global_device_ids() -> list:
+    """Every process's device id, in rank order (without a group: the local devices)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return list(range(torch.tpu.device_count()))
+    return list(range(dist.get_world_size()))
