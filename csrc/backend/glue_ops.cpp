@@ -2,6 +2,7 @@
 // resize, copies across devices, reading a scalar back.
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/native/Resize.h>
 #include <ATen/CPUFunctions.h>
 #include <ATen/NativeFunctions.h>
@@ -164,7 +165,11 @@ Operand with_math_bits(const Operand& v, const at::Tensor& src, const at::Tensor
 
 // copy_ across devices and dtypes; tpu->tpu runs one program.
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
-  if (self.numel() == 0) return self;
+  if (self.numel() == 0 || self.is_same(src)) return self;
+  if (self.is_privateuseone()) {  // as CPU's copy_ (a TensorIterator) checks
+    at::assert_no_internal_overlap(self);
+    if (src.is_privateuseone()) at::assert_no_partial_overlap(self, src);
+  }
   return guarded([&]() -> at::Tensor& {
     if (self.is_privateuseone() && src.is_cpu()) {
       // Sent as it is; the device program casts and broadcasts.

@@ -4,12 +4,15 @@
 // StableHLO and compile. In-place and out= variants reuse the functional rule: the
 // program writes the result into the mutated tensor's storage.
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <torch/library.h>
 
 #include <cstring>
 #include <deque>
+#include <functional>
+#include <set>
 #include <unordered_map>
 
 #include "backend/device.h"
@@ -38,7 +41,26 @@ struct OpInfo {
   std::vector<bool> is_scalar;   // `Scalar` / `Scalar[]` args: runtime operands
   int generator_arg = -1;
   bool is_out = false;
+  bool check_internal_overlap = true;  // of a written arg (CPU's TensorIterator check)
+  bool check_input_overlap = true;     // between a written arg and a read one
 };
+
+// Ops whose CPU kernels accept a written tensor with internal overlap (fills, which
+// write one value, and reductions) or one partially overlapping an input (contractions
+// and softmax compute into a temporary; reductions; fills read no tensor).
+bool cpu_allows_internal_overlap(const std::string& base) {
+  static const std::set<std::string> ops = {
+      "fill", "zero", "masked_fill", "index_fill", "tril", "triu", "index_put", "_index_put_impl",
+      "sum", "nansum", "mean", "prod", "amax", "amin", "all", "any", "logsumexp", "norm",
+      "linalg_vector_norm", "std", "var"};
+  return ops.count(base) > 0;
+}
+bool cpu_allows_input_overlap(const std::string& base) {
+  static const std::set<std::string> ops = {
+      "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul",
+      "_softmax", "_log_softmax", "masked_fill", "index_fill", "fill", "zero"};
+  return cpu_allows_internal_overlap(base) || ops.count(base) > 0;
+}
 
 std::string op_key_name(const c10::OperatorName& n) {
   std::string s = n.name.substr(n.name.find("::") + 2);
@@ -589,12 +611,40 @@ std::unordered_map<c10::OperatorName, OpInfo>& infos() {
 std::mutex g_plans_mu;
 std::unordered_map<std::string, std::shared_ptr<Plan>> g_plans;
 
+void for_each_tensor(const IValue& v, const std::function<void(const at::Tensor&)>& f) {
+  if (v.isTensor()) f(v.toTensor());
+  else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) f(t);
+  else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType)
+    for (const std::optional<at::Tensor>& o : v.toOptionalTensorList()) if (o.has_value()) f(*o);
+}
+
+// In-place and out= writes whose destination overlaps itself or an input raise as
+// CPU's TensorIterator does (full overlap, x.add_(x), is fine).
+void check_overlaps(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  std::vector<bool> written(info.num_args, false);
+  for (int a : info.mutated) written[a] = true;
+  for (int a : info.mutated) {
+    for_each_tensor(args[a], [&](const at::Tensor& out) {
+      if (!out.defined() || out.is_cpu()) return;
+      if (info.check_internal_overlap) at::assert_no_internal_overlap(out);
+      if (!info.check_input_overlap) return;
+      for (int i = 0; i < info.num_args; ++i) {
+        if (written[i]) continue;
+        for_each_tensor(args[i], [&](const at::Tensor& in) {
+          if (in.defined() && !in.is_cpu()) at::assert_no_partial_overlap(out, in);
+        });
+      }
+    });
+  }
+}
+
 void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   auto found = infos().find(op.operator_name());
   TORCH_INTERNAL_ASSERT(found != infos().end(), "no lowering registered for ", op.operator_name());
   const OpInfo& info = found->second;
   auto args = torch::jit::last(*stack, info.num_args);
   metrics().op_calls += 1;
+  if (!info.mutated.empty()) check_overlaps(info, args);
 
   // out=: PyTorch's meta kernel decides the out shapes; resize ours to match first.
   std::vector<at::Tensor> meta_outs;
@@ -805,6 +855,10 @@ int register_lowered_kernels() {
           a.type()->cast<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)
         info.generator_arg = static_cast<int>(i);
     }
+    std::string base = name.name.substr(6);
+    if (!base.empty() && base.back() == '_') base.pop_back();
+    info.check_internal_overlap = !cpu_allows_internal_overlap(base);
+    info.check_input_overlap = !cpu_allows_input_overlap(base);
     // Rules index the functional op's arguments: out= args come last, so they line up.
     infos().emplace(name, info);
     // torch::Library keeps the name pointer: give it storage that lives as long.
