@@ -30,6 +30,92 @@ def _same_as_cpu(fn, match=None):
     return cpu_err
 
 
+# ---- item 1: invalid values raise like CPU ---------------------------------------
+
+def _t(v, d, **k):
+    return torch.tensor(v, device=d, **k)
+
+
+def _x(d):
+    return torch.linspace(-1.0, 1.0, 12, device=d).view(4, 3)
+
+
+VALUES = {
+    "cross_entropy": lambda d: F.cross_entropy(_x(d), _t([0, 3, 1, 7], d)),
+    "cross_entropy_negative": lambda d: F.cross_entropy(_x(d), _t([0, -2, 1, 1], d)),
+    "cross_entropy_none": lambda d: F.cross_entropy(_x(d), _t([0, 3, 1, 1], d), reduction="none"),
+    "cross_entropy_smoothing": lambda d: F.cross_entropy(_x(d), _t([0, 3, 1, 1], d), label_smoothing=0.1),
+    "nll_loss_1d": lambda d: F.nll_loss(_x(d)[0], _t(5, d)),
+    "nll_loss2d": lambda d: F.nll_loss(_x(d).view(1, 3, 2, 2), _t([[[0, 1], [3, 2]]], d)),
+    "multi_margin_loss": lambda d: F.multi_margin_loss(_x(d), _t([0, 3, 1, 2], d)),
+    "multilabel_margin_loss": lambda d: F.multilabel_margin_loss(_x(d), _t([[0, 3, -1]] * 4, d)),
+    "bce_input_above_1": lambda d: F.binary_cross_entropy(_t([0.5, 1.5], d), _t([0.0, 1.0], d)),
+    "bce_input_nan": lambda d: F.binary_cross_entropy(_t([0.5, float("nan")], d), _t([0.0, 1.0], d)),
+    "bce_target_above_1": lambda d: F.binary_cross_entropy(_t([0.5, 0.5], d), _t([0.0, 2.0], d)),
+    "uniform_reversed": lambda d: torch.empty(3, device=d).uniform_(2, 1),
+    "uniform_infinite": lambda d: torch.empty(3, device=d).uniform_(0, float("inf")),
+    "bernoulli_float_p": lambda d: torch.empty(3, device=d).bernoulli_(1.5),
+    "bernoulli_tensor_p": lambda d: torch.empty(3, device=d).bernoulli_(_t([0.5, 1.5, 0.0], d)),
+    "bernoulli_probs": lambda d: torch.bernoulli(_t([0.5, -0.5, 0.0], d)),
+    "normal_negative_std": lambda d: torch.normal(torch.zeros(3, device=d), _t([1.0, -1.0, 1.0], d)),
+    "pow_int_negative": lambda d: _t([1, 2, 3], d) ** -1,
+    "pow_int_negative_inplace": lambda d: _t([1, 2, 3], d).pow_(-2),
+    "lerp_int": lambda d: torch.lerp(_t([1, 2], d), _t([3, 4], d), 0.5),
+    "lerp_int_tensor_weight": lambda d: torch.lerp(_t([1, 2], d), _t([3, 4], d), _t([1, 0], d)),
+    "floor_divide_int_zero": lambda d: _t([1, 2], d) // _t([0, 1], d),
+    "remainder_int_zero": lambda d: _t([1, 2], d) % 0,
+    "fmod_int_zero": lambda d: torch.fmod(_t([1, 2], d), _t([1, 0], d)),
+    "div_trunc_int_zero": lambda d: torch.div(_t([1, 2], d), _t([0, 1], d), rounding_mode="trunc"),
+    "softmax_int": lambda d: torch.softmax(_t([1, 2], d), 0),
+    "log_softmax_int": lambda d: torch.log_softmax(_t([1, 2], d), 0),
+    "gelu_int": lambda d: F.gelu(_t([1, 2], d)),
+    "silu_int": lambda d: F.silu(_t([1, 2], d)),
+    "relu_bool": lambda d: torch.relu(_t([True, False], d)),
+    "smooth_l1_negative_beta": lambda d: F.smooth_l1_loss(_t([1.0], d), _t([2.0], d), beta=-1.0),
+    "gather": lambda d: torch.gather(_x(d), 1, _t([[0, 3]], d)),
+    "scatter_": lambda d: _x(d).scatter_(1, _t([[0, 3]], d), 1.0),
+    "scatter_add_": lambda d: _x(d).scatter_add_(1, _t([[0, 3]], d), _x(d)),
+    "index_add_": lambda d: _x(d).index_add_(1, _t([0, 3], d), _x(d)[:, :2]),
+    "embedding_bag": lambda d: F.embedding_bag(_t([3], d), _x(d)[:3], _t([0], d)),
+    "searchsorted_sorter": lambda d: torch.searchsorted(_t([1.0, 2.0, 3.0], d), _t([2.0], d), sorter=_t([0, 1, 5], d)),
+    "one_hot": lambda d: F.one_hot(_t([0, 5], d), 3),
+}
+
+MODES = {"strict": torch_tpu.EagerMode.DEFER_NEVER, "debug": torch_tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
+         "fused": torch_tpu.EagerMode.DEFER_AND_FUSE}
+
+
+@pytest.mark.parametrize("name", sorted(VALUES))
+def test_invalid_value_raises_like_cpu(name):
+    kept = torch.arange(3.0, device="tpu")
+    _same_as_cpu(VALUES[name])
+    assert kept.cpu().tolist() == [0.0, 1.0, 2.0]  # the process and tensors stay usable
+    assert (kept * 2).cpu().tolist() == [0.0, 2.0, 4.0]
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("name", ["cross_entropy", "bce_input_above_1", "bernoulli_tensor_p", "pow_int_negative",
+                                  "floor_divide_int_zero", "multi_margin_loss"])
+def test_value_checks_in_every_mode(name, mode):
+    with torch_tpu.set_eager_mode(MODES[mode]):
+        err = _same_as_cpu(VALUES[name])
+    assert err is not None
+
+
+def test_loss_target_errors_name_the_op_and_ignore_index_still_works():
+    x, t = _x("tpu"), _t([0, 3, 1, 7], "tpu")
+    with pytest.raises(IndexError, match=r"nll_loss.*Target out of bounds.*0 to 2"):
+        F.cross_entropy(x, t).cpu()
+    for kw in ({"ignore_index": 7}, {"ignore_index": 3}):  # out of range but ignored: fine
+        ok = torch.tensor([0, kw["ignore_index"], 1, 2])
+        torch.testing.assert_close(F.cross_entropy(x, ok.to("tpu"), **kw).cpu(), F.cross_entropy(x.cpu(), ok, **kw))
+    ok = torch.tensor([0, -100, 1, 2])
+    torch.testing.assert_close(F.cross_entropy(x, ok.to("tpu"), reduction="none").cpu(),
+                               F.cross_entropy(x.cpu(), ok, reduction="none"))
+    with pytest.raises(RuntimeError, match="binary_cross_entropy: all elements of input"):
+        F.binary_cross_entropy(_t([0.5, 1.5], "tpu"), _t([0.0, 1.0], "tpu")).item()
+
+
 # ---- item 2: overlapping writes ------------------------------------------------------
 
 def _ar(n, d):

@@ -666,10 +666,12 @@ OOB_CASES = {
 
 
 @pytest.mark.parametrize("op", sorted(OOB_CASES))
-def test_out_of_range_index_is_an_index_error_naming_the_op(op):
+def test_out_of_range_index_is_an_error_naming_the_op(op):
     x = torch.arange(10.0, device="tpu")
     bad = torch.tensor([1, 11], device="tpu")
-    with pytest.raises(IndexError, match=r"out of (bounds|range).*(size 10|0 to 4)"):
+    with pytest.raises(Exception) as on_cpu:  # CPU's type: IndexError, or RuntimeError (gather & co.)
+        OOB_CASES[op](x.cpu(), bad.cpu())
+    with pytest.raises(on_cpu.type, match=r"out of (bounds|range).*(size 10|0 to 4)"):
         OOB_CASES[op](x, bad).cpu()
     # reported once; the process and the inputs are unharmed
     torch.tpu.synchronize()

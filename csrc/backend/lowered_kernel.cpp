@@ -548,6 +548,11 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
   try {
     if (!rule) throw lowering::Unsupported("no lowering for real arguments");
     results = (*rule)(ctx);
+  } catch (const lowering::DtypeNotImplemented& e) {
+    c10::ScalarType st = c10::ScalarType::Undefined;
+    for (int i = 0; i < info.num_args && st == c10::ScalarType::Undefined; ++i)
+      if (args[i].isTensor() && args[i].toTensor().defined()) st = args[i].toTensor().scalar_type();
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "\"", e.what(), "\" not implemented for '", c10::toString(st), "'");
   } catch (const lowering::Unsupported& e) {
     plan->fallback = true;
     plan->fallback_reason = e.what();
