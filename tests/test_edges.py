@@ -172,3 +172,95 @@ def test_aliased_out_of_a_contraction_computes_the_product():
     s = torch.zeros(1, device="tpu").expand(2)
     torch.sum(torch.ones(2, 2, device="tpu"), 0, out=s)
     assert s.cpu().tolist() == [2.0, 2.0]
+
+
+# ---- item 3: memory formats and layouts --------------------------------------------
+
+def _cl(d):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(2, 3, 4, 5, generator=g).to(memory_format=torch.channels_last).to(d)
+
+
+def _tr(d):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(3, 4, generator=g).t().to(d)
+
+
+def _w(d):
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(6, 3, 3, 3, generator=g).to(memory_format=torch.channels_last).to(d)
+
+
+def _conv_grads(d):
+    x, w = _cl(d).requires_grad_(), _w(d).requires_grad_()
+    F.conv2d(x, w, padding=1).sum().backward()
+    return x.grad, w.grad
+
+
+LAYOUTS = {
+    "to_device": lambda d: _cl("cpu").to(d),
+    "to_device_transposed": lambda d: _tr("cpu").to(d),
+    "to_dtype": lambda d: _cl(d).to(torch.float16),
+    "to_cpu": lambda d: _cl(d).cpu(),
+    "clone": lambda d: _cl(d).clone(),
+    "clone_transposed": lambda d: _tr(d).clone(),
+    "clone_channels_last": lambda d: _cl(d).contiguous().clone(memory_format=torch.channels_last),
+    "relu": lambda d: _cl(d).relu(),
+    "sigmoid": lambda d: _cl(d).sigmoid(),
+    "gelu": lambda d: F.gelu(_cl(d)),
+    "add": lambda d: _cl(d) + _cl(d),
+    "add_scalar": lambda d: _cl(d) + 1,
+    "mul_broadcast": lambda d: _cl(d) * torch.arange(5.0, device=d),
+    "where": lambda d: torch.where(_cl(d) > 0, _cl(d), 0.0),
+    "clamp": lambda d: _cl(d).clamp(0),
+    "transposed_add": lambda d: _tr(d) + 1,
+    "transposed_mul": lambda d: _tr(d) * _tr(d),
+    "conv2d": lambda d: F.conv2d(_cl(d), _w(d), padding=1),
+    "conv2d_input_cl_only": lambda d: F.conv2d(_cl(d), _w(d).contiguous(), padding=1),
+    "conv2d_grad_input": lambda d: _conv_grads(d)[0],
+    "conv2d_grad_weight": lambda d: _conv_grads(d)[1],
+    "batch_norm": lambda d: F.batch_norm(_cl(d), torch.zeros(3, device=d), torch.ones(3, device=d), training=True),
+    "max_pool2d": lambda d: F.max_pool2d(_cl(d), 2),
+    "avg_pool2d": lambda d: F.avg_pool2d(_cl(d), 2),
+    "adaptive_avg_pool2d": lambda d: F.adaptive_avg_pool2d(_cl(d), 1),
+    "interpolate": lambda d: F.interpolate(_cl(d), scale_factor=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_layout_matches_cpu(name):
+    cpu, tpu = LAYOUTS[name]("cpu"), LAYOUTS[name]("tpu")
+    assert tpu.stride() == cpu.stride(), f"{name}: tpu {tpu.stride()} cpu {cpu.stride()}"
+    torch.testing.assert_close(tpu.cpu(), cpu, atol=1e-4, rtol=1e-4)
+
+
+def test_empty_like_and_to_copy_keep_the_layout():
+    x = _cl("tpu")
+    assert torch.empty_like(x).stride() == x.stride()
+    assert torch.empty_like(x, memory_format=torch.contiguous_format).is_contiguous()
+    y = x[:, :, ::2]  # not dense: the suggested format, as CPU
+    assert y.to(torch.float64).stride() == y.cpu().to(torch.float64).stride()
+    assert x.to(torch.float64).is_contiguous(memory_format=torch.channels_last)
+    # asked-for contiguity, and ops CPU returns contiguous from channels_last inputs
+    for f in (lambda t: t.contiguous(), lambda t: t.clone(memory_format=torch.contiguous_format),
+              lambda t: t.softmax(1), lambda t: t.sum(1, keepdim=True), lambda t: F.layer_norm(t, (5,))):
+        assert f(x).stride() == f(x.cpu()).stride()
+
+
+def test_signed_zeros_and_out_of_range_casts():
+    a, b = torch.tensor([-0.0, 0.0]), torch.tensor([0.0, -0.0])
+    for f in (torch.maximum, torch.minimum, torch.fmax, torch.fmin):  # the first operand on ties, as CPU
+        assert f(a.to("tpu"), b.to("tpu")).cpu().tolist() == f(a, b).tolist()
+        assert torch.equal(torch.signbit(f(a.to("tpu"), b.to("tpu")).cpu()), torch.signbit(f(a, b)))
+    # A max/min reduction over +-0 returns the first of the equal zeros; CPU's vectorized
+    # kernel's choice depends on its lane order (unspecified, IEEE allows either).
+    assert torch.signbit(a.to("tpu").max().cpu()).item() is True
+    assert torch.signbit(b.to("tpu").max().cpu()).item() is False
+    # Float -> int8/int32 of values outside the target's range: CPU's result is C++
+    # undefined behaviour (x86 truncates through int32: 300 -> 44, 1e10 -> 0); tpu keeps
+    # XLA's saturating conversion, as CUDA's converting instructions do. NaN -> 0.
+    v = torch.tensor([300.0, -300.0, 127.9, -128.9, 1e10, float("nan"), float("inf")])
+    assert v.to("tpu").to(torch.int8).cpu().tolist() == [127, -128, 127, -128, 127, 0, 127]
+    assert v.to("tpu").to(torch.int32).cpu().tolist()[4:] == [2**31 - 1, 0, 2**31 - 1]
+    ok = torch.tensor([100.7, -100.7, 0.5])  # in range: truncation toward zero, as CPU
+    assert v.new_tensor(ok).to("tpu").to(torch.int8).cpu().tolist() == ok.to(torch.int8).tolist()

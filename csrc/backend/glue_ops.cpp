@@ -221,7 +221,15 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
                    std::optional<bool> pin, bool non_blocking, std::optional<c10::MemoryFormat> mf) {
   c10::Device dev = device.value_or(self.device());
   at::TensorOptions opts = self.options().dtype(dtype.value_or(self.scalar_type())).device(dev);
-  at::Tensor out = at::empty(self.sizes(), opts);
+  // The layout as CPU/CUDA keep it: preserve_format copies the strides of a
+  // non-overlapping and dense tensor, else the suggested (or asked) memory format.
+  c10::MemoryFormat format = mf.value_or(c10::MemoryFormat::Preserve);
+  at::Tensor out;
+  if (format == c10::MemoryFormat::Preserve && self.is_non_overlapping_and_dense())
+    out = at::empty_strided(self.sizes(), self.strides(), opts);
+  else
+    out = at::empty(self.sizes(), opts.memory_format(format == c10::MemoryFormat::Preserve
+                                                         ? self.suggest_memory_format() : format));
   out.copy_(self, non_blocking);
   return out;
 }

@@ -87,7 +87,8 @@ struct OutSpec {
   int arg, elem;
   c10::ScalarType dtype;
   std::vector<int64_t> sizes;
-  bool undefined = false;  // an output PyTorch leaves undefined (backward output_mask)
+  bool undefined = false;
+  std::vector<int64_t> strides;  // a new tensor's layout from the meta kernel; empty: contiguous  // an output PyTorch leaves undefined (backward output_mask)
 };
 
 struct Plan {
@@ -528,6 +529,19 @@ bool involves_complex(c10::ArrayRef<IValue> args, const std::vector<ir::Type>& o
   return false;
 }
 
+// The memory format of an op whose meta kernel always answers contiguous while CPU's
+// and CUDA's kernels follow their inputs: convolutions are channels_last when the input
+// or the weight is (their outputs of the input's rank take it).
+std::optional<c10::MemoryFormat> cpu_layout(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  int in = info.name == "convolution" ? 0 : info.name == "convolution_backward" ? 1 : -1;
+  if (in < 0 || !args[in].isTensor() || !args[in + 1].isTensor()) return std::nullopt;
+  const at::Tensor& x = args[in].toTensor();
+  const at::Tensor& w = args[in + 1].toTensor();
+  for (auto f : {c10::MemoryFormat::ChannelsLast, c10::MemoryFormat::ChannelsLast3d})
+    if (x.suggest_memory_format() == f || w.suggest_memory_format() == f) return f;
+  return std::nullopt;
+}
+
 std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& info,
                                  c10::ArrayRef<IValue> args, const KeyState& k,
                                  const std::vector<at::Tensor>& meta_outs) {
@@ -568,6 +582,7 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
     return b.reshape(b.convert(v, want.dtype), want.shape);
   };
   if (info.mutated.empty()) {
+    std::optional<c10::MemoryFormat> layout = cpu_layout(info, args);
     for (size_t r = 0; r < meta_outs.size(); ++r, ++j) {
       if (!meta_outs[r].defined()) {
         OutSpec u{false, -1, -1, c10::ScalarType::Undefined, {}};
@@ -575,9 +590,22 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
         plan->outs.push_back(u);
         continue;
       }
-      program_results.push_back(fit(results[j], out_types[j]));
-      plan->outs.push_back({false, -1, -1, meta_outs[r].scalar_type(),
-                            std::vector<int64_t>(meta_outs[r].sizes().begin(), meta_outs[r].sizes().end())});
+      at::Tensor m = meta_outs[r];
+      if (layout && m.dim() == (*layout == c10::MemoryFormat::ChannelsLast ? 4 : 5))
+        m = at::empty(m.sizes(), m.options().memory_format(*layout));
+      Value v = fit(results[j], out_types[j]);
+      OutSpec spec{false, -1, -1, m.scalar_type(), std::vector<int64_t>(m.sizes().begin(), m.sizes().end())};
+      // The layout PyTorch's meta kernel gives (channels_last in, channels_last out;
+      // preserve_format): the program stores the values in that order, as CPU/CUDA do.
+      if (m.numel() > 0 && m.is_non_overlapping_and_dense()) {
+        std::vector<int64_t> order = physical_order(m.sizes(), m.strides());
+        if (!order.empty()) {
+          v = b.transpose(v, order);
+          spec.strides.assign(m.strides().begin(), m.strides().end());
+        }
+      }
+      program_results.push_back(v);
+      plan->outs.push_back(spec);
     }
   } else {
     for (int a : info.mutated) {
@@ -761,7 +789,8 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
       note_replacement(results[next_result], sd.value);
       sd.value = results[next_result++];
     } else {
-      fresh.push_back(wrap_value(results[next_result++], o.dtype, o.sizes, k.device));
+      fresh.push_back(o.strides.empty() ? wrap_value(results[next_result++], o.dtype, o.sizes, k.device)
+                                        : wrap_value(results[next_result++], o.dtype, o.sizes, o.strides, k.device));
     }
   }
 
