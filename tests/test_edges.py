@@ -11,8 +11,7 @@ def _outcome(fn, device):
     """(exception type, message) or (None, result on CPU) of fn(device), synchronized."""
     try:
         r = fn(device)
-        if isinstance(r, torch.Tensor):
-            r = r.cpu()
+        r = tuple(t.cpu() for t in r) if isinstance(r, tuple) else r.cpu() if isinstance(r, torch.Tensor) else r
         torch_tpu.synchronize()
         return None, r
     except Exception as e:  # noqa: BLE001 - the type is what is compared
@@ -135,6 +134,7 @@ OVERLAP = {
     "clamp_tensor_": lambda d: (lambda a: (a[1:5].clamp_(a[:4]), a)[1])(_ar(6, d)),
     "gather_out": lambda d: (lambda a: (torch.gather(a[:4], 0, torch.tensor([0, 1], device=d), out=a[1:3]), a)[1])(_ar(6, d)),
     "scatter_": lambda d: (lambda a: (a[1:5].scatter_(0, torch.tensor([0, 1], device=d), a[:2]), a)[1])(_ar(6, d)),
+    "foreach_add_": lambda d: (lambda a: (torch._foreach_add_([a[1:], a[:2]], [a[:-1], a[4:6]]), a)[1])(_ar(8, d)),
     "expand_uniform_": lambda d: _ar(4, d).expand(3, 4).uniform_(),
     "expand_index_add_": lambda d: _ar(4, d).expand(3, 4).index_add_(1, torch.tensor([0], device=d), torch.ones(3, 1, device=d)),
 }
@@ -146,6 +146,13 @@ ALLOWED = {  # CPU accepts these: same result
     "expand_zero_": lambda d: (lambda x: (x.expand(3, 4).zero_(), x)[1])(_ar(4, d)),
     "expand_masked_fill_": lambda d: (lambda x: (x.expand(3, 4).masked_fill_(
         torch.tensor([True, False, True, False], device=d), 5.), x)[1])(_ar(4, d)),
+    "expand_index_put_": lambda d: (lambda x: (x.expand(3, 4).index_put_((torch.tensor([0], device=d),),
+                                                                         torch.tensor(7.0, device=d)), x)[1])(_ar(4, d)),
+    "expand_masked_fill_one": lambda d: (lambda x: (x.expand(3, 4).masked_fill_(
+        torch.eye(3, 4, dtype=torch.bool, device=d)[1:2].expand(3, 4) & (torch.arange(3, device=d) == 1)[:, None], 5.),
+        x)[1])(_ar(4, d)),
+    "foreach_cross_pairs": lambda d: (lambda a, b: (torch._foreach_add_([b[:4], a[2:6]], [a[:4], b[4:]]), a, b)[1:])(
+        _ar(8, d), _ar(8, d)),
     "disjoint_add_": lambda d: (lambda x: (x[4:].add_(x[:4]), x)[1])(_ar(8, d)),
 }
 

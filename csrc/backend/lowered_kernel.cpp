@@ -11,7 +11,6 @@
 
 #include <cstring>
 #include <deque>
-#include <functional>
 #include <set>
 #include <unordered_map>
 
@@ -644,30 +643,37 @@ std::unordered_map<c10::OperatorName, OpInfo>& infos() {
 std::mutex g_plans_mu;
 std::unordered_map<std::string, std::shared_ptr<Plan>> g_plans;
 
-void for_each_tensor(const IValue& v, const std::function<void(const at::Tensor&)>& f) {
-  if (v.isTensor()) f(v.toTensor());
-  else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) f(t);
+// The tensors of a Tensor, Tensor[] or Tensor?[] argument, with their list positions.
+std::vector<at::Tensor> tensors_of(const IValue& v) {
+  std::vector<at::Tensor> out;
+  if (v.isTensor()) out.push_back(v.toTensor());
+  else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) out.push_back(t);
   else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType)
-    for (const std::optional<at::Tensor>& o : v.toOptionalTensorList()) if (o.has_value()) f(*o);
+    for (const std::optional<at::Tensor>& o : v.toOptionalTensorList()) out.push_back(o.value_or(at::Tensor()));
+  return out;
 }
 
 // In-place and out= writes whose destination overlaps itself or an input raise as
-// CPU's TensorIterator does (full overlap, x.add_(x), is fine).
+// CPU's TensorIterator does (full overlap, x.add_(x), is fine). Lists of the same length
+// (foreach ops) pair up element by element, as their per-tensor loops do.
 void check_overlaps(const OpInfo& info, c10::ArrayRef<IValue> args) {
   std::vector<bool> written(info.num_args, false);
   for (int a : info.mutated) written[a] = true;
+  auto on_tpu = [](const at::Tensor& t) { return t.defined() && !t.is_cpu(); };
   for (int a : info.mutated) {
-    for_each_tensor(args[a], [&](const at::Tensor& out) {
-      if (!out.defined() || out.is_cpu()) return;
-      if (info.check_internal_overlap) at::assert_no_internal_overlap(out);
-      if (!info.check_input_overlap) return;
+    std::vector<at::Tensor> outs = tensors_of(args[a]);
+    for (size_t e = 0; e < outs.size(); ++e) {
+      if (!on_tpu(outs[e])) continue;
+      if (info.check_internal_overlap) at::assert_no_internal_overlap(outs[e]);
+      if (!info.check_input_overlap) continue;
       for (int i = 0; i < info.num_args; ++i) {
         if (written[i]) continue;
-        for_each_tensor(args[i], [&](const at::Tensor& in) {
-          if (in.defined() && !in.is_cpu()) at::assert_no_partial_overlap(out, in);
-        });
+        std::vector<at::Tensor> ins = tensors_of(args[i]);
+        bool paired = args[a].isList() && ins.size() == outs.size();
+        for (size_t k = 0; k < ins.size(); ++k)
+          if ((!paired || k == e) && on_tpu(ins[k])) at::assert_no_partial_overlap(outs[e], ins[k]);
       }
-    });
+    }
   }
 }
 
