@@ -86,8 +86,8 @@ struct OutSpec {
   int arg, elem;
   c10::ScalarType dtype;
   std::vector<int64_t> sizes;
-  bool undefined = false;
-  std::vector<int64_t> strides;  // a new tensor's layout from the meta kernel; empty: contiguous  // an output PyTorch leaves undefined (backward output_mask)
+  bool undefined = false;  // an output PyTorch leaves undefined (backward output_mask)
+  std::vector<int64_t> strides;  // a new tensor's layout from the meta kernel; empty: contiguous
 };
 
 struct Plan {
@@ -643,7 +643,7 @@ std::unordered_map<c10::OperatorName, OpInfo>& infos() {
 std::mutex g_plans_mu;
 std::unordered_map<std::string, std::shared_ptr<Plan>> g_plans;
 
-// The tensors of a Tensor, Tensor[] or Tensor?[] argument, with their list positions.
+// The tensors of a Tensor, Tensor[] or Tensor?[] argument, in list order.
 std::vector<at::Tensor> tensors_of(const IValue& v) {
   std::vector<at::Tensor> out;
   if (v.isTensor()) out.push_back(v.toTensor());
