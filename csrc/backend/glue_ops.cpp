@@ -2,6 +2,7 @@
 // resize, copies across devices, reading a scalar back.
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/native/Resize.h>
 #include <ATen/CPUFunctions.h>
 #include <ATen/NativeFunctions.h>
@@ -164,7 +165,11 @@ Operand with_math_bits(const Operand& v, const at::Tensor& src, const at::Tensor
 
 // copy_ across devices and dtypes; tpu->tpu runs one program.
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
-  if (self.numel() == 0) return self;
+  if (self.numel() == 0 || self.is_same(src)) return self;
+  if (self.is_privateuseone()) {  // as CPU's copy_ (a TensorIterator) checks
+    at::assert_no_internal_overlap(self);
+    if (src.is_privateuseone()) at::assert_no_partial_overlap(self, src);
+  }
   return guarded([&]() -> at::Tensor& {
     if (self.is_privateuseone() && src.is_cpu()) {
       // Sent as it is; the device program casts and broadcasts.
@@ -216,7 +221,15 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
                    std::optional<bool> pin, bool non_blocking, std::optional<c10::MemoryFormat> mf) {
   c10::Device dev = device.value_or(self.device());
   at::TensorOptions opts = self.options().dtype(dtype.value_or(self.scalar_type())).device(dev);
-  at::Tensor out = at::empty(self.sizes(), opts);
+  // The layout as CPU/CUDA keep it: preserve_format copies the strides of a
+  // non-overlapping and dense tensor, else the suggested (or asked) memory format.
+  c10::MemoryFormat format = mf.value_or(c10::MemoryFormat::Preserve);
+  at::Tensor out;
+  if (format == c10::MemoryFormat::Preserve && self.is_non_overlapping_and_dense())
+    out = at::empty_strided(self.sizes(), self.strides(), opts);
+  else
+    out = at::empty(self.sizes(), opts.memory_format(format == c10::MemoryFormat::Preserve
+                                                         ? self.suggest_memory_format() : format));
   out.copy_(self, non_blocking);
   return out;
 }

@@ -4,6 +4,7 @@
 // StableHLO and compile. In-place and out= variants reuse the functional rule: the
 // program writes the result into the mutated tensor's storage.
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <torch/library.h>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <set>
 #include <unordered_map>
 
 #include "backend/device.h"
@@ -39,7 +41,26 @@ struct OpInfo {
   std::vector<bool> is_scalar;   // `Scalar` / `Scalar[]` args: runtime operands
   int generator_arg = -1;
   bool is_out = false;
+  bool check_internal_overlap = true;  // of a written arg (CPU's TensorIterator check)
+  bool check_input_overlap = true;     // between a written arg and a read one
 };
+
+// Ops whose CPU kernels accept a written tensor with internal overlap (fills, which
+// write one value, and reductions) or one partially overlapping an input (contractions
+// and softmax compute into a temporary; reductions; fills read no tensor).
+bool cpu_allows_internal_overlap(const std::string& base) {
+  static const std::set<std::string> ops = {
+      "fill", "zero", "masked_fill", "index_fill", "tril", "triu", "index_put", "_index_put_impl",
+      "sum", "nansum", "mean", "prod", "amax", "amin", "all", "any", "logsumexp", "norm",
+      "linalg_vector_norm", "std", "var"};
+  return ops.count(base) > 0;
+}
+bool cpu_allows_input_overlap(const std::string& base) {
+  static const std::set<std::string> ops = {
+      "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul",
+      "_softmax", "_log_softmax", "masked_fill", "index_fill", "fill", "zero"};
+  return cpu_allows_internal_overlap(base) || ops.count(base) > 0;
+}
 
 std::string op_key_name(const c10::OperatorName& n) {
   std::string s = n.name.substr(n.name.find("::") + 2);
@@ -67,6 +88,7 @@ struct OutSpec {
   c10::ScalarType dtype;
   std::vector<int64_t> sizes;
   bool undefined = false;  // an output PyTorch leaves undefined (backward output_mask)
+  std::vector<int64_t> strides;  // a new tensor's layout from the meta kernel; empty: contiguous
 };
 
 struct Plan {
@@ -554,6 +576,19 @@ bool involves_complex(c10::ArrayRef<IValue> args, const std::vector<ir::Type>& o
   return false;
 }
 
+// The memory format of an op whose meta kernel always answers contiguous while CPU's
+// and CUDA's kernels follow their inputs: convolutions are channels_last when the input
+// or the weight is (their outputs of the input's rank take it).
+std::optional<c10::MemoryFormat> cpu_layout(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  int in = info.name == "convolution" ? 0 : info.name == "convolution_backward" ? 1 : -1;
+  if (in < 0 || !args[in].isTensor() || !args[in + 1].isTensor()) return std::nullopt;
+  const at::Tensor& x = args[in].toTensor();
+  const at::Tensor& w = args[in + 1].toTensor();
+  for (auto f : {c10::MemoryFormat::ChannelsLast, c10::MemoryFormat::ChannelsLast3d})
+    if (x.suggest_memory_format() == f || w.suggest_memory_format() == f) return f;
+  return std::nullopt;
+}
+
 std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& info,
                                  c10::ArrayRef<IValue> args, const KeyState& k,
                                  const std::vector<at::Tensor>& meta_outs) {
@@ -581,11 +616,21 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
   try {
     if (!rule) throw lowering::Unsupported("no lowering for real arguments");
     if (all_empty) {
+      // The rule still runs, on a scratch program, for the argument checks it makes.
+      ir::Builder scratch_b;
+      Plan scratch_plan;
+      KernelCtx scratch(scratch_b, info, args, scratch_plan, out_types, k.has_f64);
+      (void)(*rule)(scratch);
       for (const ir::Type& t : out_types)
         results.push_back(t.dtype == DType::Invalid ? b.constant(0, DType::F32) : b.constant(0, t.dtype, t.shape));
     } else {
       results = (*rule)(ctx);
     }
+  } catch (const lowering::DtypeNotImplemented& e) {
+    c10::ScalarType st = c10::ScalarType::Undefined;
+    for (int i = 0; i < info.num_args && st == c10::ScalarType::Undefined; ++i)
+      if (args[i].isTensor() && args[i].toTensor().defined()) st = args[i].toTensor().scalar_type();
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "\"", e.what(), "\" not implemented for '", c10::toString(st), "'");
   } catch (const lowering::Unsupported& e) {
     plan->fallback = true;
     plan->fallback_reason = e.what();
@@ -603,6 +648,7 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
     return b.reshape(b.convert(v, want.dtype), want.shape);
   };
   if (info.mutated.empty()) {
+    std::optional<c10::MemoryFormat> layout = cpu_layout(info, args);
     for (size_t r = 0; r < meta_outs.size(); ++r, ++j) {
       if (!meta_outs[r].defined()) {
         OutSpec u{false, -1, -1, c10::ScalarType::Undefined, {}};
@@ -610,9 +656,22 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
         plan->outs.push_back(u);
         continue;
       }
-      program_results.push_back(fit(results[j], out_types[j]));
-      plan->outs.push_back({false, -1, -1, meta_outs[r].scalar_type(),
-                            std::vector<int64_t>(meta_outs[r].sizes().begin(), meta_outs[r].sizes().end())});
+      at::Tensor m = meta_outs[r];
+      if (layout && m.dim() == (*layout == c10::MemoryFormat::ChannelsLast ? 4 : 5))
+        m = at::empty(m.sizes(), m.options().memory_format(*layout));
+      Value v = fit(results[j], out_types[j]);
+      OutSpec spec{false, -1, -1, m.scalar_type(), std::vector<int64_t>(m.sizes().begin(), m.sizes().end())};
+      // The layout PyTorch's meta kernel gives (channels_last in, channels_last out;
+      // preserve_format): the program stores the values in that order, as CPU/CUDA do.
+      if (m.numel() > 0 && m.is_non_overlapping_and_dense()) {
+        std::vector<int64_t> order = physical_order(m.sizes(), m.strides());
+        if (!order.empty()) {
+          v = b.transpose(v, order);
+          spec.strides.assign(m.strides().begin(), m.strides().end());
+        }
+      }
+      program_results.push_back(v);
+      plan->outs.push_back(spec);
     }
   } else {
     // Outputs that are views of one storage (split_with_sizes_copy's out= list into one
@@ -659,12 +718,47 @@ std::unordered_map<c10::OperatorName, OpInfo>& infos() {
 std::mutex g_plans_mu;
 std::unordered_map<std::string, std::shared_ptr<Plan>> g_plans;
 
+// The tensors of a Tensor, Tensor[] or Tensor?[] argument, in list order.
+std::vector<at::Tensor> tensors_of(const IValue& v) {
+  std::vector<at::Tensor> out;
+  if (v.isTensor()) out.push_back(v.toTensor());
+  else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) out.push_back(t);
+  else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType)
+    for (const std::optional<at::Tensor>& o : v.toOptionalTensorList()) out.push_back(o.value_or(at::Tensor()));
+  return out;
+}
+
+// In-place and out= writes whose destination overlaps itself or an input raise as
+// CPU's TensorIterator does (full overlap, x.add_(x), is fine). Lists of the same length
+// (foreach ops) pair up element by element, as their per-tensor loops do.
+void check_overlaps(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  std::vector<bool> written(info.num_args, false);
+  for (int a : info.mutated) written[a] = true;
+  auto on_tpu = [](const at::Tensor& t) { return t.defined() && !t.is_cpu(); };
+  for (int a : info.mutated) {
+    std::vector<at::Tensor> outs = tensors_of(args[a]);
+    for (size_t e = 0; e < outs.size(); ++e) {
+      if (!on_tpu(outs[e])) continue;
+      if (info.check_internal_overlap) at::assert_no_internal_overlap(outs[e]);
+      if (!info.check_input_overlap) continue;
+      for (int i = 0; i < info.num_args; ++i) {
+        if (written[i]) continue;
+        std::vector<at::Tensor> ins = tensors_of(args[i]);
+        bool paired = args[a].isList() && ins.size() == outs.size();
+        for (size_t k = 0; k < ins.size(); ++k)
+          if ((!paired || k == e) && on_tpu(ins[k])) at::assert_no_partial_overlap(outs[e], ins[k]);
+      }
+    }
+  }
+}
+
 void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   auto found = infos().find(op.operator_name());
   TORCH_INTERNAL_ASSERT(found != infos().end(), "no lowering registered for ", op.operator_name());
   const OpInfo& info = found->second;
   auto args = torch::jit::last(*stack, info.num_args);
   metrics().op_calls += 1;
+  if (!info.mutated.empty()) check_overlaps(info, args);
 
   // out=: PyTorch's meta kernel decides the out shapes; resize ours to match first.
   std::vector<at::Tensor> meta_outs;
@@ -778,7 +872,8 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
       note_replacement(results[next_result], sd.value);
       sd.value = results[next_result++];
     } else {
-      fresh.push_back(wrap_value(results[next_result++], o.dtype, o.sizes, k.device));
+      fresh.push_back(o.strides.empty() ? wrap_value(results[next_result++], o.dtype, o.sizes, k.device)
+                                        : wrap_value(results[next_result++], o.dtype, o.sizes, o.strides, k.device));
     }
   }
 
@@ -877,6 +972,10 @@ int register_lowered_kernels() {
           a.type()->cast<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)
         info.generator_arg = static_cast<int>(i);
     }
+    std::string base = name.name.substr(6);
+    if (!base.empty() && base.back() == '_') base.pop_back();
+    info.check_internal_overlap = !cpu_allows_internal_overlap(base);
+    info.check_input_overlap = !cpu_allows_input_overlap(base);
     // Rules index the functional op's arguments: out= args come last, so they line up.
     infos().emplace(name, info);
     // torch::Library keeps the name pointer: give it storage that lives as long.

@@ -111,6 +111,33 @@ at::Tensor wrap_value(Operand value, c10::ScalarType dtype, at::IntArrayRef size
   return t;
 }
 
+at::Tensor wrap_value(Operand value, c10::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
+                      int device) {
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  constexpr c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
+  at::Tensor t = at::detail::empty_strided_generic(sizes, strides, &g_allocator, ks, dtype);
+  storage_of(t).value = std::move(value);
+  return t;
+}
+
+std::vector<int64_t> physical_order(at::IntArrayRef sizes, at::IntArrayRef strides) {
+  std::vector<int64_t> order(sizes.size());
+  for (size_t d = 0; d < order.size(); ++d) order[d] = static_cast<int64_t>(d);
+  // Size-1 dims index nothing: keep them in place relative to each other (first).
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    bool a1 = sizes[a] == 1, b1 = sizes[b] == 1;
+    if (a1 || b1) return a1 && !b1;
+    return strides[a] > strides[b];
+  });
+  int64_t last = -1;
+  for (int64_t d : order) {
+    if (sizes[d] == 1) continue;
+    if (d < last) return order;
+    last = d;
+  }
+  return {};
+}
+
 static DType part_of(DType c) { return c == DType::C128 ? DType::F64 : DType::F32; }
 
 ir::Value reinterpret_bytes(ir::Builder& b, const ir::Value& v_in, DType to) {

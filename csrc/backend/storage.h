@@ -35,6 +35,13 @@ Operand dense_value(const at::Tensor& t);
 runtime::BufferPtr dense_buffer(const at::Tensor& t);  // the same, materialized
 // A new contiguous tensor on `device` whose storage holds `value`.
 at::Tensor wrap_value(Operand value, c10::ScalarType dtype, at::IntArrayRef sizes, int device);
+// The same with `strides` (non-overlapping and dense): `value` holds the storage's
+// contents, the logical values transposed into the order of decreasing strides.
+at::Tensor wrap_value(Operand value, c10::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
+                      int device);
+// That order (outermost first) for a non-overlapping and dense layout, or empty when it
+// is the identity (a contiguous layout).
+std::vector<int64_t> physical_order(at::IntArrayRef sizes, at::IntArrayRef strides);
 int device_index(const at::Tensor& t);
 // ir::reinterpret that also crosses between complex and real dtypes (StableHLO's
 // bitcast_convert refuses complex): a complex element is its (re, im) pair of parts.

@@ -228,6 +228,14 @@ Value read_view(Builder& b, const Value& storage, const Geometry& g) {
   return b.broadcast_in_dim(v, g.sizes, kept);
 }
 
+// Elementwise x != y by bits (a NaN equals itself, -0 differs from 0).
+static Value differs(Builder& b, const Value& x, const Value& y) {
+  DType t = x.dtype();
+  DType bits = itemsize(t) == 2 ? DType::I16 : itemsize(t) == 4 ? DType::I32 : DType::I64;
+  if (is_float(t)) return b.compare(b.bitcast(x, bits), b.bitcast(y, bits), Cmp::NE);
+  return b.compare(x, y, Cmp::NE);
+}
+
 Value write_view(Builder& b, const Value* storage, const Type& st, const Geometry& g,
                  const Value& value_in) {
   Value value = b.convert(value_in, st.dtype);
@@ -246,8 +254,15 @@ Value write_view(Builder& b, const Value* storage, const Type& st, const Geometr
     Geometry c = compact(g, &kept);
     out = write_box(b, f, c, box, b.reshape(value, c.sizes));
   } else {
+    // Overlapping strides (an expanded view): several elements share one location, all
+    // holding its old value. Only the elements the op changed are written (the others
+    // are sent out of range, which scatter drops), so a location takes its new value
+    // whichever element comes last, as CPU's sequential writes do.
     Value idx = b.reshape(view_indices(b, g, n), {g.numel(), 1});
-    out = b.scatter(f, idx, upd, {}, {0}, {0}, 1, [](Builder&, const std::vector<Value>& a) {
+    Value old = b.gather(f, idx, {}, {0}, {0}, 1, {1}, {g.numel()});
+    Value idx_changed = b.select(b.reshape(differs(b, upd, old), {g.numel(), 1}), idx,
+                                 b.constant(static_cast<double>(n), idx.dtype(), {g.numel(), 1}));
+    out = b.scatter(f, idx_changed, upd, {}, {0}, {0}, 1, [](Builder&, const std::vector<Value>& a) {
       return std::vector<Value>{a[1]};
     });
   }

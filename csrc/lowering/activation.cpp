@@ -34,6 +34,7 @@ std::vector<Value> map_exact(Ctx& ctx, const std::vector<int>& idx, const MapFn&
 // ---- ReLU family ---------------------------------------------------------------
 
 TPU_LOWER(relu_rule, "relu") {
+  if (ctx.type_of(0).dtype == DType::Bool) throw std::invalid_argument("Boolean inputs not supported for relu");
   return map(ctx, {0}, [](Builder& b, const Vs& x) { return op2(b, "maximum", x[0], zero(b, x[0])); });
 }
 TPU_LOWER(threshold_rule, "threshold") {  // x <= threshold ? value : x
@@ -80,6 +81,7 @@ TPU_LOWER(hardtanh_backward_rule, "hardtanh_backward") {  // zero at and beyond 
 
 // elu: x > 0 ? scale * x : scale * alpha * expm1(input_scale * x)
 TPU_LOWER(elu_rule, "elu") {
+  require_float(ctx, 0, "elu");
   return map(ctx, {0, 1, 2, 3}, [](Builder& b, const Vs& x) {
     Value neg = mul(b, mul(b, x[2], x[1]), op1(b, "exponential_minus_one", mul(b, x[0], x[3])));
     return when(b, x[0], Cmp::GT, 0, mul(b, x[0], x[2]), neg);
@@ -97,12 +99,14 @@ TPU_LOWER(elu_backward_rule, "elu_backward") {
   });
 }
 TPU_LOWER(celu_rule, "celu") {  // x > 0 ? x : alpha * expm1(x / alpha)
+  require_float(ctx, 0, "celu");
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
     return when(b, x[0], Cmp::GT, 0, x[0], mul(b, x[1], op1(b, "exponential_minus_one", div(b, x[0], x[1]))));
   });
 }
 // softplus: log1p(exp(beta x)) / beta, linear once beta x exceeds threshold.
 TPU_LOWER(softplus_rule, "softplus") {
+  require_float(ctx, 0, "softplus");
   return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) {
     Value bx = mul(b, x[0], x[1]);
     Value soft = div(b, op1(b, "log_plus_one", op1(b, "exponential", bx)), x[1]);
@@ -140,6 +144,7 @@ TPU_LOWER(log_sigmoid_backward_rule, "log_sigmoid_backward") {
 // ---- Sigmoid-gated -----------------------------------------------------------------
 
 TPU_LOWER(silu_rule, "silu") {
+  require_float(ctx, 0, "silu");
   return map(ctx, {0}, [](Builder& b, const Vs& x) { return mul(b, x[0], sigmoid(b, x[0])); });
 }
 TPU_LOWER(sigmoid_backward_rule, "sigmoid_backward") {  // grad * (1 - y) * y
@@ -156,6 +161,7 @@ static Value tanh_softplus(Builder& b, const Value& x) {
   return op1(b, "tanh", op1(b, "log_plus_one", op1(b, "exponential", x)));
 }
 TPU_LOWER(mish_rule, "mish") {
+  require_float(ctx, 0, "mish");
   return map(ctx, {0}, [](Builder& b, const Vs& x) { return mul(b, x[0], tanh_softplus(b, x[0])); });
 }
 TPU_LOWER(hardsigmoid_rule, "hardsigmoid") {  // clamp(x + 3, 0, 6) / 6
@@ -172,6 +178,7 @@ TPU_LOWER(hardsigmoid_backward_rule, "hardsigmoid_backward") {  // grad / 6 insi
   });
 }
 TPU_LOWER(hardswish_rule, "hardswish") {  // x * clamp(x + 3, 0, 6) / 6
+  require_float(ctx, 0, "hardswish");
   return map(ctx, {0}, [](Builder& b, const Vs& x) {
     Value r = op2(b, "maximum", add(b, x[0], cst(b, x[0], 3)), zero(b, x[0]));
     return div(b, mul(b, x[0], op2(b, "minimum", r, cst(b, r, 6))), cst(b, r, 6));
@@ -227,6 +234,7 @@ static Value gelu_inner(Builder& b, const Value& x) {  // sqrt(2/pi) (x + kappa 
 
 // Exact: x * Phi(x) with Phi(x) = erfc(-x / sqrt 2) / 2 (accurate in the left tail).
 TPU_LOWER(gelu_rule, "gelu") {
+  require_float(ctx, 0, "gelu");
   bool approx = tanh_approx(ctx, 1);
   return map(ctx, {0}, [approx](Builder& b, const Vs& x) {
     Value half_x = mul(b, cst(b, x[0], 0.5), x[0]);

@@ -214,9 +214,17 @@ static DType div_step_type(Ctx& ctx) {
 
 // True division, or rounded by rounding_mode ("trunc", "floor"). Integer outputs
 // only arise with a rounding mode; StableHLO's integer divide truncates (x / 0 is -1).
+// Integer division (or remainder) by zero raises on CPU: checked on the device.
+static void check_int_divisor(Ctx& ctx) {
+  if (!is_integral(ctx.out(0).dtype) && ctx.out(0).dtype != DType::Bool) return;
+  Value d = ctx.scalar(1, DType::I64);
+  ctx.check(all_true(ctx.b, cmpk(ctx.b, d, 0, Cmp::NE)), "RuntimeError: " + ctx.op() + ": ZeroDivisionError");
+}
+
 TPU_LOWER(div_rule, "div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode") {
   // div.out's third argument is `out` itself, not a mode.
   std::string mode = ctx.num_args() > 2 && !ctx.is_none(2) && !ctx.is_tensor(2) ? ctx.str(2) : "";
+  check_int_divisor(ctx);
   if (mode.empty()) return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return div(b, x[0], x[1]); });
   DType t = div_step_type(ctx);
   if (mode == "trunc")
@@ -225,17 +233,24 @@ TPU_LOWER(div_rule, "div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_m
   throw Unsupported("div rounding_mode " + mode);
 }
 TPU_LOWER(floor_divide_rule, "floor_divide", "floor_divide.Scalar", "floor_divide_.Tensor") {
+  check_int_divisor(ctx);
   DType t = div_step_type(ctx);
   return map(ctx, {0, 1}, [t](Builder& b, const Vs& x) { return floor_div(b, x[0], x[1], t); });
 }
 TPU_LOWER(remainder_rule, "remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor") {
+  check_int_divisor(ctx);
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return py_mod(b, x[0], x[1]); });
 }
 TPU_LOWER(fmod_rule, "fmod.Tensor", "fmod.Scalar") {
+  check_int_divisor(ctx);
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "remainder", x[0], x[1]); });
 }
 // pow_.Tensor is the in-place Tensor_Tensor (its overload name differs).
 TPU_LOWER(pow_rule, "pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", "pow_.Tensor") {
+  // CPU rejects an integer tensor to a negative integer Scalar (a runtime operand: checked on the device).
+  if (ctx.is_tensor(0) && !ctx.is_tensor(1) && is_integral(ctx.out(0).dtype) && !ctx.scalar_is_float(1))
+    ctx.check(cmpk(ctx.b, ctx.scalar(1, DType::I64), 0, Cmp::GE),
+              "RuntimeError: pow: Integers to negative integer powers are not allowed.");
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "power", x[0], x[1]); });
 }
 TPU_LOWER(neg_rule, "neg") { return map(ctx, {0}, [](Builder& b, const Vs& x) { return op1(b, "negate", x[0]); }); }
@@ -262,6 +277,8 @@ TPU_LOWER(addcdiv_rule, "addcdiv") {  // self + value * t1 / t2
 }
 // PyTorch's lerp switches formulas at |w| = 0.5 so both ends are exact.
 TPU_LOWER(lerp_rule, "lerp.Scalar", "lerp.Tensor") {
+  if (!is_float(ctx.out(0).dtype) && !is_complex(ctx.out(0).dtype))
+    throw DtypeNotImplemented("lerp");
   return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) {
     Value d = sub(b, x[1], x[0]);
     Value lo = add(b, x[0], mul(b, x[2], d));

@@ -183,4 +183,17 @@ Value all_in_range(Builder& b, const Value& idx, int64_t lo, int64_t hi) {
   return b.compare(m, b.constant(1, DType::I32), ir::Cmp::EQ);
 }
 
+void require_float(Ctx& ctx, int arg, const char* what) {
+  DType t = ctx.type_of(arg).dtype;
+  if (!is_float(t) && !is_complex(t)) throw DtypeNotImplemented(what);
+}
+
+Value all_true(Builder& b, const Value& pred) {
+  if (pred.type.numel() == 0) return b.constant(1, DType::Bool);
+  if (pred.rank() == 0) return pred;
+  std::vector<int64_t> all;
+  for (int64_t d = 0; d < pred.rank(); ++d) all.push_back(d);
+  return b.reduce(pred, b.constant(1, DType::Bool), all, "stablehlo.and");
+}
+
 }  // namespace tpu::lowering

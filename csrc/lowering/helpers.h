@@ -30,6 +30,11 @@ Value reduce_max(Builder& b, const Value& x, const std::vector<int64_t>& dims);
 Value reduce_min(Builder& b, const Value& x, const std::vector<int64_t>& dims);
 // True (a bool scalar) when every element of integer `idx` lies in [lo, hi).
 Value all_in_range(Builder& b, const Value& idx, int64_t lo, int64_t hi);
+// True (a bool scalar) when every element of bool `pred` is true (NaN tests fail).
+Value all_true(Builder& b, const Value& pred);
+// Rejects (NotImplementedError, as CPU's kernels) a tensor argument that is not float
+// or complex, for ops CPU implements for floating types only.
+void require_float(Ctx& ctx, int arg, const char* what);
 // Lowest / highest value of a dtype (-inf/inf for floats).
 double lowest(DType t);
 double highest(DType t);

@@ -13,9 +13,15 @@ using ir::Cmp;
 static Value i64(Builder& b, const Value& x) { return b.convert(x, DType::I64); }
 
 // Out-of-range indices are an error (raised at the next synchronization), never a
-// silently clamped read or write.
+// silently clamped read or write: an IndexError, or a RuntimeError where CPU's kernels
+// raise one (gather and scatters; index_add on a tensor of more than one dimension).
 static std::string bounds_message(const Ctx& ctx, int64_t dim, int64_t size, bool negative_ok) {
-  return "aten::" + ctx.op() + ": index out of bounds for dimension " + std::to_string(dim) +
+  std::string base = ctx.op().substr(0, ctx.op().find('.'));
+  if (!base.empty() && base.back() == '_') base.pop_back();
+  static const char* runtime_ops[] = {"gather", "scatter", "scatter_add", "scatter_reduce"};
+  bool runtime = std::find(std::begin(runtime_ops), std::end(runtime_ops), base) != std::end(runtime_ops) ||
+                 (base == "index_add" && ctx.type_of(0).shape.size() > 1);
+  return (runtime ? "RuntimeError: aten::" : "aten::") + ctx.op() + ": index out of bounds for dimension " + std::to_string(dim) +
          " with size " + std::to_string(size) + " (valid indices: " +
          (negative_ok ? std::to_string(-size) : std::string("0")) + " to " + std::to_string(size - 1) + ")";
 }

@@ -21,6 +21,40 @@ Value grad_scale(Builder& b, const Value& go, int64_t reduction, int64_t n, int6
 
 }  // namespace
 
+// multi_margin_loss(self, target, p, margin, weight, reduction): the hinge terms
+// z_j (j != y) raised to p, weighted by w[y], summed over classes / C.
+TPU_LOWER(multi_margin_loss, "multi_margin_loss") {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  DType t = acc_type(o.dtype);
+  Value x = b.convert(ctx.in(0), t);
+  if (x.rank() > 2 || x.type.numel() == 0) throw Unsupported("multi_margin_loss: shape");
+  int64_t c = x.rank() == 0 ? 1 : x.shape().back(), n = x.rank() == 2 ? x.shape()[0] : 1;
+  x = b.reshape(x, {n, c});
+  Value y = b.reshape(b.convert(ctx.in(1), DType::I64), {n});
+  ctx.check(all_in_range(b, y, 0, c), "RuntimeError: multi_margin_loss: target out of range");
+  Shape nc{n, c};
+  Value p = b.broadcast_in_dim(ctx.scalar(2, t), nc, {});
+  Value margin = b.broadcast_in_dim(ctx.scalar(3, t), nc, {});
+  Value is_y = b.compare(b.iota(Type{DType::I64, nc}, 1), b.broadcast_in_dim(y, nc, {0}), Cmp::EQ);
+  Value xy = reduce_sum(b, b.select(is_y, x, b.constant(0, t, nc)), {1});
+  Value z = b.binary("stablehlo.maximum", add(b, sub(b, margin, b.broadcast_in_dim(xy, nc, {0})), x), b.constant(0, t, nc));
+  Value h = b.select(b.compare(p, b.constant(1, t, nc), Cmp::EQ), z, mul(b, z, z));
+  if (!ctx.is_none(4)) {
+    Value w = b.convert(b.reshape(ctx.in(4), {ctx.in(4).type.numel()}), t);
+    Value wy = b.gather(w, b.reshape(b.clamp(b.constant(0, DType::I64, {n}), y, b.constant(static_cast<double>(c - 1), DType::I64, {n})), {n, 1}),
+                        {}, {0}, {0}, 1, {1}, {n});
+    h = mul(b, h, b.broadcast_in_dim(wy, nc, {0}));
+  }
+  Value l = div(b, reduce_sum(b, b.select(is_y, b.constant(0, t, nc), h), {1}), b.constant(static_cast<double>(c), t, {n}));
+  int64_t red = ctx.i(5);
+  if (red != kNone) {
+    l = reduce_sum(b, l, {0});
+    if (red == kMean) l = div(b, l, b.constant(static_cast<double>(n), t));
+  }
+  return {b.convert(b.reshape(l, o.shape), o.dtype)};
+}
+
 // multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)
 TPU_LOWER(multi_margin_loss_backward, "multi_margin_loss_backward") {
   Builder& b = ctx.b;
@@ -37,7 +71,7 @@ TPU_LOWER(multi_margin_loss_backward, "multi_margin_loss_backward") {
   Value p = b.broadcast_in_dim(ctx.scalar(3, t), nc, {});
   Value margin = b.broadcast_in_dim(ctx.scalar(4, t), nc, {});
   int64_t red = ctx.i(6);
-  ctx.check(all_in_range(b, y, 0, c), "multi_margin_loss: target out of range");
+  ctx.check(all_in_range(b, y, 0, c), "RuntimeError: multi_margin_loss: target out of range");
   Value cls = b.iota(Type{DType::I64, nc}, 1);
   Value is_y = b.compare(cls, b.broadcast_in_dim(y, nc, {0}), Cmp::EQ);
   Value xy = reduce_sum(b, b.select(is_y, x, b.constant(0, t, nc)), {1});  // x[y]
@@ -77,7 +111,7 @@ static Multilabel multilabel(Ctx& ctx, const Value& x, const Value& tgt, int64_t
   Value oob = b.binary("stablehlo.or", b.compare(tg, b.constant(0, DType::I64, nc), Cmp::LT),
                        b.compare(tg, b.constant(static_cast<double>(c), DType::I64, nc), Cmp::GE));
   Value bad = reduce_max(b, b.convert(b.binary("stablehlo.and", m.valid, oob), DType::I64), {0, 1});
-  ctx.check(b.compare(bad, b.constant(0, DType::I64), Cmp::EQ), "multilabel_margin_loss: target out of range");
+  ctx.check(b.compare(bad, b.constant(0, DType::I64), Cmp::EQ), "RuntimeError: multilabel_margin_loss: target out of range");
   Value tc = b.clamp(b.constant(0, DType::I64, nc), tg, b.constant(static_cast<double>(c - 1), DType::I64, nc));
   m.onehot = b.binary("stablehlo.and",
                       b.compare(b.broadcast_in_dim(tc, ncc, {0, 1}), b.iota(Type{DType::I64, ncc}, 2), Cmp::EQ),

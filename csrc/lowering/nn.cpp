@@ -60,8 +60,14 @@ static Value softmax(Ctx& ctx, bool log) {
   return as_out(ctx, log ? sub(b, z, b.unary("stablehlo.log", s)) : div(b, e, s));
 }
 
-TPU_LOWER(softmax_, "_softmax") { return {softmax(ctx, false)}; }
-TPU_LOWER(log_softmax_, "_log_softmax") { return {softmax(ctx, true)}; }
+TPU_LOWER(softmax_, "_softmax") {
+  require_float(ctx, 0, "softmax");
+  return {softmax(ctx, false)};
+}
+TPU_LOWER(log_softmax_, "_log_softmax") {
+  require_float(ctx, 0, "log_softmax");
+  return {softmax(ctx, true)};
+}
 
 // grad * y - y * sum(grad * y)   (softmax)
 // grad - exp(y) * sum(grad)      (log_softmax)
@@ -268,11 +274,24 @@ static NllParts nll_parts(Ctx& ctx, const Value& self, const Value& target, int 
   return p;
 }
 
+// Every target a class of self (or ignore_index), checked on the device as CPU does.
+static void check_targets(Ctx& ctx, const Value& self, const Value& target, int64_t ignore) {
+  Builder& b = ctx.b;
+  int64_t c = self.shape()[self.rank() >= 2 ? 1 : 0];
+  Value t = b.convert(target, DType::I64);
+  auto k = [&](double v) { return b.constant(v, DType::I64, t.shape()); };
+  Value in = b.binary("stablehlo.and", b.compare(t, k(0), Cmp::GE), b.compare(t, k(static_cast<double>(c)), Cmp::LT));
+  Value ok = b.binary("stablehlo.or", in, b.compare(t, k(static_cast<double>(ignore)), Cmp::EQ));
+  ctx.check(all_true(b, ok), ctx.op() + ": Target out of bounds: valid targets are 0 to " + std::to_string(c - 1) +
+                                 " (or ignore_index " + std::to_string(ignore) + ")");
+}
+
 // Returns {loss, total_weight}; total_weight is 0 for reduction none, as on CPU.
 static std::vector<Value> nll_forward(Ctx& ctx) {
   Builder& b = ctx.b;
   Value x = to_acc(b, ctx.in(0));
   int64_t reduction = ctx.i(3);
+  check_targets(ctx, x, ctx.in(1), ctx.i(4));
   NllParts p = nll_parts(ctx, x, ctx.in(1), 2, ctx.i(4));
   Value picked = reduce_sum(b, b.select(p.onehot, x, full_like(b, x, 0)), {p.cdim});
   Value nz = b.compare(p.w, full_like(b, p.w, 0), Cmp::NE);  // ignored: 0 even for inf input
@@ -332,6 +351,12 @@ TPU_LOWER(binary_cross_entropy, "binary_cross_entropy") {
   Builder& b = ctx.b;
   auto [x, y] = loss_operands(ctx, 0, 1);
   Value lo = scalar_like(b, -100, x), one = scalar_like(b, 1, x);
+  auto unit = [&](const Value& v) {  // 0 <= v <= 1, false for NaN
+    return all_true(b, b.binary("stablehlo.and", b.compare(v, scalar_like(b, 0, v), Cmp::GE),
+                                b.compare(v, one, Cmp::LE)));
+  };
+  ctx.check(unit(x), "RuntimeError: binary_cross_entropy: all elements of input should be between 0 and 1");
+  ctx.check(unit(y), "RuntimeError: binary_cross_entropy: all elements of target should be between 0 and 1");
   Value lx = b.binary("stablehlo.maximum", b.unary("stablehlo.log", x), lo);
   Value l1x = b.binary("stablehlo.maximum", b.unary("stablehlo.log", sub(b, one, x)), lo);
   Value l = b.unary("stablehlo.negate", add(b, mul(b, y, lx), mul(b, sub(b, one, y), l1x)));
@@ -355,6 +380,7 @@ TPU_LOWER(smooth_l1_loss, "smooth_l1_loss") {
   Builder& b = ctx.b;
   auto [x, y] = loss_operands(ctx, 0, 1);
   double beta = ctx.f_or(3, 1.0);
+  if (beta < 0) throw std::invalid_argument("smooth_l1_loss does not support negative values for beta.");
   Value ad = b.unary("stablehlo.abs", sub(b, x, y));
   Value l = ad;
   if (beta > 0) {

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
 
 #include "lowering/elementwise.h"
 
@@ -106,11 +109,31 @@ Type float_out(Ctx& ctx) {
 }
 }  // namespace
 
+// A number formatted as PyTorch's messages print it (2, 1.5).
+static std::string num(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
 TPU_LOWER(uniform_rule, "uniform_", "uniform") {  // from + u * (to - from)
   Type o = float_out(ctx);
   Builder& b = ctx.b;
-  Value u = uniform(ctx, o.dtype, o.shape);
   double lo = ctx.f_or(1, 0), hi = ctx.f_or(2, 1);
+  // CPU's argument checks: both ends representable, from <= to, to - from finite.
+  const bool dbl = o.dtype == DType::F64;
+  const std::string tn = dbl ? "double" : o.dtype == DType::F32 ? "float" : o.dtype == DType::F16 ? "c10::Half" : "c10::BFloat16";
+  const double top = dbl ? std::numeric_limits<double>::max() : o.dtype == DType::F16 ? 65504.0
+                     : o.dtype == DType::F32 ? std::numeric_limits<float>::max() : 3.3895313892515355e38;
+  for (auto [v, name] : {std::pair{lo, "from"}, std::pair{hi, "to"}})
+    if (!(v >= -top && v <= top)) throw std::invalid_argument(std::string(name) + " is out of bounds for " + tn);
+  if (lo > hi)
+    throw std::invalid_argument("uniform_ expects to return a [from, to) range, but found from=" + num(lo) +
+                                " > to=" + num(hi));
+  if (!(hi - lo <= top))
+    throw std::invalid_argument("uniform_ expects to-from <= std::numeric_limits<" + tn + ">::max(), but found to=" +
+                                num(hi) + " and from=" + num(lo) + " which result in to-from to exceed the limit");
+  Value u = uniform(ctx, o.dtype, o.shape);
   return {b.convert(add(b, cst(b, u, lo), mul(b, u, cst(b, u, hi - lo))), o.dtype)};
 }
 // mean + std * z, with mean/std (floats or tensors) at args `at` and `at + 1`.
@@ -121,6 +144,9 @@ static std::vector<Value> normal(Ctx& ctx, int at) {
   Value z = standard_normal(ctx, o.dtype, o.shape);
   Value mean = ctx.is_none(at) ? cst(b, z, 0) : float_arg(ctx, at, t, o.shape);
   Value std = ctx.is_none(at + 1) ? cst(b, z, 1) : float_arg(ctx, at + 1, t, o.shape);
+  if (ctx.is_tensor(at + 1))  // a float std is checked by PyTorch before it gets here
+    ctx.check(all_true(b, b.compare(std, cst(b, std, 0), Cmp::GE)),
+              "RuntimeError: normal expects all elements of std >= 0.0");
   return {b.convert(add(b, mean, mul(b, std, z)), o.dtype)};
 }
 TPU_LOWER(normal_rule, "normal_", "normal_functional") { return normal(ctx, 1); }
@@ -157,15 +183,22 @@ TPU_LOWER(geometric_rule, "geometric_", "geometric") {
   return {b.convert(op2(b, "maximum", op1(b, "ceil", q), cst(b, q, 1)), o.dtype)};
 }
 
-// 1 with probability p: u < p.
+// 1 with probability p: u < p. Probabilities outside [0, 1] (or NaN) raise as on CPU.
 static std::vector<Value> bernoulli(Ctx& ctx, const Value& p) {
   Type o = ctx.out(0);
+  Builder& b = ctx.b;
+  ctx.check(all_true(b, b.binary("stablehlo.and", b.compare(p, cst(b, p, 0), Cmp::GE), b.compare(p, cst(b, p, 1), Cmp::LE))),
+            "RuntimeError: " + ctx.op() + ": expected all probabilities p to be in [0, 1]");
   Value u = uniform(ctx, p.dtype(), o.shape);
   return {ctx.b.convert(ctx.b.compare(u, p, Cmp::LT), o.dtype)};
 }
 TPU_LOWER(bernoulli_p_rule, "bernoulli_.float", "bernoulli.p", "bernoulli_.Tensor", "bernoulli.Tensor") {
   Shape s = ctx.out(0).shape;
-  if (!ctx.is_tensor(1)) return bernoulli(ctx, ctx.b.constant(ctx.f_or(1, 0.5), DType::F32, s));
+  if (!ctx.is_tensor(1)) {
+    double p = ctx.f_or(1, 0.5);
+    if (!(p >= 0 && p <= 1)) throw std::invalid_argument("bernoulli_ expects p to be in [0, 1], but got p=" + num(p));
+    return bernoulli(ctx, ctx.b.constant(p, DType::F32, s));
+  }
   return bernoulli(ctx, coerce(ctx.b, ctx.in(1), fine_type(ctx.type_of(1).dtype), s));
 }
 TPU_LOWER(bernoulli_rule, "bernoulli") {  // self holds the probabilities

@@ -22,6 +22,12 @@ using ir::Value;
 struct Unsupported : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// A call CPU rejects for its dtypes: raised as NotImplementedError, `"<what>" not
+// implemented for '<first tensor's dtype>'`, as CPU does. Other argument errors a rule
+// finds (values of non-tensor arguments) throw std::invalid_argument: a RuntimeError.
+struct DtypeNotImplemented : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // What a rule can ask of the op being lowered. Argument indices follow the ATen
 // schema of the functional op (`add.Tensor`: 0 self, 1 other, 2 alpha).

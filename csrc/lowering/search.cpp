@@ -43,7 +43,7 @@ static std::vector<Value> searchsorted(Ctx& ctx, bool scalar) {
   std::optional<Value> sorter;
   if (!ctx.is_none(5)) {
     Value s = ctx.in(5);
-    ctx.check(all_in_range(b, s, 0, n), "searchsorted(): sorter index out of range");
+    ctx.check(all_in_range(b, s, 0, n), "RuntimeError: searchsorted(): sorter index out of range");
     sorter = b.reshape(b.convert(s, DType::I64), {s.type.numel()});
   }
   Value lo = c(0), hi = c(double(n));

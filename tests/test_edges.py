@@ -1,0 +1,273 @@
+"""Correctness at the edges: invalid values, overlapping writes and memory formats
+behave as on CPU (issue 16, items 1-3). Each case runs the same call on CPU and tpu."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+
+
+def _outcome(fn, device):
+    """(exception type, message) or (None, result on CPU) of fn(device), synchronized."""
+    try:
+        r = fn(device)
+        r = tuple(t.cpu() for t in r) if isinstance(r, tuple) else r.cpu() if isinstance(r, torch.Tensor) else r
+        torch_tpu.synchronize()
+        return None, r
+    except Exception as e:  # noqa: BLE001 - the type is what is compared
+        return type(e), str(e)
+
+
+def _same_as_cpu(fn, match=None):
+    cpu_err, cpu_val = _outcome(fn, "cpu")
+    tpu_err, tpu_val = _outcome(fn, "tpu")
+    assert tpu_err is cpu_err, f"cpu: {cpu_err} {cpu_val!s:.200}; tpu: {tpu_err} {tpu_val!s:.200}"
+    if cpu_err is None:
+        torch.testing.assert_close(tpu_val, cpu_val, equal_nan=True)
+    elif match:
+        assert match in tpu_val, tpu_val
+    return cpu_err
+
+
+# ---- item 1: invalid values raise like CPU ---------------------------------------
+
+def _t(v, d, **k):
+    return torch.tensor(v, device=d, **k)
+
+
+def _x(d):
+    return torch.linspace(-1.0, 1.0, 12, device=d).view(4, 3)
+
+
+VALUES = {
+    "cross_entropy": lambda d: F.cross_entropy(_x(d), _t([0, 3, 1, 7], d)),
+    "cross_entropy_negative": lambda d: F.cross_entropy(_x(d), _t([0, -2, 1, 1], d)),
+    "cross_entropy_none": lambda d: F.cross_entropy(_x(d), _t([0, 3, 1, 1], d), reduction="none"),
+    "cross_entropy_smoothing": lambda d: F.cross_entropy(_x(d), _t([0, 3, 1, 1], d), label_smoothing=0.1),
+    "nll_loss_1d": lambda d: F.nll_loss(_x(d)[0], _t(5, d)),
+    "nll_loss2d": lambda d: F.nll_loss(_x(d).view(1, 3, 2, 2), _t([[[0, 1], [3, 2]]], d)),
+    "multi_margin_loss": lambda d: F.multi_margin_loss(_x(d), _t([0, 3, 1, 2], d)),
+    "multilabel_margin_loss": lambda d: F.multilabel_margin_loss(_x(d), _t([[0, 3, -1]] * 4, d)),
+    "bce_input_above_1": lambda d: F.binary_cross_entropy(_t([0.5, 1.5], d), _t([0.0, 1.0], d)),
+    "bce_input_nan": lambda d: F.binary_cross_entropy(_t([0.5, float("nan")], d), _t([0.0, 1.0], d)),
+    "bce_target_above_1": lambda d: F.binary_cross_entropy(_t([0.5, 0.5], d), _t([0.0, 2.0], d)),
+    "uniform_reversed": lambda d: torch.empty(3, device=d).uniform_(2, 1),
+    "uniform_infinite": lambda d: torch.empty(3, device=d).uniform_(0, float("inf")),
+    "bernoulli_float_p": lambda d: torch.empty(3, device=d).bernoulli_(1.5),
+    "bernoulli_tensor_p": lambda d: torch.empty(3, device=d).bernoulli_(_t([0.5, 1.5, 0.0], d)),
+    "bernoulli_probs": lambda d: torch.bernoulli(_t([0.5, -0.5, 0.0], d)),
+    "normal_negative_std": lambda d: torch.normal(torch.zeros(3, device=d), _t([1.0, -1.0, 1.0], d)),
+    "pow_int_negative": lambda d: _t([1, 2, 3], d) ** -1,
+    "pow_int_negative_inplace": lambda d: _t([1, 2, 3], d).pow_(-2),
+    "lerp_int": lambda d: torch.lerp(_t([1, 2], d), _t([3, 4], d), 0.5),
+    "lerp_int_tensor_weight": lambda d: torch.lerp(_t([1, 2], d), _t([3, 4], d), _t([1, 0], d)),
+    "floor_divide_int_zero": lambda d: _t([1, 2], d) // _t([0, 1], d),
+    "remainder_int_zero": lambda d: _t([1, 2], d) % 0,
+    "fmod_int_zero": lambda d: torch.fmod(_t([1, 2], d), _t([1, 0], d)),
+    "div_trunc_int_zero": lambda d: torch.div(_t([1, 2], d), _t([0, 1], d), rounding_mode="trunc"),
+    "softmax_int": lambda d: torch.softmax(_t([1, 2], d), 0),
+    "log_softmax_int": lambda d: torch.log_softmax(_t([1, 2], d), 0),
+    "gelu_int": lambda d: F.gelu(_t([1, 2], d)),
+    "silu_int": lambda d: F.silu(_t([1, 2], d)),
+    "relu_bool": lambda d: torch.relu(_t([True, False], d)),
+    "smooth_l1_negative_beta": lambda d: F.smooth_l1_loss(_t([1.0], d), _t([2.0], d), beta=-1.0),
+    "gather": lambda d: torch.gather(_x(d), 1, _t([[0, 3]], d)),
+    "scatter_": lambda d: _x(d).scatter_(1, _t([[0, 3]], d), 1.0),
+    "scatter_add_": lambda d: _x(d).scatter_add_(1, _t([[0, 3]], d), _x(d)),
+    "index_add_": lambda d: _x(d).index_add_(1, _t([0, 3], d), _x(d)[:, :2]),
+    "embedding_bag": lambda d: F.embedding_bag(_t([3], d), _x(d)[:3], _t([0], d)),
+    "searchsorted_sorter": lambda d: torch.searchsorted(_t([1.0, 2.0, 3.0], d), _t([2.0], d), sorter=_t([0, 1, 5], d)),
+    "one_hot": lambda d: F.one_hot(_t([0, 5], d), 3),
+}
+
+MODES = {"strict": torch_tpu.EagerMode.DEFER_NEVER, "debug": torch_tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
+         "fused": torch_tpu.EagerMode.DEFER_AND_FUSE}
+
+
+@pytest.mark.parametrize("name", sorted(VALUES))
+def test_invalid_value_raises_like_cpu(name):
+    kept = torch.arange(3.0, device="tpu")
+    _same_as_cpu(VALUES[name])
+    assert kept.cpu().tolist() == [0.0, 1.0, 2.0]  # the process and tensors stay usable
+    assert (kept * 2).cpu().tolist() == [0.0, 2.0, 4.0]
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("name", ["cross_entropy", "bce_input_above_1", "bernoulli_tensor_p", "pow_int_negative",
+                                  "floor_divide_int_zero", "multi_margin_loss"])
+def test_value_checks_in_every_mode(name, mode):
+    with torch_tpu.set_eager_mode(MODES[mode]):
+        err = _same_as_cpu(VALUES[name])
+    assert err is not None
+
+
+def test_loss_target_errors_name_the_op_and_ignore_index_still_works():
+    x, t = _x("tpu"), _t([0, 3, 1, 7], "tpu")
+    with pytest.raises(IndexError, match=r"nll_loss.*Target out of bounds.*0 to 2"):
+        F.cross_entropy(x, t).cpu()
+    for kw in ({"ignore_index": 7}, {"ignore_index": 3}):  # out of range but ignored: fine
+        ok = torch.tensor([0, kw["ignore_index"], 1, 2])
+        torch.testing.assert_close(F.cross_entropy(x, ok.to("tpu"), **kw).cpu(), F.cross_entropy(x.cpu(), ok, **kw))
+    ok = torch.tensor([0, -100, 1, 2])
+    torch.testing.assert_close(F.cross_entropy(x, ok.to("tpu"), reduction="none").cpu(),
+                               F.cross_entropy(x.cpu(), ok, reduction="none"))
+    with pytest.raises(RuntimeError, match="binary_cross_entropy: all elements of input"):
+        F.binary_cross_entropy(_t([0.5, 1.5], "tpu"), _t([0.0, 1.0], "tpu")).item()
+
+
+# ---- item 2: overlapping writes ------------------------------------------------------
+
+def _ar(n, d):
+    return torch.arange(float(n), device=d)
+
+
+OVERLAP = {
+    "shift_add_": lambda d: (lambda x: (x[1:].add_(x[:-1]), x)[1])(_ar(8, d)),
+    "t_mul_": lambda d: (lambda x: (x.t().mul_(x), x)[1])(_ar(9, d).view(3, 3)),
+    "expand_add_": lambda d: (lambda x: (x.expand(3, 4).add_(1), x)[1])(_ar(4, d)),
+    "expand_relu_": lambda d: (lambda x: (x.expand(3, 4).relu_(), x)[1])(_ar(4, d)),
+    "add_out": lambda d: (lambda a: (torch.add(a[:-1], a[1:], out=a[1:]), a)[1])(_ar(8, d)),
+    "neg_out": lambda d: (lambda a: (torch.neg(a[:-1], out=a[1:]), a)[1])(_ar(8, d)),
+    "cat_out": lambda d: (lambda a: (torch.cat([a[:2], a[2:4]], out=a[1:5]), a)[1])(_ar(8, d)),
+    "copy_shift": lambda d: (lambda x: (x[1:].copy_(x[:-1]), x)[1])(_ar(8, d)),
+    "copy_expand": lambda d: (lambda x: (x.expand(3, 4).copy_(torch.ones(3, 4, device=d)), x)[1])(_ar(4, d)),
+    "clamp_tensor_": lambda d: (lambda a: (a[1:5].clamp_(a[:4]), a)[1])(_ar(6, d)),
+    "gather_out": lambda d: (lambda a: (torch.gather(a[:4], 0, torch.tensor([0, 1], device=d), out=a[1:3]), a)[1])(_ar(6, d)),
+    "scatter_": lambda d: (lambda a: (a[1:5].scatter_(0, torch.tensor([0, 1], device=d), a[:2]), a)[1])(_ar(6, d)),
+    "foreach_add_": lambda d: (lambda a: (torch._foreach_add_([a[1:], a[:2]], [a[:-1], a[4:6]]), a)[1])(_ar(8, d)),
+    "expand_uniform_": lambda d: _ar(4, d).expand(3, 4).uniform_(),
+    "expand_index_add_": lambda d: _ar(4, d).expand(3, 4).index_add_(1, torch.tensor([0], device=d), torch.ones(3, 1, device=d)),
+}
+
+ALLOWED = {  # CPU accepts these: same result
+    "full_add_": lambda d: (lambda x: (x.add_(x), x)[1])(_ar(8, d)),
+    "full_mul_out": lambda d: (lambda x: (torch.mul(x, x, out=x), x)[1])(_ar(8, d)),
+    "expand_fill_": lambda d: (lambda x: (x.expand(3, 4).fill_(2), x)[1])(_ar(4, d)),
+    "expand_zero_": lambda d: (lambda x: (x.expand(3, 4).zero_(), x)[1])(_ar(4, d)),
+    "expand_masked_fill_": lambda d: (lambda x: (x.expand(3, 4).masked_fill_(
+        torch.tensor([True, False, True, False], device=d), 5.), x)[1])(_ar(4, d)),
+    "expand_index_put_": lambda d: (lambda x: (x.expand(3, 4).index_put_((torch.tensor([0], device=d),),
+                                                                         torch.tensor(7.0, device=d)), x)[1])(_ar(4, d)),
+    "expand_masked_fill_one": lambda d: (lambda x: (x.expand(3, 4).masked_fill_(
+        torch.eye(3, 4, dtype=torch.bool, device=d)[1:2].expand(3, 4) & (torch.arange(3, device=d) == 1)[:, None], 5.),
+        x)[1])(_ar(4, d)),
+    "foreach_cross_pairs": lambda d: (lambda a, b: (torch._foreach_add_([b[:4], a[2:6]], [a[:4], b[4:]]), a, b)[1:])(
+        _ar(8, d), _ar(8, d)),
+    "disjoint_add_": lambda d: (lambda x: (x[4:].add_(x[:4]), x)[1])(_ar(8, d)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAP))
+def test_overlapping_write_raises_like_cpu(name):
+    assert _same_as_cpu(OVERLAP[name], "unsupported operation") is RuntimeError
+    x = torch.arange(4.0, device="tpu")  # the process stays usable
+    assert (x + 1).cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize("name", sorted(ALLOWED))
+def test_allowed_overlap_matches_cpu(name):
+    assert _same_as_cpu(ALLOWED[name]) is None
+
+
+def test_aliased_out_of_a_contraction_computes_the_product():
+    # CPU accepts mm(a, a, out=a) and returns zeros (it clears `out` before reading its
+    # inputs) and sums into an expanded out= twice: artifacts of its aliasing, not
+    # semantics. tpu computes the product and the sum from the inputs' values.
+    a = torch.arange(4.0, device="tpu").view(2, 2)
+    torch.mm(a, a, out=a)
+    assert a.cpu().tolist() == [[2.0, 3.0], [6.0, 11.0]]
+    s = torch.zeros(1, device="tpu").expand(2)
+    torch.sum(torch.ones(2, 2, device="tpu"), 0, out=s)
+    assert s.cpu().tolist() == [2.0, 2.0]
+
+
+# ---- item 3: memory formats and layouts --------------------------------------------
+
+def _cl(d):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(2, 3, 4, 5, generator=g).to(memory_format=torch.channels_last).to(d)
+
+
+def _tr(d):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(3, 4, generator=g).t().to(d)
+
+
+def _w(d):
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(6, 3, 3, 3, generator=g).to(memory_format=torch.channels_last).to(d)
+
+
+def _conv_grads(d):
+    x, w = _cl(d).requires_grad_(), _w(d).requires_grad_()
+    F.conv2d(x, w, padding=1).sum().backward()
+    return x.grad, w.grad
+
+
+LAYOUTS = {
+    "to_device": lambda d: _cl("cpu").to(d),
+    "to_device_transposed": lambda d: _tr("cpu").to(d),
+    "to_dtype": lambda d: _cl(d).to(torch.float16),
+    "to_cpu": lambda d: _cl(d).cpu(),
+    "clone": lambda d: _cl(d).clone(),
+    "clone_transposed": lambda d: _tr(d).clone(),
+    "clone_channels_last": lambda d: _cl(d).contiguous().clone(memory_format=torch.channels_last),
+    "relu": lambda d: _cl(d).relu(),
+    "sigmoid": lambda d: _cl(d).sigmoid(),
+    "gelu": lambda d: F.gelu(_cl(d)),
+    "add": lambda d: _cl(d) + _cl(d),
+    "add_scalar": lambda d: _cl(d) + 1,
+    "mul_broadcast": lambda d: _cl(d) * torch.arange(5.0, device=d),
+    "where": lambda d: torch.where(_cl(d) > 0, _cl(d), 0.0),
+    "clamp": lambda d: _cl(d).clamp(0),
+    "transposed_add": lambda d: _tr(d) + 1,
+    "transposed_mul": lambda d: _tr(d) * _tr(d),
+    "conv2d": lambda d: F.conv2d(_cl(d), _w(d), padding=1),
+    "conv2d_input_cl_only": lambda d: F.conv2d(_cl(d), _w(d).contiguous(), padding=1),
+    "conv2d_grad_input": lambda d: _conv_grads(d)[0],
+    "conv2d_grad_weight": lambda d: _conv_grads(d)[1],
+    "batch_norm": lambda d: F.batch_norm(_cl(d), torch.zeros(3, device=d), torch.ones(3, device=d), training=True),
+    "max_pool2d": lambda d: F.max_pool2d(_cl(d), 2),
+    "avg_pool2d": lambda d: F.avg_pool2d(_cl(d), 2),
+    "adaptive_avg_pool2d": lambda d: F.adaptive_avg_pool2d(_cl(d), 1),
+    "interpolate": lambda d: F.interpolate(_cl(d), scale_factor=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_layout_matches_cpu(name):
+    cpu, tpu = LAYOUTS[name]("cpu"), LAYOUTS[name]("tpu")
+    assert tpu.stride() == cpu.stride(), f"{name}: tpu {tpu.stride()} cpu {cpu.stride()}"
+    torch.testing.assert_close(tpu.cpu(), cpu, atol=1e-4, rtol=1e-4)
+
+
+def test_empty_like_and_to_copy_keep_the_layout():
+    x = _cl("tpu")
+    assert torch.empty_like(x).stride() == x.stride()
+    assert torch.empty_like(x, memory_format=torch.contiguous_format).is_contiguous()
+    y = x[:, :, ::2]  # not dense: the suggested format, as CPU
+    assert y.to(torch.float64).stride() == y.cpu().to(torch.float64).stride()
+    assert x.to(torch.float64).is_contiguous(memory_format=torch.channels_last)
+    # asked-for contiguity, and ops CPU returns contiguous from channels_last inputs
+    for f in (lambda t: t.contiguous(), lambda t: t.clone(memory_format=torch.contiguous_format),
+              lambda t: t.softmax(1), lambda t: t.sum(1, keepdim=True), lambda t: F.layer_norm(t, (5,))):
+        assert f(x).stride() == f(x.cpu()).stride()
+
+
+def test_signed_zeros_and_out_of_range_casts():
+    a, b = torch.tensor([-0.0, 0.0]), torch.tensor([0.0, -0.0])
+    for f in (torch.maximum, torch.minimum, torch.fmax, torch.fmin):  # the first operand on ties, as CPU
+        assert f(a.to("tpu"), b.to("tpu")).cpu().tolist() == f(a, b).tolist()
+        assert torch.equal(torch.signbit(f(a.to("tpu"), b.to("tpu")).cpu()), torch.signbit(f(a, b)))
+    # A max/min reduction over +-0 returns the first of the equal zeros; CPU's vectorized
+    # kernel's choice depends on its lane order (unspecified, IEEE allows either).
+    assert torch.signbit(a.to("tpu").max().cpu()).item() is True
+    assert torch.signbit(b.to("tpu").max().cpu()).item() is False
+    # Float -> int8/int32 of values outside the target's range: CPU's result is C++
+    # undefined behaviour (x86 truncates through int32: 300 -> 44, 1e10 -> 0); tpu keeps
+    # XLA's saturating conversion, as CUDA's converting instructions do. NaN -> 0.
+    v = torch.tensor([300.0, -300.0, 127.9, -128.9, 1e10, float("nan"), float("inf")])
+    assert v.to("tpu").to(torch.int8).cpu().tolist() == [127, -128, 127, -128, 127, 0, 127]
+    assert v.to("tpu").to(torch.int32).cpu().tolist()[4:] == [2**31 - 1, 0, 2**31 - 1]
+    ok = torch.tensor([100.7, -100.7, 0.5])  # in range: truncation toward zero, as CPU
+    assert v.new_tensor(ok).to("tpu").to(torch.int8).cpu().tolist() == ok.to(torch.int8).tolist()
