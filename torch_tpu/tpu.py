@@ -11,11 +11,25 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return True
+    """Whether this process has started the device runtime (plugin, client, devices)."""
+    return _C.is_initialized()
+
+
+def init() -> None:
+    """Starts the device runtime now rather than at the first tpu operation."""
+    _lazy_init()
 
 
 def _lazy_init():
-    pass
+    # Raises "Cannot re-initialize TPU in forked subprocess" in a child forked after the
+    # parent started the runtime (PyTorch calls this before creating tpu tensors).
+    _C.init_client()
+
+
+def _is_in_bad_fork() -> bool:
+    """True in a child forked after the parent started the runtime: tpu is unusable there
+    (torch.manual_seed and DataLoader workers then leave the tpu generators alone)."""
+    return _C.in_bad_fork()
 
 
 def device_count() -> int:
@@ -145,9 +159,56 @@ def get_amp_supported_dtype():
     return [torch.bfloat16, torch.float16]
 
 
-def _is_in_bad_fork() -> bool:
-    return False
-
-
 def get_device_name(device=None) -> str:
-    return f"tpu ({_C.platform()} PJRT plugin)"
+    return get_device_properties(device).name
+
+
+class _TpuDeviceProperties:
+    """What torch.tpu.get_device_properties returns (the fields torch.cuda's has that
+    apply: name, total_memory, major, minor)."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.type = "tpu"
+        self.platform = _C.platform()
+        self.device_kind = _C.device_kind(index)
+        # On a TPU the plugin names the chip ("TPU v4"); other plugins name their kind.
+        self.name = (self.device_kind if self.platform == "tpu"
+                     else f"tpu ({self.platform} PJRT plugin)")
+        self.total_memory = _C.memory_limit(index)
+        self.major, self.minor = _capability(self.device_kind)
+
+    def __repr__(self):
+        return (f"_TpuDeviceProperties(name='{self.name}', device_kind='{self.device_kind}', "
+                f"major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // (1024 * 1024)}MB)")
+
+
+def _capability(kind: str):
+    """(generation, 0) from a TPU kind such as "TPU v5 lite"; (0, 0) when it names none."""
+    import re
+    m = re.search(r"\bv(\d+)", kind)
+    return (int(m.group(1)), 0) if m else (0, 0)
+
+
+def get_device_properties(device=None) -> _TpuDeviceProperties:
+    _lazy_init()
+    d = _index(device)
+    if not 0 <= d < device_count():
+        raise AssertionError(f"Invalid device id: tpu:{d} (this process has {device_count()})")
+    return _TpuDeviceProperties(d)
+
+
+def get_device_capability(device=None):
+    """(major, minor) like torch.cuda's: the TPU generation, (0, 0) off TPU hardware."""
+    p = get_device_properties(device)
+    return p.major, p.minor
+
+
+def get_rng_state_all():
+    return [get_rng_state(d) for d in range(device_count())]
+
+
+def set_rng_state_all(states) -> None:
+    for d, state in enumerate(states):
+        set_rng_state(state, d)

@@ -32,6 +32,14 @@ PYBIND11_MODULE(_C, m) {
     static int n = register_lowered_kernels();
     return n;
   });
+  // Starts the client (plugin, devices); in a child forked after the parent started it,
+  // raises "Cannot re-initialize TPU in forked subprocess" as CUDA does.
+  m.def("init_client", [] { client(); });
+  m.def("is_initialized", [] {
+    return runtime::Client::initialized() && !runtime::Client::forked_after_init();
+  });
+  m.def("in_bad_fork", [] { return runtime::Client::forked_after_init(); });
+  m.def("device_kind", [](int d) { return client().device_kind(d); });
   m.def("plugin_path", [] { return runtime::Client::resolve_plugin_path(); });
   m.def("platform", [] { return client().platform(); });
   m.def("api_version", [] { return client().api_version(); });
@@ -50,6 +58,7 @@ PYBIND11_MODULE(_C, m) {
   });
   // At exit: launch what is pending and let it finish, ignoring errors nobody will read.
   m.def("_drain", [] {
+    if (runtime::Client::forked_after_init()) return;  // the parent's work is not ours
     py::gil_scoped_release nogil;
     try {
       flush("exit");
