@@ -176,3 +176,93 @@ def test_dataloader_fork_workers_feed_a_tpu_training_loop():
     """), timeout=180)
     assert r.returncode == 0, r.stderr
     assert "TOTAL" in r.stdout and FORK_ERROR not in r.stderr
+
+
+# ---- streams and events ---------------------------------------------------------------
+
+def test_streams_are_distinct_and_stream_contexts_restore_device_and_stream():
+    r = run_python(textwrap.dedent("""
+        import torch
+        assert torch.tpu.device_count() == 2
+        s1, s2, s3 = torch.tpu.Stream(), torch.tpu.Stream(), torch.Stream(device="tpu:1")
+        ids = {s.stream_id for s in (s1, s2, s3)}
+        assert len(ids) == 3 and 0 not in ids, ids
+        assert s1 != s2 and s3.device_index == 1
+        assert torch.tpu.current_stream() == torch.tpu.default_stream() and torch.tpu.current_stream().stream_id == 0
+
+        def state():
+            return (torch.tpu.current_device(), torch.tpu.current_stream(0).stream_id,
+                    torch.tpu.current_stream(1).stream_id)
+
+        with torch.tpu.stream(s1):
+            assert state() == (0, s1.stream_id, 0)
+            x = torch.ones(4, device="tpu") * 2  # work is ordinary inside a stream
+        with s3:  # torch.Stream's own context switches the device too
+            assert state() == (1, 0, s3.stream_id)
+            assert torch.accelerator.current_stream() == s3
+            y = torch.ones(2, device="tpu")
+            assert y.device == torch.device("tpu:1")
+        with torch.tpu.stream(s3):
+            assert state() == (1, 0, s3.stream_id)
+        assert state() == (0, 0, 0)
+        for ctx in (lambda: s3, lambda: torch.tpu.stream(s3), lambda: torch.tpu.stream(s1)):
+            try:
+                with ctx():
+                    raise KeyError("boom")
+            except KeyError:
+                pass
+            assert state() == (0, 0, 0), state()
+        with torch.tpu.stream(None):
+            assert state() == (0, 0, 0)
+        torch.tpu.set_stream(s2)
+        assert torch.tpu.current_stream() == s2
+        torch.tpu.set_stream(torch.tpu.default_stream())
+        assert x.cpu().tolist() == [2.0] * 4
+        print("ok")
+    """), env={"TPU_NUM_DEVICES": "2"}, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_wait_stream_and_record_stream_behave_as_on_cuda():
+    side = torch.tpu.Stream()
+    main = torch.tpu.current_stream()
+    x = torch.arange(6.0, device="tpu")
+    side.wait_stream(main)  # side sees x's value
+    with torch.tpu.stream(side):
+        y = x * 2
+    x.record_stream(side)  # no fallback, no error: buffers outlive their readers anyway
+    main.wait_stream(side)
+    del x
+    assert y.cpu().tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    ev = side.record_event()
+    main.wait_event(ev)
+    ev.synchronize()
+    assert ev.query() and side.query()
+    side.synchronize()
+    assert torch_tpu.metrics()["fallbacks"].get("aten::record_stream", 0) == 0
+
+
+def test_timing_events_measure_the_work_between_them():
+    a = torch.randn(256, 256, device="tpu")
+    (a @ a).cpu()  # compiled before timing
+    start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    assert torch.tpu.Event().query()  # never recorded: complete
+    start.record()
+    for _ in range(20):
+        a = (a @ a).tanh()
+    end.record()
+    end.synchronize()
+    ms = start.elapsed_time(end)
+    assert 0 < ms < 60_000
+    assert end.query()
+    # torch.Event created directly works the same.
+    s2, e2 = torch.Event(device="tpu", enable_timing=True), torch.Event(device="tpu", enable_timing=True)
+    s2.record()
+    e2.record()
+    assert 0 <= s2.elapsed_time(e2) < 60_000
+    plain = torch.tpu.Event()
+    plain.record()
+    with pytest.raises(RuntimeError, match="enable_timing=True"):
+        start.elapsed_time(plain)
+    with pytest.raises(RuntimeError, match="recorded"):
+        start.elapsed_time(torch.tpu.Event(enable_timing=True))

@@ -212,3 +212,61 @@ def get_rng_state_all():
 def set_rng_state_all(states) -> None:
     for d, state in enumerate(states):
         set_rng_state(state, d)
+
+
+# ---- streams and events (every stream of a device is its one in-order queue) ----------
+
+class Stream(torch.Stream):
+    """torch.cuda.Stream's shape: `torch.tpu.Stream(device=None, priority=0)`."""
+
+    def __new__(cls, device=None, priority=0, **kwargs):
+        if kwargs:  # (stream_id=, device_index=, device_type=): an existing stream
+            return super().__new__(cls, **kwargs)
+        return super().__new__(cls, device=torch.device("tpu", _index(device)), priority=priority)
+
+
+class Event(torch.Event):
+    """torch.cuda.Event's shape: `torch.tpu.Event(enable_timing=False)`."""
+
+    def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
+        return super().__new__(cls, device="tpu", enable_timing=enable_timing,
+                               blocking=blocking, interprocess=interprocess)
+
+    def elapsed_time(self, end_event) -> float:
+        """Milliseconds of device work between this event's record and `end_event`'s."""
+        return _C.event_elapsed_ms(self.event_id, end_event.event_id)
+
+
+def current_stream(device=None) -> Stream:
+    s = torch.accelerator.current_stream(_index(device))
+    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+
+
+def default_stream(device=None) -> Stream:
+    s = current_stream(device)
+    return Stream(stream_id=0, device_index=s.device_index, device_type=s.device_type)
+
+
+def set_stream(stream) -> None:
+    if stream is not None:
+        torch.accelerator.set_stream(stream)
+
+
+@contextlib.contextmanager
+def stream(s):
+    """Makes `s` (and its device) current inside the block; both are restored after,
+    also when the block raises."""
+    if s is None:
+        yield
+        return
+    prev_device = _C.current_device()
+    prev_dst = torch.accelerator.current_stream(s.device_index)
+    prev_src = torch.accelerator.current_stream(prev_device)
+    _C.set_device(s.device_index)
+    torch.accelerator.set_stream(s)
+    try:
+        yield s
+    finally:
+        torch.accelerator.set_stream(prev_dst)
+        torch.accelerator.set_stream(prev_src)
+        _C.set_device(prev_device)
