@@ -266,3 +266,35 @@ def test_timing_events_measure_the_work_between_them():
         start.elapsed_time(plain)
     with pytest.raises(RuntimeError, match="recorded"):
         start.elapsed_time(torch.tpu.Event(enable_timing=True))
+
+
+# ---- pinned host memory ----------------------------------------------------------------
+
+def test_pin_memory_and_is_pinned():
+    a = torch.randn(1000)
+    assert not a.is_pinned()
+    p = a.pin_memory()
+    assert p.is_pinned() and p.device.type == "cpu"
+    assert p.data_ptr() != a.data_ptr() and torch.equal(p, a)
+    assert p[10:].is_pinned()  # an address inside a pinned block
+    assert p.pin_memory().data_ptr() == p.data_ptr()  # already pinned: the same tensor
+    e = torch.empty(3, 4, pin_memory=True)
+    assert e.is_pinned()
+    e.copy_(torch.ones(3, 4))
+    on_tpu = p.to("tpu", non_blocking=True)
+    torch.testing.assert_close(on_tpu.cpu(), a, rtol=0, atol=0)
+    back = torch.empty(1000, pin_memory=True)
+    back.copy_(on_tpu, non_blocking=True)
+    torch.tpu.synchronize()
+    torch.testing.assert_close(back, a, rtol=0, atol=0)
+
+
+def test_dataloader_pin_memory_batches_are_pinned():
+    from torch.utils.data import DataLoader, TensorDataset
+    data = TensorDataset(torch.randn(16, 3), torch.arange(16))
+    seen = 0
+    for x, y in DataLoader(data, batch_size=4, pin_memory=True):
+        assert x.is_pinned() and y.is_pinned()
+        assert torch.equal(x.to("tpu", non_blocking=True).cpu(), x)
+        seen += 1
+    assert seen == 4

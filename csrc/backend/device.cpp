@@ -13,6 +13,7 @@
 #include <mutex>
 #include <random>
 
+#include "backend/pinned.h"
 #include "backend/storage.h"
 #include "backend/streams.h"
 #include "runtime/client.h"
@@ -177,8 +178,8 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
     // Our data pointers are the storages' promises themselves.
     return at::Device(DeviceType::PrivateUse1, static_cast<StorageData*>(data)->device);
   }
-  bool isPinnedPtr(const void*) const override { return false; }
-  at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool isPinnedPtr(const void* p) const override { return is_pinned_ptr(p); }
+  at::Allocator* getPinnedMemoryAllocator() const override { return pinned_allocator(); }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
   c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(device_count()); }
   void setCurrentDevice(c10::DeviceIndex d) const override { set_current_device(d); }

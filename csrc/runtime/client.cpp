@@ -415,6 +415,34 @@ std::string Client::device_kind(int device) const {
   return std::string(k.device_kind, k.device_kind_size);
 }
 
+// (Plugins older than the DmaMap entries have a shorter PJRT_Api: check its size.)
+bool Client::dma_map(void* data, size_t size) {
+  if (api_->struct_size < PJRT_STRUCT_SIZE(PJRT_Api, PJRT_Client_DmaMap) || !api_->PJRT_Client_DmaMap)
+    return false;
+  auto a = ARGS(PJRT_Client_DmaMap_Args);
+  a.client = client_;
+  a.data = data;
+  a.size = size;
+  PJRT_Error* err = api_->PJRT_Client_DmaMap(&a);
+  if (!err) return true;
+  auto d = ARGS(PJRT_Error_Destroy_Args);
+  d.error = err;
+  api_->PJRT_Error_Destroy(&d);
+  return false;
+}
+
+void Client::dma_unmap(void* data) {
+  auto a = ARGS(PJRT_Client_DmaUnmap_Args);
+  a.client = client_;
+  a.data = data;
+  PJRT_Error* err = api_->PJRT_Client_DmaUnmap(&a);
+  if (err) {
+    auto d = ARGS(PJRT_Error_Destroy_Args);
+    d.error = err;
+    api_->PJRT_Error_Destroy(&d);
+  }
+}
+
 void Client::await_event(PJRT_Event* ev, const std::string& what) {
   auto a = ARGS(PJRT_Event_Await_Args);
   a.event = ev;

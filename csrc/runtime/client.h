@@ -138,6 +138,10 @@ class Client {
   std::vector<std::string> memory_kinds(int device) const;
   // The plugin's name for the device model ("cpu", "TPU v4", ...).
   std::string device_kind(int device) const;
+  // Registers host memory for direct transfers (PJRT_Client_DmaMap). False when the
+  // plugin does not offer it; then the memory is ordinary host memory.
+  bool dma_map(void* data, size_t size);
+  void dma_unmap(void* data);
 
   ExecutablePtr compile(const std::string& mlir, const std::string& name);
   // A compiled executable as bytes (for an on-disk cache), and back.
