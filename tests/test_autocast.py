@@ -146,8 +146,9 @@ def test_grad_scaler_skips_the_step_with_bad_grads_like_cpu(poison):
     assert [s for s, _ in got] == [s for s, _ in ref] == [1024.0, 2048.0, 1024.0, 1024.0, 2048.0]
     torch.testing.assert_close(got[2][1], got[1][1], rtol=0, atol=0)  # step 2 was skipped
     assert not torch.equal(got[3][1], got[2][1])
+    # float16 matmuls may round differently on CPUs with other instruction sets.
     for (_, w_ref), (_, w) in zip(ref, got):
-        torch.testing.assert_close(w, w_ref)
+        torch.testing.assert_close(w, w_ref, atol=1e-3, rtol=1e-3)
 
 
 def test_unscale_op_matches_cpu_and_keeps_a_set_flag():

@@ -298,3 +298,16 @@ def test_dataloader_pin_memory_batches_are_pinned():
         assert torch.equal(x.to("tpu", non_blocking=True).cpu(), x)
         seen += 1
     assert seen == 4
+
+
+def test_autograd_across_streams():
+    # The autograd engine replays each node on its forward stream and orders streams
+    # with events: with streams now distinct, that must still give CPU's gradients.
+    w0 = torch.randn(4, 4)
+    w = w0.to("tpu").requires_grad_()
+    with torch.tpu.stream(torch.tpu.Stream()):
+        y = (w @ w).tanh().sum()
+    y.backward()
+    ref = w0.clone().requires_grad_()
+    (ref @ ref).tanh().sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), ref.grad, atol=1e-5, rtol=1e-4)

@@ -72,7 +72,9 @@ void record_event(void** event, const c10::Stream& s, c10::EventFlag flag) {
     *event = e;
   }
   e->device = resolve(s.device_index());
-  guarded([] { flush("event record"); return 0; });  // the work before it is launched
+  // No flush here: query/synchronize launch the pending graph anyway, and waiting for
+  // work recorded after the event too is only conservative. (The autograd engine
+  // records events between streams; a cut there would split fused graphs.)
   if (e->timing) {
     drain(e->device);
     e->when = std::chrono::steady_clock::now();
