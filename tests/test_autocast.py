@@ -182,3 +182,34 @@ def test_update_scale_op_matches_cpu(scale, tracker, found):
     with no_fallbacks():
         got = run("tpu")
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_each_policy_kind_runs_natively():
+    # One or more ops of each of CUDA's lists, including the redispatching kinds
+    # (norm gains a dtype argument; prod/cumsum/vector_norm get dtype=float32).
+    def t(*s):
+        return torch.randn(*s, device="tpu")
+    x, m, v = t(4, 8), t(8, 8), t(8)
+    xb, vb = x.bfloat16(), v.bfloat16()  # float32 ops must widen these
+    idx = torch.arange(8, device="tpu")
+    cases = [
+        (torch.bfloat16, lambda: torch.einsum("ij,jk->ik", x, m)),
+        (torch.bfloat16, lambda: torch.addmv(v, m, v)),
+        (torch.bfloat16, lambda: F.conv1d(t(1, 3, 8), t(4, 3, 3))),
+        (torch.float32, lambda: torch.norm(xb)),
+        (torch.float32, lambda: torch.norm(xb, 2, [1])),
+        (torch.float32, lambda: torch.linalg.vector_norm(xb)),
+        (torch.float32, lambda: xb.prod()),
+        (torch.float32, lambda: xb.cumprod(1)),
+        (torch.float32, lambda: F.group_norm(t(2, 4, 3).bfloat16(), 2)),
+        (torch.float32, lambda: F.binary_cross_entropy_with_logits(xb, xb.sigmoid())),
+        # promote: without it these refuse mixed dtypes
+        (torch.float32, lambda: torch.zeros(8, device="tpu").scatter_add(0, idx, vb)),
+        (torch.float32, lambda: torch.zeros(8, device="tpu").index_put((idx,), vb)),
+    ]
+    with no_fallbacks():
+        for want, fn in cases:
+            with torch.autocast("tpu", dtype=torch.bfloat16):
+                out = fn()
+            assert out.dtype == want, fn
+        torch.tpu.synchronize()
