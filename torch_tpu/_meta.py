@@ -1,6 +1,8 @@
 """Meta (shape-only) kernels for the few ATen ops PyTorch ships without one. The backend
 plans every lowered op from its Meta outputs, so without these the ops would take the CPU
 fallback although a native rule exists. Registered only where PyTorch has none."""
+import warnings
+
 import torch
 
 _lib = torch.library.Library("aten", "IMPL")
@@ -36,9 +38,28 @@ def _in_place_step(*args, **kwargs):
     return None
 
 
+def _fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    # workspace: the gates r, z, n, the previous hidden state and hn (lowering/rnn.cpp)
+    return torch.empty_like(hx), hx.new_empty((hx.shape[0], 5 * hx.shape[1]))
+
+
+def _fused_gru_cell_backward(grad_hy, workspace, has_bias):
+    b, h = grad_hy.shape
+    gates = (grad_hy.new_empty((b, 3 * h)), grad_hy.new_empty((b, 3 * h)))
+    bias = (grad_hy.new_empty((3 * h,)), grad_hy.new_empty((3 * h,))) if has_bias else (None, None)
+    return gates + (torch.empty_like(grad_hy),) + bias
+
+
+def _fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    # workspace: the activated gates i, f, g, o (lowering/rnn.cpp)
+    return torch.empty_like(cx), torch.empty_like(cx), torch.empty_like(input_gates)
+
+
 _KERNELS = {
     "_fused_adam_.tensor_lr": _in_place_step,
     "_fused_adamw_.tensor_lr": _in_place_step,
+    "_thnn_fused_gru_cell": _fused_gru_cell,
+    "_thnn_fused_gru_cell_backward": _fused_gru_cell_backward,
     "geqrf": _geqrf,
     "linalg_lstsq": _linalg_lstsq,
     "multi_margin_loss_backward": _grad_like_input,
@@ -47,7 +68,18 @@ _KERNELS = {
 }
 
 
+# PyTorch's own Meta kernel is wrong here: it reads `.device` of absent biases
+# (nn.LSTM(bias=False)), so ours replaces it.
+_REPLACED = {
+    "_thnn_fused_lstm_cell": _fused_lstm_cell,
+}
+
+
 def register():
     for name, fn in _KERNELS.items():
         if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + name, "Meta"):
+            _lib.impl(name, fn, "Meta")
+    with warnings.catch_warnings():  # "Overriding a previously registered kernel": meant
+        warnings.simplefilter("ignore")
+        for name, fn in _REPLACED.items():
             _lib.impl(name, fn, "Meta")

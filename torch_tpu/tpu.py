@@ -11,11 +11,25 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return True
+    """Whether this process has started the device runtime (plugin, client, devices)."""
+    return _C.is_initialized()
+
+
+def init() -> None:
+    """Starts the device runtime now rather than at the first tpu operation."""
+    _lazy_init()
 
 
 def _lazy_init():
-    pass
+    # Raises "Cannot re-initialize TPU in forked subprocess" in a child forked after the
+    # parent started the runtime (PyTorch calls this before creating tpu tensors).
+    _C.init_client()
+
+
+def _is_in_bad_fork() -> bool:
+    """True in a child forked after the parent started the runtime: tpu is unusable there
+    (torch.manual_seed and DataLoader workers then leave the tpu generators alone)."""
+    return _C.in_bad_fork()
 
 
 def device_count() -> int:
@@ -145,41 +159,114 @@ def get_amp_supported_dtype():
     return [torch.bfloat16, torch.float16]
 
 
-def _is_in_bad_fork() -> bool:
-    return False
-
-
 def get_device_name(device=None) -> str:
-    return f"tpu ({_C.platform()} PJRT plugin)"
+    return get_device_properties(device).name
 
 
-# Streams and events as torch.cuda spells them (FSDP2 asks the device module for them).
-# Each device has one in-order queue: these are PyTorch's generic stream objects.
-def Stream(device=None, priority: int = 0, **kwargs):
-    return torch.Stream(device=torch.device("tpu", _index(device)), priority=priority)
+class _TpuDeviceProperties:
+    """What torch.tpu.get_device_properties returns (the fields torch.cuda's has that
+    apply: name, total_memory, major, minor)."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.type = "tpu"
+        self.platform = _C.platform()
+        self.device_kind = _C.device_kind(index)
+        # On a TPU the plugin names the chip ("TPU v4"); other plugins name their kind.
+        self.name = (self.device_kind if self.platform == "tpu"
+                     else f"tpu ({self.platform} PJRT plugin)")
+        self.total_memory = _C.memory_limit(index)
+        self.major, self.minor = _capability(self.device_kind)
+
+    def __repr__(self):
+        return (f"_TpuDeviceProperties(name='{self.name}', device_kind='{self.device_kind}', "
+                f"major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // (1024 * 1024)}MB)")
 
 
-def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-    return torch.Event(device="tpu", enable_timing=enable_timing, blocking=blocking,
-                       interprocess=interprocess)
+def _capability(kind: str):
+    """(generation, 0) from a TPU kind such as "TPU v5 lite"; (0, 0) when it names none."""
+    import re
+    m = re.search(r"\bv(\d+)", kind)
+    return (int(m.group(1)), 0) if m else (0, 0)
 
 
-def current_stream(device=None):
-    return torch.accelerator.current_stream(_index(device))
+def get_device_properties(device=None) -> _TpuDeviceProperties:
+    _lazy_init()
+    d = _index(device)
+    if not 0 <= d < device_count():
+        raise AssertionError(f"Invalid device id: tpu:{d} (this process has {device_count()})")
+    return _TpuDeviceProperties(d)
+
+
+def get_device_capability(device=None):
+    """(major, minor) like torch.cuda's: the TPU generation, (0, 0) off TPU hardware."""
+    p = get_device_properties(device)
+    return p.major, p.minor
+
+
+def get_rng_state_all():
+    return [get_rng_state(d) for d in range(device_count())]
+
+
+def set_rng_state_all(states) -> None:
+    for d, state in enumerate(states):
+        set_rng_state(state, d)
+
+
+# ---- streams and events (every stream of a device is its one in-order queue) ----------
+
+class Stream(torch.Stream):
+    """torch.cuda.Stream's shape: `torch.tpu.Stream(device=None, priority=0)`."""
+
+    def __new__(cls, device=None, priority=0, **kwargs):
+        if kwargs:  # (stream_id=, device_index=, device_type=): an existing stream
+            return super().__new__(cls, **kwargs)
+        return super().__new__(cls, device=torch.device("tpu", _index(device)), priority=priority)
+
+
+class Event(torch.Event):
+    """torch.cuda.Event's shape: `torch.tpu.Event(enable_timing=False)`."""
+
+    def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
+        return super().__new__(cls, device="tpu", enable_timing=enable_timing,
+                               blocking=blocking, interprocess=interprocess)
+
+    def elapsed_time(self, end_event) -> float:
+        """Milliseconds of device work between this event's record and `end_event`'s."""
+        return _C.event_elapsed_ms(self.event_id, end_event.event_id)
+
+
+def current_stream(device=None) -> Stream:
+    s = torch.accelerator.current_stream(_index(device))
+    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+
+
+def default_stream(device=None) -> Stream:
+    s = current_stream(device)
+    return Stream(stream_id=0, device_index=s.device_index, device_type=s.device_type)
 
 
 def set_stream(stream) -> None:
-    torch.accelerator.set_stream(stream)
+    if stream is not None:
+        torch.accelerator.set_stream(stream)
 
 
 @contextlib.contextmanager
 def stream(s):
+    """Makes `s` (and its device) current inside the block; both are restored after,
+    also when the block raises."""
     if s is None:
         yield
         return
-    prev = torch.accelerator.current_stream(s.device_index)
+    prev_device = _C.current_device()
+    prev_dst = torch.accelerator.current_stream(s.device_index)
+    prev_src = torch.accelerator.current_stream(prev_device)
+    _C.set_device(s.device_index)
     torch.accelerator.set_stream(s)
     try:
-        yield
+        yield s
     finally:
-        torch.accelerator.set_stream(prev)
+        torch.accelerator.set_stream(prev_dst)
+        torch.accelerator.set_stream(prev_src)
+        _C.set_device(prev_device)

@@ -83,7 +83,14 @@ void count_flush(const char* reason) {
 void flush_prefix(const char* reason, size_t count);
 void flush_bounded();
 
-std::unique_lock<std::recursive_mutex> graph_lock() { return std::unique_lock<std::recursive_mutex>(g_mu); }
+// A child forked after the runtime started has the parent's graph and queues but not
+// the launcher thread that drains them: it must fail before waiting on either.
+static void check_not_forked() { guarded([] { runtime::Client::check_not_forked(); return 0; }); }
+
+std::unique_lock<std::recursive_mutex> graph_lock() {
+  check_not_forked();
+  return std::unique_lock<std::recursive_mutex>(g_mu);
+}
 
 std::vector<Operand> run(const ProgramPtr& program, const std::vector<Operand>& args, int device) {
   if (!deferring()) {
@@ -438,8 +445,14 @@ void record_launch_error(const std::exception_ptr& e) { launcher().record(e); }
 
 }  // namespace
 
-void wait_launched() { launcher().wait_idle(); }
-void settle_launched() { launcher().wait_quiet(); }
+void wait_launched() {
+  check_not_forked();
+  launcher().wait_idle();
+}
+void settle_launched() {
+  check_not_forked();
+  launcher().wait_quiet();
+}
 
 void flush(const char* reason) { flush_prefix(reason, std::numeric_limits<size_t>::max()); }
 

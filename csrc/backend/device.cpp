@@ -14,7 +14,9 @@
 #include <mutex>
 #include <random>
 
+#include "backend/pinned.h"
 #include "backend/storage.h"
+#include "backend/streams.h"
 #include "runtime/client.h"
 
 namespace tpu::backend {
@@ -62,36 +64,32 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Device getDevice() const override { return c10::Device(DeviceType::PrivateUse1, t_device); }
   void setDevice(c10::Device d) const override { set_current_device(d.index()); }
   void uncheckedSetDevice(c10::Device d) const noexcept override { t_device = d.index(); }
-  c10::Stream getStream(c10::Device d) const override { return getDefaultStream(d); }
+  c10::Stream getStream(c10::Device d) const override { return current_stream(d.index()); }
   c10::Stream getDefaultStream(c10::Device d) const override {
     if (!d.has_index()) d = getDevice();
     return c10::Stream(c10::Stream::DEFAULT, d);
   }
-  c10::Stream exchangeStream(c10::Stream s) const override { return s; }
+  c10::Stream exchangeStream(c10::Stream s) const override { return exchange_stream(s); }
   c10::DeviceIndex deviceCount() const noexcept override {
     return static_cast<c10::DeviceIndex>(device_count());
   }
-  // One in-order queue per device: every stream is that queue, an event marks "all
-  // work launched so far on its device", and waiting on it is a device sync.
-  c10::Stream getNewStream(c10::Device d, int) const override { return getDefaultStream(d); }
-  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getDefaultStream(d); }
-  void record(void** event, const c10::Stream& s, const c10::DeviceIndex, const c10::EventFlag) const override {
-    if (!*event) *event = new c10::DeviceIndex(s.device_index());
-    else *static_cast<c10::DeviceIndex*>(*event) = s.device_index();
+  // Streams and events: backend/streams.cpp (every stream is the device's one queue).
+  c10::Stream getNewStream(c10::Device d, int) const override { return new_stream(d.index()); }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override {
+    return new_stream(d.index());
+  }
+  void record(void** event, const c10::Stream& s, const c10::DeviceIndex,
+              const c10::EventFlag flag) const override {
+    record_event(event, s, flag);
   }
   void block(void*, const c10::Stream&) const override {}  // same queue: already ordered
-  bool queryEvent(void* event) const override {
-    return !event || runtime::Client::get().is_idle(*static_cast<c10::DeviceIndex*>(event));
-  }
-  void synchronizeEvent(void* event) const override {
-    if (event) {
-      flush("synchronize");
-    wait_launched();
-      runtime::Client::get().synchronize(*static_cast<c10::DeviceIndex*>(event));
-    }
-  }
+  bool queryEvent(void* event) const override { return query_event(event); }
+  void synchronizeEvent(void* event) const override { synchronize_event(event); }
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
-    delete static_cast<c10::DeviceIndex*>(event);
+    destroy_event(event);
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    return elapsed_ms(start, end);
   }
   bool queryStream(const c10::Stream& s) const override {
     return runtime::Client::get().is_idle(s.device_index());
@@ -181,8 +179,8 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
     // Our data pointers are the storages' promises themselves.
     return at::Device(DeviceType::PrivateUse1, static_cast<StorageData*>(data)->device);
   }
-  bool isPinnedPtr(const void*) const override { return false; }
-  at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool isPinnedPtr(const void* p) const override { return is_pinned_ptr(p); }
+  at::Allocator* getPinnedMemoryAllocator() const override { return pinned_allocator(); }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
   c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(device_count()); }
   void setCurrentDevice(c10::DeviceIndex d) const override { set_current_device(d); }

@@ -756,6 +756,7 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   auto found = infos().find(op.operator_name());
   TORCH_INTERNAL_ASSERT(found != infos().end(), "no lowering registered for ", op.operator_name());
   const OpInfo& info = found->second;
+  guarded([] { runtime::Client::check_not_forked(); return 0; });  // before any graph lock
   auto args = torch::jit::last(*stack, info.num_args);
   metrics().op_calls += 1;
   if (!info.mutated.empty()) check_overlaps(info, args);

@@ -8,6 +8,7 @@
 #include "backend/device_checks.h"
 #include "backend/executor.h"
 #include "backend/storage.h"
+#include "backend/streams.h"
 #include "runtime/client.h"
 #include "runtime/disk_cache.h"
 #include "runtime/plugin_search.h"
@@ -36,6 +37,18 @@ PYBIND11_MODULE(_C, m) {
     static int n = register_lowered_kernels();
     return n;
   });
+  // Starts the client (plugin, devices); in a child forked after the parent started it,
+  // raises "Cannot re-initialize TPU in forked subprocess" as CUDA does.
+  m.def("init_client", [] { client(); });
+  m.def("is_initialized", [] {
+    return runtime::Client::initialized() && !runtime::Client::forked_after_init();
+  });
+  m.def("in_bad_fork", [] { return runtime::Client::forked_after_init(); });
+  m.def("device_kind", [](int d) { return client().device_kind(d); });
+  // torch.Event.elapsed_time refuses subclasses (torch.tpu.Event): the same, by event_id.
+  m.def("event_elapsed_ms", [](uintptr_t start, uintptr_t end) {
+    return elapsed_ms(reinterpret_cast<void*>(start), reinterpret_cast<void*>(end));
+  });
   m.def("plugin_path", [] { return runtime::Client::resolve_plugin_path(); });
   m.def("platform", [] { return client().platform(); });
   m.def("api_version", [] { return client().api_version(); });
@@ -54,6 +67,7 @@ PYBIND11_MODULE(_C, m) {
   });
   // At exit: launch what is pending and let it finish, ignoring errors nobody will read.
   m.def("_drain", [] {
+    if (runtime::Client::forked_after_init()) return;  // the parent's work is not ours
     py::gil_scoped_release nogil;
     try {
       flush("exit");

@@ -7,6 +7,7 @@
 
 #include "backend/dtypes.h"
 #include "backend/executor.h"
+#include "runtime/client.h"
 
 namespace tpu::backend {
 namespace {
@@ -16,6 +17,8 @@ void delete_storage(void* ctx) { delete static_cast<StorageData*>(ctx); }
 class TpuAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
+    // A forked child must fail here, before a deferred graph records anything.
+    guarded([] { runtime::Client::check_not_forked(); return 0; });
     c10::DeviceIndex dev = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index();
     auto* s = new StorageData{dev, nbytes, {}};
     // The data pointer is only an identity: device memory is never host-addressable.

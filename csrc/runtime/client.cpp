@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -70,6 +71,10 @@ T make_args(size_t size) {
 
 Client* g_client = nullptr;
 std::mutex g_client_mu;
+bool g_forked_after_init = false;
+
+void on_fork_child() { g_forked_after_init = g_client != nullptr; }
+const int g_atfork = pthread_atfork(nullptr, nullptr, &on_fork_child);
 
 }  // namespace
 
@@ -99,7 +104,7 @@ int64_t Buffer::numel() const {
 }
 
 Buffer::~Buffer() {
-  if (!buf_) return;
+  if (!buf_ || g_forked_after_init) return;
   Client& c = Client::get();
   auto a = ARGS(PJRT_Buffer_Destroy_Args);
   a.buffer = buf_;
@@ -117,7 +122,7 @@ Executable::Executable(PJRT_LoadedExecutable* e, size_t num_outputs, int64_t tem
     : exe_(e), num_outputs_(num_outputs), temp_bytes_(temp_bytes), output_bytes_(output_bytes) {}
 
 Executable::~Executable() {
-  if (!exe_ || !g_client) return;
+  if (!exe_ || !g_client || g_forked_after_init) return;
   auto a = ARGS(PJRT_LoadedExecutable_Destroy_Args);
   a.executable = exe_;
   g_client->check(g_client->api()->PJRT_LoadedExecutable_Destroy(&a), "destroy executable");
@@ -142,8 +147,18 @@ void Client::check(PJRT_Error* err, const std::string& what) const {
 }
 
 bool Client::initialized() { return g_client != nullptr; }
+bool Client::forked_after_init() { return g_forked_after_init; }
+
+void Client::check_not_forked() {
+  if (g_forked_after_init)
+    throw Error(
+        "Cannot re-initialize TPU in forked subprocess. To use TPU with multiprocessing, you "
+        "must use the 'spawn' start method",
+        PJRT_Error_Code_FAILED_PRECONDITION);
+}
 
 Client& Client::get() {
+  check_not_forked();
   if (g_client) return *g_client;
   std::lock_guard<std::mutex> lock(g_client_mu);
   if (!g_client) g_client = new Client();  // lives for the process: buffers outlive statics
@@ -395,6 +410,44 @@ std::vector<std::string> Client::memory_kinds(int device) const {
     kinds.emplace_back(k.kind, k.kind_size);
   }
   return kinds;
+}
+
+std::string Client::device_kind(int device) const {
+  auto d = ARGS(PJRT_Device_GetDescription_Args);
+  d.device = devices_.at(device);
+  check(api_->PJRT_Device_GetDescription(&d), "PJRT_Device_GetDescription");
+  auto k = ARGS(PJRT_DeviceDescription_Kind_Args);
+  k.device_description = d.device_description;
+  check(api_->PJRT_DeviceDescription_Kind(&k), "PJRT_DeviceDescription_Kind");
+  return std::string(k.device_kind, k.device_kind_size);
+}
+
+// (Plugins older than the DmaMap entries have a shorter PJRT_Api: check its size.)
+bool Client::dma_map(void* data, size_t size) {
+  if (api_->struct_size < PJRT_STRUCT_SIZE(PJRT_Api, PJRT_Client_DmaMap) || !api_->PJRT_Client_DmaMap)
+    return false;
+  auto a = ARGS(PJRT_Client_DmaMap_Args);
+  a.client = client_;
+  a.data = data;
+  a.size = size;
+  PJRT_Error* err = api_->PJRT_Client_DmaMap(&a);
+  if (!err) return true;
+  auto d = ARGS(PJRT_Error_Destroy_Args);
+  d.error = err;
+  api_->PJRT_Error_Destroy(&d);
+  return false;
+}
+
+void Client::dma_unmap(void* data) {
+  auto a = ARGS(PJRT_Client_DmaUnmap_Args);
+  a.client = client_;
+  a.data = data;
+  PJRT_Error* err = api_->PJRT_Client_DmaUnmap(&a);
+  if (err) {
+    auto d = ARGS(PJRT_Error_Destroy_Args);
+    d.error = err;
+    api_->PJRT_Error_Destroy(&d);
+  }
 }
 
 void Client::await_event(PJRT_Event* ev, const std::string& what) {

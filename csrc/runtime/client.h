@@ -115,6 +115,12 @@ class Client {
   // The process-wide client, created on first use from the chosen plugin.
   static Client& get();
   static bool initialized();
+  // True in a child forked after the client started: it holds a copy of the client
+  // without its threads or device connection, so get() refuses (as CUDA does) and
+  // buffers the child inherited are left alone rather than freed.
+  static bool forked_after_init();
+  // Throws that refusal when forked_after_init(): for paths that reach no get().
+  static void check_not_forked();
   // Path of the plugin `get()` would load (or did), and how it was chosen.
   static std::string resolve_plugin_path(std::string* how = nullptr);
 
@@ -133,6 +139,12 @@ class Client {
   std::unique_ptr<PendingUpload> upload_later(DType dtype, const std::vector<int64_t>& dims, int device);
   // Kinds of the memories a device can address ("device", "pinned_host", ...).
   std::vector<std::string> memory_kinds(int device) const;
+  // The plugin's name for the device model ("cpu", "TPU v4", ...).
+  std::string device_kind(int device) const;
+  // Registers host memory for direct transfers (PJRT_Client_DmaMap). False when the
+  // plugin does not offer it; then the memory is ordinary host memory.
+  bool dma_map(void* data, size_t size);
+  void dma_unmap(void* data);
 
   ExecutablePtr compile(const std::string& mlir, const std::string& name);
   // A compiled executable as bytes (for an on-disk cache), and back.

@@ -1,0 +1,21 @@
+// Streams and events of `tpu`. Each device runs programs from one in-order queue, so
+// streams are labels over that queue: distinct ids (what code comparing streams
+// sees) and a per-thread current stream per device, but any order CUDA code sets up
+// between streams (wait_stream, events) already holds.
+#pragma once
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+namespace tpu::backend {
+
+c10::Stream current_stream(c10::DeviceIndex device);
+c10::Stream exchange_stream(const c10::Stream& s);  // returns the previous current one
+c10::Stream new_stream(c10::DeviceIndex device);
+
+void record_event(void** event, const c10::Stream& s, c10::EventFlag flag);
+bool query_event(void* event);
+void synchronize_event(void* event);
+void destroy_event(void* event) noexcept;
+double elapsed_ms(void* start, void* end);
+
+}  // namespace tpu::backend
