@@ -1,0 +1,140 @@
+"""Compiled mode: torch.compile(backend="tpu") runs each captured graph as one fused
+program, with the eager kernels' numerics."""
+import copy
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torch_tpu
+from torch_tpu import EagerMode
+from conftest import ROOT, run_python
+
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from gpt import GPT, batches  # noqa: E402
+
+MODES = [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def delta(before, after, *keys):
+    return {k: after[k] - before[k] for k in keys}
+
+
+def test_backend_registered_by_autoload():
+    # No `import torch_tpu`: the torch.backends entry point loads it, and Dynamo finds
+    # "tpu" through its torch_dynamo_backends entry point.
+    r = run_python(
+        "import torch, torch._dynamo\n"
+        "assert 'tpu' in torch._dynamo.list_backends(), torch._dynamo.list_backends()\n"
+        "f = torch.compile(lambda x: (x * 2 + 1).relu(), backend='tpu')\n"
+        "y = f(torch.arange(-2.0, 3.0, device='tpu'))\n"
+        "import torch_tpu\n"
+        "print(y.cpu().tolist(), torch_tpu.metrics()['compiled_graphs'])\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-1] == "1" and "[0.0, 0.0, 1.0, 3.0, 5.0]" in r.stdout
+
+
+def test_tpu_backend_names_and_options():
+    from torch_tpu._internal import compile as c
+    assert torch_tpu.TpuBackend is c.TpuBackend
+    b = c.TpuBackend(debug=False, dynamism=False, enable_serialization=True, precompile_steps=0)
+    assert (b.debug, b.dynamism) == (False, False)
+    m = torch_tpu.metrics()
+    for k in ("compiled_graphs", "compiled_recompiles", "compiled_lowering_seconds"):
+        assert k in m
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(),
+                         nn.Linear(32, 4))
+
+
+def train_mlp(model, fwd, steps=10):
+    torch.manual_seed(1)
+    data = [(torch.randn(8, 16), torch.randn(8, 4)) for _ in range(steps)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for x, y in data:
+        loss = nn.functional.mse_loss(fwd(x.to("tpu")), y.to("tpu"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_compiled_mlp_trains_like_eager(mode):
+    torch.manual_seed(0)
+    base = mlp().to("tpu")
+    with torch_tpu.set_eager_mode(mode):
+        eager = copy.deepcopy(base)
+        want = train_mlp(eager, eager)
+        model = copy.deepcopy(base)
+        got = train_mlp(model, torch.compile(model, backend="tpu"))
+    assert got == pytest.approx(want, abs=1e-5)
+    assert want[-1] < want[0]
+
+
+def train_gpt(model, fwd, steps=10):
+    """Losses of `steps` AdamW steps, and the metrics after the first and second steps."""
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses, seen = [], []
+    for x, y in batches(64, 32, 4, steps):
+        _, loss = fwd(x.to("tpu"), y.to("tpu"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if len(seen) < 2:
+            seen.append(torch_tpu.metrics())
+    return losses, seen
+
+
+STEADY = ("compiled_graph_calls", "compiled_graphs", "compiled_recompiles", "compiles",
+          "fused_graphs", "executions")
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_compiled_gpt_trains_like_eager_one_program_per_graph(mode):
+    torch.manual_seed(0)
+    base = GPT()
+    with torch_tpu.set_eager_mode(mode):
+        eager = copy.deepcopy(base).to("tpu")
+        want, _ = train_gpt(eager, eager)
+        model = copy.deepcopy(base).to("tpu")
+        fwd = torch.compile(model, backend="tpu")
+        got, (first, second) = train_gpt(model, fwd)
+        after = torch_tpu.metrics()
+        # A steady forward and backward: one program per graph. Outside them only the
+        # backward's seed gradient (ones) and AOTAutograd's zero tangent for the logits
+        # (no gradient) run: two programs in Strict mode, one fused in DeferAndFuse.
+        # Grads start as None: no accumulation.
+        x, y = (t.to("tpu") for t in next(batches(64, 32, 4, 1)))
+        model.zero_grad()
+        torch_tpu.synchronize()
+        before = torch_tpu.metrics()
+        _, loss = fwd(x, y)
+        loss.backward()
+        torch_tpu.synchronize()
+        step = delta(before, torch_tpu.metrics(), *STEADY)
+    assert got == pytest.approx(want, abs=1e-5)
+    assert want[-1] < want[0]
+    # Steps 2..10 lowered and recompiled no graph; from step 3 (the eager optimizer's
+    # second step differs from its first, which creates its state) nothing compiles.
+    later = delta(first, after, *STEADY)
+    assert later["compiled_graphs"] == later["compiled_recompiles"] == 0
+    assert later["compiled_graph_calls"] == 2 * 9
+    assert delta(second, after, "compiles")["compiles"] == 0
+    fused = mode == EagerMode.DEFER_AND_FUSE
+    assert step["compiled_graph_calls"] == 2 and step["fused_graphs"] == 2 + fused
+    assert step["executions"] == (3 if fused else 4), step
