@@ -138,3 +138,117 @@ def test_compiled_gpt_trains_like_eager_one_program_per_graph(mode):
     fused = mode == EagerMode.DEFER_AND_FUSE
     assert step["compiled_graph_calls"] == 2 and step["fused_graphs"] == 2 + fused
     assert step["executions"] == (3 if fused else 4), step
+
+
+def test_graph_breaks_run_eagerly_with_right_results(capsys):
+    lin = nn.Linear(6, 6)
+
+    def fwd(m, x):
+        y = m(x).relu()
+        print("between graphs")          # a graph break
+        s = y.sum().item()               # another: a value on the host
+        return y * s + 1
+
+    x = torch.randn(4, 6)
+    want = fwd(lin, x)
+    capsys.readouterr()
+    lin_t = copy.deepcopy(lin).to("tpu")
+    before = torch_tpu.metrics()
+    f = torch.compile(lambda x: fwd(lin_t, x), backend="tpu")
+    got = [f(x.to("tpu")).cpu() for _ in range(2)]
+    d = delta(before, torch_tpu.metrics(), "compiled_graphs", "compiled_graph_calls")
+    for g in got:
+        torch.testing.assert_close(g, want)
+    assert capsys.readouterr().out.count("between graphs") == 2
+    assert d["compiled_graphs"] >= 2 and d["compiled_graph_calls"] >= 4  # pieces around the breaks
+
+
+def test_batchnorm_train_mode_matches_cpu_running_stats_too():
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+                        nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    tpu = copy.deepcopy(cpu).to("tpu")
+    f = torch.compile(tpu, backend="tpu", dynamic=False)  # the eval batch below is smaller
+    for _ in range(3):
+        x = torch.randn(5, 3, 8, 8)
+        want = cpu(x)
+        want.square().sum().backward()
+        got = f(x.to("tpu"))
+        got.square().sum().backward()
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+    bn_c, bn_t = cpu[1], tpu[1]
+    torch.testing.assert_close(bn_t.running_mean.cpu(), bn_c.running_mean)
+    torch.testing.assert_close(bn_t.running_var.cpu(), bn_c.running_var)
+    assert bn_t.num_batches_tracked.item() == bn_c.num_batches_tracked.item() == 3
+    torch.testing.assert_close(tpu[0].weight.grad.cpu(), cpu[0].weight.grad, rtol=1e-4, atol=1e-4)
+    # Eval mode: a second graph reading the running statistics.
+    cpu.eval(), tpu.eval()
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x), rtol=1e-4, atol=1e-4)
+
+
+def test_dropout_reproducible_with_the_seed_and_equal_to_eager():
+    m = nn.Sequential(nn.Linear(8, 64), nn.Dropout(0.5), nn.Linear(64, 4)).to("tpu")
+    x = torch.randn(16, 8).to("tpu")
+    f = torch.compile(m, backend="tpu")
+
+    def run(fn, seed):
+        torch.manual_seed(seed)
+        return fn(x).cpu()
+
+    a, b, c = run(f, 3), run(f, 3), run(f, 4)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(a, run(m, 3))  # the eager kernels draw the same bits
+
+
+def test_compiled_optimizer_step_matches_eager():
+    torch.manual_seed(0)
+    eager = nn.Linear(8, 4).to("tpu")
+    comp = copy.deepcopy(eager)
+    opt_e = torch.optim.Adam(eager.parameters(), lr=0.01)
+    opt_c = torch.optim.Adam(comp.parameters(), lr=0.01)
+
+    @torch.compile(backend="tpu")
+    def step():
+        opt_c.step()
+
+    x = torch.randn(16, 8).to("tpu")
+    for i in range(4):
+        for m, o in ((eager, opt_e), (comp, opt_c)):
+            o.zero_grad()
+            m(x).square().mean().backward()
+        opt_e.step()
+        torch_tpu.synchronize()
+        before = torch_tpu.metrics()
+        step()
+        torch_tpu.synchronize()
+        d = delta(before, torch_tpu.metrics(), "executions", "compiled_graph_calls")
+        if i >= 2:  # steady: the whole Adam update is one program
+            assert d == {"executions": 1, "compiled_graph_calls": 1}
+    for pe, pc in zip(eager.parameters(), comp.parameters()):
+        torch.testing.assert_close(pc.cpu(), pe.cpu(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(opt_c.state[pc]["exp_avg_sq"].cpu(),
+                                   opt_e.state[pe]["exp_avg_sq"].cpu(), rtol=1e-5, atol=1e-6)
+
+
+def test_symint_without_bounds_raises_not_implemented():
+    f = torch.compile(lambda t: t * 2, backend="tpu", dynamic=True)
+    with pytest.raises(Exception) as e:
+        f(torch.ones(4, 3, device="tpu"))
+    err = e.value  # Dynamo wraps what a backend raises
+    while err is not None and not isinstance(err, NotImplementedError):
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    assert isinstance(err, NotImplementedError), repr(e.value)
+    assert "dynamic=False" in str(err) and "mark_dynamic" in str(err)
+
+
+def test_plain_torch_compile_on_tpu_uses_the_tpu_backend_any_mode():
+    torch.manual_seed(0)
+    m = mlp()
+    x = torch.randn(3, 16)
+    want = m(x)
+    mt = copy.deepcopy(m).to("tpu")
+    before = torch_tpu.metrics()["compiled_graphs"]
+    got = torch.compile(mt, mode="max-autotune")(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert torch_tpu.metrics()["compiled_graphs"] > before
