@@ -252,3 +252,22 @@ def test_plain_torch_compile_on_tpu_uses_the_tpu_backend_any_mode():
     got = torch.compile(mt, mode="max-autotune")(x.to("tpu"))
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
     assert torch_tpu.metrics()["compiled_graphs"] > before
+
+
+def test_bounded_dynamism_one_graph_for_every_size_in_bounds():
+    from torch_tpu import dynamism
+    from torch_tpu._internal import dynamism as internal
+    assert internal.mark_dynamic is dynamism.mark_dynamic
+    f = torch.compile(lambda t: (t * 2).sum(0), backend=torch_tpu.TpuBackend(dynamism=True))
+    before = torch_tpu.metrics()
+    for n in (4, 6, 9, 4):
+        x = torch.arange(n * 3.0).reshape(n, 3)
+        xt = x.to("tpu")
+        dynamism.mark_dynamic(xt, 0, 2, 16)
+        assert dynamism.get_dynamism_info(xt) == {0: (2, 16)}
+        torch.testing.assert_close(f(xt).cpu(), (x * 2).sum(0))
+    d = delta(before, torch_tpu.metrics(), "compiled_graphs", "compiled_recompiles")
+    assert d == {"compiled_graphs": 1, "compiled_recompiles": 0}
+    assert dynamism.get_dynamism_info(torch.ones(2)) == {}
+    with pytest.raises(ValueError, match="outside"):
+        dynamism.mark_dynamic(torch.ones(20, 3), 0, 2, 16)

@@ -49,11 +49,12 @@ from ._metrics import metrics, metrics_report  # noqa: E402
 from . import api  # noqa: E402
 from . import _step_boundary  # noqa: E402,F401  (cuts deferred graphs at optimizer steps)
 from ._internal.compile import TpuBackend, _route_inductor_to_tpu  # noqa: E402
+from . import dynamism  # noqa: E402  (mark_dynamic for compiled mode)
 
 _route_inductor_to_tpu()  # torch.compile(model) on tpu tensors uses backend "tpu"
 
 __all__ = [
     "EagerMode", "set_eager_mode", "get_eager_mode", "synchronize", "metrics",
-    "metrics_report", "api", "TpuBackend",
+    "metrics_report", "api", "TpuBackend", "dynamism",
 ]
 

@@ -100,11 +100,12 @@ def _check_dynamism(gm, example_inputs, dynamism: bool) -> None:
     syms = _symbols(gm, example_inputs)
     if not syms:
         return
+    from torch.utils._sympy.numbers import int_oo
     env = _shape_env(example_inputs)
     unbounded = []
     for s in syms:
         r = env.var_to_range.get(s) if env is not None else None
-        if r is None or not r.upper.is_integer or not r.lower.is_integer:
+        if r is None or r.upper == int_oo or not r.upper.is_number:
             unbounded.append(str(s))
     if unbounded or not dynamism:
         why = (f"dynamic sizes without bounds ({', '.join(unbounded)})" if unbounded
