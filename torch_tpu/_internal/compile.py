@@ -12,6 +12,9 @@ execution per graph. Graph breaks run eagerly in the surrounding mode.
 `torch_dynamo_backends` entry point (no import of torch_tpu needed). A plain
 `torch.compile(model)` reaches Inductor, which has no tpu code generator of its own
 here: graphs whose tensors live on tpu are routed to this backend instead.
+
+Cost: each call re-records its graph (a few ms for the GPT example's graphs); the next
+lever is replaying a recorded graph in C++ with new input buffers.
 """
 import time
 
