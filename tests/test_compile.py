@@ -271,3 +271,16 @@ def test_bounded_dynamism_one_graph_for_every_size_in_bounds():
     assert dynamism.get_dynamism_info(torch.ones(2)) == {}
     with pytest.raises(ValueError, match="outside"):
         dynamism.mark_dynamic(torch.ones(20, 3), 0, 2, 16)
+
+
+def test_conformance_compiled_option_runs_samples_through_the_backend():
+    from torch_tpu import conformance
+    before = torch_tpu.metrics()["compiled_graphs"]
+    res = conformance.run(["mm", "nn.functional.gelu"], ("float32",), max_samples=2, jobs=0,
+                          progress=False, compiled=True)
+    assert res["meta"]["compiled"] is True
+    for key, rec in res["entries"].items():
+        assert rec["float32"]["fwd"]["status"] == "native", (key, rec)
+        assert rec["float32"]["bwd"]["status"] == "native", (key, rec)
+    # Each sample: a forward and a backward graph.
+    assert torch_tpu.metrics()["compiled_graphs"] - before >= 2 * 2 * 2

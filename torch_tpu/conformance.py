@@ -2,6 +2,10 @@
 
     python -m torch_tpu.conformance [--ops add,nn.functional.*] [--dtype float32,bool]
         [--jobs 2] [--timeout 60] [--max-samples 8] [--out DIR] [--baseline FILE --check]
+        [--compiled]
+
+`--compiled` runs each tpu sample through torch.compile(backend="tpu") (compiled mode:
+one fused program per captured graph, and its backward graph) instead of eagerly.
 
 Per (entry, dtype, direction) the status is one of
   native    outputs (or gradients) match and nothing fell back to the CPU
@@ -46,6 +50,7 @@ DEFAULT_TOL = {torch.float32: (1e-4, 1e-4), torch.complex64: (1e-4, 1e-4),
                torch.bfloat16: (1e-2, 1.6e-2), torch.float16: (1e-3, 1e-3)}
 # Ops whose tensor arguments other than the input must stay on the CPU (as on CUDA).
 CPU_ARGS = {"tensor_split"}
+COMPILED = False  # --compiled: tpu samples run through torch.compile(backend="tpu")
 
 
 # ---------------------------------------------------------------- the op database
@@ -148,7 +153,11 @@ class Seeded(TorchDispatchMode):
 
 def call(op, sample, device):
     inp, args, kwargs = copy_args(op, sample, device)
-    return op(inp, *args, **kwargs), [t for t in pytree.tree_leaves((inp, args, kwargs))
+    fn = op
+    if COMPILED and device == "tpu":
+        torch._dynamo.reset()  # a fresh compile per sample, never a recompile-limit skip
+        fn = torch.compile(lambda i, *a, **k: op(i, *a, **k), backend="tpu", dynamic=False)
+    return fn(inp, *args, **kwargs), [t for t in pytree.tree_leaves((inp, args, kwargs))
                                      if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
@@ -382,7 +391,9 @@ def quiet():
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-def _worker(conn, dtypes, max_samples, log_path, max_entries):
+def _worker(conn, dtypes, max_samples, log_path, max_entries, compiled=False):
+    global COMPILED
+    COMPILED = compiled
     # The plugin and the ops write to fd 2; keep it in a log, not in the progress lines.
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 2)
@@ -404,10 +415,10 @@ class Pool:
     """Spawned workers, each running one entry at a time under a deadline; a worker that
     hangs is killed and replaced, one that dies is replaced."""
 
-    def __init__(self, jobs, dtypes, max_samples, log_path, max_entries=150):
+    def __init__(self, jobs, dtypes, max_samples, log_path, max_entries=150, compiled=False):
         import multiprocessing as mp
         self.ctx, self.args = mp.get_context("spawn"), (dtypes, max_samples, log_path,
-                                                        max_entries)
+                                                        max_entries, compiled)
         self.workers = {}  # conn -> [process, key or None, deadline, ready]
         for _ in range(jobs):
             self.start()
@@ -567,9 +578,11 @@ def stratified_sample(baseline: dict, n: int, dtype: str = "float32") -> list:
 # ---------------------------------------------------------------- driver
 
 def run(ops=None, dtypes=("float32",), max_samples=8, jobs=2, timeout=60.0, out=None,
-        progress=True) -> dict:
+        progress=True, compiled=False) -> dict:
     """Runs the selected entries (in-process when jobs == 0); writes out/conformance.{json,md}
     when `out` is given. Returns {"meta", "summary", "entries"}."""
+    global COMPILED
+    COMPILED = compiled
     t0 = time.monotonic()
     db = op_db()
     keys = select(db, ops)
@@ -589,7 +602,7 @@ def run(ops=None, dtypes=("float32",), max_samples=8, jobs=2, timeout=60.0, out=
                 done(i, key, run_entry(db[key], dtypes, max_samples), "")
     else:
         log = os.path.join(out or ".", "workers.log")
-        pool = Pool(jobs, dtypes, max_samples, log)
+        pool = Pool(jobs, dtypes, max_samples, log, compiled=compiled)
         try:
             for i, (key, res, msg) in enumerate(pool.map(keys, timeout), 1):
                 done(i, key, res, msg)
@@ -597,7 +610,8 @@ def run(ops=None, dtypes=("float32",), max_samples=8, jobs=2, timeout=60.0, out=
             pool.close()
     entries = {k: entries[k] for k in keys}
     results = {"meta": {"torch": torch.__version__, "dtypes": list(dtypes),
-                        "max_samples": max_samples, "jobs": jobs, "timeout_s": timeout},
+                        "max_samples": max_samples, "jobs": jobs, "timeout_s": timeout,
+                        "compiled": compiled},
                "summary": summarize(entries, time.monotonic() - t0), "entries": entries}
     if out:
         with open(os.path.join(out, "conformance.json"), "w") as f:
@@ -621,6 +635,8 @@ def main(argv=None) -> int:
                    help="exit 1 if an entry native in --baseline is not native now")
     p.add_argument("--write-baseline", metavar="FILE",
                    help="also write the statuses alone (the regression guard's baseline) to FILE")
+    p.add_argument("--compiled", action="store_true",
+                   help="run the tpu side through torch.compile(backend=\"tpu\")")
     a = p.parse_args(argv)
     dtypes = tuple(d for d in a.dtype.split(",") if d)
     if unknown := [d for d in dtypes if d not in DTYPES]:
@@ -628,7 +644,7 @@ def main(argv=None) -> int:
     if a.check and not a.baseline:
         p.error("--check needs --baseline")
     ops = [o for o in (a.ops or "").split(",") if o]
-    res = run(ops, dtypes, a.max_samples, a.jobs, a.timeout, a.out)
+    res = run(ops, dtypes, a.max_samples, a.jobs, a.timeout, a.out, compiled=a.compiled)
     print(summary_table(res["summary"]))
     print(f"Results: {os.path.join(a.out, 'conformance.md')}, conformance.json")
     if a.write_baseline:
