@@ -1,7 +1,8 @@
 """Compiled mode: the torch.compile backend "tpu".
 
 Dynamo captures FX graphs; AOTAutograd turns each into ATen forward and backward
-graphs. Each ATen graph is lowered by replaying it through the eager kernels while the
+graphs (min-cut partition, as Inductor: cheap values are recomputed in the backward
+rather than saved). Each ATen graph is lowered by replaying it through the eager kernels while the
 backend records everything (EagerMode.INTERNAL_DEFER_ALL): the recorded ops become one
 fused StableHLO program — the DeferAndFuse builder, its caches and donation — flushed
 at the graph's end. Eager lowerings are compiled lowerings; a graph's later calls
@@ -147,6 +148,7 @@ class TpuBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, **ignored):
         # `mode=` and `options=` (from torch.compile) have no meaning here.
         from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
         from torch._guards import CompileContext
 
         _check_dynamism(gm, example_inputs, self.dynamism)
@@ -157,6 +159,7 @@ class TpuBackend:
         lower = self._lower
         try:
             return aot_autograd(fw_compiler=lower, bw_compiler=lower, inference_compiler=lower,
+                                partition_fn=min_cut_rematerialization_partition,
                                 decompositions=_decompositions(),
                                 keep_inference_input_mutations=True)(gm, example_inputs)
         finally:
