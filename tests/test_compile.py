@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 from gpt import GPT, batches  # noqa: E402
 
 MODES = [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE]
+ALL_MODES = MODES + [EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING]
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +73,7 @@ def train_mlp(model, fwd, steps=10):
     return losses
 
 
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize("mode", ALL_MODES, ids=lambda m: m.name)
 def test_compiled_mlp_trains_like_eager(mode):
     torch.manual_seed(0)
     base = mlp().to("tpu")
@@ -284,3 +285,30 @@ def test_conformance_compiled_option_runs_samples_through_the_backend():
         assert rec["float32"]["bwd"]["status"] == "native", (key, rec)
     # Each sample: a forward and a backward graph.
     assert torch_tpu.metrics()["compiled_graphs"] - before >= 2 * 2 * 2
+
+
+def test_an_op_without_lowering_inside_a_graph_is_a_counted_fallback():
+    # ldl_factor has no native rule: its inputs are produced first (the graph is cut
+    # there), it runs on the CPU, and the rest of the graph uses its results.
+    a = torch.randn(5, 5)
+    a = a @ a.T + torch.eye(5)
+
+    def fn(m):
+        ld, piv = torch.linalg.ldl_factor(m * 2)
+        return ld.tril() + 1, piv
+
+    want = fn(a)
+    before = torch_tpu.metrics()
+    got = torch.compile(fn, backend="tpu")(a.to("tpu"))
+    fb = torch_tpu.metrics()["fallbacks"]
+    torch.testing.assert_close(got[0].cpu(), want[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[1].cpu(), want[1])
+    grown = {k: v for k, v in fb.items() if v > before["fallbacks"].get(k, 0)}
+    assert any("ldl_factor" in k for k in grown), grown
+
+
+def test_plain_torch_compile_routes_only_tpu_graphs():
+    from torch_tpu._internal.compile import _holds_tpu
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    assert not _holds_tpu(gm, [torch.ones(2)])
+    assert _holds_tpu(gm, [torch.ones(2, device="tpu")])
