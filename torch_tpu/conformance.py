@@ -151,12 +151,30 @@ class Seeded(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _compile(fn):
+    return torch.compile(fn, backend="tpu", dynamic=False)
+
+
+def _compiled_seed_wrapper(fn, *args, **kwargs):
+    """OpInfo's wrapper_set_seed, compiling only the op: the wrapper saves and restores
+    the generators' states under no_dispatch, which Dynamo cannot trace."""
+    from torch.testing._utils import freeze_rng_state
+    with freeze_rng_state():
+        torch.manual_seed(42)
+        return _compile(fn)(*args, **kwargs)
+
+
+def _use_compiled_seed_wrapper():
+    import torch.testing._internal.common_methods_invocations as cmi
+    cmi.wrapper_set_seed = torch._dynamo.disable(_compiled_seed_wrapper)
+
+
 def call(op, sample, device):
     inp, args, kwargs = copy_args(op, sample, device)
     fn = op
     if COMPILED and device == "tpu":
         torch._dynamo.reset()  # a fresh compile per sample, never a recompile-limit skip
-        fn = torch.compile(lambda i, *a, **k: op(i, *a, **k), backend="tpu", dynamic=False)
+        fn = _compile(lambda i, *a, **k: op(i, *a, **k))
     return fn(inp, *args, **kwargs), [t for t in pytree.tree_leaves((inp, args, kwargs))
                                      if isinstance(t, torch.Tensor) and t.requires_grad]
 
@@ -394,6 +412,8 @@ def quiet():
 def _worker(conn, dtypes, max_samples, log_path, max_entries, compiled=False):
     global COMPILED
     COMPILED = compiled
+    if compiled:
+        _use_compiled_seed_wrapper()
     # The plugin and the ops write to fd 2; keep it in a log, not in the progress lines.
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 2)
@@ -583,6 +603,8 @@ def run(ops=None, dtypes=("float32",), max_samples=8, jobs=2, timeout=60.0, out=
     when `out` is given. Returns {"meta", "summary", "entries"}."""
     global COMPILED
     COMPILED = compiled
+    if compiled:
+        _use_compiled_seed_wrapper()
     t0 = time.monotonic()
     db = op_db()
     keys = select(db, ops)
