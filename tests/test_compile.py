@@ -312,3 +312,21 @@ def test_plain_torch_compile_routes_only_tpu_graphs():
     gm = torch.fx.symbolic_trace(lambda x: x + 1)
     assert not _holds_tpu(gm, [torch.ones(2)])
     assert _holds_tpu(gm, [torch.ones(2, device="tpu")])
+
+
+def test_attention_results_have_the_layout_meta_kernels_promise():
+    # Compiled graphs are traced with meta strides (a view of the output in the GPT
+    # example relies on them): eager tpu results must have the same, as on CPU.
+    qkv = torch.randn(2, 8, 3 * 16, requires_grad=True)
+
+    def attend(x):
+        q, k, v = (z.view(2, 8, 2, 8).transpose(1, 2) for z in x.split(16, -1))
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    want = attend(qkv)
+    x = qkv.detach().to("tpu").requires_grad_()
+    got = attend(x)
+    assert got.stride() == want.stride()
+    got.transpose(1, 2).view(2, 8, 16).sum().backward()  # a view, not a copy
+    want.transpose(1, 2).reshape(2, 8, 16).sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), qkv.grad, rtol=1e-4, atol=1e-5)
