@@ -330,3 +330,23 @@ def test_attention_results_have_the_layout_meta_kernels_promise():
     got.transpose(1, 2).view(2, 8, 16).sum().backward()  # a view, not a copy
     want.transpose(1, 2).reshape(2, 8, 16).sum().backward()
     torch.testing.assert_close(x.grad.cpu(), qkv.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_input_mutations_are_applied_inside_the_program():
+    def f(buf, x):
+        buf.add_(x)          # a graph input written in place (kept in the graph)
+        x.mul_(2)
+        return buf * 3
+
+    buf, x = torch.arange(4.0), torch.ones(4)
+    bt, xt = buf.to("tpu"), x.to("tpu")
+    g = torch.compile(f, backend="tpu")
+    want = [f(buf, x) for _ in range(3)]
+    before = torch_tpu.metrics()
+    got = [g(bt, xt).cpu() for _ in range(3)]
+    d = delta(before, torch_tpu.metrics(), "compiled_graph_calls", "fused_graphs", "executions")
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(bt.cpu(), buf)
+    torch.testing.assert_close(xt.cpu(), x)
+    # The copies into the inputs are in the program: nothing else runs.
+    assert d == {"compiled_graph_calls": 3, "fused_graphs": 3, "executions": 3}
