@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <deque>
+#include <numeric>
 #include <unordered_map>
 
 #include "backend/device.h"
@@ -66,7 +67,21 @@ struct OutSpec {
   c10::ScalarType dtype;
   std::vector<int64_t> sizes;
   bool undefined = false;  // an output PyTorch leaves undefined (backward output_mask)
+  // A new tensor the meta kernel lays out in another dimension order: its strides, and
+  // the dimensions from outermost to innermost (the stored value's order). Empty: contiguous.
+  std::vector<int64_t> strides, order;
 };
+
+// The dimension order of a dense, non-contiguous layout (outermost first); empty when
+// the layout is contiguous or not a dense permutation.
+std::vector<int64_t> layout_order(const at::Tensor& m) {
+  if (m.numel() <= 1 || m.is_contiguous() || !m.is_non_overlapping_and_dense()) return {};
+  std::vector<int64_t> order(m.dim());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return m.stride(a) > m.stride(b); });
+  return order;
+}
 
 struct Plan {
   ProgramPtr program;
@@ -548,9 +563,19 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
         plan->outs.push_back(u);
         continue;
       }
-      program_results.push_back(fit(results[j], out_types[j]));
-      plan->outs.push_back({false, -1, -1, meta_outs[r].scalar_type(),
-                            std::vector<int64_t>(meta_outs[r].sizes().begin(), meta_outs[r].sizes().end())});
+      const at::Tensor& m = meta_outs[r];
+      OutSpec o{false, -1, -1, m.scalar_type(), std::vector<int64_t>(m.sizes().begin(), m.sizes().end())};
+      Value v = fit(results[j], out_types[j]);
+      // Stored in the meta kernel's dimension order (an elementwise op on a transposed
+      // input, attention's output), so the strides are PyTorch's: compiled graphs are
+      // traced with them, and views that work on CPU work here.
+      o.order = layout_order(m);
+      if (!o.order.empty()) {
+        o.strides.assign(m.strides().begin(), m.strides().end());
+        v = b.transpose(v, o.order);
+      }
+      program_results.push_back(v);
+      plan->outs.push_back(std::move(o));
     }
   } else {
     for (int a : info.mutated) {
@@ -705,8 +730,14 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
       StorageData& sd = storage_of(*tensor_at(args, o.arg, o.elem, &tmp));
       note_replacement(results[next_result], sd.value);
       sd.value = results[next_result++];
-    } else {
+    } else if (o.order.empty()) {
       fresh.push_back(wrap_value(results[next_result++], o.dtype, o.sizes, k.device));
+    } else {
+      std::vector<int64_t> stored;
+      for (int64_t d : o.order) stored.push_back(o.sizes[d]);
+      at::Tensor t = wrap_value(results[next_result++], o.dtype, stored, k.device);
+      t.unsafeGetTensorImpl()->set_sizes_and_strides(o.sizes, o.strides);
+      fresh.push_back(t);
     }
   }
 
