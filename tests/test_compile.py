@@ -350,3 +350,14 @@ def test_input_mutations_are_applied_inside_the_program():
     torch.testing.assert_close(xt.cpu(), x)
     # The copies into the inputs are in the program: nothing else runs.
     assert d == {"compiled_graph_calls": 3, "fused_graphs": 3, "executions": 3}
+
+
+def test_new_outputs_have_cpu_strides_so_traced_views_hold():
+    # An elementwise op on a transposed input keeps its layout (as on CPU); a graph
+    # traced with those strides views the result where a copy would otherwise be needed.
+    x = torch.randn(4, 3)
+    xt = x.to("tpu")
+    assert (xt.t() * 2).stride() == (x.t() * 2).stride() == (1, 3)
+    assert xt.t().exp().stride() == x.t().exp().stride()
+    f = torch.compile(lambda x: (x.t() * 2).t().view(-1) + 1, backend="tpu")
+    torch.testing.assert_close(f(xt).cpu(), (x.t() * 2).t().reshape(-1) + 1)
