@@ -54,9 +54,13 @@ _accelerate.install()
 
 if torch.distributed.is_available():
     from ._internal import distributed as _distributed  # noqa: E402,F401  (registers tpu_dist)
+from ._internal.compile import TpuBackend, _route_inductor_to_tpu  # noqa: E402
+from . import dynamism  # noqa: E402  (mark_dynamic for compiled mode)
+
+_route_inductor_to_tpu()  # torch.compile(model) on tpu tensors uses backend "tpu"
 
 __all__ = [
     "EagerMode", "set_eager_mode", "get_eager_mode", "synchronize", "metrics",
-    "metrics_report", "api",
+    "metrics_report", "api", "TpuBackend", "dynamism",
 ]
 

@@ -9,6 +9,8 @@ def metrics() -> dict:
     from . import _decompositions
     for op, n in _decompositions.fallbacks.items():
         m["fallbacks"][op] = m["fallbacks"].get(op, 0) + n
+    from ._internal import compile as _compile
+    m.update(_compile.counters)
     return m
 
 

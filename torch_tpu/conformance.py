@@ -2,6 +2,10 @@
 
     python -m torch_tpu.conformance [--ops add,nn.functional.*] [--dtype float32,bool]
         [--jobs 2] [--timeout 60] [--max-samples 8] [--out DIR] [--baseline FILE --check]
+        [--compiled]
+
+`--compiled` runs each tpu sample through torch.compile(backend="tpu") (compiled mode:
+one fused program per captured graph, and its backward graph) instead of eagerly.
 
 Per (entry, dtype, direction) the status is one of
   native    outputs (or gradients) match and nothing fell back to the CPU
@@ -46,6 +50,7 @@ DEFAULT_TOL = {torch.float32: (1e-4, 1e-4), torch.complex64: (1e-4, 1e-4),
                torch.bfloat16: (1e-2, 1.6e-2), torch.float16: (1e-3, 1e-3)}
 # Ops whose tensor arguments other than the input must stay on the CPU (as on CUDA).
 CPU_ARGS = {"tensor_split"}
+COMPILED = False  # --compiled: tpu samples run through torch.compile(backend="tpu")
 
 
 # ---------------------------------------------------------------- the op database
@@ -141,9 +146,31 @@ class Seeded(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _compile(fn):
+    return torch.compile(fn, backend="tpu", dynamic=False)
+
+
+def _compiled_seed_wrapper(fn, *args, **kwargs):
+    """OpInfo's wrapper_set_seed, compiling only the op: the wrapper saves and restores
+    the generators' states under no_dispatch, which Dynamo cannot trace."""
+    from torch.testing._utils import freeze_rng_state
+    with freeze_rng_state():
+        torch.manual_seed(42)
+        return _compile(fn)(*args, **kwargs)
+
+
+def _use_compiled_seed_wrapper():
+    import torch.testing._internal.common_methods_invocations as cmi
+    cmi.wrapper_set_seed = torch._dynamo.disable(_compiled_seed_wrapper)
+
+
 def call(op, sample, device):
     inp, args, kwargs = copy_args(op, sample, device)
-    return op(inp, *args, **kwargs), [t for t in pytree.tree_leaves((inp, args, kwargs))
+    fn = op
+    if COMPILED and device == "tpu":
+        torch._dynamo.reset()  # a fresh compile per sample, never a recompile-limit skip
+        fn = _compile(lambda i, *a, **k: op(i, *a, **k))
+    return fn(inp, *args, **kwargs), [t for t in pytree.tree_leaves((inp, args, kwargs))
                                      if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
@@ -381,8 +408,12 @@ def worker_setup():
     quiet()
 
 
-def run_key(key, dtypes, max_samples):
+def run_key(key, dtypes, max_samples, compiled=False):
     """One entry in a worker process (see torch_tpu._workers)."""
+    global COMPILED
+    if compiled and not COMPILED:
+        COMPILED = True
+        _use_compiled_seed_wrapper()
     return run_entry(op_db()[key], dtypes, max_samples)
 
 
@@ -481,9 +512,13 @@ def stratified_sample(baseline: dict, n: int, dtype: str = "float32") -> list:
 # ---------------------------------------------------------------- driver
 
 def run(ops=None, dtypes=("float32",), max_samples=8, jobs=2, timeout=60.0, out=None,
-        progress=True) -> dict:
+        progress=True, compiled=False) -> dict:
     """Runs the selected entries (in-process when jobs == 0); writes out/conformance.{json,md}
     when `out` is given. Returns {"meta", "summary", "entries"}."""
+    global COMPILED
+    COMPILED = compiled
+    if compiled:
+        _use_compiled_seed_wrapper()
     t0 = time.monotonic()
     db = op_db()
     keys = select(db, ops)
@@ -503,7 +538,7 @@ def run(ops=None, dtypes=("float32",), max_samples=8, jobs=2, timeout=60.0, out=
                 done(i, key, run_entry(db[key], dtypes, max_samples), "")
     else:
         log = os.path.join(out or ".", "workers.log")
-        pool = Pool(jobs, ("torch_tpu.conformance", "run_key"), (dtypes, max_samples), log)
+        pool = Pool(jobs, ("torch_tpu.conformance", "run_key"), (dtypes, max_samples, compiled), log)
         try:
             for i, (key, res, msg) in enumerate(pool.map(keys, timeout), 1):
                 done(i, key, res, msg)
@@ -511,7 +546,8 @@ def run(ops=None, dtypes=("float32",), max_samples=8, jobs=2, timeout=60.0, out=
             pool.close()
     entries = {k: entries[k] for k in keys}
     results = {"meta": {"torch": torch.__version__, "dtypes": list(dtypes),
-                        "max_samples": max_samples, "jobs": jobs, "timeout_s": timeout},
+                        "max_samples": max_samples, "jobs": jobs, "timeout_s": timeout,
+                        "compiled": compiled},
                "summary": summarize(entries, time.monotonic() - t0), "entries": entries}
     if out:
         with open(os.path.join(out, "conformance.json"), "w") as f:
@@ -535,6 +571,8 @@ def main(argv=None) -> int:
                    help="exit 1 if an entry native in --baseline is not native now")
     p.add_argument("--write-baseline", metavar="FILE",
                    help="also write the statuses alone (the regression guard's baseline) to FILE")
+    p.add_argument("--compiled", action="store_true",
+                   help="run the tpu side through torch.compile(backend=\"tpu\")")
     a = p.parse_args(argv)
     dtypes = tuple(d for d in a.dtype.split(",") if d)
     if unknown := [d for d in dtypes if d not in DTYPES]:
@@ -542,7 +580,7 @@ def main(argv=None) -> int:
     if a.check and not a.baseline:
         p.error("--check needs --baseline")
     ops = [o for o in (a.ops or "").split(",") if o]
-    res = run(ops, dtypes, a.max_samples, a.jobs, a.timeout, a.out)
+    res = run(ops, dtypes, a.max_samples, a.jobs, a.timeout, a.out, compiled=a.compiled)
     print(summary_table(res["summary"]))
     print(f"Results: {os.path.join(a.out, 'conformance.md')}, conformance.json")
     if a.write_baseline:

@@ -31,6 +31,15 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 namespace {
 
+// `t` in the memory layout of `model`, as PyTorch's meta kernels promise (empty_like):
+// compiled graphs are traced with those strides and view the results accordingly.
+at::Tensor laid_out_like(const at::Tensor& t, const at::Tensor& model) {
+  at::Tensor res = at::empty_like(model);
+  if (res.strides() == t.strides()) return t;
+  res.copy_(t);
+  return res;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor,
            at::Tensor, at::Tensor>
 attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -40,7 +49,7 @@ attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal,
                                                                      bias, scale);
   at::Tensor none = at::empty({0}, q.options().dtype(at::kLong));
-  return {out, lse, none, none, c10::SymInt(q.size(2)), c10::SymInt(k.size(2)), none, none, none};
+  return {laid_out_like(out, q), lse, none, none, c10::SymInt(q.size(2)), c10::SymInt(k.size(2)), none, none, none};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
@@ -52,7 +61,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
   auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
       grad_out.contiguous(), q, k, v, out, lse, dropout_p, is_causal, b, scale);
-  return {dq, dk, dv, at::Tensor()};
+  return {laid_out_like(dq, q), laid_out_like(dk, k), laid_out_like(dv, v), at::Tensor()};
 }
 
 }  // namespace

@@ -37,7 +37,10 @@ FuseStats& fuse_stats() {
   return s;
 }
 
-bool deferring() { return eager_mode() == EagerMode::DeferAndFuse; }
+bool deferring() {
+  EagerMode m = eager_mode();
+  return m == EagerMode::DeferAndFuse || m == EagerMode::DeferAll;
+}
 
 void note_replacement(const Operand& fresh, const Operand& old) {
   if (!fresh.slot || !old) return;
@@ -106,7 +109,7 @@ std::vector<Operand> run(const ProgramPtr& program, const std::vector<Operand>& 
   auto lock = graph_lock();
   if (g_graph.device >= 0 && g_graph.device != device) flush("another device");
 
-  if (g_graph.nodes.size() >= max_graph_ops()) flush_bounded();
+  if (g_graph.nodes.size() >= max_graph_ops() && eager_mode() != EagerMode::DeferAll) flush_bounded();
   auto node = std::make_unique<Node>();
   node->program = program;
   node->inputs = args;

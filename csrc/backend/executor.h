@@ -14,7 +14,9 @@
 
 namespace tpu::backend {
 
-enum class EagerMode { Strict = 0, Debug = 1, DeferAndFuse = 2 };
+// DeferAll records like DeferAndFuse but never cuts the graph by size: compiled mode
+// records one FX graph and flushes it whole, so one graph is one program.
+enum class EagerMode { Strict = 0, Debug = 1, DeferAndFuse = 2, DeferAll = 3 };
 EagerMode eager_mode();
 void set_eager_mode(EagerMode m);
 

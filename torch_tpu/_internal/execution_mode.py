@@ -5,6 +5,7 @@ DEFER_NEVER_AND_LAUNCH_BLOCKING (Debug): each op waits; errors surface at their 
 DEFER_AND_FUSE (fused eager): ops are recorded; the pending graph runs as one compiled
 program when a value is needed (.item(), .cpu(), print, a fallback op, synchronize),
 at the end of each optimizer step, or when it reaches TPU_FUSE_MAX_OPS ops.
+INTERNAL_DEFER_ALL: what compiled mode records a graph in (no size bound, no step cut).
 """
 import contextlib
 import enum
@@ -17,6 +18,7 @@ class EagerMode(enum.Enum):
     DEFER_NEVER = 0
     DEFER_NEVER_AND_LAUNCH_BLOCKING = 1
     DEFER_AND_FUSE = 2
+    INTERNAL_DEFER_ALL = 3  # compiled mode: records a whole graph, never cut by size
 
 
 def get_eager_mode() -> EagerMode:

@@ -1,0 +1,363 @@
+"""Compiled mode: torch.compile(backend="tpu") runs each captured graph as one fused
+program, with the eager kernels' numerics."""
+import copy
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torch_tpu
+from torch_tpu import EagerMode
+from conftest import ROOT, run_python
+
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from gpt import GPT, batches  # noqa: E402
+
+MODES = [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE]
+ALL_MODES = MODES + [EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def delta(before, after, *keys):
+    return {k: after[k] - before[k] for k in keys}
+
+
+def test_backend_registered_by_autoload():
+    # No `import torch_tpu`: the torch.backends entry point loads it, and Dynamo finds
+    # "tpu" through its torch_dynamo_backends entry point.
+    r = run_python(
+        "import torch, torch._dynamo\n"
+        "assert 'tpu' in torch._dynamo.list_backends(), torch._dynamo.list_backends()\n"
+        "f = torch.compile(lambda x: (x * 2 + 1).relu(), backend='tpu')\n"
+        "y = f(torch.arange(-2.0, 3.0, device='tpu'))\n"
+        "import torch_tpu\n"
+        "print(y.cpu().tolist(), torch_tpu.metrics()['compiled_graphs'])\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-1] == "1" and "[0.0, 0.0, 1.0, 3.0, 5.0]" in r.stdout
+
+
+def test_tpu_backend_names_and_options():
+    from torch_tpu._internal import compile as c
+    assert torch_tpu.TpuBackend is c.TpuBackend
+    b = c.TpuBackend(debug=False, dynamism=False, enable_serialization=True, precompile_steps=0)
+    assert (b.debug, b.dynamism) == (False, False)
+    m = torch_tpu.metrics()
+    for k in ("compiled_graphs", "compiled_recompiles", "compiled_lowering_seconds"):
+        assert k in m
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(),
+                         nn.Linear(32, 4))
+
+
+def train_mlp(model, fwd, steps=10):
+    torch.manual_seed(1)
+    data = [(torch.randn(8, 16), torch.randn(8, 4)) for _ in range(steps)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for x, y in data:
+        loss = nn.functional.mse_loss(fwd(x.to("tpu")), y.to("tpu"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("mode", ALL_MODES, ids=lambda m: m.name)
+def test_compiled_mlp_trains_like_eager(mode):
+    torch.manual_seed(0)
+    base = mlp().to("tpu")
+    with torch_tpu.set_eager_mode(mode):
+        eager = copy.deepcopy(base)
+        want = train_mlp(eager, eager)
+        model = copy.deepcopy(base)
+        got = train_mlp(model, torch.compile(model, backend="tpu"))
+    assert got == pytest.approx(want, abs=1e-5)
+    assert want[-1] < want[0]
+
+
+def train_gpt(model, fwd, steps=10):
+    """Losses of `steps` AdamW steps, and the metrics after the first and second steps."""
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses, seen = [], []
+    for x, y in batches(64, 32, 4, steps):
+        _, loss = fwd(x.to("tpu"), y.to("tpu"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if len(seen) < 2:
+            seen.append(torch_tpu.metrics())
+    return losses, seen
+
+
+STEADY = ("compiled_graph_calls", "compiled_graphs", "compiled_recompiles", "compiles",
+          "fused_graphs", "executions")
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_compiled_gpt_trains_like_eager_one_program_per_graph(mode):
+    torch.manual_seed(0)
+    base = GPT()
+    with torch_tpu.set_eager_mode(mode):
+        eager = copy.deepcopy(base).to("tpu")
+        want, _ = train_gpt(eager, eager)
+        model = copy.deepcopy(base).to("tpu")
+        fwd = torch.compile(model, backend="tpu")
+        got, (first, second) = train_gpt(model, fwd)
+        after = torch_tpu.metrics()
+        # A steady forward and backward: one program per graph. Outside them only the
+        # backward's seed gradient (ones) and AOTAutograd's zero tangent for the logits
+        # (no gradient) run: two programs in Strict mode, one fused in DeferAndFuse.
+        # Grads start as None: no accumulation.
+        x, y = (t.to("tpu") for t in next(batches(64, 32, 4, 1)))
+        model.zero_grad()
+        torch_tpu.synchronize()
+        before = torch_tpu.metrics()
+        _, loss = fwd(x, y)
+        loss.backward()
+        torch_tpu.synchronize()
+        step = delta(before, torch_tpu.metrics(), *STEADY)
+    assert got == pytest.approx(want, abs=1e-5)
+    assert want[-1] < want[0]
+    # Steps 2..10 lowered and recompiled no graph; from step 3 (the eager optimizer's
+    # second step differs from its first, which creates its state) nothing compiles.
+    later = delta(first, after, *STEADY)
+    assert later["compiled_graphs"] == later["compiled_recompiles"] == 0
+    assert later["compiled_graph_calls"] == 2 * 9
+    assert delta(second, after, "compiles")["compiles"] == 0
+    fused = mode == EagerMode.DEFER_AND_FUSE
+    assert step["compiled_graph_calls"] == 2 and step["fused_graphs"] == 2 + fused
+    assert step["executions"] == (3 if fused else 4), step
+
+
+def test_graph_breaks_run_eagerly_with_right_results(capsys):
+    lin = nn.Linear(6, 6)
+
+    def fwd(m, x):
+        y = m(x).relu()
+        print("between graphs")          # a graph break
+        s = y.sum().item()               # another: a value on the host
+        return y * s + 1
+
+    x = torch.randn(4, 6)
+    want = fwd(lin, x)
+    capsys.readouterr()
+    lin_t = copy.deepcopy(lin).to("tpu")
+    before = torch_tpu.metrics()
+    f = torch.compile(lambda x: fwd(lin_t, x), backend="tpu")
+    got = [f(x.to("tpu")).cpu() for _ in range(2)]
+    d = delta(before, torch_tpu.metrics(), "compiled_graphs", "compiled_graph_calls")
+    for g in got:
+        torch.testing.assert_close(g, want)
+    assert capsys.readouterr().out.count("between graphs") == 2
+    assert d["compiled_graphs"] >= 2 and d["compiled_graph_calls"] >= 4  # pieces around the breaks
+
+
+def test_batchnorm_train_mode_matches_cpu_running_stats_too():
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+                        nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    tpu = copy.deepcopy(cpu).to("tpu")
+    f = torch.compile(tpu, backend="tpu", dynamic=False)  # the eval batch below is smaller
+    for _ in range(3):
+        x = torch.randn(5, 3, 8, 8)
+        want = cpu(x)
+        want.square().sum().backward()
+        got = f(x.to("tpu"))
+        got.square().sum().backward()
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+    bn_c, bn_t = cpu[1], tpu[1]
+    torch.testing.assert_close(bn_t.running_mean.cpu(), bn_c.running_mean)
+    torch.testing.assert_close(bn_t.running_var.cpu(), bn_c.running_var)
+    assert bn_t.num_batches_tracked.item() == bn_c.num_batches_tracked.item() == 3
+    torch.testing.assert_close(tpu[0].weight.grad.cpu(), cpu[0].weight.grad, rtol=1e-4, atol=1e-4)
+    # Eval mode: a second graph reading the running statistics.
+    cpu.eval(), tpu.eval()
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x), rtol=1e-4, atol=1e-4)
+
+
+def test_dropout_reproducible_with_the_seed_and_equal_to_eager():
+    m = nn.Sequential(nn.Linear(8, 64), nn.Dropout(0.5), nn.Linear(64, 4)).to("tpu")
+    x = torch.randn(16, 8).to("tpu")
+    f = torch.compile(m, backend="tpu")
+
+    def run(fn, seed):
+        torch.manual_seed(seed)
+        return fn(x).cpu()
+
+    a, b, c = run(f, 3), run(f, 3), run(f, 4)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(a, run(m, 3))  # the eager kernels draw the same bits
+
+
+def test_compiled_optimizer_step_matches_eager():
+    torch.manual_seed(0)
+    eager = nn.Linear(8, 4).to("tpu")
+    comp = copy.deepcopy(eager)
+    opt_e = torch.optim.Adam(eager.parameters(), lr=0.01)
+    opt_c = torch.optim.Adam(comp.parameters(), lr=0.01)
+
+    @torch.compile(backend="tpu")
+    def step():
+        opt_c.step()
+
+    x = torch.randn(16, 8).to("tpu")
+    for i in range(4):
+        for m, o in ((eager, opt_e), (comp, opt_c)):
+            o.zero_grad()
+            m(x).square().mean().backward()
+        opt_e.step()
+        torch_tpu.synchronize()
+        before = torch_tpu.metrics()
+        step()
+        torch_tpu.synchronize()
+        d = delta(before, torch_tpu.metrics(), "executions", "compiled_graph_calls")
+        if i >= 2:  # steady: the whole Adam update is one program
+            assert d == {"executions": 1, "compiled_graph_calls": 1}
+    for pe, pc in zip(eager.parameters(), comp.parameters()):
+        torch.testing.assert_close(pc.cpu(), pe.cpu(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(opt_c.state[pc]["exp_avg_sq"].cpu(),
+                                   opt_e.state[pe]["exp_avg_sq"].cpu(), rtol=1e-5, atol=1e-6)
+
+
+def test_symint_without_bounds_raises_not_implemented():
+    f = torch.compile(lambda t: t * 2, backend="tpu", dynamic=True)
+    with pytest.raises(Exception) as e:
+        f(torch.ones(4, 3, device="tpu"))
+    err = e.value  # Dynamo wraps what a backend raises
+    while err is not None and not isinstance(err, NotImplementedError):
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    assert isinstance(err, NotImplementedError), repr(e.value)
+    assert "dynamic=False" in str(err) and "mark_dynamic" in str(err)
+
+
+def test_plain_torch_compile_on_tpu_uses_the_tpu_backend_any_mode():
+    torch.manual_seed(0)
+    m = mlp()
+    x = torch.randn(3, 16)
+    want = m(x)
+    mt = copy.deepcopy(m).to("tpu")
+    before = torch_tpu.metrics()["compiled_graphs"]
+    got = torch.compile(mt, mode="max-autotune")(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert torch_tpu.metrics()["compiled_graphs"] > before
+
+
+def test_bounded_dynamism_one_graph_for_every_size_in_bounds():
+    from torch_tpu import dynamism
+    from torch_tpu._internal import dynamism as internal
+    assert internal.mark_dynamic is dynamism.mark_dynamic
+    f = torch.compile(lambda t: (t * 2).sum(0), backend=torch_tpu.TpuBackend(dynamism=True))
+    before = torch_tpu.metrics()
+    for n in (4, 6, 9, 4):
+        x = torch.arange(n * 3.0).reshape(n, 3)
+        xt = x.to("tpu")
+        dynamism.mark_dynamic(xt, 0, 2, 16)
+        assert dynamism.get_dynamism_info(xt) == {0: (2, 16)}
+        torch.testing.assert_close(f(xt).cpu(), (x * 2).sum(0))
+    d = delta(before, torch_tpu.metrics(), "compiled_graphs", "compiled_recompiles")
+    assert d == {"compiled_graphs": 1, "compiled_recompiles": 0}
+    assert dynamism.get_dynamism_info(torch.ones(2)) == {}
+    with pytest.raises(ValueError, match="outside"):
+        dynamism.mark_dynamic(torch.ones(20, 3), 0, 2, 16)
+
+
+def test_conformance_compiled_option_runs_samples_through_the_backend():
+    from torch_tpu import conformance
+    before = torch_tpu.metrics()["compiled_graphs"]
+    res = conformance.run(["mm", "nn.functional.gelu"], ("float32",), max_samples=2, jobs=0,
+                          progress=False, compiled=True)
+    assert res["meta"]["compiled"] is True
+    for key, rec in res["entries"].items():
+        assert rec["float32"]["fwd"]["status"] == "native", (key, rec)
+        assert rec["float32"]["bwd"]["status"] == "native", (key, rec)
+    # Each sample: a forward and a backward graph.
+    assert torch_tpu.metrics()["compiled_graphs"] - before >= 2 * 2 * 2
+
+
+def test_an_op_without_lowering_inside_a_graph_is_a_counted_fallback():
+    # ldl_factor has no native rule: its inputs are produced first (the graph is cut
+    # there), it runs on the CPU, and the rest of the graph uses its results.
+    a = torch.randn(5, 5)
+    a = a @ a.T + torch.eye(5)
+
+    def fn(m):
+        ld, piv = torch.linalg.ldl_factor(m * 2)
+        return ld.tril() + 1, piv
+
+    want = fn(a)
+    before = torch_tpu.metrics()
+    got = torch.compile(fn, backend="tpu")(a.to("tpu"))
+    fb = torch_tpu.metrics()["fallbacks"]
+    torch.testing.assert_close(got[0].cpu(), want[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[1].cpu(), want[1])
+    grown = {k: v for k, v in fb.items() if v > before["fallbacks"].get(k, 0)}
+    assert any("ldl_factor" in k for k in grown), grown
+
+
+def test_plain_torch_compile_routes_only_tpu_graphs():
+    from torch_tpu._internal.compile import _holds_tpu
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    assert not _holds_tpu(gm, [torch.ones(2)])
+    assert _holds_tpu(gm, [torch.ones(2, device="tpu")])
+
+
+def test_attention_results_have_the_layout_meta_kernels_promise():
+    # Compiled graphs are traced with meta strides (a view of the output in the GPT
+    # example relies on them): eager tpu results must have the same, as on CPU.
+    qkv = torch.randn(2, 8, 3 * 16, requires_grad=True)
+
+    def attend(x):
+        q, k, v = (z.view(2, 8, 2, 8).transpose(1, 2) for z in x.split(16, -1))
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    want = attend(qkv)
+    x = qkv.detach().to("tpu").requires_grad_()
+    got = attend(x)
+    assert got.stride() == want.stride()
+    got.transpose(1, 2).view(2, 8, 16).sum().backward()  # a view, not a copy
+    want.transpose(1, 2).reshape(2, 8, 16).sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), qkv.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_input_mutations_are_applied_inside_the_program():
+    def f(buf, x):
+        buf.add_(x)          # a graph input written in place (kept in the graph)
+        x.mul_(2)
+        return buf * 3
+
+    buf, x = torch.arange(4.0), torch.ones(4)
+    bt, xt = buf.to("tpu"), x.to("tpu")
+    g = torch.compile(f, backend="tpu")
+    want = [f(buf, x) for _ in range(3)]
+    before = torch_tpu.metrics()
+    got = [g(bt, xt).cpu() for _ in range(3)]
+    d = delta(before, torch_tpu.metrics(), "compiled_graph_calls", "fused_graphs", "executions")
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(bt.cpu(), buf)
+    torch.testing.assert_close(xt.cpu(), x)
+    # The copies into the inputs are in the program: nothing else runs.
+    assert d == {"compiled_graph_calls": 3, "fused_graphs": 3, "executions": 3}
+
+
+def test_new_outputs_have_cpu_strides_so_traced_views_hold():
+    # An elementwise op on a transposed input keeps its layout (as on CPU); a graph
+    # traced with those strides views the result where a copy would otherwise be needed.
+    x = torch.randn(4, 3)
+    xt = x.to("tpu")
+    assert (xt.t() * 2).stride() == (x.t() * 2).stride() == (1, 3)
+    assert xt.t().exp().stride() == x.t().exp().stride()
+    f = torch.compile(lambda x: (x.t() * 2).t().view(-1) + 1, backend="tpu")
+    torch.testing.assert_close(f(xt).cpu(), (x.t() * 2).t().reshape(-1) + 1)

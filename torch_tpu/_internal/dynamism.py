@@ -1,0 +1,30 @@
+"""Bounded dynamism for compiled mode: `mark_dynamic(tensor, dim, min, max)`.
+
+A dimension marked dynamic with bounds lets one Dynamo graph serve every size in
+[min, max] (no Dynamo recompile per size). Lowering records the graph per call with its
+concrete sizes, so each distinct size is its own fused program, compiled once and cached:
+at most max - min + 1 programs per graph. Padding to the bound (one program) is not done.
+Compiled mode refuses dynamic sizes without bounds (NotImplementedError).
+"""
+import torch
+
+
+def mark_dynamic(tensor: torch.Tensor, dimension: int, lower_bound: int, upper_bound: int) -> None:
+    """Marks `tensor.shape[dimension]` dynamic within [lower_bound, upper_bound]."""
+    if not 0 <= lower_bound <= upper_bound:
+        raise ValueError(f"mark_dynamic: bounds must satisfy 0 <= min <= max, got "
+                         f"[{lower_bound}, {upper_bound}]")
+    dim = dimension % tensor.dim()
+    if not lower_bound <= tensor.shape[dim] <= upper_bound:
+        raise ValueError(f"mark_dynamic: size {tensor.shape[dim]} of dimension {dim} is "
+                         f"outside [{lower_bound}, {upper_bound}]")
+    # Dynamo's lower bound for a dynamic size is 2 (0 and 1 are specialized).
+    torch._dynamo.mark_dynamic(tensor, dim, min=max(lower_bound, 2), max=upper_bound)
+    info = dict(getattr(tensor, "_tpu_dynamism", {}))
+    info[dim] = (lower_bound, upper_bound)
+    tensor._tpu_dynamism = info
+
+
+def get_dynamism_info(tensor: torch.Tensor) -> dict:
+    """{dimension: (min, max)} of the dimensions marked dynamic ({} when none)."""
+    return dict(getattr(tensor, "_tpu_dynamism", {}))
