@@ -118,3 +118,51 @@ def test_bf16_trainer_uses_autocast_on_tpu_like_cpu(tmp_path):
     torch.testing.assert_close(tpu_losses, cpu_losses, rtol=2e-2, atol=2e-2)
     _, _, f32 = run(gpt2, lm_data(), tmp_path / "f32", False, save_strategy="no")
     assert tpu_losses != f32
+
+
+DDP_SCRIPT = '''
+import json, os, sys, torch
+from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
+torch.manual_seed(0)
+cfg = AutoConfig.for_model("gpt2", vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=32,
+                           bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+model = AutoModelForCausalLM.from_config(cfg)
+g = torch.Generator().manual_seed(1)
+data = [{"input_ids": i, "labels": i} for i in torch.randint(1, 64, (32, 16), generator=g)]
+args = TrainingArguments(output_dir=sys.argv[1], per_device_train_batch_size=2, max_steps=4,
+                         logging_steps=1, learning_rate=1e-3, report_to=[], seed=0, save_strategy="no",
+                         dataloader_pin_memory=False, use_cpu=sys.argv[2] == "cpu")
+trainer = Trainer(model=model, args=args, train_dataset=data)
+trainer.train()
+if int(os.environ["RANK"]) == 0:
+    print("RESULT " + json.dumps({
+        "device": next(model.parameters()).device.type, "world": args.world_size,
+        "wrapped": type(trainer.model_wrapped).__name__,
+        "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+        "params": [p.detach().cpu().sum().item() for p in model.parameters()]}))
+'''
+
+
+def test_torchrun_trainer_runs_ddp_over_tpu_dist_like_cpu(tmp_path):
+    """`torchrun --nproc-per-node 2` with a plain Trainer script: DDP over tpu_dist, each rank
+    on tpu, the same losses and parameters as the same launch on the CPU (Gloo)."""
+    import json
+    import subprocess
+    import sys
+    script = tmp_path / "train.py"
+    script.write_text(DDP_SCRIPT)
+    results = {}
+    for i, dev in enumerate(("tpu", "cpu")):
+        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        r = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(29650 + i),
+                            str(script), str(tmp_path / dev), dev],
+                           capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))
+        lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+        assert r.returncode == 0 and lines, r.stderr[-3000:]
+        results[dev] = json.loads(lines[0][len("RESULT "):])
+    tpu, cpu = results["tpu"], results["cpu"]
+    assert (tpu["device"], tpu["world"], tpu["wrapped"]) == ("tpu", 2, "DistributedDataParallel")
+    assert len(tpu["losses"]) == 4
+    torch.testing.assert_close(tpu["losses"], cpu["losses"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tpu["params"], cpu["params"], rtol=1e-4, atol=1e-4)

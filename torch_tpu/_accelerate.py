@@ -5,7 +5,8 @@ hook for an out-of-tree PyTorch device; its "TPU" means PyTorch/XLA. transformer
 asks `torch.tpu` for the device and for bf16 support, but the model is placed by accelerate,
 which would keep it on the CPU. So when `accelerate.state` is imported, its
 `PartialState.default_device` (what accelerate falls back to when nothing else is set)
-answers `tpu` where it would answer `cpu`. Nothing explicit is overridden: the
+answers `tpu` where it would answer `cpu`, and under torchrun the ranks form a process
+group over Gloo and tpu_dist, each on its own tpu device, with DDP around the model. Nothing explicit is overridden: the
 `ACCELERATE_TORCH_DEVICE` variable, `cpu=True` (`TrainingArguments(use_cpu=True)`), and
 every real accelerator accelerate finds first keep their meaning.
 
@@ -20,21 +21,48 @@ import sys
 _TARGET = "accelerate.state"
 
 
+# The process-group backend a torchrun launch gets: Gloo for CPU tensors, tpu_dist for tpu.
+_BACKEND = "cpu:gloo,tpu:tpu_dist"
+
+
 def _patch(state_module) -> None:
     cls = state_module.PartialState
-    original = cls.default_device
-    if getattr(original.fget, "_torch_tpu", False):
+    if getattr(cls, "_torch_tpu", False):
         return
+    cls._torch_tpu = True
+    DistributedType = state_module.DistributedType
+    default_device, prepare_backend, set_device = cls.default_device, cls._prepare_backend, cls.set_device
 
-    def default_device(self):
+    def tpu_default_device(self):
         import torch
-        device = original.fget(self)
+        device = default_device.fget(self)
         if device.type == "cpu" and torch.tpu.is_available():
             return torch.device("tpu", torch.tpu.current_device())
         return device
 
-    default_device._torch_tpu = True
-    cls.default_device = property(default_device, doc=original.__doc__)
+    # Under torchrun (LOCAL_RANK set) accelerate finds no accelerator of its list and would
+    # run each rank alone. With tpu it runs as accelerate's CPU multi-process type, whose
+    # models are wrapped in DDP without device_ids (as tpu_dist wants), over Gloo + tpu_dist,
+    # each rank on its own tpu device.
+    def tpu_prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
+        import torch
+        got, kind = prepare_backend(self, cpu, sagemaker_dp, backend)
+        if (kind == DistributedType.NO and not cpu and backend in (None, "tpu_dist", _BACKEND)
+                and int(os.environ.get("LOCAL_RANK", -1)) != -1 and torch.tpu.is_available()):
+            return _BACKEND, DistributedType.MULTI_CPU
+        return got, kind
+
+    def tpu_set_device(self):
+        if self.device is None and self.backend == _BACKEND:
+            import torch
+            self.device = torch.device("tpu", self.local_process_index % torch.tpu.device_count())
+            torch.tpu.set_device(self.device)
+            return
+        set_device(self)
+
+    cls.default_device = property(tpu_default_device, doc=default_device.__doc__)
+    cls._prepare_backend = tpu_prepare_backend
+    cls.set_device = tpu_set_device
 
 
 class _PatchingLoader(importlib.abc.Loader):
