@@ -547,7 +547,13 @@ void flush_prefix(const char* reason, size_t count) {
   job.aliases.assign(ext.size(), -1);
   job.donate.assign(ext.size(), false);
   std::vector<bool> sole(ext.size(), false), taken(job.results.size(), false);
-  for (size_t i = 0; i < ext.size(); ++i) {
+  // Off unless TPU_FUSE_DONATE=1: with a graph cut between backward and optimizer step
+  // (any .item() there), donation gave wrong gradients from the second step on (a 4-layer
+  // GPT's LayerNorm backward read stale values); until that is understood, correctness
+  // comes before the memory donation saves.
+  const char* donate_env = std::getenv("TPU_FUSE_DONATE");  // read per graph: tests switch it
+  const bool donate = donate_env != nullptr && std::string(donate_env) == "1";
+  for (size_t i = 0; i < ext.size() && donate; ++i) {
     if (ext[i].slot) {
       std::lock_guard<std::mutex> l(g_slot_mu);
       sole[i] = ext[i].slot.use_count() == 1 && !ext[i].slot->error &&
