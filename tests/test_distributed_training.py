@@ -170,7 +170,10 @@ def test_prepare_tpu_environment(monkeypatch):
     from torch_tpu._internal.distributed.launchers.singlehost_wrapper import prepare_tpu_environment
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT", "TPU_VISIBLE_CHIPS"):
-        monkeypatch.delenv(k, raising=False)
+        # setenv first, so what prepare_tpu_environment sets is undone after the test
+        # (a leaked WORLD_SIZE=2 makes later in-process Trainer runs wait for a peer).
+        monkeypatch.setenv(k, "")
+        monkeypatch.delenv(k)
     monkeypatch.setenv("LOCAL_RANK", "1")
     set_now = prepare_tpu_environment(world_size=2)
     assert os.environ["WORLD_SIZE"] == "2" and os.environ["RANK"] == "1"

@@ -12,6 +12,13 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequence
                           Trainer, TrainingArguments)
 
 
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch):
+    """In-process runs are one process: no launcher variables from elsewhere."""
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+
+
 def gpt2():
     cfg = AutoConfig.for_model("gpt2", vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=32,
                                bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
