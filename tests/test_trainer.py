@@ -154,14 +154,18 @@ def test_torchrun_trainer_runs_ddp_over_tpu_dist_like_cpu(tmp_path):
     """`torchrun --nproc-per-node 2` with a plain Trainer script: DDP over tpu_dist, each rank
     on tpu, the same losses and parameters as the same launch on the CPU (Gloo)."""
     import json
+    import socket
     import subprocess
     import sys
     script = tmp_path / "train.py"
     script.write_text(DDP_SCRIPT)
     results = {}
-    for i, dev in enumerate(("tpu", "cpu")):
+    for dev in ("tpu", "cpu"):
+        with socket.socket() as s:  # a free port: runs side by side must not collide
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
         torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-        r = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(29650 + i),
+        r = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(port),
                             str(script), str(tmp_path / dev), dev],
                            capture_output=True, text=True, timeout=600,
                            env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))
