@@ -49,6 +49,9 @@ from ._metrics import metrics, metrics_report  # noqa: E402
 from . import api  # noqa: E402
 from . import _step_boundary  # noqa: E402,F401  (cuts deferred graphs at optimizer steps)
 from . import _accelerate  # noqa: E402  (Hugging Face accelerate/Trainer default to tpu)
+from . import _multiprocessing  # noqa: E402  (tpu tensors through torch.multiprocessing)
+
+_multiprocessing.install()
 
 _accelerate.install()
 
