@@ -88,50 +88,10 @@ def test_fallback_op_materializes_its_inputs_and_results_stay_right():
     torch.testing.assert_close(out, torch.linalg.ldl_factor(a + 1)[0] * 2, rtol=1e-4, atol=1e-4)
 
 
-@pytest.fixture
-def donation(monkeypatch):
-    """Donation is off by default (see the cut-graph test below); these test its mechanism."""
-    monkeypatch.setenv("TPU_FUSE_DONATE", "1")
-
-
-def test_in_place_updates_donate_and_views_see_them(donation):
-    with torch_tpu.set_eager_mode(FUSED):
-        p = torch.zeros(256, 256, device="tpu")
-        torch_tpu.synchronize()
-        base = torch.tpu.memory_allocated()
-        d0 = m()["donated_buffers"]
-        for _ in range(3):
-            p.add_(1)
-            p.mul_(2)
-        row = p[3]
-        row.sub_(1)                       # in-place through a view
-        torch_tpu.synchronize()
-        assert m()["donated_buffers"] > d0
-        # the parameter's memory was reused: no second copy stays allocated
-        assert torch.tpu.memory_allocated() - base < 256 * 256 * 4
-        assert p[0, 0].item() == 14.0 and p[3, 5].item() == 13.0
-
-
-def test_donation_does_not_depend_on_whether_the_producing_graph_finished(donation):
-    # Which inputs a graph donates is part of its program: if that read counts held by a
-    # launch still in flight, a training loop would recompile whenever timing changed.
-    with torch_tpu.set_eager_mode(FUSED):
-        a = torch.randn(384, 384, device="tpu")
-        torch_tpu.synchronize()
-        for _ in range(3):
-            p = a @ a @ a @ a
-            torch_tpu.synchronize(wait=False)   # launched; likely still running
-            d0 = m()["donated_buffers"]
-            p.add_(1)
-            torch_tpu.synchronize()
-            assert m()["donated_buffers"] == d0 + 1
-
-
 def test_a_cut_between_backward_and_step_gives_strict_gradients():
     """A flush between backward() and opt.step() (any .item() there) splits each step into
-    two graphs. With buffer donation on, the second step's gradients came out wrong (a
-    4-layer GPT's LayerNorm backward, about 1e-3 off); with the default (off) they are
-    Strict's."""
+    two graphs, the second donating the parameters' old buffers. The same with donation
+    on: tests/test_donation.py."""
     def grads(mode):
         torch.manual_seed(0)
         model = GPT(vocab=64, d_model=128, n_heads=4, n_layers=4, seq=64).to("tpu")

@@ -266,6 +266,20 @@ std::string fused_text(const std::vector<Call>& calls, const std::vector<ir::Typ
   return m.finish(outs, aliases);
 }
 
+// Whether graphs donate (TPU_FUSE_DONATE, read per graph: "0" off; otherwise on where the
+// runtime says donation is safe, which on the XLA CPU plugin takes TPU_FUSE_DONATE=1 at
+// process start: see runtime::Client::donation_safe).
+bool donation_enabled() {
+  const char* env = std::getenv("TPU_FUSE_DONATE");
+  std::string v = env ? env : "";
+  if (v == "0") return false;
+  if (runtime::Client::get().donation_safe()) return true;
+  if (v == "1")
+    TORCH_WARN_ONCE("TPU_FUSE_DONATE=1 was set after the ", runtime::Client::get().platform(),
+                    " client started: on this plugin donation needs it at process start; not donating");
+  return false;
+}
+
 // A flushed graph, everything the launcher thread needs.
 struct Job {
   std::string key;
@@ -547,12 +561,7 @@ void flush_prefix(const char* reason, size_t count) {
   job.aliases.assign(ext.size(), -1);
   job.donate.assign(ext.size(), false);
   std::vector<bool> sole(ext.size(), false), taken(job.results.size(), false);
-  // Off unless TPU_FUSE_DONATE=1: with a graph cut between backward and optimizer step
-  // (any .item() there), donation gave wrong gradients from the second step on (a 4-layer
-  // GPT's LayerNorm backward read stale values); until that is understood, correctness
-  // comes before the memory donation saves.
-  const char* donate_env = std::getenv("TPU_FUSE_DONATE");  // read per graph: tests switch it
-  const bool donate = donate_env != nullptr && std::string(donate_env) == "1";
+  const bool donate = donation_enabled();
   for (size_t i = 0; i < ext.size() && donate; ++i) {
     if (ext[i].slot) {
       std::lock_guard<std::mutex> l(g_slot_mu);

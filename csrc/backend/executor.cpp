@@ -41,7 +41,9 @@ static const std::string& cache_identity() {
     auto [major, minor] = c.api_version();
     // XLA_FLAGS change what the compiler makes of the same program.
     const char* flags = std::getenv("XLA_FLAGS");
-    return s + "|" + std::to_string(major) + "." + std::to_string(minor) + "|" + (flags ? flags : "") + "\n";
+    // So do the compile options (the XLA options the client overrides).
+    return s + "|" + std::to_string(major) + "." + std::to_string(minor) + "|" + (flags ? flags : "") + "|" +
+           std::to_string(std::hash<std::string>()(c.compile_options())) + "\n";
   }();
   return id;
 }

@@ -232,6 +232,13 @@ Client::Client() {
   pn.client = client_;
   check(api_->PJRT_Client_PlatformName(&pn), "PJRT_Client_PlatformName");
   platform_.assign(pn.platform_name, pn.platform_name_size);
+  std::vector<CompileOverride> overrides;
+  if (platform_ == "cpu") {
+    const char* donate = std::getenv("TPU_FUSE_DONATE");
+    donation_safe_ = donate != nullptr && std::string(donate) == "1";
+    if (donation_safe_) overrides.push_back({"xla_cpu_use_xnnpack", false});
+  }
+  compile_options_ = portable_compile_options(overrides);
 
   auto dev = ARGS(PJRT_Client_AddressableDevices_Args);
   dev.client = client_;
@@ -462,7 +469,7 @@ void Client::await_event(PJRT_Event* ev, const std::string& what) {
 
 ExecutablePtr Client::compile(const std::string& mlir, const std::string& name) {
   auto t0 = std::chrono::steady_clock::now();
-  static const std::string options = portable_compile_options();
+  const std::string& options = compile_options_;
   static const char kFormat[] = "mlir";
   auto prog = ARGS(PJRT_Program);
   prog.code = const_cast<char*>(mlir.data());

@@ -129,6 +129,15 @@ class Client {
   // device_count() when one client spans processes and can run cross-process collectives.
   int global_device_count() const;
   const std::string& platform() const { return platform_; }
+  // Whether a program may take a donated input's memory for its output. On the XLA CPU
+  // plugin, XNNPACK dots keep the weights they packed, keyed by the operand's address:
+  // a buffer rewritten in place at the same address made later programs read the old
+  // weights (wrong gradients). So there donation is only safe with XNNPACK off, which
+  // costs matmul speed: the client turns it off only when TPU_FUSE_DONATE=1 is set at
+  // start. Other plugins: always safe.
+  bool donation_safe() const { return donation_safe_; }
+  // The serialized CompileOptionsProto every program is compiled with.
+  const std::string& compile_options() const { return compile_options_; }
   const std::string& plugin_path() const { return plugin_path_; }
   std::pair<int, int> api_version() const;
 
@@ -184,6 +193,8 @@ class Client {
   std::vector<PJRT_Device*> devices_;
   std::vector<std::unique_ptr<DeviceStats>> stats_;
   std::string platform_;
+  bool donation_safe_ = true;
+  std::string compile_options_;
   std::string plugin_path_;
   Counters counters_;
   int64_t memory_limit_override_ = 0;

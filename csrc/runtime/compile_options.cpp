@@ -28,7 +28,7 @@ void put_bytes_field(std::string& out, int field, const std::string& bytes) {
 
 }  // namespace
 
-std::string portable_compile_options() {
+std::string portable_compile_options(const std::vector<CompileOverride>& overrides) {
   std::string build;                 // ExecutableBuildOptionsProto
   put_int_field(build, 1, -1);       // device_ordinal: unset
   put_int_field(build, 4, 1);        // num_replicas
@@ -36,6 +36,14 @@ std::string portable_compile_options() {
   std::string opts;                  // CompileOptionsProto
   put_bytes_field(opts, 3, build);   // executable_build_options
   put_int_field(opts, 4, 1);         // compile_portable_executable
+  for (const CompileOverride& o : overrides) {
+    std::string value;                 // OptionOverrideProto
+    put_int_field(value, 2, o.value ? 1 : 0);  // bool_field
+    std::string entry;                 // one entry of the map
+    put_bytes_field(entry, 1, o.name);
+    put_bytes_field(entry, 2, value);
+    put_bytes_field(opts, 7, entry);   // env_option_overrides: applied over the defaults
+  }
   return opts;
 }
 
