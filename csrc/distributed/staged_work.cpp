@@ -1,5 +1,6 @@
 #include "distributed/staged_work.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
@@ -24,6 +25,9 @@ void StagedWork::complete() {
   try {
     for (auto& w : inner_) w->wait();
     if (before_writes_) before_writes_();
+    // A collective writes into the tensors it was given, as NCCL does, whatever their
+    // autograd state (a pipeline stage receives into leaves that require grad).
+    at::NoGradGuard no_grad;
     for (auto& w : writes_) w.device.copy_(w.host);
   } catch (const std::exception& e) {
     try {

@@ -1,0 +1,212 @@
+"""Model parallelism on tpu over tpu_dist with unchanged PyTorch code: tensor parallel
+(`parallelize_module`), pipeline parallel (`torch.distributed.pipelining`, GPipe and
+1F1B: each rank runs a different program) and distributed checkpoints (save with 2
+ranks, load with 2 and with 1). Each trains or restores against a single-process CPU
+reference. Run as a script, this file is a rank process (see test_distributed.py)."""
+import os
+import sys
+import tempfile
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_distributed import launch, assert_check, rank_main  # noqa: E402
+
+HERE = os.path.abspath(__file__)
+SUITES = {"tp": [], "pp": [], "dcp_save": [], "dcp_load": []}
+LAUNCHES = {"tp": [("strict", "tp"), ("fused", "tp")], "pp": [("strict", "pp")],
+            "dcp_save": [("strict", "dcp_save")], "dcp_load": [("strict", "dcp_load")]}
+STEPS, BATCH, LR, D = 4, 8, 0.1, 8
+
+
+def _data():
+    import torch
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(BATCH, D, generator=g), torch.randn(BATCH, D, generator=g)
+
+
+def _mlp():
+    import torch
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(D, 4 * D), torch.nn.Tanh(), torch.nn.Linear(4 * D, D))
+
+
+def _reference():
+    """Losses and final parameters of one CPU process training the whole MLP."""
+    import torch
+    model, (x, y) = _mlp(), _data()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach() for p in model.parameters()]
+
+
+def _close(losses, params):
+    import torch
+    ref_losses, ref_params = _reference()
+    assert len(losses) == STEPS
+    for a, b in zip(losses, ref_losses):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (losses, ref_losses)
+    for p, q in zip(params, ref_params):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-5)
+
+
+def tensor_parallel_mlp_matches_one_process(rank, world):
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    mesh = init_device_mesh("tpu", (world,))
+    model = parallelize_module(_mlp().to("tpu"), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    w = model[0].weight
+    assert w.device.type == "tpu" and w.to_local().shape == (4 * D // world, D)
+    x, y = (t.to("tpu") for t in _data())
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    _close(losses, [p.full_tensor().detach().cpu() for p in model.parameters()])
+
+
+SUITES["tp"].append(tensor_parallel_mlp_matches_one_process)
+
+
+def _pipeline(rank, world, schedule_cls):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+    assert world == 2
+    full = _mlp()
+    stage_mod = (full[0:2] if rank == 0 else full[2:3]).to("tpu")   # each rank: its own program
+    stage = PipelineStage(stage_mod, rank, world, torch.device("tpu", 0))
+    loss_fn = lambda out, target: torch.nn.functional.mse_loss(out, target)  # noqa: E731
+    sched = schedule_cls(stage, n_microbatches=2, loss_fn=loss_fn)
+    x, y = (t.to("tpu") for t in _data())
+    opt = torch.optim.SGD(stage_mod.parameters(), lr=LR)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        if rank == 0:
+            sched.step(x)
+            step_loss = torch.zeros(1)
+        else:
+            mb_losses = []
+            sched.step(target=y, losses=mb_losses)
+            step_loss = torch.stack([m.detach() for m in mb_losses]).mean().cpu().reshape(1)
+        opt.step()
+        dist.broadcast(step_loss, src=1)   # a cpu tensor: Gloo
+        losses.append(step_loss.item())
+    # Both stages' parameters, gathered on every rank (cpu tensors over Gloo).
+    mine = [p.detach().cpu() for p in stage_mod.parameters()]
+    both = [None, None]
+    dist.all_gather_object(both, mine)
+    _close(losses, both[0] + both[1])
+
+
+def pipeline_gpipe_matches_one_process(rank, world):
+    from torch.distributed.pipelining import ScheduleGPipe
+    _pipeline(rank, world, ScheduleGPipe)
+
+
+def pipeline_1f1b_matches_one_process(rank, world):
+    from torch.distributed.pipelining import Schedule1F1B
+    _pipeline(rank, world, Schedule1F1B)
+
+
+SUITES["pp"] += [pipeline_gpipe_matches_one_process, pipeline_1f1b_matches_one_process]
+
+
+def _sharded_mlp():
+    from torch.distributed.fsdp import fully_shard
+    model = _mlp().to("tpu")
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def dcp_saves_a_sharded_model(rank, world):
+    import torch
+    import torch.distributed.checkpoint as dcp
+    model = _sharded_mlp()
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            p.to_local().add_(i + 1)       # values the reference can name
+    dcp.save({"model": model.state_dict()}, checkpoint_id=os.environ["TPU_DCP_DIR"])
+
+
+def _saved_values():
+    import torch
+    with torch.no_grad():
+        return {k: v + (i + 1) for i, (k, v) in enumerate(_mlp().state_dict().items())}
+
+
+def dcp_loads_into_as_many_ranks(rank, world):
+    import torch
+    import torch.distributed.checkpoint as dcp
+    if world == 1:
+        model = _mlp().to("tpu")
+        for p in model.parameters():
+            torch.nn.init.zeros_(p)
+        state = {"model": model.state_dict()}
+        dcp.load(state, checkpoint_id=os.environ["TPU_DCP_DIR"])
+        got = {k: v.cpu() for k, v in model.state_dict().items()}
+    else:
+        model = _sharded_mlp()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.to_local().zero_()
+        state = {"model": model.state_dict()}
+        dcp.load(state, checkpoint_id=os.environ["TPU_DCP_DIR"])
+        model.load_state_dict(state["model"])
+        got = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
+    want = _saved_values()
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].device.type == "cpu"
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+
+
+SUITES["dcp_save"].append(dcp_saves_a_sharded_model)
+SUITES["dcp_load"].append(dcp_loads_into_as_many_ranks)
+
+
+if __name__ == "__main__":
+    rank_main(SUITES, LAUNCHES, sys.argv)
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel():
+    return launch("tp", 2, script=HERE)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_tensor_parallel(tensor_parallel, mode):
+    assert_check(tensor_parallel, f"{mode}/tensor_parallel_mlp_matches_one_process")
+
+
+@pytest.fixture(scope="module")
+def pipelined():
+    return launch("pp", 2, script=HERE)
+
+
+@pytest.mark.parametrize("name", ["pipeline_gpipe_matches_one_process",
+                                  "pipeline_1f1b_matches_one_process"])
+def test_pipeline_parallel(pipelined, name):
+    assert_check(pipelined, f"strict/{name}")
+
+
+def test_distributed_checkpoint_round_trip_and_resharding():
+    with tempfile.TemporaryDirectory() as d:
+        env = {"TPU_DCP_DIR": d}
+        assert_check(launch("dcp_save", 2, env=env, script=HERE), "strict/dcp_saves_a_sharded_model")
+        assert_check(launch("dcp_load", 2, env=env, script=HERE), "strict/dcp_loads_into_as_many_ranks")
+        assert_check(launch("dcp_load", 1, env=env, script=HERE), "strict/dcp_loads_into_as_many_ranks")
