@@ -13,8 +13,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_distributed import launch, assert_check, rank_main  # noqa: E402
 
 HERE = os.path.abspath(__file__)
-SUITES = {"tp": [], "pp": [], "dcp_save": [], "dcp_load": []}
+SUITES = {"tp": [], "pp": [], "dcp_save": [], "dcp_load": [], "agree": []}
 LAUNCHES = {"tp": [("strict", "tp"), ("fused", "tp")], "pp": [("strict", "pp")],
+            "agree": [("strict", "agree"), ("fused", "agree")],
             "dcp_save": [("strict", "dcp_save")], "dcp_load": [("strict", "dcp_load")]}
 STEPS, BATCH, LR, D = 4, 8, 0.1, 8
 
@@ -179,6 +180,31 @@ SUITES["dcp_save"].append(dcp_saves_a_sharded_model)
 SUITES["dcp_load"].append(dcp_loads_into_as_many_ranks)
 
 
+def ranks_that_disagree_get_an_error_and_keep_going(rank, world):
+    import re
+    import torch
+    import torch.distributed as dist
+    keep = torch.arange(4.0, device="tpu")
+    shapes = (torch.ones(4 if rank == 0 else 6, device="tpu"),
+              torch.ones(4, device="tpu", dtype=torch.float32 if rank == 0 else torch.int32))
+    for t in shapes:
+        try:
+            dist.all_reduce(t)
+        except RuntimeError as e:
+            msg = str(e)
+            assert "mismatch between collectives" in msg and "ALLREDUCE" in msg, msg
+            assert re.search(r"TensorShape=\[(4|6)\]", msg), msg
+        else:
+            raise AssertionError("a mismatched all_reduce passed")
+    ok = torch.full((3,), float(rank + 1), device="tpu")
+    dist.all_reduce(ok)                       # the group still works
+    assert ok.cpu().tolist() == [3.0] * 3
+    assert keep.sum().item() == 6.0           # and so do this rank's tensors
+
+
+SUITES["agree"].append(ranks_that_disagree_get_an_error_and_keep_going)
+
+
 if __name__ == "__main__":
     rank_main(SUITES, LAUNCHES, sys.argv)
 
@@ -202,6 +228,15 @@ def pipelined():
                                   "pipeline_1f1b_matches_one_process"])
 def test_pipeline_parallel(pipelined, name):
     assert_check(pipelined, f"strict/{name}")
+
+
+@pytest.mark.parametrize("env", [{"TPU_DIST_CHECKS": "1"}, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}])
+def test_ranks_that_disagree_get_an_error_and_keep_going(env):
+    # TPU_DIST_CHECKS=1: tpu_dist wraps itself in c10d's ProcessGroupWrapper; with
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL PyTorch does (it needs our sequence numbers).
+    res = launch("agree", 2, env=env, script=HERE)
+    for mode in ("strict", "fused"):
+        assert_check(res, f"{mode}/ranks_that_disagree_get_an_error_and_keep_going")
 
 
 def test_distributed_checkpoint_round_trip_and_resharding():

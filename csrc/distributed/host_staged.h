@@ -64,6 +64,8 @@ class HostStagedTransport : public c10d::Backend {
                                                int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void setTimeout(std::chrono::milliseconds timeout) override { host_->setTimeout(timeout); }
+  void setSequenceNumberForGroup() override { host_->setSequenceNumberForGroup(); }
+  uint64_t getSequenceNumberForGroup() override { return host_->getSequenceNumberForGroup(); }
 
  private:
   // Collects one collective's transport Works and write-backs, then issues its Work.

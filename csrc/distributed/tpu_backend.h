@@ -62,6 +62,10 @@ class TpuBackend : public c10d::Backend {
                                                int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void setTimeout(std::chrono::milliseconds timeout) override { transport_->setTimeout(timeout); }
+  // Every collective runs one on the transport's group: its count numbers ours too
+  // (c10d's ProcessGroupWrapper and flight recorder ask for it).
+  void setSequenceNumberForGroup() override { transport_->setSequenceNumberForGroup(); }
+  uint64_t getSequenceNumberForGroup() override { return transport_->getSequenceNumberForGroup(); }
 
  private:
   c10::intrusive_ptr<c10d::Backend> transport_;

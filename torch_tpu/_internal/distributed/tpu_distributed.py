@@ -18,7 +18,26 @@ def create_process_group(store, rank, size, timeout):
     _select_visible_chip()
     # Own prefix: the cpu Gloo backend of the same group uses this store too.
     host = dist.ProcessGroupGloo(dist.PrefixStore(f"{BACKEND}/", store), rank, size, timeout)
-    return _C._dist_create_backend(host, os.environ.get("TPU_DIST_TRANSPORT", ""))
+    backend = _C._dist_create_backend(host, os.environ.get("TPU_DIST_TRANSPORT", ""))
+    backend._set_sequence_number_for_group()
+    return _checked(backend, store, rank, size, timeout)
+
+
+def _checked(backend, store, rank, size, timeout):
+    """TPU_DIST_CHECKS=1: ranks must agree on each collective (op, shapes, dtypes)
+    before any data moves; a mismatch would otherwise kill a rank inside the transport.
+    c10d's own ProcessGroupWrapper compares the ranks' fingerprints over a helper Gloo
+    group and raises an error naming the op, shapes and ranks (TORCH_DISTRIBUTED_DEBUG=
+    DETAIL wraps every backend so already). Off by default: it costs a host barrier and
+    all-gather per collective, and its barrier turns a dead peer into a wait for the
+    timeout rather than an immediate error."""
+    if os.environ.get("TPU_DIST_CHECKS", "0") != "1" or size == 1:
+        return backend
+    if dist.get_debug_level() == dist.DebugLevel.DETAIL:
+        return backend
+    from torch._C._distributed_c10d import _ProcessGroupWrapper
+    helper = dist.ProcessGroupGloo(dist.PrefixStore(f"{BACKEND}/checks/", store), rank, size, timeout)
+    return _ProcessGroupWrapper(backend, helper)
 
 
 def _select_visible_chip():
@@ -68,7 +87,9 @@ def register():
 def transport(group=None) -> str:
     """Which transport the group's tpu backend uses ("host": host-staged over Gloo)."""
     pg = group or dist.group.WORLD
-    return _C._dist_transport(pg._get_backend(torch.device("tpu")))
+    backend = pg._get_backend(torch.device("tpu"))
+    backend = getattr(backend, "wrapped_pg", backend)  # under the agreement checks
+    return _C._dist_transport(backend)
 
 
 def global_device_id() -> int:
