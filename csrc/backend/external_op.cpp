@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "backend/dtypes.h"
+#include "backend/storage.h"
 #include "ir/external.h"
 
 namespace tpu::backend {
@@ -40,6 +41,14 @@ int64_t import_stablehlo(const std::string& text, const std::string& what,
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK_VALUE(false, e.what());
   }
+}
+
+// Python: _C._donate(tensor, what): the storage gives up its value (its memory returns
+// once the programs reading it have run); later reads raise, naming `what`.
+void donate_storage(const at::Tensor& t, const std::string& what) {
+  StorageData& s = storage_of(t);
+  s.value = Operand();
+  s.donated_to = what;
 }
 
 }  // namespace tpu::backend

@@ -2,6 +2,7 @@
 // deferred graph, or nothing yet (memory from `empty` that no op has written). The
 // at::Storage's DataPtr carries it.
 #pragma once
+#include <string>
 #include <ATen/Tensor.h>
 
 #include "backend/deferred.h"
@@ -14,6 +15,7 @@ struct StorageData {
   int device = 0;
   size_t nbytes = 0;
   Operand value;  // empty: not written yet (reads see zeros)
+  std::string donated_to;  // consumed by this op (jax_op donate_argnums): reads raise
 };
 
 // The allocator registered for PrivateUse1: it hands out promises, never host memory.
