@@ -132,8 +132,8 @@ class JaxOp:
         proto = lambda *a, **k: None  # noqa: E731
         proto.__signature__ = inspect.Signature(new_params, return_annotation=ret)
         schema = torch.library.infer_schema(proto, mutates_args=())
-        op = torch.library.custom_op(self.name, mutates_args=(), device_types="tpu",
-                                     schema=schema)(self._kernel)
+        # Every device reaches the kernel, which names the op when a tensor is not on tpu.
+        op = torch.library.custom_op(self.name, mutates_args=(), schema=schema)(self._kernel)
         op.register_fake(self._fake)
         op.register_autograd(self._vjp_backward, setup_context=self._vjp_setup)
         return op
@@ -294,11 +294,15 @@ class JaxOp:
 
 
 def _x64(jax, wide):
+    """JAX's 64-bit mode for the export when an input is 64-bit (else JAX narrows it)."""
     import contextlib
     if not wide:
         return contextlib.nullcontext()
-    enable = getattr(jax, "enable_x64", None) or getattr(jax.experimental, "enable_x64")
-    return enable(True) if enable is getattr(jax, "enable_x64", None) else enable()
+    enable = getattr(jax, "enable_x64", None)  # a context-manager config state
+    if enable is None:
+        from jax.experimental import enable_x64 as enable
+        return enable()
+    return enable(True)
 
 
 def _jax_platform() -> str:
