@@ -153,6 +153,7 @@ void key_tensor(KeyState& k, const at::Tensor& t) {
   k.key += mlir_name(dt);
   k.key += geometry_of(t).key();
   StorageData& s = storage_of(t);
+  if (!s.value) check_not_donated(s);  // a consumed tensor reads (and writes) nothing
   k.key += storage_type(t).str();
   if (!s.value) k.key += "z";
   k.key += math_bits_key(t);

@@ -67,7 +67,7 @@ ir::Type storage_type(const at::Tensor& t) {
 
 void check_not_donated(const StorageData& s) {
   TORCH_CHECK(s.donated_to.empty(), "this tpu tensor was donated to ", s.donated_to,
-              " and can no longer be read");
+              " and can no longer be used");
 }
 
 Operand storage_value(const at::Tensor& t) {

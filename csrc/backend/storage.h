@@ -22,6 +22,8 @@ struct StorageData {
 c10::Allocator* tpu_allocator();
 
 StorageData& storage_of(const at::Tensor& t);
+// Raises when the storage was donated (consumed by an op): it holds nothing to read.
+void check_not_donated(const StorageData& s);
 // The tensor's view of its storage, in elements of its dtype.
 ir::Geometry geometry_of(const at::Tensor& t);
 // The value's type, or (when not written yet) a flat type of the tensor's dtype.
