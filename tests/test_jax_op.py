@@ -99,6 +99,10 @@ def test_torch_ops_namespace_and_optional_tensor(mode):
     (x, w), (xt, wt) = leaves((2, 5), (5, 4), seed=1)
     y = torch.ops.jaxop_test.mlp(xt.detach(), wt.detach())  # b=None, scale default
     torch.testing.assert_close(y.cpu().double(), mlp_ref(x, w), rtol=1e-5, atol=1e-5)
+    wt_t = wt.detach().t().contiguous().t()  # a transposed view: read through its strides
+    assert not wt_t.is_contiguous()
+    y = mlp(xt.detach(), wt_t)
+    torch.testing.assert_close(y.cpu().double(), mlp_ref(x, w), rtol=1e-5, atol=1e-5)
 
 
 def test_deferred_call_joins_the_fused_graph():
@@ -175,7 +179,10 @@ def test_several_outputs_and_dtypes(mode):
 
     x = torch.randn(5, 7)
     idx = torch.tensor([4, 0, 2])
-    m, a, pos = stats(x.to("tpu"), idx.to("tpu"))
+    xt = x.to("tpu").requires_grad_()
+    m, a, pos = stats(xt, idx.to("tpu"))
+    (m * torch.arange(5.0, device="tpu")).sum().backward()  # integer outputs: no gradient
+    torch.testing.assert_close(xt.grad.cpu(), torch.arange(5.0)[:, None].expand(5, 7) / 7)
     assert (m.dtype, a.dtype, pos.dtype) == (torch.float32, torch.int32, torch.bool)
     torch.testing.assert_close(m.cpu(), x.mean(-1))
     assert a.cpu().tolist() == x.argmax(-1).tolist()

@@ -278,6 +278,8 @@ class JaxOp:
                   for (_, k, _), v in zip(self.params, ctx.jax_values)]
         diff = [i for i, ((_, k, _), v) in enumerate(zip(self.params, values))
                 if k != _STATIC and v is not None and (v.is_floating_point() or v.is_complex())]
+        if not diff:  # nothing differentiable among the inputs
+            return (None,) * len(self.params)
         outs = []
         for g, (shape, dt) in zip(grads, self._entry(values).out_specs):
             outs.append(g if g is not None else torch.zeros(shape, dtype=dt, device=values[diff[0]].device))
@@ -354,6 +356,10 @@ class _VjpOp:
                     vals[i] = a
                 return fwd._call_fn(vals)
 
+            # Outputs without a gradient (integers) take JAX's float0 cotangents.
+            import numpy as np
+            cts = [c if jax.numpy.issubdtype(c.dtype, jax.numpy.inexact)
+                   else np.zeros(c.shape, jax.dtypes.float0) for c in cts]
             _, pullback = jax.vjp(f, *[primals[present.index(i)] for i in diff])
             g = pullback(cts[0] if fwd.n_outs is None else tuple(cts))
             return g[0] if len(diff) == 1 else tuple(g)
