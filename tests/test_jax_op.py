@@ -317,6 +317,23 @@ def test_spliced_module_checks_operand_types():
         torch.ops.torch_tpu.call_stablehlo([torch.ones(3, device="tpu")], mid)
 
 
+def test_parameter_kinds_from_annotations():
+    @jax_op("jaxop_test::union")
+    def union(x: jax.Array, y: jax.Array | None = None, k=2) -> jax.Array:  # k: int from its default
+        return x * k if y is None else x * k + y
+
+    x = torch.ones(2, device="tpu")
+    assert union(x, None, 3).cpu().tolist() == [3.0, 3.0]
+    assert union(x, x).cpu().tolist() == [3.0, 3.0]
+    def nostatic(x: jax.Array, k):
+        return x
+
+    with pytest.raises(TypeError, match=r"jax_op jaxop_test::nostatic: static parameter 'k' needs a type"):
+        jax_op("jaxop_test::nostatic", nostatic)
+    with pytest.raises(ValueError, match="namespace::op"):
+        jax_op("no_namespace")
+
+
 def test_custom_jax_kernel_is_a_deprecated_alias():
     with pytest.warns(DeprecationWarning, match="use torch_tpu.pallas.jax_op"):
         @custom_jax_kernel("jaxop_test::old_name")

@@ -14,9 +14,11 @@ execution. Without `op.register_autograd(...)` the op differentiates through `ja
 (the backward is itself a jax_op). JAX is imported by the first `jax_op`, never by
 `import torch_tpu`.
 """
+import collections.abc
 import functools
 import inspect
 import threading
+import types
 import typing
 import warnings
 
@@ -45,7 +47,7 @@ def _jax():
 def _kind(annotation, jax) -> str:
     if annotation is jax.Array:
         return _TENSOR
-    if typing.get_origin(annotation) is typing.Union:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # Optional / X | None
         args = typing.get_args(annotation)
         if len(args) == 2 and jax.Array in args and type(None) in args:
             return _OPT_TENSOR
@@ -59,7 +61,7 @@ def _torch_annotation(annotation, default):
             return None
         return type(default)
     origin = typing.get_origin(annotation)
-    if origin in (tuple, list, typing.Sequence, __import__("collections.abc").abc.Sequence):
+    if origin in (tuple, list, collections.abc.Sequence):
         elems = [a for a in typing.get_args(annotation) if a is not Ellipsis]
         if elems and all(e is elems[0] for e in elems) and elems[0] in (int, float, bool):
             return typing.Sequence[elems[0]]
@@ -131,7 +133,10 @@ class JaxOp:
         ret = torch.Tensor if self.n_outs is None else typing.Tuple[(torch.Tensor,) * self.n_outs]
         proto = lambda *a, **k: None  # noqa: E731
         proto.__signature__ = inspect.Signature(new_params, return_annotation=ret)
-        schema = torch.library.infer_schema(proto, mutates_args=())
+        try:
+            schema = torch.library.infer_schema(proto, mutates_args=())
+        except ValueError as err:  # a static of a type no op schema can hold
+            raise TypeError(f"jax_op {self.name}: {err}") from None
         # Every device reaches the kernel, which names the op when a tensor is not on tpu.
         op = torch.library.custom_op(self.name, mutates_args=(), schema=schema)(self._kernel)
         op.register_fake(self._fake)
@@ -214,7 +219,6 @@ class JaxOp:
 
     def _export(self, values):
         jax = _jax()
-        import numpy as np
         slots = [i for i, ((_, k, _), v) in enumerate(zip(self.params, values))
                  if k != _STATIC and v is not None]
         for i in slots:
@@ -222,9 +226,8 @@ class JaxOp:
                 raise TypeError(f"jax_op {self.name}: argument '{self.params[i][0]}' has dtype "
                                 f"{values[i].dtype}, which JAX ops on tpu do not take")
         specs = [jax.ShapeDtypeStruct(tuple(values[i].shape),
-                                      np.dtype(str(values[i].dtype).replace("torch.", "")))
-                 if values[i].dtype != torch.bfloat16 else
-                 jax.ShapeDtypeStruct(tuple(values[i].shape), jax.numpy.bfloat16) for i in slots]
+                                      jax.numpy.dtype(str(values[i].dtype).replace("torch.", "")))
+                 for i in slots]
 
         def flat(*arrays):
             vals = list(values)
@@ -391,9 +394,6 @@ def _donated(op: JaxOp, values):
             _C._donate(v, f"{op.name} (donate_argnums={i})")
 
 
-_OPS = {}
-
-
 def jax_op(name, fn=None, /, *, donate_argnums=None):
     """Turns the JAX function `fn` into the PyTorch custom op `name` ("ns::op").
 
@@ -407,9 +407,7 @@ def jax_op(name, fn=None, /, *, donate_argnums=None):
         raise ValueError(f"jax_op: name must look like 'namespace::op', got {name!r}")
     if fn is None:
         return functools.partial(jax_op, name, donate_argnums=donate_argnums)
-    op = JaxOp(name, fn, donate_argnums).op
-    _OPS[name] = op
-    return op
+    return JaxOp(name, fn, donate_argnums).op
 
 
 def custom_jax_kernel(name, fn=None, /, *, donate_argnums=None):
