@@ -114,6 +114,7 @@ class JaxOp:
         self.donate = donate
         self._lock = threading.Lock()
         self._entries = {}
+        self._vjp = None  # the automatic backward, made on first use
         self.op = self._define()
 
     # -- the torch.library op --------------------------------------------------------
@@ -376,14 +377,10 @@ class _VjpOp:
                      n_outs=None if len(diff) == 1 else len(diff))
 
 
-_VJPS = {}
-
-
-def _vjp_op(fwd: JaxOp) -> _VjpOp:
-    v = _VJPS.get(id(fwd))
-    if v is None:
-        v = _VJPS[id(fwd)] = _VjpOp(fwd)
-    return v
+def _vjp_op(fwd: JaxOp) -> "_VjpOp":
+    if fwd._vjp is None:
+        fwd._vjp = _VjpOp(fwd)
+    return fwd._vjp
 
 
 def _donated(op: JaxOp, values):
