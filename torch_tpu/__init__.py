@@ -59,11 +59,12 @@ if torch.distributed.is_available():
     from ._internal import distributed as _distributed  # noqa: E402,F401  (registers tpu_dist)
 from ._internal.compile import TpuBackend, _route_inductor_to_tpu  # noqa: E402
 from . import dynamism  # noqa: E402  (mark_dynamic for compiled mode)
+from . import pallas  # noqa: E402  (jax_op; imports JAX only when first used)
 
 _route_inductor_to_tpu()  # torch.compile(model) on tpu tensors uses backend "tpu"
 
 __all__ = [
     "EagerMode", "set_eager_mode", "get_eager_mode", "synchronize", "metrics",
-    "metrics_report", "api", "TpuBackend", "dynamism",
+    "metrics_report", "api", "TpuBackend", "dynamism", "pallas",
 ]
 

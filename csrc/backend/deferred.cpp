@@ -23,7 +23,10 @@ Program::Program(const ir::Builder& b, const std::vector<ir::Value>& results, st
   for (const ir::Value& v : results) results_.push_back(v.type);
   function_ = b.function(function_name(), results, false);
   recompute_cost_ = ir::recompute_cost(function_);
-  module_ = "module @torch_tpu {\n" + b.function("main", results, true) + "}\n";
+  functions_ = b.functions();
+  module_ = "module @torch_tpu {\n";
+  for (auto& [symbol, text] : functions_) module_ += text;
+  module_ += b.function("main", results, true) + "}\n";
 }
 
 runtime::ExecutablePtr Program::executable() {
@@ -251,11 +254,16 @@ std::string fused_text(const std::vector<Call>& calls, const std::vector<ir::Typ
   std::vector<ir::Value> params;
   for (const ir::Type& t : param_types) params.push_back(m.param(t));
   std::unordered_set<int64_t> added;
+  std::unordered_set<std::string> imported;
   std::vector<std::vector<ir::Value>> values;
   auto value = [&](const Wire& w) { return w.node < 0 ? params[w.index] : values[w.node][w.index]; };
   for (const ir::GraphCall& g : plan.calls) {
     const Program& p = *calls[g.fn].program;
-    if (added.insert(p.id()).second) m.add_function(p.function_text());
+    if (added.insert(p.id()).second) {
+      m.add_function(p.function_text());
+      for (auto& [symbol, text] : p.functions())  // imported modules, once per graph
+        if (imported.insert(symbol).second) m.add_function(text);
+    }
     std::vector<ir::Value> args;
     for (const Wire& w : g.args) args.push_back(value(w));
     if (g.after_arg >= 0) args[g.after_arg] = m.after(args[g.after_arg], value(g.after));

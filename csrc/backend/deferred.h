@@ -11,6 +11,7 @@
 #include <atomic>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,6 +35,8 @@ class Program {
   const std::vector<ir::Type>& params() const { return params_; }
   const std::vector<ir::Type>& results() const { return results_; }
   const std::string& module_text() const { return module_; }
+  // Functions it calls besides its own (imported modules), by symbol.
+  const std::map<std::string, std::string>& functions() const { return functions_; }
   runtime::ExecutablePtr executable();  // compiles on first use
   // What running it again for a late reader in a fused graph would cost.
   ir::RecomputeCost recompute_cost() const { return recompute_cost_; }
@@ -42,6 +45,7 @@ class Program {
   int64_t id_;
   std::string name_, module_, function_;
   std::vector<ir::Type> params_, results_;
+  std::map<std::string, std::string> functions_;
   ir::RecomputeCost recompute_cost_ = ir::RecomputeCost::Never;
   std::mutex mu_;
   runtime::ExecutablePtr exe_;

@@ -153,6 +153,7 @@ void key_tensor(KeyState& k, const at::Tensor& t) {
   k.key += mlir_name(dt);
   k.key += geometry_of(t).key();
   StorageData& s = storage_of(t);
+  if (!s.value) check_not_donated(s);  // a consumed tensor reads (and writes) nothing
   k.key += storage_type(t).str();
   if (!s.value) k.key += "z";
   k.key += math_bits_key(t);
@@ -943,10 +944,14 @@ const lowering::Rule* rule_for(const c10::FunctionSchema& schema, const std::str
 int register_lowered_kernels() {
   static torch::Library* lib = new torch::Library(torch::Library::IMPL, "aten",
                                                   c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  // Our own ops with lowering rules (external_op.cpp).
+  static torch::Library* own = new torch::Library(torch::Library::IMPL, "torch_tpu",
+                                                  c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   int n = 0;
   auto& d = c10::Dispatcher::singleton();
   for (const c10::OperatorName& name : d.getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0) continue;
+    bool ours = name.name == "torch_tpu::call_stablehlo";
+    if (name.name.rfind("aten::", 0) != 0 && !ours) continue;
     auto h = d.findOp(name);
     if (!h || !h->hasSchema()) continue;
     // A backend kernel on a CompositeImplicitAutograd op would bypass its autograd.
@@ -982,7 +987,7 @@ int register_lowered_kernels() {
     // torch::Library keeps the name pointer: give it storage that lives as long.
     static std::deque<std::string> names;
     names.push_back(name.overload_name.empty() ? name.name : name.name + "." + name.overload_name);
-    lib->impl(names.back().c_str(), torch::CppFunction::makeFromBoxedFunction<&lowered_kernel>());
+    (ours ? own : lib)->impl(names.back().c_str(), torch::CppFunction::makeFromBoxedFunction<&lowered_kernel>());
     ++n;
   }
   return n;

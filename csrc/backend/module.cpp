@@ -16,6 +16,10 @@
 namespace tpu::backend {
 int register_lowered_kernels();
 std::vector<std::string> lowered_op_names();
+int64_t import_stablehlo(const std::string& text, const std::string& what,
+                         const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
+                         const std::vector<std::pair<std::string, std::vector<int64_t>>>& results);
+void donate_storage(const at::Tensor& t, const std::string& what);
 }  // namespace tpu::backend
 namespace tpu::distributed {
 void bind(pybind11::module_& m);  // csrc/distributed/python.cpp
@@ -115,6 +119,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_eager_mode", [](int mode) { set_eager_mode(static_cast<EagerMode>(mode)); });
   m.def("get_eager_mode", [] { return static_cast<int>(eager_mode()); });
   m.def("lowered_ops", [] { return lowered_op_names(); });
+  m.def("_import_stablehlo", &import_stablehlo);  // torch_tpu/_internal/pallas.py
+  m.def("_donate", &donate_storage);
   m.def("is_materialized", [](const at::Tensor& t) {
     void* ctx = t.storage().data_ptr().get_context();
     if (!ctx) return false;

@@ -65,9 +65,15 @@ ir::Type storage_type(const at::Tensor& t) {
   return ir::Type{d, {n}};
 }
 
+void check_not_donated(const StorageData& s) {
+  TORCH_CHECK(s.donated_to.empty(), "this tpu tensor was donated to ", s.donated_to,
+              " and can no longer be used");
+}
+
 Operand storage_value(const at::Tensor& t) {
   StorageData& s = storage_of(t);
   if (s.value) return s.value;
+  check_not_donated(s);
   ir::Type ty = storage_type(t);
   s.value = run_internal("zeros:" + ty.str(), [&](ir::Builder& b) -> std::vector<ir::Value> {
     return {b.constant(0, ty.dtype, ty.shape)};
@@ -90,6 +96,7 @@ std::string view_key(const at::Tensor& t) {
 // A dense value holding exactly `t`'s values (its own storage's value when that fits).
 Operand dense_value(const at::Tensor& t) {
   StorageData& s = storage_of(t);
+  check_not_donated(s);
   DType dt = device_dtype(t.scalar_type(), "read");
   ir::Geometry g = geometry_of(t);
   ir::Type st = storage_type(t);

@@ -2,6 +2,7 @@
 // deferred graph, or nothing yet (memory from `empty` that no op has written). The
 // at::Storage's DataPtr carries it.
 #pragma once
+#include <string>
 #include <ATen/Tensor.h>
 
 #include "backend/deferred.h"
@@ -14,12 +15,15 @@ struct StorageData {
   int device = 0;
   size_t nbytes = 0;
   Operand value;  // empty: not written yet (reads see zeros)
+  std::string donated_to;  // consumed by this op (jax_op donate_argnums): reads raise
 };
 
 // The allocator registered for PrivateUse1: it hands out promises, never host memory.
 c10::Allocator* tpu_allocator();
 
 StorageData& storage_of(const at::Tensor& t);
+// Raises when the storage was donated (consumed by an op): it holds nothing to read.
+void check_not_donated(const StorageData& s);
 // The tensor's view of its storage, in elements of its dtype.
 ir::Geometry geometry_of(const at::Tensor& t);
 // The value's type, or (when not written yet) a flat type of the tensor's dtype.

@@ -478,8 +478,25 @@ std::string Builder::function(const std::string& name, const std::vector<Value>&
   return m.str();
 }
 
+void Builder::add_functions(const std::string& symbol, const std::string& text) {
+  functions_.emplace(symbol, text);
+}
+
+std::vector<Value> Builder::call(const std::string& callee, const std::vector<Value>& args,
+                                 const std::vector<Type>& results) {
+  std::string name = fresh();
+  body_ << std::string(depth_ * 2, ' ') << name
+        << (results.size() > 1 ? ":" + std::to_string(results.size()) : "") << " = \"func.call\"("
+        << names(args) << ") {callee = @" << callee << "} : " << sig(args) << " -> (";
+  for (size_t i = 0; i < results.size(); ++i) body_ << (i ? ", " : "") << results[i].str();
+  body_ << ")\n";
+  return multi(name, results);
+}
+
 std::string Builder::finish(const std::vector<Value>& results) {
-  return "module @torch_tpu {\n" + function("main", results, true) + "}\n";
+  std::string m = "module @torch_tpu {\n";
+  for (auto& [symbol, text] : functions_) m += text;
+  return m + function("main", results, true) + "}\n";
 }
 
 }  // namespace tpu::ir

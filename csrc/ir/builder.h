@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -108,6 +109,14 @@ class Builder {
   Value raw(const std::string& op, const std::vector<Value>& operands, const std::string& attrs,
             const Type& result);
 
+  // Functions this program calls besides its own (imported modules, see ir/external.h):
+  // `text` defines `symbol` and whatever it calls, added once per symbol.
+  void add_functions(const std::string& symbol, const std::string& text);
+  const std::map<std::string, std::string>& functions() const { return functions_; }
+  // A call of one of those functions.
+  std::vector<Value> call(const std::string& callee, const std::vector<Value>& args,
+                          const std::vector<Type>& results);
+
   // The whole module, returning `results`.
   std::string finish(const std::vector<Value>& results);
   // The same program as one function of a larger module (see ir/fusion.h).
@@ -122,6 +131,7 @@ class Builder {
   void emit_block(const std::vector<Type>& arg_types, const RegionFn& fn);   // "{...}"
 
   std::vector<Type> params_;
+  std::map<std::string, std::string> functions_;  // by symbol
   std::ostringstream body_;
   int next_ = 0;
   int depth_ = 1;

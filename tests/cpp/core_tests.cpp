@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ir/builder.h"
+#include "ir/external.h"
 #include "ir/remat.h"
 #include "ir/views.h"
 #include "runtime/client.h"
@@ -337,6 +338,46 @@ int main() {
       raised = std::string(e.what()).find("aten::add.Tensor") != std::string::npos;
     }
     CHECK(raised);
+  });
+
+
+  // An imported module (as JAX exports it, in generic form): its functions join ours,
+  // renamed per import, so one program can call two imports that both define @main.
+  run("imported StableHLO modules are renamed, private and callable", [] {
+    const std::string mod =
+        "\"builtin.module\"() <{sym_name = \"jit_f\"}> ({\n"
+        "  \"func.func\"() <{function_type = (tensor<3xf32>) -> tensor<3xf32>, sym_name = \"main\", sym_visibility = \"public\"}> ({\n"
+        "  ^bb0(%arg0: tensor<3xf32>):\n"
+        "    %0 = \"func.call\"(%arg0) <{callee = @sq}> : (tensor<3xf32>) -> tensor<3xf32>\n"
+        "    \"func.return\"(%0) : (tensor<3xf32>) -> ()\n"
+        "  }) : () -> ()\n"
+        "  \"func.func\"() <{function_type = (tensor<3xf32>) -> tensor<3xf32>, sym_name = \"sq\"}> ({\n"
+        "  ^bb0(%arg0: tensor<3xf32>):\n"
+        "    %0 = \"stablehlo.multiply\"(%arg0, %arg0) : (tensor<3xf32>, tensor<3xf32>) -> tensor<3xf32>\n"
+        "    \"func.return\"(%0) : (tensor<3xf32>) -> ()\n"
+        "  }) : () -> ()\n"
+        "}) {mhlo.num_partitions = 1 : i32} : () -> ()\n";
+    Type t{DType::F32, {3}};
+    ir::ExternalModule a = ir::import_module(mod, "a_", "test::a", {t}, {t});
+    ir::ExternalModule b2 = ir::import_module(mod, "b_", "test::b", {t}, {t});
+    CHECK(a.entry == "a_main" && a.functions.find("callee = @a_sq") != std::string::npos);
+    CHECK(a.functions.find("\"public\"") == std::string::npos);
+    Builder b;
+    Value x = b.param(t);
+    b.add_functions(a.entry, a.functions);
+    b.add_functions(b2.entry, b2.functions);
+    Value y = b.call(a.entry, {x}, {t})[0];
+    Value z = b.call(b2.entry, {y}, {t})[0];
+    std::vector<float> in = {1.f, 2.f, -3.f};
+    auto out = run_program(b.finish({z}), {C().from_host(in.data(), DType::F32, {3}, 0)});
+    CHECK(fetch<float>(*out[0]) == std::vector<float>({1.f, 16.f, 81.f}));
+    bool refused = false;
+    try {
+      ir::import_module(mod, "c_", "test::c", {Type{DType::F32, {4}}}, {t});
+    } catch (const std::invalid_argument& e) {
+      refused = std::string(e.what()).find("test::c") != std::string::npos;
+    }
+    CHECK(refused);
   });
 
   std::cout << g_passed << " passed, " << g_failed << " failed\n";
