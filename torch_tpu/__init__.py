@@ -52,6 +52,9 @@ from . import _accelerate  # noqa: E402  (Hugging Face accelerate/Trainer defaul
 from . import _multiprocessing  # noqa: E402  (tpu tensors through torch.multiprocessing)
 
 _multiprocessing.install()
+from . import _dlpack  # noqa: E402  (DLPack export/import of tpu tensors)
+
+_dlpack.install()
 
 _accelerate.install()
 

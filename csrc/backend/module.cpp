@@ -16,6 +16,7 @@
 namespace tpu::backend {
 int register_lowered_kernels();
 std::vector<std::string> lowered_op_names();
+void bind_dlpack(pybind11::module_& m);    // dlpack.cpp
 }  // namespace tpu::backend
 namespace tpu::distributed {
 void bind(pybind11::module_& m);  // csrc/distributed/python.cpp
@@ -31,6 +32,7 @@ static runtime::Client& client() {
 
 PYBIND11_MODULE(_C, m) {
   distributed::bind(m);
+  bind_dlpack(m);
   m.def("_init", [](std::vector<std::pair<std::string, std::string>> candidates) {
     runtime::set_plugin_candidates(std::move(candidates));
     register_device_hooks();
