@@ -55,6 +55,9 @@ _multiprocessing.install()
 from . import _dlpack  # noqa: E402  (DLPack export/import of tpu tensors)
 
 _dlpack.install()
+from . import _serialization  # noqa: E402  (torch.load gives tpu storages their tensor's shape)
+
+_serialization.install()
 
 _accelerate.install()
 

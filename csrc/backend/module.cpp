@@ -17,6 +17,7 @@ namespace tpu::backend {
 int register_lowered_kernels();
 std::vector<std::string> lowered_op_names();
 void bind_dlpack(pybind11::module_& m);    // dlpack.cpp
+void bind_serialization(pybind11::module_& m);  // serialization.cpp
 }  // namespace tpu::backend
 namespace tpu::distributed {
 void bind(pybind11::module_& m);  // csrc/distributed/python.cpp
@@ -33,6 +34,7 @@ static runtime::Client& client() {
 PYBIND11_MODULE(_C, m) {
   distributed::bind(m);
   bind_dlpack(m);
+  bind_serialization(m);
   m.def("_init", [](std::vector<std::pair<std::string, std::string>> candidates) {
     runtime::set_plugin_candidates(std::move(candidates));
     register_device_hooks();
