@@ -28,12 +28,15 @@ def _run(body, env=None):
 
 def _averages_body(profile_call):
     return f"""
+        import time
+        start = time.perf_counter()
         with {profile_call} as prof:
             with record_function("my_block"):
                 for _ in range(4):
                     y = (x @ w).relu()
             y.sum().item()
-        out = {{}}
+        wall_us = (time.perf_counter() - start) * 1e6
+        out = {{"wall": dict(count=0, cpu=wall_us, self_cpu=0, dev=0, self_dev=0)}}
         for e in prof.key_averages():
             out[e.key] = dict(count=e.count, cpu=e.cpu_time_total, self_cpu=e.self_cpu_time_total,
                               dev=e.device_time_total, self_dev=e.self_device_time_total)
@@ -53,6 +56,11 @@ def test_kineto_profile_with_privateuse1_gives_positive_host_times(mode):
         assert 0 < out[op]["cpu"] < 60e6, (op, out[op])  # µs: positive, under a minute
         assert out[op]["self_cpu"] >= 0
     assert out["my_block"]["cpu"] >= out["aten::matmul"]["cpu"]  # the block contains its ops
+    if not mode:  # Strict: each program's device time, attributed to the op that launched it
+        mm, relu = out["aten::mm"]["self_dev"], out["aten::relu"]["self_dev"]
+        assert mm > 0 and relu > 0, (out["aten::mm"], out["aten::relu"])
+        # One in-order queue: the programs' intervals do not overlap, and all ran in the window.
+        assert mm + relu <= out["wall"]["cpu"], (mm, relu, out["wall"])
 
 
 def test_event_based_profile_gives_device_times_per_op():
@@ -69,6 +77,7 @@ def test_event_based_profile_in_defer_and_fuse_runs_cleanly():
                {"TPU_DEFER_AND_FUSE": "1"})
     assert out["aten::mm"]["count"] == 4
     assert all(v["dev"] >= 0 and v["cpu"] >= 0 for v in out.values())
+    assert out["aten::mm"]["self_dev"] > 0  # host time of the op (nothing waits while deferring)
 
 
 def test_training_step_profile_and_chrome_trace(tmp_path):
