@@ -98,5 +98,31 @@ def test_a_thousand_steps_stay_flat_and_resume_from_a_checkpoint_exactly(mode, t
     assert not diff, f"resumed losses differ from step {diff[0]}: {again[diff[0]]} vs {losses[diff[0]]}"
 
 
+
+@pytest.mark.parametrize("dtype", ["bool", "bfloat16", "float16", "complex64", "int8", "uint8", "int64", "float64"])
+def test_torch_load_keeps_values_views_and_shared_storages(dtype):
+    # Loaded storages are given their tensor's dtype and shape (csrc/backend/serialization.cpp).
+    import io
+
+    import torch
+
+    dt = getattr(torch, dtype)
+    ref = torch.arange(-7.0, 8.0).reshape(3, 5) * 1.5
+    ref = (ref > 0) if dt == torch.bool else (torch.complex(ref, -ref).to(dt) if dt.is_complex else ref.to(dt))
+    x = ref.to("tpu")
+    base = torch.arange(12.0, device="tpu")
+    buf = io.BytesIO()
+    torch.save({"x": x, "xt": x.t(), "part": base[2:5], "grid": base.view(3, 4),
+                "scalar": torch.tensor(7.0, device="tpu")}, buf)
+    buf.seek(0)
+    o = torch.load(buf)
+    assert o["x"].device.type == "tpu" and o["x"].dtype == dt
+    assert torch.equal(o["x"].cpu(), ref) and torch.equal(o["xt"].cpu(), ref.t())
+    assert o["part"].cpu().tolist() == [2.0, 3.0, 4.0]
+    assert torch.equal(o["grid"].cpu(), torch.arange(12.0).view(3, 4))
+    o["grid"][0, 2] = -1  # the two views still share one storage
+    assert o["part"][0].item() == -1
+    assert o["scalar"].item() == 7.0
+
 if __name__ == "__main__":
     _worker(sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4])
