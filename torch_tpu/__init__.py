@@ -52,6 +52,12 @@ from . import _accelerate  # noqa: E402  (Hugging Face accelerate/Trainer defaul
 from . import _multiprocessing  # noqa: E402  (tpu tensors through torch.multiprocessing)
 
 _multiprocessing.install()
+from . import _dlpack  # noqa: E402  (DLPack export/import of tpu tensors)
+
+_dlpack.install()
+from . import _serialization  # noqa: E402  (torch.load gives tpu storages their tensor's shape)
+
+_serialization.install()
 
 _accelerate.install()
 

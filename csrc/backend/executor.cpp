@@ -1,5 +1,6 @@
 #include "backend/executor.h"
 
+#include "backend/profiler.h"
 #include "runtime/disk_cache.h"
 
 #include <sys/stat.h>
@@ -90,9 +91,11 @@ runtime::ExecutablePtr compile_cached(const std::string& text, const std::string
 std::vector<runtime::BufferPtr> launch(const runtime::Executable& exe,
                                        const std::vector<runtime::Buffer*>& args, int device,
                                        const std::string& what) {
-  return guarded([&] {
+  auto outputs = guarded([&] {
     return runtime::Client::get().execute(exe, args, device, eager_mode() == EagerMode::Debug, {}, what);
   });
+  note_launch(what.empty() ? exe.name : what, device, outputs);
+  return outputs;
 }
 
 }  // namespace tpu::backend

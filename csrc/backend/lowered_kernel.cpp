@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <list>
 #include <set>
 #include <unordered_map>
 
@@ -506,9 +507,13 @@ c10::Scalar cpu_scalar(const at::Tensor& t) {
 // ---- runtime operands -------------------------------------------------------------------
 
 runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device) {
-  // Small host->device copies of the same value (lr, betas, eps) are cached.
+  // Small host->device copies of the same value (lr, betas, eps) are cached. The
+  // cache is least-recently-used and small: values that change every step (Adam's bias
+  // corrections) would otherwise pile up as device memory that grows with the step count.
+  constexpr size_t kCapacity = 256;
   static std::mutex mu;
-  static std::unordered_map<std::string, runtime::BufferPtr> cache;
+  static std::list<std::string> order;  // most recently used first
+  static std::unordered_map<std::string, std::pair<runtime::BufferPtr, std::list<std::string>::iterator>> cache;
   char bytes[16] = {0};
   switch (t) {
     case DType::F32: { float v = static_cast<float>(s.toDouble()); std::memcpy(bytes, &v, 4); break; }
@@ -526,10 +531,17 @@ runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device) {
   key += static_cast<char>(device);
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  if (cache.size() > 4096) cache.clear();
+  if (it != cache.end()) {
+    order.splice(order.begin(), order, it->second.second);
+    return it->second.first;
+  }
   auto buf = guarded([&] { return runtime::Client::get().from_host(bytes, t, {}, device); });
-  cache.emplace(key, buf);
+  if (cache.size() >= kCapacity) {
+    cache.erase(order.back());
+    order.pop_back();
+  }
+  order.push_front(key);
+  cache.emplace(key, std::make_pair(buf, order.begin()));
   return buf;
 }
 

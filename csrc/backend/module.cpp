@@ -20,6 +20,8 @@ int64_t import_stablehlo(const std::string& text, const std::string& what,
                          const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
                          const std::vector<std::pair<std::string, std::vector<int64_t>>>& results);
 void donate_storage(const at::Tensor& t, const std::string& what);
+void bind_dlpack(pybind11::module_& m);    // dlpack.cpp
+void bind_serialization(pybind11::module_& m);  // serialization.cpp
 }  // namespace tpu::backend
 namespace tpu::distributed {
 void bind(pybind11::module_& m);  // csrc/distributed/python.cpp
@@ -35,6 +37,8 @@ static runtime::Client& client() {
 
 PYBIND11_MODULE(_C, m) {
   distributed::bind(m);
+  bind_dlpack(m);
+  bind_serialization(m);
   m.def("_init", [](std::vector<std::pair<std::string, std::string>> candidates) {
     runtime::set_plugin_candidates(std::move(candidates));
     register_device_hooks();

@@ -1,0 +1,104 @@
+"""torch.profiler on tpu: positive, sane times for tpu ops, key_averages, traces, and no
+"PrivateUse1 used in profiler but not enabled" (each profile runs in a fresh process,
+since PyTorch reports profiler callback failures only on stderr)."""
+import json
+import textwrap
+
+import pytest
+
+from conftest import run_python
+
+BAD = ("not enabled", "INTERNAL ASSERT", "Exception in RecordFunction callback")
+
+
+def _run(body, env=None):
+    code = textwrap.dedent("""
+        import json, torch, torch_tpu
+        from torch.profiler import ProfilerActivity, profile, record_function
+        x = torch.randn(128, 128, device="tpu")
+        w = torch.randn(128, 128, device="tpu")
+        (x @ w).relu().sum().item()  # compiled before profiling
+    """) + textwrap.dedent(body)
+    r = run_python(code, env=env, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for bad in BAD:
+        assert bad not in r.stderr, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _averages_body(profile_call):
+    return f"""
+        import time
+        start = time.perf_counter()
+        with {profile_call} as prof:
+            with record_function("my_block"):
+                for _ in range(4):
+                    y = (x @ w).relu()
+            y.sum().item()
+        wall_us = (time.perf_counter() - start) * 1e6
+        out = {{"wall": dict(count=0, cpu=wall_us, self_cpu=0, dev=0, self_dev=0)}}
+        for e in prof.key_averages():
+            out[e.key] = dict(count=e.count, cpu=e.cpu_time_total, self_cpu=e.self_cpu_time_total,
+                              dev=e.device_time_total, self_dev=e.self_device_time_total)
+        print(json.dumps(out))
+    """
+
+
+@pytest.mark.parametrize("mode", ["", "1"])
+def test_kineto_profile_with_privateuse1_gives_positive_host_times(mode):
+    env = {"TPU_DEFER_AND_FUSE": "1"} if mode else {}
+    out = _run(_averages_body("profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1])"), env)
+    for op in ("aten::mm", "aten::relu", "my_block"):
+        assert op in out, sorted(out)
+    assert out["aten::mm"]["count"] == 4 and out["aten::relu"]["count"] == 4
+    assert out["my_block"]["count"] == 1
+    for op in ("aten::mm", "aten::relu", "aten::matmul", "my_block"):
+        assert 0 < out[op]["cpu"] < 60e6, (op, out[op])  # µs: positive, under a minute
+        assert out[op]["self_cpu"] >= 0
+    assert out["my_block"]["cpu"] >= out["aten::matmul"]["cpu"]  # the block contains its ops
+    if not mode:  # Strict: each program's device time, attributed to the op that launched it
+        mm, relu = out["aten::mm"]["self_dev"], out["aten::relu"]["self_dev"]
+        assert mm > 0 and relu > 0, (out["aten::mm"], out["aten::relu"])
+        # One in-order queue: the programs' intervals do not overlap, and all ran in the window.
+        assert mm + relu <= out["wall"]["cpu"], (mm, relu, out["wall"])
+
+
+def test_event_based_profile_gives_device_times_per_op():
+    out = _run(_averages_body('torch.autograd.profiler.profile(use_device="tpu", use_kineto=False)'))
+    mm, relu, block = out["aten::mm"], out["aten::relu"], out["my_block"]
+    assert mm["count"] == 4 and relu["count"] == 4
+    assert 0 < mm["self_dev"] < 60e6 and 0 < relu["self_dev"] < 60e6, (mm, relu)
+    # Events wait for the device in Strict mode: a block's device time covers its ops'.
+    assert block["dev"] >= mm["self_dev"] + relu["self_dev"] - 1, (block, mm, relu)
+
+
+def test_event_based_profile_in_defer_and_fuse_runs_cleanly():
+    out = _run(_averages_body('torch.autograd.profiler.profile(use_device="tpu", use_kineto=False)'),
+               {"TPU_DEFER_AND_FUSE": "1"})
+    assert out["aten::mm"]["count"] == 4
+    assert all(v["dev"] >= 0 and v["cpu"] >= 0 for v in out.values())
+    assert out["aten::mm"]["self_dev"] > 0  # host time of the op (nothing waits while deferring)
+
+
+def test_training_step_profile_and_chrome_trace(tmp_path):
+    trace = tmp_path / "trace.json"
+    out = _run(f"""
+        model = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).to("tpu")
+        opt = torch.optim.AdamW(model.parameters())
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], record_shapes=True) as prof:
+            for _ in range(2):
+                loss = model(x).square().mean()
+                opt.zero_grad(); loss.backward(); opt.step()
+            loss.item()
+        prof.export_chrome_trace({str(trace)!r})
+        keys = {{}}
+        for e in prof.key_averages(group_by_input_shape=True):  # one row per key and shapes
+            keys[e.key] = keys.get(e.key, 0) + e.count
+        print(json.dumps(keys))
+    """)
+    assert out.get("aten::addmm", 0) >= 4 and any("backward" in k.lower() for k in out), sorted(out)
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert "aten::addmm" in names
+    assert all(e.get("dur", 0) >= 0 for e in events)
