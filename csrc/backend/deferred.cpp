@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "backend/executor.h"
+#include "backend/profiler.h"
 #include "ir/fusion.h"
 #include "ir/remat.h"
 
@@ -377,6 +378,7 @@ void run_job(Job& job) {
     replay(job, params);
     return;
   }
+  note_launch(describe_graph(job.calls), job.device, produced);  // a device event for torch.profiler
   fuse_stats().graphs += 1;
   for (bool d : job.donate) fuse_stats().donated += d ? 1 : 0;
   std::lock_guard<std::mutex> lock(g_slot_mu);
