@@ -300,3 +300,17 @@ def test_int8_weight_only_gpt_weight_memory_is_under_0_3x_float32():
     assert int8 <= 0.3 * f32, f"int8 weight-only {int8} bytes vs float32 {f32} ({int8 / f32:.3f}x)"
     with torch.no_grad(), no_fallbacks():
         assert mt(torch.zeros(1, 8, dtype=torch.long, device="tpu")).shape == (1, 8, 256)
+
+
+def test_torchao_int8_dynamic_matmul_runs_native_int_mm():
+    # torch's out_dtype(aten.mm, int32) sends int8 x int8 to _int_mm on CUDA only; on tpu
+    # torch_tpu routes it there too (not an int32 matmul of widened operands).
+    import copy
+    from torch.profiler import ProfilerActivity, profile
+    torch.manual_seed(0)
+    lin = copy.deepcopy(torch.nn.Linear(64, 32)).to("tpu")
+    torchao_quant.quantize_(lin, torchao_quant.Int8DynamicActivationInt8WeightConfig())
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        lin(torch.randn(16, 64, device="tpu")).cpu()
+    names = {e.key for e in prof.key_averages()}
+    assert "aten::_int_mm" in names and "aten::mm" not in names, sorted(n for n in names if "mm" in n)
