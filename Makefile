@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 export CCACHE_BASEDIR := $(CURDIR)
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup build demo test test-cpp test-py test-modes clean conformance conformance-baseline bench \
+.PHONY: setup build demo test test-cpp test-py test-modes clean conformance conformance-baseline bench bench-quant \
   compat compat-baseline
 
 setup: $(VENV)/.ready
@@ -72,6 +72,11 @@ compat-baseline: build
 # Eager modes side by side with native CPU PyTorch: benchmarks/results/results.{json,md,png}.
 bench: build
 	$(PY) benchmarks/run.py $(ARGS)
+	$(PY) benchmarks/quantized.py $(QUANT_ARGS)
+
+# Quantized GPT prefill (float32, bf16, torchao int8/fp8): benchmarks/results/quantized.{json,md}.
+bench-quant: build
+	$(PY) benchmarks/quantized.py $(QUANT_ARGS)
 
 clean:
 	rm -rf build torch_tpu/_C*.so
