@@ -63,6 +63,17 @@ def test_fp8_creation_and_copies(dt):
     torch.empty(2, dtype=dt, device="tpu").zero_()
 
 
+@pytest.mark.parametrize("dt", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_fp8_elementwise_math_rounds_like_cpu(dt):
+    # CPU multiplies fp8 in float and rounds once to fp8 (e4m3fn saturating at 448).
+    x = torch.tensor([[0.0, -1.5, 3.25, 200.0, 448.0], [1e-2, 2.0, float("nan"), -0.0, 30.0]]).to(dt)
+    with no_fallbacks():
+        got = x.to("tpu") * x.to("tpu")
+        assert torch.equal(bits(got), bits(x * x))
+        assert torch.equal(bits(x.to("tpu").abs()), bits(x.abs()))
+        assert torch.equal((x.to("tpu") == x.to("tpu")).cpu(), x == x)
+
+
 @pytest.mark.parametrize("dt", FP8, ids=str)
 def test_fp8_fill_out_of_range_raises_like_cpu(dt):
     with pytest.raises(RuntimeError) as cpu:

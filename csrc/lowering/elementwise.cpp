@@ -40,7 +40,7 @@ std::vector<Value> map(Ctx& ctx, const std::vector<int>& idx, const MapFn& fn) {
   DType t = math_type(o.dtype);
   Vs xs;
   for (int i : idx) xs.push_back(operand(ctx, i, t, o.shape));
-  return {ctx.b.convert(fn(ctx.b, xs), o.dtype)};
+  return {convert_any(ctx.b, fn(ctx.b, xs), o.dtype)};  // (fp8 results as c10 rounds them)
 }
 
 // erf(x) for |x| < 1 from its Taylor series (alternating, 12 terms: < 2e-7 relative);
