@@ -91,7 +91,7 @@ Value convert_any(Builder& b, const Value& x, DType t) {
   }
   Value y = b.convert(f, t);
   if (t != DType::F8E5M2) return y;
-  // XLA's e5m2 NaN is 0x7E, c10's 0x7F (with the input's sign): give c10's bits.
+  // XLA:CPU's e5m2 NaN is 0x7E, c10's 0x7F (with the input's sign): give c10's bits.
   if (!is_float(x.dtype())) return y;  // no NaN to convert
   const Shape& s = f.shape();
   // The sign of the source's NaN (XLA's conversions need not keep it).
@@ -102,7 +102,7 @@ Value convert_any(Builder& b, const Value& x, DType t) {
   Value negative = fnuz ? b.constant(0, DType::Bool, s)
                         : b.compare(b.bitcast(x, it), b.constant(0, it, s), ir::Cmp::LT);
   Value bits = b.select(negative, b.constant(255, DType::U8, s), b.constant(127, DType::U8, s));
-  // (Selected as bytes: XLA:CPU computes fp8 selects in a wider type, losing the sign.)
+  // (Selected as bytes: an fp8 select lost the NaN's sign on XLA:CPU.)
   return b.bitcast(b.select(b.compare(f, f, ir::Cmp::NE), bits, b.bitcast(y, DType::U8)), t);
 }
 
