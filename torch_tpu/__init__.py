@@ -63,6 +63,9 @@ _accelerate.install()
 
 if torch.distributed.is_available():
     from ._internal import distributed as _distributed  # noqa: E402,F401  (registers tpu_dist)
+from . import _quantized  # noqa: E402  (torchao's int8 x int8 -> int32 mm on _int_mm)
+
+_quantized.register()
 from ._internal.compile import TpuBackend, _route_inductor_to_tpu  # noqa: E402
 from . import dynamism  # noqa: E402  (mark_dynamic for compiled mode)
 from . import pallas  # noqa: E402  (jax_op; imports JAX only when first used)

@@ -23,6 +23,10 @@ inline DType to_dtype(c10::ScalarType t) {
     case c10::kDouble: return DType::F64;
     case c10::kComplexFloat: return DType::C64;
     case c10::kComplexDouble: return DType::C128;
+    case c10::kFloat8_e4m3fn: return DType::F8E4M3FN;
+    case c10::kFloat8_e5m2: return DType::F8E5M2;
+    case c10::kFloat8_e4m3fnuz: return DType::F8E4M3FNUZ;
+    case c10::kFloat8_e5m2fnuz: return DType::F8E5M2FNUZ;
     default: return DType::Invalid;
   }
 }
@@ -43,6 +47,10 @@ inline c10::ScalarType to_scalar_type(DType t) {
     case DType::F64: return c10::kDouble;
     case DType::C64: return c10::kComplexFloat;
     case DType::C128: return c10::kComplexDouble;
+    case DType::F8E4M3FN: return c10::kFloat8_e4m3fn;
+    case DType::F8E5M2: return c10::kFloat8_e5m2;
+    case DType::F8E4M3FNUZ: return c10::kFloat8_e4m3fnuz;
+    case DType::F8E5M2FNUZ: return c10::kFloat8_e5m2fnuz;
     default: return c10::ScalarType::Undefined;
   }
 }

@@ -121,7 +121,7 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
         return run_internal("grow:" + ot.str() + "->" + std::to_string(n_new),
                             [&](ir::Builder& b) -> std::vector<ir::Value> {
           ir::Value flat = b.reshape(b.param(ot), {n_old});
-          return {b.pad(flat, b.constant(0, ot.dtype), {0}, {n_new - n_old}, {0})};
+          return {b.pad(flat, lowering::constant_any(b, 0, ot.dtype), {0}, {n_new - n_old}, {0})};
         }, {old_value}, dev)[0];
       });
     }

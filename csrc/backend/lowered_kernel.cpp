@@ -23,6 +23,7 @@
 #include "backend/fallback.h"
 #include "backend/storage.h"
 #include "ir/views.h"
+#include "lowering/helpers.h"
 #include "lowering/registry.h"
 
 namespace tpu::backend {
@@ -289,12 +290,29 @@ void raise_as_cpu_or_fallback(const c10::OperatorHandle& op, torch::jit::Stack* 
   run_fallback(op, stack, std::string("its meta kernel refuses a call CPU accepts: ") + meta_error.what());
 }
 
+// _scaled_mm's meta kernel reads a meta tensor's device as CUDA and applies cuBLAS's
+// layout and size rules (row-major self, column-major mat2, multiples of 16), which CPU
+// and tpu do not have: its output is [M, N] of out_dtype (default self's dtype), and the
+// lowering rule checks the arguments as CPU does.
+std::optional<IValue> device_free_meta(const c10::OperatorHandle& op, c10::ArrayRef<IValue> args) {
+  if (op.operator_name().name != "aten::_scaled_mm" || !op.operator_name().overload_name.empty()) return {};
+  const at::Tensor& a = args[0].toTensor();
+  const at::Tensor& b = args[1].toTensor();
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "Inputs must be 2D but got self.dim()=", a.dim(),
+              " and mat2.dim()=", b.dim());
+  TORCH_CHECK(a.size(1) == b.size(0), "mat1 and mat2 shapes cannot be multiplied (", a.size(0), "x",
+              a.size(1), " and ", b.size(0), "x", b.size(1), ")");
+  c10::ScalarType t = args[6].isNone() ? a.scalar_type() : args[6].toScalarType();
+  return at::empty({a.size(0), b.size(1)}, a.options().dtype(t).device(at::kMeta));
+}
+
 // Runs the op on meta tensors; returns the meta args (mutated ones show their new
 // sizes) and the returns.
 std::pair<std::vector<IValue>, std::vector<IValue>> run_meta(const c10::OperatorHandle& op,
                                                              c10::ArrayRef<IValue> args) {
   std::vector<IValue> margs;
   for (const IValue& v : args) margs.push_back(to_meta(v));
+  if (auto out = device_free_meta(op, args)) return {margs, {*out}};
   torch::jit::Stack s(margs.begin(), margs.end());
   op.callBoxed(&s);
   return {margs, std::vector<IValue>(s.begin(), s.end())};
@@ -430,7 +448,7 @@ class KernelCtx final : public lowering::Ctx {
       plan_.sources.push_back({Source::Storage, arg, elem, st.dtype});
       v = b.param(st);
     } else {
-      v = b.constant(0, st.dtype, st.shape);
+      v = lowering::constant_any(b, 0, st.dtype, st.shape);
     }
     storages_.emplace(key, v);
     return v;
@@ -635,7 +653,7 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
       KernelCtx scratch(scratch_b, info, args, scratch_plan, out_types, k.has_f64);
       (void)(*rule)(scratch);
       for (const ir::Type& t : out_types)
-        results.push_back(t.dtype == DType::Invalid ? b.constant(0, DType::F32) : b.constant(0, t.dtype, t.shape));
+        results.push_back(t.dtype == DType::Invalid ? b.constant(0, DType::F32) : lowering::constant_any(b, 0, t.dtype, t.shape));
     } else {
       results = (*rule)(ctx);
     }

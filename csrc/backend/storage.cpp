@@ -7,6 +7,7 @@
 
 #include "backend/dtypes.h"
 #include "backend/executor.h"
+#include "lowering/helpers.h"
 #include "runtime/client.h"
 
 namespace tpu::backend {
@@ -76,7 +77,7 @@ Operand storage_value(const at::Tensor& t) {
   check_not_donated(s);
   ir::Type ty = storage_type(t);
   s.value = run_internal("zeros:" + ty.str(), [&](ir::Builder& b) -> std::vector<ir::Value> {
-    return {b.constant(0, ty.dtype, ty.shape)};
+    return {lowering::constant_any(b, 0, ty.dtype, ty.shape)};
   }, {}, s.device)[0];
   return s.value;
 }
@@ -105,7 +106,7 @@ Operand dense_value(const at::Tensor& t) {
   std::vector<Operand> args;
   if (has) args.push_back(s.value);
   return run_internal("dense:" + view_key(t), [&](ir::Builder& b) -> std::vector<ir::Value> {
-    ir::Value src = has ? b.param(st) : b.constant(0, st.dtype, st.shape);
+    ir::Value src = has ? b.param(st) : lowering::constant_any(b, 0, st.dtype, st.shape);
     if (src.dtype() != dt) src = reinterpret_bytes(b, src, dt);
     return {ir::read_view(b, src, g)};
   }, args, s.device)[0];
@@ -156,7 +157,7 @@ ir::Value reinterpret_bytes(ir::Builder& b, const ir::Value& v_in, DType to) {
   int64_t n = v.type.numel(), a = itemsize(v.dtype()), c = itemsize(to);
   if (a < c && (n * a) % c) {  // pad to whole elements of `to`
     int64_t extra = (c - (n * a) % c) / a;
-    v = b.pad(b.reshape(v, {n}), b.constant(0, v.dtype()), {0}, {extra}, {0});
+    v = b.pad(b.reshape(v, {n}), lowering::constant_any(b, 0, v.dtype()), {0}, {extra}, {0});
     n += extra;
   }
   if (!is_complex(v.dtype()) && !is_complex(to)) return ir::reinterpret(b, v, to);

@@ -220,7 +220,10 @@ Value reinterpret(Builder& b, const Value& storage, DType to) {
 }
 
 Value read_view(Builder& b, const Value& storage, const Geometry& g) {
-  if (g.numel() == 0) return b.constant(0, storage.dtype(), g.sizes);
+  if (g.numel() == 0) {  // (fp8 has no literal syntax: an f32 zero, converted)
+    if (is_fp8(storage.dtype())) return b.convert(b.constant(0, DType::F32, g.sizes), storage.dtype());
+    return b.constant(0, storage.dtype(), g.sizes);
+  }
   std::vector<int64_t> kept;
   Geometry c = compact(g, &kept);
   Value v = read_compact(b, storage, c);
@@ -231,7 +234,10 @@ Value read_view(Builder& b, const Value& storage, const Geometry& g) {
 // Elementwise x != y by bits (a NaN equals itself, -0 differs from 0).
 static Value differs(Builder& b, const Value& x, const Value& y) {
   DType t = x.dtype();
-  DType bits = itemsize(t) == 2 ? DType::I16 : itemsize(t) == 4 ? DType::I32 : DType::I64;
+  DType bits = itemsize(t) == 1   ? DType::I8
+               : itemsize(t) == 2 ? DType::I16
+               : itemsize(t) == 4 ? DType::I32
+                                  : DType::I64;
   if (is_float(t)) return b.compare(b.bitcast(x, bits), b.bitcast(y, bits), Cmp::NE);
   return b.compare(x, y, Cmp::NE);
 }

@@ -40,7 +40,7 @@ std::vector<Value> map(Ctx& ctx, const std::vector<int>& idx, const MapFn& fn) {
   DType t = math_type(o.dtype);
   Vs xs;
   for (int i : idx) xs.push_back(operand(ctx, i, t, o.shape));
-  return {ctx.b.convert(fn(ctx.b, xs), o.dtype)};
+  return {convert_any(ctx.b, fn(ctx.b, xs), o.dtype)};  // (fp8 results as c10 rounds them)
 }
 
 // erf(x) for |x| < 1 from its Taylor series (alternating, 12 terms: < 2e-7 relative);
@@ -583,12 +583,28 @@ TPU_LOWER(nan_to_num_rule, "nan_to_num") {
   x = b.select(cmpk(b, x, INFINITY, Cmp::EQ), cst(b, x, ctx.f_or(2, big)), x);
   return {b.select(cmpk(b, x, -INFINITY, Cmp::EQ), cst(b, x, ctx.f_or(3, -big)), x)};
 }
-TPU_LOWER(to_copy_rule, "_to_copy") { return {ctx.b.convert(ctx.in(0), ctx.out(0).dtype)}; }
+TPU_LOWER(to_copy_rule, "_to_copy") { return {convert_any(ctx.b, ctx.in(0), ctx.out(0).dtype)}; }
 TPU_LOWER(clone_rule, "clone") { return {ctx.in(0)}; }
 TPU_LOWER(copy_rule, "copy") { return {coerce(ctx.b, ctx.in(1), ctx.out(0).dtype, ctx.out(0).shape)}; }
 TPU_LOWER(fill_rule, "fill.Scalar", "fill.Tensor", "fill_.Scalar", "fill_.Tensor") {
-  return {operand(ctx, 1, ctx.out(0).dtype, ctx.out(0).shape)};
+  DType t = ctx.out(0).dtype;
+  if (is_fp8(t) && !ctx.is_tensor(1)) {  // through f32, as c10 converts a Scalar to fp8
+    Builder& b = ctx.b;
+    Value v = ctx.scalar(1, DType::F32);
+    // CPU's fill refuses a value out of the type's range (inf too where it has none).
+    bool has_inf = t == DType::F8E5M2;
+    double max = t == DType::F8E4M3FN ? 448 : t == DType::F8E4M3FNUZ ? 240 : 57344;
+    Value a = b.unary("stablehlo.abs", v);
+    Value ok = b.binary("stablehlo.or", b.compare(v, v, Cmp::NE),
+                        b.compare(a, b.constant(has_inf ? INFINITY : max, DType::F32), has_inf ? Cmp::EQ : Cmp::LE));
+    if (has_inf) ok = b.binary("stablehlo.or", ok, b.compare(a, b.constant(max, DType::F32), Cmp::LE));
+    static const char* kName[] = {"Float8_e4m3fn", "Float8_e5m2", "Float8_e4m3fnuz", "Float8_e5m2fnuz"};
+    ctx.check(ok, std::string("RuntimeError: value cannot be converted to type c10::") +
+                      kName[static_cast<int>(t) - static_cast<int>(DType::F8E4M3FN)] + " without overflow");
+    return {broadcast_to(b, convert_any(b, v, t), ctx.out(0).shape)};
+  }
+  return {operand(ctx, 1, t, ctx.out(0).shape)};
 }
-TPU_LOWER(zero_rule, "zero", "zero_") { return {ctx.b.constant(0, ctx.out(0).dtype, ctx.out(0).shape)}; }
+TPU_LOWER(zero_rule, "zero", "zero_") { return {constant_any(ctx.b, 0, ctx.out(0).dtype, ctx.out(0).shape)}; }
 
 }  // namespace tpu::lowering

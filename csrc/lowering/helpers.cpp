@@ -75,8 +75,44 @@ Value broadcast_to(Builder& b, const Value& x, const Shape& shape) {
   return b.broadcast_in_dim(y, shape, dims);
 }
 
+Value convert_any(Builder& b, const Value& x, DType t) {
+  if (x.dtype() == t) return x;
+  // The Builder spells a zero of the source type for bool's nonzero test, and no
+  // fp8 literal parses: test in f32 (exact for every fp8 value).
+  if (is_fp8(x.dtype()) && t == DType::Bool) return b.convert(b.convert(x, DType::F32), t);
+  if (!is_fp8(t) || is_complex(x.dtype())) return b.convert(x, t);
+  // c10 converts to fp8 from float (a double is narrowed first: two roundings, as on
+  // CPU), and e4m3fn, which has no inf, saturates finite overflow and inf to +-448
+  // where XLA gives NaN (NaN stays NaN through the clamp).
+  Value f = b.convert(x, DType::F32);
+  if (t == DType::F8E4M3FN) {
+    Value lim = b.constant(448.0, DType::F32, f.shape());
+    f = b.clamp(b.unary("stablehlo.negate", lim), f, lim);
+  }
+  Value y = b.convert(f, t);
+  if (t != DType::F8E5M2) return y;
+  // XLA:CPU's e5m2 NaN is 0x7E, c10's 0x7F (with the input's sign): give c10's bits.
+  if (!is_float(x.dtype())) return y;  // no NaN to convert
+  const Shape& s = f.shape();
+  // The sign of the source's NaN (XLA's conversions need not keep it).
+  int64_t w = itemsize(x.dtype());
+  DType it = w == 1 ? DType::I8 : w == 2 ? DType::I16 : w == 4 ? DType::I32 : DType::I64;
+  // (An fnuz NaN, 0x80, reads as a positive NaN in c10.)
+  bool fnuz = x.dtype() == DType::F8E4M3FNUZ || x.dtype() == DType::F8E5M2FNUZ;
+  Value negative = fnuz ? b.constant(0, DType::Bool, s)
+                        : b.compare(b.bitcast(x, it), b.constant(0, it, s), ir::Cmp::LT);
+  Value bits = b.select(negative, b.constant(255, DType::U8, s), b.constant(127, DType::U8, s));
+  // (Selected as bytes: an fp8 select lost the NaN's sign on XLA:CPU.)
+  return b.bitcast(b.select(b.compare(f, f, ir::Cmp::NE), bits, b.bitcast(y, DType::U8)), t);
+}
+
+Value constant_any(Builder& b, double v, DType t, const Shape& shape) {
+  if (!is_fp8(t)) return b.constant(v, t, shape);
+  return b.convert(b.constant(v, DType::F32, shape), t);  // spelled in f32, narrowed by XLA
+}
+
 Value coerce(Builder& b, const Value& x, DType t, const Shape& shape) {
-  return broadcast_to(b, b.convert(x, t), shape);
+  return broadcast_to(b, convert_any(b, x, t), shape);
 }
 
 int64_t wrap_dim(int64_t d, int64_t rank) {
@@ -102,7 +138,7 @@ std::vector<int64_t> reduce_dims(const std::vector<int64_t>& dims, int64_t rank)
   return out;
 }
 
-Value full_like(Builder& b, const Value& like, double v) { return b.constant(v, like.dtype(), like.shape()); }
+Value full_like(Builder& b, const Value& like, double v) { return constant_any(b, v, like.dtype(), like.shape()); }
 
 Value keep_dims(Builder& b, const Value& reduced, const Shape& in_shape,
                 const std::vector<int64_t>& dims) {
@@ -135,7 +171,7 @@ double highest(DType t) {
   }
 }
 
-DType acc_type(DType t) { return (t == DType::F16 || t == DType::BF16) ? DType::F32 : t; }
+DType acc_type(DType t) { return (t == DType::F16 || t == DType::BF16 || is_fp8(t)) ? DType::F32 : t; }
 
 Value reduce_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
   return b.reduce(x, b.constant(0, x.dtype()), dims, "stablehlo.add");

@@ -13,6 +13,11 @@ DType result_type(const std::vector<Value>& xs);
 Shape broadcast_shapes(const Shape& a, const Shape& b);
 // `x` broadcast (right-aligned) to `shape`.
 Value broadcast_to(Builder& b, const Value& x, const Shape& shape);
+// `x` converted to `t`, as PyTorch casts (also from/to fp8, which Builder::convert and
+// Builder::constant do not cover alone).
+Value convert_any(Builder& b, const Value& x, DType t);
+// A constant of any dtype (fp8 included) filling `shape`.
+Value constant_any(Builder& b, double v, DType t, const Shape& shape = {});
 // `x` converted to `t` and broadcast to `shape`.
 Value coerce(Builder& b, const Value& x, DType t, const Shape& shape);
 // Normalizes a possibly negative dim.

@@ -36,6 +36,10 @@ PJRT_Buffer_Type to_pjrt(DType t) {
     case DType::F64: return PJRT_Buffer_Type_F64;
     case DType::C64: return PJRT_Buffer_Type_C64;
     case DType::C128: return PJRT_Buffer_Type_C128;
+    case DType::F8E4M3FN: return PJRT_Buffer_Type_F8E4M3FN;
+    case DType::F8E5M2: return PJRT_Buffer_Type_F8E5M2;
+    case DType::F8E4M3FNUZ: return PJRT_Buffer_Type_F8E4M3FNUZ;
+    case DType::F8E5M2FNUZ: return PJRT_Buffer_Type_F8E5M2FNUZ;
     default: return PJRT_Buffer_Type_INVALID;
   }
 }
@@ -56,6 +60,10 @@ DType from_pjrt(PJRT_Buffer_Type t) {
     case PJRT_Buffer_Type_F64: return DType::F64;
     case PJRT_Buffer_Type_C64: return DType::C64;
     case PJRT_Buffer_Type_C128: return DType::C128;
+    case PJRT_Buffer_Type_F8E4M3FN: return DType::F8E4M3FN;
+    case PJRT_Buffer_Type_F8E5M2: return DType::F8E5M2;
+    case PJRT_Buffer_Type_F8E4M3FNUZ: return DType::F8E4M3FNUZ;
+    case PJRT_Buffer_Type_F8E5M2FNUZ: return DType::F8E5M2FNUZ;
     default: return DType::Invalid;
   }
 }

@@ -78,6 +78,21 @@ int main() {
     CHECK(fetch<uint16_t>(*C().from_host(h.data(), DType::BF16, {2}, 0)) == h);
   });
 
+  run("fp8 buffers keep their bytes and convert to f32", [] {
+    // e4m3fn 0x38 = 1, 0xC4 = -3, 0x7E = 448; e5m2 0x3C = 1, 0xC2 = -3, 0x7B = 57344.
+    std::vector<uint8_t> e4 = {0x38, 0xC4, 0x7E}, e5 = {0x3C, 0xC2, 0x7B};
+    auto b4 = C().from_host(e4.data(), DType::F8E4M3FN, {3}, 0);
+    auto b5 = C().from_host(e5.data(), DType::F8E5M2, {3}, 0);
+    CHECK(fetch<uint8_t>(*b4) == e4);
+    CHECK(std::string(mlir_name(DType::F8E4M3FNUZ)) == "f8E4M3FNUZ" && itemsize(DType::F8E5M2FNUZ) == 1);
+    Builder b;
+    Value x = b.param(Type{DType::F8E4M3FN, {3}});
+    Value y = b.param(Type{DType::F8E5M2, {3}});
+    auto out = run_program(b.finish({b.convert(x, DType::F32), b.convert(y, DType::F32)}), {b4, b5});
+    CHECK(fetch<float>(*out[0]) == std::vector<float>({1, -3, 448}));
+    CHECK(fetch<float>(*out[1]) == std::vector<float>({1, -3, 57344}));
+  });
+
   run("live bytes follow buffer lifetimes", [] {
     int64_t before = C().stats(0).live_bytes.load();
     {
