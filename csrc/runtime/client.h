@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/compile_options.h"
 #include "runtime/dtype.h"
 
 namespace tpu::runtime {
@@ -146,7 +147,9 @@ class Client {
   bool dma_map(void* data, size_t size);
   void dma_unmap(void* data);
 
-  ExecutablePtr compile(const std::string& mlir, const std::string& name);
+  // Fast effort falls back to Full, for good, on a plugin that rejects its option.
+  ExecutablePtr compile(const std::string& mlir, const std::string& name,
+                        CompileEffort effort = CompileEffort::Full);
   // A compiled executable as bytes (for an on-disk cache), and back.
   std::string serialize(const Executable& exe);
   ExecutablePtr deserialize(const std::string& bytes, const std::string& name);
@@ -186,6 +189,7 @@ class Client {
   std::string platform_;
   std::string plugin_path_;
   Counters counters_;
+  std::atomic<bool> fast_rejected_{false};
   int64_t memory_limit_override_ = 0;
   std::vector<int64_t> capacity_;  // per device
 
