@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <optional>
 #include <unordered_map>
@@ -49,12 +50,33 @@ static const std::string& cache_identity() {
   return id;
 }
 
+// A fused graph (DeferAndFuse, compiled mode) is a module of many functions built by
+// ir::FusedModule; anything else is one op's program.
+static bool is_graph(const std::string& text) { return text.rfind("module @torch_tpu_fused", 0) == 0; }
+
+// Compiles (one op's program with Fast effort, a graph with Full), counting the
+// seconds per kind.
+static runtime::ExecutablePtr compile_by_kind(const std::string& text, const std::string& name) {
+  bool graph = is_graph(text);
+  auto t0 = std::chrono::steady_clock::now();
+  runtime::ExecutablePtr exe = runtime::Client::get().compile(
+      text, name, graph ? runtime::CompileEffort::Full : runtime::CompileEffort::Fast);
+  int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+  (graph ? metrics().graph_compiles : metrics().op_compiles) += 1;
+  (graph ? metrics().graph_compile_us : metrics().op_compile_us) += us;
+  return exe;
+}
+
 // Compiles, or loads what an earlier process compiled from the on-disk cache.
 static runtime::ExecutablePtr compile_persistent(const std::string& text, const std::string& name) {
   auto& client = runtime::Client::get();
   runtime::DiskCache* disk = runtime::DiskCache::get();
-  if (!disk) return client.compile(text, name);
-  std::string key = cache_identity() + text;
+  if (!disk) return compile_by_kind(text, name);
+  // A lowered effort is part of what was compiled (Full keys stay as they were).
+  bool lowered = !is_graph(text) && runtime::fast_backend_level() >= 0;
+  std::string key = cache_identity() +
+                    (lowered ? "backend opt level " + std::to_string(runtime::fast_backend_level()) + "\n" : "") +
+                    text;
   if (std::optional<std::string> bytes = disk->load(key)) {
     try {
       return client.deserialize(*bytes, name);
@@ -62,7 +84,7 @@ static runtime::ExecutablePtr compile_persistent(const std::string& text, const 
       disk->remove(key);  // the plugin rejected it: compile afresh
     }
   }
-  runtime::ExecutablePtr exe = client.compile(text, name);
+  runtime::ExecutablePtr exe = compile_by_kind(text, name);
   try {
     disk->store(key, client.serialize(*exe));
   } catch (const runtime::Error&) {

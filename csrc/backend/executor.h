@@ -28,6 +28,13 @@ struct Metrics {
   std::mutex mu;
   std::map<std::string, int64_t> fallbacks;  // op -> count
   std::map<std::string, int64_t> flushes;    // why deferred graphs ran -> count
+  // Compiles (not disk-cache loads) by program kind: one op's program (Strict, Debug,
+  // a fused graph's replay) compiled with Fast effort, fused and compiled-mode graphs
+  // with Full effort.
+  std::atomic<int64_t> op_compiles{0};
+  std::atomic<int64_t> op_compile_us{0};
+  std::atomic<int64_t> graph_compiles{0};
+  std::atomic<int64_t> graph_compile_us{0};
 };
 Metrics& metrics();
 

@@ -22,6 +22,7 @@
 #include "backend/executor.h"
 #include "backend/fallback.h"
 #include "backend/storage.h"
+#include "backend/structured_meta.h"
 #include "ir/views.h"
 #include "lowering/helpers.h"
 #include "lowering/registry.h"
@@ -310,9 +311,25 @@ std::optional<IValue> device_free_meta(const c10::OperatorHandle& op, c10::Array
 // sizes) and the returns.
 std::pair<std::vector<IValue>, std::vector<IValue>> run_meta(const c10::OperatorHandle& op,
                                                              c10::ArrayRef<IValue> args) {
-  std::vector<IValue> margs;
-  for (const IValue& v : args) margs.push_back(to_meta(v));
-  if (auto out = device_free_meta(op, args)) return {margs, {*out}};
+  auto meta_args = [&] {
+    std::vector<IValue> m;
+    for (const IValue& v : args) m.push_back(to_meta(v));
+    return m;
+  };
+  if (auto out = device_free_meta(op, args)) return {meta_args(), {*out}};
+  // PyTorch's C++ meta function where it has one; if it refuses the call, the active
+  // (Python) Meta kernel decides on fresh arguments (the call may have resized outs),
+  // so errors and the fallbacks they lead to stay as they were.
+  if (const c10::KernelFunction* cxx = cxx_meta_kernel(op.operator_name())) {
+    std::vector<IValue> cargs = meta_args();
+    torch::jit::Stack s(cargs.begin(), cargs.end());
+    try {
+      cxx->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &s);
+      return {cargs, std::vector<IValue>(s.begin(), s.end())};
+    } catch (const std::exception&) {
+    }
+  }
+  std::vector<IValue> margs = meta_args();
   torch::jit::Stack s(margs.begin(), margs.end());
   op.callBoxed(&s);
   return {margs, std::vector<IValue>(s.begin(), s.end())};

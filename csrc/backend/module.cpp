@@ -189,6 +189,10 @@ PYBIND11_MODULE(_C, m) {
       d["disk_cache_corrupt"] = ds.corrupt.load();
       d["disk_cache_evicted"] = ds.evicted.load();
     }
+    d["op_compiles"] = metrics().op_compiles.load();
+    d["op_compile_seconds"] = metrics().op_compile_us.load() / 1e6;
+    d["graph_compiles"] = metrics().graph_compiles.load();
+    d["graph_compile_seconds"] = metrics().graph_compile_us.load() / 1e6;
     if (runtime::Client::initialized()) {
       auto& c = runtime::Client::get().counters();
       d["compiles"] = c.compiles.load();

@@ -246,7 +246,8 @@ Client::Client() {
     donation_safe_ = donate != nullptr && std::string(donate) == "1";
     if (donation_safe_) overrides.push_back({"xla_cpu_use_xnnpack", false});
   }
-  compile_options_ = portable_compile_options(overrides);
+  compile_options_ = portable_compile_options(CompileEffort::Full, overrides);
+  compile_options_fast_ = portable_compile_options(CompileEffort::Fast, overrides);
 
   auto dev = ARGS(PJRT_Client_AddressableDevices_Args);
   dev.client = client_;
@@ -475,9 +476,11 @@ void Client::await_event(PJRT_Event* ev, const std::string& what) {
   check(err, what);
 }
 
-ExecutablePtr Client::compile(const std::string& mlir, const std::string& name) {
+ExecutablePtr Client::compile(const std::string& mlir, const std::string& name,
+                              CompileEffort effort) {
   auto t0 = std::chrono::steady_clock::now();
-  const std::string& options = compile_options_;
+  const std::string& full = compile_options_;
+  const std::string& fast = compile_options_fast_;
   static const char kFormat[] = "mlir";
   auto prog = ARGS(PJRT_Program);
   prog.code = const_cast<char*>(mlir.data());
@@ -487,9 +490,24 @@ ExecutablePtr Client::compile(const std::string& mlir, const std::string& name) 
   auto a = ARGS(PJRT_Client_Compile_Args);
   a.client = client_;
   a.program = &prog;
+  bool use_fast = effort == CompileEffort::Fast && fast != full && !fast_rejected_;
+  const std::string& options = use_fast ? fast : full;
   a.compile_options = options.data();
   a.compile_options_size = options.size();
-  check(api_->PJRT_Client_Compile(&a), "compiling " + name);
+  PJRT_Error* err = api_->PJRT_Client_Compile(&a);
+  if (err && use_fast) {
+    // A plugin that does not know the Fast option: compile as Full; if that works,
+    // the option was the problem, so stop asking for it.
+    auto d = ARGS(PJRT_Error_Destroy_Args);
+    d.error = err;
+    api_->PJRT_Error_Destroy(&d);
+    a.compile_options = full.data();
+    a.compile_options_size = full.size();
+    check(api_->PJRT_Client_Compile(&a), "compiling " + name);
+    fast_rejected_ = true;
+  } else {
+    check(err, "compiling " + name);
+  }
   ExecutablePtr exe = wrap_loaded(a.executable, name);
   counters_.compiles += 1;
   counters_.compile_us += micros_since(t0);

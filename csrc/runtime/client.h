@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/compile_options.h"
 #include "runtime/dtype.h"
 
 namespace tpu::runtime {
@@ -136,7 +137,7 @@ class Client {
   // costs matmul speed: the client turns it off only when TPU_FUSE_DONATE=1 is set at
   // start. Other plugins: always safe.
   bool donation_safe() const { return donation_safe_; }
-  // The serialized CompileOptionsProto every program is compiled with.
+  // The serialized CompileOptionsProto programs are compiled with (CompileEffort::Full).
   const std::string& compile_options() const { return compile_options_; }
   const std::string& plugin_path() const { return plugin_path_; }
   std::pair<int, int> api_version() const;
@@ -155,7 +156,9 @@ class Client {
   bool dma_map(void* data, size_t size);
   void dma_unmap(void* data);
 
-  ExecutablePtr compile(const std::string& mlir, const std::string& name);
+  // Fast effort falls back to Full, for good, on a plugin that rejects its option.
+  ExecutablePtr compile(const std::string& mlir, const std::string& name,
+                        CompileEffort effort = CompileEffort::Full);
   // A compiled executable as bytes (for an on-disk cache), and back.
   std::string serialize(const Executable& exe);
   ExecutablePtr deserialize(const std::string& bytes, const std::string& name);
@@ -194,9 +197,10 @@ class Client {
   std::vector<std::unique_ptr<DeviceStats>> stats_;
   std::string platform_;
   bool donation_safe_ = true;
-  std::string compile_options_;
+  std::string compile_options_, compile_options_fast_;  // CompileEffort Full, Fast
   std::string plugin_path_;
   Counters counters_;
+  std::atomic<bool> fast_rejected_{false};
   int64_t memory_limit_override_ = 0;
   std::vector<int64_t> capacity_;  // per device
 

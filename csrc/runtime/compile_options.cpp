@@ -3,6 +3,7 @@
 #include "runtime/compile_options.h"
 
 #include <cstdint>
+#include <cstdlib>
 
 namespace tpu::runtime {
 namespace {
@@ -26,9 +27,39 @@ void put_bytes_field(std::string& out, int field, const std::string& bytes) {
   out += bytes;
 }
 
+void put_string_field(std::string& out, int field, const std::string& s) { put_bytes_field(out, field, s); }
+
+// One entry of CompileOptionsProto.env_option_overrides (map<string, OptionOverrideProto>):
+// a DebugOptions flag set for this compile only, as JAX passes compiler options.
+std::string int_override(const std::string& flag, int64_t value) {
+  std::string v;                  // OptionOverrideProto
+  put_int_field(v, 3, value);     // int_field
+  std::string entry;              // map entry
+  put_string_field(entry, 1, flag);
+  put_bytes_field(entry, 2, v);
+  return entry;
+}
+
+std::string bool_override(const std::string& flag, bool value) {
+  std::string v;                  // OptionOverrideProto
+  put_int_field(v, 2, value ? 1 : 0);  // bool_field
+  std::string entry;
+  put_string_field(entry, 1, flag);
+  put_bytes_field(entry, 2, v);
+  return entry;
+}
+
 }  // namespace
 
-std::string portable_compile_options(const std::vector<CompileOverride>& overrides) {
+int fast_backend_level() {
+  static const int level = [] {
+    const char* s = std::getenv("TPU_OP_OPT_LEVEL");
+    return s && *s ? std::atoi(s) : -1;
+  }();
+  return level;
+}
+
+std::string portable_compile_options(CompileEffort effort, const std::vector<CompileOverride>& overrides) {
   std::string build;                 // ExecutableBuildOptionsProto
   put_int_field(build, 1, -1);       // device_ordinal: unset
   put_int_field(build, 4, 1);        // num_replicas
@@ -36,14 +67,9 @@ std::string portable_compile_options(const std::vector<CompileOverride>& overrid
   std::string opts;                  // CompileOptionsProto
   put_bytes_field(opts, 3, build);   // executable_build_options
   put_int_field(opts, 4, 1);         // compile_portable_executable
-  for (const CompileOverride& o : overrides) {
-    std::string value;                 // OptionOverrideProto
-    put_int_field(value, 2, o.value ? 1 : 0);  // bool_field
-    std::string entry;                 // one entry of the map
-    put_bytes_field(entry, 1, o.name);
-    put_bytes_field(entry, 2, value);
-    put_bytes_field(opts, 7, entry);   // env_option_overrides: applied over the defaults
-  }
+  if (effort == CompileEffort::Fast && fast_backend_level() >= 0)
+    put_bytes_field(opts, 7, int_override("xla_backend_optimization_level", fast_backend_level()));
+  for (const CompileOverride& o : overrides) put_bytes_field(opts, 7, bool_override(o.name, o.value));
   return opts;
 }
 

@@ -1,0 +1,73 @@
+"""Compile seconds per program kind: one op's program (Strict, Debug) vs fused graphs
+(DeferAndFuse, compiled mode); and the optional lower backend optimization for one-op
+programs (TPU_OP_OPT_LEVEL), which keeps values and has its own disk-cache entries."""
+import json
+
+import torch
+
+import torch_tpu
+from conftest import run_python
+
+
+def kinds():
+    m = torch_tpu.metrics()
+    return {k: m.get(k, 0) for k in ("op_compiles", "op_compile_seconds", "graph_compiles", "graph_compile_seconds",
+                              "compiles", "compile_seconds")}
+
+
+def test_strict_compiles_count_as_op_programs():
+    before = kinds()
+    with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_NEVER):
+        x = torch.arange(7.0, device="tpu")
+        y = (x * 0.123456).atan2(x + 0.5)  # a signature no other test compiles
+        torch.testing.assert_close(y.cpu(), (torch.arange(7.0) * 0.123456).atan2(torch.arange(7.0) + 0.5))
+    after = kinds()
+    new_ops = after["op_compiles"] - before["op_compiles"]
+    assert new_ops >= 1 or after["compiles"] == before["compiles"]  # the disk cache may have it
+    assert after["graph_compiles"] == before["graph_compiles"]
+    assert after["op_compile_seconds"] >= before["op_compile_seconds"]
+    # Every compile is of one kind or the other.
+    assert after["op_compiles"] + after["graph_compiles"] == after["compiles"]
+
+
+def test_fused_graphs_count_as_graphs():
+    before = kinds()
+    with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):
+        x = torch.arange(5.0, device="tpu")
+        v = ((x * 0.987654).sinh() + x.cos() * 3.25).sum().item()
+    ref = ((torch.arange(5.0) * 0.987654).sinh() + torch.arange(5.0).cos() * 3.25).sum().item()
+    assert abs(v - ref) < 1e-4
+    after = kinds()
+    assert after["op_compiles"] + after["graph_compiles"] == after["compiles"]
+    assert after["graph_compiles"] >= before["graph_compiles"]
+
+
+PROGRAM = (
+    "import json, torch, torch_tpu\n"
+    "x = torch.linspace(-3, 3, 1000, device='tpu')\n"
+    "y = torch.nn.functional.gelu(x).softmax(0)\n"
+    "with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):\n"
+    "    z = (x.exp() * 2).sum().item()\n"
+    "m = torch_tpu.metrics()\n"
+    "print(json.dumps({'y': y.cpu().tolist(), 'z': z, 'op': m['op_compiles'], 'graph': m['graph_compiles'],\n"
+    "                  'op_s': m['op_compile_seconds'], 'graph_s': m['graph_compile_seconds'],\n"
+    "                  'hits': m.get('disk_cache_hits', 0)}))\n"
+)
+
+
+def run(tmp_path, **env):
+    r = run_python(PROGRAM, env={"TPU_COMPILE_CACHE_DIR": str(tmp_path), **env})
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_lower_op_optimization_keeps_values_and_its_own_cache_entries(tmp_path):
+    full = run(tmp_path)
+    assert full["op"] >= 3 and full["graph"] == 1 and full["op_s"] > 0 and full["graph_s"] > 0
+    fast = run(tmp_path, TPU_OP_OPT_LEVEL="1")
+    # One-op programs compiled again at the lower level; the fused graph is the same program.
+    assert fast["op"] == full["op"] and fast["graph"] == 0 and fast["hits"] == 1
+    torch.testing.assert_close(torch.tensor(fast["y"]), torch.tensor(full["y"]), rtol=1e-6, atol=1e-7)
+    assert abs(fast["z"] - full["z"]) <= 1e-5 * abs(full["z"])
+    again = run(tmp_path, TPU_OP_OPT_LEVEL="1")
+    assert again["op"] == 0 and again["graph"] == 0
