@@ -32,10 +32,9 @@ def _mlp():
     return torch.nn.Sequential(torch.nn.Linear(D, 4 * D), torch.nn.Tanh(), torch.nn.Linear(4 * D, D))
 
 
-def _reference():
-    """Losses and final parameters of one CPU process training the whole MLP."""
+def _sgd(model, x, y):
+    """STEPS of SGD on (x, y); the loss of each step."""
     import torch
-    model, (x, y) = _mlp(), _data()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for _ in range(STEPS):
@@ -44,6 +43,13 @@ def _reference():
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    return losses
+
+
+def _reference():
+    """Losses and final parameters of one CPU process training the whole MLP."""
+    model = _mlp()
+    losses = _sgd(model, *_data())
     return losses, [p.detach() for p in model.parameters()]
 
 
@@ -65,15 +71,7 @@ def tensor_parallel_mlp_matches_one_process(rank, world):
     model = parallelize_module(_mlp().to("tpu"), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     w = model[0].weight
     assert w.device.type == "tpu" and w.to_local().shape == (4 * D // world, D)
-    x, y = (t.to("tpu") for t in _data())
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses = []
-    for _ in range(STEPS):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = _sgd(model, *(t.to("tpu") for t in _data()))
     _close(losses, [p.full_tensor().detach().cpu() for p in model.parameters()])
 
 
