@@ -166,6 +166,30 @@ def test_torchrun_launches_the_ddp_example():
     assert "2 ranks, 2 steps" in out
 
 
+def test_torchrun_two_nodes_of_two_processes():
+    """Multi-node: two torchrun launches (--nnodes 2, c10d rendezvous on loopback), each
+    with 2 processes: 4 ranks train the DDP example together."""
+    root = os.path.dirname(os.path.dirname(HERE))
+    port = _free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "twonodes",
+         "--node-rank", str(node), os.path.join(root, "examples", "train_ddp.py"), "--steps", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=root) for node in (0, 1)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=240)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    out = "".join(outs)
+    assert "4 ranks, 2 steps" in out, out[-3000:]
+    losses = [float(x) for x in re.findall(r"step \d+/2 loss ([0-9.]+)", out)]
+    assert len(losses) == 2 and losses[-1] < losses[0], out[-3000:]
+
+
 def test_prepare_tpu_environment(monkeypatch):
     from torch_tpu._internal.distributed.launchers.singlehost_wrapper import prepare_tpu_environment
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
