@@ -185,6 +185,13 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
     } else if (self.is_cpu() && src.is_privateuseone()) {
       verify_device_checks();  // values read back must not come from a failed op
       auto buf = dense_buffer(src);
+      if (self.is_contiguous() && self.scalar_type() == src.scalar_type() && self.sizes() == src.sizes() &&
+          !src.is_conj() && !src.is_neg() && !self.is_conj() && !self.is_neg()) {
+        // Straight into the destination: no second host copy (`.cpu()`, the staging of
+        // tpu_dist; a parallel copy also waits for OpenMP threads on a busy machine).
+        runtime::Client::get().to_host(*buf, self.data_ptr(), self.nbytes());
+        return self;
+      }
       at::Tensor host = at::empty(src.sizes(), src.options().device(at::kCPU));
       runtime::Client::get().to_host(*buf, host.data_ptr(), host.nbytes());
       // The buffer holds the stored values; lazy conjugate/negative bits apply on top.
