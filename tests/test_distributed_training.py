@@ -153,11 +153,12 @@ def test_two_ranks_match_full_batch(trained, name):
     assert_check(trained, name)
 
 
-def test_torchrun_launches_the_ddp_example():
+@pytest.mark.parametrize("example", ["train_ddp.py", "train_fsdp.py"])
+def test_torchrun_launches_the_example(example):
     root = os.path.dirname(os.path.dirname(HERE))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-           os.path.join(root, "examples", "train_ddp.py"), "--steps", "2"]
+           os.path.join(root, "examples", example), "--steps", "2"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=root)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-3000:]
