@@ -40,7 +40,7 @@ SMALL = {
     "conv_dim": [16, 16], "conv_stride": [5, 2], "conv_kernel": [10, 3], "num_feat_extract_layers": 2,
     "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2,
     "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
-    "v_head_dim": 16, "num_labels": 3,
+    "v_head_dim": 16, "num_labels": 3, "emb_dim": 32, "mamba_dt_rank": 8,
 }
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
 STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2}
@@ -77,22 +77,121 @@ def representative(model_type):
     return None, "other", None
 
 
-def shrink(cfg, depth=0):
-    """Sets every known size field of `cfg` (and its sub-configs) to a small value."""
+# Fields that size a width: an unlisted field that held the same original value as one of
+# these (a projector's input, a cross-attention's key width) follows it, so sub-configs agree.
+WIDTHS = ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "d_embed", "emb_dim",
+          "projection_dim", "text_embed_dim", "embedding_size", "word_embed_proj_dim")
+SIZE_WORDS = ("size", "dim", "hidden", "channels", "width", "embed", "features")
+
+
+def _configs(cfg, depth=0):
+    """`cfg` and its sub-configs (three levels deep)."""
     from transformers import PretrainedConfig
+    yield cfg
+    if depth < 3:
+        for value in list(vars(cfg).values()):
+            if isinstance(value, PretrainedConfig):
+                yield from _configs(value, depth + 1)
+
+
+def _per_layer_pick(layer_types, n):
+    """Indices of `n` or more layers that keep every distinct layer type (a hybrid model
+    with only its first layers would lose its attention or its state-space layers)."""
+    first = {}
+    for i, t in enumerate(layer_types):
+        first.setdefault(str(t), i)
+    picks = sorted(first.values())
+    for i in range(len(layer_types)):
+        if len(picks) >= n:
+            break
+        if i not in picks:
+            picks = sorted(picks + [i])
+    return picks
+
+
+def _shrink_one(cfg, widths):
     for key, value in list(vars(cfg).items()):
-        if isinstance(value, PretrainedConfig) and depth < 3:
-            shrink(value, depth + 1)
-        elif key in STAGE_LISTS and isinstance(value, (list, tuple)) and value:
+        if key in STAGE_LISTS and isinstance(value, (list, tuple)) and value:
             setattr(cfg, key, [STAGE_LISTS[key] * (1 if key in ("depths", "num_heads") else i + 1)
                                for i in range(len(value))])
         elif key in SMALL and isinstance(SMALL[key], list) and isinstance(value, (list, tuple)):
             setattr(cfg, key, type(value)(SMALL[key]))
         elif key in SMALL and type(value) is type(SMALL[key]) and value is not None:
+            if key in WIDTHS and value > SMALL[key]:
+                widths.setdefault(value, SMALL[key])
             setattr(cfg, key, SMALL[key])
-        elif key == "layer_types" and isinstance(value, (list, tuple)):
-            n = getattr(cfg, "num_hidden_layers", len(value))
-            setattr(cfg, key, list(value)[:n] if len(value) >= n else list(value) * n)
+        elif (key in SMALL and isinstance(SMALL[key], int) and isinstance(value, (list, tuple))
+              and value and all(type(v) is int for v in value)):
+            setattr(cfg, key, [SMALL[key]] * len(value))  # one size per layer
+    # Hybrid stacks: keep each kind of layer, and every per-layer list in step with it.
+    n_key = next((k for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+                  if isinstance(vars(cfg).get(k), int)), None)
+    types = vars(cfg).get("layer_types")
+    if n_key and isinstance(types, (list, tuple)) and types:
+        old_n = len(types)
+        picks = _per_layer_pick(list(types), getattr(cfg, n_key))
+        for key, value in list(vars(cfg).items()):
+            if isinstance(value, (list, tuple)) and len(value) == old_n and key != "id2label":
+                setattr(cfg, key, [value[i] for i in picks])
+        setattr(cfg, n_key, len(picks))
+    n = getattr(cfg, n_key, 2) if n_key else 2
+    for key, value in list(vars(cfg).items()):
+        # "every k-th layer from offset j" patterns must still hit a layer of the small stack.
+        if key.endswith("_layer_period") and isinstance(value, int) and value > n:
+            setattr(cfg, key, n)
+        elif key.endswith("_layer_offset") and isinstance(value, int) and value >= n:
+            setattr(cfg, key, n - 1)
+    # Derived head sizes (multi-head latent attention): rope part and query width.
+    if isinstance(vars(cfg).get("qk_rope_head_dim"), int):
+        if "head_dim" in vars(cfg):
+            cfg.head_dim = cfg.qk_rope_head_dim
+        if "qk_head_dim" in vars(cfg):
+            cfg.qk_head_dim = cfg.qk_rope_head_dim + (getattr(cfg, "qk_nope_head_dim", 0) or 0)
+    if isinstance(vars(cfg).get("rotary_dim"), int):
+        cfg.rotary_dim = min(cfg.rotary_dim, 8)
+    _fix_mrope(cfg)
+    for key in ("use_timm_backbone", "use_pretrained_backbone"):
+        if vars(cfg).get(key):
+            setattr(cfg, key, False)  # timm is not installed; the HF backbone is built instead
+
+
+def _fix_mrope(cfg):
+    """Multimodal rotary sections must add up to half the head size."""
+    rope = vars(cfg).get("rope_parameters")
+    wants = "mrope_section" in getattr(type(cfg), "ignore_keys_at_rope_validation", ())
+    if not isinstance(rope, dict) or not (wants or "mrope_section" in rope):
+        return
+    heads = getattr(cfg, "num_attention_heads", None)
+    hd = vars(cfg).get("head_dim") or (cfg.hidden_size // heads if heads else 16)
+    old = rope.get("mrope_section") or [8, 12, 12]
+    half, total = hd // 2, sum(old)
+    sec = [max(1, v * half // total) for v in old]
+    sec[-1] += half - sum(sec)
+    rope["mrope_section"] = sec
+
+
+def _follow_widths(cfg, widths):
+    """Unlisted size fields that held a shrunk width's original value take its new value."""
+    for key, value in list(vars(cfg).items()):
+        if (type(value) is int and key not in SMALL and value in widths
+                and any(w in key for w in SIZE_WORDS) and not key.startswith("num_")):
+            setattr(cfg, key, widths[value])
+
+
+def shrink(cfg):
+    """Sets every known size field of `cfg` (and its sub-configs) to a small value, keeping
+    the fields that must agree with each other in agreement."""
+    widths = {}
+    nodes = list(_configs(cfg))
+    for node in nodes:
+        _shrink_one(node, widths)
+    for node in nodes:
+        _follow_widths(node, widths)
+        _fix_token_ids(node)
+    return cfg
+
+
+def _fix_token_ids(cfg):
     vocab = getattr(cfg, "vocab_size", None)
     if isinstance(vocab, int):
         for key in TOKEN_IDS:
@@ -105,7 +204,6 @@ def shrink(cfg, depth=0):
         # Random masks (dropout, layer drop, SpecAugment) cannot match CPU's draws.
         if isinstance(value, float) and any(w in key for w in RANDOM_MASKS):
             setattr(cfg, key, 0.0)
-    return cfg
 
 
 def build(model_type):
