@@ -46,6 +46,7 @@ SMALL = {
 STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2}
 # Float fields whose names hold one of these draw random masks when the model trains.
 RANDOM_MASKS = ("dropout", "drop_", "pdrop", "layerdrop", "mask_time_prob", "mask_feature_prob")
+SPECIAL_IDS = 16  # the top of the vocabulary, kept for special tokens
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
              "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id")
 
@@ -110,6 +111,8 @@ def _per_layer_pick(layer_types, n):
 
 
 def _shrink_one(cfg, widths):
+    # Multi-head attention (and latent attention, which makes keys per head) stays so.
+    mha = vars(cfg).get("num_key_value_heads") == vars(cfg).get("num_attention_heads")
     for key, value in list(vars(cfg).items()):
         if key in STAGE_LISTS and isinstance(value, (list, tuple)) and value:
             setattr(cfg, key, [STAGE_LISTS[key] * (1 if key in ("depths", "num_heads") else i + 1)
@@ -123,6 +126,8 @@ def _shrink_one(cfg, widths):
         elif (key in SMALL and isinstance(SMALL[key], int) and isinstance(value, (list, tuple))
               and value and all(type(v) is int for v in value)):
             setattr(cfg, key, [SMALL[key]] * len(value))  # one size per layer
+    if mha and isinstance(vars(cfg).get("num_attention_heads"), int):
+        cfg.num_key_value_heads = cfg.num_attention_heads
     # Hybrid stacks: keep each kind of layer, and every per-layer list in step with it.
     n_key = next((k for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
                   if isinstance(vars(cfg).get(k), int)), None)
@@ -192,12 +197,21 @@ def shrink(cfg):
 
 
 def _fix_token_ids(cfg):
+    """Special token ids (text, image, audio placeholders) inside the small vocabulary, at
+    its top, where the random input ids never land."""
     vocab = getattr(cfg, "vocab_size", None)
+    if not isinstance(vocab, int):
+        vocab = getattr(vars(cfg).get("text_config"), "vocab_size", None)
     if isinstance(vocab, int):
-        for key in TOKEN_IDS:
-            tid = getattr(cfg, key, None)
-            if isinstance(tid, int) and tid >= vocab:
-                setattr(cfg, key, min(tid, vocab - 1) if key != "pad_token_id" else 1)
+        top = vocab - 1
+        for key, tid in list(vars(cfg).items()):
+            special = key in TOKEN_IDS or key.endswith(("_token_id", "_token_index"))
+            if special and type(tid) is int and tid >= vocab - SPECIAL_IDS:
+                if key == "pad_token_id":
+                    setattr(cfg, key, 1)
+                else:
+                    setattr(cfg, key, top)
+                    top -= 1
     if getattr(cfg, "is_encoder_decoder", False) and getattr(cfg, "decoder_start_token_id", None) is None:
         cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
     for key, value in list(vars(cfg).items()):
@@ -238,7 +252,7 @@ def inputs(model, cfg, head, batch=2, seq=8):
     text = _sub(cfg, "text_config")
     vocab = getattr(text, "vocab_size", None) or 128
     kw = {}
-    ids = torch.randint(3, max(4, min(vocab, 128)), (batch, seq), generator=g)
+    ids = torch.randint(3, max(4, min(vocab, 128) - SPECIAL_IDS), (batch, seq), generator=g)
     mask = torch.ones(batch, seq, dtype=torch.long)
     mask[1, -2:] = 0  # one padded row
     if "input_ids" in params and head not in ("speech_seq2seq", "ctc", "audio_classification",
@@ -251,6 +265,12 @@ def inputs(model, cfg, head, batch=2, seq=8):
         size = getattr(vis, "image_size", 32)
         size = size[0] if isinstance(size, (list, tuple)) else size
         kw["pixel_values"] = torch.randn(batch, getattr(vis, "num_channels", 3), size, size, generator=g)
+    if "pixel_values" in kw and "input_ids" in kw:
+        ids = _with_image_tokens(model, cfg, kw, ids)
+        kw["input_ids"] = ids
+        if "attention_mask" in kw:
+            kw["attention_mask"] = torch.cat([torch.ones(batch, ids.shape[1] - seq, dtype=torch.long),
+                                              mask], dim=1)
     if "input_features" in params:
         audio = _sub(cfg, "audio_config", "encoder_config")
         frames = 2 * getattr(audio, "max_source_positions", 16)
@@ -271,6 +291,27 @@ def inputs(model, cfg, head, batch=2, seq=8):
         raise ValueError("no input this pipeline knows how to make: "
                          + ", ".join(list(params)[:6]))
     return kw
+
+
+def _with_image_tokens(model, cfg, kw, ids):
+    """Prepends one image placeholder token per image feature the model makes (a
+    vision-language model checks that the counts agree)."""
+    tok = next((getattr(cfg, k) for k in ("image_token_id", "image_token_index")
+                if isinstance(getattr(cfg, k, None), int)), None)
+    if tok is None or not hasattr(model, "get_image_features"):
+        return ids
+    try:
+        with torch.no_grad():
+            feats = model.get_image_features(pixel_values=kw["pixel_values"])
+    except Exception:  # noqa: BLE001 -- the forward itself then reports why
+        return ids
+    feats = getattr(feats, "pooler_output", None) if hasattr(feats, "to_tuple") else feats
+    width = getattr(_sub(cfg, "text_config"), "hidden_size", None)
+    n = sum(t.numel() for t in flat_tensors(feats))
+    if not width or n % (width * ids.shape[0]):
+        return ids
+    per = n // (width * ids.shape[0])
+    return torch.cat([torch.full((ids.shape[0], per), tok, dtype=ids.dtype), ids], dim=1)
 
 
 def loss_of(out):
