@@ -36,11 +36,12 @@ SMALL = {
     "max_source_positions": 32, "max_target_positions": 32,
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
     "moe_topk": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
-    "image_size": 32, "patch_size": 8, "num_channels": 3, "num_mel_bins": 16,
+    "image_size": 32, "patch_size": 4, "num_channels": 3, "num_mel_bins": 16,
     "conv_dim": [16, 16], "conv_stride": [5, 2], "conv_kernel": [10, 3], "num_feat_extract_layers": 2,
     "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2,
     "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
     "v_head_dim": 16, "num_labels": 3, "emb_dim": 32, "mamba_dt_rank": 8,
+    "n_group": 1, "topk_group": 1, "num_kv_shared_layers": 0, "window_size": 4,
 }
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
 STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2}
@@ -126,6 +127,9 @@ def _shrink_one(cfg, widths):
         elif (key in SMALL and isinstance(SMALL[key], int) and isinstance(value, (list, tuple))
               and value and all(type(v) is int for v in value)):
             setattr(cfg, key, [SMALL[key]] * len(value))  # one size per layer
+    if "head_dim" in vars(cfg) and cfg.head_dim is None and isinstance(
+            vars(cfg).get("num_attention_heads"), int) and isinstance(vars(cfg).get("hidden_size"), int):
+        cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads  # some models read it raw
     if mha and isinstance(vars(cfg).get("num_attention_heads"), int):
         cfg.num_key_value_heads = cfg.num_attention_heads
     # Hybrid stacks: keep each kind of layer, and every per-layer list in step with it.
@@ -277,6 +281,8 @@ def inputs(model, cfg, head, batch=2, seq=8):
         kw["input_features"] = torch.randn(batch, getattr(audio, "num_mel_bins", 16), frames, generator=g)
     if "input_values" in params:
         kw["input_values"] = torch.randn(batch, 800, generator=g)
+    if "use_cache" in params:
+        kw["use_cache"] = False  # a training step keeps no cache (state-space-only stacks have none)
     if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
         kw["decoder_input_ids"] = ids[:, :6]
     if "labels" in params:
