@@ -41,8 +41,12 @@ SMALL = {
     "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2,
     "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
     "v_head_dim": 16, "num_labels": 3, "emb_dim": 32, "mamba_dt_rank": 8,
-    "n_group": 1, "topk_group": 1, "num_kv_shared_layers": 0, "window_size": 4,
+    "n_group": 1, "topk_group": 1, "num_kv_shared_layers": 0, "out_hidden_size": 32, "base_channels": 16,
+    "width_coefficient": 0.25, "depth_coefficient": 0.25,
+    "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16, "window_size": 4,
 }
+# Per-family constraints the generic sizes miss: CodeGen splits heads over 4 model-parallel shards.
+FAMILY = {"codegen": {"n_head": 4}}
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
 STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2}
 # Float fields whose names hold one of these draw random masks when the model trains.
@@ -82,7 +86,8 @@ def representative(model_type):
 # Fields that size a width: an unlisted field that held the same original value as one of
 # these (a projector's input, a cross-attention's key width) follows it, so sub-configs agree.
 WIDTHS = ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "d_embed", "emb_dim",
-          "projection_dim", "text_embed_dim", "embedding_size", "word_embed_proj_dim")
+          "projection_dim", "text_embed_dim", "embedding_size", "word_embed_proj_dim",
+          "out_hidden_size")
 SIZE_WORDS = ("size", "dim", "hidden", "channels", "width", "embed", "features")
 
 
@@ -127,9 +132,9 @@ def _shrink_one(cfg, widths):
         elif (key in SMALL and isinstance(SMALL[key], int) and isinstance(value, (list, tuple))
               and value and all(type(v) is int for v in value)):
             setattr(cfg, key, [SMALL[key]] * len(value))  # one size per layer
-    if "head_dim" in vars(cfg) and cfg.head_dim is None and isinstance(
+    if "head_dim" in vars(cfg) and vars(cfg)["head_dim"] is None and isinstance(
             vars(cfg).get("num_attention_heads"), int) and isinstance(vars(cfg).get("hidden_size"), int):
-        cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads  # some models read it raw
+        vars(cfg)["head_dim"] = cfg.hidden_size // cfg.num_attention_heads  # some models read it raw
     if mha and isinstance(vars(cfg).get("num_attention_heads"), int):
         cfg.num_key_value_heads = cfg.num_attention_heads
     # Hybrid stacks: keep each kind of layer, and every per-layer list in step with it.
@@ -232,6 +237,8 @@ def build(model_type):
     if cls_name is None:
         raise LookupError("no model class for this type")
     cfg = shrink(transformers.AutoConfig.for_model(model_type))
+    for key, value in FAMILY.get(model_type, {}).items():
+        setattr(cfg, key, value)
     cls = getattr(transformers, cls_name)
     torch.manual_seed(0)
     model = cls(cfg)
