@@ -41,7 +41,7 @@ SMALL = {
     "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2,
     "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
     "v_head_dim": 16, "num_labels": 3, "emb_dim": 32, "mamba_dt_rank": 8,
-    "n_group": 1, "topk_group": 1, "num_kv_shared_layers": 0, "out_hidden_size": 32, "base_channels": 16,
+    "n_group": 1, "topk_group": 1, "num_kv_shared_layers": 0, "out_hidden_size": 32, "base_channels": 32,
     "width_coefficient": 0.25, "depth_coefficient": 0.25,
     "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16, "window_size": 4,
 }
@@ -286,6 +286,8 @@ def inputs(model, cfg, head, batch=2, seq=8):
         audio = _sub(cfg, "audio_config", "encoder_config")
         frames = 2 * getattr(audio, "max_source_positions", 16)
         kw["input_features"] = torch.randn(batch, getattr(audio, "num_mel_bins", 16), frames, generator=g)
+    if "grid_thw" in params and "hidden_states" in params:
+        kw.update(_flat_patches(cfg, batch, g))
     if "input_values" in params:
         kw["input_values"] = torch.randn(batch, 800, generator=g)
     if "use_cache" in params:
@@ -300,10 +302,37 @@ def inputs(model, cfg, head, batch=2, seq=8):
             kw.pop("decoder_input_ids", None)
         elif head in ("sequence_classification", "image_classification", "audio_classification"):
             kw["labels"] = torch.randint(0, getattr(cfg, "num_labels", 2), (batch,), generator=g)
+    if "input_features" in kw:
+        kw["input_features"] = _feature_layout(model, kw)
     if not kw:
         raise ValueError("no input this pipeline knows how to make: "
                          + ", ".join(list(params)[:6]))
     return kw
+
+
+def _flat_patches(cfg, batch, g, grid=4):
+    """Vision towers that take pre-cut patches (the Qwen2-VL convention): one row per
+    patch of channels x frames x patch x patch values, and each image's (t, h, w) grid."""
+    p = getattr(cfg, "patch_size", 4) or 4
+    t = getattr(cfg, "temporal_patch_size", 1) or 1
+    c = getattr(cfg, "in_channels", None) or getattr(cfg, "num_channels", 3) or 3
+    rows = batch * grid * grid
+    return {"hidden_states": torch.randn(rows, c * t * p * p, generator=g),
+            "grid_thw": torch.tensor([[1, grid, grid]] * batch)}
+
+
+def _feature_layout(model, kw):
+    """Audio features as (batch, mel bins, frames) (Whisper) or, when the model only takes
+    that transposed, (batch, frames, mel bins) (Conformer-style encoders): one probe."""
+    feats = kw["input_features"]
+    for cand in (feats, feats.transpose(1, 2).contiguous()):
+        try:
+            with torch.no_grad():
+                model(**{**kw, "input_features": cand})
+            return cand
+        except Exception:  # noqa: BLE001 -- the other layout, else the real run says why
+            continue
+    return feats
 
 
 def _with_image_tokens(model, cfg, kw, ids):
