@@ -276,6 +276,12 @@ def inputs(model, cfg, head, batch=2, seq=8):
         size = getattr(vis, "image_size", 32)
         size = size[0] if isinstance(size, (list, tuple)) else size
         kw["pixel_values"] = torch.randn(batch, getattr(vis, "num_channels", 3), size, size, generator=g)
+    for grid_name in ("grid_thw", "image_grid_thw"):
+        if grid_name in params:
+            into = "hidden_states" if "hidden_states" in params else "pixel_values"
+            if into in params:
+                rows, grid = _flat_patches(_sub(cfg, "vision_config"), batch, g)
+                kw.update({into: rows, grid_name: grid})
     if "pixel_values" in kw and "input_ids" in kw:
         ids = _with_image_tokens(model, cfg, kw, ids)
         kw["input_ids"] = ids
@@ -286,8 +292,6 @@ def inputs(model, cfg, head, batch=2, seq=8):
         audio = _sub(cfg, "audio_config", "encoder_config")
         frames = 2 * getattr(audio, "max_source_positions", 16)
         kw["input_features"] = torch.randn(batch, getattr(audio, "num_mel_bins", 16), frames, generator=g)
-    if "grid_thw" in params and "hidden_states" in params:
-        kw.update(_flat_patches(cfg, batch, g))
     if "input_values" in params:
         kw["input_values"] = torch.randn(batch, 800, generator=g)
     if "use_cache" in params:
@@ -317,8 +321,7 @@ def _flat_patches(cfg, batch, g, grid=4):
     t = getattr(cfg, "temporal_patch_size", 1) or 1
     c = getattr(cfg, "in_channels", None) or getattr(cfg, "num_channels", 3) or 3
     rows = batch * grid * grid
-    return {"hidden_states": torch.randn(rows, c * t * p * p, generator=g),
-            "grid_thw": torch.tensor([[1, grid, grid]] * batch)}
+    return torch.randn(rows, c * t * p * p, generator=g), torch.tensor([[1, grid, grid]] * batch)
 
 
 def _feature_layout(model, kw):
@@ -342,9 +345,11 @@ def _with_image_tokens(model, cfg, kw, ids):
                 if isinstance(getattr(cfg, k, None), int)), None)
     if tok is None or not hasattr(model, "get_image_features"):
         return ids
+    takes = inspect.signature(model.get_image_features).parameters
+    extra = {k: v for k, v in kw.items() if k in takes and k != "pixel_values"}
     try:
         with torch.no_grad():
-            feats = model.get_image_features(pixel_values=kw["pixel_values"])
+            feats = model.get_image_features(pixel_values=kw["pixel_values"], **extra)
     except Exception:  # noqa: BLE001 -- the forward itself then reports why
         return ids
     feats = getattr(feats, "pooler_output", None) if hasattr(feats, "to_tuple") else feats
