@@ -164,6 +164,12 @@ def _shrink_one(cfg, widths):
     if isinstance(vars(cfg).get("rotary_dim"), int):
         cfg.rotary_dim = min(cfg.rotary_dim, 8)
     _fix_mrope(cfg)
+    depths = vars(cfg).get("depths")
+    if (isinstance(vars(cfg).get("window_size"), int) and isinstance(depths, list) and depths
+            and isinstance(vars(cfg).get("patch_size"), int)):
+        # Shifted-window stages: the last stage's grid must hold whole windows.
+        cfg.image_size = 64
+        cfg.window_size = max(1, 64 // (cfg.patch_size * 2 ** (len(depths) - 1)))
     for key in ("use_timm_backbone", "use_pretrained_backbone"):
         if vars(cfg).get(key):
             setattr(cfg, key, False)  # timm is not installed; the HF backbone is built instead
@@ -294,6 +300,10 @@ def inputs(model, cfg, head, batch=2, seq=8):
         kw["input_features"] = torch.randn(batch, getattr(audio, "num_mel_bins", 16), frames, generator=g)
     if "input_values" in params:
         kw["input_values"] = torch.randn(batch, 800, generator=g)
+        frames = getattr(cfg, "max_length", 64)
+        frames = frames if isinstance(frames, int) and frames <= 1024 else 64
+        spectrogram = torch.randn(batch, frames, getattr(cfg, "num_mel_bins", 16), generator=g)
+        kw["input_values"] = _probe(model, kw, "input_values", (kw["input_values"], spectrogram))
     if "use_cache" in params:
         kw["use_cache"] = False  # a training step keeps no cache (state-space-only stacks have none)
     if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
@@ -307,7 +317,9 @@ def inputs(model, cfg, head, batch=2, seq=8):
         elif head in ("sequence_classification", "image_classification", "audio_classification"):
             kw["labels"] = torch.randint(0, getattr(cfg, "num_labels", 2), (batch,), generator=g)
     if "input_features" in kw:
-        kw["input_features"] = _feature_layout(model, kw)
+        f = kw["input_features"]
+        t = f.transpose(1, 2).contiguous()
+        kw["input_features"] = _probe(model, kw, "input_features", (f, t, t.unsqueeze(1)))
     if not kw:
         raise ValueError("no input this pipeline knows how to make: "
                          + ", ".join(list(params)[:6]))
@@ -324,18 +336,19 @@ def _flat_patches(cfg, batch, g, grid=4):
     return torch.randn(rows, c * t * p * p, generator=g), torch.tensor([[1, grid, grid]] * batch)
 
 
-def _feature_layout(model, kw):
-    """Audio features as (batch, mel bins, frames) (Whisper) or, when the model only takes
-    that transposed, (batch, frames, mel bins) (Conformer-style encoders): one probe."""
-    feats = kw["input_features"]
-    for cand in (feats, feats.transpose(1, 2).contiguous()):
+def _probe(model, kw, key, candidates):
+    """The first layout of input `key` the model takes on the CPU: audio features as
+    (batch, mel bins, frames) (Whisper), (batch, frames, mel bins) (Conformer encoders) or
+    (batch, 1, frames, mel bins); audio values as a waveform or a spectrogram. When none
+    works, the first, and the real run says why."""
+    for cand in candidates:
         try:
             with torch.no_grad():
-                model(**{**kw, "input_features": cand})
+                model(**{**kw, key: cand})
             return cand
-        except Exception:  # noqa: BLE001 -- the other layout, else the real run says why
+        except Exception:  # noqa: BLE001 -- try the next layout
             continue
-    return feats
+    return candidates[0]
 
 
 def _with_image_tokens(model, cfg, kw, ids):
