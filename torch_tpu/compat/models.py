@@ -41,12 +41,14 @@ SMALL = {
     "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2,
     "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
     "v_head_dim": 16, "num_labels": 3, "emb_dim": 32, "mamba_dt_rank": 8,
-    "n_group": 1, "topk_group": 1, "num_kv_shared_layers": 0, "out_hidden_size": 32, "base_channels": 32,
+    "n_group": 1, "topk_group": 1, "num_kv_shared_layers": 0, "num_dense_layers": 1, "attention_window": 4, "out_hidden_size": 32, "base_channels": 32,
     "width_coefficient": 0.25, "depth_coefficient": 0.25,
     "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16, "window_size": 4,
 }
 # Per-family constraints the generic sizes miss: CodeGen splits heads over 4 model-parallel shards.
-FAMILY = {"codegen": {"n_head": 4}}
+# LFM2-MoE has no default layer pattern (checkpoints carry one).
+FAMILY = {"codegen": {"n_head": 4},
+          "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_hidden_layers": 2}}
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
 STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2}
 # Float fields whose names hold one of these draw random masks when the model trains.
@@ -242,7 +244,11 @@ def build(model_type):
     head, family, cls_name = representative(model_type)
     if cls_name is None:
         raise LookupError("no model class for this type")
-    cfg = shrink(transformers.AutoConfig.for_model(model_type))
+    cfg = transformers.AutoConfig.for_model(model_type)
+    if getattr(cfg, "use_timm_backbone", False):
+        # timm is not installed: the config then builds its Hugging Face backbone instead.
+        cfg = transformers.AutoConfig.for_model(model_type, use_timm_backbone=False)
+    cfg = shrink(cfg)
     for key, value in FAMILY.get(model_type, {}).items():
         setattr(cfg, key, value)
     cls = getattr(transformers, cls_name)
@@ -294,6 +300,14 @@ def inputs(model, cfg, head, batch=2, seq=8):
         if "attention_mask" in kw:
             kw["attention_mask"] = torch.cat([torch.ones(batch, ids.shape[1] - seq, dtype=torch.long),
                                               mask], dim=1)
+    if "qformer_input_ids" in params:
+        kw["qformer_input_ids"] = ids[:, -seq:]
+        if "qformer_attention_mask" in params:
+            kw["qformer_attention_mask"] = mask
+    if "mm_token_type_ids" in params and "input_ids" in kw:
+        tok = _image_token(cfg)
+        kw["mm_token_type_ids"] = (kw["input_ids"] == tok).long() if tok is not None else \
+            torch.zeros_like(kw["input_ids"])
     if "input_features" in params:
         audio = _sub(cfg, "audio_config", "encoder_config")
         frames = 2 * getattr(audio, "max_source_positions", 16)
@@ -351,11 +365,15 @@ def _probe(model, kw, key, candidates):
     return candidates[0]
 
 
+def _image_token(cfg):
+    return next((getattr(cfg, k) for k in ("image_token_id", "image_token_index")
+                 if isinstance(getattr(cfg, k, None), int)), None)
+
+
 def _with_image_tokens(model, cfg, kw, ids):
     """Prepends one image placeholder token per image feature the model makes (a
     vision-language model checks that the counts agree)."""
-    tok = next((getattr(cfg, k) for k in ("image_token_id", "image_token_index")
-                if isinstance(getattr(cfg, k, None), int)), None)
+    tok = _image_token(cfg)
     if tok is None or not hasattr(model, "get_image_features"):
         return ids
     takes = inspect.signature(model.get_image_features).parameters
