@@ -245,9 +245,12 @@ def build(model_type):
     if cls_name is None:
         raise LookupError("no model class for this type")
     cfg = transformers.AutoConfig.for_model(model_type)
-    if getattr(cfg, "use_timm_backbone", False):
-        # timm is not installed: the config then builds its Hugging Face backbone instead.
-        cfg = transformers.AutoConfig.for_model(model_type, use_timm_backbone=False)
+    timm = getattr(cfg, "backbone_config", None)
+    if type(timm).__name__.startswith("Timm"):
+        # timm is not installed: the same stages from the Hugging Face ResNet instead.
+        out = list(getattr(timm, "out_indices", None) or [4])
+        cfg = transformers.AutoConfig.for_model(
+            model_type, backbone_config=transformers.ResNetConfig(out_indices=out))
     cfg = shrink(cfg)
     for key, value in FAMILY.get(model_type, {}).items():
         setattr(cfg, key, value)
