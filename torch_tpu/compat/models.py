@@ -186,7 +186,8 @@ def _fix_mrope(cfg):
     heads = getattr(cfg, "num_attention_heads", None)
     hd = vars(cfg).get("head_dim") or (cfg.hidden_size // heads if heads else 16)
     old = rope.get("mrope_section") or [8, 12, 12]
-    half, total = hd // 2, sum(old)
+    factor = rope.get("partial_rotary_factor") or vars(cfg).get("partial_rotary_factor") or 1.0
+    half, total = int(hd * factor) // 2, sum(old)
     sec = [max(1, v * half // total) for v in old]
     sec[-1] += half - sum(sec)
     rope["mrope_section"] = sec
@@ -221,6 +222,9 @@ def _fix_token_ids(cfg):
         vocab = getattr(vars(cfg).get("text_config"), "vocab_size", None)
     if isinstance(vocab, int):
         top = vocab - 1
+        for key in ("image_token_id", "image_token_index"):
+            if key in vars(cfg) and vars(cfg)[key] is None and "vision_config" in vars(cfg):
+                setattr(cfg, key, vocab)  # unset in the class default; moved into range below
         for key, tid in list(vars(cfg).items()):
             special = key in TOKEN_IDS or key.endswith(("_token_id", "_token_index"))
             if special and type(tid) is int and tid >= vocab - SPECIAL_IDS:
