@@ -385,10 +385,17 @@ def _with_image_tokens(model, cfg, kw, ids):
         return ids
     takes = inspect.signature(model.get_image_features).parameters
     extra = {k: v for k, v in kw.items() if k in takes and k != "pixel_values"}
-    try:
-        with torch.no_grad():
-            feats = model.get_image_features(pixel_values=kw["pixel_values"], **extra)
-    except Exception:  # noqa: BLE001 -- the forward itself then reports why
+    pv = kw["pixel_values"]
+    # Images per sample: some models take (batch, images, channels, height, width).
+    for cand in (pv, pv.unsqueeze(1)) if pv.dim() == 4 else (pv,):
+        try:
+            with torch.no_grad():
+                feats = model.get_image_features(pixel_values=cand, **extra)
+            kw["pixel_values"] = cand
+            break
+        except Exception:  # noqa: BLE001 -- the forward itself then reports why
+            continue
+    else:
         return ids
     feats = getattr(feats, "pooler_output", None) if hasattr(feats, "to_tuple") else feats
     width = getattr(_sub(cfg, "text_config"), "hidden_size", None)
