@@ -41,7 +41,7 @@ SMALL = {
     "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2,
     "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
     "v_head_dim": 16, "num_labels": 3, "emb_dim": 32, "mamba_dt_rank": 8,
-    "n_group": 1, "topk_group": 1, "num_kv_shared_layers": 0, "num_dense_layers": 1, "attention_window": 4, "out_hidden_size": 32, "base_channels": 32,
+    "n_group": 1, "topk_group": 1, "num_kv_shared_layers": 0, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16, "num_dense_layers": 1, "attention_window": 4, "out_hidden_size": 32, "base_channels": 32,
     "width_coefficient": 0.25, "depth_coefficient": 0.25,
     "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16, "window_size": 4,
 }
@@ -211,6 +211,8 @@ def shrink(cfg):
     for node in nodes:
         _follow_widths(node, widths)
         _fix_token_ids(node)
+        if "use_cache" in vars(node):
+            node.use_cache = False  # a training step keeps no cache (state-space stacks have none)
     return cfg
 
 
@@ -300,7 +302,11 @@ def inputs(model, cfg, head, batch=2, seq=8):
             into = "hidden_states" if "hidden_states" in params else "pixel_values"
             if into in params:
                 rows, grid = _flat_patches(_sub(cfg, "vision_config"), batch, g)
-                kw.update({into: rows, grid_name: grid})
+                kw[grid_name] = grid
+                p = int((rows.shape[1] // 3) ** 0.5)
+                # Rows of flat values, or of (channels, patch, patch) images.
+                cands = (rows, rows.view(rows.shape[0], 3, p, p)) if 3 * p * p == rows.shape[1] else (rows,)
+                kw[into] = _probe(model, kw, into, cands) if "input_ids" not in kw else rows
     if "pixel_values" in kw and "input_ids" in kw:
         ids = _with_image_tokens(model, cfg, kw, ids)
         kw["input_ids"] = ids
@@ -381,16 +387,18 @@ def _with_image_tokens(model, cfg, kw, ids):
     """Prepends one image placeholder token per image feature the model makes (a
     vision-language model checks that the counts agree)."""
     tok = _image_token(cfg)
-    if tok is None or not hasattr(model, "get_image_features"):
+    get = getattr(model, "get_image_features", None) or getattr(
+        getattr(model, "model", None), "get_image_features", None)
+    if tok is None or get is None:
         return ids
-    takes = inspect.signature(model.get_image_features).parameters
+    takes = inspect.signature(get).parameters
     extra = {k: v for k, v in kw.items() if k in takes and k != "pixel_values"}
     pv = kw["pixel_values"]
     # Images per sample: some models take (batch, images, channels, height, width).
     for cand in (pv, pv.unsqueeze(1)) if pv.dim() == 4 else (pv,):
         try:
             with torch.no_grad():
-                feats = model.get_image_features(pixel_values=cand, **extra)
+                feats = get(pixel_values=cand, **extra)
             kw["pixel_values"] = cand
             break
         except Exception:  # noqa: BLE001 -- the forward itself then reports why
