@@ -41,7 +41,7 @@ SMALL = {
     "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2,
     "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
     "v_head_dim": 16, "num_labels": 3, "emb_dim": 32, "mamba_dt_rank": 8,
-    "n_group": 1, "topk_group": 1, "num_kv_shared_layers": 0, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16, "num_dense_layers": 1, "attention_window": 4, "out_hidden_size": 32, "base_channels": 32,
+    "n_group": 1, "topk_group": 1, "n_groups": 1, "mamba_n_groups": 1, "num_kv_shared_layers": 0, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16, "num_dense_layers": 1, "attention_window": 4, "out_hidden_size": 32, "base_channels": 32,
     "width_coefficient": 0.25, "depth_coefficient": 0.25,
     "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16, "window_size": 4,
 }
@@ -166,6 +166,12 @@ def _shrink_one(cfg, widths):
     if isinstance(vars(cfg).get("rotary_dim"), int):
         cfg.rotary_dim = min(cfg.rotary_dim, 8)
     _fix_mrope(cfg)
+    # Mamba-2 style mixers: heads x head size must equal the expanded width.
+    v = vars(cfg)
+    for exp_k, heads_k, dim_k in (("expand", "num_heads", "head_dim"),
+                                  ("mamba_expand", "mamba_n_heads", "mamba_d_head")):
+        if all(isinstance(v.get(k), int) for k in (exp_k, heads_k, dim_k, "hidden_size")):
+            setattr(cfg, heads_k, max(1, v[exp_k] * cfg.hidden_size // v[dim_k]))
     depths = vars(cfg).get("depths")
     if (isinstance(vars(cfg).get("window_size"), int) and isinstance(depths, list) and depths
             and isinstance(vars(cfg).get("patch_size"), int)):
