@@ -41,7 +41,8 @@ SMALL = {
     "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2,
     "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
     "v_head_dim": 16, "num_labels": 3, "emb_dim": 32, "mamba_dt_rank": 8,
-    "n_group": 1, "topk_group": 1, "n_groups": 1, "mamba_n_groups": 1, "num_kv_shared_layers": 0, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16, "num_dense_layers": 1, "attention_window": 4, "out_hidden_size": 32, "base_channels": 32,
+    "decoder_vocab_size": 128, "src_vocab_size": 128, "tgt_vocab_size": 128,
+    "input_feat_per_channel": 16, "n_group": 1, "topk_group": 1, "n_groups": 1, "mamba_n_groups": 1, "num_kv_shared_layers": 0, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16, "num_dense_layers": 1, "attention_window": 4, "out_hidden_size": 32, "base_channels": 32,
     "width_coefficient": 0.25, "depth_coefficient": 0.25,
     "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16, "window_size": 4,
 }
@@ -340,13 +341,13 @@ def inputs(model, cfg, head, batch=2, seq=8):
     if "use_cache" in params:
         kw["use_cache"] = False  # a training step keeps no cache (state-space-only stacks have none)
     if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
-        kw["decoder_input_ids"] = ids[:, :6]
+        kw["decoder_input_ids"] = ids[:, :6].contiguous()
     if "labels" in params:
         if head in ("causal_lm", "masked_lm"):
             kw["labels"] = ids
         elif head in ("seq2seq_lm", "speech_seq2seq"):
-            kw["labels"] = ids[:, :6]
-            kw.pop("decoder_input_ids", None)
+            kw["labels"] = ids[:, :6].contiguous()
+            # Decoder inputs given (teacher forcing): not every model derives them from labels.
         elif head in ("sequence_classification", "image_classification", "audio_classification"):
             kw["labels"] = torch.randint(0, getattr(cfg, "num_labels", 2), (batch,), generator=g)
     if "input_features" in kw:
