@@ -91,6 +91,8 @@ def representative(model_type):
 WIDTHS = ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "d_embed", "emb_dim",
           "projection_dim", "text_embed_dim", "embedding_size", "word_embed_proj_dim",
           "out_hidden_size")
+# (height, width) pairs: not one size per layer; the model's own geometry decides them.
+SPATIAL = ("image_size", "patch_size")
 SIZE_WORDS = ("size", "dim", "hidden", "channels", "width", "embed", "features")
 
 
@@ -133,7 +135,7 @@ def _shrink_one(cfg, widths):
                 widths.setdefault(value, SMALL[key])
             setattr(cfg, key, SMALL[key])
         elif (key in SMALL and isinstance(SMALL[key], int) and isinstance(value, (list, tuple))
-              and value and all(type(v) is int for v in value)):
+              and value and all(type(v) is int for v in value) and key not in SPATIAL):
             setattr(cfg, key, [SMALL[key]] * len(value))  # one size per layer
     if "head_dim" in vars(cfg) and vars(cfg)["head_dim"] is None and isinstance(
             vars(cfg).get("num_attention_heads"), int) and isinstance(vars(cfg).get("hidden_size"), int):
@@ -173,6 +175,8 @@ def _shrink_one(cfg, widths):
                                   ("mamba_expand", "mamba_n_heads", "mamba_d_head")):
         if all(isinstance(v.get(k), int) for k in (exp_k, heads_k, dim_k, "hidden_size")):
             setattr(cfg, heads_k, max(1, v[exp_k] * cfg.hidden_size // v[dim_k]))
+            if isinstance(v.get("mamba_d_ssm"), int):
+                cfg.mamba_d_ssm = v[heads_k] * v[dim_k]
     depths = vars(cfg).get("depths")
     if (isinstance(vars(cfg).get("window_size"), int) and isinstance(depths, list) and depths
             and isinstance(vars(cfg).get("patch_size"), int)):
