@@ -36,16 +36,25 @@ SMALL = {
     "max_source_positions": 32, "max_target_positions": 32,
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
     "moe_topk": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
-    "image_size": 32, "patch_size": 8, "num_channels": 3, "num_mel_bins": 16,
+    "image_size": 32, "patch_size": 4, "num_channels": 3, "num_mel_bins": 16,
     "conv_dim": [16, 16], "conv_stride": [5, 2], "conv_kernel": [10, 3], "num_feat_extract_layers": 2,
     "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2,
     "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
-    "v_head_dim": 16, "num_labels": 3,
+    "v_head_dim": 16, "num_labels": 3, "emb_dim": 32, "mamba_dt_rank": 8,
+    "decoder_vocab_size": 128, "src_vocab_size": 128, "tgt_vocab_size": 128,
+    "input_feat_per_channel": 16, "n_group": 1, "topk_group": 1, "n_groups": 1, "mamba_n_groups": 1, "num_kv_shared_layers": 0, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16, "num_dense_layers": 1, "attention_window": 4, "out_hidden_size": 32, "base_channels": 32,
+    "width_coefficient": 0.25, "depth_coefficient": 0.25,
+    "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16, "window_size": 4,
 }
+# Per-family constraints the generic sizes miss: CodeGen splits heads over 4 model-parallel shards.
+# LFM2-MoE has no default layer pattern (checkpoints carry one).
+FAMILY = {"codegen": {"n_head": 4},
+          "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_hidden_layers": 2}}
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
 STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2}
 # Float fields whose names hold one of these draw random masks when the model trains.
 RANDOM_MASKS = ("dropout", "drop_", "pdrop", "layerdrop", "mask_time_prob", "mask_feature_prob")
+SPECIAL_IDS = 16  # the top of the vocabulary, kept for special tokens
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
              "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id")
 
@@ -77,35 +86,172 @@ def representative(model_type):
     return None, "other", None
 
 
-def shrink(cfg, depth=0):
-    """Sets every known size field of `cfg` (and its sub-configs) to a small value."""
+# Fields that size a width: an unlisted field that held the same original value as one of
+# these (a projector's input, a cross-attention's key width) follows it, so sub-configs agree.
+WIDTHS = ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "d_embed", "emb_dim",
+          "projection_dim", "text_embed_dim", "embedding_size", "word_embed_proj_dim",
+          "out_hidden_size")
+# (height, width) pairs: not one size per layer; the model's own geometry decides them.
+SPATIAL = ("image_size", "patch_size")
+SIZE_WORDS = ("size", "dim", "hidden", "channels", "width", "embed", "features")
+
+
+def _configs(cfg, depth=0):
+    """`cfg` and its sub-configs (three levels deep)."""
     from transformers import PretrainedConfig
+    yield cfg
+    if depth < 3:
+        for value in list(vars(cfg).values()):
+            if isinstance(value, PretrainedConfig):
+                yield from _configs(value, depth + 1)
+
+
+def _per_layer_pick(layer_types, n):
+    """Indices of `n` or more layers that keep every distinct layer type (a hybrid model
+    with only its first layers would lose its attention or its state-space layers)."""
+    first = {}
+    for i, t in enumerate(layer_types):
+        first.setdefault(str(t), i)
+    picks = sorted(first.values())
+    for i in range(len(layer_types)):
+        if len(picks) >= n:
+            break
+        if i not in picks:
+            picks = sorted(picks + [i])
+    return picks
+
+
+def _shrink_one(cfg, widths):
+    # Multi-head attention (and latent attention, which makes keys per head) stays so.
+    mha = vars(cfg).get("num_key_value_heads") == vars(cfg).get("num_attention_heads")
     for key, value in list(vars(cfg).items()):
-        if isinstance(value, PretrainedConfig) and depth < 3:
-            shrink(value, depth + 1)
-        elif key in STAGE_LISTS and isinstance(value, (list, tuple)) and value:
+        if key in STAGE_LISTS and isinstance(value, (list, tuple)) and value:
             setattr(cfg, key, [STAGE_LISTS[key] * (1 if key in ("depths", "num_heads") else i + 1)
                                for i in range(len(value))])
         elif key in SMALL and isinstance(SMALL[key], list) and isinstance(value, (list, tuple)):
             setattr(cfg, key, type(value)(SMALL[key]))
         elif key in SMALL and type(value) is type(SMALL[key]) and value is not None:
+            if key in WIDTHS and value > SMALL[key]:
+                widths.setdefault(value, SMALL[key])
             setattr(cfg, key, SMALL[key])
-        elif key == "layer_types" and isinstance(value, (list, tuple)):
-            n = getattr(cfg, "num_hidden_layers", len(value))
-            setattr(cfg, key, list(value)[:n] if len(value) >= n else list(value) * n)
+        elif (key in SMALL and isinstance(SMALL[key], int) and isinstance(value, (list, tuple))
+              and value and all(type(v) is int for v in value) and key not in SPATIAL):
+            setattr(cfg, key, [SMALL[key]] * len(value))  # one size per layer
+    if "head_dim" in vars(cfg) and vars(cfg)["head_dim"] is None and isinstance(
+            vars(cfg).get("num_attention_heads"), int) and isinstance(vars(cfg).get("hidden_size"), int):
+        vars(cfg)["head_dim"] = cfg.hidden_size // cfg.num_attention_heads  # some models read it raw
+    if mha and isinstance(vars(cfg).get("num_attention_heads"), int):
+        cfg.num_key_value_heads = cfg.num_attention_heads
+    # Hybrid stacks: keep each kind of layer, and every per-layer list in step with it.
+    n_key = next((k for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+                  if isinstance(vars(cfg).get(k), int)), None)
+    types = vars(cfg).get("layer_types")
+    if n_key and isinstance(types, (list, tuple)) and types:
+        old_n = len(types)
+        picks = _per_layer_pick(list(types), getattr(cfg, n_key))
+        for key, value in list(vars(cfg).items()):
+            if isinstance(value, (list, tuple)) and len(value) == old_n and key != "id2label":
+                setattr(cfg, key, [value[i] for i in picks])
+        setattr(cfg, n_key, len(picks))
+    n = getattr(cfg, n_key, 2) if n_key else 2
+    for key, value in list(vars(cfg).items()):
+        # "every k-th layer from offset j" patterns must still hit a layer of the small stack.
+        if key.endswith("_layer_period") and isinstance(value, int) and value > n:
+            setattr(cfg, key, n)
+        elif key.endswith("_layer_offset") and isinstance(value, int) and value >= n:
+            setattr(cfg, key, n - 1)
+    # Derived head sizes (multi-head latent attention): rope part and query width.
+    if isinstance(vars(cfg).get("qk_rope_head_dim"), int):
+        if "head_dim" in vars(cfg):
+            cfg.head_dim = cfg.qk_rope_head_dim
+        if "qk_head_dim" in vars(cfg):
+            cfg.qk_head_dim = cfg.qk_rope_head_dim + (getattr(cfg, "qk_nope_head_dim", 0) or 0)
+    if isinstance(vars(cfg).get("rotary_dim"), int):
+        cfg.rotary_dim = min(cfg.rotary_dim, 8)
+    _fix_mrope(cfg)
+    # Mamba-2 style mixers: heads x head size must equal the expanded width.
+    v = vars(cfg)
+    for exp_k, heads_k, dim_k in (("expand", "num_heads", "head_dim"),
+                                  ("mamba_expand", "mamba_n_heads", "mamba_d_head")):
+        if all(isinstance(v.get(k), int) for k in (exp_k, heads_k, dim_k, "hidden_size")):
+            setattr(cfg, heads_k, max(1, v[exp_k] * cfg.hidden_size // v[dim_k]))
+            if isinstance(v.get("mamba_d_ssm"), int):
+                cfg.mamba_d_ssm = v[heads_k] * v[dim_k]
+    depths = vars(cfg).get("depths")
+    if (isinstance(vars(cfg).get("window_size"), int) and isinstance(depths, list) and depths
+            and isinstance(vars(cfg).get("patch_size"), int)):
+        # Shifted-window stages: the last stage's grid must hold whole windows.
+        cfg.image_size = 64
+        cfg.window_size = max(1, 64 // (cfg.patch_size * 2 ** (len(depths) - 1)))
+    for key in ("use_timm_backbone", "use_pretrained_backbone"):
+        if vars(cfg).get(key):
+            setattr(cfg, key, False)  # timm is not installed; the HF backbone is built instead
+
+
+def _fix_mrope(cfg):
+    """Multimodal rotary sections must add up to half the head size."""
+    rope = vars(cfg).get("rope_parameters")
+    wants = "mrope_section" in getattr(type(cfg), "ignore_keys_at_rope_validation", ())
+    if not isinstance(rope, dict) or not (wants or "mrope_section" in rope):
+        return
+    heads = getattr(cfg, "num_attention_heads", None)
+    hd = vars(cfg).get("head_dim") or (cfg.hidden_size // heads if heads else 16)
+    old = rope.get("mrope_section") or [8, 12, 12]
+    factor = rope.get("partial_rotary_factor") or vars(cfg).get("partial_rotary_factor") or 1.0
+    half, total = int(hd * factor) // 2, sum(old)
+    sec = [max(1, v * half // total) for v in old]
+    sec[-1] += half - sum(sec)
+    rope["mrope_section"] = sec
+
+
+def _follow_widths(cfg, widths):
+    """Unlisted size fields that held a shrunk width's original value take its new value."""
+    for key, value in list(vars(cfg).items()):
+        if (type(value) is int and key not in SMALL and value in widths
+                and any(w in key for w in SIZE_WORDS) and not key.startswith("num_")):
+            setattr(cfg, key, widths[value])
+
+
+def shrink(cfg):
+    """Sets every known size field of `cfg` (and its sub-configs) to a small value, keeping
+    the fields that must agree with each other in agreement."""
+    widths = {}
+    nodes = list(_configs(cfg))
+    for node in nodes:
+        _shrink_one(node, widths)
+    for node in nodes:
+        _follow_widths(node, widths)
+        _fix_token_ids(node)
+        if "use_cache" in vars(node):
+            node.use_cache = False  # a training step keeps no cache (state-space stacks have none)
+    return cfg
+
+
+def _fix_token_ids(cfg):
+    """Special token ids (text, image, audio placeholders) inside the small vocabulary, at
+    its top, where the random input ids never land."""
     vocab = getattr(cfg, "vocab_size", None)
+    if not isinstance(vocab, int):
+        vocab = getattr(vars(cfg).get("text_config"), "vocab_size", None)
     if isinstance(vocab, int):
-        for key in TOKEN_IDS:
-            tid = getattr(cfg, key, None)
-            if isinstance(tid, int) and tid >= vocab:
-                setattr(cfg, key, min(tid, vocab - 1) if key != "pad_token_id" else 1)
+        top = vocab - 1
+        for key in ("image_token_id", "image_token_index"):
+            if key in vars(cfg) and vars(cfg)[key] is None and "vision_config" in vars(cfg):
+                setattr(cfg, key, vocab)  # unset in the class default; moved into range below
+        for key, tid in list(vars(cfg).items()):
+            special = key in TOKEN_IDS or key.endswith(("_token_id", "_token_index"))
+            if special and type(tid) is int and tid >= vocab - SPECIAL_IDS:
+                if key == "pad_token_id":
+                    setattr(cfg, key, 1)
+                else:
+                    setattr(cfg, key, top)
+                    top -= 1
     if getattr(cfg, "is_encoder_decoder", False) and getattr(cfg, "decoder_start_token_id", None) is None:
         cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
     for key, value in list(vars(cfg).items()):
         # Random masks (dropout, layer drop, SpecAugment) cannot match CPU's draws.
         if isinstance(value, float) and any(w in key for w in RANDOM_MASKS):
             setattr(cfg, key, 0.0)
-    return cfg
 
 
 def build(model_type):
@@ -115,7 +261,16 @@ def build(model_type):
     head, family, cls_name = representative(model_type)
     if cls_name is None:
         raise LookupError("no model class for this type")
-    cfg = shrink(transformers.AutoConfig.for_model(model_type))
+    cfg = transformers.AutoConfig.for_model(model_type)
+    timm = getattr(cfg, "backbone_config", None)
+    if type(timm).__name__.startswith("Timm"):
+        # timm is not installed: the same stages from the Hugging Face ResNet instead.
+        out = list(getattr(timm, "out_indices", None) or [4])
+        cfg = transformers.AutoConfig.for_model(
+            model_type, backbone_config=transformers.ResNetConfig(out_indices=out))
+    cfg = shrink(cfg)
+    for key, value in FAMILY.get(model_type, {}).items():
+        setattr(cfg, key, value)
     cls = getattr(transformers, cls_name)
     torch.manual_seed(0)
     model = cls(cfg)
@@ -140,7 +295,7 @@ def inputs(model, cfg, head, batch=2, seq=8):
     text = _sub(cfg, "text_config")
     vocab = getattr(text, "vocab_size", None) or 128
     kw = {}
-    ids = torch.randint(3, max(4, min(vocab, 128)), (batch, seq), generator=g)
+    ids = torch.randint(3, max(4, min(vocab, 128) - SPECIAL_IDS), (batch, seq), generator=g)
     mask = torch.ones(batch, seq, dtype=torch.long)
     mask[1, -2:] = 0  # one padded row
     if "input_ids" in params and head not in ("speech_seq2seq", "ctc", "audio_classification",
@@ -153,26 +308,121 @@ def inputs(model, cfg, head, batch=2, seq=8):
         size = getattr(vis, "image_size", 32)
         size = size[0] if isinstance(size, (list, tuple)) else size
         kw["pixel_values"] = torch.randn(batch, getattr(vis, "num_channels", 3), size, size, generator=g)
+    for grid_name in ("grid_thw", "image_grid_thw"):
+        if grid_name in params:
+            into = "hidden_states" if "hidden_states" in params else "pixel_values"
+            if into in params:
+                rows, grid = _flat_patches(_sub(cfg, "vision_config"), batch, g)
+                kw[grid_name] = grid
+                p = int((rows.shape[1] // 3) ** 0.5)
+                # Rows of flat values, or of (channels, patch, patch) images.
+                cands = (rows, rows.view(rows.shape[0], 3, p, p)) if 3 * p * p == rows.shape[1] else (rows,)
+                kw[into] = _probe(model, kw, into, cands) if "input_ids" not in kw else rows
+    if "pixel_values" in kw and "input_ids" in kw:
+        ids = _with_image_tokens(model, cfg, kw, ids)
+        kw["input_ids"] = ids
+        if "attention_mask" in kw:
+            kw["attention_mask"] = torch.cat([torch.ones(batch, ids.shape[1] - seq, dtype=torch.long),
+                                              mask], dim=1)
+    if "qformer_input_ids" in params:
+        kw["qformer_input_ids"] = ids[:, -seq:]
+        if "qformer_attention_mask" in params:
+            kw["qformer_attention_mask"] = mask
+    if "mm_token_type_ids" in params and "input_ids" in kw:
+        tok = _image_token(cfg)
+        kw["mm_token_type_ids"] = (kw["input_ids"] == tok).long() if tok is not None else \
+            torch.zeros_like(kw["input_ids"])
     if "input_features" in params:
         audio = _sub(cfg, "audio_config", "encoder_config")
         frames = 2 * getattr(audio, "max_source_positions", 16)
         kw["input_features"] = torch.randn(batch, getattr(audio, "num_mel_bins", 16), frames, generator=g)
     if "input_values" in params:
         kw["input_values"] = torch.randn(batch, 800, generator=g)
+        frames = getattr(cfg, "max_length", 64)
+        frames = frames if isinstance(frames, int) and frames <= 1024 else 64
+        spectrogram = torch.randn(batch, frames, getattr(cfg, "num_mel_bins", 16), generator=g)
+        kw["input_values"] = _probe(model, kw, "input_values", (kw["input_values"], spectrogram))
+    if "use_cache" in params:
+        kw["use_cache"] = False  # a training step keeps no cache (state-space-only stacks have none)
     if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
-        kw["decoder_input_ids"] = ids[:, :6]
+        kw["decoder_input_ids"] = ids[:, :6].contiguous()
     if "labels" in params:
         if head in ("causal_lm", "masked_lm"):
             kw["labels"] = ids
         elif head in ("seq2seq_lm", "speech_seq2seq"):
-            kw["labels"] = ids[:, :6]
-            kw.pop("decoder_input_ids", None)
+            kw["labels"] = ids[:, :6].contiguous()
+            # Decoder inputs given (teacher forcing): not every model derives them from labels.
         elif head in ("sequence_classification", "image_classification", "audio_classification"):
             kw["labels"] = torch.randint(0, getattr(cfg, "num_labels", 2), (batch,), generator=g)
+    if "input_features" in kw:
+        f = kw["input_features"]
+        t = f.transpose(1, 2).contiguous()
+        kw["input_features"] = _probe(model, kw, "input_features", (f, t, t.unsqueeze(1)))
     if not kw:
         raise ValueError("no input this pipeline knows how to make: "
                          + ", ".join(list(params)[:6]))
     return kw
+
+
+def _flat_patches(cfg, batch, g, grid=4):
+    """Vision towers that take pre-cut patches (the Qwen2-VL convention): one row per
+    patch of channels x frames x patch x patch values, and each image's (t, h, w) grid."""
+    p = getattr(cfg, "patch_size", 4) or 4
+    t = getattr(cfg, "temporal_patch_size", 1) or 1
+    c = getattr(cfg, "in_channels", None) or getattr(cfg, "num_channels", 3) or 3
+    rows = batch * grid * grid
+    return torch.randn(rows, c * t * p * p, generator=g), torch.tensor([[1, grid, grid]] * batch)
+
+
+def _probe(model, kw, key, candidates):
+    """The first layout of input `key` the model takes on the CPU: audio features as
+    (batch, mel bins, frames) (Whisper), (batch, frames, mel bins) (Conformer encoders) or
+    (batch, 1, frames, mel bins); audio values as a waveform or a spectrogram. When none
+    works, the first, and the real run says why."""
+    for cand in candidates:
+        try:
+            with torch.no_grad():
+                model(**{**kw, key: cand})
+            return cand
+        except Exception:  # noqa: BLE001 -- try the next layout
+            continue
+    return candidates[0]
+
+
+def _image_token(cfg):
+    return next((getattr(cfg, k) for k in ("image_token_id", "image_token_index")
+                 if isinstance(getattr(cfg, k, None), int)), None)
+
+
+def _with_image_tokens(model, cfg, kw, ids):
+    """Prepends one image placeholder token per image feature the model makes (a
+    vision-language model checks that the counts agree)."""
+    tok = _image_token(cfg)
+    get = getattr(model, "get_image_features", None) or getattr(
+        getattr(model, "model", None), "get_image_features", None)
+    if tok is None or get is None:
+        return ids
+    takes = inspect.signature(get).parameters
+    extra = {k: v for k, v in kw.items() if k in takes and k != "pixel_values"}
+    pv = kw["pixel_values"]
+    # Images per sample: some models take (batch, images, channels, height, width).
+    for cand in (pv, pv.unsqueeze(1)) if pv.dim() == 4 else (pv,):
+        try:
+            with torch.no_grad():
+                feats = get(pixel_values=cand, **extra)
+            kw["pixel_values"] = cand
+            break
+        except Exception:  # noqa: BLE001 -- the forward itself then reports why
+            continue
+    else:
+        return ids
+    feats = getattr(feats, "pooler_output", None) if hasattr(feats, "to_tuple") else feats
+    width = getattr(_sub(cfg, "text_config"), "hidden_size", None)
+    n = sum(t.numel() for t in flat_tensors(feats))
+    if not width or n % (width * ids.shape[0]):
+        return ids
+    per = n // (width * ids.shape[0])
+    return torch.cat([torch.full((ids.shape[0], per), tok, dtype=ids.dtype), ids], dim=1)
 
 
 def loss_of(out):

@@ -58,7 +58,7 @@ def step(model, kw, device):
     """Forward (train mode), backward and one AdamW step on `device`; returns the forward's
     tensors, the gradients and the updated parameters, all on the CPU."""
     model = model.to(device)
-    args = {k: v.to(device) for k, v in kw.items()}
+    args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     torch.manual_seed(0)
     out = model(**args)
     # Copies: on the CPU .cpu() aliases, and the next mode reloads the initial weights.
