@@ -11,6 +11,7 @@
 #include "backend/streams.h"
 #include "runtime/client.h"
 #include "runtime/disk_cache.h"
+#include "runtime/launch_probe.h"
 #include "runtime/plugin_search.h"
 
 namespace tpu::backend {
@@ -111,6 +112,10 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("num_allocs", [](int d) { return client().stats(d).num_allocs.load(); });
   m.def("memory_limit", [](int d) { return client().memory_limit(d); });
+  // Seconds per launch of a chained tiny program, PyTorch left out (benchmarks' floor).
+  m.def("_launch_floor", [](int d, int n, int repeats) {
+    return guarded([&] { return runtime::chained_launch_seconds(client(), d, n, repeats); });
+  });
   m.def("set_memory_limit", [](int64_t bytes) { client().set_memory_limit(bytes); });
   m.def("manual_seed", [](int d, uint64_t seed) {
     at::Generator g = default_generator(d);
