@@ -71,3 +71,13 @@ def test_lower_op_optimization_keeps_values_and_its_own_cache_entries(tmp_path):
     assert abs(fast["z"] - full["z"]) <= 1e-5 * abs(full["z"])
     again = run(tmp_path, TPU_OP_OPT_LEVEL="1")
     assert again["op"] == 0 and again["graph"] == 0
+
+
+def test_launch_floor_runs_the_chain_below_pytorch():
+    # The probe checks its chain's value itself (it raises on a wrong sum) and counts
+    # launches as executions; its time is the floor benchmarks put under Strict's per-op time.
+    from torch_tpu import _C
+    before = torch_tpu.metrics()["executions"]
+    per_launch = _C._launch_floor(0, 50, 2)
+    assert 0 < per_launch < 0.05
+    assert torch_tpu.metrics()["executions"] - before == 50 * 3
