@@ -167,6 +167,9 @@ class TpuBackend:
             counters["compiled_lowering_seconds"] += time.perf_counter() - t0
 
     def _lower(self, gm: torch.fx.GraphModule, example_inputs):
+        if _symbols(example_inputs):  # bounded (checked): one program for the bound
+            from .bounded import BoundedGraph
+            return BoundedGraph(gm, lambda g: _CompiledGraph(g, self.debug))
         return _CompiledGraph(gm, self.debug)
 
 
