@@ -19,6 +19,7 @@ size used as a scalar). So each op that touches a dynamic dimension must be one 
 listed set (checked when the graph is lowered); any other raises NotImplementedError
 naming the op rather than computing silently wrong values.
 """
+import contextlib
 import operator
 
 import sympy
@@ -53,6 +54,8 @@ _MASKED_OPS = {
     aten._scaled_dot_product_fused_attention_overrideable.default,
     aten._scaled_dot_product_fused_attention_overrideable_backward.default,
 }
+# Their SymInt arguments are sizes (max_q, max_k), not values: the bounds are right.
+_SIZE_ARGS_OK = {aten._scaled_dot_product_fused_attention_overrideable_backward.default}
 # Ops fine while they act on static dimensions only (their argument names them).
 _STATIC_DIM_OPS = {
     aten.native_layer_norm.default: "normalized", aten.native_layer_norm_backward.default: "normalized",
@@ -91,15 +94,13 @@ def _static_dims_ok(node, kind) -> bool:
         d = node.args[1] if len(node.args) > 1 else None
         dims = range(x.dim()) if d is None else d
     else:
-        dim = node.args[1 if node.target is not aten.slice.Tensor else 1] if len(node.args) > 1 else 0
-        if node.target is aten.cat.default:
-            dim = node.args[1] if len(node.args) > 1 else 0
+        pos = 2 if node.target in (aten.split.Tensor, aten.split_with_sizes.default) else 1
+        dim = node.args[pos] if len(node.args) > pos else node.kwargs.get("dim", 0)
         if node.target is aten.slice.Tensor and (dim % x.dim()) in dyn:
             # A slice that keeps the whole dimension is fine.
             start = node.args[2] if len(node.args) > 2 else 0
-            end = node.args[3] if len(node.args) > 3 else None
-            full = _val(end) is None or (isinstance(_val(end), int) and _val(end) >= 2 ** 62) \
-                or _val(end) == x.shape[dim % x.dim()]
+            end = _val(node.args[3]) if len(node.args) > 3 else None
+            full = end is None or (isinstance(end, int) and end >= 2 ** 62) or end == x.shape[dim]
             return start == 0 and full
         dims = [dim]
     return not any((d % x.dim()) in dyn for d in dims)
@@ -121,7 +122,7 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
             continue
         op = n.target
         if op in _SHAPE_OPS or op in _MASKED_OPS:
-            if uses_size and op not in _SHAPE_OPS:
+            if uses_size and op not in _SHAPE_OPS and op not in _SIZE_ARGS_OK:
                 _refuse(op, "takes a dynamic size as an argument")
             continue
         if op in _STATIC_DIM_OPS:
@@ -144,76 +145,23 @@ def _refuse(op, why):
         f"compile with dynamic=False.")
 
 
-# -- the imported modules ---------------------------------------------------------------------
+# -- the padded graph -------------------------------------------------------------------------
+# Every tensor is replayed at its padded shape (symbols at their bounds). A tensor whose
+# dynamic dimensions are each a bare symbol keeps its valid data in a prefix of each of
+# them, so its validity mask follows from its shape and the sizes; a tensor with a
+# compound dimension (2*s, a flattened batch) gets the mask of what it was viewed from.
+# Ops that reduce or contract see masked inputs (filled with the reduction's identity).
 
-def _ttype(shape, elem, dyn=()):
-    dims = "x".join("?" if i in dyn else str(s) for i, s in enumerate(shape))
-    body = f"{dims}x{elem}" if shape else elem
-    if not dyn:
-        return f"tensor<{body}>"
-    bounds = ", ".join(str(s) if i in dyn else "?" for i, s in enumerate(shape))
-    return f"tensor<{body}, #stablehlo.bounds<{bounds}>>"
+_SANITIZE_FILL = {aten.amax.default: float("-inf"), aten.amin.default: float("inf")}
+_VIEW_LIKE = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+              aten.expand.default}
+_SAME_MASK = {aten.clone.default, aten.detach.default, aten.alias.default,
+              aten._to_copy.default, aten.contiguous.default}
+_MOVES = {aten.t.default, aten.transpose.int, aten.permute.default, aten.unsqueeze.default,
+          aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.select.int,
+          aten.slice.Tensor}
+_UNKNOWN = object()  # a mask that cannot be told (a compound dimension from another op)
 
-
-def _module(params, lines, result):
-    sig = ", ".join(f"%arg{i}: {t}" for i, t in enumerate(params))
-    body = "\n".join("    " + ln for ln in lines)
-    return ('"builtin.module"() ({\n'
-            f'  "func.func"() <{{function_type = ({", ".join(params)}) -> {result}, sym_name = "main"}}> ({{\n'
-            f'  ^bb0({sig}):\n{body}\n'
-            f'    "func.return"(%r) : ({result}) -> ()\n'
-            '  }) : () -> ()\n'
-            '}) : () -> ()\n')
-
-
-_modules = {}  # (kind, shape, dtype, dims) -> module id
-
-
-def _set_sizes_module(shape, dtype, dims):
-    """main(x, n_0, ..., n_k) = x whose dimensions `dims` hold n_i valid elements."""
-    key = ("set", tuple(shape), dtype, tuple(dims))
-    if key not in _modules:
-        from .. import _C
-        elem = _ELEM[dtype]
-        static = _ttype(shape, elem)
-        lines, prev, done = [], "%arg0", []
-        for j, d in enumerate(dims):
-            done.append(d)
-            t_in = _ttype(shape, elem, done[:-1])
-            t_out = _ttype(shape, elem, done)
-            lines.append(f'%s{j} = "stablehlo.set_dimension_size"({prev}, %arg{j + 1}) '
-                         f'<{{dimension = {d} : i64}}> : ({t_in}, tensor<i32>) -> {t_out}')
-            prev = f"%s{j}"
-        lines.append(f'%r = "stablehlo.convert"({prev}) : ({_ttype(shape, elem, done)}) -> {static}')
-        text = _module([static] + ["tensor<i32>"] * len(dims), lines, static)
-        spec = (elem, list(shape))
-        _modules[key] = _C._import_stablehlo(text, "torch_tpu::bounded_input", [spec] + [("i32", [])] * len(dims),
-                                             [spec])
-    return _modules[key]
-
-
-def _static_module(shape, dtype, dims):
-    """main(x) = x with dimensions `dims` static again (valid part: a prefix of each)."""
-    key = ("static", tuple(shape), dtype, tuple(dims))
-    if key not in _modules:
-        from .. import _C
-        elem = _ELEM[dtype]
-        static = _ttype(shape, elem)
-        lines, prev = [], "%arg0"
-        for j, d in enumerate(dims):
-            lines.append(f'%c{j} = "stablehlo.constant"() <{{value = dense<{shape[d]}> : tensor<i32>}}> : '
-                         f'() -> tensor<i32>')
-            lines.append(f'%s{j} = "stablehlo.set_dimension_size"({prev}, %c{j}) '
-                         f'<{{dimension = {d} : i64}}> : ({static}, tensor<i32>) -> {static}')
-            prev = f"%s{j}"
-        lines.append(f'%r = "stablehlo.convert"({prev}) : ({static}) -> {static}')
-        spec = (elem, list(shape))
-        _modules[key] = _C._import_stablehlo(_module([static], lines, static), "torch_tpu::bounded_output",
-                                             [spec], [spec])
-    return _modules[key]
-
-
-# -- the graph around the body ----------------------------------------------------------------
 
 def _expr(s):
     return s.node.expr if isinstance(s, torch.SymInt) else sympy.Integer(int(s))
@@ -223,89 +171,277 @@ def _eval(e, values) -> int:
     return int(e.xreplace(values))
 
 
+def _structural(v) -> bool:
+    return isinstance(v, torch.Tensor) and all(
+        not isinstance(s, torch.SymInt) or isinstance(s.node.expr, sympy.Symbol) for s in v.shape)
+
+
+class _Builder:
+    """Builds the padded graph: the original ops plus masks where they are needed."""
+
+    def __init__(self, bounds, device):
+        self.g = torch.fx.Graph()
+        self.bounds = bounds
+        self.device = device
+        self.sizes = {}  # symbol -> placeholder of its true size (0-d int64 tensor)
+
+    def call(self, op, *args, **kwargs):
+        return self.g.call_function(op, args, kwargs)
+
+    def padded(self, v):
+        return [_eval(_expr(s), self.bounds) for s in v.shape]
+
+    def structural_mask(self, v):
+        """Validity of a tensor whose dynamic dimensions are bare symbols."""
+        shape = self.padded(v)
+        m = None
+        for d, s in enumerate(v.shape):
+            if not isinstance(s, torch.SymInt):
+                continue
+            r = self.call(aten.arange.default, shape[d], dtype=torch.int64, device=self.device)
+            c = self.call(aten.lt.Tensor, r, self.sizes[s.node.expr])
+            c = self.call(aten.view.default, c, [shape[d] if i == d else 1 for i in range(len(shape))])
+            m = c if m is None else self.call(aten.logical_and.default, m, c)
+        return None if m is None else self.call(aten.expand.default, m, shape)
+
+
+def _fill(b, x, m, value):
+    if m is None:
+        return x
+    if m is _UNKNOWN:
+        return _UNKNOWN
+    return b.call(aten.where.ScalarOther, m, x, value)
+
+
+def _rewrite(gm, b, mask_inputs):
+    """Copies gm into b.g with masks; returns (outputs, masks of the outputs)."""
+    env, masks = {}, {}
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for p in phs:
+        env[p] = b.g.placeholder(p.name)
+        env[p].meta = dict(p.meta)
+    for s in sorted({e for p in phs for e in _symbols_of(_val(p))}, key=str):
+        b.sizes[s] = b.g.placeholder(f"_tpu_size_{s}")
+    mask_phs = {}
+    for p in phs:
+        if p in mask_inputs:
+            mask_phs[p] = b.g.placeholder(f"_tpu_mask_{p.name}")
+    for p in phs:
+        v = _val(p)
+        if not _dyn_dims(v):
+            masks[p] = None
+        elif _structural(v):
+            masks[p] = b.structural_mask(v)
+        else:
+            masks[p] = mask_phs[p]
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "output"):
+            continue
+        if n.op != "call_function":
+            env[n] = b.g.node_copy(n, lambda a: env[a])
+            masks[n] = None
+            continue
+        args = torch.fx.node.map_arg(n.args, lambda a: env[a])
+        kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
+        m_of = lambda a: masks.get(a) if isinstance(a, torch.fx.Node) else None  # noqa: E731
+        if n.target is operator.getitem:
+            src = m_of(n.args[0])
+            masks[n] = src[n.args[1]] if isinstance(src, list) else None
+            env[n] = b.call(operator.getitem, *args)
+            _fix_structural(b, n, masks)
+            continue
+        op = n.target
+        if op in _MASKED_OPS or op in _STATIC_DIM_OPS:
+            args = _sanitize(b, n, list(args), m_of)
+        env[n] = b.g.call_function(op, tuple(args), kwargs)
+        env[n].meta = dict(n.meta)
+        # The output's mask.
+        v = _val(n)
+        if isinstance(v, (list, tuple)):
+            first = _val(n.args[0]) if n.args and isinstance(n.args[0], torch.fx.Node) else None
+            masks[n] = [b.structural_mask(x) if _structural(x) and _dyn_dims(x) else
+                        None if not _dyn_dims(x) else
+                        m_of(n.args[0]) if _same_shape(x, first) else _UNKNOWN for x in v]
+        elif not _dyn_dims(v):
+            masks[n] = None
+        elif _structural(v):
+            masks[n] = b.structural_mask(v)
+        else:
+            masks[n] = _compound_mask(b, n, m_of)
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    vals = out.args[0]
+    return [env[o] if isinstance(o, torch.fx.Node) else o for o in vals], \
+        [masks.get(o) if isinstance(o, torch.fx.Node) else None for o in vals]
+
+
+def _fix_structural(b, n, masks):
+    v = _val(n)
+    if masks[n] is _UNKNOWN and _structural(v):
+        masks[n] = b.structural_mask(v)
+
+
+def _symbols_of(v):
+    out = set()
+    for s in ([v] if isinstance(v, torch.SymInt) else list(getattr(v, "shape", []))):
+        if isinstance(s, torch.SymInt):
+            out |= s.node.expr.free_symbols
+    return out
+
+
+def _compound_mask(b, n, m_of):
+    """Mask of an op's output with a compound dimension: views carry their input's."""
+    if n.target in (aten.mm.default, aten.addmm.default):
+        # Rows of the product are the rows of the left operand (K, N static here).
+        a = n.args[0] if n.target is aten.mm.default else n.args[1]
+        ma, mb = m_of(a), m_of(n.args[1] if n.target is aten.mm.default else n.args[2])
+        if ma is None or ma is _UNKNOWN or mb is not None or _dyn_dims(_val(a))[-1:] == [1]:
+            return _UNKNOWN
+        shape = b.padded(_val(n))
+        rows = b.call(aten.view.default, b.call(aten.select.int, ma, 1, 0), [shape[0], 1])
+        return b.call(aten.expand.default, rows, shape)
+    if n.target in _MASKED_OPS or n.target in _STATIC_DIM_OPS:
+        # Row-wise over static dimensions: the output's rows are those of an argument of
+        # its shape (nll_loss_backward: its `self`).
+        for a in n.args:
+            ma = m_of(a)
+            if ma is not None and ma is not _UNKNOWN and _same_shape(_val(n), _val(a)):
+                return ma
+        return _UNKNOWN
+    x = n.args[0] if n.args else None
+    m = m_of(x)
+    if m is None or m is _UNKNOWN:
+        return _UNKNOWN
+    if n.target in _VIEW_LIKE:
+        shape = b.padded(_val(n))
+        return b.call(aten.reshape.default if n.target is not aten.expand.default
+                      else aten.expand.default, m, shape)
+    if n.target in _MOVES:  # the mask moves as the data does
+        rest = [a for a in n.args[1:]]
+        if any(isinstance(a, torch.fx.Node) for a in rest):
+            return _UNKNOWN
+        return b.call(n.target, m, *rest)
+    if n.target in _SAME_MASK or torch.Tag.pointwise in n.target.tags:
+        others = [m_of(a) for a in n.args[1:] if isinstance(a, torch.fx.Node)]
+        for o in others:
+            if o is _UNKNOWN:
+                return _UNKNOWN
+            if o is not None:
+                m = b.call(aten.logical_and.default, m, o)
+        return b.call(aten.expand.default, m, b.padded(_val(n)))
+    return _UNKNOWN
+
+
+def _same_shape(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and \
+        [str(s) for s in a.shape] == [str(s) for s in b.shape]
+
+
+def _sanitize(b, n, args, m_of):
+    """Fills the invalid part of the tensor arguments of a reducing op."""
+    op = n.target
+    need = op in _MASKED_OPS or op is aten.native_layer_norm_backward.default
+    if not need:
+        return args
+    if op in (aten._softmax.default, aten._log_softmax.default):
+        x = _val(n.args[0])
+        if (n.args[1] % x.dim()) in _dyn_dims(x):
+            args[0] = _filled(b, n, 0, args[0], m_of(n.args[0]), float("-inf"))
+        return args
+    if op in (aten._scaled_dot_product_fused_attention_overrideable.default,
+              aten._scaled_dot_product_fused_attention_overrideable_backward.default):
+        causal = n.args[5] if op is aten._scaled_dot_product_fused_attention_overrideable.default \
+            else n.args[13]
+        if not causal or (n.args[3] is not None and isinstance(n.args[3], torch.fx.Node)
+                          and op is aten._scaled_dot_product_fused_attention_overrideable.default):
+            _refuse(op, "needs is_causal=True without a mask across a dynamic dimension "
+                        "(padded keys would be attended)")
+    fill_target = op in (aten.nll_loss_forward.default, aten.nll_loss_backward.default)
+    for i, a in enumerate(n.args):
+        if not isinstance(a, torch.fx.Node) or not isinstance(_val(a), torch.Tensor):
+            continue
+        if fill_target and i == (1 if op is aten.nll_loss_forward.default else 2):
+            ignore = n.args[4] if op is aten.nll_loss_forward.default else n.args[5]
+            args[i] = _filled(b, n, i, args[i], m_of(a), ignore)
+        else:
+            args[i] = _filled(b, n, i, args[i], m_of(a), _SANITIZE_FILL.get(op, 0))
+    return args
+
+
+def _filled(b, n, i, x, m, value):
+    r = _fill(b, x, m, value)
+    if r is _UNKNOWN:
+        raise NotImplementedError(
+            f"torch_tpu bounded dynamism: argument {i} of {n.target} has a dynamic dimension "
+            f"whose valid part cannot be told ({_val(n.args[i]).shape})")
+    return r
+
+
+def user_outputs(gm):
+    """How many of a forward graph's outputs reach the user (the rest are saved for the
+    backward); None when all do (inference and backward graphs)."""
+    if any(n.op == "placeholder" and n.name.startswith("tangents") for n in gm.graph.nodes):
+        return None
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    return getattr(meta, "num_forward", None)
+
+
 class BoundedGraph:
     """Pads inputs to the bound, runs the one program, views outputs at their true sizes."""
 
-    def __init__(self, gm: torch.fx.GraphModule, make_compiled):
+    def __init__(self, gm: torch.fx.GraphModule, make_compiled, n_user_outputs=None):
         self._boxed_call = True  # an instance attribute (see _CompiledGraph)
         check_graph(gm)
         phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        out_node = next(n for n in gm.graph.nodes if n.op == "output")
         vals = [_val(p) for p in phs]
-        env = next((s.node.shape_env for v in vals for s in
-                    ([v] if isinstance(v, torch.SymInt) else list(getattr(v, "shape", [])))
-                    if isinstance(s, torch.SymInt)), None)
-        syms = set()
-        for v in vals:
-            for s in ([v] if isinstance(v, torch.SymInt) else list(getattr(v, "shape", []))):
-                if isinstance(s, torch.SymInt):
-                    syms |= s.node.expr.free_symbols
-        self._ranges = {s: (int(env.var_to_range[s].lower), int(env.var_to_range[s].upper)) for s in syms}
+        syms = set().union(*[_symbols_of(v) for v in vals])
+        env = next(s.node.shape_env for v in vals for s in
+                   ([v] if isinstance(v, torch.SymInt) else list(getattr(v, "shape", [])))
+                   if isinstance(s, torch.SymInt))
+        self._ranges = {s: (int(env.var_to_range[s].lower), int(env.var_to_range[s].upper))
+                        for s in syms}
         self._bounds = {s: sympy.Integer(hi) for s, (_, hi) in self._ranges.items()}
-        # Inputs: per placeholder its kind and symbolic sizes.
+        self._syms = sorted(syms, key=str)
+        mask_inputs = [p for p, v in zip(phs, vals) if _dyn_dims(v) and not _structural(v)]
         self._ins = []
-        size_exprs = []  # distinct true sizes the program takes as operands
-        g = torch.fx.Graph()
-        val_map, new_ph = {}, {}
-        for p, v in zip(phs, vals):
-            new = g.placeholder(p.name)
-            new.meta = dict(p.meta)
-            val_map[p] = new_ph[p] = new
-        size_nodes = {}
-        for p, v in zip(phs, vals):
+        for v in vals:
             if isinstance(v, torch.SymInt):
                 self._ins.append(("sym", _expr(v), None))
-                continue
-            dims = _dyn_dims(v)
-            if not dims:
+            elif _dyn_dims(v):
+                self._ins.append(("tensor", [_expr(s) for s in v.shape],
+                                  [_eval(_expr(s), self._bounds) for s in v.shape]))
+            else:
                 self._ins.append(("plain", None, None))
-                continue
-            exprs = [_expr(s) for s in v.shape]
-            padded = [_eval(e, self._bounds) for e in exprs]
-            self._ins.append(("tensor", exprs, padded))
-            args = [val_map[p]]
-            for d in dims:
-                e = exprs[d]
-                if e not in size_nodes:
-                    size_nodes[e] = None
-                    size_exprs.append(e)
-            mid = _set_sizes_module(padded, v.dtype, dims)
-            val_map[p] = ("set", p, dims, mid)  # built once the size placeholders exist
-        for i, e in enumerate(size_exprs):
-            size_nodes[e] = g.placeholder(f"_tpu_size_{i}")
-        for p in phs:
-            c = val_map[p]
-            if isinstance(c, tuple):
-                _, _, dims, mid = c
-                exprs = self._ins[phs.index(p)][1]
-                node = g.call_function(torch.ops.torch_tpu.call_stablehlo.default,
-                                       ([new_ph[p]] + [size_nodes[exprs[d]] for d in dims], mid))
-                val_map[p] = g.call_function(operator.getitem, (node, 0))
-        outs = g.graph_copy(gm.graph, val_map)
-        # Outputs.
+        self._mask_in = [phs.index(p) for p in mask_inputs]
+        dev = next((v.device for v in vals if isinstance(v, torch.Tensor)), torch.device("tpu"))
+        b = _Builder(self._bounds, dev)
+        outs, out_masks = _rewrite(gm, b, set(mask_inputs))
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
         self._outs = []
-        new_outs = []
-        for o, r in zip(out_node.args[0], outs if isinstance(outs, (list, tuple)) else [outs]):
+        extra = []
+        n_user = len(outs) if n_user_outputs is None else n_user_outputs
+        for i, (o, m) in enumerate(zip(out_node.args[0], out_masks)):
             v = _val(o)
             if isinstance(v, torch.SymInt):
                 self._outs.append(("sym", _expr(v)))
-                new_outs.append(r)
-                continue
-            dims = _dyn_dims(v)
-            if not dims:
+            elif isinstance(v, torch.Tensor) and _dyn_dims(v):
+                exprs = [_expr(s) for s in v.shape]
+                if _structural(v):
+                    self._outs.append(("tensor", exprs))
+                elif i >= n_user and m is not _UNKNOWN and m is not None:
+                    # Saved for the backward: stays padded, its mask travels beside it.
+                    self._outs.append(("masked", len(extra)))
+                    extra.append(m)
+                else:
+                    raise NotImplementedError(
+                        f"torch_tpu bounded dynamism: output {i} has the compound dynamic shape "
+                        f"{tuple(v.shape)}; return tensors whose dynamic dimensions are each one "
+                        "marked dimension")
+            else:
                 self._outs.append(("plain", None))
-                new_outs.append(r)
-                continue
-            exprs = [_expr(s) for s in v.shape]
-            padded = [_eval(e, self._bounds) for e in exprs]
-            node = g.call_function(torch.ops.torch_tpu.call_stablehlo.default,
-                                   ([r], _static_module(padded, v.dtype, dims)))
-            new_outs.append(g.call_function(operator.getitem, (node, 0)))
-            self._outs.append(("tensor", (exprs, dims)))
-        g.output(tuple(new_outs) if isinstance(out_node.args[0], (list, tuple)) else new_outs[0])
-        self._size_exprs = size_exprs
-        self._nph = len(phs)
-        self._inner = make_compiled(torch.fx.GraphModule(gm, g))
+        b.g.output(tuple(outs) + tuple(extra))
+        self._n_out = len(outs)
+        self._inner = make_compiled(torch.fx.GraphModule(gm, b.g))
 
     def _symbols(self, args):
         """The true value of each symbol, from SymInt inputs, else from unpadded tensors."""
@@ -321,8 +457,8 @@ class BoundedGraph:
                     values[e] = int(s)
         for s, (lo, hi) in self._ranges.items():
             if s not in values:
-                raise RuntimeError(f"torch_tpu bounded dynamism: cannot tell the size {s} from the "
-                                   "graph's inputs")
+                raise RuntimeError(f"torch_tpu bounded dynamism: cannot tell the size {s} from "
+                                   "the graph's inputs")
             if not lo <= values[s] <= hi:
                 raise ValueError(f"torch_tpu bounded dynamism: size {values[s]} is outside the "
                                  f"bounds [{lo}, {hi}] the program was compiled for "
@@ -331,58 +467,99 @@ class BoundedGraph:
 
     def __call__(self, args):
         values = self._symbols(args)
-        new_args = []
-        for (kind, e, padded), a in zip(self._ins, args):
-            if kind == "sym":
-                new_args.append(_eval(e, self._bounds))
-            elif kind == "tensor":
-                new_args.append(_pad(a, padded))
-            else:
-                new_args.append(a)
-        for e in self._size_exprs:
-            new_args.append(torch.tensor(_eval(e, values), dtype=_i32).to(args_device(args)))
+        dev = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "tpu"),
+                   torch.device("tpu"))
+        new_args, in_masks = [], []
+        with _strict():  # padding is per size: its own small programs, not the graph's
+            for (kind, e, padded), a in zip(self._ins, args):
+                if kind == "sym":
+                    new_args.append(_eval(e, self._bounds))
+                elif kind == "tensor":
+                    new_args.append(_pad(a, padded))
+                else:
+                    new_args.append(a)
+        for i in self._mask_in:
+            hit = _lookup(new_args[i], new_args[i].shape)
+            m = hit[1] if hit is not None else None
+            if m is None:
+                raise NotImplementedError(
+                    f"torch_tpu bounded dynamism: input {i} has the compound dynamic shape "
+                    f"{tuple(args[i].shape)} and did not come from a bounded program")
+            in_masks.append(m)
+        for s in self._syms:
+            new_args.append(torch.tensor(int(values[s]), dtype=torch.int64).to(dev))
+        new_args += in_masks
         args.clear()
-        outs = self._inner(new_args)
-        single = not isinstance(outs, (list, tuple))
-        outs = [outs] if single else list(outs)
+        outs = list(self._inner(new_args))
+        extra = outs[self._n_out:]
         res = []
         for (kind, info), o in zip(self._outs, outs):
             if kind == "sym":
                 res.append(_eval(info, values))
             elif kind == "tensor":
-                exprs, dims = info
-                v = o
-                for d in dims:
-                    v = v.narrow(d, 0, _eval(exprs[d], values))
-                res.append(v)
+                _keep(o)
+                for d, e in enumerate(info):
+                    if e.free_symbols:
+                        o = o.narrow(d, 0, _eval(e, values))
+                res.append(o)
+            elif kind == "masked":
+                _keep(o, extra[info])
+                res.append(o)
             else:
                 res.append(o)
-        return res[0] if single else res
+        return res
 
 
-def args_device(args):
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.device.type == "tpu":
-            return a.device
-    return torch.device("tpu")
+# Padded outputs of bounded programs (and the masks of those saved for the backward),
+# by storage and layout: autograd hands the backward other tensor objects, and the
+# caller sees a prefix view. An entry lives while its storage does.
+_PADDED = {}
+
+
+def _padded_key(t, shape):
+    return (t.untyped_storage()._cdata, t.storage_offset(), tuple(t.stride()), tuple(shape))
+
+
+def _keep(t, mask=None):
+    from torch.multiprocessing.reductions import StorageWeakRef
+    for k in [k for k, (ref, _) in _PADDED.items() if ref.expired()]:
+        del _PADDED[k]
+    _PADDED[_padded_key(t, t.shape)] = (StorageWeakRef(t.untyped_storage()), mask)
+
+
+def _lookup(t, shape):
+    hit = _PADDED.get(_padded_key(t, shape))
+    return None if hit is None or hit[0].expired() else hit
+
+
+@contextlib.contextmanager
+def _strict():
+    from .. import _C
+    from .execution_mode import EagerMode
+    prev = _C.get_eager_mode()
+    if prev == EagerMode.DEFER_AND_FUSE.value:
+        _C.flush("before bounded padding")
+        _C.set_eager_mode(EagerMode.DEFER_NEVER.value)
+    try:
+        yield
+    finally:
+        _C.set_eager_mode(prev)
 
 
 def _padded_base(t, padded):
-    """The padded tensor `t` is a prefix view of (an output of a bounded program), or t
-    itself when it already has the padded shape; None otherwise."""
+    """`t` itself when it has the padded shape, or the padded output of a bounded
+    program whose prefix view `t` is; None otherwise."""
     if list(t.shape) == list(padded):
         return t
-    b = t._base
-    if b is not None and list(b.shape) == list(padded) and b.stride() == t.stride() \
-            and b.storage_offset() == t.storage_offset():
-        return b
+    if _lookup(t, padded) is not None:
+        return t.as_strided(padded, t.stride(), t.storage_offset())
     return None
 
 
 def _pad(t, padded):
-    b = _padded_base(t, padded)
-    if b is not None:
-        return b
+    base = _padded_base(t, padded)
+    if base is not None:
+        return base
     pads = []
     for s, p in zip(reversed(t.shape), reversed(padded)):
         pads += [0, p - s]

@@ -168,8 +168,8 @@ class TpuBackend:
 
     def _lower(self, gm: torch.fx.GraphModule, example_inputs):
         if _symbols(example_inputs):  # bounded (checked): one program for the bound
-            from .bounded import BoundedGraph
-            return BoundedGraph(gm, lambda g: _CompiledGraph(g, self.debug))
+            from .bounded import BoundedGraph, user_outputs
+            return BoundedGraph(gm, lambda g: _CompiledGraph(g, self.debug), user_outputs(gm))
         return _CompiledGraph(gm, self.debug)
 
 

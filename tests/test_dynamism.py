@@ -1,0 +1,133 @@
+"""Bounded dynamic shapes in compiled mode: one program for every size up to the bound."""
+import copy
+import os
+import sys
+
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu import dynamism
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from gpt import GPT  # noqa: E402
+
+LENGTHS = [17, 128, 23, 31, 40, 47, 55, 64, 70, 77, 83, 90, 96, 101, 107, 112, 115, 120, 124, 18]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def delta(before, after, *keys):
+    return {k: after[k] - before[k] for k in keys}
+
+
+def backend():
+    return torch_tpu.TpuBackend(dynamism=True)
+
+
+def test_variable_length_gpt_one_compile_per_graph_and_exact_values():
+    torch.manual_seed(0)
+    ref = GPT(seq=128).double()  # CPU float64 reference
+    model = copy.deepcopy(ref).float().to("tpu")
+    step = torch.compile(model, backend=backend())
+    g = torch.Generator().manual_seed(1)
+    graph_compiles = 0
+    for t in LENGTHS:
+        idx = torch.randint(0, 64, (2, t), generator=g)
+        tgt = torch.randint(0, 64, (2, t), generator=g)
+        idx_t, tgt_t = idx.to("tpu"), tgt.to("tpu")
+        dynamism.mark_dynamic(idx_t, 1, 17, 128)
+        dynamism.mark_dynamic(tgt_t, 1, 17, 128)
+        model.zero_grad()
+        torch_tpu.synchronize()
+        before = torch_tpu.metrics()
+        logits, loss = step(idx_t, tgt_t)
+        loss.backward()
+        torch_tpu.synchronize()
+        graph_compiles += delta(before, torch_tpu.metrics(), "graph_compiles")["graph_compiles"]
+
+        ref.zero_grad()
+        want_logits, want_loss = ref(idx, tgt)
+        want_loss.backward()
+        assert logits.shape == (2, t, 64)
+        torch.testing.assert_close(logits.cpu().double(), want_logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loss.cpu().double(), want_loss, rtol=1e-5, atol=1e-5)
+        for (name, p), pr in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.cpu().double(), pr.grad, rtol=1e-5, atol=1e-5,
+                                       msg=lambda m: f"length {t}, grad of {name}: {m}")
+    m = torch_tpu.metrics()
+    assert graph_compiles == 2, graph_compiles  # one forward and one backward program
+    assert m["compiled_recompiles"] == 0
+
+
+def test_size_outside_the_bounds_raises_a_clear_error():
+    f = torch.compile(lambda t: t.softmax(0), backend=backend())
+    x = torch.randn(6, 3).to("tpu")
+    dynamism.mark_dynamic(x, 0, 2, 8)
+    f(x)
+    with pytest.raises(ValueError, match="outside"):
+        dynamism.mark_dynamic(torch.randn(9, 3).to("tpu"), 0, 2, 8)
+    from torch_tpu._internal.bounded import BoundedGraph
+    graphs = []
+    orig = BoundedGraph.__init__
+
+    def keep(self, *a, **k):
+        orig(self, *a, **k)
+        graphs.append(self)
+    BoundedGraph.__init__ = keep
+    try:
+        torch._dynamo.reset()
+        f = torch.compile(lambda t: t.softmax(0), backend=backend())
+        f(x)
+    finally:
+        BoundedGraph.__init__ = orig
+    with pytest.raises(ValueError, match=r"size 9 is outside the bounds \[2, 8\]"):
+        graphs[0]([torch.randn(9, 3).to("tpu")] if len(graphs[0]._ins) == 1 else
+                  [9, torch.randn(9, 3).to("tpu")])
+
+
+@pytest.mark.parametrize("fn,want", [
+    (lambda t: t.exp().sum(0), lambda t: t.exp().sum(0)),
+    (lambda t: (t * 2).softmax(0), lambda t: (t * 2).softmax(0)),
+    (lambda t: t.amax(0) + t.log_softmax(1).sum(0), lambda t: t.amax(0) + t.log_softmax(1).sum(0)),
+    (lambda t: t.t() @ t.exp(), lambda t: t.t() @ t.exp()),
+])
+def test_reductions_across_the_dynamic_dimension_match_float64(fn, want):
+    f = torch.compile(fn, backend=backend())
+    before = torch_tpu.metrics()
+    for n in (3, 7, 5, 16, 2):
+        x = torch.randn(n, 4, dtype=torch.float64)
+        xt = x.float().to("tpu")
+        dynamism.mark_dynamic(xt, 0, 2, 16)
+        torch.testing.assert_close(f(xt).cpu().double(), want(x), rtol=1e-5, atol=1e-5)
+    torch_tpu.synchronize()
+    assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 1
+
+
+def test_an_op_that_bakes_the_size_in_is_refused_by_name():
+    f = torch.compile(lambda t: t.mean(0), backend=backend())
+    x = torch.randn(5, 3).to("tpu")
+    dynamism.mark_dynamic(x, 0, 2, 16)
+    with pytest.raises(Exception) as e:
+        f(x)
+    err = e.value
+    while err is not None and not isinstance(err, NotImplementedError):
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    assert isinstance(err, NotImplementedError), repr(e.value)
+    assert "aten.mean.dim" in str(err) and "dynamic dimension" in str(err)
+
+
+def test_unbounded_symint_error_still_names_the_fixes():
+    f = torch.compile(lambda t: t * 2, backend="tpu", dynamic=True)
+    with pytest.raises(Exception) as e:
+        f(torch.ones(4, 3, device="tpu"))
+    err = e.value
+    while err is not None and not isinstance(err, NotImplementedError):
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    assert isinstance(err, NotImplementedError), repr(e.value)
+    assert "dynamic=False" in str(err) and "mark_dynamic" in str(err)
