@@ -40,20 +40,24 @@ def test_variable_length_gpt_one_compile_per_graph_and_exact_values():
     for t in LENGTHS:
         idx = torch.randint(0, 64, (2, t), generator=g)
         tgt = torch.randint(0, 64, (2, t), generator=g)
-        idx_t, tgt_t = idx.to("tpu"), tgt.to("tpu")
+        g_logits = torch.randn(2, t, 64, generator=g, dtype=torch.float64) * 0.1
+        idx_t, tgt_t, g_logits_t = idx.to("tpu"), tgt.to("tpu"), g_logits.float().to("tpu")
+        one = torch.ones(()).to("tpu")
         dynamism.mark_dynamic(idx_t, 1, 17, 128)
         dynamism.mark_dynamic(tgt_t, 1, 17, 128)
         model.zero_grad()
         torch_tpu.synchronize()
         before = torch_tpu.metrics()
         logits, loss = step(idx_t, tgt_t)
-        loss.backward()
+        # A gradient for the logits too (an unused output's zero gradient would be an
+        # eager op of its own, per size, in DeferAndFuse).
+        torch.autograd.backward((loss, logits), (one, g_logits_t))
         torch_tpu.synchronize()
         graph_compiles += delta(before, torch_tpu.metrics(), "graph_compiles")["graph_compiles"]
 
         ref.zero_grad()
         want_logits, want_loss = ref(idx, tgt)
-        want_loss.backward()
+        torch.autograd.backward((want_loss, want_logits), (torch.ones_like(want_loss), g_logits))
         assert logits.shape == (2, t, 64)
         torch.testing.assert_close(logits.cpu().double(), want_logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(loss.cpu().double(), want_loss, rtol=1e-5, atol=1e-5)
@@ -72,6 +76,15 @@ def test_size_outside_the_bounds_raises_a_clear_error():
     f(x)
     with pytest.raises(ValueError, match="outside"):
         dynamism.mark_dynamic(torch.randn(9, 3).to("tpu"), 0, 2, 8)
+    # Called with a size past the bound, the graph is traced again without bounds.
+    with pytest.raises(Exception) as e:
+        f(torch.randn(9, 3).to("tpu"))
+    err = e.value
+    while err is not None and not isinstance(err, NotImplementedError):
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    assert isinstance(err, NotImplementedError), repr(e.value)
+    assert "outside the bounds" in str(err) and "mark_dynamic" in str(err)
+    # The program itself refuses a size past its bound.
     from torch_tpu._internal.bounded import BoundedGraph
     graphs = []
     orig = BoundedGraph.__init__

@@ -1,23 +1,24 @@
 """Bounded dynamic shapes in compiled mode: one program for every size up to the bound.
 
-XLA's bounded dynamism does the work. A graph with dynamic sizes (bounded by
-`mark_dynamic`) is replayed once with every dynamic dimension padded to its bound and
-the symbols bound to their upper bounds, so the recorded program has static types and
-its text is the same for every size. Around the graph's body, two tiny imported
-StableHLO modules (torch_tpu::call_stablehlo) carry the true sizes:
-- each padded input goes through `stablehlo.set_dimension_size` with its true size,
-  an i32 program operand, so XLA knows that only a prefix of the dimension is valid:
-  its dynamic padder then masks reductions, dot contractions and softmax across it and
-  compacts merged dimensions in reshapes;
-- each output with a dynamic dimension goes through `set_dimension_size` to its bound
-  (a constant), which turns it back into a static buffer whose valid part is a prefix
-  of every dynamic dimension; the caller sees a view of that prefix.
-Tensors passed between the forward and the backward stay padded (the view's base).
+A graph with dynamic sizes (bounded by `mark_dynamic`) is replayed once with every
+dynamic dimension padded to its bound and the symbols set to their upper bounds, so the
+recorded program has static shapes and the same text for every size: it is compiled
+once. The true sizes are program operands (0-d int64 tensors, one per symbol). Where an
+op reduces, contracts or mixes across a dynamic dimension, the padded part of its inputs
+is first filled with the op's identity (`where(mask, x, fill)`: 0 for sums and matmuls,
+-inf for softmax and amax, ignore_index for nll_loss targets), the mask being computed
+in the program from the sizes; everything else is row-wise and leaves garbage only in
+the padding. Outputs come back padded; the caller sees a view of their valid prefix.
+Tensors saved for the backward stay padded (with their mask, when a flattened dimension
+makes the mask not follow from the shape).
 
-What XLA cannot fix is a size baked into a lowering as a constant (mean's divisor, a
-size used as a scalar). So each op that touches a dynamic dimension must be one of a
-listed set (checked when the graph is lowered); any other raises NotImplementedError
-naming the op rather than computing silently wrong values.
+Why not XLA's own bounded dynamism (`stablehlo.set_dimension_size`): the XLA CPU plugin
+runs it, masking reductions and dots, but the dynamic sizes do not flow through the
+per-op functions our fused programs call (tested: an elementwise op in its own function
+loses them), and sizes baked into lowerings as constants (mean's divisor) would stay
+wrong anyway. So each op that touches a dynamic dimension must be in a listed set
+(checked when the graph is lowered); any other raises NotImplementedError naming it
+rather than computing silently wrong values.
 """
 import contextlib
 import operator
@@ -25,26 +26,24 @@ import operator
 import sympy
 import torch
 
-_i32 = torch.int32
-_ELEM = {
-    torch.bool: "i1", torch.int8: "i8", torch.int16: "i16", torch.int32: "i32",
-    torch.int64: "i64", torch.uint8: "ui8", torch.float16: "f16", torch.bfloat16: "bf16",
-    torch.float32: "f32", torch.float64: "f64",
-}
 aten = torch.ops.aten
 
 # -- which ops may touch a dynamic dimension ------------------------------------------------
 
-# Shape-only ops: they move data, XLA follows the dynamic sizes through them.
+# Shape-only ops: they move data; masks move with it.
 _SHAPE_OPS = {
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default,
     aten.transpose.int, aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim,
     aten.squeeze.dims, aten.squeeze.default, aten.expand.default, aten.clone.default,
     aten.detach.default, aten.alias.default, aten._to_copy.default, aten.arange.default,
     aten.arange.start, aten.arange.start_step, aten.contiguous.default,
+    # Factories (constant everywhere) and sizes (read at the bound, like every shape).
+    aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format,
+    aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
+    aten.new_empty.default, aten.sym_size.int, aten.sym_numel.default,
 }
-# Ops whose reductions/contractions XLA's dynamic padder masks (checked against the
-# static program in tests/test_dynamism.py), and row-wise ops over static dimensions.
+# Ops that reduce or contract across a dynamic dimension (inputs masked first), checked
+# against float64 references in tests/test_dynamism.py.
 _MASKED_OPS = {
     aten.sum.dim_IntList, aten.amax.default, aten.amin.default,
     aten._softmax.default, aten._log_softmax.default, aten._softmax_backward_data.default,
@@ -62,7 +61,6 @@ _STATIC_DIM_OPS = {
     aten.mean.dim: "dims", aten.cat.default: "dim", aten.split.Tensor: "dim",
     aten.split_with_sizes.default: "dim", aten.select.int: "dim", aten.slice.Tensor: "dim",
 }
-SUPPORTED = sorted(str(o) for o in _SHAPE_OPS | _MASKED_OPS | set(_STATIC_DIM_OPS)) + ["pointwise ops"]
 
 
 def _val(n):
@@ -74,13 +72,6 @@ def _dyn_dims(v):
     if not isinstance(v, torch.Tensor):
         return []
     return [i for i, s in enumerate(v.shape) if isinstance(s, torch.SymInt)]
-
-
-def _has_symint(a):
-    if isinstance(a, (list, tuple)):
-        return any(_has_symint(x) for x in a)
-    v = _val(a)
-    return isinstance(v, torch.SymInt) and not isinstance(a, int)
 
 
 def _static_dims_ok(node, kind) -> bool:

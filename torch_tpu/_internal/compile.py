@@ -119,7 +119,8 @@ def _check_dynamism(example_inputs, dynamism: bool) -> None:
             f"torch_tpu compiled mode: the graph has {why}. Compile with "
             "torch.compile(..., dynamic=False), or bound each dynamic dimension with "
             "torch_tpu.dynamism.mark_dynamic(tensor, dim, min, max) and use "
-            "TpuBackend(dynamism=True).")
+            "TpuBackend(dynamism=True). A size outside the bounds [min, max] of an earlier "
+            "mark_dynamic lands here too: the graph is traced again without bounds.")
 
 
 def _shape_env(example_inputs):
