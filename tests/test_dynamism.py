@@ -122,8 +122,37 @@ def test_reductions_across_the_dynamic_dimension_match_float64(fn, want):
     assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 1
 
 
-def test_an_op_that_bakes_the_size_in_is_refused_by_name():
-    f = torch.compile(lambda t: t.mean(0), backend=backend())
+def test_mean_and_sizes_used_as_values_forward_and_backward_match_float64():
+    # Mean pooling over the dynamic dimension: its divisor, and the backward's, are the
+    # true sizes (program operands), not the bound.
+    w64 = torch.randn(4, 3, dtype=torch.float64)
+    w = w64.float().to("tpu").requires_grad_()
+
+    def fn(t, w):
+        h = (t @ w).tanh()
+        return h.mean(0) * t.shape[0] + h.mean(0) / t.shape[0] + t.mean()
+
+    f = torch.compile(fn, backend=backend())
+    before = torch_tpu.metrics()
+    for n in (3, 9, 5, 16):
+        x64 = torch.randn(n, 4, dtype=torch.float64, requires_grad=True)
+        xt = x64.detach().float().to("tpu").requires_grad_()
+        dynamism.mark_dynamic(xt, 0, 2, 16)
+        w.grad = None
+        got = f(xt, w)
+        got.sum().backward()
+        w_ref = w64.clone().requires_grad_()
+        want = fn(x64, w_ref)
+        want.sum().backward()
+        torch.testing.assert_close(got.detach().cpu().double(), want.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(xt.grad.cpu().double(), x64.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(w.grad.cpu().double(), w_ref.grad, rtol=1e-5, atol=1e-5)
+    torch_tpu.synchronize()
+    assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 2
+
+
+def test_an_op_not_known_right_across_a_dynamic_dimension_is_refused_by_name():
+    f = torch.compile(lambda t: t.flip(0), backend=backend())
     x = torch.randn(5, 3).to("tpu")
     dynamism.mark_dynamic(x, 0, 2, 16)
     with pytest.raises(Exception) as e:
@@ -132,7 +161,7 @@ def test_an_op_that_bakes_the_size_in_is_refused_by_name():
     while err is not None and not isinstance(err, NotImplementedError):
         err = getattr(err, "inner_exception", None) or err.__cause__
     assert isinstance(err, NotImplementedError), repr(e.value)
-    assert "aten.mean.dim" in str(err) and "dynamic dimension" in str(err)
+    assert "aten.flip.default" in str(err) and "dynamic dimension" in str(err)
 
 
 def test_unbounded_symint_error_still_names_the_fixes():

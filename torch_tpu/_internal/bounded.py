@@ -58,7 +58,7 @@ _SIZE_ARGS_OK = {aten._scaled_dot_product_fused_attention_overrideable_backward.
 # Ops fine while they act on static dimensions only (their argument names them).
 _STATIC_DIM_OPS = {
     aten.native_layer_norm.default: "normalized", aten.native_layer_norm_backward.default: "normalized",
-    aten.mean.dim: "dims", aten.cat.default: "dim", aten.split.Tensor: "dim",
+    aten.cat.default: "dim", aten.split.Tensor: "dim",
     aten.split_with_sizes.default: "dim", aten.select.int: "dim", aten.slice.Tensor: "dim",
 }
 
@@ -120,19 +120,42 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
             if _static_dims_ok(n, _STATIC_DIM_OPS[op]):
                 continue
             _refuse(op, "acts on a dynamic dimension")
+        if op in _MEANS:
+            x = _val(n.args[0])
+            if _structural(x) or not set(_mean_dims(n)) & set(_dyn_dims(x)):
+                continue  # the divisor is corrected with the true sizes
+            _refuse(op, "averages over a flattened dynamic dimension")
         if torch.Tag.pointwise in op.tags:
-            if uses_size:
-                _refuse(op, "uses a dynamic size as a value")
-            continue
+            for a in ins:
+                if isinstance(_val(a), torch.SymInt) and not _polynomial(_expr(_val(a))):
+                    _refuse(op, f"uses the dynamic size {_val(a)} as a value")
+            continue  # sizes used as values become program operands
         _refuse(op, "is not in the list of ops supported across a dynamic dimension")
+
+
+_MEANS = {aten.mean.dim, aten.mean.default}
+
+
+def _mean_dims(n):
+    x = _val(n.args[0])
+    dims = n.args[1] if n.target is aten.mean.dim and len(n.args) > 1 else None
+    return [d % x.dim() for d in dims] if dims else list(range(x.dim()))
+
+
+def _polynomial(e) -> bool:
+    if isinstance(e, (sympy.Symbol, sympy.Integer)):
+        return True
+    if isinstance(e, (sympy.Add, sympy.Mul)):
+        return all(_polynomial(a) for a in e.args)
+    return isinstance(e, sympy.Pow) and e.exp.is_Integer and e.exp > 0 and _polynomial(e.base)
 
 
 def _refuse(op, why):
     raise NotImplementedError(
         f"torch_tpu bounded dynamism: {op} {why}; one program for every size cannot be built "
-        f"for it. Supported across dynamic dimensions: pointwise ops, shape ops, sum/amax/amin, "
-        f"softmax, mm/bmm/addmm, embedding, nll_loss, scaled_dot_product_attention; layer_norm, "
-        f"mean, cat, split, select over static dimensions. Mark fewer dimensions dynamic or "
+        f"for it. Supported across dynamic dimensions: pointwise ops, shape ops, sum/mean/amax/"
+        f"amin, softmax, mm/bmm/addmm, embedding, nll_loss, causal scaled_dot_product_attention;"
+        f" layer_norm, cat, split, select over static dimensions. Mark fewer dimensions dynamic or "
         f"compile with dynamic=False.")
 
 
@@ -182,6 +205,26 @@ class _Builder:
     def padded(self, v):
         return [_eval(_expr(s), self.bounds) for s in v.shape]
 
+    def size_value(self, e):
+        """A 0-d int64 tensor (or int) holding the polynomial `e` of the true sizes."""
+        if isinstance(e, sympy.Integer):
+            return int(e)
+        if isinstance(e, sympy.Symbol):
+            return self.sizes[e]
+        if isinstance(e, sympy.Pow):
+            parts = [self.size_value(e.base)] * int(e.exp)
+        else:
+            parts = [self.size_value(a) for a in e.args]
+        acc = parts[0]
+        for p in parts[1:]:
+            if isinstance(acc, int):
+                acc, p = p, acc
+            if isinstance(e, sympy.Add):
+                acc = self.call(aten.add.Scalar if isinstance(p, int) else aten.add.Tensor, acc, p)
+            else:
+                acc = self.call(aten.mul.Scalar if isinstance(p, int) else aten.mul.Tensor, acc, p)
+        return acc
+
     def structural_mask(self, v):
         """Validity of a tensor whose dynamic dimensions are bare symbols."""
         shape = self.padded(v)
@@ -194,6 +237,32 @@ class _Builder:
             c = self.call(aten.view.default, c, [shape[d] if i == d else 1 for i in range(len(shape))])
             m = c if m is None else self.call(aten.logical_and.default, m, c)
         return None if m is None else self.call(aten.expand.default, m, shape)
+
+
+def _tensor_overload(op):
+    """div.Scalar -> div.Tensor: the overload that takes the size as a 0-d tensor."""
+    name = op._overloadname.replace("Scalar", "Tensor")
+    tensor_op = getattr(op.overloadpacket, name, None)
+    if tensor_op is None:
+        _refuse(op, "uses a dynamic size as a value and has no Tensor overload")
+    return tensor_op
+
+
+def _mean(b, n, args, kwargs, m_of):
+    """mean over dynamic dimensions: the padded sum over the true count."""
+    x = _val(n.args[0])
+    dyn = [d for d in _mean_dims(n) if d in _dyn_dims(x)]
+    if not dyn:
+        return b.g.call_function(n.target, tuple(args), kwargs)
+    args = list(args)
+    args[0] = _filled(b, n, 0, args[0], m_of(n.args[0]), 0)
+    out = b.g.call_function(n.target, tuple(args), kwargs)  # divides by the padded count
+    padded = b.padded(x)
+    count = 1
+    for d in dyn:
+        count *= padded[d]
+    true = b.size_value(sympy.Mul(*[_expr(x.shape[d]) for d in dyn]))
+    return b.call(aten.div.Tensor, b.call(aten.mul.Scalar, out, count), true)
 
 
 def _fill(b, x, m, value):
@@ -244,7 +313,18 @@ def _rewrite(gm, b, mask_inputs):
         op = n.target
         if op in _MASKED_OPS or op in _STATIC_DIM_OPS:
             args = _sanitize(b, n, list(args), m_of)
-        env[n] = b.g.call_function(op, tuple(args), kwargs)
+        if isinstance(op, torch._ops.OpOverload) and torch.Tag.pointwise in op.tags:
+            # A size used as a value: the true size, from the program's size operands.
+            sized = [isinstance(a, torch.fx.Node) and isinstance(_val(a), torch.SymInt)
+                     for a in n.args]
+            if any(sized):
+                args = [b.size_value(_expr(_val(a))) if z else e
+                        for a, e, z in zip(n.args, args, sized)]
+                op = _tensor_overload(op)
+        if op in _MEANS:
+            env[n] = _mean(b, n, args, kwargs, m_of)
+        else:
+            env[n] = b.g.call_function(op, tuple(args), kwargs)
         env[n].meta = dict(n.meta)
         # The output's mask.
         v = _val(n)
