@@ -8,7 +8,8 @@ op reduces, contracts or mixes across a dynamic dimension, the padded part of it
 is first filled with the op's identity (`where(mask, x, fill)`: 0 for sums and matmuls,
 -inf for softmax and amax, ignore_index for nll_loss targets), the mask being computed
 in the program from the sizes; everything else is row-wise and leaves garbage only in
-the padding. Outputs come back padded; the caller sees a view of their valid prefix.
+the padding. A size used as a value (mean's divisor, `x * t.shape[0]`, the backward of a
+mean) is computed from the size operands, never taken from the bound. Outputs come back padded; the caller sees a view of their valid prefix.
 Tensors saved for the backward stay padded (with their mask, when a flattened dimension
 makes the mask not follow from the shape).
 
@@ -16,7 +17,7 @@ Why not XLA's own bounded dynamism (`stablehlo.set_dimension_size`): the XLA CPU
 runs it, masking reductions and dots, but the dynamic sizes do not flow through the
 per-op functions our fused programs call (tested: an elementwise op in its own function
 loses them), and sizes baked into lowerings as constants (mean's divisor) would stay
-wrong anyway. So each op that touches a dynamic dimension must be in a listed set
+wrong anyway (they need the same op-by-op care either way). So each op that touches a dynamic dimension must be in a listed set
 (checked when the graph is lowered); any other raises NotImplementedError naming it
 rather than computing silently wrong values.
 """
