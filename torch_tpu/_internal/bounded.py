@@ -82,9 +82,6 @@ def _static_dims_ok(node, kind) -> bool:
     if kind == "normalized":
         k = len(node.args[1] if node.target is aten.native_layer_norm.default else node.args[2])
         dims = range(x.dim() - k, x.dim())
-    elif kind == "dims":
-        d = node.args[1] if len(node.args) > 1 else None
-        dims = range(x.dim()) if d is None else d
     else:
         pos = 2 if node.target in (aten.split.Tensor, aten.split_with_sizes.default) else 1
         dim = node.args[pos] if len(node.args) > pos else node.kwargs.get("dim", 0)
@@ -92,8 +89,10 @@ def _static_dims_ok(node, kind) -> bool:
             # A slice that keeps the whole dimension is fine.
             start = node.args[2] if len(node.args) > 2 else 0
             end = _val(node.args[3]) if len(node.args) > 3 else None
-            full = end is None or (isinstance(end, int) and end >= 2 ** 62) or end == x.shape[dim]
-            return start == 0 and full
+            step = node.args[4] if len(node.args) > 4 else 1
+            full = end is None or (isinstance(end, int) and end >= 2 ** 62) or \
+                _expr(end) == _expr(x.shape[dim])  # compared as expressions: no guard
+            return start == 0 and step == 1 and full
         dims = [dim]
     return not any((d % x.dim()) in dyn for d in dims)
 
@@ -266,12 +265,19 @@ def _mean(b, n, args, kwargs, m_of):
     return b.call(aten.div.Tensor, b.call(aten.mul.Scalar, out, count), true)
 
 
-def _fill(b, x, m, value):
+def _fill(b, x, m, value, dtype):
     if m is None:
         return x
     if m is _UNKNOWN:
         return _UNKNOWN
-    return b.call(aten.where.ScalarOther, m, x, value)
+    if dtype == torch.bool:
+        value = bool(value)
+    elif not dtype.is_floating_point and abs(value) == float("inf"):
+        info = torch.iinfo(dtype)
+        value = info.min if value < 0 else info.max
+    # A 0-d tensor of x's dtype, so that the result keeps it.
+    v = b.call(aten.scalar_tensor.default, value, dtype=dtype, device=b.device)
+    return b.call(aten.where.self, m, x, v)
 
 
 def _rewrite(gm, b, mask_inputs):
@@ -440,7 +446,7 @@ def _sanitize(b, n, args, m_of):
 
 
 def _filled(b, n, i, x, m, value):
-    r = _fill(b, x, m, value)
+    r = _fill(b, x, m, value, _val(n.args[i]).dtype)
     if r is _UNKNOWN:
         raise NotImplementedError(
             f"torch_tpu bounded dynamism: argument {i} of {n.target} has a dynamic dimension "
