@@ -173,3 +173,30 @@ def test_unbounded_symint_error_still_names_the_fixes():
         err = getattr(err, "inner_exception", None) or err.__cause__
     assert isinstance(err, NotImplementedError), repr(e.value)
     assert "dynamic=False" in str(err) and "mark_dynamic" in str(err)
+
+
+def test_returning_a_flattened_dynamic_dimension_is_refused_clearly():
+    f = torch.compile(lambda t: (t * 2).reshape(-1), backend=backend())
+    x = torch.randn(5, 3).to("tpu")
+    dynamism.mark_dynamic(x, 0, 2, 16)
+    with pytest.raises(Exception) as e:
+        f(x)
+    err = e.value
+    while err is not None and not isinstance(err, NotImplementedError):
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    assert isinstance(err, NotImplementedError), repr(e.value)
+    assert "compound dynamic shape" in str(err) and "3*s" in str(err)
+
+
+def test_integer_and_bool_tensors_across_the_dynamic_dimension_keep_their_dtype():
+    # All negative: an unmasked zero of the padding would win the amax.
+    f = torch.compile(lambda t: ((t > 0).long().sum(0), (-t.abs() - 1).long().amax(0)),
+                      backend=backend())
+    for n in (4, 11):
+        x = torch.randn(n, 5) * 10
+        xt = x.to("tpu")
+        dynamism.mark_dynamic(xt, 0, 2, 16)
+        cnt, mx = f(xt)
+        assert cnt.dtype == torch.int64 and mx.dtype == torch.int64
+        assert torch.equal(cnt.cpu(), (x > 0).long().sum(0))
+        assert torch.equal(mx.cpu(), (-x.abs() - 1).long().amax(0))
