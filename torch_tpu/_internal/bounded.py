@@ -14,8 +14,8 @@ Tensors saved for the backward stay padded (with their mask, when a flattened di
 makes the mask not follow from the shape).
 
 Why not XLA's own bounded dynamism (`stablehlo.set_dimension_size`): the XLA CPU plugin
-runs it, masking reductions and dots, but the dynamic sizes do not flow through the per-
-op functions our fused programs call (tested: an elementwise op in its own function
+runs it, masking reductions and dots, but the dynamic sizes do not flow through the
+per-op functions our fused programs call (tested: an elementwise op in its own function
 loses them), and sizes baked into lowerings as constants (mean's divisor) would stay
 wrong anyway (they need the same op-by-op care either way). So each op that touches a
 dynamic dimension must be in a listed set (bounded_ops.py, checked when the graph is
