@@ -17,14 +17,17 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const std::optional<at::Tensor>& mask, double dropout_p, bool,
                          std::optional<double>, bool enable_gqa) {
   bool dense = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && !q.is_nested();
-  bool same_heads = dense && q.size(1) == k.size(1) && k.size(1) == v.size(1) &&
-                    q.size(0) == k.size(0) && k.size(0) == v.size(0) &&
-                    v.size(3) == q.size(3);  // the flash kernels' output has q's head size
+  // sym_size: under Dynamo's fake tensors a plain size() would specialize every dimension
+  // (a bounded dynamic sequence length among them).
+  auto sz = [](const at::Tensor& t, int64_t d) { return t.sym_size(d); };
+  bool same_heads = dense && sz(q, 1) == sz(k, 1) && sz(k, 1) == sz(v, 1) &&
+                    sz(q, 0) == sz(k, 0) && sz(k, 0) == sz(v, 0) &&
+                    sz(v, 3) == sz(q, 3);  // the flash kernels' output has q's head size
   bool floats = q.is_floating_point() && k.scalar_type() == q.scalar_type() &&
                 v.scalar_type() == q.scalar_type();
   bool mask_ok = !mask || !mask->defined() || !mask->requires_grad();
   if (dense && same_heads && floats && mask_ok && dropout_p == 0.0 && !enable_gqa &&
-      q.size(2) > 0 && k.size(2) > 0)
+      sz(q, 2) > 0 && sz(k, 2) > 0)
     return kOverrideable;
   return kMath;
 }
@@ -49,7 +52,7 @@ attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal,
                                                                      bias, scale);
   at::Tensor none = at::empty({0}, q.options().dtype(at::kLong));
-  return {laid_out_like(out, q), lse, none, none, c10::SymInt(q.size(2)), c10::SymInt(k.size(2)), none, none, none};
+  return {laid_out_like(out, q), lse, none, none, q.sym_size(2), k.sym_size(2), none, none, none};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(

@@ -119,7 +119,8 @@ def _check_dynamism(example_inputs, dynamism: bool) -> None:
             f"torch_tpu compiled mode: the graph has {why}. Compile with "
             "torch.compile(..., dynamic=False), or bound each dynamic dimension with "
             "torch_tpu.dynamism.mark_dynamic(tensor, dim, min, max) and use "
-            "TpuBackend(dynamism=True).")
+            "TpuBackend(dynamism=True). A size outside the bounds [min, max] of an earlier "
+            "mark_dynamic lands here too: the graph is traced again without bounds.")
 
 
 def _shape_env(example_inputs):
@@ -167,6 +168,9 @@ class TpuBackend:
             counters["compiled_lowering_seconds"] += time.perf_counter() - t0
 
     def _lower(self, gm: torch.fx.GraphModule, example_inputs):
+        if _symbols(example_inputs):  # bounded (checked): one program for the bound
+            from .bounded import BoundedGraph, user_outputs
+            return BoundedGraph(gm, lambda g: _CompiledGraph(g, self.debug), user_outputs(gm))
         return _CompiledGraph(gm, self.debug)
 
 

@@ -1,10 +1,9 @@
 """Bounded dynamism for compiled mode: `mark_dynamic(tensor, dim, min, max)`.
 
 A dimension marked dynamic with bounds lets one Dynamo graph serve every size in
-[min, max] (no Dynamo recompile per size). Lowering records the graph per call with its
-concrete sizes, so each distinct size is its own fused program, compiled once and cached:
-at most max - min + 1 programs per graph. Padding to the bound (one program) is not done.
-Compiled mode refuses dynamic sizes without bounds (NotImplementedError).
+[min, max] (no Dynamo recompile per size), and with TpuBackend(dynamism=True) one
+compiled program: the graph runs padded to the bound with the true size as an operand
+(bounded.py). Compiled mode refuses dynamic sizes without bounds (NotImplementedError).
 """
 import torch
 

@@ -1,0 +1,202 @@
+"""Bounded dynamic shapes in compiled mode: one program for every size up to the bound."""
+import copy
+import os
+import sys
+
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu import dynamism
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from gpt import GPT  # noqa: E402
+
+LENGTHS = [17, 128, 23, 31, 40, 47, 55, 64, 70, 77, 83, 90, 96, 101, 107, 112, 115, 120, 124, 18]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def delta(before, after, *keys):
+    return {k: after[k] - before[k] for k in keys}
+
+
+def backend():
+    return torch_tpu.TpuBackend(dynamism=True)
+
+
+def test_variable_length_gpt_one_compile_per_graph_and_exact_values():
+    torch.manual_seed(0)
+    ref = GPT(seq=128).double()  # CPU float64 reference
+    model = copy.deepcopy(ref).float().to("tpu")
+    step = torch.compile(model, backend=backend())
+    g = torch.Generator().manual_seed(1)
+    graph_compiles = 0
+    for t in LENGTHS:
+        idx = torch.randint(0, 64, (2, t), generator=g)
+        tgt = torch.randint(0, 64, (2, t), generator=g)
+        g_logits = torch.randn(2, t, 64, generator=g, dtype=torch.float64) * 0.1
+        idx_t, tgt_t, g_logits_t = idx.to("tpu"), tgt.to("tpu"), g_logits.float().to("tpu")
+        one = torch.ones(()).to("tpu")
+        dynamism.mark_dynamic(idx_t, 1, 17, 128)
+        dynamism.mark_dynamic(tgt_t, 1, 17, 128)
+        model.zero_grad()
+        torch_tpu.synchronize()
+        before = torch_tpu.metrics()
+        logits, loss = step(idx_t, tgt_t)
+        # A gradient for the logits too (an unused output's zero gradient would be an
+        # eager op of its own, per size, in DeferAndFuse).
+        torch.autograd.backward((loss, logits), (one, g_logits_t))
+        torch_tpu.synchronize()
+        graph_compiles += delta(before, torch_tpu.metrics(), "graph_compiles")["graph_compiles"]
+
+        ref.zero_grad()
+        want_logits, want_loss = ref(idx, tgt)
+        torch.autograd.backward((want_loss, want_logits), (torch.ones_like(want_loss), g_logits))
+        assert logits.shape == (2, t, 64)
+        torch.testing.assert_close(logits.cpu().double(), want_logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loss.cpu().double(), want_loss, rtol=1e-5, atol=1e-5)
+        for (name, p), pr in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.cpu().double(), pr.grad, rtol=1e-5, atol=1e-5,
+                                       msg=lambda m: f"length {t}, grad of {name}: {m}")
+    m = torch_tpu.metrics()
+    assert graph_compiles == 2, graph_compiles  # one forward and one backward program
+    assert m["compiled_recompiles"] == 0
+
+
+def test_size_outside_the_bounds_raises_a_clear_error():
+    f = torch.compile(lambda t: t.softmax(0), backend=backend())
+    x = torch.randn(6, 3).to("tpu")
+    dynamism.mark_dynamic(x, 0, 2, 8)
+    f(x)
+    with pytest.raises(ValueError, match="outside"):
+        dynamism.mark_dynamic(torch.randn(9, 3).to("tpu"), 0, 2, 8)
+    # Called with a size past the bound, the graph is traced again without bounds.
+    with pytest.raises(Exception) as e:
+        f(torch.randn(9, 3).to("tpu"))
+    err = e.value
+    while err is not None and not isinstance(err, NotImplementedError):
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    assert isinstance(err, NotImplementedError), repr(e.value)
+    assert "outside the bounds" in str(err) and "mark_dynamic" in str(err)
+    # The program itself refuses a size past its bound.
+    from torch_tpu._internal.bounded import BoundedGraph
+    graphs = []
+    orig = BoundedGraph.__init__
+
+    def keep(self, *a, **k):
+        orig(self, *a, **k)
+        graphs.append(self)
+    BoundedGraph.__init__ = keep
+    try:
+        torch._dynamo.reset()
+        f = torch.compile(lambda t: t.softmax(0), backend=backend())
+        f(x)
+    finally:
+        BoundedGraph.__init__ = orig
+    with pytest.raises(ValueError, match=r"size 9 is outside the bounds \[2, 8\]"):
+        graphs[0]([torch.randn(9, 3).to("tpu")] if len(graphs[0]._ins) == 1 else
+                  [9, torch.randn(9, 3).to("tpu")])
+
+
+@pytest.mark.parametrize("fn,want", [
+    (lambda t: t.exp().sum(0), lambda t: t.exp().sum(0)),
+    (lambda t: (t * 2).softmax(0), lambda t: (t * 2).softmax(0)),
+    (lambda t: t.amax(0) + t.log_softmax(1).sum(0), lambda t: t.amax(0) + t.log_softmax(1).sum(0)),
+    (lambda t: t.t() @ t.exp(), lambda t: t.t() @ t.exp()),
+])
+def test_reductions_across_the_dynamic_dimension_match_float64(fn, want):
+    f = torch.compile(fn, backend=backend())
+    before = torch_tpu.metrics()
+    for n in (3, 7, 5, 16, 2):
+        x = torch.randn(n, 4, dtype=torch.float64)
+        xt = x.float().to("tpu")
+        dynamism.mark_dynamic(xt, 0, 2, 16)
+        torch.testing.assert_close(f(xt).cpu().double(), want(x), rtol=1e-5, atol=1e-5)
+    torch_tpu.synchronize()
+    assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 1
+
+
+def test_mean_and_sizes_used_as_values_forward_and_backward_match_float64():
+    # Mean pooling over the dynamic dimension: its divisor, and the backward's, are the
+    # true sizes (program operands), not the bound.
+    w64 = torch.randn(4, 3, dtype=torch.float64)
+    w = w64.float().to("tpu").requires_grad_()
+
+    def fn(t, w):
+        h = (t @ w).tanh()
+        return h.mean(0) * t.shape[0] + h.mean(0) / t.shape[0] + t.mean()
+
+    f = torch.compile(fn, backend=backend())
+    before = torch_tpu.metrics()
+    for n in (3, 9, 5, 16):
+        x64 = torch.randn(n, 4, dtype=torch.float64, requires_grad=True)
+        xt = x64.detach().float().to("tpu").requires_grad_()
+        dynamism.mark_dynamic(xt, 0, 2, 16)
+        w.grad = None
+        got = f(xt, w)
+        got.sum().backward()
+        w_ref = w64.clone().requires_grad_()
+        want = fn(x64, w_ref)
+        want.sum().backward()
+        torch.testing.assert_close(got.detach().cpu().double(), want.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(xt.grad.cpu().double(), x64.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(w.grad.cpu().double(), w_ref.grad, rtol=1e-5, atol=1e-5)
+    torch_tpu.synchronize()
+    assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 2
+
+
+def test_an_op_not_known_right_across_a_dynamic_dimension_is_refused_by_name():
+    f = torch.compile(lambda t: t.flip(0), backend=backend())
+    x = torch.randn(5, 3).to("tpu")
+    dynamism.mark_dynamic(x, 0, 2, 16)
+    with pytest.raises(Exception) as e:
+        f(x)
+    err = e.value
+    while err is not None and not isinstance(err, NotImplementedError):
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    assert isinstance(err, NotImplementedError), repr(e.value)
+    assert "aten.flip.default" in str(err) and "dynamic dimension" in str(err)
+
+
+def test_unbounded_symint_error_still_names_the_fixes():
+    f = torch.compile(lambda t: t * 2, backend="tpu", dynamic=True)
+    with pytest.raises(Exception) as e:
+        f(torch.ones(4, 3, device="tpu"))
+    err = e.value
+    while err is not None and not isinstance(err, NotImplementedError):
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    assert isinstance(err, NotImplementedError), repr(e.value)
+    assert "dynamic=False" in str(err) and "mark_dynamic" in str(err)
+
+
+def test_returning_a_flattened_dynamic_dimension_is_refused_clearly():
+    f = torch.compile(lambda t: (t * 2).reshape(-1), backend=backend())
+    x = torch.randn(5, 3).to("tpu")
+    dynamism.mark_dynamic(x, 0, 2, 16)
+    with pytest.raises(Exception) as e:
+        f(x)
+    err = e.value
+    while err is not None and not isinstance(err, NotImplementedError):
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    assert isinstance(err, NotImplementedError), repr(e.value)
+    assert "compound dynamic shape" in str(err) and "3*s" in str(err)
+
+
+def test_integer_and_bool_tensors_across_the_dynamic_dimension_keep_their_dtype():
+    # All negative: an unmasked zero of the padding would win the amax.
+    f = torch.compile(lambda t: ((t > 0).long().sum(0), (-t.abs() - 1).long().amax(0)),
+                      backend=backend())
+    for n in (4, 11):
+        x = torch.randn(n, 5) * 10
+        xt = x.to("tpu")
+        dynamism.mark_dynamic(xt, 0, 2, 16)
+        cnt, mx = f(xt)
+        assert cnt.dtype == torch.int64 and mx.dtype == torch.int64
+        assert torch.equal(cnt.cpu(), (x > 0).long().sum(0))
+        assert torch.equal(mx.cpu(), (-x.abs() - 1).long().amax(0))

@@ -1,0 +1,509 @@
+"""Bounded dynamic shapes in compiled mode: one program for every size up to the bound.
+
+A graph with dynamic sizes (bounded by `mark_dynamic`) is replayed once with every
+dynamic dimension padded to its bound and the symbols set to their upper bounds, so the
+recorded program has static shapes and the same text for every size: it is compiled
+once. The true sizes are program operands (0-d int64 tensors, one per symbol). Where an
+op reduces, contracts or mixes across a dynamic dimension, the padded part of its inputs
+is first filled with the op's identity (`where(mask, x, fill)`: 0 for sums and matmuls,
+-inf for softmax and amax, ignore_index for nll_loss targets), the mask being computed
+in the program from the sizes; everything else is row-wise and leaves garbage only in
+the padding. A size used as a value (mean's divisor, `x * t.shape[0]`, the backward of a
+mean) is computed from the size operands, never taken from the bound. Outputs come back padded; the caller sees a view of their valid prefix.
+Tensors saved for the backward stay padded (with their mask, when a flattened dimension
+makes the mask not follow from the shape).
+
+Why not XLA's own bounded dynamism (`stablehlo.set_dimension_size`): the XLA CPU plugin
+runs it, masking reductions and dots, but the dynamic sizes do not flow through the
+per-op functions our fused programs call (tested: an elementwise op in its own function
+loses them), and sizes baked into lowerings as constants (mean's divisor) would stay
+wrong anyway (they need the same op-by-op care either way). So each op that touches a
+dynamic dimension must be in a listed set (bounded_ops.py, checked when the graph is
+lowered); any other raises NotImplementedError naming it rather than computing silently
+wrong values.
+"""
+import contextlib
+import operator
+
+import sympy
+import torch
+
+from .bounded_ops import (_MASKED_OPS, _MEANS, _STATIC_DIM_OPS, _dyn_dims, _expr, _mean_dims,
+                          _refuse, _structural, _val, check_graph)
+
+aten = torch.ops.aten
+
+# -- the padded graph -------------------------------------------------------------------------
+# Every tensor is replayed at its padded shape (symbols at their bounds). A tensor whose
+# dynamic dimensions are each a bare symbol keeps its valid data in a prefix of each of
+# them, so its validity mask follows from its shape and the sizes; a tensor with a
+# compound dimension (2*s, a flattened batch) gets the mask of what it was viewed from.
+# Ops that reduce or contract see masked inputs (filled with the reduction's identity).
+
+_SANITIZE_FILL = {aten.amax.default: float("-inf"), aten.amin.default: float("inf")}
+_VIEW_LIKE = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+              aten.expand.default}
+_SAME_MASK = {aten.clone.default, aten.detach.default, aten.alias.default,
+              aten._to_copy.default, aten.contiguous.default}
+_MOVES = {aten.t.default, aten.transpose.int, aten.permute.default, aten.unsqueeze.default,
+          aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.select.int,
+          aten.slice.Tensor}
+_UNKNOWN = object()  # a mask that cannot be told (a compound dimension from another op)
+
+
+def _eval(e, values) -> int:
+    return int(e.xreplace(values))
+
+
+class _Builder:
+    """Builds the padded graph: the original ops plus masks where they are needed."""
+
+    def __init__(self, bounds, device):
+        self.g = torch.fx.Graph()
+        self.bounds = bounds
+        self.device = device
+        self.sizes = {}  # symbol -> placeholder of its true size (0-d int64 tensor)
+
+    def call(self, op, *args, **kwargs):
+        return self.g.call_function(op, args, kwargs)
+
+    def padded(self, v):
+        return [_eval(_expr(s), self.bounds) for s in v.shape]
+
+    def size_value(self, e):
+        """A 0-d int64 tensor (or int) holding the polynomial `e` of the true sizes."""
+        if isinstance(e, sympy.Integer):
+            return int(e)
+        if isinstance(e, sympy.Symbol):
+            return self.sizes[e]
+        if isinstance(e, sympy.Pow):
+            parts = [self.size_value(e.base)] * int(e.exp)
+        else:
+            parts = [self.size_value(a) for a in e.args]
+        acc = parts[0]
+        for p in parts[1:]:
+            if isinstance(acc, int):
+                acc, p = p, acc
+            if isinstance(e, sympy.Add):
+                acc = self.call(aten.add.Scalar if isinstance(p, int) else aten.add.Tensor, acc, p)
+            else:
+                acc = self.call(aten.mul.Scalar if isinstance(p, int) else aten.mul.Tensor, acc, p)
+        return acc
+
+    def structural_mask(self, v):
+        """Validity of a tensor whose dynamic dimensions are bare symbols."""
+        shape = self.padded(v)
+        m = None
+        for d, s in enumerate(v.shape):
+            if not isinstance(s, torch.SymInt):
+                continue
+            r = self.call(aten.arange.default, shape[d], dtype=torch.int64, device=self.device)
+            c = self.call(aten.lt.Tensor, r, self.sizes[s.node.expr])
+            c = self.call(aten.view.default, c, [shape[d] if i == d else 1 for i in range(len(shape))])
+            m = c if m is None else self.call(aten.logical_and.default, m, c)
+        return None if m is None else self.call(aten.expand.default, m, shape)
+
+
+def _tensor_overload(op):
+    """div.Scalar -> div.Tensor: the overload that takes the size as a 0-d tensor."""
+    name = op._overloadname.replace("Scalar", "Tensor")
+    tensor_op = getattr(op.overloadpacket, name, None)
+    if tensor_op is None:
+        _refuse(op, "uses a dynamic size as a value and has no Tensor overload")
+    return tensor_op
+
+
+def _mean(b, n, args, kwargs, m_of):
+    """mean over dynamic dimensions: the padded sum over the true count."""
+    x = _val(n.args[0])
+    dyn = [d for d in _mean_dims(n) if d in _dyn_dims(x)]
+    if not dyn:
+        return b.g.call_function(n.target, tuple(args), kwargs)
+    args = list(args)
+    args[0] = _filled(b, n, 0, args[0], m_of(n.args[0]), 0)
+    out = b.g.call_function(n.target, tuple(args), kwargs)  # divides by the padded count
+    padded = b.padded(x)
+    count = 1
+    for d in dyn:
+        count *= padded[d]
+    true = b.size_value(sympy.Mul(*[_expr(x.shape[d]) for d in dyn]))
+    return b.call(aten.div.Tensor, b.call(aten.mul.Scalar, out, count), true)
+
+
+def _fill(b, x, m, value, dtype):
+    if m is None:
+        return x
+    if m is _UNKNOWN:
+        return _UNKNOWN
+    if dtype == torch.bool:
+        value = bool(value)
+    elif not dtype.is_floating_point and abs(value) == float("inf"):
+        info = torch.iinfo(dtype)
+        value = info.min if value < 0 else info.max
+    # A 0-d tensor of x's dtype, so that the result keeps it.
+    v = b.call(aten.scalar_tensor.default, value, dtype=dtype, device=b.device)
+    return b.call(aten.where.self, m, x, v)
+
+
+def _rewrite(gm, b, mask_inputs):
+    """Copies gm into b.g with masks; returns (outputs, masks of the outputs)."""
+    env, masks = {}, {}
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for p in phs:
+        env[p] = b.g.placeholder(p.name)
+        env[p].meta = dict(p.meta)
+    for s in sorted({e for p in phs for e in _symbols_of(_val(p))}, key=str):
+        b.sizes[s] = b.g.placeholder(f"_tpu_size_{s}")
+    mask_phs = {}
+    for p in phs:
+        if p in mask_inputs:
+            mask_phs[p] = b.g.placeholder(f"_tpu_mask_{p.name}")
+    for p in phs:
+        v = _val(p)
+        if not _dyn_dims(v):
+            masks[p] = None
+        elif _structural(v):
+            masks[p] = b.structural_mask(v)
+        else:
+            masks[p] = mask_phs[p]
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "output"):
+            continue
+        if n.op != "call_function":
+            env[n] = b.g.node_copy(n, lambda a: env[a])
+            masks[n] = None
+            continue
+        args = torch.fx.node.map_arg(n.args, lambda a: env[a])
+        kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
+        m_of = lambda a: masks.get(a) if isinstance(a, torch.fx.Node) else None  # noqa: E731
+        if n.target is operator.getitem:
+            src = m_of(n.args[0])
+            masks[n] = src[n.args[1]] if isinstance(src, list) else None
+            env[n] = b.call(operator.getitem, *args)
+            _fix_structural(b, n, masks)
+            continue
+        op = n.target
+        if op in _MASKED_OPS or op in _STATIC_DIM_OPS:
+            args = _sanitize(b, n, list(args), m_of)
+        if isinstance(op, torch._ops.OpOverload) and torch.Tag.pointwise in op.tags:
+            # A size used as a value: the true size, from the program's size operands.
+            sized = [isinstance(a, torch.fx.Node) and isinstance(_val(a), torch.SymInt)
+                     for a in n.args]
+            if any(sized):
+                args = [b.size_value(_expr(_val(a))) if z else e
+                        for a, e, z in zip(n.args, args, sized)]
+                op = _tensor_overload(op)
+        if op in _MEANS:
+            env[n] = _mean(b, n, args, kwargs, m_of)
+        else:
+            env[n] = b.g.call_function(op, tuple(args), kwargs)
+        env[n].meta = dict(n.meta)
+        # The output's mask.
+        v = _val(n)
+        if isinstance(v, (list, tuple)):
+            first = _val(n.args[0]) if n.args and isinstance(n.args[0], torch.fx.Node) else None
+            masks[n] = [b.structural_mask(x) if _structural(x) and _dyn_dims(x) else
+                        None if not _dyn_dims(x) else
+                        m_of(n.args[0]) if _same_shape(x, first) else _UNKNOWN for x in v]
+        elif not _dyn_dims(v):
+            masks[n] = None
+        elif _structural(v):
+            masks[n] = b.structural_mask(v)
+        else:
+            masks[n] = _compound_mask(b, n, m_of)
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    vals = out.args[0]
+    return [env[o] if isinstance(o, torch.fx.Node) else o for o in vals], \
+        [masks.get(o) if isinstance(o, torch.fx.Node) else None for o in vals]
+
+
+def _fix_structural(b, n, masks):
+    v = _val(n)
+    if masks[n] is _UNKNOWN and _structural(v):
+        masks[n] = b.structural_mask(v)
+
+
+def _symbols_of(v):
+    out = set()
+    for s in ([v] if isinstance(v, torch.SymInt) else list(getattr(v, "shape", []))):
+        if isinstance(s, torch.SymInt):
+            out |= s.node.expr.free_symbols
+    return out
+
+
+def _compound_mask(b, n, m_of):
+    """Mask of an op's output with a compound dimension: views carry their input's."""
+    if n.target in (aten.mm.default, aten.addmm.default):
+        # Rows of the product are the rows of the left operand (K, N static here).
+        a = n.args[0] if n.target is aten.mm.default else n.args[1]
+        ma, mb = m_of(a), m_of(n.args[1] if n.target is aten.mm.default else n.args[2])
+        if ma is None or ma is _UNKNOWN or mb is not None or _dyn_dims(_val(a))[-1:] == [1]:
+            return _UNKNOWN
+        shape = b.padded(_val(n))
+        rows = b.call(aten.view.default, b.call(aten.select.int, ma, 1, 0), [shape[0], 1])
+        return b.call(aten.expand.default, rows, shape)
+    if n.target in _MASKED_OPS or n.target in _STATIC_DIM_OPS:
+        # Row-wise over static dimensions: the output's rows are those of an argument of
+        # its shape (nll_loss_backward: its `self`).
+        for a in n.args:
+            ma = m_of(a)
+            if ma is not None and ma is not _UNKNOWN and _same_shape(_val(n), _val(a)):
+                return ma
+        return _UNKNOWN
+    x = n.args[0] if n.args else None
+    m = m_of(x)
+    if m is None or m is _UNKNOWN:
+        return _UNKNOWN
+    if n.target in _VIEW_LIKE:
+        shape = b.padded(_val(n))
+        return b.call(aten.reshape.default if n.target is not aten.expand.default
+                      else aten.expand.default, m, shape)
+    if n.target in _MOVES:  # the mask moves as the data does
+        rest = [a for a in n.args[1:]]
+        if any(isinstance(a, torch.fx.Node) for a in rest):
+            return _UNKNOWN
+        return b.call(n.target, m, *rest)
+    if n.target in _SAME_MASK or torch.Tag.pointwise in n.target.tags:
+        others = [m_of(a) for a in n.args[1:] if isinstance(a, torch.fx.Node)]
+        for o in others:
+            if o is _UNKNOWN:
+                return _UNKNOWN
+            if o is not None:
+                m = b.call(aten.logical_and.default, m, o)
+        return b.call(aten.expand.default, m, b.padded(_val(n)))
+    return _UNKNOWN
+
+
+def _same_shape(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and \
+        [str(s) for s in a.shape] == [str(s) for s in b.shape]
+
+
+def _sanitize(b, n, args, m_of):
+    """Fills the invalid part of the tensor arguments of a reducing op."""
+    op = n.target
+    need = op in _MASKED_OPS or op is aten.native_layer_norm_backward.default
+    if not need:
+        return args
+    if op in (aten._softmax.default, aten._log_softmax.default):
+        x = _val(n.args[0])
+        if (n.args[1] % x.dim()) in _dyn_dims(x):
+            args[0] = _filled(b, n, 0, args[0], m_of(n.args[0]), float("-inf"))
+        return args
+    if op in (aten._scaled_dot_product_fused_attention_overrideable.default,
+              aten._scaled_dot_product_fused_attention_overrideable_backward.default):
+        causal = n.args[5] if op is aten._scaled_dot_product_fused_attention_overrideable.default \
+            else n.args[13]
+        if not causal or (n.args[3] is not None and isinstance(n.args[3], torch.fx.Node)
+                          and op is aten._scaled_dot_product_fused_attention_overrideable.default):
+            _refuse(op, "needs is_causal=True without a mask across a dynamic dimension "
+                        "(padded keys would be attended)")
+    fill_target = op in (aten.nll_loss_forward.default, aten.nll_loss_backward.default)
+    for i, a in enumerate(n.args):
+        if not isinstance(a, torch.fx.Node) or not isinstance(_val(a), torch.Tensor):
+            continue
+        if fill_target and i == (1 if op is aten.nll_loss_forward.default else 2):
+            ignore = n.args[4] if op is aten.nll_loss_forward.default else n.args[5]
+            args[i] = _filled(b, n, i, args[i], m_of(a), ignore)
+        else:
+            args[i] = _filled(b, n, i, args[i], m_of(a), _SANITIZE_FILL.get(op, 0))
+    return args
+
+
+def _filled(b, n, i, x, m, value):
+    r = _fill(b, x, m, value, _val(n.args[i]).dtype)
+    if r is _UNKNOWN:
+        raise NotImplementedError(
+            f"torch_tpu bounded dynamism: argument {i} of {n.target} has a dynamic dimension "
+            f"whose valid part cannot be told ({_val(n.args[i]).shape})")
+    return r
+
+
+def user_outputs(gm):
+    """How many of a forward graph's outputs reach the user (the rest are saved for the
+    backward); None when all do (inference and backward graphs)."""
+    if any(n.op == "placeholder" and n.name.startswith("tangents") for n in gm.graph.nodes):
+        return None
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    return getattr(meta, "num_forward", None)
+
+
+class BoundedGraph:
+    """Pads inputs to the bound, runs the one program, views outputs at their true sizes."""
+
+    def __init__(self, gm: torch.fx.GraphModule, make_compiled, n_user_outputs=None):
+        self._boxed_call = True  # an instance attribute (see _CompiledGraph)
+        check_graph(gm)
+        phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        vals = [_val(p) for p in phs]
+        syms = set().union(*[_symbols_of(v) for v in vals])
+        env = next(s.node.shape_env for v in vals for s in
+                   ([v] if isinstance(v, torch.SymInt) else list(getattr(v, "shape", [])))
+                   if isinstance(s, torch.SymInt))
+        self._ranges = {s: (int(env.var_to_range[s].lower), int(env.var_to_range[s].upper))
+                        for s in syms}
+        self._bounds = {s: sympy.Integer(hi) for s, (_, hi) in self._ranges.items()}
+        self._syms = sorted(syms, key=str)
+        mask_inputs = [p for p, v in zip(phs, vals) if _dyn_dims(v) and not _structural(v)]
+        self._ins = []
+        for v in vals:
+            if isinstance(v, torch.SymInt):
+                self._ins.append(("sym", _expr(v), None))
+            elif _dyn_dims(v):
+                self._ins.append(("tensor", [_expr(s) for s in v.shape],
+                                  [_eval(_expr(s), self._bounds) for s in v.shape]))
+            else:
+                self._ins.append(("plain", None, None))
+        self._mask_in = [phs.index(p) for p in mask_inputs]
+        dev = next((v.device for v in vals if isinstance(v, torch.Tensor)), torch.device("tpu"))
+        b = _Builder(self._bounds, dev)
+        outs, out_masks = _rewrite(gm, b, set(mask_inputs))
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
+        self._outs = []
+        extra = []
+        n_user = len(outs) if n_user_outputs is None else n_user_outputs
+        for i, (o, m) in enumerate(zip(out_node.args[0], out_masks)):
+            v = _val(o)
+            if isinstance(v, torch.SymInt):
+                self._outs.append(("sym", _expr(v)))
+            elif isinstance(v, torch.Tensor) and _dyn_dims(v):
+                exprs = [_expr(s) for s in v.shape]
+                if _structural(v):
+                    self._outs.append(("tensor", exprs))
+                elif i >= n_user and m is not _UNKNOWN and m is not None:
+                    # Saved for the backward: stays padded, its mask travels beside it.
+                    self._outs.append(("masked", len(extra)))
+                    extra.append(m)
+                else:
+                    raise NotImplementedError(
+                        f"torch_tpu bounded dynamism: output {i} has the compound dynamic shape "
+                        f"{tuple(v.shape)}; return tensors whose dynamic dimensions are each one "
+                        "marked dimension")
+            else:
+                self._outs.append(("plain", None))
+        b.g.output(tuple(outs) + tuple(extra))
+        self._n_out = len(outs)
+        self._inner = make_compiled(torch.fx.GraphModule(gm, b.g))
+
+    def _symbols(self, args):
+        """The true value of each symbol, from SymInt inputs, else from unpadded tensors."""
+        values = {}
+        for (kind, e, _), a in zip(self._ins, args):
+            if kind == "sym" and isinstance(e, sympy.Symbol):
+                values[e] = int(a)
+        for (kind, exprs, padded), a in zip(self._ins, args):
+            if kind != "tensor" or _padded_base(a, padded) is not None:
+                continue
+            for e, s in zip(exprs, a.shape):
+                if isinstance(e, sympy.Symbol) and e not in values:
+                    values[e] = int(s)
+        for s, (lo, hi) in self._ranges.items():
+            if s not in values:
+                raise RuntimeError(f"torch_tpu bounded dynamism: cannot tell the size {s} from "
+                                   "the graph's inputs")
+            if not lo <= values[s] <= hi:
+                raise ValueError(f"torch_tpu bounded dynamism: size {values[s]} is outside the "
+                                 f"bounds [{lo}, {hi}] the program was compiled for "
+                                 "(torch_tpu.dynamism.mark_dynamic)")
+        return {s: sympy.Integer(v) for s, v in values.items()}
+
+    def __call__(self, args):
+        values = self._symbols(args)
+        dev = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "tpu"),
+                   torch.device("tpu"))
+        new_args, in_masks = [], []
+        with _strict():  # padding is per size: its own small programs, not the graph's
+            for (kind, e, padded), a in zip(self._ins, args):
+                if kind == "sym":
+                    new_args.append(_eval(e, self._bounds))
+                elif kind == "tensor":
+                    new_args.append(_pad(a, padded))
+                else:
+                    new_args.append(a)
+        for i in self._mask_in:
+            hit = _lookup(new_args[i], new_args[i].shape)
+            m = hit[1] if hit is not None else None
+            if m is None:
+                raise NotImplementedError(
+                    f"torch_tpu bounded dynamism: input {i} has the compound dynamic shape "
+                    f"{tuple(args[i].shape)} and did not come from a bounded program")
+            in_masks.append(m)
+        for s in self._syms:
+            new_args.append(torch.tensor(int(values[s]), dtype=torch.int64).to(dev))
+        new_args += in_masks
+        args.clear()
+        outs = list(self._inner(new_args))
+        extra = outs[self._n_out:]
+        res = []
+        for (kind, info), o in zip(self._outs, outs):
+            if kind == "sym":
+                res.append(_eval(info, values))
+            elif kind == "tensor":
+                _keep(o)
+                for d, e in enumerate(info):
+                    if e.free_symbols:
+                        o = o.narrow(d, 0, _eval(e, values))
+                res.append(o)
+            elif kind == "masked":
+                _keep(o, extra[info])
+                res.append(o)
+            else:
+                res.append(o)
+        return res
+
+
+# Padded outputs of bounded programs (and the masks of those saved for the backward),
+# by storage and layout: autograd hands the backward other tensor objects, and the
+# caller sees a prefix view. An entry lives while its storage does.
+_PADDED = {}
+
+
+def _padded_key(t, shape):
+    return (t.untyped_storage()._cdata, t.storage_offset(), tuple(t.stride()), tuple(shape))
+
+
+def _keep(t, mask=None):
+    from torch.multiprocessing.reductions import StorageWeakRef
+    for k in [k for k, (ref, _) in _PADDED.items() if ref.expired()]:
+        del _PADDED[k]
+    _PADDED[_padded_key(t, t.shape)] = (StorageWeakRef(t.untyped_storage()), mask)
+
+
+def _lookup(t, shape):
+    hit = _PADDED.get(_padded_key(t, shape))
+    return None if hit is None or hit[0].expired() else hit
+
+
+@contextlib.contextmanager
+def _strict():
+    from .. import _C
+    from .execution_mode import EagerMode
+    prev = _C.get_eager_mode()
+    if prev == EagerMode.DEFER_AND_FUSE.value:
+        _C.flush("before bounded padding")
+        _C.set_eager_mode(EagerMode.DEFER_NEVER.value)
+    try:
+        yield
+    finally:
+        _C.set_eager_mode(prev)
+
+
+def _padded_base(t, padded):
+    """`t` itself when it has the padded shape, or the padded output of a bounded
+    program whose prefix view `t` is; None otherwise."""
+    if list(t.shape) == list(padded):
+        return t
+    if _lookup(t, padded) is not None:
+        return t.as_strided(padded, t.stride(), t.storage_offset())
+    return None
+
+
+def _pad(t, padded):
+    base = _padded_base(t, padded)
+    if base is not None:
+        return base
+    pads = []
+    for s, p in zip(reversed(t.shape), reversed(padded)):
+        pads += [0, p - s]
+    return torch.nn.functional.pad(t, pads)

@@ -1,0 +1,149 @@
+"""Which ATen ops may touch a dynamic dimension of a bounded graph (bounded.py).
+
+Shape ops, pointwise ops and the listed reducing ops are computed right on inputs padded
+to the bound (the reducing ones after bounded.py masks their inputs); any other op that
+touches a dynamic dimension is refused by name rather than computed silently wrong.
+"""
+import operator
+
+import sympy
+import torch
+
+aten = torch.ops.aten
+
+# Shape-only ops: they move data; masks move with it.
+_SHAPE_OPS = {
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default,
+    aten.transpose.int, aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim,
+    aten.squeeze.dims, aten.squeeze.default, aten.expand.default, aten.clone.default,
+    aten.detach.default, aten.alias.default, aten._to_copy.default, aten.arange.default,
+    aten.arange.start, aten.arange.start_step, aten.contiguous.default,
+    # Factories (constant everywhere) and sizes (read at the bound, like every shape).
+    aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format,
+    aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
+    aten.new_empty.default, aten.sym_size.int, aten.sym_numel.default,
+}
+# Ops that reduce or contract across a dynamic dimension (inputs masked first), checked
+# against float64 references in tests/test_dynamism.py.
+_MASKED_OPS = {
+    aten.sum.dim_IntList, aten.amax.default, aten.amin.default,
+    aten._softmax.default, aten._log_softmax.default, aten._softmax_backward_data.default,
+    aten._log_softmax_backward_data.default, aten.mm.default, aten.bmm.default,
+    aten.addmm.default, aten.embedding.default, aten.embedding_dense_backward.default,
+    aten.nll_loss_forward.default, aten.nll_loss_backward.default,
+    aten._scaled_dot_product_fused_attention_overrideable.default,
+    aten._scaled_dot_product_fused_attention_overrideable_backward.default,
+}
+# Their SymInt arguments are sizes (max_q, max_k), not values: the bounds are right.
+_SIZE_ARGS_OK = {aten._scaled_dot_product_fused_attention_overrideable_backward.default}
+# Ops fine while they act on static dimensions only (their argument names them).
+_STATIC_DIM_OPS = {
+    aten.native_layer_norm.default: "normalized", aten.native_layer_norm_backward.default: "normalized",
+    aten.cat.default: "dim", aten.split.Tensor: "dim",
+    aten.split_with_sizes.default: "dim", aten.select.int: "dim", aten.slice.Tensor: "dim",
+}
+
+
+def _val(n):
+    return n.meta.get("val") if isinstance(n, torch.fx.Node) else n
+
+
+def _dyn_dims(v):
+    """Indices of the symbolic dimensions of a fake tensor (or [] for anything else)."""
+    if not isinstance(v, torch.Tensor):
+        return []
+    return [i for i, s in enumerate(v.shape) if isinstance(s, torch.SymInt)]
+
+
+def _static_dims_ok(node, kind) -> bool:
+    """Whether `node` (an op of _STATIC_DIM_OPS) acts only on static dimensions."""
+    x = _val(node.args[0][0] if kind == "dim" and node.target is aten.cat.default else node.args[0])
+    dyn = set(_dyn_dims(x))
+    if kind == "normalized":
+        k = len(node.args[1] if node.target is aten.native_layer_norm.default else node.args[2])
+        dims = range(x.dim() - k, x.dim())
+    else:
+        pos = 2 if node.target in (aten.split.Tensor, aten.split_with_sizes.default) else 1
+        dim = node.args[pos] if len(node.args) > pos else node.kwargs.get("dim", 0)
+        if node.target is aten.slice.Tensor and (dim % x.dim()) in dyn:
+            # A slice that keeps the whole dimension is fine.
+            start = node.args[2] if len(node.args) > 2 else 0
+            end = _val(node.args[3]) if len(node.args) > 3 else None
+            step = node.args[4] if len(node.args) > 4 else 1
+            full = end is None or (isinstance(end, int) and end >= 2 ** 62) or \
+                _expr(end) == _expr(x.shape[dim])  # compared as expressions: no guard
+            return start == 0 and step == 1 and full
+        dims = [dim]
+    return not any((d % x.dim()) in dyn for d in dims)
+
+
+def check_graph(gm: torch.fx.GraphModule) -> None:
+    """Raises NotImplementedError naming the first op that touches a dynamic dimension
+    and is not known to be computed right under bounded dynamism."""
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is operator.getitem:
+            continue
+        if not isinstance(n.target, torch._ops.OpOverload):
+            continue  # SymInt arithmetic (operator.mul, sym_size) on the bounds
+        ins = [a for a in n.all_input_nodes]
+        touches = any(_dyn_dims(_val(a)) for a in ins) or any(
+            _dyn_dims(v) for v in (_val(n) if isinstance(_val(n), (list, tuple)) else [_val(n)]))
+        uses_size = any(isinstance(_val(a), torch.SymInt) for a in ins)
+        if not touches and not uses_size:
+            continue
+        op = n.target
+        if op in _SHAPE_OPS or op in _MASKED_OPS:
+            if uses_size and op not in _SHAPE_OPS and op not in _SIZE_ARGS_OK:
+                _refuse(op, "takes a dynamic size as an argument")
+            continue
+        if op in _STATIC_DIM_OPS:
+            if _static_dims_ok(n, _STATIC_DIM_OPS[op]):
+                continue
+            _refuse(op, "acts on a dynamic dimension")
+        if op in _MEANS:
+            x = _val(n.args[0])
+            if _structural(x) or not set(_mean_dims(n)) & set(_dyn_dims(x)):
+                continue  # the divisor is corrected with the true sizes
+            _refuse(op, "averages over a flattened dynamic dimension")
+        if torch.Tag.pointwise in op.tags:
+            for a in ins:
+                if isinstance(_val(a), torch.SymInt) and not _polynomial(_expr(_val(a))):
+                    _refuse(op, f"uses the dynamic size {_val(a)} as a value")
+            continue  # sizes used as values become program operands
+        _refuse(op, "is not in the list of ops supported across a dynamic dimension")
+
+
+_MEANS = {aten.mean.dim, aten.mean.default}
+
+
+def _mean_dims(n):
+    x = _val(n.args[0])
+    dims = n.args[1] if n.target is aten.mean.dim and len(n.args) > 1 else None
+    return [d % x.dim() for d in dims] if dims else list(range(x.dim()))
+
+
+def _polynomial(e) -> bool:
+    if isinstance(e, (sympy.Symbol, sympy.Integer)):
+        return True
+    if isinstance(e, (sympy.Add, sympy.Mul)):
+        return all(_polynomial(a) for a in e.args)
+    return isinstance(e, sympy.Pow) and e.exp.is_Integer and e.exp > 0 and _polynomial(e.base)
+
+
+def _refuse(op, why):
+    raise NotImplementedError(
+        f"torch_tpu bounded dynamism: {op} {why}; one program for every size cannot be built "
+        f"for it. Supported across dynamic dimensions: pointwise ops, shape ops, sum/mean/amax/"
+        f"amin, softmax, mm/bmm/addmm, embedding, nll_loss, causal scaled_dot_product_attention;"
+        f" layer_norm, cat, split, select over static dimensions. Mark fewer dimensions dynamic or "
+        f"compile with dynamic=False.")
+
+
+
+def _expr(s):
+    return s.node.expr if isinstance(s, torch.SymInt) else sympy.Integer(int(s))
+
+
+def _structural(v) -> bool:
+    return isinstance(v, torch.Tensor) and all(
+        not isinstance(s, torch.SymInt) or isinstance(s.node.expr, sympy.Symbol) for s in v.shape)
