@@ -18,7 +18,8 @@ def test_baseline_native_entries_stay_native(tmp_path):
     assert len(keys) >= SAMPLE * 0.8
     families = {k.rsplit(".", 1)[0] for k in keys if "." in k}
     assert {"linalg", "nn.functional", "special"} <= families  # spread over the families
-    res = conformance.run(keys, ("float32",), max_samples=3, jobs=2, timeout=120,
+    # The baseline's own sample count: fewer samples could miss what it verified.
+    res = conformance.run(keys, ("float32",), max_samples=base["meta"]["max_samples"], jobs=2, timeout=120,
                           out=str(tmp_path), progress=False)
     lost = conformance.regressions(base, res["entries"])
     assert not lost, "entries native in the baseline are not native now:\n" + "\n".join(lost)
