@@ -8,14 +8,17 @@ from conftest import ROOT
 from torch_tpu import conformance
 
 BASELINE = os.path.join(ROOT, "tests", "conformance_baseline.json")
-SAMPLE = 120
+# At least one entry per op family, then about SAMPLE more by family size: 60 entries at the
+# baseline's sample count (8) cost about what 144 entries at 3 samples did, a few minutes.
+SAMPLE = 24
 
 
 def test_baseline_native_entries_stay_native(tmp_path):
     with open(BASELINE) as f:
         base = json.load(f)
     keys = conformance.stratified_sample(base, SAMPLE)
-    assert len(keys) >= SAMPLE * 0.8
+    assert len(keys) >= SAMPLE
+    assert base["meta"]["max_samples"] is not None  # all samples would not fit CI's minutes
     families = {k.rsplit(".", 1)[0] for k in keys if "." in k}
     assert {"linalg", "nn.functional", "special"} <= families  # spread over the families
     # The baseline's own sample count: fewer samples could miss what it verified.
