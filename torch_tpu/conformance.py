@@ -1,8 +1,14 @@
 """OpInfo conformance: every entry of PyTorch's op_db run on CPU and on tpu, compared.
 
     python -m torch_tpu.conformance [--ops add,nn.functional.*] [--dtype float32,bool]
-        [--jobs 2] [--timeout 60] [--max-samples 8] [--out DIR] [--baseline FILE --check]
+        [--jobs 2] [--timeout 60] [--max-samples N] [--out DIR] [--baseline FILE --check]
         [--compiled]
+
+Samples are the OpInfo's reference inputs (its sample inputs plus the extra ones it lists
+for comparisons with a reference), all of them unless --max-samples caps them, moved to
+each device with their sizes, strides and storage offset (non-contiguous and expanded
+inputs stay so). Each entry's error inputs run too: tpu must raise the exception type CPU
+raises (error-input parity, per entry "match" or "mismatch").
 
 `--compiled` runs each tpu sample through torch.compile(backend="tpu") (compiled mode:
 one fused program per captured graph, and its backward graph) instead of eagerly.
@@ -14,9 +20,15 @@ Per (entry, dtype, direction) the status is one of
   error     tpu raised while the CPU worked (first line of the message is recorded)
   skipped   nothing to compare: no samples, dtype unsupported on CPU, complex or sparse
             inputs, CPU itself raised, not differentiable
+Outputs are compared structurally: the same nesting (tuple, list, named tuple), then per
+leaf the same kind, dtype and shape, then values within the tolerance.
 Ops that draw random numbers (or return uninitialized memory, like empty) cannot match
-CPU's values: their forward is compared by structure, shapes, dtypes and finiteness, and
-recorded with the detail "random: shapes and dtypes compared"; their backward is skipped.
+CPU's values: their samples are compared by structure, shapes, dtypes and finiteness, and
+in float32 each random op with a documented law is tested against it on tpu from a fixed
+seed (conformance_random: Kolmogorov-Smirnov or chi-square); a failed test makes it a
+mismatch. Each record says what was verified ("verified": values, distribution or shape)
+and the summary counts value-verified entries apart from random ones; the backward of a
+random op is skipped.
 Entries run in spawned worker processes with a per-entry timeout, so a crash or a hang
 costs one entry. `--baseline old.json --check` exits non-zero when an entry that was
 native in the baseline is not native now.
@@ -118,15 +130,29 @@ def leaves(sample) -> list:
             if isinstance(t, torch.Tensor)]
 
 
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """A copy of `t` on `device` with t's sizes, strides and storage offset: the storage
+    span t reads is copied and viewed as t views it, so non-contiguous, offset and expanded
+    (overlapping) samples reach the op as they are (a plain .to() makes them contiguous)."""
+    t = t.detach()
+    if t.numel() == 0 or t.is_complex() or t.layout != torch.strided \
+            or t.is_contiguous() and t.storage_offset() == 0:
+        return t.to(device, copy=True)
+    extent = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
+    span = t.as_strided((extent,), (1,), 0).to(device, copy=True)
+    return span.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
 def copy_args(op, sample, device):
-    """(input, args, kwargs) with every tensor a fresh leaf on `device` (requires_grad kept);
-    device arguments ("cpu" in the samples) follow, so factories allocate there too."""
+    """(input, args, kwargs) with every tensor a fresh leaf on `device` (requires_grad kept)
+    of the same layout; device arguments ("cpu" in the samples) follow, so factories
+    allocate there too."""
     def move(t, to=device):
         if isinstance(t, torch.device) and t.type == "cpu" or isinstance(t, str) and t == "cpu":
             return torch.device(device) if isinstance(t, torch.device) else device
         if not isinstance(t, torch.Tensor):
             return t
-        c = t.detach().to(to, copy=True)
+        c = to_device(t, to)
         return c.requires_grad_(t.requires_grad) if c.is_floating_point() else c
     inp = pytree.tree_map(move, sample.input)
     rest = "cpu" if op.name in CPU_ARGS else device
@@ -179,21 +205,39 @@ def to_cpu(out):
     return pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, out)
 
 
-def compare(got, want, op, dtype):
-    """Raises AssertionError when tensor or number leaves of two outputs differ."""
+def same_structure(got, want):
+    """Raises AssertionError unless two outputs nest alike (tuple vs list vs named tuple,
+    lengths, dict keys) with leaves of the same kind, tensors of the same dtype and shape."""
     g, gspec = pytree.tree_flatten(got)
     w, wspec = pytree.tree_flatten(want)
-    if len(g) != len(w):
-        raise AssertionError(f"output structure differs: {gspec} vs {wspec}")
+    if gspec != wspec:
+        raise AssertionError(f"output structure differs: {gspec} on tpu, {wspec} on CPU")
+    for i, (a, b) in enumerate(zip(g, w)):
+        where = f"output {i} of {len(w)}: " if len(w) > 1 else ""
+        if isinstance(b, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                raise AssertionError(f"{where}expected a tensor, got {type(a).__name__}")
+            if a.dtype != b.dtype or a.shape != b.shape:
+                raise AssertionError(f"{where}{a.dtype}{list(a.shape)} on tpu, "
+                                     f"{b.dtype}{list(b.shape)} on CPU")
+        elif type(a) is not type(b):
+            raise AssertionError(f"{where}{type(a).__name__} on tpu, {type(b).__name__} on CPU")
+    return g, w
+
+
+def compare(got, want, op, dtype):
+    """Raises AssertionError when two outputs differ: structure first (same_structure),
+    then values of tensor and number leaves, and equality of any other leaf."""
+    g, w = same_structure(got, want)
     for i, (a, b) in enumerate(zip(g, w)):
         try:
             if isinstance(b, torch.Tensor):
-                if not isinstance(a, torch.Tensor):
-                    raise AssertionError(f"expected a tensor, got {type(a).__name__}")
                 atol, rtol = tolerance(op, dtype, b.dtype)
                 torch.testing.assert_close(a, b, atol=atol, rtol=rtol, equal_nan=True)
             elif isinstance(b, (bool, int, float, complex)):
                 torch.testing.assert_close(a, b, equal_nan=True)
+            elif a != b:
+                raise AssertionError(f"{a!r} on tpu, {b!r} on CPU")
         except AssertionError as e:
             raise AssertionError(f"output {i} of {len(w)}: {e}" if len(w) > 1 else e) from None
 
@@ -217,32 +261,22 @@ def same(a, b) -> bool:
 
 
 RANDOM = "random: shapes and dtypes compared"
+UNINITIALIZED = "uninitialized memory: shapes and dtypes compared"
 
 
 def compare_meta(got, want):
     """Raises AssertionError unless the outputs agree in structure, shapes and dtypes, and
     float outputs are finite wherever CPU's are all finite (values of random ops differ)."""
-    g, gspec = pytree.tree_flatten(got)
-    w, wspec = pytree.tree_flatten(want)
-    if gspec != wspec:
-        raise AssertionError(f"output structure differs: {gspec} vs {wspec}")
+    g, w = same_structure(got, want)
     for i, (a, b) in enumerate(zip(g, w)):
-        if isinstance(b, torch.Tensor):
-            if not isinstance(a, torch.Tensor):
-                raise AssertionError(f"output {i}: expected a tensor, got {type(a).__name__}")
-            if a.shape != b.shape or a.dtype != b.dtype:
-                raise AssertionError(f"output {i}: {a.dtype}{list(a.shape)} on tpu, "
-                                     f"{b.dtype}{list(b.shape)} on CPU")
-            if b.is_floating_point() and b.numel() and bool(torch.isfinite(b).all()) \
-                    and not bool(torch.isfinite(a).all()):
-                raise AssertionError(f"output {i}: non-finite values on tpu only")
-        elif type(a) is not type(b):
-            raise AssertionError(f"output {i}: {type(a).__name__} vs {type(b).__name__}")
+        if isinstance(b, torch.Tensor) and b.is_floating_point() and b.numel() \
+                and bool(torch.isfinite(b).all()) and not bool(torch.isfinite(a).all()):
+            raise AssertionError(f"output {i}: non-finite values on tpu only")
 
 
-def run_sample(op, sample, dtype, backward, random=False):
-    """((status, detail, fallback ops) forward, same for backward or None). `random`: the
-    op's output is known to be undefined (empty & co), so values are not compared."""
+def run_sample(op, sample, dtype, backward, uninitialized=False):
+    """((status, detail, fallback ops) forward, same for backward or None). `uninitialized`:
+    the op's output is undefined memory (empty & co), so values are not compared."""
     def skip(reason):
         return ("skipped", reason, []), ("skipped", reason, []) if backward else None
     ts = leaves(sample)
@@ -259,7 +293,7 @@ def run_sample(op, sample, dtype, backward, random=False):
         want = sample.output_process_fn_grad(want_raw)
     except Exception as e:  # noqa: BLE001 - any CPU failure means nothing to compare
         return skip(f"CPU raised: {first_line(e)}")
-    random = random or seeded.drew or not same(to_cpu(again), to_cpu(want_raw))
+    random = uninitialized or seeded.drew or not same(to_cpu(again), to_cpu(want_raw))
     if any(t.layout != torch.strided for t in pytree.tree_leaves(want_raw)
            if isinstance(t, torch.Tensor)):
         return skip("sparse output")
@@ -275,13 +309,16 @@ def run_sample(op, sample, dtype, backward, random=False):
         err = ("error", first_line(e), grown(before))
         return err, ("error", "forward: " + err[1], []) if backward else None
     fb = grown(before)
+    if wrong and not ts:  # torch.add(2.0, 3.0): no tensor, no device argument, CPU output
+        return skip("no tensor input: the op runs on CPU")
+    kind = UNINITIALIZED if uninitialized else RANDOM if random else ""
     try:
         if wrong:
             raise AssertionError(f"output on {wrong[0]}, not on tpu")
         (compare_meta if random else compare)(*((got, want) if random else (got, want, op, dtype)))
-        fwd = ("fallback" if fb else "native", RANDOM if random else "", fb)
+        fwd = ("fallback" if fb else "native", kind, fb)
     except AssertionError as e:
-        fwd = ("mismatch", mismatch_text(e), fb)
+        fwd = ("mismatch", (kind + "; " if random else "") + mismatch_text(e), fb)
     if not backward:
         return fwd, None
     if random:
@@ -342,8 +379,98 @@ def aggregate(results) -> dict:
     return rec
 
 
-def run_entry(op, dtypes=("float32",), max_samples=8) -> dict:
-    """{dtype: {"fwd": record, "bwd": record (float32 differentiable entries only)}}."""
+def is_random(detail: str) -> bool:
+    return detail.startswith((RANDOM, UNINITIALIZED))
+
+
+def verify_random(op, rec, name, fwd):
+    """Marks what a forward record verified; a random float32 entry with a documented law
+    is tested against it (conformance_random), a failed test making it a mismatch."""
+    kinds = {d for _, d, _ in fwd if is_random(d)}
+    if not kinds:
+        rec["verified"] = "values" if rec["status"] in ("native", "fallback") else "none"
+        return
+    if any(d.startswith(UNINITIALIZED) for d in kinds):
+        rec["verified"] = "shape"
+        rec["random"] = "uninitialized"
+        return
+    rec["random"] = "drawn"
+    law = None
+    if name == "float32" and rec["status"] in ("native", "fallback"):
+        from torch_tpu import conformance_random
+        try:
+            law = conformance_random.check(entry_key(op))
+            torch_tpu.synchronize()
+        except Exception as e:  # noqa: BLE001 - the op failed on its distribution's draws
+            rec.update(status="error", message=f"distribution check: {first_line(e)}")
+            rec["verified"] = "none"
+            return
+    if law is None:
+        rec["verified"] = "shape"
+        return
+    rec["distribution"] = law
+    if law["ok"]:
+        rec["verified"] = "distribution"
+    else:
+        rec["verified"] = "none"
+        rec["status"] = "mismatch"
+        rec["message"] = (f"distribution: {law['test']} p={law['p']:.2g} against {law['law']}"
+                          + (f" ({law['why']})" if law.get("why") else ""))
+
+
+def run_error_inputs(op, max_samples=None):
+    """Error-input parity: each of the OpInfo's error inputs that raises on CPU must raise
+    the same exception type on tpu. A record with status match / mismatch / skipped and
+    samples {"match": n, "mismatch": m, "skipped": k}; None without error inputs."""
+    if op.error_inputs_func is None:
+        return None
+    results = []
+    try:
+        errs = iter(op.error_inputs("cpu"))
+    except Exception as e:  # noqa: BLE001
+        return {"status": "skipped", "reason": f"error inputs raised: {first_line(e)}", "samples": {}}
+    while max_samples is None or len(results) < max_samples:
+        try:
+            ei = next(errs)
+        except StopIteration:
+            break
+        except Exception as e:  # noqa: BLE001 - the generator itself failed
+            results.append(("skipped", f"error inputs raised: {first_line(e)}"))
+            break
+        results.append(error_input_parity(op, ei.sample_input))
+    counts = collections.Counter(s for s, _ in results)
+    status = "mismatch" if counts["mismatch"] else "match" if counts["match"] else "skipped"
+    rec = {"status": status, "samples": dict(counts)}
+    msg = next((d for s, d in results if s == status and d), "")
+    if msg:
+        rec["message" if status != "skipped" else "reason"] = msg
+    return rec
+
+
+def error_input_parity(op, sample):
+    """("match" | "mismatch" | "skipped", detail) for one error input."""
+    ts = leaves(sample)
+    if any(t.device.type != "cpu" or t.layout != torch.strided for t in ts):
+        return "skipped", "meta or sparse input"
+    try:
+        to_cpu(call(op, sample, "cpu")[0])
+        return "skipped", "CPU did not raise"
+    except Exception as e:  # noqa: BLE001
+        want = e
+    try:
+        to_cpu(call(op, sample, "tpu")[0])
+        torch_tpu.synchronize()
+    except Exception as e:  # noqa: BLE001
+        if type(e) is type(want):
+            return "match", ""
+        return "mismatch", f"tpu raised {first_line(e)}; CPU raised {first_line(want)}"
+    return "mismatch", f"tpu did not raise; CPU raised {first_line(want)}"
+
+
+def run_entry(op, dtypes=("float32",), max_samples=None) -> dict:
+    """{dtype: {"fwd": record, "bwd": record (float32 differentiable entries only)},
+    "error_inputs": {"raise": record} (entries with error inputs)}. max_samples None: all
+    of the OpInfo's reference inputs."""
     out = {}
     supported = op.supported_dtypes("cpu")
     for name in dtypes:
@@ -358,11 +485,11 @@ def run_entry(op, dtypes=("float32",), max_samples=8) -> dict:
         fwd, bwd = [], []
         torch.manual_seed(0)
         try:
-            samples = iter(op.sample_inputs("cpu", dtype, requires_grad=grad))
+            samples = iter(op.reference_inputs("cpu", dtype, requires_grad=grad))
         except Exception as e:  # noqa: BLE001
             samples = iter(())
             fwd.append(("skipped", f"sample inputs raised: {first_line(e)}", []))
-        for _ in range(max_samples):
+        while max_samples is None or len(fwd) < max_samples:
             try:
                 sample = next(samples)
             except StopIteration:
@@ -376,9 +503,14 @@ def run_entry(op, dtypes=("float32",), max_samples=8) -> dict:
             if b:
                 bwd.append(b)
         out[name] = {"fwd": aggregate(fwd)}
+        verify_random(op, out[name]["fwd"], name, fwd)
         if backward:
             # No backward records: no samples, or the generator raised (its skip says why).
             out[name]["bwd"] = aggregate(bwd or [r for r in fwd if r[0] == "skipped"])
+    if not COMPILED:  # Dynamo wraps exceptions in its own types: parity is an eager check
+        errs = run_error_inputs(op, max_samples)
+        if errs is not None:
+            out["error_inputs"] = {"raise": errs}
     return out
 
 
@@ -391,6 +523,8 @@ def failed_entry(op, dtypes, message) -> dict:
             out[name] = {"fwd": rec}
             if name == "float32" and differentiable(op):
                 out[name]["bwd"] = rec
+    if op.error_inputs_func is not None and not COMPILED:
+        out["error_inputs"] = {"raise": rec}
     return out
 
 
@@ -419,18 +553,45 @@ def run_key(key, dtypes, max_samples, compiled=False):
 
 # ---------------------------------------------------------------- reports
 
+def pct(n, total) -> float:
+    return round(100.0 * n / total, 1) if total else 0.0
+
+
 def summarize(entries: dict, wall_s: float) -> dict:
-    """Totals and percentages per status for float32 forward and backward."""
+    """Totals and percentages per status for float32 forward and backward; how many float32
+    forwards were verified by value (native: no fallback either), by distribution (random
+    ops) or by shape only; error-input parity."""
     out = {"entries": len(entries), "wall_s": round(wall_s, 1)}
     for d in ("fwd", "bwd"):
         recs = [e["float32"][d] for e in entries.values() if d in e.get("float32", {})]
         c = collections.Counter(r["status"] for r in recs)
         out[d] = {"total": len(recs),
                   **{s: c[s] for s in STATUSES},
-                  **{f"{s}_pct": round(100.0 * c[s] / len(recs), 1) if recs else 0.0
-                     for s in STATUSES},
-                  "native_random": sum(r["status"] == "native" and r.get("message") == RANDOM
-                                       for r in recs)}
+                  **{f"{s}_pct": pct(c[s], len(recs)) for s in STATUSES}}
+    fwd = [e["float32"]["fwd"] for e in entries.values() if "fwd" in e.get("float32", {})]
+    rnd = [r for r in fwd if r.get("random")]
+    v = out["fwd"]
+    v["value_verified_native"] = sum(r["status"] == "native" and r.get("verified") == "values"
+                                     for r in fwd)
+    v["value_verified_native_pct"] = pct(v["value_verified_native"], len(fwd))
+    v["random"] = len(rnd)
+    v["random_distribution_pass"] = sum(r.get("verified") == "distribution" for r in rnd)
+    v["random_distribution_fail"] = sum("distribution" in r and not r["distribution"]["ok"]
+                                        for r in rnd)
+    v["random_shape_only"] = sum(r.get("verified") == "shape" for r in rnd)
+    v["random_distribution_pct"] = pct(v["random_distribution_pass"], len(rnd))
+    errs = [e["error_inputs"]["raise"] for e in entries.values() if "error_inputs" in e]
+    c = collections.Counter(r["status"] for r in errs)
+    n_in = collections.Counter()
+    for r in errs:
+        n_in.update(r.get("samples", {}))
+    compared = c["match"] + c["mismatch"] + c["error"]
+    out["error_inputs"] = {"entries": len(errs), "match": c["match"], "mismatch": c["mismatch"],
+                           "error": c["error"], "skipped": c["skipped"],
+                           "match_pct": pct(c["match"], compared),
+                           "inputs_match": n_in["match"], "inputs_mismatch": n_in["mismatch"],
+                           "inputs_skipped": n_in["skipped"],
+                           "inputs_match_pct": pct(n_in["match"], n_in["match"] + n_in["mismatch"])}
     return out
 
 
@@ -442,8 +603,23 @@ def summary_table(s: dict) -> str:
         r = s[d]
         rows.append(f"| {label} | {r['total']} | " + " | ".join(
             f"{r[x + '_pct']:.1f}% ({r[x]})" for x in STATUSES) + " |")
-    rows += ["", f"Native forward includes {s['fwd'].get('native_random', 0)} random entries "
-                 "compared by shapes and dtypes only."]
+    f = s["fwd"]
+    rows += ["", f"Value-verified (native, outputs equal to CPU's within tolerance): "
+                 f"{f.get('value_verified_native', 0)} of {f['total']} float32 forwards "
+                 f"({f.get('value_verified_native_pct', 0.0):.1f}%).",
+             f"Random ops, apart: {f.get('random', 0)}; {f.get('random_distribution_pass', 0)} "
+             f"pass a goodness-of-fit test of their documented law on tpu "
+             f"({f.get('random_distribution_pct', 0.0):.1f}%), "
+             f"{f.get('random_distribution_fail', 0)} fail it, "
+             f"{f.get('random_shape_only', 0)} checked by shapes and dtypes only "
+             "(uninitialized memory, or no law written down)."]
+    e = s.get("error_inputs")
+    if e:
+        rows.append(f"Error inputs: {e['entries']} entries have them; {e['match']} raise as CPU "
+                    f"does on every input, {e['mismatch']} do not, {e['error']} failed, "
+                    f"{e['skipped']} had nothing to compare ({e['match_pct']:.1f}% parity); "
+                    f"per input {e['inputs_match']} match, {e['inputs_mismatch']} mismatch "
+                    f"({e['inputs_match_pct']:.1f}%).")
     return "\n".join(rows)
 
 
@@ -456,12 +632,15 @@ def detail(rec) -> str:
 def markdown(results: dict) -> str:
     others = [d for d in DTYPES if d != "float32"]
     lines = ["# OpInfo conformance of torch_tpu", "", summary_table(results["summary"]), "",
-             "| entry | float32 fwd | float32 bwd | " + " | ".join(others) + " | detail |",
-             "|---|---|---|" + "---|" * len(others) + "---|"]
+             "| entry | float32 fwd | verified | float32 bwd | " + " | ".join(others)
+             + " | error inputs | detail |",
+             "|---|---|---|---|" + "---|" * len(others) + "---|---|"]
     for key, e in sorted(results["entries"].items()):
         f32 = e.get("float32", {})
-        cells = [f32.get(d, {}).get("status", "-") for d in ("fwd", "bwd")]
+        cells = [f32.get("fwd", {}).get("status", "-"), f32.get("fwd", {}).get("verified", "-"),
+                 f32.get("bwd", {}).get("status", "-")]
         cells += [e[d]["fwd"]["status"] if d in e else "-" for d in others]
+        cells.append(e["error_inputs"]["raise"]["status"] if "error_inputs" in e else "-")
         notes = [f"{n} {d}: {detail(r)}" for n, x in e.items() for d, r in x.items()
                  if r["status"] != "native" and detail(r)]
         text = "; ".join(dict.fromkeys(notes)).replace("|", "\\|")[:400]
@@ -470,22 +649,24 @@ def markdown(results: dict) -> str:
 
 
 def regressions(baseline: dict, entries: dict) -> list:
-    """'key dtype dir: was native, now S' for everything native before and not now."""
+    """'key dtype dir: was native, now S' for everything native before and not now (and
+    error-input parity: 'key error_inputs raise: was match, now S')."""
     out = []
     for key, e in baseline.get("entries", {}).items():
         for dt, dirs in e.items():
             for d, rec in dirs.items():
                 now = entries.get(key, {}).get(dt, {}).get(d)
-                if rec["status"] == "native" and now and now["status"] != "native":
-                    out.append(f"{key} {dt} {d}: was native, now {now['status']}"
+                if rec["status"] in ("native", "match") and now and now["status"] != rec["status"]:
+                    out.append(f"{key} {dt} {d}: was {rec['status']}, now {now['status']}"
                                + (f" ({detail(now)})" if detail(now) else ""))
     return out
 
 
 def baseline_of(results: dict) -> dict:
     """The results with each record cut to its status: small enough to check in."""
-    entries = {key: {dt: {d: {"status": rec["status"]} for d, rec in dirs.items()}
-                     for dt, dirs in e.items()}
+    def cut(rec):
+        return {k: rec[k] for k in ("status", "verified") if k in rec}
+    entries = {key: {dt: {d: cut(rec) for d, rec in dirs.items()} for dt, dirs in e.items()}
                for key, e in results["entries"].items()}
     return {"meta": results["meta"], "summary": results["summary"], "entries": entries}
 
@@ -511,7 +692,7 @@ def stratified_sample(baseline: dict, n: int, dtype: str = "float32") -> list:
 
 # ---------------------------------------------------------------- driver
 
-def run(ops=None, dtypes=("float32",), max_samples=8, jobs=2, timeout=60.0, out=None,
+def run(ops=None, dtypes=("float32",), max_samples=None, jobs=2, timeout=60.0, out=None,
         progress=True, compiled=False) -> dict:
     """Runs the selected entries (in-process when jobs == 0); writes out/conformance.{json,md}
     when `out` is given. Returns {"meta", "summary", "entries"}."""
@@ -562,7 +743,8 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", help="comma-separated entry keys or op names; 'x*' is a prefix")
     p.add_argument("--dtype", default=",".join(DTYPES), help="subset of " + ",".join(DTYPES))
-    p.add_argument("--max-samples", type=int, default=8, help="samples per entry and dtype")
+    p.add_argument("--max-samples", type=int, default=None,
+                   help="samples per entry and dtype (default: all of the reference inputs)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes (0: in-process)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per entry")
     p.add_argument("--out", default="conformance_results")

@@ -1,0 +1,152 @@
+"""The conformance tool counts only what it verifies: every reference input (not the first
+8), layouts kept on the device, outputs compared structurally, error inputs raising as on
+CPU, random ops tested against their documented law."""
+import math
+import re
+
+import pytest
+import torch
+from torch.testing._internal.opinfo.core import SampleInput
+
+from torch_tpu import conformance, conformance_random
+
+
+class FakeOp:
+    """Just enough of an OpInfo for call(): a name and a callable."""
+
+    def __init__(self, fn, name="fake"):
+        self.fn, self.name = fn, name
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def test_samples_keep_strides_offsets_and_expansion_on_the_device():
+    base = torch.arange(60.0).reshape(6, 10)
+    cases = [base.t(), base[1:5, 2:9:2], base[2, 3:].unsqueeze(0).expand(4, 7), base[:, ::3]]
+    for t in cases:
+        for dev in ("cpu", "tpu"):
+            c = conformance.to_device(t, dev)
+            assert c.device.type == dev
+            assert (c.shape, c.stride(), c.storage_offset()) == \
+                (t.shape, t.stride(), t.storage_offset()), (dev, t.stride())
+            torch.testing.assert_close(c.cpu(), t, atol=0, rtol=0)
+    inp, args, _ = conformance.copy_args(FakeOp(torch.add), SampleInput(cases[1], args=(cases[3],)), "tpu")
+    assert inp.stride() == cases[1].stride() and args[0].stride() == cases[3].stride()
+    assert not inp.is_contiguous() and inp.storage_offset() == 12
+
+
+def test_grads_of_non_contiguous_leaves_reach_them():
+    t = torch.randn(4, 6)[:, ::2].requires_grad_()
+    op = FakeOp(lambda x: (x * x).sum(), "fake_square")
+    out, grads_of = conformance.call(op, SampleInput(t), "tpu")
+    out.backward()
+    (leaf,) = grads_of
+    assert leaf.stride() == t.stride()
+    torch.testing.assert_close(leaf.grad.cpu(), 2 * t.detach(), atol=1e-6, rtol=1e-6)
+
+
+def test_every_reference_input_runs_by_default():
+    op = conformance.op_db()["add"]
+    n = sum(1 for _ in op.reference_inputs("cpu", torch.float32, requires_grad=True))
+    assert n > 8
+    rec = conformance.run_entry(op, ("float32",))["float32"]["fwd"]
+    assert sum(rec["samples"].values()) == n, rec
+    assert rec["status"] == "native" and rec["verified"] == "values"
+    capped = conformance.run_entry(op, ("float32",), max_samples=2)["float32"]["fwd"]
+    assert sum(capped["samples"].values()) == 2
+
+
+def test_outputs_are_compared_structurally():
+    op = conformance.op_db()["add"]
+    a = torch.ones(2)
+    with pytest.raises(AssertionError, match="structure"):
+        conformance.compare((a, a), [a, a], op, torch.float32)  # tuple vs list
+    with pytest.raises(AssertionError, match="structure"):
+        conformance.compare((a, (a,)), (a, a), op, torch.float32)  # nesting
+    with pytest.raises(AssertionError, match=r"torch.float64\[2\] on tpu, torch.float32\[2\] on CPU"):
+        conformance.compare(a.double(), a, op, torch.float32)
+    with pytest.raises(AssertionError, match=r"int on tpu, float on CPU"):
+        conformance.compare((a, 1), (a, 1.0), op, torch.float32)
+    with pytest.raises(AssertionError, match="output 1 of 2"):
+        conformance.compare((a, a + 1), (a, a), op, torch.float32)
+    mm = torch.return_types.max((a, torch.zeros(2, dtype=torch.long)))
+    conformance.compare(mm, torch.return_types.max((a, torch.zeros(2, dtype=torch.long))), op,
+                        torch.float32)
+
+
+def test_error_inputs_must_raise_the_type_cpu_raises():
+    x = torch.ones(3)
+
+    def picky(t):  # RuntimeError on CPU, ValueError on tpu
+        raise (RuntimeError if t.device.type == "cpu" else ValueError)("bad input")
+    assert conformance.error_input_parity(FakeOp(picky), SampleInput(x)) == (
+        "mismatch", "tpu raised ValueError: bad input; CPU raised RuntimeError: bad input")
+
+    def cpu_only(t):
+        if t.device.type == "cpu":
+            raise IndexError("target 7 is out of bounds")
+        return t + 1
+    status, why = conformance.error_input_parity(FakeOp(cpu_only), SampleInput(x))
+    assert status == "mismatch" and why.startswith("tpu did not raise; CPU raised IndexError")
+    assert conformance.error_input_parity(FakeOp(lambda t: t + 1), SampleInput(x))[0] == "skipped"
+    # A real entry: the index ops' out-of-range and wrong-dtype inputs raise alike.
+    errs = conformance.run_error_inputs(conformance.op_db()["gather"])
+    assert errs["status"] == "match" and errs["samples"]["match"] >= 3, errs
+
+
+def test_error_input_parity_is_summarized_and_guarded():
+    entries = {"a": {"error_inputs": {"raise": {"status": "match", "samples": {"match": 3}}}},
+               "b": {"error_inputs": {"raise": {"status": "mismatch",
+                                                "samples": {"match": 1, "mismatch": 1}}}}}
+    for e in entries.values():
+        e["float32"] = {"fwd": {"status": "native", "verified": "values"}}
+    s = conformance.summarize(entries, 1.0)["error_inputs"]
+    assert (s["entries"], s["match"], s["mismatch"], s["match_pct"]) == (2, 1, 1, 50.0)
+    assert (s["inputs_match"], s["inputs_mismatch"], s["inputs_match_pct"]) == (4, 1, 80.0)
+    now = {"a": {"error_inputs": {"raise": {"status": "mismatch"}}}}
+    assert conformance.regressions({"entries": {"a": {"error_inputs": {"raise": {"status": "match"}}}}},
+                                   now) == ["a error_inputs raise: was match, now mismatch"]
+
+
+def test_goodness_of_fit_tests_reject_the_wrong_law():
+    assert conformance_random.chi2_sf(3.841, 1) == pytest.approx(0.05, abs=1e-3)
+    assert conformance_random.chi2_sf(18.307, 10) == pytest.approx(0.05, abs=1e-3)
+    assert conformance_random.kolmogorov_sf(1.358) == pytest.approx(0.05, abs=1e-3)
+    g = torch.Generator().manual_seed(0)
+    u = torch.rand(20000, generator=g)
+    assert conformance_random.ks(u, conformance_random.uniform_cdf(0, 1), "U")["ok"]
+    assert not conformance_random.ks(u, conformance_random.normal_cdf(), "N")["ok"]
+    assert not conformance_random.ks(u * 0.98, conformance_random.uniform_cdf(0, 1), "U")["ok"]
+    assert not conformance_random.discrete_uniform(torch.randint(3, 9, (20000,), generator=g), 3, 10, "")["ok"]
+    assert not conformance_random.binomial_fraction(6400, 20000, 0.3, "")["ok"]  # 32 % vs 30 %
+
+
+@pytest.mark.parametrize("key", sorted(conformance_random.CHECKS))
+def test_random_op_follows_its_documented_law_on_tpu(key):
+    res = conformance_random.check(key, "tpu")
+    assert res["ok"], res
+    assert res["p"] >= conformance_random.ALPHA and res["n"] >= 5000
+    assert not math.isnan(res["statistic"])
+
+
+def test_random_ops_are_reported_apart_and_failed_by_a_wrong_law(monkeypatch):
+    res = conformance.run(["rand_like", "empty_like", "add"], ("float32",), max_samples=2, jobs=0,
+                          progress=False)
+    e = res["entries"]
+    rec = e["rand_like"]["float32"]["fwd"]
+    assert rec["status"] == "native" and rec["verified"] == "distribution" and rec["random"] == "drawn"
+    assert rec["distribution"]["test"] == "KS" and rec["distribution"]["ok"]
+    empty = e["empty_like"]["float32"]["fwd"]
+    assert empty["verified"] == "shape" and empty["random"] == "uninitialized"
+    s = res["summary"]["fwd"]
+    assert (s["random"], s["random_distribution_pass"], s["random_shape_only"]) == (2, 1, 1)
+    assert s["value_verified_native"] == 1 and s["value_verified_native_pct"] == pytest.approx(33.3)
+    # A law the op does not follow makes it a mismatch.
+    monkeypatch.setitem(conformance_random.CHECKS, "rand_like", lambda dev: conformance_random.ks(
+        torch.rand(20000, device=dev), conformance_random.uniform_cdf(0.0, 0.9), "U(0, 0.9)"))
+    bad = conformance.run_entry(conformance.op_db()["rand_like"], ("float32",), max_samples=1)
+    rec = bad["float32"]["fwd"]
+    assert rec["status"] == "mismatch" and rec["verified"] == "none"
+    assert re.fullmatch(r"distribution: KS p=\S+ against U\(0, 0.9\)", rec["message"]), rec["message"]
+    assert rec["distribution"]["p"] < conformance_random.ALPHA
