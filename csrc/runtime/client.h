@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -143,6 +144,11 @@ class Client {
   std::pair<int, int> api_version() const;
 
   BufferPtr from_host(const void* data, DType dtype, const std::vector<int64_t>& dims, int device);
+  // The same, letting the buffer alias `data` where the plugin can (host-memory devices):
+  // `data` must stay alive and unchanged until `release` runs, which the plugin calls once
+  // it no longer needs it (at once after copying, or when the buffer is freed).
+  BufferPtr from_host_borrowed(const void* data, DType dtype, const std::vector<int64_t>& dims,
+                               int device, std::function<void()> release);
   // Copies a whole buffer into `dst` (dense row-major); waits for completion.
   void to_host(const Buffer& b, void* dst, size_t nbytes);
   BufferPtr copy_to_device(const Buffer& b, int device);
