@@ -402,6 +402,34 @@ void Client::to_host(const Buffer& b, void* dst, size_t nbytes) {
   counters_.d2h_transfers += 1;
 }
 
+bool Client::to_host_range(const Buffer& b, void* dst, int64_t offset, int64_t size) {
+  if (api_->struct_size <= offsetof(PJRT_Api, PJRT_Buffer_CopyRawToHost) ||
+      !api_->PJRT_Buffer_CopyRawToHost || raw_copy_unsupported_.load())
+    return false;
+  auto a = ARGS(PJRT_Buffer_CopyRawToHost_Args);
+  a.buffer = b.raw();
+  a.dst = dst;
+  a.offset = offset;
+  a.transfer_size = size;
+  if (PJRT_Error* err = api_->PJRT_Buffer_CopyRawToHost(&a)) {
+    auto c = ARGS(PJRT_Error_GetCode_Args);
+    c.error = err;
+    api_->PJRT_Error_GetCode(&c);
+    if (c.code == PJRT_Error_Code_UNIMPLEMENTED) {
+      auto d = ARGS(PJRT_Error_Destroy_Args);
+      d.error = err;
+      api_->PJRT_Error_Destroy(&d);
+      raw_copy_unsupported_ = true;
+      return false;
+    }
+    check(err, "device-to-host copy");
+  }
+  if (a.event) await_event(a.event, "device-to-host copy");
+  counters_.d2h_bytes += size;
+  counters_.d2h_transfers += 1;
+  return true;
+}
+
 BufferPtr Client::copy_to_device(const Buffer& b, int device) {
   check_capacity(*this, device, b.nbytes(), "device-to-device copy");
   auto a = ARGS(PJRT_Buffer_CopyToDevice_Args);
