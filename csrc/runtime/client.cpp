@@ -406,6 +406,12 @@ bool Client::to_host_range(const Buffer& b, void* dst, int64_t offset, int64_t s
   if (api_->struct_size <= offsetof(PJRT_Api, PJRT_Buffer_CopyRawToHost) ||
       !api_->PJRT_Buffer_CopyRawToHost || raw_copy_unsupported_.load())
     return false;
+  // The XLA CPU plugin's raw copy reads the buffer's memory without waiting for the
+  // program that writes it (and crashes while that memory is not allocated yet): wait.
+  auto r = ARGS(PJRT_Buffer_ReadyEvent_Args);
+  r.buffer = b.raw();
+  check(api_->PJRT_Buffer_ReadyEvent(&r), "device-to-host copy");
+  await_event(r.event, "device-to-host copy");
   auto a = ARGS(PJRT_Buffer_CopyRawToHost_Args);
   a.buffer = b.raw();
   a.dst = dst;
