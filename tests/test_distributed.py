@@ -146,6 +146,34 @@ def all_reduce_dtypes(rank, world):
     _eq(b, [True, False])
 
 
+@check("collectives", "modes", "four")
+def all_reduce_large_in_chunks(rank, world):
+    """Tensors of 8 MiB or more go to the host chunk by chunk (4 MiB, the last partial),
+    each chunk reduced while the next is copied; the result must be whole and in place."""
+    import torch
+    import torch.distributed as dist
+    n = (10 << 20) // 4 + 3
+    ramp = torch.arange(n, dtype=torch.float64)
+    scale = sum(r + 1 for r in range(world))
+    x = torch.arange(n, device="tpu", dtype=torch.float32) * (rank + 1)
+    dist.all_reduce(x)
+    _eq(x, ramp * scale, 1e-6)
+    x = torch.arange(n, device="tpu", dtype=torch.float32) * (rank + 1)
+    w = dist.all_reduce(x, op=dist.ReduceOp.AVG, async_op=True)
+    w.wait()
+    _eq(x, ramp * scale / world, 1e-6)
+    i = torch.full((n,), rank, device="tpu", dtype=torch.int32)
+    dist.all_reduce(i, op=dist.ReduceOp.MAX)
+    _eq(i, torch.full((n,), world - 1))
+    # A view into a larger storage: its part is written, the rest left alone.
+    big = torch.zeros(2 * n, device="tpu")
+    v = big[n:]
+    v.fill_(rank + 1.0)
+    dist.all_reduce(v)
+    assert big[:n].abs().sum().item() == 0
+    _eq(v, torch.full((n,), float(scale)))
+
+
 @check(*ALL)
 def all_reduce_async_work(rank, world):
     import torch

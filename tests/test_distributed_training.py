@@ -153,7 +153,7 @@ def test_two_ranks_match_full_batch(trained, name):
     assert_check(trained, name)
 
 
-@pytest.mark.parametrize("example", ["train_ddp.py", "train_fsdp.py"])
+@pytest.mark.parametrize("example", ["train_ddp.py", "train_fsdp.py", "train_tp.py"])
 def test_torchrun_launches_the_example(example):
     root = os.path.dirname(os.path.dirname(HERE))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",

@@ -2,6 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include "backend/device_checks.h"
+#include "backend/storage.h"
+#include "runtime/client.h"
+
 namespace tpu::distributed {
 
 using c10d::OpType;
@@ -10,15 +14,22 @@ using WorkPtr = c10::intrusive_ptr<Work>;
 using TensorList = std::vector<at::Tensor>;
 
 struct HostStagedTransport::Staging {
+  explicit Staging(HostPool& p) : pool(p) {}
+  HostPool& pool;
   std::vector<WorkPtr> inner;
   std::vector<WriteBack> writes;
   TensorList averaged;  // host results of an AVG, summed by the transport
 
-  // A host copy of a tpu tensor's values (waits for them: pending work runs first).
-  static at::Tensor in(const at::Tensor& t) { return t.to(at::kCPU).contiguous(); }
+  // A host copy of a tpu tensor's values (waits for them: pending work runs first),
+  // copied straight into reused staging memory.
+  at::Tensor in(const at::Tensor& t) {
+    at::Tensor h = pool.take(t.sizes(), t.scalar_type());
+    h.copy_(t);
+    return h;
+  }
   // A host tensor whose values go back into `t` when the collective is done.
   at::Tensor out(const at::Tensor& t) {
-    at::Tensor h = at::empty(t.sizes(), t.options().device(at::kCPU));
+    at::Tensor h = pool.take(t.sizes(), t.scalar_type());
     writes.push_back({t, h});
     return h;
   }
@@ -48,7 +59,9 @@ struct HostStagedTransport::Staging {
 HostStagedTransport::HostStagedTransport(c10::intrusive_ptr<c10d::Backend> host)
     : c10d::Backend(host->getRank(), host->getSize()),
       host_(std::move(host)),
-      completer_(std::make_unique<Completer>()) {}
+      sequencer_(std::make_shared<Sequencer>()) {}
+
+HostStagedTransport::~HostStagedTransport() { sequencer_->drain_all(); }
 
 WorkPtr HostStagedTransport::finish(Staging& s, OpType op, const char* what, TensorList results) {
   std::function<void()> divide;
@@ -66,20 +79,56 @@ WorkPtr HostStagedTransport::finish(Staging& s, OpType op, const char* what, Ten
   auto w = c10::make_intrusive<StagedWork>(getRank(), op, what, std::move(s.inner),
                                            std::move(s.writes), std::move(divide),
                                            std::move(results));
-  completer_->enqueue(w);
+  sequencer_->enqueue(w);
   return w;
 }
 
 WorkPtr HostStagedTransport::broadcast(TensorList& tensors, const c10d::BroadcastOptions& opts) {
-  Staging s;
+  Staging s(pool_);
   bool root = getRank() == opts.rootRank;
   TensorList h = root ? s.in(tensors) : s.out(tensors);
   s.inner.push_back(host_->broadcast(h, opts));
   return finish(s, OpType::BROADCAST, "broadcast", tensors);
 }
 
+namespace {
+// A large all-reduce is copied to the host and reduced chunk by chunk: each chunk's
+// transport collective runs while the next chunk is copied.
+constexpr int64_t kChunkBytes = 4 << 20;
+
+bool pipelined(const at::Tensor& t) {
+  return t.nbytes() >= 2 * kChunkBytes && !t.is_conj() && !t.is_neg();
+}
+}  // namespace
+
 WorkPtr HostStagedTransport::allreduce(TensorList& tensors, const c10d::AllreduceOptions& opts) {
-  Staging s;
+  Staging s(pool_);
+  if (tensors.size() == 1 && pipelined(tensors[0])) {
+    at::Tensor& t = tensors[0];
+    backend::verify_device_checks();  // values read back must not come from a failed op
+    runtime::BufferPtr buf = backend::dense_buffer(t);  // pending work runs first
+    at::Tensor h = pool_.take(t.sizes(), t.scalar_type());
+    int64_t item = h.element_size(), per = kChunkBytes / item, n = h.numel();
+    char* base = static_cast<char*>(h.data_ptr());
+    if (buf->nbytes() == static_cast<int64_t>(h.nbytes()) &&
+        runtime::Client::get().to_host_range(*buf, base, 0, per * item)) {
+      s.writes.push_back({t, h});
+      c10d::AllreduceOptions o = opts;
+      o.reduceOp = s.op(opts.reduceOp, {h});
+      at::Tensor flat = h.view(-1);
+      for (int64_t a = 0; a < n; a += per) {
+        int64_t len = std::min(per, n - a);
+        if (a > 0) {
+          TORCH_CHECK(runtime::Client::get().to_host_range(*buf, base + a * item, a * item,
+                                                           len * item),
+                      "tpu_dist all_reduce: the plugin stopped offering raw copies");
+        }
+        TensorList chunk{flat.narrow(0, a, len)};
+        s.inner.push_back(host_->allreduce(chunk, o));
+      }
+      return finish(s, OpType::ALLREDUCE, "all_reduce", tensors);
+    }
+  }
   TensorList h;
   for (auto& t : tensors) h.push_back(s.inout(t));
   c10d::AllreduceOptions o = opts;
@@ -91,7 +140,7 @@ WorkPtr HostStagedTransport::allreduce(TensorList& tensors, const c10d::Allreduc
 WorkPtr HostStagedTransport::allreduce_coalesced(TensorList& tensors,
                                                  const c10d::AllreduceCoalescedOptions& opts) {
   // One transport collective per tensor (Gloo's coalesced form wants one dtype).
-  Staging s;
+  Staging s(pool_);
   c10d::AllreduceOptions o;
   o.timeout = opts.timeout;
   for (auto& t : tensors) {
@@ -103,7 +152,7 @@ WorkPtr HostStagedTransport::allreduce_coalesced(TensorList& tensors,
 }
 
 WorkPtr HostStagedTransport::reduce(TensorList& tensors, const c10d::ReduceOptions& opts) {
-  Staging s;
+  Staging s(pool_);
   bool root = getRank() == opts.rootRank;
   TensorList h = root ? TensorList{s.inout(tensors[0])} : s.in(tensors);
   c10d::ReduceOptions o = opts;
@@ -116,7 +165,7 @@ WorkPtr HostStagedTransport::reduce(TensorList& tensors, const c10d::ReduceOptio
 
 WorkPtr HostStagedTransport::allgather(std::vector<TensorList>& outputs, TensorList& inputs,
                                        const c10d::AllgatherOptions& opts) {
-  Staging s;
+  Staging s(pool_);
   TensorList in = s.in(inputs);
   std::vector<TensorList> out{s.out(outputs[0])};
   s.inner.push_back(host_->allgather(out, in, opts));
@@ -125,9 +174,9 @@ WorkPtr HostStagedTransport::allgather(std::vector<TensorList>& outputs, TensorL
 
 WorkPtr HostStagedTransport::_allgather_base(at::Tensor& output, at::Tensor& input,
                                              const c10d::AllgatherOptions& opts) {
-  Staging s;
+  Staging s(pool_);
   // Flat on the host: Gloo wants the output as inputs stacked along dimension 0.
-  at::Tensor in = Staging::in(input).view(-1), out = s.out(output).view(-1);
+  at::Tensor in = s.in(input).view(-1), out = s.out(output).view(-1);
   s.inner.push_back(host_->_allgather_base(out, in, opts));
   return finish(s, OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output});
 }
@@ -135,10 +184,10 @@ WorkPtr HostStagedTransport::_allgather_base(at::Tensor& output, at::Tensor& inp
 WorkPtr HostStagedTransport::allgather_coalesced(std::vector<TensorList>& outputs,
                                                  TensorList& inputs,
                                                  const c10d::AllgatherOptions& opts) {
-  Staging s;
+  Staging s(pool_);
   TensorList results;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    TensorList in{Staging::in(inputs[i])};
+    TensorList in{s.in(inputs[i])};
     std::vector<TensorList> out{s.out(outputs[i])};
     s.inner.push_back(host_->allgather(out, in, opts));
     results.insert(results.end(), outputs[i].begin(), outputs[i].end());
@@ -149,9 +198,9 @@ WorkPtr HostStagedTransport::allgather_coalesced(std::vector<TensorList>& output
 WorkPtr HostStagedTransport::allgather_into_tensor_coalesced(TensorList& outputs,
                                                              TensorList& inputs,
                                                              const c10d::AllgatherOptions& opts) {
-  Staging s;
+  Staging s(pool_);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    at::Tensor in = Staging::in(inputs[i]).view(-1), out = s.out(outputs[i]).view(-1);
+    at::Tensor in = s.in(inputs[i]).view(-1), out = s.out(outputs[i]).view(-1);
     s.inner.push_back(host_->_allgather_base(out, in, opts));
   }
   return finish(s, OpType::COALESCED, "all_gather_into_tensor_coalesced", outputs);
@@ -159,7 +208,7 @@ WorkPtr HostStagedTransport::allgather_into_tensor_coalesced(TensorList& outputs
 
 WorkPtr HostStagedTransport::gather(std::vector<TensorList>& outputs, TensorList& inputs,
                                     const c10d::GatherOptions& opts) {
-  Staging s;
+  Staging s(pool_);
   TensorList in = s.in(inputs);
   std::vector<TensorList> out;
   if (getRank() == opts.rootRank) out.push_back(s.out(outputs[0]));
@@ -169,7 +218,7 @@ WorkPtr HostStagedTransport::gather(std::vector<TensorList>& outputs, TensorList
 
 WorkPtr HostStagedTransport::scatter(TensorList& outputs, std::vector<TensorList>& inputs,
                                      const c10d::ScatterOptions& opts) {
-  Staging s;
+  Staging s(pool_);
   std::vector<TensorList> in;
   if (getRank() == opts.rootRank) in.push_back(s.in(inputs[0]));
   TensorList out = s.out(outputs);
@@ -179,7 +228,7 @@ WorkPtr HostStagedTransport::scatter(TensorList& outputs, std::vector<TensorList
 
 WorkPtr HostStagedTransport::reduce_scatter(TensorList& outputs, std::vector<TensorList>& inputs,
                                             const c10d::ReduceScatterOptions& opts) {
-  Staging s;
+  Staging s(pool_);
   std::vector<TensorList> in{s.in(inputs[0])};
   TensorList out = s.out(outputs);
   c10d::ReduceScatterOptions o = opts;
@@ -190,8 +239,8 @@ WorkPtr HostStagedTransport::reduce_scatter(TensorList& outputs, std::vector<Ten
 
 WorkPtr HostStagedTransport::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                   const c10d::ReduceScatterOptions& opts) {
-  Staging s;
-  at::Tensor in = Staging::in(input).view(-1), out = s.out(output).view(-1);
+  Staging s(pool_);
+  at::Tensor in = s.in(input).view(-1), out = s.out(output).view(-1);
   c10d::ReduceScatterOptions o = opts;
   o.reduceOp = s.op(opts.reduceOp, {out});
   s.inner.push_back(host_->_reduce_scatter_base(out, in, o));
@@ -200,9 +249,9 @@ WorkPtr HostStagedTransport::_reduce_scatter_base(at::Tensor& output, at::Tensor
 
 WorkPtr HostStagedTransport::reduce_scatter_tensor_coalesced(
     TensorList& outputs, TensorList& inputs, const c10d::ReduceScatterOptions& opts) {
-  Staging s;
+  Staging s(pool_);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    at::Tensor in = Staging::in(inputs[i]).view(-1), out = s.out(outputs[i]).view(-1);
+    at::Tensor in = s.in(inputs[i]).view(-1), out = s.out(outputs[i]).view(-1);
     c10d::ReduceScatterOptions o = opts;
     o.reduceOp = s.op(opts.reduceOp, {out});
     s.inner.push_back(host_->_reduce_scatter_base(out, in, o));
@@ -214,43 +263,43 @@ WorkPtr HostStagedTransport::alltoall_base(at::Tensor& output, at::Tensor& input
                                            std::vector<int64_t>& output_splits,
                                            std::vector<int64_t>& input_splits,
                                            const c10d::AllToAllOptions& opts) {
-  Staging s;
-  at::Tensor in = Staging::in(input), out = s.out(output);
+  Staging s(pool_);
+  at::Tensor in = s.in(input), out = s.out(output);
   s.inner.push_back(host_->alltoall_base(out, in, output_splits, input_splits, opts));
   return finish(s, OpType::ALLTOALL_BASE, "all_to_all_single", {output});
 }
 
 WorkPtr HostStagedTransport::alltoall(TensorList& outputs, TensorList& inputs,
                                       const c10d::AllToAllOptions& opts) {
-  Staging s;
+  Staging s(pool_);
   TensorList in = s.in(inputs), out = s.out(outputs);
   s.inner.push_back(host_->alltoall(out, in, opts));
   return finish(s, OpType::ALLTOALL, "all_to_all", outputs);
 }
 
 WorkPtr HostStagedTransport::send(TensorList& tensors, int dst, int tag) {
-  Staging s;
+  Staging s(pool_);
   TensorList h = s.in(tensors);
   s.inner.push_back(host_->send(h, dst, tag));
   return finish(s, OpType::SEND, "send", {});
 }
 
 WorkPtr HostStagedTransport::recv(TensorList& tensors, int src, int tag) {
-  Staging s;
+  Staging s(pool_);
   TensorList h = s.out(tensors);
   s.inner.push_back(host_->recv(h, src, tag));
   return finish(s, OpType::RECV, "recv", tensors);
 }
 
 WorkPtr HostStagedTransport::recvAnysource(TensorList& tensors, int tag) {
-  Staging s;
+  Staging s(pool_);
   TensorList h = s.out(tensors);
   s.inner.push_back(host_->recvAnysource(h, tag));
   return finish(s, OpType::RECVANYSOURCE, "recv", tensors);
 }
 
 WorkPtr HostStagedTransport::barrier(const c10d::BarrierOptions& opts) {
-  Staging s;
+  Staging s(pool_);
   s.inner.push_back(host_->barrier(opts));
   return finish(s, OpType::BARRIER, "barrier", {});
 }

@@ -1,12 +1,14 @@
 // The host-staged transport: each collective copies its tpu inputs to host tensors
-// (a materialization point: pending deferred work runs first), runs the same
-// collective on the CPU backend (Gloo) asynchronously, and a completion thread copies
-// the host results back into the tpu tensors in place.
+// (a materialization point: pending deferred work runs first) from a pool of reused
+// staging memory, runs the same collective on the CPU backend (Gloo) asynchronously,
+// and the thread that finishes it writes the host results back into the tpu tensors
+// (zero-copy where the plugin can alias host memory; staged_work.h).
 #pragma once
 #include <memory>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include "distributed/host_pool.h"
 #include "distributed/staged_work.h"
 
 namespace tpu::distributed {
@@ -14,6 +16,7 @@ namespace tpu::distributed {
 class HostStagedTransport : public c10d::Backend {
  public:
   explicit HostStagedTransport(c10::intrusive_ptr<c10d::Backend> host);
+  ~HostStagedTransport() override;  // completes the collectives still in flight
   const std::string getBackendName() const override { return "tpu_dist(host-staged)"; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -74,7 +77,8 @@ class HostStagedTransport : public c10d::Backend {
                                         std::vector<at::Tensor> results);
 
   c10::intrusive_ptr<c10d::Backend> host_;
-  std::unique_ptr<Completer> completer_;
+  HostPool pool_;
+  std::shared_ptr<Sequencer> sequencer_;
 };
 
 }  // namespace tpu::distributed

@@ -1,10 +1,41 @@
 #include "distributed/staged_work.h"
 
+#include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
+#include "backend/dtypes.h"
+#include "backend/storage.h"
+#include "runtime/client.h"
+
 namespace tpu::distributed {
+
+namespace {
+
+// Puts the host result into the tpu tensor. When the result fills the tensor's whole
+// storage, the device buffer is made over the host memory itself where the plugin can
+// alias it (host-memory devices): no copy, no fresh device allocation.
+void write_back(const WriteBack& w) {
+  const at::Tensor& d = w.device;
+  const at::Tensor& h = w.host;
+  bool whole = d.numel() > 0 && d.is_contiguous() && d.storage_offset() == 0 &&
+               d.nbytes() == d.storage().nbytes() && !d.is_conj() && !d.is_neg() &&
+               h.is_contiguous() && h.scalar_type() == d.scalar_type() && h.sizes() == d.sizes();
+  if (!whole) {
+    d.copy_(h);
+    return;
+  }
+  int device = backend::device_index(d);
+  DType st = backend::device_dtype(h.scalar_type(), "copy_");
+  std::vector<int64_t> dims(h.sizes().begin(), h.sizes().end());
+  // The release holds the host tensor (and so its pool block) while the buffer needs it.
+  auto buf = runtime::Client::get().from_host_borrowed(h.data_ptr(), st, dims, device,
+                                                       [keep = h] {});
+  d.copy_(backend::wrap_value(backend::Operand(buf), h.scalar_type(), h.sizes(), device));
+}
+
+}  // namespace
 
 StagedWork::StagedWork(int rank, c10d::OpType op, std::string what,
                        std::vector<c10::intrusive_ptr<c10d::Work>> inner,
@@ -18,17 +49,28 @@ StagedWork::StagedWork(int rank, c10d::OpType op, std::string what,
       results_(std::move(results)),
       // A CPU future: its value holds tpu tensors, but no device events are needed
       // (the values are written before it completes).
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors())) {}
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors())),
+      remaining_(static_cast<int>(inner_.size())) {}
+
+bool StagedWork::transport_done(std::exception_ptr err) {
+  if (err) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!transport_error_) transport_error_ = err;
+  }
+  return remaining_.fetch_sub(1) == 1;
+}
 
 void StagedWork::complete() {
   std::exception_ptr err;
   try {
-    for (auto& w : inner_) w->wait();
+    if (transport_error_) std::rethrow_exception(transport_error_);
+    if (retrieveOpType() == c10d::OpType::RECVANYSOURCE && inner_.size() == 1)
+      source_rank_ = inner_[0]->sourceRank();
     if (before_writes_) before_writes_();
     // A collective writes into the tensors it was given, as NCCL does, whatever their
     // autograd state (a pipeline stage receives into leaves that require grad).
     at::NoGradGuard no_grad;
-    for (auto& w : writes_) w.device.copy_(w.host);
+    for (auto& w : writes_) write_back(w);
   } catch (const std::exception& e) {
     try {
       TORCH_CHECK_WITH(DistBackendError, false, "tpu_dist ", what_, " failed: ", e.what());
@@ -36,12 +78,18 @@ void StagedWork::complete() {
       err = std::current_exception();
     }
   }
-  writes_.clear();  // host copies are no longer needed
+  // Host copies and the transport's Works (which hold them) are no longer needed:
+  // their memory goes back to the staging pool.
+  writes_.clear();
+  before_writes_ = nullptr;
+  std::vector<c10::intrusive_ptr<c10d::Work>> inner;
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
     error_ = err;
+    inner.swap(inner_);
   }
+  inner.clear();
   cv_.notify_all();
   if (err)
     future_->setError(err);
@@ -66,6 +114,8 @@ std::exception_ptr StagedWork::exception() const {
 
 int StagedWork::sourceRank() const {
   // Only recv from any source asks; its single transport Work knows.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_ && source_rank_ >= 0) return source_rank_;
   TORCH_CHECK(inner_.size() == 1, "tpu_dist ", what_, ": sourceRank() is only for recv");
   return inner_[0]->sourceRank();
 }
@@ -82,36 +132,93 @@ bool StagedWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-Completer::Completer() : thread_([this] { loop(); }) {}
-
-Completer::~Completer() {
+Sequencer::~Sequencer() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (helper_.joinable()) helper_.join();
 }
 
-void Completer::enqueue(c10::intrusive_ptr<StagedWork> work) {
+void Sequencer::enqueue(const c10::intrusive_ptr<StagedWork>& work) {
+  std::vector<c10::intrusive_ptr<c10d::Work>> inner = work->inner_;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(work));
+    queue_.push_back(work);
   }
-  cv_.notify_one();
+  if (inner.empty()) {
+    complete_ready();
+    return;
+  }
+  std::weak_ptr<Sequencer> self = weak_from_this();
+  for (auto& w : inner) {
+    c10::intrusive_ptr<c10::ivalue::Future> fut;
+    try {
+      fut = w->getFuture();
+    } catch (const std::exception&) {  // Gloo's send/recv Works have none
+    }
+    if (!fut) {
+      std::lock_guard<std::mutex> lock(mu_);
+      unwatched_.emplace_back(w, work);
+      if (!helper_.joinable()) helper_ = std::thread([this] { helper_loop(); });
+      cv_.notify_all();
+      continue;
+    }
+    // Runs on the thread that finishes the transport Work (or here, if it already has).
+    fut->addCallback([self, work](c10::ivalue::Future& f) {
+      auto s = self.lock();
+      std::exception_ptr err = f.hasError() ? f.exception_ptr() : nullptr;
+      if (s) s->on_transport_done(work, err);
+    });
+  }
 }
 
-void Completer::loop() {
+void Sequencer::on_transport_done(const c10::intrusive_ptr<StagedWork>& w,
+                                  std::exception_ptr err) {
+  if (w->transport_done(err)) complete_ready();
+}
+
+void Sequencer::complete_ready() {
+  std::lock_guard<std::mutex> run(run_mu_);
   for (;;) {
     c10::intrusive_ptr<StagedWork> w;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      w = std::move(queue_.front());
-      queue_.pop_front();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (queue_.empty() || !queue_.front()->transport_finished()) break;
+      w = queue_.front();
     }
     w->complete();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.pop_front();
+    }
+    cv_.notify_all();
+  }
+}
+
+void Sequencer::drain_all() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return queue_.empty(); });
+}
+
+void Sequencer::helper_loop() {
+  for (;;) {
+    std::pair<c10::intrusive_ptr<c10d::Work>, c10::intrusive_ptr<StagedWork>> item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !unwatched_.empty(); });
+      if (unwatched_.empty()) return;
+      item = std::move(unwatched_.front());
+      unwatched_.pop_front();
+    }
+    std::exception_ptr err;
+    try {
+      item.first->wait();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    on_transport_done(item.second, err);
   }
 }
 

@@ -1,11 +1,15 @@
 // The Work of a host-staged collective: the host transport's own Work(s), then the
-// results copied back into the tpu tensors. A per-backend completion thread does the
-// waiting and the copies, so async_op=True returns at once and a future completes
-// without anyone calling wait().
+// results written back into the tpu tensors. The write-back runs on whichever thread
+// finishes the transport's last Work (a callback on its future: Gloo's worker thread),
+// so a synchronous collective costs no thread handoff beyond Gloo's own, async_op=True
+// returns at once, and a future completes without anyone calling wait(). Transport
+// Works without a future (Gloo's send/recv) are waited for by a helper thread.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -21,6 +25,8 @@ struct WriteBack {
   at::Tensor host;
 };
 
+class Sequencer;
+
 class StagedWork : public c10d::Work {
  public:
   StagedWork(int rank, c10d::OpType op, std::string what,
@@ -35,36 +41,51 @@ class StagedWork : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
-  // Runs on the completion thread: waits for the transport, then writes back.
+ private:
+  friend class Sequencer;
+  // One transport Work finished (with `err`, or none); true when it was the last.
+  bool transport_done(std::exception_ptr err);
+  bool transport_finished() const { return remaining_.load() == 0; }
+  // The write-backs, then the Work and its future complete (called in issue order).
   void complete();
 
- private:
   std::string what_;  // the collective, for errors
   std::vector<c10::intrusive_ptr<c10d::Work>> inner_;
   std::vector<WriteBack> writes_;
   std::function<void()> before_writes_;  // e.g. AVG's division, on host tensors
   std::vector<at::Tensor> results_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<int> remaining_;  // transport Works not finished
+  std::exception_ptr transport_error_;  // set before remaining_ reaches 0
+  int source_rank_ = -1;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
 };
 
-// One thread finishing StagedWorks in the order they were issued.
-class Completer {
+// Completes StagedWorks in the order they were issued (two collectives may write the
+// same tensor), on the threads that finish their transports.
+class Sequencer : public std::enable_shared_from_this<Sequencer> {
  public:
-  Completer();
-  ~Completer();  // finishes what is queued, then stops
-  void enqueue(c10::intrusive_ptr<StagedWork> work);
+  ~Sequencer();  // stops the helper thread (after what it waits for)
+  void enqueue(const c10::intrusive_ptr<StagedWork>& work);
+  // Waits until every enqueued Work completed.
+  void drain_all();
 
  private:
-  void loop();
+  void on_transport_done(const c10::intrusive_ptr<StagedWork>& w, std::exception_ptr err);
+  void complete_ready();  // completes the finished Works at the head of the queue
+  void helper_loop();
+
+  std::mutex run_mu_;  // one thread writes back at a time
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<c10::intrusive_ptr<StagedWork>> queue_;
+  // Transport Works without a future, for the helper thread to wait on.
+  std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, c10::intrusive_ptr<StagedWork>>> unwatched_;
   bool stop_ = false;
-  std::thread thread_;
+  std::thread helper_;
 };
 
 }  // namespace tpu::distributed

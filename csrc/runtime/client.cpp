@@ -325,6 +325,70 @@ BufferPtr Client::from_host(const void* data, DType dtype, const std::vector<int
   return std::make_shared<Buffer>(a.buffer, device, dtype, dims);
 }
 
+BufferPtr Client::from_host_borrowed(const void* data, DType dtype, const std::vector<int64_t>& dims,
+                                     int device, std::function<void()> release) {
+  int64_t n = itemsize(dtype);
+  for (auto d : dims) n *= d;
+  check_capacity(*this, device, n, "host-to-device copy");
+  auto a = ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  a.client = client_;
+  a.data = data;
+  a.type = to_pjrt(dtype);
+  a.dims = dims.data();
+  a.num_dims = dims.size();
+  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
+  a.device = devices_.at(device);
+  PJRT_Error* err = api_->PJRT_Client_BufferFromHostBuffer(&a);
+  if (err) {
+    release();
+    check(err, "host-to-device copy");
+  }
+  if (!a.done_with_host_buffer) {
+    release();
+  } else {
+    // The event outlives this call: its callback releases the memory, then destroys it.
+    struct Pending {
+      const PJRT_Api* api;
+      PJRT_Event* event;
+      std::function<void()> release;
+    };
+    auto* p = new Pending{api_, a.done_with_host_buffer, std::move(release)};
+    auto on = ARGS(PJRT_Event_OnReady_Args);
+    on.event = p->event;
+    on.user_arg = p;
+    on.callback = [](PJRT_Error* e, void* arg) {
+      auto* p = static_cast<Pending*>(arg);
+      if (e) {
+        auto d = ARGS(PJRT_Error_Destroy_Args);
+        d.error = e;
+        p->api->PJRT_Error_Destroy(&d);
+      }
+      p->release();
+      auto d = ARGS(PJRT_Event_Destroy_Args);
+      d.event = p->event;
+      p->api->PJRT_Event_Destroy(&d);
+      delete p;
+    };
+    if (PJRT_Error* oe = api_->PJRT_Event_OnReady(&on)) {
+      // No callback: wait here instead (the plugin then copied, or we keep `data` pinned).
+      auto d = ARGS(PJRT_Error_Destroy_Args);
+      d.error = oe;
+      api_->PJRT_Error_Destroy(&d);
+      std::unique_ptr<Pending> own(p);
+      try {
+        await_event(p->event, "host-to-device copy");
+      } catch (...) {
+        p->release();
+        throw;
+      }
+      p->release();
+    }
+  }
+  counters_.h2d_bytes += n;
+  counters_.h2d_transfers += 1;
+  return std::make_shared<Buffer>(a.buffer, device, dtype, dims);
+}
+
 void Client::to_host(const Buffer& b, void* dst, size_t nbytes) {
   auto a = ARGS(PJRT_Buffer_ToHostBuffer_Args);
   a.src = b.raw();
@@ -336,6 +400,40 @@ void Client::to_host(const Buffer& b, void* dst, size_t nbytes) {
   await_event(a.event, what);
   counters_.d2h_bytes += static_cast<int64_t>(nbytes);
   counters_.d2h_transfers += 1;
+}
+
+bool Client::to_host_range(const Buffer& b, void* dst, int64_t offset, int64_t size) {
+  if (api_->struct_size <= offsetof(PJRT_Api, PJRT_Buffer_CopyRawToHost) ||
+      !api_->PJRT_Buffer_CopyRawToHost || raw_copy_unsupported_.load())
+    return false;
+  // The XLA CPU plugin's raw copy reads the buffer's memory without waiting for the
+  // program that writes it (and crashes while that memory is not allocated yet): wait.
+  auto r = ARGS(PJRT_Buffer_ReadyEvent_Args);
+  r.buffer = b.raw();
+  check(api_->PJRT_Buffer_ReadyEvent(&r), "device-to-host copy");
+  await_event(r.event, "device-to-host copy");
+  auto a = ARGS(PJRT_Buffer_CopyRawToHost_Args);
+  a.buffer = b.raw();
+  a.dst = dst;
+  a.offset = offset;
+  a.transfer_size = size;
+  if (PJRT_Error* err = api_->PJRT_Buffer_CopyRawToHost(&a)) {
+    auto c = ARGS(PJRT_Error_GetCode_Args);
+    c.error = err;
+    api_->PJRT_Error_GetCode(&c);
+    if (c.code == PJRT_Error_Code_UNIMPLEMENTED) {
+      auto d = ARGS(PJRT_Error_Destroy_Args);
+      d.error = err;
+      api_->PJRT_Error_Destroy(&d);
+      raw_copy_unsupported_ = true;
+      return false;
+    }
+    check(err, "device-to-host copy");
+  }
+  if (a.event) await_event(a.event, "device-to-host copy");
+  counters_.d2h_bytes += size;
+  counters_.d2h_transfers += 1;
+  return true;
 }
 
 BufferPtr Client::copy_to_device(const Buffer& b, int device) {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -143,8 +144,16 @@ class Client {
   std::pair<int, int> api_version() const;
 
   BufferPtr from_host(const void* data, DType dtype, const std::vector<int64_t>& dims, int device);
+  // The same, letting the buffer alias `data` where the plugin can (host-memory devices):
+  // `data` must stay alive and unchanged until `release` runs, which the plugin calls once
+  // it no longer needs it (at once after copying, or when the buffer is freed).
+  BufferPtr from_host_borrowed(const void* data, DType dtype, const std::vector<int64_t>& dims,
+                               int device, std::function<void()> release);
   // Copies a whole buffer into `dst` (dense row-major); waits for completion.
   void to_host(const Buffer& b, void* dst, size_t nbytes);
+  // Copies `size` bytes from `offset` of a dense buffer into `dst`; waits. False (nothing
+  // copied) when the plugin does not offer raw copies: use to_host then.
+  bool to_host_range(const Buffer& b, void* dst, int64_t offset, int64_t size);
   BufferPtr copy_to_device(const Buffer& b, int device);
   std::unique_ptr<PendingUpload> upload_later(DType dtype, const std::vector<int64_t>& dims, int device);
   // Kinds of the memories a device can address ("device", "pinned_host", ...).
@@ -201,6 +210,7 @@ class Client {
   std::string plugin_path_;
   Counters counters_;
   std::atomic<bool> fast_rejected_{false};
+  std::atomic<bool> raw_copy_unsupported_{false};
   int64_t memory_limit_override_ = 0;
   std::vector<int64_t> capacity_;  // per device
 
