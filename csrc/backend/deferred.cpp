@@ -682,10 +682,11 @@ std::vector<SlotPtr> relaunch(const FlushedGraphPtr& graph, std::vector<Operand>
   }
   for (const Wire& w : job.results) job.result_slots.push_back(job.outs[w.node][w.index]);
   bind(job.result_slots);
-  launcher().wait_quiet();  // as a flush: donation by the users' reference counts only
   std::vector<bool> sole(params.size(), false);
-  if (donation_enabled())
+  if (donation_enabled()) {
+    launcher().wait_quiet();  // as a flush: donation by the users' reference counts only
     for (size_t i = 0; i < params.size(); ++i) sole[i] = sole_holder(params[i]);
+  }
   assign_donations(job, sole, graph->replaces);
   fuse_stats().outputs += static_cast<int64_t>(job.results.size());
   std::vector<SlotPtr> results = job.result_slots;
