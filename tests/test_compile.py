@@ -403,9 +403,13 @@ def test_steady_gpt_steps_replay_with_values_identical_to_recording(record_every
     assert got == want  # the same executables on the same buffers: bit for bit
     for a, b in zip(got_p, want_p):
         assert torch.equal(a, b)
-    assert recorded["compiled_replays"] == 0 and recorded["deferred_ops"] > 50
-    assert replayed == {"compiled_graph_calls": 2, "compiled_replays": 2, "deferred_ops": 0,
-                        "compiles": 0, "fused_graphs": 2}, replayed
+    assert recorded["compiled_replays"] == 0
+    assert replayed["compiled_graph_calls"] == replayed["compiled_replays"] == 2, replayed
+    assert replayed["compiles"] == 0 and replayed["fused_graphs"] == recorded["fused_graphs"]
+    # The graphs' ops are recorded no more (what runs eagerly around them still is).
+    assert recorded["deferred_ops"] - replayed["deferred_ops"] > 50
+    if torch_tpu.get_eager_mode() != EagerMode.DEFER_AND_FUSE:
+        assert replayed["deferred_ops"] == 0, replayed
 
 
 def test_replayed_calls_apply_input_mutations():
