@@ -501,3 +501,25 @@ def test_a_graph_reading_a_tensor_outside_its_inputs_keeps_recording():
     before = torch_tpu.metrics()
     torch.testing.assert_close(g([x.to("tpu")])[0].cpu(), x + 2)
     assert delta(before, torch_tpu.metrics(), "compiled_replays")["compiled_replays"] == 0
+
+
+def test_replay_donates_inputs_nobody_holds_where_donation_is_on():
+    # Donation on the XLA CPU plugin needs TPU_FUSE_DONATE=1 at process start.
+    r = run_python(
+        "import torch, torch_tpu\n"
+        "from torch.fx.experimental.proxy_tensor import make_fx\n"
+        "from torch_tpu._internal.compile import _CompiledGraph\n"
+        "gm = make_fx(lambda a, b: (a * 2 + b,))(torch.ones(64), torch.ones(64))\n"
+        "g = _CompiledGraph(gm, False)\n"
+        "held = torch.ones(64).to('tpu')\n"
+        "res = []\n"
+        "for i in range(4):\n"
+        "    before = torch_tpu.metrics()['donated_buffers']\n"
+        "    out = g([torch.full((64,), float(i)).to('tpu'), held])[0]\n"  # only the list holds a
+        "    res.append((out.cpu()[0].item(), torch_tpu.metrics()['donated_buffers'] - before))\n"
+        "print(res, torch_tpu.metrics()['compiled_replays'], held.cpu().sum().item())\n",
+        env={"TPU_FUSE_DONATE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res, replays, held = r.stdout.strip().splitlines()[-1].rsplit(" ", 2)
+    # Each call donates the dead input (recorded and replayed alike), never the held one.
+    assert res == "[(1.0, 1), (3.0, 1), (5.0, 1), (7.0, 1)]" and replays == "3" and held == "64.0"
