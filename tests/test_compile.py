@@ -361,3 +361,165 @@ def test_new_outputs_have_cpu_strides_so_traced_views_hold():
     assert xt.t().exp().stride() == x.t().exp().stride()
     f = torch.compile(lambda x: (x.t() * 2).t().view(-1) + 1, backend="tpu")
     torch.testing.assert_close(f(xt).cpu(), (x.t() * 2).t().reshape(-1) + 1)
+
+
+# ---- steady calls: the captured program launched again, nothing recorded -------------
+
+@pytest.fixture
+def record_every_call():
+    """Switches replay off for the test's block; restores it."""
+    from torch_tpu._internal import compile as c
+    yield c
+    c.REPLAY = True
+
+
+def aten_graph(fn, *example):
+    """An ATen FX graph as AOTAutograd hands it to the backend (no Dynamo guards)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    return make_fx(fn)(*example)
+
+
+def test_steady_gpt_steps_replay_with_values_identical_to_recording(record_every_call):
+    torch.manual_seed(0)
+    base = GPT()
+    runs = {}
+    for replay in (False, True):
+        record_every_call.REPLAY = replay
+        torch._dynamo.reset()
+        model = copy.deepcopy(base).to("tpu")
+        losses, _ = train_gpt(model, torch.compile(model, backend="tpu"), steps=4)
+        # One steady step's forward and backward: with replay nothing is recorded.
+        x, y = (t.to("tpu") for t in next(batches(64, 32, 4, 1)))
+        torch_tpu.synchronize()
+        before = torch_tpu.metrics()
+        fwd = torch.compile(model, backend="tpu")
+        _, loss = fwd(x, y)
+        loss.backward()
+        torch_tpu.synchronize()
+        step = delta(before, torch_tpu.metrics(), "compiled_graph_calls", "compiled_replays",
+                     "deferred_ops", "compiles", "fused_graphs")
+        runs[replay] = (losses, [p.detach().cpu() for p in model.parameters()], step)
+    (want, want_p, recorded), (got, got_p, replayed) = runs[False], runs[True]
+    assert got == want  # the same executables on the same buffers: bit for bit
+    for a, b in zip(got_p, want_p):
+        assert torch.equal(a, b)
+    assert recorded["compiled_replays"] == 0
+    assert replayed["compiled_graph_calls"] == replayed["compiled_replays"] == 2, replayed
+    assert replayed["compiles"] == 0 and replayed["fused_graphs"] == recorded["fused_graphs"]
+    # The graphs' ops are recorded no more (what runs eagerly around them still is).
+    assert recorded["deferred_ops"] - replayed["deferred_ops"] > 50
+    if torch_tpu.get_eager_mode() != EagerMode.DEFER_AND_FUSE:
+        assert replayed["deferred_ops"] == 0, replayed
+
+
+def test_replayed_calls_apply_input_mutations():
+    def f(buf, x):
+        buf.add_(x)
+        x.mul_(2)
+        return buf * 3, x.view(2, 2)  # an output viewing a mutated input
+
+    buf, x = torch.arange(4.0), torch.ones(4)
+    bt, xt = buf.to("tpu"), x.to("tpu")
+    g = torch.compile(f, backend="tpu")
+    want = [f(buf, x) for _ in range(4)]
+    before = torch_tpu.metrics()
+    got = [g(bt, xt) for _ in range(4)]
+    d = delta(before, torch_tpu.metrics(), "compiled_replays", "deferred_ops")
+    assert d["compiled_replays"] == 3
+    for (a, v), (wa, wv) in zip(got, want):
+        torch.testing.assert_close(a.cpu(), wa)
+    torch.testing.assert_close(bt.cpu(), buf)
+    torch.testing.assert_close(xt.cpu(), x)
+    # The view output shares the input's storage: later writes show through it.
+    v = got[-1][1]
+    assert v.untyped_storage().data_ptr() == xt.untyped_storage().data_ptr()
+    xt.add_(1)
+    torch.testing.assert_close(v.cpu(), (x + 1).view(2, 2))
+
+
+def test_dropout_replays_draw_the_numbers_recording_draws(record_every_call):
+    m = nn.Sequential(nn.Linear(8, 64), nn.Dropout(0.5), nn.Linear(64, 4)).to("tpu")
+    x = torch.randn(16, 8).to("tpu")
+    runs = {}
+    for replay in (False, True):
+        record_every_call.REPLAY = replay
+        torch._dynamo.reset()
+        f = torch.compile(m, backend="tpu")
+        torch.manual_seed(5)
+        before = torch_tpu.metrics()
+        runs[replay] = [f(x).detach().cpu() for _ in range(3)]
+        runs[replay].append(delta(before, torch_tpu.metrics(), "compiled_replays")["compiled_replays"])
+    assert runs[False][3] == 0 and runs[True][3] == 2
+    for a, b in zip(runs[False][:3], runs[True][:3]):
+        assert torch.equal(a, b)
+    assert not torch.equal(runs[True][1], runs[True][2])  # each call its own mask
+    eval_m = copy.deepcopy(m).eval()
+    assert not torch.equal(runs[True][1], eval_m(x).cpu())
+
+
+def test_another_input_layout_records_again_then_replays_too():
+    from torch_tpu._internal.compile import _CompiledGraph
+    gm = aten_graph(lambda x, y: (x * 2 + y, (x - y).sum()), torch.ones(4, 3), torch.ones(4, 3))
+    g = _CompiledGraph(gm, False)
+
+    def call(x, y):
+        before = torch_tpu.metrics()
+        out = g([x.to("tpu") if x.device.type == "cpu" else x, y.to("tpu")])
+        torch.testing.assert_close(out[0].cpu(), x.cpu() * 2 + y)
+        torch.testing.assert_close(out[1].cpu(), (x.cpu() - y).sum())
+        return delta(before, torch_tpu.metrics(), "compiled_replays")["compiled_replays"]
+
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    assert [call(a, b), call(b, a)] == [0, 1]
+    big = torch.randn(6, 3).to("tpu")
+    assert call(big[:4], b) == 0          # same sizes and strides, a larger storage
+    assert call(big[:4] * 1, a) == 1      # the first layout again
+    assert call(big[:4], a) == 1          # the second layout: captured too
+    t = torch.randn(3, 4).to("tpu").t()   # other strides
+    assert [call(t, a), call(t, b)] == [0, 1]
+    assert call(torch.randn(5, 3), torch.randn(5, 3)) == 0  # another shape (no guard here)
+    assert g.replay_declined == ""
+
+
+def test_a_graph_reading_a_tensor_outside_its_inputs_keeps_recording():
+    from torch_tpu._internal.compile import _CompiledGraph
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("c", torch.ones(3, device="tpu"))
+
+        def forward(self, x):
+            return (x + self.c,)
+
+    m = M()
+    g = _CompiledGraph(torch.fx.symbolic_trace(m), False)
+    x = torch.arange(3.0)
+    torch.testing.assert_close(g([x.to("tpu")])[0].cpu(), x + 1)
+    assert "not among its inputs" in g.replay_declined
+    m.c.add_(1)  # seen by the next call: it records again
+    before = torch_tpu.metrics()
+    torch.testing.assert_close(g([x.to("tpu")])[0].cpu(), x + 2)
+    assert delta(before, torch_tpu.metrics(), "compiled_replays")["compiled_replays"] == 0
+
+
+def test_replay_donates_inputs_nobody_holds_where_donation_is_on():
+    # Donation on the XLA CPU plugin needs TPU_FUSE_DONATE=1 at process start.
+    r = run_python(
+        "import torch, torch_tpu\n"
+        "from torch.fx.experimental.proxy_tensor import make_fx\n"
+        "from torch_tpu._internal.compile import _CompiledGraph\n"
+        "gm = make_fx(lambda a, b: (a * 2 + b,))(torch.ones(64), torch.ones(64))\n"
+        "g = _CompiledGraph(gm, False)\n"
+        "held = torch.ones(64).to('tpu')\n"
+        "res = []\n"
+        "for i in range(4):\n"
+        "    before = torch_tpu.metrics()['donated_buffers']\n"
+        "    out = g([torch.full((64,), float(i)).to('tpu'), held])[0]\n"  # only the list holds a
+        "    res.append((out.cpu()[0].item(), torch_tpu.metrics()['donated_buffers'] - before))\n"
+        "print(res, torch_tpu.metrics()['compiled_replays'], held.cpu().sum().item())\n",
+        env={"TPU_FUSE_DONATE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res, replays, held = r.stdout.strip().splitlines()[-1].rsplit(" ", 2)
+    # Each call donates the dead input (recorded and replayed alike), never the held one.
+    assert res == "[(1.0, 1), (3.0, 1), (5.0, 1), (7.0, 1)]" and replays == "3" and held == "64.0"

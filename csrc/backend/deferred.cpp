@@ -1,5 +1,6 @@
 #include "backend/deferred.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <limits>
@@ -303,6 +304,53 @@ struct Job {
   std::vector<bool> donate;
 };
 
+}  // namespace
+
+struct FlushedGraph {
+  std::string key;  // the graph's wiring and outputs, without its donations
+  int device = 0;
+  std::vector<Call> calls;
+  std::vector<ir::Type> param_types;
+  std::vector<Wire> results;
+  std::vector<int> replaces;  // per result: the input it replaces in its storage, or -1
+};
+
+namespace {
+
+std::function<void(const FlushReport&)> g_flush_observer;  // guarded by g_mu
+
+// Whether nobody but `v` (and a finished graph's slot) holds the value.
+bool sole_holder(const Operand& v) {
+  if (!v.slot) return v.buffer.use_count() == 1;
+  std::lock_guard<std::mutex> l(g_slot_mu);
+  return v.slot.use_count() == 1 && !v.slot->error && (!v.slot->buffer || v.slot->buffer.use_count() == 1);
+}
+
+// Inputs nobody else holds are donated to an output of the same type: first to the
+// output that replaced the input in its storage (its own update: no copy needed), then
+// to any output of its type. Extends `key` with the donations (they shape the program).
+void assign_donations(Job& job, const std::vector<bool>& sole, const std::vector<int>& replaces) {
+  job.aliases.assign(job.param_types.size(), -1);
+  job.donate.assign(job.param_types.size(), false);
+  std::vector<bool> taken(job.results.size(), false);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < job.param_types.size(); ++i) {
+      if (!sole[i] || job.donate[i]) continue;
+      const ir::Type& pt = job.param_types[i];
+      for (size_t j = 0; j < job.results.size(); ++j) {
+        const Slot& r = *job.result_slots[j];
+        if (taken[j] || r.type.dtype != pt.dtype || r.type.shape != pt.shape) continue;
+        if (pass == 0 && replaces[j] != static_cast<int>(i)) continue;
+        taken[j] = true;
+        job.aliases[i] = static_cast<int>(j);
+        job.donate[i] = true;
+        job.key += "a" + std::to_string(i) + ":" + std::to_string(j);
+        break;
+      }
+    }
+  }
+}
+
 // Recorded for the next sync before any reader can see it (a reader forgets it).
 void fail_slots(const std::vector<std::vector<SlotPtr>>& outs, size_t from, std::exception_ptr e) {
   record_launch_error(e);
@@ -561,47 +609,90 @@ void flush_prefix(const char* reason, size_t count) {
   fuse_stats().elided += total - static_cast<int64_t>(job.results.size());
   g.nodes.clear();  // drops the graph's references to its inputs
 
-  // Inputs nobody else holds are donated to an output of the same type (an optimizer's
-  // in-place update reuses the parameter's memory). Reference counts are only the
-  // users' once earlier jobs are done: a job in flight holds its inputs and outputs, and
-  // donating by a count it inflates would make the program (whose key names the
-  // donations) depend on the launcher's timing.
+  // Inputs nobody else holds are donated (an optimizer's in-place update reuses the
+  // parameter's memory). Reference counts are only the users' once earlier jobs are
+  // done: a job in flight holds its inputs and outputs, and donating by a count it
+  // inflates would make the program (whose key names the donations) depend on the
+  // launcher's timing.
   if (!ext.empty()) launcher().wait_quiet();
   for (Operand& e : ext) job.param_types.push_back(e.type());
-  job.aliases.assign(ext.size(), -1);
-  job.donate.assign(ext.size(), false);
-  std::vector<bool> sole(ext.size(), false), taken(job.results.size(), false);
+  std::vector<const void*> ids;
+  for (const Operand& e : ext) ids.push_back(e.slot ? static_cast<const void*>(e.slot.get()) : e.buffer.get());
+  std::vector<int> replaces;
+  for (const SlotPtr& r : job.result_slots) {
+    auto it = std::find(ids.begin(), ids.end(), r->replaces);
+    replaces.push_back(r->replaces && it != ids.end() ? static_cast<int>(it - ids.begin()) : -1);
+  }
+  std::vector<bool> sole(ext.size(), false);
   const bool donate = donation_enabled();
-  for (size_t i = 0; i < ext.size() && donate; ++i) {
-    if (ext[i].slot) {
-      std::lock_guard<std::mutex> l(g_slot_mu);
-      sole[i] = ext[i].slot.use_count() == 1 && !ext[i].slot->error &&
-                (!ext[i].slot->buffer || ext[i].slot->buffer.use_count() == 1);
-    } else {
-      sole[i] = ext[i].buffer.use_count() == 1;
+  for (size_t i = 0; i < ext.size() && donate; ++i) sole[i] = sole_holder(ext[i]);
+  if (g_flush_observer) {
+    auto fg = std::make_shared<FlushedGraph>();
+    fg->key = job.key;
+    fg->device = job.device;
+    fg->calls = job.calls;
+    fg->param_types = job.param_types;
+    fg->results = job.results;
+    fg->replaces = replaces;
+    FlushReport report{fg, job.device, ids, job.param_types, {}, {}};
+    for (const SlotPtr& r : job.result_slots) {
+      report.results.push_back(r.get());
+      report.result_types.push_back(r->type);
     }
+    g_flush_observer(report);
   }
-  // An input goes first to the output that replaced it in its storage (its own update:
-  // no copy needed), then to any output of its type.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < ext.size(); ++i) {
-      if (!sole[i] || job.donate[i]) continue;
-      const void* id = ext[i].slot ? static_cast<const void*>(ext[i].slot.get()) : ext[i].buffer.get();
-      const ir::Type& pt = job.param_types[i];
-      for (size_t j = 0; j < job.results.size(); ++j) {
-        const Slot& r = *job.result_slots[j];
-        if (taken[j] || r.type.dtype != pt.dtype || r.type.shape != pt.shape) continue;
-        if (pass == 0 && r.replaces != id) continue;
-        taken[j] = true;
-        job.aliases[i] = static_cast<int>(j);
-        job.donate[i] = true;
-        key += "a" + std::to_string(i) + ":" + std::to_string(j);
-        break;
-      }
-    }
-  }
+  assign_donations(job, sole, replaces);
   job.params = std::move(ext);
   launcher().submit(std::move(job));
+}
+
+}  // namespace tpu::backend
+
+namespace tpu::backend {
+
+void set_flush_observer(std::function<void(const FlushReport&)> fn) {
+  auto lock = graph_lock();
+  g_flush_observer = std::move(fn);
+}
+
+std::vector<SlotPtr> relaunch(const FlushedGraphPtr& graph, std::vector<Operand> params,
+                              const std::function<void(const std::vector<SlotPtr>&)>& bind) {
+  auto lock = graph_lock();
+  for (const Operand& p : params)  // an input still pending in this thread's graph
+    if (p.slot && p.slot->producer) {
+      flush("compiled graph input");
+      break;
+    }
+  Job job;
+  job.key = graph->key;
+  job.device = graph->device;
+  job.calls = graph->calls;
+  job.param_types = graph->param_types;
+  job.results = graph->results;
+  for (const Call& c : job.calls) {
+    std::vector<SlotPtr> outs;
+    for (size_t i = 0; i < c.program->results().size(); ++i) {
+      auto s = std::make_shared<Slot>();
+      s->type = c.program->results()[i];
+      s->device = job.device;
+      s->index = static_cast<int>(i);
+      outs.push_back(std::move(s));
+    }
+    job.outs.push_back(std::move(outs));
+  }
+  for (const Wire& w : job.results) job.result_slots.push_back(job.outs[w.node][w.index]);
+  bind(job.result_slots);
+  std::vector<bool> sole(params.size(), false);
+  if (donation_enabled()) {
+    launcher().wait_quiet();  // as a flush: donation by the users' reference counts only
+    for (size_t i = 0; i < params.size(); ++i) sole[i] = sole_holder(params[i]);
+  }
+  assign_donations(job, sole, graph->replaces);
+  fuse_stats().outputs += static_cast<int64_t>(job.results.size());
+  std::vector<SlotPtr> results = job.result_slots;
+  job.params = std::move(params);
+  launcher().submit(std::move(job));
+  return results;
 }
 
 }  // namespace tpu::backend

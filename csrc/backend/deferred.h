@@ -126,4 +126,25 @@ struct FuseStats {
 };
 FuseStats& fuse_stats();
 
+// ---- a flushed graph launched again on new inputs (compiled mode: captured_graph.cpp) ----
+
+struct FlushedGraph;  // what the launcher needs to run a graph's program again
+using FlushedGraphPtr = std::shared_ptr<const FlushedGraph>;
+struct FlushReport {
+  FlushedGraphPtr graph;
+  int device = 0;
+  std::vector<const void*> params;   // each input's identity: its buffer or its slot
+  std::vector<ir::Type> param_types;
+  std::vector<const Slot*> results;  // the slots that became outputs, in order
+  std::vector<ir::Type> result_types;
+};
+// While set, every flush reports its graph to `fn` (called under the graph lock).
+void set_flush_observer(std::function<void(const FlushReport&)> fn);
+// Launches `graph` again on `params` (same types as its first inputs; buffers or slots
+// of flushed graphs). `bind` sees the fresh result slots before donation is decided, as
+// a flush would (a caller writes them into storages there). Inputs nobody else holds
+// are donated by the same rule as a flush; the executable comes from the graph cache.
+std::vector<SlotPtr> relaunch(const FlushedGraphPtr& graph, std::vector<Operand> params,
+                              const std::function<void(const std::vector<SlotPtr>&)>& bind);
+
 }  // namespace tpu::backend

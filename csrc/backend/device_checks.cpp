@@ -5,6 +5,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backend/captured_graph.h"
 #include "backend/executor.h"
 
 namespace tpu::backend {
@@ -24,6 +25,7 @@ constexpr size_t kMaxOutstanding = 256;
 }  // namespace
 
 void add_device_check(Operand ok, std::string message) {
+  note_device_check(ok, message);
   size_t n;
   {
     std::lock_guard<std::mutex> lock(g_mu);

@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "backend/device.h"
+#include "backend/captured_graph.h"
 #include "backend/device_checks.h"
 #include "backend/dtypes.h"
 #include "backend/executor.h"
@@ -887,22 +888,28 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
       case Source::Storage:
         keep.push_back(storage_value(*tensor_at(args, s.arg, s.elem, &tmp)));
         break;
-      case Source::CpuTensor:
-        keep.push_back(scalar_buffer(cpu_scalar(*tensor_at(args, s.arg, s.elem, &tmp)), s.dtype, k.device));
+      case Source::CpuTensor: {
+        const at::Tensor& cpu = *tensor_at(args, s.arg, s.elem, &tmp);
+        runtime::BufferPtr b = scalar_buffer(cpu_scalar(cpu), s.dtype, k.device);
+        // A wrapped Python number is the graph's constant (or a number input, guarded).
+        note_host_input(b, cpu.unsafeGetTensorImpl()->is_wrapped_number() ? HostInput::Constant : HostInput::Varying);
+        keep.push_back(std::move(b));
         break;
+      }
       case Source::Scalar: {
         const IValue& v = args[s.arg];
         c10::Scalar sc = s.elem < 0 ? v.toScalar() : v.toList().get(s.elem).toScalar();
-        keep.push_back(scalar_buffer(sc, s.dtype, k.device));
+        runtime::BufferPtr b = scalar_buffer(sc, s.dtype, k.device);
+        note_host_input(b, HostInput::Constant);
+        keep.push_back(std::move(b));
         break;
       }
       case Source::Rng: {
         std::optional<at::Generator> gen;
         if (s.arg >= 0 && args[s.arg].isGenerator()) gen = args[s.arg].toGenerator();
-        auto [seed, counter] = next_rng_state(gen, k.device);
-        // Threefry streams of (key, n) and (key, n+1) overlap: give each op its own key.
-        int64_t st[2] = {static_cast<int64_t>(splitmix64(seed ^ splitmix64(counter))), 0};
-        keep.push_back(guarded([&] { return runtime::Client::get().from_host(st, DType::I64, {2}, k.device); }));
+        runtime::BufferPtr b = rng_state_buffer(gen, k.device);
+        note_host_input(b, gen ? HostInput::Varying : HostInput::Rng);
+        keep.push_back(std::move(b));
         break;
       }
     }
@@ -987,6 +994,13 @@ const lowering::Rule* rule_for(const c10::FunctionSchema& schema, const std::str
 }
 
 }  // namespace
+
+runtime::BufferPtr rng_state_buffer(const std::optional<at::Generator>& gen, int device) {
+  auto [seed, counter] = next_rng_state(gen, device);
+  // Threefry streams of (key, n) and (key, n+1) overlap: give each op its own key.
+  int64_t st[2] = {static_cast<int64_t>(splitmix64(seed ^ splitmix64(counter))), 0};
+  return guarded([&] { return runtime::Client::get().from_host(st, DType::I64, {2}, device); });
+}
 
 int register_lowered_kernels() {
   static torch::Library* lib = new torch::Library(torch::Library::IMPL, "aten",

@@ -23,6 +23,7 @@ int64_t import_stablehlo(const std::string& text, const std::string& what,
 void donate_storage(const at::Tensor& t, const std::string& what);
 void bind_dlpack(pybind11::module_& m);    // dlpack.cpp
 void bind_serialization(pybind11::module_& m);  // serialization.cpp
+void bind_captured_graph(pybind11::module_& m);  // captured_graph.cpp
 }  // namespace tpu::backend
 namespace tpu::distributed {
 void bind(pybind11::module_& m);  // csrc/distributed/python.cpp
@@ -40,6 +41,7 @@ PYBIND11_MODULE(_C, m) {
   distributed::bind(m);
   bind_dlpack(m);
   bind_serialization(m);
+  bind_captured_graph(m);
   m.def("_init", [](std::vector<std::pair<std::string, std::string>> candidates) {
     runtime::set_plugin_candidates(std::move(candidates));
     register_device_hooks();

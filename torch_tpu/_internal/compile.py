@@ -1,22 +1,30 @@
 """Compiled mode: the torch.compile backend "tpu".
 
 Dynamo captures FX graphs; AOTAutograd turns each into ATen forward and backward
-graphs (min-cut partition, as Inductor: cheap values are recomputed in the backward
-rather than saved). Each ATen graph is lowered by replaying it through the eager
+graphs (min-cut partition with an activation memory budget of 0 by default: what can
+be recomputed is recomputed in the backward rather than saved; see TpuBackend). Each ATen graph is lowered by replaying it through the eager
 kernels while the backend records everything (EagerMode.INTERNAL_DEFER_ALL): the
 recorded ops become one fused StableHLO program — the DeferAndFuse builder, its caches and donation — flushed
-at the graph's end. Eager lowerings are compiled lowerings; a graph's later calls
-record the same program and hit the executable cache, so a steady call is one
-execution per graph. Graph breaks run eagerly in the surrounding mode.
+at the graph's end. Eager lowerings are compiled lowerings. Graph breaks run eagerly in
+the surrounding mode.
+
+A graph's first call is captured while it records (csrc/backend/captured_graph.cpp):
+which graph input each program parameter reads, which parameters are constants or fresh
+random states (drawn from the generator in the same order as recording would), which
+results become outputs (sizes, strides) and which are written back into inputs (the
+copy_ epilogue AOTAutograd leaves for BatchNorm's running stats). Later calls whose
+inputs match (dtype, sizes, strides, storage layout) launch the cached program on the
+new buffers without recording: a guard check and one launch. Inputs nobody holds any
+more (the boxed call clears its list) are donated where the runtime allows it. A call
+that does not match records again (and is captured too); a graph the capture cannot
+explain (it reads a tensor that is not an input, a CPU tensor's value) always records.
 
 `torch.compile(model, backend="tpu")` finds the backend through the
 `torch_dynamo_backends` entry point (no import of torch_tpu needed). A plain
 `torch.compile(model)` reaches Inductor, which has no tpu code generator of its own
 here: graphs whose tensors live on tpu are routed to this backend instead.
 
-Cost: each call re-records its graph (tens of µs per op on the host); the next lever
-is replaying a recorded graph in C++ with new input buffers. The eager mode is
-process-wide: tpu ops another Python thread runs during a graph's call join its program.
+The eager mode is process-wide: tpu ops another Python thread runs during a graph's call join its program.
 """
 import time
 
@@ -34,13 +42,26 @@ counters = {
     "compiled_graphs": 0,             # ATen graphs (forward, backward, inference) lowered
     "compiled_recompiles": 0,         # Dynamo graphs compiled again for a compiled frame
     "compiled_graph_calls": 0,        # calls of compiled graphs
+    "compiled_replays": 0,            # ... that launched a captured program, recording nothing
     "compiled_lowering_seconds": 0.0,  # AOTAutograd + each graph's first recording
-    "compiled_call_seconds": 0.0,     # host time in graph calls: recording, handing over
+    "compiled_call_seconds": 0.0,     # host time in graph calls: recording or replaying
 }
 
 
+_MAX_CAPTURES = 8  # input layouts one graph keeps programs for
+REPLAY = True      # False: every call records (tests compare the two paths)
+
+
+def _mutated_inputs(gm: torch.fx.GraphModule) -> list:
+    """Inputs the graph writes (AOTAutograd's copy_ epilogue), by position."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return sorted({placeholders.index(n.args[0]) for n in gm.graph.nodes
+                   if n.op == "call_function" and n.target is torch.ops.aten.copy_.default
+                   and n.args[0] in placeholders})
+
+
 class _CompiledGraph:
-    """One ATen graph; each call records it and runs it as one fused program."""
+    """One ATen graph: recorded and run as one fused program, then replayed."""
 
     def __init__(self, gm: torch.fx.GraphModule, debug: bool):
         # AOTAutograd passes a list we may clear, so inputs die early. An instance
@@ -51,6 +72,9 @@ class _CompiledGraph:
         gm.recompile()
         self._gm = gm
         self._first = True
+        self._mutated = _mutated_inputs(gm)
+        self._captures = []        # (capture, output template), one per input layout
+        self.replay_declined = ""  # why the capture could not explain the graph
         if debug:
             print(gm.print_readable(print_output=False, include_stride=True))
         counters["compiled_graphs"] += 1
@@ -62,9 +86,10 @@ class _CompiledGraph:
             _C.flush("before compiled graph")  # the surrounding eager work is its own graph
         _C.set_eager_mode(_DEFER_ALL)
         try:
-            out = self._gm(args)
+            out = self._replay(args) if isinstance(args, list) else None
+            if out is None:
+                out = self._record(args)
         finally:
-            _C.flush("compiled graph")  # only values still referenced become outputs
             _C.set_eager_mode(prev)
         if prev == _DEBUG:
             _C.synchronize(-1)  # Debug: errors surface at the call
@@ -74,6 +99,36 @@ class _CompiledGraph:
         if self._first:
             counters["compiled_lowering_seconds"] += dt
             self._first = False
+        return out
+
+    def _replay(self, args):
+        for cap, template in (self._captures if REPLAY else ()):
+            tensors = cap.replay(args)  # None: the inputs do not match; args untouched
+            if tensors is not None:
+                counters["compiled_replays"] += 1
+                return template[0](t if t is not None else c for t, c in zip(tensors, template[1]))
+        return None
+
+    def _record(self, args):
+        capturing = (REPLAY and isinstance(args, list) and not self.replay_declined
+                     and len(self._captures) < _MAX_CAPTURES)
+        cap = _C._capture_begin(args, self._mutated) if capturing else None
+        try:
+            out = self._gm(args)
+        except BaseException:
+            if cap is not None:
+                _C._capture_abort(cap)
+            _C.flush("compiled graph")
+            raise
+        if cap is None:
+            _C.flush("compiled graph")  # only values still referenced become outputs
+            return out
+        _C._capture_end(cap, list(out))  # flushes, then explains the program
+        if cap.ready:
+            consts = [None if isinstance(o, torch.Tensor) else o for o in out]
+            self._captures.append((cap, (type(out), consts)))
+        else:
+            self.replay_declined = cap.why
         return out
 
 
@@ -138,14 +193,21 @@ class TpuBackend:
     """The compiler function Dynamo calls with each captured graph.
 
     `debug` prints each ATen graph as it is lowered; `dynamism` allows dynamic sizes
-    bounded by `mark_dynamic`. Options of Google's TorchTPU this backend has no use for
+    bounded by `mark_dynamic`. `memory_budget` is AOTAutograd's activation memory budget
+    for the forward/backward partition: 0.0 (the default) saves only what cannot be
+    recomputed, and the backward program recomputes the rest inside itself, as
+    DeferAndFuse's one program per step does: a compiled GPT step then peaks below
+    DeferAndFuse's memory (saved activations were most of its peak) and stays faster.
+    1.0 is PyTorch's default, runtime-optimized partition. Options of Google's TorchTPU this backend has no use for
     (`enable_serialization`, `precompile_steps`, ...) are accepted and ignored: the
     executable caches already persist compiled programs.
     """
 
-    def __init__(self, debug: bool = False, dynamism: bool = False, **ignored):
+    def __init__(self, debug: bool = False, dynamism: bool = False, memory_budget: float = 0.0,
+                 **ignored):
         self.debug = debug
         self.dynamism = dynamism
+        self.memory_budget = memory_budget
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, **ignored):
         # `mode=` and `options=` (from torch.compile) have no meaning here.
@@ -160,10 +222,11 @@ class TpuBackend:
         t0 = time.perf_counter()
         lower = self._lower
         try:
-            return aot_autograd(fw_compiler=lower, bw_compiler=lower, inference_compiler=lower,
-                                partition_fn=min_cut_rematerialization_partition,
-                                decompositions=_decompositions(),
-                                keep_inference_input_mutations=True)(gm, example_inputs)
+            with torch._functorch.config.patch(activation_memory_budget=self.memory_budget):
+                return aot_autograd(fw_compiler=lower, bw_compiler=lower, inference_compiler=lower,
+                                    partition_fn=min_cut_rematerialization_partition,
+                                    decompositions=_decompositions(),
+                                    keep_inference_input_mutations=True)(gm, example_inputs)
         finally:
             counters["compiled_lowering_seconds"] += time.perf_counter() - t0
 

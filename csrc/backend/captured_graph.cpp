@@ -1,0 +1,410 @@
+#include "backend/captured_graph.h"
+
+#include <torch/extension.h>
+
+#include <atomic>
+#include <map>
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/DeviceGuard.h>
+
+#include "backend/device_checks.h"
+#include "backend/executor.h"
+#include "backend/storage.h"
+
+namespace py = pybind11;
+
+namespace tpu::backend {
+namespace {
+
+bool same_type(const ir::Type& a, const ir::Type& b) { return a.dtype == b.dtype && a.shape == b.shape; }
+
+const void* identity(const Operand& v) {
+  return v.slot ? static_cast<const void*>(v.slot.get()) : static_cast<const void*>(v.buffer.get());
+}
+
+// What a tensor's program and its view depend on.
+struct TensorSpec {
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+  size_t nbytes = 0;
+  int device = 0;
+
+  static TensorSpec of(const at::Tensor& t) {
+    TensorSpec s;
+    s.dtype = t.scalar_type();
+    s.sizes.assign(t.sizes().begin(), t.sizes().end());
+    s.strides.assign(t.strides().begin(), t.strides().end());
+    s.offset = t.storage_offset();
+    s.nbytes = t.storage().nbytes();
+    s.device = device_index(t);
+    return s;
+  }
+  bool matches(const at::Tensor& t) const {
+    return t.scalar_type() == dtype && t.sizes().vec() == sizes && t.strides().vec() == strides &&
+           t.storage_offset() == offset && t.storage().nbytes() == nbytes && device_index(t) == device;
+  }
+};
+
+bool plain_tpu_tensor(const py::handle& h, at::Tensor* out) {
+  if (!THPVariable_Check(h.ptr())) return false;
+  at::Tensor t = THPVariable_Unpack(h.ptr());
+  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1 || t.is_conj() || t.is_neg())
+    return false;
+  *out = std::move(t);
+  return true;
+}
+
+// Builds a tensor on `storage` with the recorded view.
+at::Tensor tensor_on(const c10::Storage& storage, const TensorSpec& s) {
+  constexpr c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), ks,
+                                                          caffe2::TypeMeta::fromScalarType(s.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(s.sizes, s.strides, s.offset);
+  return t;
+}
+
+c10::Storage storage_holding(Operand value, size_t nbytes, int device) {
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  c10::Storage st(c10::Storage::use_byte_size_t(), nbytes, tpu_allocator(), /*resizable=*/true);
+  static_cast<StorageData*>(st.data_ptr().get_context())->value = std::move(value);
+  return st;
+}
+
+}  // namespace
+
+// One recorded call of a graph, and (once explained) how to launch its program again.
+// Hidden, as pybind11 is: it holds Python objects.
+class __attribute__((visibility("hidden"))) CapturedGraph {
+ public:
+  CapturedGraph(const py::list& args, const std::vector<int>& mutated) : mutated_(mutated) {
+    for (size_t k = 0; k < args.size(); ++k) {
+      Input in;
+      at::Tensor t;
+      py::handle h = args[k];
+      if (THPVariable_Check(h.ptr())) {
+        if (!plain_tpu_tensor(h, &t)) {
+          decline("input " + std::to_string(k) + " is not a plain tpu tensor");
+          return;
+        }
+        StorageData& sd = storage_of(t);
+        if (!sd.donated_to.empty()) {
+          decline("input " + std::to_string(k) + " was donated");
+          return;
+        }
+        in.tensor = true;
+        in.spec = TensorSpec::of(t);
+        in.entry = sd.value ? identity(sd.value) : nullptr;  // none: never written (zeros)
+        if (sd.value) in.type = sd.value.type();
+        in.storage = t.storage().getWeakStorageImpl();
+        for (size_t e = 0; e < inputs_.size(); ++e)
+          if (inputs_[e].tensor && inputs_[e].storage._unsafe_get_target() == in.storage._unsafe_get_target()) {
+            in.shares = static_cast<int>(e);
+            break;
+          }
+      } else if (py::isinstance<py::int_>(h) || py::isinstance<py::float_>(h) || py::isinstance<py::bool_>(h) ||
+                 h.is_none()) {
+        in.value = py::reinterpret_borrow<py::object>(h);
+      } else {
+        decline("input " + std::to_string(k) + " is neither a tensor nor a number");
+        return;
+      }
+      inputs_.push_back(std::move(in));
+    }
+  }
+
+  bool ready() const { return static_cast<bool>(graph_); }
+  // Why the last replay did not match (which input, in what).
+  const std::string& miss_reason() const { return miss_; }
+  const std::string& why() const { return why_; }
+
+  // Recording hooks (under the graph lock, while this capture is active).
+  void host_input(const runtime::BufferPtr& b, HostInput kind) {
+    // Cached scalar buffers are shared: one that some op read from a CPU tensor varies.
+    auto [it, fresh] = host_inputs_.emplace(b.get(), std::make_pair(b, kind));
+    if (!fresh && kind == HostInput::Varying) it->second.second = kind;
+  }
+  void check(const Operand& ok, const std::string& message) {
+    if (ok.slot) checks_[ok.slot.get()] = message;
+  }
+  void flushed(const FlushReport& r) { reports_.push_back(r); }
+
+  // After the recorded call: flush, then explain the program in terms of the graph.
+  void finish(const py::list& outs);
+
+  // Launches the program on `args` when they look like the recorded ones (clearing
+  // `args`, as the boxed call does); None otherwise, leaving `args` alone.
+  py::object replay(py::list args);
+
+ private:
+  struct Input {
+    bool tensor = false;
+    TensorSpec spec;
+    const void* entry = nullptr;  // the storage's value at the call
+    ir::Type type;
+    int shares = -1;              // an earlier input on the same storage
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+    py::object value;             // a number input: must stay equal
+  };
+  enum class From { Input, Constant, Rng };
+  struct Param {
+    From from;
+    int input = -1;
+    runtime::BufferPtr constant;
+  };
+  enum class OutKind { None, Result, InputStorage, InputValue, Unwritten };
+  struct Output {
+    OutKind kind = OutKind::None;
+    int index = -1;  // result, or input
+    int group = -1;  // outputs on one new storage share a group (its first output)
+    TensorSpec spec;
+  };
+
+  py::object miss(const char* what, size_t k) {
+    miss_ = std::string(what) + " of input " + std::to_string(k);
+    return py::none();
+  }
+  void decline(std::string why) {
+    if (why_.empty()) why_ = std::move(why);
+  }
+
+  std::vector<Input> inputs_;
+  std::vector<int> mutated_;
+  std::map<const void*, std::pair<runtime::BufferPtr, HostInput>> host_inputs_;
+  std::map<const void*, std::string> checks_;
+  std::vector<FlushReport> reports_;
+  std::string why_, miss_;
+
+  FlushedGraphPtr graph_;
+  int device_ = 0;
+  std::vector<Param> params_;
+  std::vector<Output> outputs_;
+  std::vector<std::pair<int, int>> writes_;  // input k's storage takes result j
+  std::vector<std::pair<int, std::string>> result_checks_;
+};
+
+namespace {
+std::atomic<CapturedGraph*> g_active{nullptr};
+}  // namespace
+
+void note_host_input(const runtime::BufferPtr& b, HostInput kind) {
+  if (CapturedGraph* c = g_active.load()) c->host_input(b, kind);
+}
+void note_device_check(const Operand& ok, const std::string& message) {
+  if (CapturedGraph* c = g_active.load()) c->check(ok, message);
+}
+
+void CapturedGraph::finish(const py::list& outs) {
+  flush("compiled graph");
+  set_flush_observer(nullptr);
+  g_active.store(nullptr);
+  if (!why_.empty()) return;
+  if (reports_.size() != 1)
+    return decline(reports_.empty() ? "the graph ran no program" : "the graph was flushed in parts");
+  const FlushReport& r = reports_[0];
+
+  // Parameters: graph inputs, constants, or random states.
+  for (size_t i = 0; i < r.params.size(); ++i) {
+    Param p{From::Input};
+    for (size_t k = 0; k < inputs_.size() && p.input < 0; ++k)
+      if (inputs_[k].tensor && inputs_[k].entry == r.params[i]) p.input = static_cast<int>(k);
+    if (p.input < 0) {
+      auto it = host_inputs_.find(r.params[i]);
+      if (it == host_inputs_.end()) return decline("the graph reads a tpu value that is not among its inputs");
+      if (it->second.second == HostInput::Varying) return decline("the graph reads a host value that may vary");
+      p.from = it->second.second == HostInput::Rng ? From::Rng : From::Constant;
+      if (p.from == From::Constant) p.constant = it->second.first;
+    } else if (!same_type(r.param_types[i], inputs_[p.input].type)) {
+      return decline("an input is read as another type");
+    }
+    params_.push_back(std::move(p));
+  }
+  std::vector<bool> used(r.results.size(), false);
+  auto result_of = [&](const void* id) -> int {
+    for (size_t j = 0; j < r.results.size(); ++j)
+      if (r.results[j] == id) return static_cast<int>(j);
+    return -1;
+  };
+
+  // Writes into inputs: only those AOTAutograd says it mutates, each a result.
+  for (size_t k = 0; k < inputs_.size(); ++k) {
+    if (!inputs_[k].tensor) continue;
+    c10::intrusive_ptr<c10::StorageImpl> st = inputs_[k].storage.lock();
+    bool mutated = std::find(mutated_.begin(), mutated_.end(), static_cast<int>(k)) != mutated_.end();
+    if (!st) {
+      if (mutated) return decline("a mutated input died during the call");
+      continue;
+    }
+    const auto* sd = static_cast<const StorageData*>(st->data_ptr().get_context());
+    const void* now = sd->value ? identity(sd->value) : nullptr;
+    if (now == inputs_[k].entry) continue;
+    int j = result_of(now);
+    // Besides AOTAutograd's writes, a storage never written gets the zeros it reads.
+    if ((!mutated && inputs_[k].entry) || j < 0) return decline("an input's storage changed unexpectedly");
+    if (inputs_[k].shares < 0) {
+      writes_.push_back({static_cast<int>(k), j});
+      used[j] = true;
+    }
+  }
+
+  // Outputs: new storages holding results, or views of inputs.
+  std::vector<const c10::StorageImpl*> out_storages;
+  for (size_t p = 0; p < outs.size(); ++p) {
+    Output o;
+    at::Tensor t;
+    py::handle h = outs[p];
+    out_storages.push_back(nullptr);
+    if (THPVariable_Check(h.ptr())) {
+      if (!plain_tpu_tensor(h, &t)) return decline("an output is not a plain tpu tensor");
+      o.spec = TensorSpec::of(t);
+      const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+      out_storages.back() = st;
+      for (size_t k = 0; k < inputs_.size() && o.kind == OutKind::None; ++k)
+        if (inputs_[k].tensor && inputs_[k].storage._unsafe_get_target() == st) {
+          o.kind = OutKind::InputStorage;
+          o.index = inputs_[k].shares >= 0 ? inputs_[k].shares : static_cast<int>(k);
+        }
+      for (size_t q = 0; q < p && o.kind == OutKind::None; ++q)
+        if (out_storages[q] == st) {
+          o = outputs_[q];
+          o.spec = TensorSpec::of(t);
+        }
+      if (o.kind == OutKind::None) {
+        const void* v = identity(storage_of(t).value);
+        int j = result_of(v);
+        o.group = static_cast<int>(p);
+        if (j >= 0) {
+          o.kind = OutKind::Result;
+          o.index = j;
+          used[j] = true;
+        } else {
+          for (size_t k = 0; k < inputs_.size() && o.kind == OutKind::None; ++k)
+            if (v && inputs_[k].tensor && inputs_[k].entry == v) {
+              o.kind = OutKind::InputValue;
+              o.index = static_cast<int>(k);
+            }
+          if (o.kind == OutKind::None && !v) o.kind = OutKind::Unwritten;  // reads zeros
+          if (o.kind == OutKind::None) {
+            const Operand& ov = storage_of(t).value;
+            return decline("output " + std::to_string(p) + " holds a value the program did not produce (" +
+                           (ov.slot ? "a slot" : ov.buffer ? "a buffer" : "nothing") + ")");
+          }
+        }
+      }
+    } else if (!(h.is_none() || py::isinstance<py::int_>(h) || py::isinstance<py::float_>(h))) {
+      return decline("an output is neither a tensor nor a number");
+    }
+    outputs_.push_back(std::move(o));
+  }
+  for (size_t j = 0; j < r.results.size(); ++j) {
+    auto it = checks_.find(r.results[j]);
+    if (it != checks_.end()) {
+      result_checks_.push_back({static_cast<int>(j), it->second});
+      used[j] = true;
+    }
+    if (!used[j]) return decline("a result outlives the call outside its outputs");
+  }
+  host_inputs_.clear();
+  checks_.clear();
+  graph_ = r.graph;
+  device_ = r.device;
+  reports_.clear();
+}
+
+py::object CapturedGraph::replay(py::list args) {
+  if (!graph_ || args.size() != inputs_.size()) return miss("count", -1);
+  std::vector<at::Tensor> ins(inputs_.size());
+  for (size_t k = 0; k < inputs_.size(); ++k) {
+    const Input& in = inputs_[k];
+    py::handle h = args[k];
+    if (!in.tensor) {
+      if (THPVariable_Check(h.ptr()) || !in.value.equal(h)) return miss("number", k);
+      continue;
+    }
+    if (!plain_tpu_tensor(h, &ins[k]) || !in.spec.matches(ins[k])) return miss("layout", k);
+    const StorageData& sd = storage_of(ins[k]);
+    if (!sd.donated_to.empty() || static_cast<bool>(sd.value) != (in.entry != nullptr)) return miss("written", k);
+    if (sd.value && !same_type(sd.value.type(), in.type)) return miss("storage type", k);
+    int shares = -1;  // the same storages shared, no others
+    for (size_t e = 0; e < k && shares < 0; ++e)
+      if (inputs_[e].tensor && ins[e].storage().unsafeGetStorageImpl() == ins[k].storage().unsafeGetStorageImpl())
+        shares = static_cast<int>(e);
+    if (shares != in.shares) return miss("storage sharing", k);
+  }
+  const int device = device_;
+  std::vector<Operand> params;
+  for (const Param& p : params_) {
+    if (p.from == From::Input) params.push_back(storage_of(ins[p.input]).value);
+    else if (p.from == From::Constant) params.push_back(p.constant);
+    else params.push_back(rng_state_buffer(std::nullopt, device));
+  }
+  std::vector<c10::Storage> kept(inputs_.size());  // storages written or viewed by outputs
+  std::vector<Operand> values(inputs_.size());     // input values outputs hold
+  for (auto& [k, j] : writes_) kept[k] = ins[k].storage();
+  for (const Output& o : outputs_) {
+    if (o.kind == OutKind::InputStorage) kept[o.index] = ins[o.index].storage();
+    if (o.kind == OutKind::InputValue) values[o.index] = storage_of(ins[o.index]).value;
+  }
+  args.attr("clear")();  // inputs the caller no longer holds die now, as in the graph
+  ins.clear();
+
+  std::vector<SlotPtr> results = relaunch(graph_, std::move(params), [&](const std::vector<SlotPtr>& res) {
+    for (auto& [k, j] : writes_) {
+      auto* sd = static_cast<StorageData*>(kept[k].data_ptr().get_context());
+      note_replacement(res[j], sd->value);
+      sd->value = res[j];
+    }
+  });
+  for (auto& [j, message] : result_checks_) add_device_check(results[j], message);
+
+  py::list outs;
+  std::vector<c10::Storage> made(outputs_.size());
+  for (size_t p = 0; p < outputs_.size(); ++p) {
+    const Output& o = outputs_[p];
+    switch (o.kind) {
+      case OutKind::None:
+        outs.append(py::none());
+        continue;
+      case OutKind::InputStorage:
+        outs.append(tensor_on(kept[o.index], o.spec));
+        continue;
+      case OutKind::Result:
+      case OutKind::InputValue:
+      case OutKind::Unwritten:
+        if (static_cast<size_t>(o.group) == p)
+          made[p] = storage_holding(o.kind == OutKind::Result       ? Operand(results[o.index])
+                                    : o.kind == OutKind::InputValue ? values[o.index]
+                                                                    : Operand(),
+                                    o.spec.nbytes, device);
+        outs.append(tensor_on(made[o.group], o.spec));
+        continue;
+    }
+  }
+  return outs;
+}
+
+void bind_captured_graph(py::module_& m) {
+  py::class_<CapturedGraph, std::shared_ptr<CapturedGraph>>(m, "CapturedGraph")
+      .def_property_readonly("ready", &CapturedGraph::ready)
+      .def_property_readonly("why", &CapturedGraph::why)
+      .def_property_readonly("miss", &CapturedGraph::miss_reason)
+      .def("replay", &CapturedGraph::replay);
+  // Starts watching a graph's recorded call; `mutated`: the inputs it writes.
+  m.def("_capture_begin", [](const py::list& args, const std::vector<int>& mutated) {
+    auto c = std::make_shared<CapturedGraph>(args, mutated);
+    CapturedGraph* raw = c.get();
+    set_flush_observer([raw](const FlushReport& r) { raw->flushed(r); });
+    g_active.store(raw);
+    return c;
+  });
+  // Flushes the recorded call and explains it (ready) or says why not (why).
+  m.def("_capture_end", [](CapturedGraph& c, const py::list& outs) { c.finish(outs); });
+  // Abandons a capture (the recorded call raised).
+  m.def("_capture_abort", [](CapturedGraph& c) {
+    set_flush_observer(nullptr);
+    g_active.store(nullptr);
+  });
+}
+
+}  // namespace tpu::backend
