@@ -8,6 +8,8 @@ Per mode the status is one of
   error               tpu raised where CPU worked (first line, classified)
   cpu-fails           the model fails on CPU too: not ours
   config-unbuildable  no small valid config or input could be made (the reason)
+The pseudo-mode "cpu" runs the CPU step alone (a fast triage of the two statuses that are
+not ours): pass there means the model builds and trains on the CPU.
 """
 import time
 import warnings
@@ -101,14 +103,23 @@ def compare(got, want) -> str:
 def run_model(model_type, modes=("strict", "fused")) -> dict:
     """{"head", "family", "class", "params", "modes": {mode: record}}."""
     rec = {"head": None, "family": "other", "class": None, "modes": {}}
+    want_head = None
+    if "/" in model_type:  # a stage-2 key, "task head/model type"
+        want_head, model_type = model_type.split("/", 1)
+        from torch_tpu.compat import sample
+        table = sample.heads()
+        rec.update(head=want_head, family=sample.modality(model_type, table),
+                   stratum=sample.stratum(want_head, model_type, table))
     try:
-        model, cfg, head, family, cls_name = models.build(model_type)
+        model, cfg, head, family, cls_name = models.build(model_type, want_head)
         kw = models.inputs(model, cfg, head)
     except Exception as e:  # noqa: BLE001
         status = {"status": "config-unbuildable", "message": first_line(e)}
         rec["modes"] = {m: status for m in modes}
         return rec
-    rec.update(head=head, family=family, params=sum(p.numel() for p in model.parameters()))
+    if want_head is None:
+        rec.update(head=head, family=family)
+    rec["params"] = sum(p.numel() for p in model.parameters())
     rec["class"] = cls_name
     state = {k: v.clone() for k, v in model.state_dict().items()}
     try:
@@ -120,6 +131,9 @@ def run_model(model_type, modes=("strict", "fused")) -> dict:
         rec["modes"] = {m: status for m in modes}
         return rec
     for mode in modes:
+        if mode == "cpu":
+            rec["modes"][mode] = {"status": "pass", "cpu_seconds": round(cpu_s, 2)}
+            continue
         model.load_state_dict(state)
         model.zero_grad(set_to_none=True)
         before, m0 = fallbacks(), dict(torch_tpu.metrics())
