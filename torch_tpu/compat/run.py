@@ -63,14 +63,17 @@ def step(model, kw, device):
     args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     torch.manual_seed(0)
     out = model(**args)
-    # Copies: on the CPU .cpu() aliases, and the next mode reloads the initial weights.
-    outs = [t.detach().cpu().clone() for t in models.flat_tensors(out)]
+    # Device-side copies, read back only after the optimizer step: a host read in between
+    # would cut DeferAndFuse's graphs and be counted as the model's.
+    outs = [t.detach().clone() for t in models.flat_tensors(out)]
     models.loss_of(out).backward()
     names = [n for n, p in model.named_parameters() if p.requires_grad]
-    grads = [None if p.grad is None else p.grad.cpu().clone() for p in model.parameters() if p.requires_grad]
+    grads = [None if p.grad is None else p.grad.clone() for p in model.parameters() if p.requires_grad]
     torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, eps=1e-4).step()
-    params = [p.detach().cpu().clone() for p in model.parameters() if p.requires_grad]
-    return outs, names, grads, params
+    params = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+    # On the CPU these are already copies; the next mode reloads the initial weights.
+    return ([t.cpu() for t in outs], names, [None if g is None else g.cpu() for g in grads],
+            [p.cpu() for p in params])
 
 
 def compare(got, want) -> str:
