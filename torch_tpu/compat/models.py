@@ -293,10 +293,23 @@ def build(model_type, head=None):
     cls = getattr(transformers, cls_name)
     torch.manual_seed(0)
     model = cls(cfg)
+    _redraw_constant_weights(model)
     n = sum(p.numel() for p in model.parameters())
     if n > 20_000_000:
         raise ValueError(f"the shrunk model still has {n / 1e6:.0f}M parameters")
     return model, cfg, head, family, cls_name
+
+
+def _redraw_constant_weights(model):
+    """Weights of two or more dimensions that start constant (zero-initialized query tokens,
+    zero output projections) get small random values: a constant row through a LayerNorm
+    with eps 1e-12 multiplies rounding noise by 1e6 in its gradient (InstructBLIP's query
+    tokens), and zeros hide wrong values. Checkpoints never hold such weights."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2 and p.is_floating_point() and p.numel() > 1 and bool((p == p.flatten()[0]).all()):
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.02)
 
 
 def _sub(cfg, *names):
@@ -342,16 +355,16 @@ def inputs(model, cfg, head, batch=2, seq=8):
                 # Rows of flat values, or of (channels, patch, patch) images.
                 cands = (rows, rows.view(rows.shape[0], 3, p, p)) if 3 * p * p == rows.shape[1] else (rows,)
                 kw[into] = _probe(model, kw, into, cands) if "input_ids" not in kw else rows
+    if "qformer_input_ids" in params:  # before the image features are counted: they take it
+        kw["qformer_input_ids"] = ids
+        if "qformer_attention_mask" in params:
+            kw["qformer_attention_mask"] = mask
     if "pixel_values" in kw and "input_ids" in kw:
         ids = _with_image_tokens(model, cfg, kw, ids)
         kw["input_ids"] = ids
         if "attention_mask" in kw:
             kw["attention_mask"] = torch.cat([torch.ones(batch, ids.shape[1] - seq, dtype=torch.long),
                                               mask], dim=1)
-    if "qformer_input_ids" in params:
-        kw["qformer_input_ids"] = ids[:, -seq:]
-        if "qformer_attention_mask" in params:
-            kw["qformer_attention_mask"] = mask
     if "mm_token_type_ids" in params and "input_ids" in kw:
         tok = _image_token(cfg)
         kw["mm_token_type_ids"] = (kw["input_ids"] == tok).long() if tok is not None else \
