@@ -43,7 +43,8 @@ SMALL = {
     "v_head_dim": 16, "num_labels": 3, "emb_dim": 32, "mamba_dt_rank": 8,
     "decoder_vocab_size": 128, "src_vocab_size": 128, "tgt_vocab_size": 128,
     "input_feat_per_channel": 16, "n_group": 1, "topk_group": 1, "n_groups": 1, "mamba_n_groups": 1, "num_kv_shared_layers": 0, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16, "num_dense_layers": 1, "attention_window": 4, "out_hidden_size": 32, "base_channels": 32,
-    "num_groups": 1, "width_coefficient": 0.25, "depth_coefficient": 0.25,
+    "num_groups": 1, "decoder_hidden_size": 32, "d_latents": 32, "num_latents": 16,
+    "num_self_attends_per_block": 2, "mlp_dim": 64, "width_coefficient": 0.25, "depth_coefficient": 0.25,
     "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16, "window_size": 4,
 }
 # Per-family constraints the generic sizes miss: CodeGen splits heads over 4 model-parallel shards.
@@ -185,6 +186,9 @@ def _shrink_one(cfg, widths):
             setattr(cfg, heads_k, max(1, v[exp_k] * cfg.hidden_size // v[dim_k]))
             if isinstance(v.get("mamba_d_ssm"), int):
                 cfg.mamba_d_ssm = v[heads_k] * v[dim_k]
+    if all(isinstance(vars(cfg).get(k), int) for k in ("window_size", "spatial_merge_size", "patch_size")):
+        # Qwen2.5-VL style windows count merged patches: whole ones, two per side.
+        cfg.window_size = 2 * cfg.patch_size * cfg.spatial_merge_size
     depths = vars(cfg).get("depths")
     if (isinstance(vars(cfg).get("window_size"), int) and isinstance(depths, list) and depths
             and isinstance(vars(cfg).get("patch_size"), int)):
@@ -378,7 +382,8 @@ def inputs(model, cfg, head, batch=2, seq=8):
         frames = getattr(cfg, "max_length", 64)
         frames = frames if isinstance(frames, int) and frames <= 1024 else 64
         spectrogram = torch.randn(batch, frames, getattr(cfg, "num_mel_bins", 16), generator=g)
-        kw["input_values"] = _probe(model, kw, "input_values", (kw["input_values"], spectrogram))
+        kw["input_values"] = _probe(model, kw, "input_values",
+                                    (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1)))
     for name in params:
         # Audio-language models: which feature frames are real.
         if name in ("input_features_mask", "feature_attention_mask") and "input_features" in kw:
