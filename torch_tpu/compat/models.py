@@ -294,6 +294,8 @@ def build(model_type, head=None):
         for name in path:
             node = getattr(node, name)
         setattr(node, field, value)
+    if head == "sequence_classification" and getattr(cfg, "pad_token_id", 0) is None:
+        cfg.pad_token_id = 1  # decoders pool the last non-pad token: batches need a pad id
     cls = getattr(transformers, cls_name)
     torch.manual_seed(0)
     model = cls(cfg)
