@@ -67,3 +67,48 @@ def test_ci_subset_matches_the_baseline(tmp_path):
         assert (tmp_path / name).stat().st_size > 0
     # MoE forward+backward+step in DeferAndFuse: the graphs per step are recorded.
     assert res["entries"]["mixtral"]["modes"]["fused"]["fused_graphs"] > 0
+
+
+def test_stage2_sample_covers_every_task_head_deterministically():
+    from torch_tpu.compat import sample
+    heads = sample.heads()
+    assert len(heads) > 40 and "token_classification" in heads and "base" in heads
+    one = sample.sample(per_stratum=1)
+    assert {k.split("/")[0] for ks in one.values() for k in ks} == {
+        h for h, table in heads.items() if set(table) & set(models.model_types())}
+    # MoE and dense decoders are separate strata; a larger sample keeps the smaller one.
+    assert any(s.endswith("decoder-moe") for s in one) and any(s.endswith("decoder-dense") for s in one)
+    two = sample.sample(per_stratum=2)
+    assert all(set(one[s]) <= set(two[s]) for s in one)
+    assert sample.sample(per_stratum=1) == one and sample.sample(per_stratum=1, seed=1) != one
+    assert sample.stratum("sequence_classification", "mixtral") == "sequence_classification x decoder-moe"
+    with pytest.raises(LookupError, match="no class for task head"):
+        sample.class_of("ctc", "gpt2")
+
+
+def test_stage2_builds_the_class_of_the_task_head():
+    model, cfg, head, _, cls = models.build("llama", "token_classification")
+    assert (head, cls) == ("token_classification", "LlamaForTokenClassification")
+    out = model(**models.inputs(model, cfg, head))
+    assert out.logits.shape[:2] == (2, 8)
+    model, cfg, head, _, cls = models.build("bert", "multiple_choice")
+    kw = models.inputs(model, cfg, head)
+    assert kw["input_ids"].shape == (2, 2, 8) and int(kw["labels"].max()) < 2
+    assert torch.isfinite(model(**kw).loss)
+
+
+def test_constant_weights_are_redrawn():
+    """InstructBLIP's zero-initialized query tokens (through LayerNorm eps 1e-12, whose
+    gradient multiplies rounding noise by 1e6) are redrawn; ordinary weights are kept."""
+    model, _, _, _, _ = models.build("instructblip")
+    q = model.query_tokens
+    assert q.abs().max() > 0 and q.std() > 0.01
+
+
+def test_cpu_mode_triage():
+    from torch_tpu.compat.run import run_model
+    rec = run_model("gpt2", ("cpu",))
+    assert rec["modes"]["cpu"]["status"] == "pass" and rec["class"] == "GPT2LMHeadModel"
+    rec = run_model("token_classification/gpt2", ("cpu",))
+    assert rec["class"] == "GPT2ForTokenClassification" and rec["head"] == "token_classification"
+    assert rec["stratum"] == "token_classification x decoder-dense"

@@ -4,6 +4,11 @@ config class with random weights, run on CPU and on tpu in each eager mode.
     python -m torch_tpu.compat [--archs gpt2,bert] [--limit N] [--modes strict,fused]
         [--jobs 2] [--timeout 300] [--out compat_results] [--resume]
         [--baseline FILE --check] [--write-baseline FILE]
+        [--stage 2 [--per-stratum K] [--seed S]]
+
+Stage 1 (the default) runs each model type's representative class. Stage 2 runs a
+stratified, deterministic sample of model classes (task head x modality, MoE/dense for
+decoders; see sample.py), keys "head/model_type", into OUT/stage2.{json,md,png}.
 
 Each model type runs in a spawned worker under a deadline (a crash or hang is a status);
 results go to OUT/compat.{json,md} and a chart OUT/compat.png. Statuses: see
@@ -38,11 +43,18 @@ def failed(modes, message) -> dict:
 
 
 def run(archs=None, limit=None, modes=("strict", "fused"), jobs=2, timeout=300.0, out=None,
-        resume=False, progress=True) -> dict:
+        resume=False, progress=True, stage=1, per_stratum=1, seed=0) -> dict:
     t0 = time.monotonic()
-    types = models.model_types(archs)[:limit]
+    stem = "compat" if stage == 1 else "stage2"
+    if stage == 1:
+        types = models.model_types(archs)
+    else:
+        from torch_tpu.compat import sample
+        types = [k for k in sample.keys(per_stratum, seed)
+                 if not archs or k in archs or k.split("/", 1)[1] in archs]
+    types = types[:limit]
     entries = {}
-    path = os.path.join(out, "compat.json") if out else None
+    path = os.path.join(out, stem + ".json") if out else None
     if resume and path and os.path.exists(path):
         with open(path) as f:
             old = json.load(f)["entries"]
@@ -57,8 +69,11 @@ def run(archs=None, limit=None, modes=("strict", "fused"), jobs=2, timeout=300.0
 
     def save():
         res = results_of(entries, types, modes, jobs, timeout, time.monotonic() - t0)
+        res["meta"]["stage"] = stage
+        if stage == 2:
+            res["meta"].update(per_stratum=per_stratum, seed=seed)
         if out:
-            report.write(res, out)
+            report.write(res, out, stem)
         return res
 
     pool = Pool(jobs, ("torch_tpu.compat.__main__", "run_key"), (list(modes),),
@@ -93,7 +108,9 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--archs", help="comma-separated model types (default: all)")
     p.add_argument("--limit", type=int, help="only the first N model types")
-    p.add_argument("--modes", default="strict,fused", help="subset of strict,fused")
+    p.add_argument("--modes", default="strict,fused",
+                   help="subset of strict,fused; or cpu: the CPU step alone (triage of "
+                        "config-unbuildable and cpu-fails)")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per model type")
     p.add_argument("--out", default="compat_results")
@@ -102,16 +119,22 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true",
                    help="exit 1 if a model type that passed in --baseline does not pass now")
     p.add_argument("--write-baseline", metavar="FILE", help="also write the statuses alone to FILE")
+    p.add_argument("--stage", type=int, choices=(1, 2), default=1,
+                   help="1: every model type; 2: the stratified sample of model classes")
+    p.add_argument("--per-stratum", type=int, default=1, help="stage 2: classes per stratum")
+    p.add_argument("--seed", type=int, default=0, help="stage 2: the sample's seed")
     a = p.parse_args(argv)
     modes = tuple(m for m in a.modes.split(",") if m)
-    if bad := [m for m in modes if m not in ("strict", "fused")]:
+    if bad := [m for m in modes if m not in ("strict", "fused", "cpu")]:
         p.error(f"unknown mode {bad}")
     if a.check and not a.baseline:
         p.error("--check needs --baseline")
     archs = [x for x in (a.archs or "").split(",") if x] or None
-    res = run(archs, a.limit, modes, a.jobs, a.timeout, a.out, a.resume)
+    res = run(archs, a.limit, modes, a.jobs, a.timeout, a.out, a.resume, stage=a.stage,
+              per_stratum=a.per_stratum, seed=a.seed)
+    stem = "compat" if a.stage == 1 else "stage2"
     print(report.summary_table(res["summary"]))
-    print(f"Results: {os.path.join(a.out, 'compat.md')}, compat.json, compat.png")
+    print(f"Results: {os.path.join(a.out, stem + '.md')}, {stem}.json, {stem}.png")
     if a.write_baseline:
         with open(a.write_baseline, "w") as f:
             json.dump(report.baseline_of(res), f, indent=0, sort_keys=True)

@@ -43,13 +43,20 @@ SMALL = {
     "v_head_dim": 16, "num_labels": 3, "emb_dim": 32, "mamba_dt_rank": 8,
     "decoder_vocab_size": 128, "src_vocab_size": 128, "tgt_vocab_size": 128,
     "input_feat_per_channel": 16, "n_group": 1, "topk_group": 1, "n_groups": 1, "mamba_n_groups": 1, "num_kv_shared_layers": 0, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16, "num_dense_layers": 1, "attention_window": 4, "out_hidden_size": 32, "base_channels": 32,
-    "width_coefficient": 0.25, "depth_coefficient": 0.25,
+    "num_groups": 1, "decoder_hidden_size": 32, "d_latents": 32, "num_latents": 16,
+    "num_self_attends_per_block": 2, "mlp_dim": 64, "width_coefficient": 0.25, "depth_coefficient": 0.25,
     "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16, "window_size": 4,
 }
 # Per-family constraints the generic sizes miss: CodeGen splits heads over 4 model-parallel shards.
 # LFM2-MoE has no default layer pattern (checkpoints carry one).
+# BridgeTower's vision tower takes one head per 64 channels. Keys with a dot name a sub-config.
 FAMILY = {"codegen": {"n_head": 4},
-          "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_hidden_layers": 2}}
+          "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_hidden_layers": 2},
+          "bridgetower": {"vision_config.hidden_size": 64},
+          # Aria's projector maps the patch count (8 x 8 here) to its query count.
+          "aria": {"projector_patch_to_query_dict": {64: 4},
+                   "max_value_projector_patch_to_query_dict": 4},
+}
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
 STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2}
 # Float fields whose names hold one of these draw random masks when the model trains.
@@ -134,6 +141,8 @@ def _shrink_one(cfg, widths):
             if key in WIDTHS and value > SMALL[key]:
                 widths.setdefault(value, SMALL[key])
             setattr(cfg, key, SMALL[key])
+        elif key not in SMALL and "vocab" in key and type(value) is int and value > 4096:
+            setattr(cfg, key, SMALL["vocab_size"])  # hashed or per-layer vocabularies
         elif (key in SMALL and isinstance(SMALL[key], int) and isinstance(value, (list, tuple))
               and value and all(type(v) is int for v in value) and key not in SPATIAL):
             setattr(cfg, key, [SMALL[key]] * len(value))  # one size per layer
@@ -177,6 +186,9 @@ def _shrink_one(cfg, widths):
             setattr(cfg, heads_k, max(1, v[exp_k] * cfg.hidden_size // v[dim_k]))
             if isinstance(v.get("mamba_d_ssm"), int):
                 cfg.mamba_d_ssm = v[heads_k] * v[dim_k]
+    if all(isinstance(vars(cfg).get(k), int) for k in ("window_size", "spatial_merge_size", "patch_size")):
+        # Qwen2.5-VL style windows count merged patches: whole ones, two per side.
+        cfg.window_size = 2 * cfg.patch_size * cfg.spatial_merge_size
     depths = vars(cfg).get("depths")
     if (isinstance(vars(cfg).get("window_size"), int) and isinstance(depths, list) and depths
             and isinstance(vars(cfg).get("patch_size"), int)):
@@ -235,8 +247,9 @@ def _fix_token_ids(cfg):
         vocab = getattr(vars(cfg).get("text_config"), "vocab_size", None)
     if isinstance(vocab, int):
         top = vocab - 1
-        for key in ("image_token_id", "image_token_index"):
-            if key in vars(cfg) and vars(cfg)[key] is None and "vision_config" in vars(cfg):
+        for key, tower in (("image_token_id", "vision_config"), ("image_token_index", "vision_config"),
+                           ("audio_token_id", "audio_config")):
+            if key in vars(cfg) and vars(cfg)[key] is None and tower in vars(cfg):
                 setattr(cfg, key, vocab)  # unset in the class default; moved into range below
         for key, tid in list(vars(cfg).items()):
             special = key in TOKEN_IDS or key.endswith(("_token_id", "_token_index"))
@@ -254,11 +267,17 @@ def _fix_token_ids(cfg):
             setattr(cfg, key, 0.0)
 
 
-def build(model_type):
+def build(model_type, head=None):
     """(model on CPU in train mode, config, head, family, class name); raises when no
-    small valid config can be made."""
+    small valid config can be made. `head` (a stage-2 task head, see sample.py) picks the
+    class of that head instead of the representative one."""
     import transformers
-    head, family, cls_name = representative(model_type)
+    if head is None:
+        head, family, cls_name = representative(model_type)
+    else:
+        from torch_tpu.compat import sample
+        family = representative(model_type)[1]
+        cls_name = sample.class_of(head, model_type)
     if cls_name is None:
         raise LookupError("no model class for this type")
     cfg = transformers.AutoConfig.for_model(model_type)
@@ -270,14 +289,33 @@ def build(model_type):
             model_type, backbone_config=transformers.ResNetConfig(out_indices=out))
     cfg = shrink(cfg)
     for key, value in FAMILY.get(model_type, {}).items():
-        setattr(cfg, key, value)
+        *path, field = key.split(".")
+        node = cfg
+        for name in path:
+            node = getattr(node, name)
+        setattr(node, field, value)
+    if head == "sequence_classification" and getattr(cfg, "pad_token_id", 0) is None:
+        cfg.pad_token_id = 1  # decoders pool the last non-pad token: batches need a pad id
     cls = getattr(transformers, cls_name)
     torch.manual_seed(0)
     model = cls(cfg)
+    _redraw_constant_weights(model)
     n = sum(p.numel() for p in model.parameters())
     if n > 20_000_000:
         raise ValueError(f"the shrunk model still has {n / 1e6:.0f}M parameters")
     return model, cfg, head, family, cls_name
+
+
+def _redraw_constant_weights(model):
+    """Weights of two or more dimensions that start constant (zero-initialized query tokens,
+    zero output projections) get small random values: a constant row through a LayerNorm
+    with eps 1e-12 multiplies rounding noise by 1e6 in its gradient (InstructBLIP's query
+    tokens), and zeros hide wrong values. Checkpoints never hold such weights."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2 and p.is_floating_point() and p.numel() > 1 and bool((p == p.flatten()[0]).all()):
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.02)
 
 
 def _sub(cfg, *names):
@@ -303,6 +341,11 @@ def inputs(model, cfg, head, batch=2, seq=8):
         kw["input_ids"] = ids
         if "attention_mask" in params:
             kw["attention_mask"] = mask
+    if head == "multiple_choice" and "input_ids" in kw:
+        # (batch, choices, seq): two choices per example.
+        for k in ("input_ids", "attention_mask"):
+            if k in kw:
+                kw[k] = torch.stack([kw[k], kw[k].flip(0)], dim=1)
     if "pixel_values" in params:
         vis = _sub(cfg, "vision_config")
         size = getattr(vis, "image_size", 32)
@@ -318,16 +361,16 @@ def inputs(model, cfg, head, batch=2, seq=8):
                 # Rows of flat values, or of (channels, patch, patch) images.
                 cands = (rows, rows.view(rows.shape[0], 3, p, p)) if 3 * p * p == rows.shape[1] else (rows,)
                 kw[into] = _probe(model, kw, into, cands) if "input_ids" not in kw else rows
+    if "qformer_input_ids" in params:  # before the image features are counted: they take it
+        kw["qformer_input_ids"] = ids
+        if "qformer_attention_mask" in params:
+            kw["qformer_attention_mask"] = mask
     if "pixel_values" in kw and "input_ids" in kw:
         ids = _with_image_tokens(model, cfg, kw, ids)
         kw["input_ids"] = ids
         if "attention_mask" in kw:
             kw["attention_mask"] = torch.cat([torch.ones(batch, ids.shape[1] - seq, dtype=torch.long),
                                               mask], dim=1)
-    if "qformer_input_ids" in params:
-        kw["qformer_input_ids"] = ids[:, -seq:]
-        if "qformer_attention_mask" in params:
-            kw["qformer_attention_mask"] = mask
     if "mm_token_type_ids" in params and "input_ids" in kw:
         tok = _image_token(cfg)
         kw["mm_token_type_ids"] = (kw["input_ids"] == tok).long() if tok is not None else \
@@ -335,13 +378,29 @@ def inputs(model, cfg, head, batch=2, seq=8):
     if "input_features" in params:
         audio = _sub(cfg, "audio_config", "encoder_config")
         frames = 2 * getattr(audio, "max_source_positions", 16)
-        kw["input_features"] = torch.randn(batch, getattr(audio, "num_mel_bins", 16), frames, generator=g)
+        kw["input_features"] = torch.randn(batch, _mel_bins(cfg), frames, generator=g)
     if "input_values" in params:
         kw["input_values"] = torch.randn(batch, 800, generator=g)
         frames = getattr(cfg, "max_length", 64)
         frames = frames if isinstance(frames, int) and frames <= 1024 else 64
         spectrogram = torch.randn(batch, frames, getattr(cfg, "num_mel_bins", 16), generator=g)
-        kw["input_values"] = _probe(model, kw, "input_values", (kw["input_values"], spectrogram))
+        kw["input_values"] = _probe(model, kw, "input_values",
+                                    (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1)))
+    for name in params:
+        # Audio-language models: which feature frames are real.
+        if name in ("input_features_mask", "feature_attention_mask") and "input_features" in kw:
+            f = kw["input_features"]
+            kw[name] = torch.ones(batch, f.shape[-1], dtype=torch.long)
+    if "input_features" in kw and "input_ids" in kw and _image_token(cfg, "audio") is not None:
+        ids = kw["input_ids"]
+        new = _with_image_tokens(model, cfg, kw, ids, "audio", "input_features")
+        if new.shape[1] != ids.shape[1]:
+            kw["input_ids"] = new
+            if "attention_mask" in kw:
+                kw["attention_mask"] = torch.cat(
+                    [torch.ones(batch, new.shape[1] - ids.shape[1], dtype=torch.long),
+                     kw["attention_mask"]], dim=1)
+            ids, seq = new, new.shape[1]
     if "use_cache" in params:
         kw["use_cache"] = False  # a training step keeps no cache (state-space-only stacks have none)
     if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
@@ -349,10 +408,16 @@ def inputs(model, cfg, head, batch=2, seq=8):
     if "labels" in params:
         if head in ("causal_lm", "masked_lm"):
             kw["labels"] = ids
+        elif head in ("seq2seq_lm", "speech_seq2seq") and "input_ids" in kw and not getattr(
+                cfg, "is_encoder_decoder", False):
+            kw["labels"] = kw["input_ids"].clone()  # a decoder-only LM (audio LLMs): labels align with ids
         elif head in ("seq2seq_lm", "speech_seq2seq"):
             kw["labels"] = ids[:, :6].contiguous()
             # Decoder inputs given (teacher forcing): not every model derives them from labels.
-        elif head in ("sequence_classification", "image_classification", "audio_classification"):
+        elif head == "multiple_choice":
+            kw["labels"] = torch.randint(0, 2, (batch,), generator=g)
+        elif head in ("sequence_classification", "image_classification", "audio_classification",
+                      "video_classification"):
             kw["labels"] = torch.randint(0, getattr(cfg, "num_labels", 2), (batch,), generator=g)
     if "input_features" in kw:
         f = kw["input_features"]
@@ -362,6 +427,18 @@ def inputs(model, cfg, head, batch=2, seq=8):
         raise ValueError("no input this pipeline knows how to make: "
                          + ", ".join(list(params)[:6]))
     return kw
+
+
+def _mel_bins(cfg):
+    """Width of one audio feature frame: the first mel-bin count of the config tree (the
+    audio tower's before the top's), else a feature size (CLVP's conditioning encoder)."""
+    nodes = list(_configs(cfg))
+    nodes = nodes[1:] + nodes[:1]
+    for key in ("num_mel_bins", "feature_size", "n_mels"):
+        for node in nodes:
+            if isinstance(vars(node).get(key), int):
+                return vars(node)[key]
+    return 16
 
 
 def _flat_patches(cfg, batch, g, grid=4):
@@ -389,28 +466,28 @@ def _probe(model, kw, key, candidates):
     return candidates[0]
 
 
-def _image_token(cfg):
-    return next((getattr(cfg, k) for k in ("image_token_id", "image_token_index")
+def _image_token(cfg, kind="image"):
+    return next((getattr(cfg, k) for k in (f"{kind}_token_id", f"{kind}_token_index")
                  if isinstance(getattr(cfg, k, None), int)), None)
 
 
-def _with_image_tokens(model, cfg, kw, ids):
-    """Prepends one image placeholder token per image feature the model makes (a
-    vision-language model checks that the counts agree)."""
-    tok = _image_token(cfg)
-    get = getattr(model, "get_image_features", None) or getattr(
-        getattr(model, "model", None), "get_image_features", None)
+def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
+    """Prepends one placeholder token per image (or audio) feature the model makes (a
+    vision- or audio-language model checks that the counts agree)."""
+    tok = _image_token(cfg, kind)
+    get = getattr(model, f"get_{kind}_features", None) or getattr(
+        getattr(model, "model", None), f"get_{kind}_features", None)
     if tok is None or get is None:
         return ids
     takes = inspect.signature(get).parameters
-    extra = {k: v for k, v in kw.items() if k in takes and k != "pixel_values"}
-    pv = kw["pixel_values"]
+    extra = {k: v for k, v in kw.items() if k in takes and k != key}
+    pv = kw[key]
     # Images per sample: some models take (batch, images, channels, height, width).
     for cand in (pv, pv.unsqueeze(1)) if pv.dim() == 4 else (pv,):
         try:
             with torch.no_grad():
-                feats = get(pixel_values=cand, **extra)
-            kw["pixel_values"] = cand
+                feats = get(**{key: cand}, **extra)
+            kw[key] = cand
             break
         except Exception:  # noqa: BLE001 -- the forward itself then reports why
             continue

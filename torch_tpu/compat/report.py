@@ -36,7 +36,8 @@ def summary_table(s: dict) -> str:
 def markdown(res: dict) -> str:
     s, entries = res["summary"], res["entries"]
     modes = res["meta"]["modes"]
-    out = [f"# Model compatibility ({s['model_types']} model types, transformers "
+    what = "model classes (stage 2)" if res["meta"].get("stage") == 2 else "model types"
+    out = [f"# Model compatibility ({s['model_types']} {what}, transformers "
            f"{res['meta']['transformers']}, {res['meta']['wall_s']} s)", "",
            "Pass = forward outputs, gradients and parameters after one AdamW step match CPU's "
            "(float32, rtol 1e-3, atol 1e-4), with no CPU fallback.", "", summary_table(s), "",
@@ -49,6 +50,16 @@ def markdown(res: dict) -> str:
         for m in modes:
             c = collections.Counter(e["modes"][m]["status"] for e in fams[fam] if m in e["modes"])
             out.append(f"| {fam} | {m} | " + " | ".join(str(c.get(x, 0)) for x in STATUSES) + " |")
+    if any("stratum" in e for e in entries.values()):
+        out += ["", "## Per task head (stage 2)", "", "| task head | mode | " + " | ".join(STATUSES)
+                + " |", "|---" * (len(STATUSES) + 2) + "|"]
+        by_head = collections.defaultdict(list)
+        for e in entries.values():
+            by_head[e["head"]].append(e)
+        for head in sorted(by_head):
+            for m in modes:
+                c = collections.Counter(e["modes"][m]["status"] for e in by_head[head] if m in e["modes"])
+                out.append(f"| {head} | {m} | " + " | ".join(str(c.get(x, 0)) for x in STATUSES) + " |")
     out += ["", "## Failure classes", ""]
     classes = collections.Counter()
     for e in entries.values():
@@ -89,12 +100,12 @@ def chart(res: dict, path: str) -> None:
     plt.close(fig)
 
 
-def write(res: dict, out: str) -> None:
-    with open(os.path.join(out, "compat.json"), "w") as f:
+def write(res: dict, out: str, stem: str = "compat") -> None:
+    with open(os.path.join(out, stem + ".json"), "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)
-    with open(os.path.join(out, "compat.md"), "w") as f:
+    with open(os.path.join(out, stem + ".md"), "w") as f:
         f.write(markdown(res))
-    chart(res, os.path.join(out, "compat.png"))
+    chart(res, os.path.join(out, stem + ".png"))
 
 
 def baseline_of(res: dict) -> dict:
