@@ -1,12 +1,12 @@
 """Compiled mode: the torch.compile backend "tpu".
 
 Dynamo captures FX graphs; AOTAutograd turns each into ATen forward and backward
-graphs (min-cut partition with an activation memory budget of 0 by default: what can
-be recomputed is recomputed in the backward rather than saved; see TpuBackend). Each ATen graph is lowered by replaying it through the eager
-kernels while the backend records everything (EagerMode.INTERNAL_DEFER_ALL): the
-recorded ops become one fused StableHLO program — the DeferAndFuse builder, its caches and donation — flushed
-at the graph's end. Eager lowerings are compiled lowerings. Graph breaks run eagerly in
-the surrounding mode.
+graphs (min-cut partition with an activation memory budget of 0 by default: what can be
+recomputed is recomputed in the backward rather than saved; see TpuBackend). Each ATen
+graph is lowered by replaying it through the eager kernels while the backend records
+everything (EagerMode.INTERNAL_DEFER_ALL): the recorded ops become one fused StableHLO
+program (the DeferAndFuse builder, its caches and donation) flushed at the graph's end.
+Eager lowerings are compiled lowerings. Graph breaks run eagerly in the surrounding mode.
 
 A graph's first call is captured while it records (csrc/backend/captured_graph.cpp):
 which graph input each program parameter reads, which parameters are constants or fresh
