@@ -111,6 +111,7 @@ def test_issue18_targets_are_each_a_value_and_whether_it_is_met():
     assert "| cold full conformance run, minutes (<= 20) | not measured" in md
     assert "| tiny op (per op) | 5.00 us | 4.00 us | 2.90 us | 1 thread |" in md
     assert "(Strict's floor) 2.00 us per op" in md
+    assert "| tiny op: runtime launch floor / native CPU per op (Strict's floor) | 0.690 | - |" in md
 
 
 def test_native_cpu_baseline_is_the_best_of_its_variants():
