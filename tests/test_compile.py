@@ -600,3 +600,17 @@ def test_compiled_train_step_is_three_programs():
         assert c == {"executions": 3, "compiled_replays": 3, "compiled_recompiles": 0,
                      "compiled_graphs": 0, "compiles": 0}, counts
     assert losses[-1] < losses[0]
+
+
+def test_a_graph_reading_a_host_tensor_keeps_recording_with_its_new_value():
+    # A CPU tensor's value is folded into the program as a host-made operand the capture
+    # cannot tie to an input: such graphs decline replay and record each call, exactly.
+    from torch_tpu._internal.compile import _CompiledGraph
+    gm = aten_graph(lambda x, s: (x * s + 1,), torch.ones(3), torch.tensor(2.0))
+    g = _CompiledGraph(gm, False)
+    x = torch.arange(3.0)
+    for k in (2.0, 3.0, 5.0):
+        before = torch_tpu.metrics()
+        torch.testing.assert_close(g([x.to("tpu"), torch.tensor(k)])[0].cpu(), x * k + 1)
+        assert delta(before, torch_tpu.metrics(), "compiled_replays")["compiled_replays"] == 0
+    assert "not a plain tpu tensor" in g.replay_declined

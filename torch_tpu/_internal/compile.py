@@ -18,6 +18,8 @@ new buffers without recording: a guard check and one launch. Inputs nobody holds
 more (the boxed call clears its list) are donated where the runtime allows it. A call
 that does not match records again (and is captured too); a graph the capture cannot
 explain (it reads a tensor that is not an input, a CPU tensor's value) always records.
+A compiled optimizer step would be such a graph through its host step counters; on tpu
+they are device tensors (see _capturable_optimizers_on_tpu), so it replays.
 
 `torch.compile(model, backend="tpu")` finds the backend through the
 `torch_dynamo_backends` entry point (no import of torch_tpu needed). A plain
