@@ -216,6 +216,7 @@ def measure(workload, mode, steps, warmup, quick):
         t_first = time.perf_counter()
         step()
         first = time.perf_counter() - t_first
+        after_first = torch_tpu.metrics() if on_tpu else None
         for _ in range(warmup - 1):
             step()
         if on_tpu:
@@ -236,6 +237,8 @@ def measure(workload, mode, steps, warmup, quick):
             row["compiles_per_step"] = (m1["compiles"] - m0["compiles"]) / steps
             row["executions_per_step"] = (m1["executions"] - m0["executions"]) / steps
             row["fallbacks"] = sum(m1["fallbacks"].values()) - sum(m0["fallbacks"].values())
+            if _compiling:  # Dynamo frames traced again after the first step
+                row["compiled_recompiles"] = m1["compiled_recompiles"] - after_first["compiled_recompiles"]
         return row
     finally:
         _compiling = False
@@ -497,6 +500,11 @@ def targets(rows, starts):
     c = by.get(("gpt_train", "compiled"))
     if c:
         out["gpt_train compiled compiles per step (== 0)"] = c["compiles_per_step"]
+        out["gpt_train compiled graph recompiles after the first step (== 0)"] = c["compiled_recompiles"]
+        out["gpt_train compiled executions per step (<= 3)"] = c["executions_per_step"]
+    if c and f:
+        out["gpt_train compiled / fused throughput (>= 1.0)"] = c["throughput"] / f["throughput"]
+        out["gpt_train compiled / fused peak memory (<= 1.0)"] = c["peak_bytes"] / max(f["peak_bytes"], 1)
     for st in starts:
         out[f"{st['mode']}: warm/cold start speed-up (>= 10)"] = st["speedup"]
     return out
