@@ -104,15 +104,16 @@ def gpt_train_step(device, cfg, batch):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = [(x.to(device), y.to(device)) for x, y in batches(cfg["vocab"], cfg["seq"], batch, 4)]
     state = {"i": 0}
-    # The step needs the loss only. A compiled function returning the logits too would make
+    # The step needs the loss only. Compiled, the model returning its logits too would make
     # autograd feed the backward graph a materialized zero gradient for them (a fill and a
-    # logits-sized buffer each step), dead logits DeferAndFuse never materializes.
-    loss_of, update = forward_of(lambda x, y: model(x, y)[1]), step_of(opt)
+    # logits-sized buffer each step): the compiled function returns the loss alone.
+    fwd = torch.compile(lambda x, y: (None, model(x, y)[1]), backend="tpu") if _compiling else model
+    update = step_of(opt)
 
     def step():
         x, y = data[state["i"] % len(data)]
         state["i"] += 1
-        loss = loss_of(x, y)
+        _, loss = fwd(x, y)
         opt.zero_grad()
         loss.backward()
         update()
