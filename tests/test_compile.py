@@ -523,3 +523,94 @@ def test_replay_donates_inputs_nobody_holds_where_donation_is_on():
     res, replays, held = r.stdout.strip().splitlines()[-1].rsplit(" ", 2)
     # Each call donates the dead input (recorded and replayed alike), never the held one.
     assert res == "[(1.0, 1), (3.0, 1), (5.0, 1), (7.0, 1)]" and replays == "3" and held == "64.0"
+
+
+RECORDING = ("op_calls", "deferred_ops", "compiled_graphs", "compiled_recompiles", "compiles")
+
+
+@pytest.mark.parametrize("eager_first", [False, True], ids=["fresh", "state_made_eagerly"])
+def test_compiled_adamw_step_replays_and_matches_eager(eager_first):
+    # Dynamo keeps a compiled optimizer's step counters on the host unless its parameters
+    # are on CUDA; on tpu they become device tensors (program operands the step updates),
+    # so the update replays instead of recording each call around a host value.
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).to("tpu")
+    comp = copy.deepcopy(eager)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=0.01, weight_decay=0.1)
+    opt_c = torch.optim.AdamW(comp.parameters(), lr=0.01, weight_decay=0.1)
+
+    @torch.compile(backend="tpu")
+    def step():
+        opt_c.step()
+
+    g = torch.Generator().manual_seed(1)
+    for i in range(6):
+        x = torch.randn(16, 8, generator=g).to("tpu")
+        for m, o in ((eager, opt_e), (comp, opt_c)):
+            o.zero_grad()
+            m(x).square().mean().backward()
+        opt_e.step()
+        torch_tpu.synchronize()
+        before = torch_tpu.metrics()
+        if eager_first and i == 0:
+            opt_c.step()  # host step counters, moved to tpu when Dynamo traces the step
+        else:
+            step()
+        torch_tpu.synchronize()
+        d = delta(before, torch_tpu.metrics(), "executions", "compiled_replays", *RECORDING)
+        if i >= 2:  # steady: one launch of the captured update, nothing recorded
+            assert d == dict(executions=1, compiled_replays=1, **{k: 0 for k in RECORDING}), (i, d)
+        for pe, pc in zip(eager.parameters(), comp.parameters()):
+            torch.testing.assert_close(pc.cpu(), pe.cpu(), rtol=0, atol=1e-6)
+            for k in ("exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(opt_c.state[pc][k].cpu(), opt_e.state[pe][k].cpu(),
+                                           rtol=0, atol=1e-6)
+            on = "cpu" if eager_first and i == 0 else "tpu"  # eager AdamW counts on the host
+            assert opt_c.state[pc]["step"].device.type == on
+            assert opt_c.state[pc]["step"].item() == opt_e.state[pe]["step"].item() == i + 1
+
+
+def test_compiled_train_step_is_three_programs():
+    # forward, backward and AdamW compiled: a steady step launches the three captured
+    # programs. The explicit seed keeps `loss.backward()`'s own ones_like (one eager fill
+    # in Strict mode) out of the count.
+    torch.manual_seed(0)
+    model = GPT().to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    loss_of = torch.compile(lambda x, y: model(x, y)[1], backend="tpu")
+
+    @torch.compile(backend="tpu")
+    def update():
+        opt.step()
+
+    seed = torch.ones((), device="tpu")
+    losses, counts = [], []
+    for x, y in batches(64, 32, 4, 6):
+        x, y = x.to("tpu"), y.to("tpu")
+        torch_tpu.synchronize()
+        before = torch_tpu.metrics()
+        loss = loss_of(x, y)
+        opt.zero_grad()
+        loss.backward(seed)
+        update()
+        losses.append(loss.item())
+        counts.append(delta(before, torch_tpu.metrics(), "executions", "compiled_replays",
+                            "compiled_recompiles", "compiled_graphs", "compiles"))
+    for c in counts[2:]:
+        assert c == {"executions": 3, "compiled_replays": 3, "compiled_recompiles": 0,
+                     "compiled_graphs": 0, "compiles": 0}, counts
+    assert losses[-1] < losses[0]
+
+
+def test_a_graph_reading_a_host_tensor_keeps_recording_with_its_new_value():
+    # A CPU tensor's value is folded into the program as a host-made operand the capture
+    # cannot tie to an input: such graphs decline replay and record each call, exactly.
+    from torch_tpu._internal.compile import _CompiledGraph
+    gm = aten_graph(lambda x, s: (x * s + 1,), torch.ones(3), torch.tensor(2.0))
+    g = _CompiledGraph(gm, False)
+    x = torch.arange(3.0)
+    for k in (2.0, 3.0, 5.0):
+        before = torch_tpu.metrics()
+        torch.testing.assert_close(g([x.to("tpu"), torch.tensor(k)])[0].cpu(), x * k + 1)
+        assert delta(before, torch_tpu.metrics(), "compiled_replays")["compiled_replays"] == 0
+    assert "not a plain tpu tensor" in g.replay_declined

@@ -18,6 +18,8 @@ new buffers without recording: a guard check and one launch. Inputs nobody holds
 more (the boxed call clears its list) are donated where the runtime allows it. A call
 that does not match records again (and is captured too); a graph the capture cannot
 explain (it reads a tensor that is not an input, a CPU tensor's value) always records.
+A compiled optimizer step would be such a graph through its host step counters; on tpu
+they are device tensors (see _capturable_optimizers_on_tpu), so it replays.
 
 `torch.compile(model, backend="tpu")` finds the backend through the
 `torch_dynamo_backends` entry point (no import of torch_tpu needed). A plain
@@ -26,6 +28,7 @@ here: graphs whose tensors live on tpu are routed to this backend instead.
 
 The eager mode is process-wide: tpu ops another Python thread runs during a graph's call join its program.
 """
+import functools
 import time
 
 import torch
@@ -265,3 +268,42 @@ def _route_inductor_to_tpu() -> None:
 
     wrapper.__call__ = __call__
     wrapper._torch_tpu_routed = True
+    _capturable_optimizers_on_tpu()
+
+
+def _capturable_optimizers_on_tpu() -> None:
+    """Dynamo makes a compiled optimizer "capturable" (its step counters live on the
+    parameters' device) only for CUDA/XPU parameters; elsewhere `state['step']` stays a
+    CPU tensor the graph computes with on the host, and the graph's program then reads
+    host values that change each call, so it records every call. Parameters on tpu get
+    the CUDA treatment: the counters become tpu tensors, program operands the graph
+    updates in place, and the step replays. Installed on the first torch.compile call
+    (importing Dynamo at torch_tpu's load would cost its start-up over a second)."""
+    compile_fn = torch.compile
+    if getattr(compile_fn, "_torch_tpu_capturable", False):
+        return
+
+    def patch() -> None:
+        from torch._dynamo.variables.optimizer import OptimizerVariable
+        set_capturable = OptimizerVariable._set_capturable
+        if getattr(set_capturable, "_torch_tpu", False):
+            return
+
+        def _set_capturable(self, tx):
+            for group in self.value.param_groups:
+                params = group.get("params", [])
+                if ("capturable" in group and params and all(p.device.type == "tpu" for p in params)
+                        and all(p not in self.value.state for p in params)):
+                    group["capturable"] = True
+            return set_capturable(self, tx)
+
+        _set_capturable._torch_tpu = True
+        OptimizerVariable._set_capturable = _set_capturable
+
+    @functools.wraps(compile_fn)
+    def compile(*args, **kwargs):
+        patch()
+        return compile_fn(*args, **kwargs)
+
+    compile._torch_tpu_capturable = True
+    torch.compile = compile
