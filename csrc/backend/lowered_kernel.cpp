@@ -639,6 +639,10 @@ std::string describe(const OpInfo& info, c10::ArrayRef<IValue> args) {
     if (v.isTensor() && v.toTensor().defined())
       s += c10::str(v.toTensor().scalar_type(), v.toTensor().sizes());
     else if (v.isTensorList()) s += "Tensor[" + std::to_string(v.toTensorList().size()) + "]";
+    // Tensor?[] (index's indices): types only; printing the values would read them on the
+    // host (a copy, and a cut of a deferred graph) on every new signature.
+    else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType)
+      s += "Tensor?[" + std::to_string(v.toList().size()) + "]";
     else s += c10::str(v);
   }
   return s + ")";
