@@ -111,6 +111,11 @@ def test_backward_matches_reference(case, dtype):
     torch.testing.assert_close(tb.grad.cpu(), cb.grad, **TOL[dtype])
 
 
+def test_is_lowered_natively():
+    # Not ATen's CompositeExplicitAutograd kernel (a loop of mm over offsets read on the host).
+    assert "_grouped_mm" in torch_tpu._C.lowered_ops()
+
+
 def test_inf_in_another_group_does_not_leak():
     # Dense products over all groups: an inf in one expert's weights must not reach the
     # rows (or the weight-gradient groups) of the others, as a mask product would.
