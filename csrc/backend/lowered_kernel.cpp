@@ -296,8 +296,56 @@ void raise_as_cpu_or_fallback(const c10::OperatorHandle& op, torch::jit::Stack* 
 // layout and size rules (row-major self, column-major mat2, multiples of 16), which CPU
 // and tpu do not have: its output is [M, N] of out_dtype (default self's dtype), and the
 // lowering rule checks the arguments as CPU does.
+// _grouped_mm's meta kernel is CUDA's too (bf16 only, 16-byte aligned strides); CPU
+// takes f32/bf16/f16 and tpu has no alignment rule: the checks are CPU's (messages
+// included) less the alignment ones; the output is contiguous.
+IValue grouped_mm_meta(c10::ArrayRef<IValue> args) {
+  const at::Tensor& a = args[0].toTensor();
+  const at::Tensor& b = args[1].toTensor();
+  for (const auto& [m, name] : {std::pair{&a, "mat_a"}, std::pair{&b, "mat_b"}}) {
+    auto t = m->scalar_type();
+    TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, "Expected ", name,
+                " to be Float32, BFloat16 or Float16 matrix, got ", t);
+  }
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "expected m1 and m2 to have the same dtype, but got: ",
+              a.scalar_type(), " != ", b.scalar_type());
+  TORCH_CHECK((a.dim() == 2 || a.dim() == 3) && (b.dim() == 2 || b.dim() == 3),
+              "Multiplicands must be 2D or 3D but got mat_a.dim()=", a.dim(), " and mat_b.dim()=", b.dim());
+  bool grouped = a.dim() == 2 || b.dim() == 2;
+  TORCH_CHECK(grouped == !args[2].isNone(),
+              "Have to provide offsets if there is a 2d matrix, or no offset if both matrices are 3d");
+  if (a.dim() == 3 || b.dim() == 3)
+    TORCH_CHECK(a.size(-1) == b.size(-2), "contraction dimension of mat_a and mat_b must match");
+  int64_t g = 0;
+  if (grouped) {
+    const at::Tensor& offs = args[2].toTensor();
+    TORCH_CHECK(offs.dim() == 1, "offs has to be 1D");
+    TORCH_CHECK(offs.scalar_type() == at::kInt, "Offsets have to be int32");
+    g = offs.size(0);
+  }
+  TORCH_CHECK(args[3].isNone(), "Bias not supported yet");
+  TORCH_CHECK(args[4].isNone() || args[4].toScalarType() == a.scalar_type(),
+              "Grouped gemm output dtype must match `mat_a` dtype");
+  std::vector<int64_t> size;
+  if (a.dim() == 2 && b.dim() == 2) {
+    size = {g, a.size(0), b.size(1)};
+  } else if (a.dim() == 2) {
+    TORCH_CHECK(g == b.size(0), "matrix batch sizes have to match");
+    size = {a.size(0), b.size(2)};
+  } else if (b.dim() == 2) {
+    TORCH_CHECK(g == a.size(0), "matrix batch sizes have to match");
+    size = {a.size(1), b.size(1)};
+  } else {
+    TORCH_CHECK(a.size(0) == b.size(0), "batched dimension has to match");
+    size = {a.size(0), a.size(1), b.size(2)};
+  }
+  return at::empty(size, a.options().device(at::kMeta));
+}
+
 std::optional<IValue> device_free_meta(const c10::OperatorHandle& op, c10::ArrayRef<IValue> args) {
-  if (op.operator_name().name != "aten::_scaled_mm" || !op.operator_name().overload_name.empty()) return {};
+  if (!op.operator_name().overload_name.empty()) return {};
+  if (op.operator_name().name == "aten::_grouped_mm") return grouped_mm_meta(args);
+  if (op.operator_name().name != "aten::_scaled_mm") return {};
   const at::Tensor& a = args[0].toTensor();
   const at::Tensor& b = args[1].toTensor();
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "Inputs must be 2D but got self.dim()=", a.dim(),
@@ -591,6 +639,10 @@ std::string describe(const OpInfo& info, c10::ArrayRef<IValue> args) {
     if (v.isTensor() && v.toTensor().defined())
       s += c10::str(v.toTensor().scalar_type(), v.toTensor().sizes());
     else if (v.isTensorList()) s += "Tensor[" + std::to_string(v.toTensorList().size()) + "]";
+    // Tensor?[] (index's indices): types only; printing the values would read them on the
+    // host (a copy, and a cut of a deferred graph) on every new signature.
+    else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType)
+      s += "Tensor?[" + std::to_string(v.toList().size()) + "]";
     else s += c10::str(v);
   }
   return s + ")";
