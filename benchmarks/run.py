@@ -469,6 +469,42 @@ def native_cpu(workload, steps, warmup, quick):
     return out
 
 
+def fused_step_split(steps=20, warmup=5):
+    """The small GPT's fused step in two parts (medians): the host recording the step, and
+    the device running its one program after the flush, with the host idle. The device
+    part alone is the floor under the fused step, whatever the host costs."""
+    torch.manual_seed(0)
+    cfg = dict(vocab=256, d_model=64, n_heads=4, n_layers=2, seq=64)
+    with torch_tpu.set_eager_mode(EagerMode.DEFER_AND_FUSE):
+        model = GPT(**cfg).to("tpu")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = [(x.to("tpu"), y.to("tpu")) for x, y in batches(cfg["vocab"], cfg["seq"], 4, 4)]
+
+        def step(i):
+            x, y = data[i % len(data)]
+            _, loss = model(x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+        for i in range(warmup):
+            step(i).item()
+        record, device = [], []
+        for i in range(steps):
+            torch_tpu.synchronize()
+            t0 = time.perf_counter()
+            loss = step(i)
+            t1 = time.perf_counter()
+            torch_tpu._C.flush("benchmark split")
+            t2 = time.perf_counter()
+            torch_tpu.synchronize()
+            t3 = time.perf_counter()
+            loss.item()
+            record.append(t1 - t0)
+            device.append(t3 - t2)
+    return {"record_s": statistics.median(record), "device_s": statistics.median(device)}
+
+
 def first_op_probe(runs=5):
     """Seconds from after `import torch` to the first tpu op's value in a fresh process
     (`torch.ones(4, device="tpu") + 1` and `.cpu()`), median of `runs` processes after one
@@ -539,6 +575,9 @@ def issue18_targets(rows, starts, bounds, probes, quick=False):
         tiny["fused_record_per_op_s"] / tiny_cpu["per_op_s"] if tiny and tiny_cpu else None)
     out["tiny op: runtime launch floor / native CPU per op (Strict's floor)"] = (
         tiny["launch_floor_per_op_s"] / tiny_cpu["per_op_s"] if tiny and tiny_cpu else None)
+    split = probes.get("fused_split")
+    out["small_gpt_train fused program's device time alone / native CPU's best step (the fused floor)"] = (
+        split["device_s"] / cpu["median_step_s"] if split and cpu else None)
     first = probes.get("first_op")
     out["first tpu op of a fresh process, seconds (<= 0.3)"] = first["first_op_s"] if first else None
     for st in starts:
@@ -643,6 +682,10 @@ def markdown(rows, starts, checks, meta, bounds=(), issue18=None, probes=None):
         lines += ["", f"Tiny op chain on tpu: Strict {t['strict_per_op_s'] * 1e6:.2f} us per op, DeferAndFuse "
                   f"recording {t['fused_record_per_op_s'] * 1e6:.2f} us per op; the runtime's launch of the same "
                   f"chain with no PyTorch above it (Strict's floor) {t['launch_floor_per_op_s'] * 1e6:.2f} us per op."]
+    if probes and probes.get("fused_split"):
+        t = probes["fused_split"]
+        lines += ["", f"Small GPT fused step, split: the host records it in {t['record_s'] * 1e3:.2f} ms; its one "
+                  f"program then runs {t['device_s'] * 1e3:.2f} ms on the device with the host idle (medians)."]
     if probes and probes.get("first_op"):
         lines += ["", "First tpu op of a fresh process, per process: " + ", ".join(
             f"{x:.3f} s" for x in probes["first_op"]["runs_s"]) + "."]
@@ -724,6 +767,7 @@ def main():
         probes["tiny_op_cpu"] = native_cpu("tiny_op", a.steps, a.warmup, a.quick)
         probes["tiny_op"] = tiny_op_chain("tpu")
         probes["first_op"] = first_op_probe()
+        probes["fused_split"] = fused_step_split()
     checks = targets(rows, starts)
     bounds = [] if a.no_ceilings else ceilings(rows, starts, a.quick, a.steps, a.warmup)
     issue18 = issue18_targets(rows, starts, bounds, probes, a.quick)
