@@ -26,6 +26,15 @@ def delta(before, after, *keys):
     return {k: after[k] - before[k] for k in keys}
 
 
+def not_implemented(raised):
+    """The NotImplementedError under Dynamo's wrappers of a compile-time error."""
+    err = raised
+    while err is not None and not isinstance(err, NotImplementedError):
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    assert isinstance(err, NotImplementedError), repr(raised)
+    return err
+
+
 def backend():
     return torch_tpu.TpuBackend(dynamism=True)
 
@@ -80,10 +89,7 @@ def test_size_outside_the_bounds_raises_a_clear_error():
     # Called with a size past the bound, the graph is traced again without bounds.
     with pytest.raises(Exception) as e:
         f(torch.randn(9, 3).to("tpu"))
-    err = e.value
-    while err is not None and not isinstance(err, NotImplementedError):
-        err = getattr(err, "inner_exception", None) or err.__cause__
-    assert isinstance(err, NotImplementedError), repr(e.value)
+    err = not_implemented(e.value)
     assert "outside the bounds" in str(err) and "mark_dynamic" in str(err)
     # The program itself refuses a size past its bound.
     from torch_tpu._internal.bounded import BoundedGraph
@@ -158,10 +164,7 @@ def test_an_op_not_known_right_across_a_dynamic_dimension_is_refused_by_name():
     dynamism.mark_dynamic(x, 0, 2, 16)
     with pytest.raises(Exception) as e:
         f(x)
-    err = e.value
-    while err is not None and not isinstance(err, NotImplementedError):
-        err = getattr(err, "inner_exception", None) or err.__cause__
-    assert isinstance(err, NotImplementedError), repr(e.value)
+    err = not_implemented(e.value)
     assert "aten.flip.default" in str(err) and "dynamic dimension" in str(err)
 
 
@@ -169,10 +172,7 @@ def test_unbounded_symint_error_still_names_the_fixes():
     f = torch.compile(lambda t: t * 2, backend="tpu", dynamic=True)
     with pytest.raises(Exception) as e:
         f(torch.ones(4, 3, device="tpu"))
-    err = e.value
-    while err is not None and not isinstance(err, NotImplementedError):
-        err = getattr(err, "inner_exception", None) or err.__cause__
-    assert isinstance(err, NotImplementedError), repr(e.value)
+    err = not_implemented(e.value)
     assert "dynamic=False" in str(err) and "mark_dynamic" in str(err)
 
 
@@ -182,10 +182,7 @@ def test_returning_a_flattened_dynamic_dimension_is_refused_clearly():
     dynamism.mark_dynamic(x, 0, 2, 16)
     with pytest.raises(Exception) as e:
         f(x)
-    err = e.value
-    while err is not None and not isinstance(err, NotImplementedError):
-        err = getattr(err, "inner_exception", None) or err.__cause__
-    assert isinstance(err, NotImplementedError), repr(e.value)
+    err = not_implemented(e.value)
     assert "compound dynamic shape" in str(err) and "3*s" in str(err)
 
 

@@ -305,19 +305,33 @@ static void check_capacity(Client& c, int device, int64_t extra, const std::stri
   }
 }
 
-BufferPtr Client::from_host(const void* data, DType dtype, const std::vector<int64_t>& dims,
-                            int device) {
+static int64_t dense_bytes(DType dtype, const std::vector<int64_t>& dims) {
   int64_t n = itemsize(dtype);
   for (auto d : dims) n *= d;
-  check_capacity(*this, device, n, "host-to-device copy");
+  return n;
+}
+
+// The arguments of a host-to-device copy of a dense array, after the capacity check.
+PJRT_Client_BufferFromHostBuffer_Args Client::host_copy_args(const void* data, DType dtype,
+                                                             const std::vector<int64_t>& dims,
+                                                             int device,
+                                                             PJRT_HostBufferSemantics semantics) {
+  check_capacity(*this, device, dense_bytes(dtype, dims), "host-to-device copy");
   auto a = ARGS(PJRT_Client_BufferFromHostBuffer_Args);
   a.client = client_;
   a.data = data;
   a.type = to_pjrt(dtype);
   a.dims = dims.data();
   a.num_dims = dims.size();
-  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  a.host_buffer_semantics = semantics;
   a.device = devices_.at(device);
+  return a;
+}
+
+BufferPtr Client::from_host(const void* data, DType dtype, const std::vector<int64_t>& dims,
+                            int device) {
+  const int64_t n = dense_bytes(dtype, dims);
+  auto a = host_copy_args(data, dtype, dims, device, PJRT_HostBufferSemantics_kImmutableOnlyDuringCall);
   check(api_->PJRT_Client_BufferFromHostBuffer(&a), "host-to-device copy");
   if (a.done_with_host_buffer) await_event(a.done_with_host_buffer, "host-to-device copy");
   counters_.h2d_bytes += n;
@@ -327,17 +341,8 @@ BufferPtr Client::from_host(const void* data, DType dtype, const std::vector<int
 
 BufferPtr Client::from_host_borrowed(const void* data, DType dtype, const std::vector<int64_t>& dims,
                                      int device, std::function<void()> release) {
-  int64_t n = itemsize(dtype);
-  for (auto d : dims) n *= d;
-  check_capacity(*this, device, n, "host-to-device copy");
-  auto a = ARGS(PJRT_Client_BufferFromHostBuffer_Args);
-  a.client = client_;
-  a.data = data;
-  a.type = to_pjrt(dtype);
-  a.dims = dims.data();
-  a.num_dims = dims.size();
-  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
-  a.device = devices_.at(device);
+  auto a = host_copy_args(data, dtype, dims, device, PJRT_HostBufferSemantics_kImmutableZeroCopy);
+  const int64_t n = dense_bytes(dtype, dims);
   PJRT_Error* err = api_->PJRT_Client_BufferFromHostBuffer(&a);
   if (err) {
     release();

@@ -195,6 +195,9 @@ class Client {
  private:
   Client();
   ExecutablePtr wrap_loaded(PJRT_LoadedExecutable* loaded, const std::string& name);
+  PJRT_Client_BufferFromHostBuffer_Args host_copy_args(const void* data, DType dtype,
+                                                       const std::vector<int64_t>& dims, int device,
+                                                       PJRT_HostBufferSemantics semantics);
   void track_event(PJRT_Event* ev, int device, const std::string& op);
   void reap(bool all, int device);
   void await_event(PJRT_Event* ev, const std::string& what);
