@@ -16,11 +16,11 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
+
+from _ranks import run_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -131,12 +131,7 @@ def main():
     if a.rank is not None:
         return rank_main(a.rank, a.world, a.port, a)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port)]
-                              + sys.argv[1:]) for r in range(a.world)]
-    sys.exit(max(p.wait() for p in procs))
+    run_ranks(__file__, a.world)
 
 
 if __name__ == "__main__":
