@@ -19,8 +19,8 @@ aten = torch.ops.aten
 # Core ATen ops with no native route yet, and why.
 MISSING: dict = {}
 # Symbolic-shape queries: answered from metadata, nothing runs on the device.
-METADATA = {"aten::sym_numel", "aten::sym_size.int", "aten::sym_storage_offset",
-            "aten::sym_stride.int"}
+METADATA = {"aten::sym_is_contiguous", "aten::sym_numel", "aten::sym_size.int",
+            "aten::sym_storage_offset", "aten::sym_stride.int"}
 
 
 def name(op) -> str:
@@ -29,6 +29,11 @@ def name(op) -> str:
 
 
 def core_ops():
+    # torch.ops.aten creates its packets lazily, so dir(aten) lists only those some code has
+    # touched: ask for every registered schema first, so the set does not depend on test order.
+    for schema in torch._C._jit_get_all_schemas():
+        if schema.name.startswith("aten::"):
+            getattr(aten, schema.name.split("::", 1)[1], None)
     ops = []
     for packet_name in dir(aten):
         packet = getattr(aten, packet_name, None)
@@ -87,8 +92,10 @@ def t(*shape, seed=0):
 
 # One call per Core ATen op routed through a composite or a decomposition.
 CALLS = {
+    "aten::adaptive_avg_pool1d": lambda: aten.adaptive_avg_pool1d(t(2, 3, 7), [3]),
     "aten::alias": lambda: aten.alias(t(3)),
     "aten::arange.start_step": lambda: aten.arange.start_step(1, 10, 2, device=DEV[0]),
+    "aten::avg_pool1d": lambda: aten.avg_pool1d(t(2, 3, 9), [3], [2], [1], False, False),
     "aten::diagonal": lambda: aten.diagonal(t(3, 4), 1),
     "aten::expand": lambda: aten.expand(t(3, 1), [3, 4]),
     "aten::full": lambda: aten.full([2, 3], 1.5, device=DEV[0]),
