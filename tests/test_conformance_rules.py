@@ -150,3 +150,25 @@ def test_random_ops_are_reported_apart_and_failed_by_a_wrong_law(monkeypatch):
     assert rec["status"] == "mismatch" and rec["verified"] == "none"
     assert re.fullmatch(r"distribution: KS p=\S+ against U\(0, 0.9\)", rec["message"]), rec["message"]
     assert rec["distribution"]["p"] < conformance_random.ALPHA
+
+
+def test_resume_reuses_finished_entries_with_the_same_settings(monkeypatch, tmp_path):
+    ran = []
+
+    def fake_entry(entry, dtypes, max_samples):
+        ran.append((entry.name, dtypes, max_samples))
+        return {"float32": {"fwd": {"status": "native", "verified": "values"}}}
+
+    monkeypatch.setattr(conformance, "run_entry", fake_entry)
+    out = str(tmp_path)
+    conformance.run(["abs"], ("float32",), 2, jobs=0, out=out, progress=False)
+    res = conformance.run(["abs", "neg"], ("float32",), 2, jobs=0, out=out, progress=False,
+                          resume=True)
+    assert [r[0] for r in ran] == ["abs", "neg"]  # abs came from the log the second time
+    assert res["meta"]["resumed_entries"] == 1 and set(res["entries"]) == {"abs", "neg"}
+    # Other settings (here the sample count) are not taken from the log.
+    conformance.run(["abs"], ("float32",), 3, jobs=0, out=out, progress=False, resume=True)
+    assert [r[0] for r in ran] == ["abs", "neg", "abs"]
+    # Without --resume everything runs again.
+    conformance.run(["abs"], ("float32",), 2, jobs=0, out=out, progress=False)
+    assert len(ran) == 4

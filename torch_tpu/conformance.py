@@ -38,6 +38,7 @@ import collections
 import functools
 import json
 import os
+import subprocess
 import sys
 import time
 import warnings
@@ -631,7 +632,11 @@ def detail(rec) -> str:
 
 def markdown(results: dict) -> str:
     others = [d for d in DTYPES if d != "float32"]
-    lines = ["# OpInfo conformance of torch_tpu", "", summary_table(results["summary"]), "",
+    meta = results.get("meta", {})
+    where = (f"Commit(s): {', '.join(meta['commits'])}; {meta.get('resumed_entries', 0)} entries "
+             "taken from an earlier, interrupted run with the same settings (--resume)."
+             if meta.get("commits") else "")
+    lines = ["# OpInfo conformance of torch_tpu", "", where, "", summary_table(results["summary"]), "",
              "| entry | float32 fwd | verified | float32 bwd | " + " | ".join(others)
              + " | error inputs | detail |",
              "|---|---|---|---|" + "---|" * len(others) + "---|---|"]
@@ -692,10 +697,36 @@ def stratified_sample(baseline: dict, n: int, dtype: str = "float32") -> list:
 
 # ---------------------------------------------------------------- driver
 
+def _commit() -> str:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, text=True,
+                              capture_output=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _finished_entries(path: str, settings: dict) -> dict:
+    """Entries an interrupted run with the same settings already finished (its log)."""
+    done = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:  # a line cut short when that run was killed
+                    continue
+                if rec.get("settings") == settings:
+                    done[rec["key"]] = rec
+    return done
+
+
 def run(ops=None, dtypes=("float32",), max_samples=None, jobs=2, timeout=60.0, out=None,
-        progress=True, compiled=False) -> dict:
+        progress=True, compiled=False, resume=False) -> dict:
     """Runs the selected entries (in-process when jobs == 0); writes out/conformance.{json,md}
-    when `out` is given. Returns {"meta", "summary", "entries"}."""
+    when `out` is given. Returns {"meta", "summary", "entries"}. Each finished entry is also
+    appended to out/entries.jsonl; `resume` takes the entries found there (same dtypes,
+    sample count and mode) instead of running them again, so a long run can be stopped."""
     global COMPILED
     COMPILED = compiled
     if compiled:
@@ -704,31 +735,47 @@ def run(ops=None, dtypes=("float32",), max_samples=None, jobs=2, timeout=60.0, o
     db = op_db()
     keys = select(db, ops)
     entries = {}
+    settings = {"dtypes": list(dtypes), "max_samples": max_samples, "compiled": compiled,
+                "timeout_s": timeout}
+    commit = _commit()
+    log_path = os.path.join(out, "entries.jsonl") if out else None
+    earlier = _finished_entries(log_path, settings) if (resume and log_path) else {}
+    for key in keys:
+        if key in earlier:
+            entries[key] = earlier[key]["result"]
+    commits = sorted({earlier[k]["commit"] for k in entries} | {commit})
+    todo = [k for k in keys if k not in entries]
     def done(i, key, res, msg):
         entries[key] = res if res is not None else failed_entry(db[key], dtypes, msg)
+        if log_path:
+            with open(log_path, "a") as f:
+                f.write(json.dumps({"key": key, "settings": settings, "commit": commit,
+                                    "result": entries[key]}) + "\n")
         if progress:
             f32 = entries[key].get("float32", {})
             st = " ".join(f"{d} {r['status']}" for d, r in f32.items())
-            print(f"[{i}/{len(keys)}] {key}  {st}", file=sys.stderr, flush=True)
+            print(f"[{i + len(keys) - len(todo)}/{len(keys)}] {key}  {st}", file=sys.stderr,
+                  flush=True)
     if out:
         os.makedirs(out, exist_ok=True)
     if jobs == 0:
         with warnings.catch_warnings():
             quiet()
-            for i, key in enumerate(keys, 1):
+            for i, key in enumerate(todo, 1):
                 done(i, key, run_entry(db[key], dtypes, max_samples), "")
     else:
         log = os.path.join(out or ".", "workers.log")
         pool = Pool(jobs, ("torch_tpu.conformance", "run_key"), (dtypes, max_samples, compiled), log)
         try:
-            for i, (key, res, msg) in enumerate(pool.map(keys, timeout), 1):
+            for i, (key, res, msg) in enumerate(pool.map(todo, timeout), 1):
                 done(i, key, res, msg)
         finally:
             pool.close()
     entries = {k: entries[k] for k in keys}
     results = {"meta": {"torch": torch.__version__, "dtypes": list(dtypes),
                         "max_samples": max_samples, "jobs": jobs, "timeout_s": timeout,
-                        "compiled": compiled},
+                        "compiled": compiled, "commits": commits,
+                        "resumed_entries": len(keys) - len(todo)},
                "summary": summarize(entries, time.monotonic() - t0), "entries": entries}
     if out:
         with open(os.path.join(out, "conformance.json"), "w") as f:
@@ -755,6 +802,8 @@ def main(argv=None) -> int:
                    help="also write the statuses alone (the regression guard's baseline) to FILE")
     p.add_argument("--compiled", action="store_true",
                    help="run the tpu side through torch.compile(backend=\"tpu\")")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the entries OUT/entries.jsonl holds from a run with the same settings")
     a = p.parse_args(argv)
     dtypes = tuple(d for d in a.dtype.split(",") if d)
     if unknown := [d for d in dtypes if d not in DTYPES]:
@@ -762,7 +811,8 @@ def main(argv=None) -> int:
     if a.check and not a.baseline:
         p.error("--check needs --baseline")
     ops = [o for o in (a.ops or "").split(",") if o]
-    res = run(ops, dtypes, a.max_samples, a.jobs, a.timeout, a.out, compiled=a.compiled)
+    res = run(ops, dtypes, a.max_samples, a.jobs, a.timeout, a.out, compiled=a.compiled,
+              resume=a.resume)
     print(summary_table(res["summary"]))
     print(f"Results: {os.path.join(a.out, 'conformance.md')}, conformance.json")
     if a.write_baseline:
