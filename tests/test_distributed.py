@@ -54,6 +54,7 @@ def launch(suite, world, env=None, timeout=150, script=HERE):
         path = os.path.join(outdir, f"rank{r}.json")
         results[r] = json.load(open(path)) if os.path.exists(path) else {}
         results[r]["__rc"], results[r]["__out"] = procs[r].returncode, outs[r][-3000:]
+        results[r]["__outdir"] = outdir
     return results
 
 
@@ -182,6 +183,7 @@ def all_reduce_async_work(rank, world):
     w = dist.all_reduce(x, async_op=True)
     fut = w.get_future()
     assert w.wait() is True and w.is_completed() and w.is_success()
+    assert fut.done()  # the future completes before wait() returns
     _eq(x, [sum(range(world)), world])
     (res,) = fut.wait()
     assert res.device.type == "tpu" and torch.equal(res.cpu(), x.cpu())
@@ -506,6 +508,25 @@ def faults(rank, world):
     assert torch.ones(2, device="tpu").sum().item() == 2
 
 
+@check("exit")
+def exit_while_completing(rank, world):
+    """The interpreter exits while a collective still completes on the transport's thread
+    (a slow callback on its future): the exit waits for it instead of aborting the process
+    (a thread that takes the GIL during finalization is torn down mid-C++ frame)."""
+    import torch
+    import torch.distributed as dist
+    marker = os.path.join(os.environ["TPU_DIST_TEST_OUTDIR"], f"callback{rank}")
+
+    def slow(fut):
+        time.sleep(0.5)
+        open(marker, "w").write(str(fut.value()[0].cpu().tolist()))
+
+    x = torch.full((4,), float(rank + 1), device="tpu")
+    dist.all_reduce(x, async_op=True).get_future().then(slow)
+    del x
+    sys.exit(0)  # no wait, no destroy_process_group
+
+
 # ----------------------------------------------------------------------------------------
 # The rank process
 
@@ -522,6 +543,7 @@ LAUNCHES = {
     "four": [("strict", "four")],
     "faults": [("strict", "faults")],
     "chips": [("env", "chips")],
+    "exit": [("strict", "exit")],
 }
 
 
@@ -529,7 +551,7 @@ def rank_main(suites, launches, argv):
     """The rank process: runs the launch's suites, records each check's result."""
     launch_name, rank, world, port, outdir = argv[1], int(argv[2]), int(argv[3]), int(argv[4]), argv[5]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), TPU_DIST_TEST_OUTDIR=outdir)
     import torch  # noqa: F401  (loads torch_tpu)
     import torch.distributed as dist
     import torch_tpu
@@ -627,3 +649,12 @@ def test_faults_never_hang():
     assert_check(res, "strict/faults", ranks=[0])
     for r in (1, 2):  # they left mid-check, as planned
         assert res[r]["strict/faults"] == "running", res[r]
+
+
+def test_exit_waits_for_collectives_still_completing():
+    res = launch("exit", 2, timeout=90)
+    assert [res[r]["__rc"] for r in (0, 1)] == [0, 0], res
+    for r in (0, 1):
+        assert res[r]["strict/exit_while_completing"] == "running", res[r]  # it exited
+        with open(os.path.join(res[r]["__outdir"], f"callback{r}")) as f:
+            assert f.read() == "[3.0, 3.0, 3.0, 3.0]", r  # the callback ran to its end

@@ -2,6 +2,7 @@
 // the backend with torch.distributed.
 #include <torch/csrc/utils/pybind.h>
 
+#include "distributed/staged_work.h"
 #include "distributed/tpu_backend.h"
 
 namespace tpu::distributed {
@@ -16,6 +17,11 @@ void bind(pybind11::module_& m) {
           return c10::make_intrusive<TpuBackend>(std::move(host), transport);
         },
         py::arg("host"), py::arg("transport") = "");
+  // At exit, before the interpreter finalizes (see Sequencer::drain_every).
+  m.def("_dist_drain", [] {
+    py::gil_scoped_release no_gil;  // the transport threads may need the GIL to finish
+    Sequencer::drain_every();
+  });
   m.def("_dist_transport", [](const c10::intrusive_ptr<c10d::Backend>& b) {
     auto* tpu = dynamic_cast<TpuBackend*>(b.get());
     TORCH_CHECK_VALUE(tpu, "not a tpu_dist backend: ", b->getBackendName());

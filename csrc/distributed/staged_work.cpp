@@ -5,6 +5,8 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
+#include <set>
+
 #include "backend/dtypes.h"
 #include "backend/storage.h"
 #include "runtime/client.h"
@@ -85,16 +87,20 @@ void StagedWork::complete() {
   std::vector<c10::intrusive_ptr<c10d::Work>> inner;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
     error_ = err;
     inner.swap(inner_);
   }
   inner.clear();
-  cv_.notify_all();
+  // The future first: a caller woken by wait() may read it at once.
   if (err)
     future_->setError(err);
   else
     future_->markCompleted(c10::IValue(results_));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
 }
 
 bool StagedWork::isCompleted() {
@@ -132,7 +138,29 @@ bool StagedWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+namespace {
+std::mutex g_live_mu;
+std::set<Sequencer*>& live_sequencers() {
+  static auto* s = new std::set<Sequencer*>();  // never destroyed: used at exit
+  return *s;
+}
+}  // namespace
+
+Sequencer::Sequencer() {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  live_sequencers().insert(this);
+}
+
+void Sequencer::drain_every() {
+  std::lock_guard<std::mutex> lock(g_live_mu);  // keeps each alive while it drains
+  for (Sequencer* s : live_sequencers()) s->drain_all();
+}
+
 Sequencer::~Sequencer() {
+  {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    live_sequencers().erase(this);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -160,23 +188,35 @@ void Sequencer::enqueue(const c10::intrusive_ptr<StagedWork>& work) {
     }
     if (!fut) {
       std::lock_guard<std::mutex> lock(mu_);
-      unwatched_.emplace_back(w, work);
+      unwatched_.emplace_back(w, work.get());
       if (!helper_.joinable()) helper_ = std::thread([this] { helper_loop(); });
       cv_.notify_all();
       continue;
     }
     // Runs on the thread that finishes the transport Work (or here, if it already has).
-    fut->addCallback([self, work](c10::ivalue::Future& f) {
+    // It holds the Work by a plain pointer: the queue keeps it alive until every transport
+    // Work counted itself done, and a strong reference here could be the last one, dropped
+    // on the transport's thread after drain_all() no longer watches.
+    StagedWork* raw = work.get();
+    fut->addCallback([self, raw](c10::ivalue::Future& f) {
       auto s = self.lock();
       std::exception_ptr err = f.hasError() ? f.exception_ptr() : nullptr;
-      if (s) s->on_transport_done(work, err);
+      if (s) s->on_transport_done(raw, err);
     });
   }
 }
 
-void Sequencer::on_transport_done(const c10::intrusive_ptr<StagedWork>& w,
-                                  std::exception_ptr err) {
+void Sequencer::on_transport_done(StagedWork* w, std::exception_ptr err) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++active_;
+  }
   if (w->transport_done(err)) complete_ready();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --active_;
+  }
+  cv_.notify_all();
 }
 
 void Sequencer::complete_ready() {
@@ -193,18 +233,19 @@ void Sequencer::complete_ready() {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.pop_front();
     }
+    w.reset();  // before drain_all() can return
     cv_.notify_all();
   }
 }
 
 void Sequencer::drain_all() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return queue_.empty(); });
+  cv_.wait(lock, [&] { return queue_.empty() && active_ == 0; });
 }
 
 void Sequencer::helper_loop() {
   for (;;) {
-    std::pair<c10::intrusive_ptr<c10d::Work>, c10::intrusive_ptr<StagedWork>> item;
+    std::pair<c10::intrusive_ptr<c10d::Work>, StagedWork*> item;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !unwatched_.empty(); });
@@ -218,6 +259,7 @@ void Sequencer::helper_loop() {
     } catch (...) {
       err = std::current_exception();
     }
+    item.first.reset();
     on_transport_done(item.second, err);
   }
 }

@@ -68,13 +68,19 @@ class StagedWork : public c10d::Work {
 // same tensor), on the threads that finish their transports.
 class Sequencer : public std::enable_shared_from_this<Sequencer> {
  public:
+  Sequencer();
   ~Sequencer();  // stops the helper thread (after what it waits for)
   void enqueue(const c10::intrusive_ptr<StagedWork>& work);
-  // Waits until every enqueued Work completed.
+  // Waits until every enqueued Work completed and no transport thread is still inside
+  // this sequencer (dropping references, running future callbacks).
   void drain_all();
+  // drain_all() on every live sequencer. Called before the interpreter finalizes: a
+  // transport thread that then dropped the last reference to a tensor with a Python
+  // object (or ran a Python callback) would take the GIL and be torn down mid-C++ frame.
+  static void drain_every();
 
  private:
-  void on_transport_done(const c10::intrusive_ptr<StagedWork>& w, std::exception_ptr err);
+  void on_transport_done(StagedWork* w, std::exception_ptr err);
   void complete_ready();  // completes the finished Works at the head of the queue
   void helper_loop();
 
@@ -83,8 +89,10 @@ class Sequencer : public std::enable_shared_from_this<Sequencer> {
   std::condition_variable cv_;
   std::deque<c10::intrusive_ptr<StagedWork>> queue_;
   // Transport Works without a future, for the helper thread to wait on.
-  std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, c10::intrusive_ptr<StagedWork>>> unwatched_;
+  // The StagedWork by plain pointer, as in the future callbacks (the queue keeps it alive).
+  std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, StagedWork*>> unwatched_;
   bool stop_ = false;
+  int active_ = 0;  // transport threads inside on_transport_done (under mu_)
   std::thread helper_;
 };
 

@@ -1,5 +1,6 @@
 """Registration of `tpu_dist` and the device ids of a process group (one process per
 device, the torchrun model)."""
+import atexit
 import functools
 import os
 import sys
@@ -19,8 +20,16 @@ def create_process_group(store, rank, size, timeout):
     # Own prefix: the cpu Gloo backend of the same group uses this store too.
     host = dist.ProcessGroupGloo(dist.PrefixStore(f"{BACKEND}/", store), rank, size, timeout)
     backend = _C._dist_create_backend(host, os.environ.get("TPU_DIST_TRANSPORT", ""))
+    _drain_at_exit()
     backend._set_sequence_number_for_group()
     return _checked(backend, store, rank, size, timeout)
+
+
+@functools.cache
+def _drain_at_exit():
+    """Collectives still completing on the transport's threads finish before Python
+    finalizes: a thread that takes the GIL after that is torn down mid-C++ frame (abort)."""
+    atexit.register(_C._dist_drain)
 
 
 def _checked(backend, store, rank, size, timeout):
