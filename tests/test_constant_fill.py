@@ -75,3 +75,18 @@ def test_out_of_range_fill_raises_as_on_cpu(mode):
     with torch_tpu.set_eager_mode(mode), pytest.raises(RuntimeError) as tpu:
         torch.empty(2, dtype=torch.uint8, device="tpu").fill_(300)
     assert str(tpu.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("mode", EAGER, ids=lambda m: m.name)
+def test_zero_fill_of_a_whole_storage_leaves_it_unwritten_any_size(mode):
+    with torch_tpu.set_eager_mode(mode):
+        x = torch.arange(5000.0, device="tpu")  # 20 KiB: above the transfer limit
+        _, d = counted(lambda: x.zero_())
+        assert d == {"executions": 0, "host_fills": 1, "h2d_transfers": 0}, d
+        assert torch.equal(x.cpu(), torch.zeros(5000))
+        z, d = counted(lambda: torch.zeros_like(torch.ones(3, 4, device="tpu")))
+        assert d["host_fills"] == 2 and d["executions"] == 0, d  # ones: a transfer; zeros: none
+        assert torch.equal((z + 2).cpu(), torch.full((3, 4), 2.0))
+        # -0.0 is not all zero bytes: it is written.
+        neg = torch.empty(4, device="tpu").fill_(-0.0).cpu()
+        assert torch.equal(torch.signbit(neg), torch.ones(4, dtype=torch.bool))

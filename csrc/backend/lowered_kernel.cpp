@@ -48,7 +48,7 @@ struct OpInfo {
   bool is_out = false;
   bool check_internal_overlap = true;  // of a written arg (CPU's TensorIterator check)
   bool check_input_overlap = true;     // between a written arg and a read one
-  bool host_fill = false;              // fill_.Scalar: small fills may be transfers
+  bool host_fill = false;              // fill_.Scalar, zero_: may run no program
 };
 
 // Ops whose CPU kernels accept a written tensor with internal overlap (fills, which
@@ -863,8 +863,8 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   auto args = torch::jit::last(*stack, info.num_args);
   metrics().op_calls += 1;
   if (!info.mutated.empty()) check_overlaps(info, args);
-  if (info.host_fill && try_host_fill(args[0].toTensor(), args[1].toScalar())) {
-    torch::jit::drop(*stack, 1);  // self stays on the stack: fill_ returns it
+  if (info.host_fill && try_host_fill(args[0].toTensor(), info.num_args > 1 ? args[1].toScalar() : c10::Scalar(0))) {
+    torch::jit::drop(*stack, info.num_args - 1);  // self stays on the stack: the op returns it
     return;
   }
 
@@ -1101,7 +1101,7 @@ int register_lowered_kernels() {
     if (!base.empty() && base.back() == '_') base.pop_back();
     info.check_internal_overlap = !cpu_allows_internal_overlap(base);
     info.check_input_overlap = !cpu_allows_input_overlap(base);
-    info.host_fill = info.name == "fill_.Scalar";
+    info.host_fill = info.name == "fill_.Scalar" || info.name == "zero_";
     // Rules index the functional op's arguments: out= args come last, so they line up.
     infos().emplace(name, info);
     // torch::Library keeps the name pointer: give it storage that lives as long.
