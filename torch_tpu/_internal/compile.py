@@ -244,7 +244,10 @@ class TpuBackend:
     recomputed, and the backward program recomputes the rest inside itself, as
     DeferAndFuse's one program per step does: a compiled GPT step then peaks below
     DeferAndFuse's memory (saved activations were most of its peak) and stays faster.
-    1.0 is PyTorch's default, runtime-optimized partition. Options of Google's TorchTPU this backend has no use for
+    1.0 is PyTorch's default, runtime-optimized partition. `recompute="cheap"` (budget
+    ignored) saves only contractions' results and recomputes everything else: about
+    DeferAndFuse's compute per GPT step, but more peak memory than the budget of 0 (what
+    crosses to the backward stays live through its whole program). Options of Google's TorchTPU this backend has no use for
     (`enable_serialization`, `precompile_steps`, ...) are accepted and ignored: the
     executable caches already persist compiled programs.
     """
