@@ -31,6 +31,7 @@
 namespace tpu::backend {
 bool is_glue_op(const std::string& name);  // glue_ops.cpp
 bool redispatch_with_mask_coordinates(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+bool try_host_fill(const at::Tensor& self, const c10::Scalar& value);  // constant_fill.cpp
 namespace {
 
 using c10::IValue;
@@ -47,6 +48,7 @@ struct OpInfo {
   bool is_out = false;
   bool check_internal_overlap = true;  // of a written arg (CPU's TensorIterator check)
   bool check_input_overlap = true;     // between a written arg and a read one
+  bool host_fill = false;              // fill_.Scalar, zero_: may run no program
 };
 
 // Ops whose CPU kernels accept a written tensor with internal overlap (fills, which
@@ -861,6 +863,10 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   auto args = torch::jit::last(*stack, info.num_args);
   metrics().op_calls += 1;
   if (!info.mutated.empty()) check_overlaps(info, args);
+  if (info.host_fill && try_host_fill(args[0].toTensor(), info.num_args > 1 ? args[1].toScalar() : c10::Scalar(0))) {
+    torch::jit::drop(*stack, info.num_args - 1);  // self stays on the stack: the op returns it
+    return;
+  }
 
   // out=: PyTorch's meta kernel decides the out shapes; resize ours to match first.
   std::vector<at::Tensor> meta_outs;
@@ -1095,6 +1101,7 @@ int register_lowered_kernels() {
     if (!base.empty() && base.back() == '_') base.pop_back();
     info.check_internal_overlap = !cpu_allows_internal_overlap(base);
     info.check_input_overlap = !cpu_allows_input_overlap(base);
+    info.host_fill = info.name == "fill_.Scalar" || info.name == "zero_";
     // Rules index the functional op's arguments: out= args come last, so they line up.
     infos().emplace(name, info);
     // torch::Library keeps the name pointer: give it storage that lives as long.

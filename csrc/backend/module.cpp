@@ -16,6 +16,7 @@
 
 namespace tpu::backend {
 int register_lowered_kernels();
+int64_t host_fill_count();  // constant_fill.cpp
 std::vector<std::string> lowered_op_names();
 int64_t import_stablehlo(const std::string& text, const std::string& what,
                          const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
@@ -196,6 +197,7 @@ PYBIND11_MODULE(_C, m) {
       d["disk_cache_corrupt"] = ds.corrupt.load();
       d["disk_cache_evicted"] = ds.evicted.load();
     }
+    d["host_fills"] = host_fill_count();  // small fills made as transfers, not programs
     d["op_compiles"] = metrics().op_compiles.load();
     d["op_compile_seconds"] = metrics().op_compile_us.load() / 1e6;
     d["graph_compiles"] = metrics().graph_compiles.load();

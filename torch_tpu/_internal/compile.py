@@ -29,6 +29,7 @@ here: graphs whose tensors live on tpu are routed to this backend instead.
 The eager mode is process-wide: tpu ops another Python thread runs during a graph's call join its program.
 """
 import functools
+import operator
 import time
 
 import torch
@@ -135,6 +136,48 @@ class _CompiledGraph:
         return out
 
 
+def _recompute_cheap_ops(joint: torch.fx.GraphModule) -> None:
+    """Tags the joint graph's forward ops for the min-cut partitioner: every op that is
+    neither a contraction (matmul, convolution, attention: PyTorch's compute-intensive
+    list) nor random (nor `empty`, seeded too) is recomputed in the backward, so what crosses from the forward to
+    the backward is the contractions' results and the graph's inputs. Layer norms,
+    activations, residual adds and softmaxes are cheap to redo inside the backward's
+    program; saving their outputs was most of the saved memory."""
+    from torch._functorch.partitioners import get_default_op_list
+    from torch.utils.checkpoint import CheckpointPolicy
+    ops = get_default_op_list()
+    backward = set()
+    for n in joint.graph.nodes:  # nodes that read a tangent belong to the backward
+        if (n.op == "placeholder" and n.name.startswith("tangents")) or any(a in backward for a in n.all_input_nodes):
+            backward.add(n)
+
+    def contraction(n):
+        name = str(n.target)
+        return ops.is_compute_intensive(n) or "scaled_dot_product" in name or "convolution" in name
+
+    for n in joint.graph.nodes:
+        # A getitem follows its producer (a contraction's tuple cannot be saved whole).
+        if (n.op != "call_function" or n in backward or "recompute" in n.meta or n.target is operator.getitem
+                or contraction(n) or ops.is_random(n)
+                or torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())):
+            continue
+        n.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+        for u in n.users:
+            if u.target is operator.getitem:
+                u.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _partition(recompute: str):
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    if recompute == "budget":
+        return min_cut_rematerialization_partition
+
+    def partition(joint, joint_inputs, **kwargs):
+        _recompute_cheap_ops(joint)
+        return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+    return partition
+
+
 def _decompositions() -> dict:
     """PyTorch's decompositions of the ops our registry lacks (those torch_tpu runs
     eagerly through a decomposition kernel): applied at trace time instead."""
@@ -201,21 +244,26 @@ class TpuBackend:
     recomputed, and the backward program recomputes the rest inside itself, as
     DeferAndFuse's one program per step does: a compiled GPT step then peaks below
     DeferAndFuse's memory (saved activations were most of its peak) and stays faster.
-    1.0 is PyTorch's default, runtime-optimized partition. Options of Google's TorchTPU this backend has no use for
+    1.0 is PyTorch's default, runtime-optimized partition. `recompute="cheap"` (budget
+    ignored) saves only contractions' results and recomputes everything else: about
+    DeferAndFuse's compute per GPT step, but more peak memory than the budget of 0 (what
+    crosses to the backward stays live through its whole program). Options of Google's TorchTPU this backend has no use for
     (`enable_serialization`, `precompile_steps`, ...) are accepted and ignored: the
     executable caches already persist compiled programs.
     """
 
     def __init__(self, debug: bool = False, dynamism: bool = False, memory_budget: float = 0.0,
-                 **ignored):
+                 recompute: str = "budget", **ignored):
+        if recompute not in ("budget", "cheap"):
+            raise ValueError(f"TpuBackend(recompute={recompute!r}): expected 'cheap' or 'budget'")
         self.debug = debug
         self.dynamism = dynamism
         self.memory_budget = memory_budget
+        self.recompute = recompute
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, **ignored):
         # `mode=` and `options=` (from torch.compile) have no meaning here.
         from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.partitioners import min_cut_rematerialization_partition
         from torch._guards import CompileContext
 
         _check_dynamism(example_inputs, self.dynamism)
@@ -225,9 +273,10 @@ class TpuBackend:
         t0 = time.perf_counter()
         lower = self._lower
         try:
-            with torch._functorch.config.patch(activation_memory_budget=self.memory_budget):
+            budget = self.memory_budget if self.recompute == "budget" else 1.0
+            with torch._functorch.config.patch(activation_memory_budget=budget):
                 return aot_autograd(fw_compiler=lower, bw_compiler=lower, inference_compiler=lower,
-                                    partition_fn=min_cut_rematerialization_partition,
+                                    partition_fn=_partition(self.recompute),
                                     decompositions=_decompositions(),
                                     keep_inference_input_mutations=True)(gm, example_inputs)
         finally:

@@ -1,0 +1,85 @@
+// Constant fills outside a recorded graph (Strict and Debug) of a tensor that spans its
+// whole storage run no program: `zero_` (and a fill with +0) leaves the storage unwritten,
+// which reads as zeros; another `fill_` of a few KiB at most becomes a host-to-device
+// transfer of the filled bytes. The commonest case is autograd's seed of
+// `loss.backward()`, `ones_like(loss)` (empty_like, then fill_), which would otherwise be
+// a program of its own in every step of a compiled train step. The bytes are the scalar
+// converted as CPU's fill converts it (c10::Scalar::to, which raises on overflow), laid
+// out in the storage's existing type so later programs see the same signature as after
+// a fill program. Counted in metrics() as `host_fills` (a transfer also as an h2d one).
+#include <ATen/ATen.h>
+#include <ATen/Dispatch_v2.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/dtypes.h"
+#include "backend/executor.h"
+#include "backend/storage.h"
+
+namespace tpu::backend {
+namespace {
+
+// Above this a device-side fill is cheaper than copying the bytes over (and on a real
+// accelerator the transfer crosses PCIe); the seeds and small buffers are far below it.
+constexpr size_t kMaxHostFillBytes = 4096;
+
+std::atomic<int64_t> g_host_fills{0};
+
+// One element of `type` holding `value`, as CPU's fill converts it.
+bool element_bytes(const c10::Scalar& value, c10::ScalarType type, char* out) {
+  bool ok = false;
+  AT_DISPATCH_V2(type, "fill_", AT_WRAP([&] {
+    scalar_t v = value.to<scalar_t>();
+    std::memcpy(out, &v, sizeof(scalar_t));
+    ok = true;
+  }), AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kBool, at::kHalf, at::kBFloat16);
+  return ok;
+}
+
+// A value whose bytes are all zero in every dtype (not -0.0).
+bool is_positive_zero(const c10::Scalar& v) {
+  if (v.isBoolean()) return !v.toBool();
+  if (v.isIntegral(false)) return v.toLong() == 0;
+  if (v.isFloatingPoint()) return v.toDouble() == 0.0 && !std::signbit(v.toDouble());
+  return false;
+}
+
+}  // namespace
+
+int64_t host_fill_count() { return g_host_fills.load(); }
+
+// `self.fill_(value)` done as a transfer when it qualifies (see above); false leaves the
+// call to the lowered kernel (deferred modes record fills into their graph instead).
+bool try_host_fill(const at::Tensor& self, const c10::Scalar& value) {
+  if (deferring() || !self.is_privateuseone() || self.is_conj() || self.is_neg()) return false;
+  StorageData& sd = storage_of(self);
+  if (!sd.donated_to.empty() || sd.nbytes == 0) return false;
+  ir::Type st = storage_type(self);
+  if (st.dtype != to_dtype(self.scalar_type()) || !geometry_of(self).covers(st.shape)) return false;
+  if (is_positive_zero(value)) {
+    // All bytes zero: the storage becomes unwritten again, which reads as zeros (the
+    // optimizer states zeros_like makes; programs read such a storage as a constant).
+    sd.value = Operand();
+    g_host_fills += 1;
+    return true;
+  }
+  if (sd.nbytes > kMaxHostFillBytes) return false;
+  if (value.isComplex() && !self.is_complex()) return false;  // the lowered kernel's error
+  char element[16];
+  if (!element_bytes(value, self.scalar_type(), element)) return false;
+  const size_t item = self.element_size();
+  int64_t n = 1;
+  for (int64_t d : st.shape) n *= d;
+  std::vector<char> bytes(static_cast<size_t>(n) * item);
+  for (int64_t i = 0; i < n; ++i) std::memcpy(bytes.data() + i * item, element, item);
+  runtime::BufferPtr buf =
+      guarded([&] { return runtime::Client::get().from_host(bytes.data(), st.dtype, st.shape, sd.device); });
+  sd.value = std::move(buf);
+  g_host_fills += 1;
+  return true;
+}
+
+}  // namespace tpu::backend
