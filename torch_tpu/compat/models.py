@@ -47,6 +47,11 @@ SMALL = {
     "num_self_attends_per_block": 2, "mlp_dim": 64, "width_coefficient": 0.25, "depth_coefficient": 0.25,
     "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16, "window_size": 4,
 }
+TIME_SERIES = {"prediction_length": 4, "context_length": 8, "lags_sequence": [1, 2, 3],
+               "num_time_features": 1}
+# Arguments given when the config is made, for fields its own __init__ derives others from.
+# Probabilistic forecasters need a horizon (no default): 4 steps from 8, lags 1-3.
+INIT = {"autoformer": TIME_SERIES, "informer": TIME_SERIES, "time_series_transformer": TIME_SERIES}
 # Per-family constraints the generic sizes miss: CodeGen splits heads over 4 model-parallel shards.
 # LFM2-MoE has no default layer pattern (checkpoints carry one).
 # BridgeTower's vision tower takes one head per 64 channels. Keys with a dot name a sub-config.
@@ -56,6 +61,17 @@ FAMILY = {"codegen": {"n_head": 4},
           # Aria's projector maps the patch count (8 x 8 here) to its query count.
           "aria": {"projector_patch_to_query_dict": {64: 4},
                    "max_value_projector_patch_to_query_dict": 4},
+          # EfficientNet towers: the last stage's width (320 x width_coefficient) is what the
+          # top batch norm (EfficientNet) or the image embedding (ALIGN) sees.
+          "efficientnet": {"hidden_dim": 320},
+          "align": {"projection_dim": 80},
+          # BLT's encoder hands k patches' worth of width to the global model: keep k = 1.
+          "blt": {"cross_attn_k": 1, "encoder_config.cross_attn_k": 1, "decoder_config.cross_attn_k": 1},
+          # Defaults that leave the experts unset (checkpoints set them).
+          "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+          "diffusion_gemma": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
+          # DBRX's attention reads a rope_theta its v5 config no longer holds.
+          "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
 }
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
 STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2}
@@ -141,6 +157,8 @@ def _shrink_one(cfg, widths):
             if key in WIDTHS and value > SMALL[key]:
                 widths.setdefault(value, SMALL[key])
             setattr(cfg, key, SMALL[key])
+        elif key == "vocab_size" and value is None:
+            setattr(cfg, key, SMALL[key])  # left unset by the class default (ESM): no embedding without it
         elif key not in SMALL and "vocab" in key and type(value) is int and value > 4096:
             setattr(cfg, key, SMALL["vocab_size"])  # hashed or per-layer vocabularies
         elif (key in SMALL and isinstance(SMALL[key], int) and isinstance(value, (list, tuple))
@@ -280,7 +298,7 @@ def build(model_type, head=None):
         cls_name = sample.class_of(head, model_type)
     if cls_name is None:
         raise LookupError("no model class for this type")
-    cfg = transformers.AutoConfig.for_model(model_type)
+    cfg = transformers.AutoConfig.for_model(model_type, **INIT.get(model_type, {}))
     timm = getattr(cfg, "backbone_config", None)
     if type(timm).__name__.startswith("Timm"):
         # timm is not installed: the same stages from the Hugging Face ResNet instead.
@@ -297,6 +315,7 @@ def build(model_type, head=None):
     if head == "sequence_classification" and getattr(cfg, "pad_token_id", 0) is None:
         cfg.pad_token_id = 1  # decoders pool the last non-pad token: batches need a pad id
     cls = getattr(transformers, cls_name)
+    cfg = _config_for(cls, cfg)
     torch.manual_seed(0)
     model = cls(cfg)
     _redraw_constant_weights(model)
@@ -304,6 +323,16 @@ def build(model_type, head=None):
     if n > 20_000_000:
         raise ValueError(f"the shrunk model still has {n / 1e6:.0f}M parameters")
     return model, cfg, head, family, cls_name
+
+
+def _config_for(cls, cfg):
+    """The config `cls` takes: a text-only head of a multimodal type (Emu3ForCausalLM,
+    Llama4ForCausalLM) is built from the matching sub-config, as its checkpoints are."""
+    want = getattr(cls, "config_class", None)
+    if want is None or isinstance(cfg, want):
+        return cfg
+    sub = next((c for c in _configs(cfg) if isinstance(c, want)), None)
+    return sub if sub is not None else cfg
 
 
 def _redraw_constant_weights(model):
@@ -351,6 +380,10 @@ def inputs(model, cfg, head, batch=2, seq=8):
         size = getattr(vis, "image_size", 32)
         size = size[0] if isinstance(size, (list, tuple)) else size
         kw["pixel_values"] = torch.randn(batch, getattr(vis, "num_channels", 3), size, size, generator=g)
+    if "image_sizes" in params and "pixel_values" in kw:
+        # LLaVA-NeXT style any-resolution models: each image's original (height, width).
+        h, w = kw["pixel_values"].shape[-2:]
+        kw["image_sizes"] = torch.tensor([[h, w]] * batch)
     for grid_name in ("grid_thw", "image_grid_thw"):
         if grid_name in params:
             into = "hidden_states" if "hidden_states" in params else "pixel_values"
@@ -401,6 +434,8 @@ def inputs(model, cfg, head, batch=2, seq=8):
                     [torch.ones(batch, new.shape[1] - ids.shape[1], dtype=torch.long),
                      kw["attention_mask"]], dim=1)
             ids, seq = new, new.shape[1]
+    if "past_values" in params:
+        kw.update(_series(cfg, params, batch, g))
     if "use_cache" in params:
         kw["use_cache"] = False  # a training step keeps no cache (state-space-only stacks have none)
     if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
@@ -427,6 +462,24 @@ def inputs(model, cfg, head, batch=2, seq=8):
         raise ValueError("no input this pipeline knows how to make: "
                          + ", ".join(list(params)[:6]))
     return kw
+
+
+def _series(cfg, params, batch, g):
+    """Time-series inputs: a forecaster's history (with lags and time features) and its
+    horizon, or a multichannel window (PatchTST, PatchTSMixer)."""
+    kw = {}
+    lags = getattr(cfg, "lags_sequence", None)
+    if isinstance(getattr(cfg, "prediction_length", None), int) and lags:
+        past, horizon = cfg.context_length + max(lags), cfg.prediction_length
+        nf = getattr(cfg, "num_time_features", 0) or 0
+        kw["past_values"] = torch.randn(batch, past, generator=g)
+        kw["past_time_features"] = torch.randn(batch, past, nf, generator=g)
+        kw["past_observed_mask"] = torch.ones(batch, past)
+        kw["future_values"] = torch.randn(batch, horizon, generator=g)
+        kw["future_time_features"] = torch.randn(batch, horizon, nf, generator=g)
+    elif isinstance(getattr(cfg, "num_input_channels", None), int):
+        kw["past_values"] = torch.randn(batch, cfg.context_length, cfg.num_input_channels, generator=g)
+    return {k: v for k, v in kw.items() if k in params}
 
 
 def _mel_bins(cfg):
@@ -506,7 +559,7 @@ def loss_of(out):
     """The model's own loss, else the mean of every floating output (a scalar to train on)."""
     loss = getattr(out, "loss", None) if not isinstance(out, (tuple, list)) else None
     if loss is not None:
-        return loss
+        return loss if loss.dim() == 0 else loss.mean()  # per-sample losses (DAC's codebook loss)
     leaves = [t for t in flat_tensors(out) if t.is_floating_point() and t.numel()]
     if not leaves:
         raise ValueError("the model returned no floating tensor")
