@@ -45,13 +45,16 @@ SMALL = {
     "input_feat_per_channel": 16, "n_group": 1, "topk_group": 1, "n_groups": 1, "mamba_n_groups": 1, "num_kv_shared_layers": 0, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16, "num_dense_layers": 1, "attention_window": 4, "out_hidden_size": 32, "base_channels": 32,
     "num_groups": 1, "decoder_hidden_size": 32, "d_latents": 32, "num_latents": 16,
     "num_self_attends_per_block": 2, "mlp_dim": 64, "width_coefficient": 0.25, "depth_coefficient": 0.25,
-    "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16, "window_size": 4,
+    "vocab_size_per_layer_input": 128, "num_frames": 4, "hidden_size_per_layer_input": 16, "window_size": 4,
 }
 TIME_SERIES = {"prediction_length": 4, "context_length": 8, "lags_sequence": [1, 2, 3],
                "num_time_features": 1}
 # Arguments given when the config is made, for fields its own __init__ derives others from.
 # Probabilistic forecasters need a horizon (no default): 4 steps from 8, lags 1-3.
-INIT = {"autoformer": TIME_SERIES, "informer": TIME_SERIES, "time_series_transformer": TIME_SERIES}
+INIT = {"autoformer": {**TIME_SERIES, "label_length": 4}, "informer": TIME_SERIES, "time_series_transformer": TIME_SERIES}
+# Composite types have no default sub-configs: (encoder or vision, decoder or text) types.
+COMPOSITE = {"encoder-decoder": ("bert", "bert"), "vision-encoder-decoder": ("vit", "gpt2"),
+             "speech-encoder-decoder": ("wav2vec2", "bert"), "vision-text-dual-encoder": ("vit", "bert")}
 # Per-family constraints the generic sizes miss: CodeGen splits heads over 4 model-parallel shards.
 # LFM2-MoE has no default layer pattern (checkpoints carry one).
 # BridgeTower's vision tower takes one head per 64 channels. Keys with a dot name a sub-config.
@@ -69,7 +72,11 @@ FAMILY = {"codegen": {"n_head": 4},
           "blt": {"cross_attn_k": 1, "encoder_config.cross_attn_k": 1, "decoder_config.cross_attn_k": 1},
           # Defaults that leave the experts unset (checkpoints set them).
           "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
-          "diffusion_gemma": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
+          "esm": {"pad_token_id": 1, "mask_token_id": 2},
+          # ViViT cuts (frames, height, width) tubelets; RT-DETR picks its queries from the
+          # few anchors a 32 x 32 image has.
+          "vivit": {"tubelet_size": [2, 4, 4]},
+          "rt_detr": {"num_queries": 8}, "rt_detr_v2": {"num_queries": 8},
           # DBRX's attention reads a rope_theta its v5 config no longer holds.
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
 }
@@ -242,6 +249,20 @@ def _follow_widths(cfg, widths):
             setattr(cfg, key, widths[value])
 
 
+def _fix_backbone_channels(cfg):
+    """Detection heads over a backbone (RT-DETR, D-FINE): the encoder takes the shrunk
+    backbone's channels at its output stages, the decoder the encoder's width."""
+    bb, v = vars(cfg).get("backbone_config"), vars(cfg)
+    sizes = getattr(bb, "hidden_sizes", None)
+    outs = getattr(bb, "out_indices", None)
+    enc = v.get("encoder_in_channels")
+    if isinstance(sizes, (list, tuple)) and outs and isinstance(enc, (list, tuple)) and len(enc) == len(outs):
+        cfg.encoder_in_channels = [sizes[i - 1] for i in outs]
+    dec, width = v.get("decoder_in_channels"), v.get("encoder_hidden_dim")
+    if isinstance(dec, (list, tuple)) and isinstance(width, int):
+        cfg.decoder_in_channels = [width] * len(dec)
+
+
 def shrink(cfg):
     """Sets every known size field of `cfg` (and its sub-configs) to a small value, keeping
     the fields that must agree with each other in agreement."""
@@ -251,6 +272,7 @@ def shrink(cfg):
         _shrink_one(node, widths)
     for node in nodes:
         _follow_widths(node, widths)
+        _fix_backbone_channels(node)
         _fix_token_ids(node)
         if "use_cache" in vars(node):
             node.use_cache = False  # a training step keeps no cache (state-space stacks have none)
@@ -298,7 +320,10 @@ def build(model_type, head=None):
         cls_name = sample.class_of(head, model_type)
     if cls_name is None:
         raise LookupError("no model class for this type")
-    cfg = transformers.AutoConfig.for_model(model_type, **INIT.get(model_type, {}))
+    if model_type in COMPOSITE:
+        cfg = _composite(model_type)
+    else:
+        cfg = transformers.AutoConfig.for_model(model_type, **INIT.get(model_type, {}))
     timm = getattr(cfg, "backbone_config", None)
     if type(timm).__name__.startswith("Timm"):
         # timm is not installed: the same stages from the Hugging Face ResNet instead.
@@ -323,6 +348,19 @@ def build(model_type, head=None):
     if n > 20_000_000:
         raise ValueError(f"the shrunk model still has {n / 1e6:.0f}M parameters")
     return model, cfg, head, family, cls_name
+
+
+def _composite(model_type):
+    """An encoder-decoder (or dual encoder) config from two small standard configs, as
+    users pair pretrained checkpoints."""
+    import transformers
+    a, b = (transformers.AutoConfig.for_model(t) for t in COMPOSITE[model_type])
+    cls = transformers.models.auto.configuration_auto.CONFIG_MAPPING[model_type]
+    if model_type == "vision-text-dual-encoder":
+        return cls.from_vision_text_configs(a, b)
+    cfg = cls.from_encoder_decoder_configs(a, b)
+    cfg.pad_token_id, cfg.decoder_start_token_id = 1, 2  # labels are shifted into decoder inputs
+    return cfg
 
 
 def _config_for(cls, cfg):
@@ -380,6 +418,11 @@ def inputs(model, cfg, head, batch=2, seq=8):
         size = getattr(vis, "image_size", 32)
         size = size[0] if isinstance(size, (list, tuple)) else size
         kw["pixel_values"] = torch.randn(batch, getattr(vis, "num_channels", 3), size, size, generator=g)
+        frames = next((vars(c)["num_frames"] for c in _configs(cfg)
+                       if isinstance(vars(c).get("num_frames"), int)), None)
+        if frames:  # video models: (batch, frames, channels, height, width)
+            video = torch.randn(batch, frames, *kw["pixel_values"].shape[1:], generator=g)
+            kw["pixel_values"] = _probe(model, kw, "pixel_values", (video, kw["pixel_values"]))
     if "image_sizes" in params and "pixel_values" in kw:
         # LLaVA-NeXT style any-resolution models: each image's original (height, width).
         h, w = kw["pixel_values"].shape[-2:]
@@ -454,6 +497,14 @@ def inputs(model, cfg, head, batch=2, seq=8):
         elif head in ("sequence_classification", "image_classification", "audio_classification",
                       "video_classification"):
             kw["labels"] = torch.randint(0, getattr(cfg, "num_labels", 2), (batch,), generator=g)
+    if "input_features" in kw and "input_values" in kw:
+        # A speech encoder-decoder takes whichever its encoder reads (wav2vec2: values).
+        try:
+            with torch.no_grad():
+                model(**{k: v for k, v in kw.items() if k != "input_features"})
+            kw.pop("input_features")
+        except Exception:  # noqa: BLE001 -- it reads features
+            kw.pop("input_values")
     if "input_features" in kw:
         f = kw["input_features"]
         t = f.transpose(1, 2).contiguous()
