@@ -81,7 +81,8 @@ FAMILY = {"codegen": {"n_head": 4},
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
 }
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
-STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2}
+STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2,
+               "blocks_per_stage": 1, "embed_dim_per_stage": 32}  # Hiera: doubling from hidden_size
 # Float fields whose names hold one of these draw random masks when the model trains.
 RANDOM_MASKS = ("dropout", "drop_", "pdrop", "layerdrop", "mask_time_prob", "mask_feature_prob")
 SPECIAL_IDS = 16  # the top of the vocabulary, kept for special tokens
@@ -156,7 +157,8 @@ def _shrink_one(cfg, widths):
     mha = vars(cfg).get("num_key_value_heads") == vars(cfg).get("num_attention_heads")
     for key, value in list(vars(cfg).items()):
         if key in STAGE_LISTS and isinstance(value, (list, tuple)) and value:
-            setattr(cfg, key, [STAGE_LISTS[key] * (1 if key in ("depths", "num_heads") else i + 1)
+            setattr(cfg, key, [STAGE_LISTS[key] * (1 if key in ("depths", "num_heads", "blocks_per_stage")
+                                                   else 2 ** i if key == "embed_dim_per_stage" else i + 1)
                                for i in range(len(value))])
         elif key in SMALL and isinstance(SMALL[key], list) and isinstance(value, (list, tuple)):
             setattr(cfg, key, type(value)(SMALL[key]))
@@ -258,6 +260,9 @@ def _fix_backbone_channels(cfg):
     enc = v.get("encoder_in_channels")
     if isinstance(sizes, (list, tuple)) and outs and isinstance(enc, (list, tuple)) and len(enc) == len(outs):
         cfg.encoder_in_channels = [sizes[i - 1] for i in outs]
+    stages = getattr(bb, "embed_dim_per_stage", None)
+    if isinstance(stages, list) and isinstance(v.get("backbone_channel_list"), list):
+        cfg.backbone_channel_list = stages[::-1]  # SAM2's neck: the Hiera stages, deepest first
     dec, width = v.get("decoder_in_channels"), v.get("encoder_hidden_dim")
     if isinstance(dec, (list, tuple)) and isinstance(width, int):
         cfg.decoder_in_channels = [width] * len(dec)
