@@ -77,6 +77,8 @@ FAMILY = {"codegen": {"n_head": 4},
           # few anchors a 32 x 32 image has.
           "vivit": {"tubelet_size": [2, 4, 4]},
           "rt_detr": {"num_queries": 8}, "rt_detr_v2": {"num_queries": 8},
+          # Nemotron's default leaves the key/value heads unset; Reformer's LM head is a decoder.
+          "nemotron": {"num_key_value_heads": 2}, "reformer": {"is_decoder": True, "axial_pos_embds_dim": (16, 16), "axial_pos_shape": (2, 4)},
           # DBRX's attention reads a rope_theta its v5 config no longer holds.
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
 }
