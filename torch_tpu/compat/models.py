@@ -430,8 +430,11 @@ def inputs(model, cfg, head, batch=2, seq=8):
         if frames:  # video models: (batch, frames, channels, height, width)
             video = torch.randn(batch, frames, *kw["pixel_values"].shape[1:], generator=g)
             kw["pixel_values"] = _probe(model, kw, "pixel_values", (video, kw["pixel_values"]))
-    if "image_sizes" in params and "pixel_values" in kw:
-        # LLaVA-NeXT style any-resolution models: each image's original (height, width).
+    tower = next((getattr(m, n) for m in (model, getattr(model, "model", None))
+                  for n in ("vision_tower", "vision_encoder") if hasattr(m, n)), None)
+    if "image_sizes" in params and "pixel_values" in kw and hasattr(tower, "patch_size"):
+        # Any-resolution towers (Pixtral's) cut each image by its original (height, width);
+        # a fixed-size tower (CLIP in LLaVA) takes none.
         h, w = kw["pixel_values"].shape[-2:]
         kw["image_sizes"] = torch.tensor([[h, w]] * batch)
     for grid_name in ("grid_thw", "image_grid_thw"):
