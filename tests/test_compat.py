@@ -112,3 +112,36 @@ def test_cpu_mode_triage():
     rec = run_model("token_classification/gpt2", ("cpu",))
     assert rec["class"] == "GPT2ForTokenClassification" and rec["head"] == "token_classification"
     assert rec["stratum"] == "token_classification x decoder-dense"
+
+
+@pytest.mark.parametrize("model_type", ["encoder-decoder", "speech-encoder-decoder", "autoformer",
+                                        "videomae", "rt_detr", "sam2_vision_model", "efficientnet"])
+def test_small_configs_for_composites_series_video_and_backbones(model_type):
+    """Types whose default configs cannot be built or run as they come: composites with no
+    sub-configs, forecasters with no horizon, video (frames), detection heads and necks
+    whose channels follow the shrunk backbone, EfficientNet's top width. Each builds small
+    and trains one step on the CPU."""
+    from torch_tpu.compat.run import step
+    model, cfg, head, _, _ = models.build(model_type)
+    assert sum(p.numel() for p in model.parameters()) < 2_000_000
+    kw = models.inputs(model, cfg, head)
+    if model_type == "videomae":
+        assert kw["pixel_values"].dim() == 5  # (batch, frames, channels, height, width)
+    if model_type == "speech-encoder-decoder":
+        assert "input_values" in kw and "input_features" not in kw  # wav2vec2 reads values
+    if model_type == "autoformer":
+        assert kw["past_values"].shape == (2, 8 + 3) and kw["future_values"].shape == (2, 4)
+    outs, _, grads, _ = step(model, kw, "cpu")
+    assert outs and all(torch.isfinite(o.float()).all() for o in outs if o.is_floating_point())
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_text_head_of_a_multimodal_type_gets_its_sub_config():
+    model, cfg, _, _, cls = models.build("emu3")
+    assert cls == "Emu3ForCausalLM" and type(cfg).__name__ == "Emu3TextConfig"
+
+
+def test_per_sample_losses_are_averaged():
+    class Out(dict):
+        loss = torch.tensor([1.0, 3.0])
+    assert float(models.loss_of(Out())) == 2.0

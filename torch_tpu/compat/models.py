@@ -45,8 +45,16 @@ SMALL = {
     "input_feat_per_channel": 16, "n_group": 1, "topk_group": 1, "n_groups": 1, "mamba_n_groups": 1, "num_kv_shared_layers": 0, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16, "num_dense_layers": 1, "attention_window": 4, "out_hidden_size": 32, "base_channels": 32,
     "num_groups": 1, "decoder_hidden_size": 32, "d_latents": 32, "num_latents": 16,
     "num_self_attends_per_block": 2, "mlp_dim": 64, "width_coefficient": 0.25, "depth_coefficient": 0.25,
-    "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16, "window_size": 4,
+    "vocab_size_per_layer_input": 128, "num_frames": 4, "hidden_size_per_layer_input": 16, "window_size": 4,
 }
+TIME_SERIES = {"prediction_length": 4, "context_length": 8, "lags_sequence": [1, 2, 3],
+               "num_time_features": 1}
+# Arguments given when the config is made, for fields its own __init__ derives others from.
+# Probabilistic forecasters need a horizon (no default): 4 steps from 8, lags 1-3.
+INIT = {"autoformer": {**TIME_SERIES, "label_length": 4}, "informer": TIME_SERIES, "time_series_transformer": TIME_SERIES}
+# Composite types have no default sub-configs: (encoder or vision, decoder or text) types.
+COMPOSITE = {"encoder-decoder": ("bert", "bert"), "vision-encoder-decoder": ("vit", "gpt2"),
+             "speech-encoder-decoder": ("wav2vec2", "bert"), "vision-text-dual-encoder": ("vit", "bert")}
 # Per-family constraints the generic sizes miss: CodeGen splits heads over 4 model-parallel shards.
 # LFM2-MoE has no default layer pattern (checkpoints carry one).
 # BridgeTower's vision tower takes one head per 64 channels. Keys with a dot name a sub-config.
@@ -56,9 +64,27 @@ FAMILY = {"codegen": {"n_head": 4},
           # Aria's projector maps the patch count (8 x 8 here) to its query count.
           "aria": {"projector_patch_to_query_dict": {64: 4},
                    "max_value_projector_patch_to_query_dict": 4},
+          # EfficientNet towers: the last stage's width (320 x width_coefficient) is what the
+          # top batch norm (EfficientNet) or the image embedding (ALIGN) sees.
+          "efficientnet": {"hidden_dim": 320},
+          "align": {"projection_dim": 80},
+          # BLT's encoder hands k patches' worth of width to the global model: keep k = 1.
+          "blt": {"cross_attn_k": 1, "encoder_config.cross_attn_k": 1, "decoder_config.cross_attn_k": 1},
+          # Defaults that leave the experts unset (checkpoints set them).
+          "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+          "esm": {"pad_token_id": 1, "mask_token_id": 2},
+          # ViViT cuts (frames, height, width) tubelets; RT-DETR picks its queries from the
+          # few anchors a 32 x 32 image has.
+          "vivit": {"tubelet_size": [2, 4, 4]},
+          "rt_detr": {"num_queries": 8}, "rt_detr_v2": {"num_queries": 8},
+          # Nemotron's default leaves the key/value heads unset; Reformer's LM head is a decoder.
+          "nemotron": {"num_key_value_heads": 2}, "reformer": {"is_decoder": True, "axial_pos_embds_dim": (16, 16), "axial_pos_shape": (2, 4)},
+          # DBRX's attention reads a rope_theta its v5 config no longer holds.
+          "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
 }
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
-STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2}
+STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2,
+               "blocks_per_stage": 1, "embed_dim_per_stage": 32}  # Hiera: doubling from hidden_size
 # Float fields whose names hold one of these draw random masks when the model trains.
 RANDOM_MASKS = ("dropout", "drop_", "pdrop", "layerdrop", "mask_time_prob", "mask_feature_prob")
 SPECIAL_IDS = 16  # the top of the vocabulary, kept for special tokens
@@ -133,7 +159,8 @@ def _shrink_one(cfg, widths):
     mha = vars(cfg).get("num_key_value_heads") == vars(cfg).get("num_attention_heads")
     for key, value in list(vars(cfg).items()):
         if key in STAGE_LISTS and isinstance(value, (list, tuple)) and value:
-            setattr(cfg, key, [STAGE_LISTS[key] * (1 if key in ("depths", "num_heads") else i + 1)
+            setattr(cfg, key, [STAGE_LISTS[key] * (1 if key in ("depths", "num_heads", "blocks_per_stage")
+                                                   else 2 ** i if key == "embed_dim_per_stage" else i + 1)
                                for i in range(len(value))])
         elif key in SMALL and isinstance(SMALL[key], list) and isinstance(value, (list, tuple)):
             setattr(cfg, key, type(value)(SMALL[key]))
@@ -141,6 +168,8 @@ def _shrink_one(cfg, widths):
             if key in WIDTHS and value > SMALL[key]:
                 widths.setdefault(value, SMALL[key])
             setattr(cfg, key, SMALL[key])
+        elif key == "vocab_size" and value is None:
+            setattr(cfg, key, SMALL[key])  # left unset by the class default (ESM): no embedding without it
         elif key not in SMALL and "vocab" in key and type(value) is int and value > 4096:
             setattr(cfg, key, SMALL["vocab_size"])  # hashed or per-layer vocabularies
         elif (key in SMALL and isinstance(SMALL[key], int) and isinstance(value, (list, tuple))
@@ -224,6 +253,23 @@ def _follow_widths(cfg, widths):
             setattr(cfg, key, widths[value])
 
 
+def _fix_backbone_channels(cfg):
+    """Detection heads over a backbone (RT-DETR, D-FINE): the encoder takes the shrunk
+    backbone's channels at its output stages, the decoder the encoder's width."""
+    bb, v = vars(cfg).get("backbone_config"), vars(cfg)
+    sizes = getattr(bb, "hidden_sizes", None)
+    outs = getattr(bb, "out_indices", None)
+    enc = v.get("encoder_in_channels")
+    if isinstance(sizes, (list, tuple)) and outs and isinstance(enc, (list, tuple)) and len(enc) == len(outs):
+        cfg.encoder_in_channels = [sizes[i - 1] for i in outs]
+    stages = getattr(bb, "embed_dim_per_stage", None)
+    if isinstance(stages, list) and isinstance(v.get("backbone_channel_list"), list):
+        cfg.backbone_channel_list = stages[::-1]  # SAM2's neck: the Hiera stages, deepest first
+    dec, width = v.get("decoder_in_channels"), v.get("encoder_hidden_dim")
+    if isinstance(dec, (list, tuple)) and isinstance(width, int):
+        cfg.decoder_in_channels = [width] * len(dec)
+
+
 def shrink(cfg):
     """Sets every known size field of `cfg` (and its sub-configs) to a small value, keeping
     the fields that must agree with each other in agreement."""
@@ -233,6 +279,7 @@ def shrink(cfg):
         _shrink_one(node, widths)
     for node in nodes:
         _follow_widths(node, widths)
+        _fix_backbone_channels(node)
         _fix_token_ids(node)
         if "use_cache" in vars(node):
             node.use_cache = False  # a training step keeps no cache (state-space stacks have none)
@@ -280,7 +327,10 @@ def build(model_type, head=None):
         cls_name = sample.class_of(head, model_type)
     if cls_name is None:
         raise LookupError("no model class for this type")
-    cfg = transformers.AutoConfig.for_model(model_type)
+    if model_type in COMPOSITE:
+        cfg = _composite(model_type)
+    else:
+        cfg = transformers.AutoConfig.for_model(model_type, **INIT.get(model_type, {}))
     timm = getattr(cfg, "backbone_config", None)
     if type(timm).__name__.startswith("Timm"):
         # timm is not installed: the same stages from the Hugging Face ResNet instead.
@@ -297,6 +347,7 @@ def build(model_type, head=None):
     if head == "sequence_classification" and getattr(cfg, "pad_token_id", 0) is None:
         cfg.pad_token_id = 1  # decoders pool the last non-pad token: batches need a pad id
     cls = getattr(transformers, cls_name)
+    cfg = _config_for(cls, cfg)
     torch.manual_seed(0)
     model = cls(cfg)
     _redraw_constant_weights(model)
@@ -304,6 +355,29 @@ def build(model_type, head=None):
     if n > 20_000_000:
         raise ValueError(f"the shrunk model still has {n / 1e6:.0f}M parameters")
     return model, cfg, head, family, cls_name
+
+
+def _composite(model_type):
+    """An encoder-decoder (or dual encoder) config from two small standard configs, as
+    users pair pretrained checkpoints."""
+    import transformers
+    a, b = (transformers.AutoConfig.for_model(t) for t in COMPOSITE[model_type])
+    cls = transformers.models.auto.configuration_auto.CONFIG_MAPPING[model_type]
+    if model_type == "vision-text-dual-encoder":
+        return cls.from_vision_text_configs(a, b)
+    cfg = cls.from_encoder_decoder_configs(a, b)
+    cfg.pad_token_id, cfg.decoder_start_token_id = 1, 2  # labels are shifted into decoder inputs
+    return cfg
+
+
+def _config_for(cls, cfg):
+    """The config `cls` takes: a text-only head of a multimodal type (Emu3ForCausalLM,
+    Llama4ForCausalLM) is built from the matching sub-config, as its checkpoints are."""
+    want = getattr(cls, "config_class", None)
+    if want is None or isinstance(cfg, want):
+        return cfg
+    sub = next((c for c in _configs(cfg) if isinstance(c, want)), None)
+    return sub if sub is not None else cfg
 
 
 def _redraw_constant_weights(model):
@@ -351,6 +425,18 @@ def inputs(model, cfg, head, batch=2, seq=8):
         size = getattr(vis, "image_size", 32)
         size = size[0] if isinstance(size, (list, tuple)) else size
         kw["pixel_values"] = torch.randn(batch, getattr(vis, "num_channels", 3), size, size, generator=g)
+        frames = next((vars(c)["num_frames"] for c in _configs(cfg)
+                       if isinstance(vars(c).get("num_frames"), int)), None)
+        if frames:  # video models: (batch, frames, channels, height, width)
+            video = torch.randn(batch, frames, *kw["pixel_values"].shape[1:], generator=g)
+            kw["pixel_values"] = _probe(model, kw, "pixel_values", (video, kw["pixel_values"]))
+    tower = next((getattr(m, n) for m in (model, getattr(model, "model", None))
+                  for n in ("vision_tower", "vision_encoder") if hasattr(m, n)), None)
+    if "image_sizes" in params and "pixel_values" in kw and hasattr(tower, "patch_size"):
+        # Any-resolution towers (Pixtral's) cut each image by its original (height, width);
+        # a fixed-size tower (CLIP in LLaVA) takes none.
+        h, w = kw["pixel_values"].shape[-2:]
+        kw["image_sizes"] = torch.tensor([[h, w]] * batch)
     for grid_name in ("grid_thw", "image_grid_thw"):
         if grid_name in params:
             into = "hidden_states" if "hidden_states" in params else "pixel_values"
@@ -401,6 +487,8 @@ def inputs(model, cfg, head, batch=2, seq=8):
                     [torch.ones(batch, new.shape[1] - ids.shape[1], dtype=torch.long),
                      kw["attention_mask"]], dim=1)
             ids, seq = new, new.shape[1]
+    if "past_values" in params:
+        kw.update(_series(cfg, params, batch, g))
     if "use_cache" in params:
         kw["use_cache"] = False  # a training step keeps no cache (state-space-only stacks have none)
     if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
@@ -419,6 +507,14 @@ def inputs(model, cfg, head, batch=2, seq=8):
         elif head in ("sequence_classification", "image_classification", "audio_classification",
                       "video_classification"):
             kw["labels"] = torch.randint(0, getattr(cfg, "num_labels", 2), (batch,), generator=g)
+    if "input_features" in kw and "input_values" in kw:
+        # A speech encoder-decoder takes whichever its encoder reads (wav2vec2: values).
+        try:
+            with torch.no_grad():
+                model(**{k: v for k, v in kw.items() if k != "input_features"})
+            kw.pop("input_features")
+        except Exception:  # noqa: BLE001 -- it reads features
+            kw.pop("input_values")
     if "input_features" in kw:
         f = kw["input_features"]
         t = f.transpose(1, 2).contiguous()
@@ -427,6 +523,24 @@ def inputs(model, cfg, head, batch=2, seq=8):
         raise ValueError("no input this pipeline knows how to make: "
                          + ", ".join(list(params)[:6]))
     return kw
+
+
+def _series(cfg, params, batch, g):
+    """Time-series inputs: a forecaster's history (with lags and time features) and its
+    horizon, or a multichannel window (PatchTST, PatchTSMixer)."""
+    kw = {}
+    lags = getattr(cfg, "lags_sequence", None)
+    if isinstance(getattr(cfg, "prediction_length", None), int) and lags:
+        past, horizon = cfg.context_length + max(lags), cfg.prediction_length
+        nf = getattr(cfg, "num_time_features", 0) or 0
+        kw["past_values"] = torch.randn(batch, past, generator=g)
+        kw["past_time_features"] = torch.randn(batch, past, nf, generator=g)
+        kw["past_observed_mask"] = torch.ones(batch, past)
+        kw["future_values"] = torch.randn(batch, horizon, generator=g)
+        kw["future_time_features"] = torch.randn(batch, horizon, nf, generator=g)
+    elif isinstance(getattr(cfg, "num_input_channels", None), int):
+        kw["past_values"] = torch.randn(batch, cfg.context_length, cfg.num_input_channels, generator=g)
+    return {k: v for k, v in kw.items() if k in params}
 
 
 def _mel_bins(cfg):
@@ -506,7 +620,7 @@ def loss_of(out):
     """The model's own loss, else the mean of every floating output (a scalar to train on)."""
     loss = getattr(out, "loss", None) if not isinstance(out, (tuple, list)) else None
     if loss is not None:
-        return loss
+        return loss if loss.dim() == 0 else loss.mean()  # per-sample losses (DAC's codebook loss)
     leaves = [t for t in flat_tensors(out) if t.is_floating_point() and t.numel()]
     if not leaves:
         raise ValueError("the model returned no floating tensor")
