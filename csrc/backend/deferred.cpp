@@ -100,16 +100,20 @@ std::unique_lock<std::recursive_mutex> graph_lock() {
   return std::unique_lock<std::recursive_mutex>(g_mu);
 }
 
-std::vector<Operand> run(const ProgramPtr& program, const std::vector<Operand>& args, int device) {
+std::vector<Operand> run(const ProgramPtr& program, std::vector<Operand> args, int device) {
   if (!deferring()) {
-    std::vector<runtime::BufferPtr> keep;
+    // Pending operands are resolved in place: `args` keeps their buffers alive.
     std::vector<runtime::Buffer*> raw;
-    for (const Operand& a : args) {
-      keep.push_back(resolve(a));
-      raw.push_back(keep.back().get());
+    raw.reserve(args.size());
+    for (Operand& a : args) {
+      if (!a.buffer) a = resolve(a);
+      raw.push_back(a.buffer.get());
     }
     std::vector<runtime::BufferPtr> outs = launch(*program->executable(), raw, device, program->name());
-    return std::vector<Operand>(outs.begin(), outs.end());
+    std::vector<Operand> results;
+    results.reserve(outs.size());
+    for (runtime::BufferPtr& b : outs) results.emplace_back(std::move(b));
+    return results;
   }
   auto lock = graph_lock();
   if (g_graph.device >= 0 && g_graph.device != device) flush("another device");
@@ -117,9 +121,11 @@ std::vector<Operand> run(const ProgramPtr& program, const std::vector<Operand>& 
   if (g_graph.nodes.size() >= max_graph_ops() && eager_mode() != EagerMode::DeferAll) flush_bounded();
   auto node = std::make_unique<Node>();
   node->program = program;
-  node->inputs = args;
+  node->inputs = std::move(args);
   node->position = static_cast<int>(g_graph.nodes.size());
   std::vector<Operand> out;
+  out.reserve(program->results().size());
+  node->outputs.reserve(program->results().size());
   for (size_t i = 0; i < program->results().size(); ++i) {
     auto s = std::make_shared<Slot>();
     s->type = program->results()[i];

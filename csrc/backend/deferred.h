@@ -89,7 +89,8 @@ bool deferring();  // DeferAndFuse is the current mode
 void note_replacement(const Operand& fresh, const Operand& old);
 
 // Runs `program` on `device` (launches, or records while deferring).
-std::vector<Operand> run(const ProgramPtr& program, const std::vector<Operand>& args, int device);
+// `args` is taken by value: callers done with their operands move them in.
+std::vector<Operand> run(const ProgramPtr& program, std::vector<Operand> args, int device);
 
 // A small internal program (zero fill, relayout...) made once per `key`, then run.
 std::vector<Operand> run_internal(const std::string& key,

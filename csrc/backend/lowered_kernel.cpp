@@ -49,6 +49,9 @@ struct OpInfo {
   bool check_internal_overlap = true;  // of a written arg (CPU's TensorIterator check)
   bool check_input_overlap = true;     // between a written arg and a read one
   bool host_fill = false;              // fill_.Scalar, zero_: may run no program
+  // Per return: the argument index it aliases, or one of these.
+  static constexpr int kFreshReturn = -1, kListReturn = -2, kNoArgument = -3;
+  std::vector<int> ret_alias;
 };
 
 // Ops whose CPU kernels accept a written tensor with internal overlap (fills, which
@@ -109,10 +112,9 @@ struct Plan {
 
 const at::Tensor* tensor_at(c10::ArrayRef<IValue> args, int arg, int elem, at::Tensor* tmp) {
   const IValue& v = args[arg];
-  if (elem < 0) {
-    *tmp = v.toTensor();
-    return tmp;
-  }
+  // A plain Tensor argument is read in place: copying an at::Tensor that has a Python
+  // object takes the GIL twice (PyObject preservation in the refcount).
+  if (elem < 0) return &v.toTensor();
   if (v.isTensorList()) {
     *tmp = v.toTensorList().get(elem);
   } else {
@@ -125,26 +127,57 @@ const at::Tensor* tensor_at(c10::ArrayRef<IValue> args, int arg, int elem, at::T
 
 // ---- signature ----------------------------------------------------------------------
 
+// The signature is a compact binary string: a tag byte per item, integers as raw
+// 8-byte words, lists and strings prefixed by their length, so no two signatures
+// encode alike. It is built in a per-thread buffer (no allocation once warm) and
+// copied only when a new plan is stored.
 struct KeyState {
-  std::string key;
+  std::string& key;
   int device = -1;
   bool has_f64 = false;
   const char* op = "";
+  explicit KeyState(std::string& buf) : key(buf) { key.clear(); }
+  void tag(char c) { key.push_back(c); }
+  void word(int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  void ints(c10::IntArrayRef v) {
+    word(static_cast<int64_t>(v.size()));
+    key.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
+  }
+  void text(std::string_view s) {
+    word(static_cast<int64_t>(s.size()));
+    key.append(s.data(), s.size());
+  }
 };
+
+// The storage's type (what storage_type(t) returns) written without building it.
+void key_storage(KeyState& k, const at::Tensor& t, const StorageData& s) {
+  if (s.value.buffer) {
+    k.tag(static_cast<char>(s.value.buffer->dtype()));
+    k.ints(s.value.buffer->dims());
+  } else if (s.value.slot) {
+    k.tag(static_cast<char>(s.value.slot->type.dtype));
+    k.ints(s.value.slot->type.shape);
+  } else {
+    ir::Type st = storage_type(t);
+    k.tag('z');
+    k.tag(static_cast<char>(st.dtype));
+    k.ints(st.shape);
+  }
+}
 
 void key_tensor(KeyState& k, const at::Tensor& t) {
   if (!t.defined()) {
-    k.key += "N";
+    k.tag('N');
     return;
   }
   if (t.device().type() == c10::DeviceType::CPU) {
     TORCH_CHECK(t.dim() == 0, k.op, ": expected all tensors on the same device, but got a cpu tensor of shape ",
                 t.sizes(), " with tpu tensors (only 0-dim cpu tensors may be mixed in)");
-    k.key += "c";
-    k.key += mlir_name(device_dtype(t.scalar_type(), k.op));
-    if (t.unsafeGetTensorImpl()->is_wrapped_number()) k.key += "w";
+    bool wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
+    k.tag(wrapped ? 'w' : 'c');
+    k.tag(static_cast<char>(device_dtype(t.scalar_type(), k.op)));
     bool dbl = t.scalar_type() == at::kDouble || t.scalar_type() == at::kComplexDouble;
-    if (dbl && !t.unsafeGetTensorImpl()->is_wrapped_number()) k.has_f64 = true;
+    if (dbl && !wrapped) k.has_f64 = true;
     return;
   }
   TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, k.op,
@@ -155,21 +188,21 @@ void key_tensor(KeyState& k, const at::Tensor& t) {
   k.device = d;
   DType dt = device_dtype(t.scalar_type(), k.op);
   if (dt == DType::F64 || dt == DType::C128) k.has_f64 = true;
-  k.key += "t";
-  k.key += mlir_name(dt);
-  k.key += geometry_of(t).key();
+  k.tag('t');
+  k.tag(static_cast<char>(dt));
+  k.ints(t.sizes());
+  k.key.append(reinterpret_cast<const char*>(t.strides().data()), t.dim() * sizeof(int64_t));
+  k.word(t.storage_offset());
   StorageData& s = storage_of(t);
   if (!s.value) check_not_donated(s);  // a consumed tensor reads (and writes) nothing
-  k.key += storage_type(t).str();
-  if (!s.value) k.key += "z";
-  k.key += math_bits_key(t);
+  key_storage(k, t, s);
+  k.tag(static_cast<char>((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0)));
 }
 
 // Mutated outputs sharing a storage are written in turn (build_plan): plans differ by
-// which outputs share. Empty when none do.
-std::string shared_outputs_key(const OpInfo& info, c10::ArrayRef<IValue> args) {
+// which outputs share. Nothing is written when none do.
+void key_shared_outputs(KeyState& k, const OpInfo& info, c10::ArrayRef<IValue> args) {
   std::vector<const c10::StorageImpl*> seen;
-  std::string key;
   for (int a : info.mutated) {
     const IValue& v = args[a];
     if (!v.isTensor() && !v.isTensorList()) continue;
@@ -179,69 +212,88 @@ std::string shared_outputs_key(const OpInfo& info, c10::ArrayRef<IValue> args) {
       if (!t.defined() || !t.is_privateuseone()) continue;
       const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
       size_t first = std::find(seen.begin(), seen.end(), impl) - seen.begin();
-      if (first < seen.size()) key += "|s" + std::to_string(seen.size()) + "=" + std::to_string(first);
+      if (first < seen.size()) {
+        k.tag('|');
+        k.word(static_cast<int64_t>(seen.size()));
+        k.word(static_cast<int64_t>(first));
+      }
       seen.push_back(impl);
     }
   }
-  return key;
 }
 
 void key_scalar(KeyState& k, const c10::Scalar& s) {
-  k.key += s.isFloatingPoint() ? "sf" : s.isBoolean() ? "sb" : s.isIntegral(false) ? "si" : "sc";
+  k.tag(s.isFloatingPoint() ? 'f' : s.isBoolean() ? 'b' : s.isIntegral(false) ? 'i' : 'x');
 }
 
-std::string build_key(const OpInfo& info, c10::ArrayRef<IValue> args, KeyState& k) {
-  k.key = info.name;
+const std::string& build_key(const OpInfo& info, c10::ArrayRef<IValue> args, KeyState& k) {
+  k.text(info.name);
   k.op = info.name.c_str();
   for (int i = 0; i < info.num_args; ++i) {
     const IValue& v = args[i];
-    k.key += ";";
     if (v.isNone()) {
-      k.key += "N";
+      k.tag('N');
     } else if (v.isTensor()) {
       key_tensor(k, v.toTensor());
     } else if (v.isTensorList()) {
       auto l = v.toTensorList();
-      k.key += "L" + std::to_string(l.size());
+      k.tag('L');
+      k.word(static_cast<int64_t>(l.size()));
       for (const at::Tensor& t : l) key_tensor(k, t);
     } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
       auto l = v.toOptionalTensorList();
-      k.key += "O" + std::to_string(l.size());
+      k.tag('O');
+      k.word(static_cast<int64_t>(l.size()));
       for (size_t j = 0; j < l.size(); ++j) {
         std::optional<at::Tensor> o = l.get(j);
         key_tensor(k, o.has_value() ? *o : at::Tensor());
       }
     } else if (info.is_scalar[i] && v.isScalar()) {
+      k.tag('S');
       key_scalar(k, v.toScalar());
     } else if (info.is_scalar[i] && v.isList()) {
       auto l = v.toList();
-      k.key += "S" + std::to_string(l.size());
+      k.tag('s');
+      k.word(static_cast<int64_t>(l.size()));
       for (size_t j = 0; j < l.size(); ++j) key_scalar(k, l.get(j).toScalar());
     } else if (v.isGenerator()) {
-      k.key += "G";
+      k.tag('G');
     } else if (v.isDouble()) {
       double d = v.toDouble();
-      uint64_t bits;
+      int64_t bits;
       std::memcpy(&bits, &d, 8);
-      k.key += "d" + std::to_string(bits);
-    } else if (v.isInt() || v.isBool()) {
-      k.key += std::to_string(v.isInt() ? v.toInt() : v.toBool());
+      k.tag('d');
+      k.word(bits);
+    } else if (v.isInt()) {
+      k.tag('i');
+      k.word(v.toInt());
+    } else if (v.isBool()) {
+      k.tag(v.toBool() ? 'T' : 'F');
     } else if (v.isIntList()) {
-      for (auto x : v.toIntVector()) k.key += std::to_string(x) + ",";
+      c10::List<int64_t> l = v.toIntList();
+      k.tag('l');
+      k.word(static_cast<int64_t>(l.size()));
+      for (int64_t x : l) k.word(x);
     } else if (v.isString()) {
-      k.key += v.toStringRef();
+      k.tag('"');
+      k.text(v.toStringRef());
     } else if (v.isDevice()) {
-      k.key += v.toDevice().str();
-    } else if (v.isSymInt() || v.isSymIntList()) {
-      k.key += v.isSymInt() ? std::to_string(v.toSymInt().expect_int())
-                            : c10::str(C10_AS_INTARRAYREF_SLOW(v.toSymIntVector()));
+      k.tag('D');
+      k.text(v.toDevice().str());
+    } else if (v.isSymInt()) {
+      k.tag('i');
+      k.word(v.toSymInt().expect_int());
+    } else if (v.isSymIntList()) {
+      k.tag('l');
+      k.ints(C10_AS_INTARRAYREF_SLOW(v.toSymIntVector()));
     } else {
-      k.key += v.tagKind();
-      k.key += c10::str(v);
+      k.tag('?');
+      k.text(v.tagKind());
+      k.text(c10::str(v));
     }
   }
   if (info.mutated.size() > 1 || (info.mutated.size() == 1 && args[info.mutated[0]].isTensorList()))
-    k.key += shared_outputs_key(info, args);
+    key_shared_outputs(k, info, args);
   return k.key;
 }
 
@@ -592,14 +644,29 @@ c10::Scalar cpu_scalar(const at::Tensor& t) {
 
 // ---- runtime operands -------------------------------------------------------------------
 
+// A cached scalar: its bytes on the device, by dtype and device (no string built).
+struct ScalarKey {
+  uint64_t bytes[2];
+  int dtype, device;
+  bool operator==(const ScalarKey& o) const {
+    return bytes[0] == o.bytes[0] && bytes[1] == o.bytes[1] && dtype == o.dtype && device == o.device;
+  }
+};
+struct ScalarKeyHash {
+  size_t operator()(const ScalarKey& k) const {
+    return splitmix64(k.bytes[0] ^ splitmix64(k.bytes[1] ^ (uint64_t(k.dtype) << 32 | uint32_t(k.device))));
+  }
+};
+
 runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device) {
   // Small host->device copies of the same value (lr, betas, eps) are cached. The
   // cache is least-recently-used and small: values that change every step (Adam's bias
   // corrections) would otherwise pile up as device memory that grows with the step count.
   constexpr size_t kCapacity = 256;
   static std::mutex mu;
-  static std::list<std::string> order;  // most recently used first
-  static std::unordered_map<std::string, std::pair<runtime::BufferPtr, std::list<std::string>::iterator>> cache;
+  static std::list<ScalarKey> order;  // most recently used first
+  static std::unordered_map<ScalarKey, std::pair<runtime::BufferPtr, std::list<ScalarKey>::iterator>,
+                            ScalarKeyHash> cache;
   char bytes[16] = {0};
   switch (t) {
     case DType::F32: { float v = static_cast<float>(s.toDouble()); std::memcpy(bytes, &v, 4); break; }
@@ -612,9 +679,10 @@ runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device) {
       std::memcpy(bytes, tmp.data_ptr(), itemsize(t));
     }
   }
-  std::string key(bytes, 16);
-  key += static_cast<char>(t);
-  key += static_cast<char>(device);
+  ScalarKey key;
+  std::memcpy(key.bytes, bytes, 16);
+  key.dtype = static_cast<int>(t);
+  key.device = device;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) {
@@ -884,18 +952,22 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
     }
   }
 
-  KeyState k;
+  thread_local std::string key_buffer;
+  KeyState k(key_buffer);
   const std::string& key = build_key(info, args, k);
-  std::shared_ptr<Plan> plan;
+  std::shared_ptr<Plan> owned;  // a new plan, until the map holds it
+  const Plan* plan = nullptr;   // plans are never removed: the map keeps them alive
   {
     std::lock_guard<std::mutex> lock(g_plans_mu);
     auto it = g_plans.find(key);
-    if (it != g_plans.end()) plan = it->second;
+    if (it != g_plans.end()) plan = it->second.get();
   }
   if (plan) {
     metrics().signature_hits += 1;
   } else {
     metrics().signature_misses += 1;
+    // Planning may run other tpu ops on this thread, which reuse the key buffer.
+    std::string new_key = key;
     std::vector<int> ret_counts;
     if (!info.is_out) {
       std::vector<IValue> margs, mrets;
@@ -924,10 +996,11 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
         for (int a : info.mutated) append_outs(margs[a], meta_outs);
       }
     }
-    plan = build_plan(op, info, args, k, meta_outs);
-    plan->ret_counts = std::move(ret_counts);
+    owned = build_plan(op, info, args, k, meta_outs);
+    owned->ret_counts = std::move(ret_counts);
+    plan = owned.get();
     std::lock_guard<std::mutex> lock(g_plans_mu);
-    g_plans.emplace(key, plan);
+    g_plans.emplace(std::move(new_key), owned);
   }
   if (plan->fallback) {
     run_fallback(op, stack, plan->fallback_reason);
@@ -940,6 +1013,7 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   std::unique_lock<std::recursive_mutex> recording;
   if (deferring()) recording = graph_lock();
   std::vector<Operand> keep;
+  keep.reserve(plan->sources.size());
   for (const Source& s : plan->sources) {
     at::Tensor tmp;
     switch (s.kind) {
@@ -972,10 +1046,11 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
       }
     }
   }
-  std::vector<Operand> results = run(plan->program, keep, k.device);
+  std::vector<Operand> results = run(plan->program, std::move(keep), k.device);
 
   // Commit results: new storage buffers for mutated args, new tensors otherwise.
   std::vector<at::Tensor> fresh;
+  fresh.reserve(plan->outs.size());
   size_t next_result = 0;
   for (const OutSpec& o : plan->outs) {
     if (o.undefined) {
@@ -984,39 +1059,55 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
       at::Tensor tmp;
       StorageData& sd = storage_of(*tensor_at(args, o.arg, o.elem, &tmp));
       note_replacement(results[next_result], sd.value);
-      sd.value = results[next_result++];
+      sd.value = std::move(results[next_result++]);
     } else {
-      fresh.push_back(o.strides.empty() ? wrap_value(results[next_result++], o.dtype, o.sizes, k.device)
-                                        : wrap_value(results[next_result++], o.dtype, o.sizes, o.strides, k.device));
+      Operand v = std::move(results[next_result++]);
+      fresh.push_back(o.strides.empty() ? wrap_value(std::move(v), o.dtype, o.sizes, k.device)
+                                        : wrap_value(std::move(v), o.dtype, o.sizes, o.strides, k.device));
     }
   }
 
   for (const std::string& message : plan->checks) add_device_check(results[next_result++], message);
 
-  const auto& rets = op.schema().returns();
-  std::vector<IValue> out_vals;
+  c10::SmallVector<IValue, 4> out_vals;
   size_t next_fresh = 0;
-  for (size_t r = 0; r < rets.size(); ++r) {
-    const auto* alias = rets[r].alias_info();
-    if (alias && alias->isWrite()) {
-      // Return the argument this return aliases.
-      const auto& sargs = op.schema().arguments();
-      for (size_t a = 0; a < sargs.size(); ++a) {
-        if (sargs[a].alias_info() && sargs[a].alias_info()->beforeSets() == alias->beforeSets()) {
-          out_vals.push_back(args[a]);
-          break;
-        }
-      }
-    } else if (rets[r].type()->kind() == c10::TypeKind::ListType) {
+  for (size_t r = 0; r < info.ret_alias.size(); ++r) {
+    int alias = info.ret_alias[r];
+    if (alias >= 0) {
+      out_vals.push_back(args[alias]);  // the written argument this return aliases
+    } else if (alias == OpInfo::kNoArgument) {
+      continue;  // as before: a written return with no matching argument adds nothing
+    } else if (alias == OpInfo::kListReturn) {
       c10::List<at::Tensor> l;
-      for (int n = 0; n < plan->ret_counts.at(r); ++n) l.push_back(fresh.at(next_fresh++));
-      out_vals.push_back(l);
+      for (int n = 0; n < plan->ret_counts.at(r); ++n) l.push_back(std::move(fresh.at(next_fresh++)));
+      out_vals.push_back(std::move(l));
     } else {
-      out_vals.push_back(fresh.at(next_fresh++));
+      out_vals.push_back(std::move(fresh.at(next_fresh++)));
     }
   }
   torch::jit::drop(*stack, info.num_args);
   for (auto& v : out_vals) stack->push_back(std::move(v));
+}
+
+// Per return of the schema: the written argument it aliases, or where its tensors come
+// from (computed once: comparing alias sets per call costs more than the op's lookup).
+std::vector<int> return_aliases(const c10::FunctionSchema& schema) {
+  std::vector<int> out;
+  const auto& sargs = schema.arguments();
+  for (const auto& ret : schema.returns()) {
+    const auto* alias = ret.alias_info();
+    int v = ret.type()->kind() == c10::TypeKind::ListType ? OpInfo::kListReturn : OpInfo::kFreshReturn;
+    if (alias && alias->isWrite()) {
+      v = OpInfo::kNoArgument;
+      for (size_t a = 0; a < sargs.size(); ++a)
+        if (sargs[a].alias_info() && sargs[a].alias_info()->beforeSets() == alias->beforeSets()) {
+          v = static_cast<int>(a);
+          break;
+        }
+    }
+    out.push_back(v);
+  }
+  return out;
 }
 
 // The rule for an op: its own, the functional op's for an in-place op, or the
@@ -1102,6 +1193,7 @@ int register_lowered_kernels() {
     info.check_internal_overlap = !cpu_allows_internal_overlap(base);
     info.check_input_overlap = !cpu_allows_input_overlap(base);
     info.host_fill = info.name == "fill_.Scalar" || info.name == "zero_";
+    info.ret_alias = return_aliases(schema);
     // Rules index the functional op's arguments: out= args come last, so they line up.
     infos().emplace(name, info);
     // torch::Library keeps the name pointer: give it storage that lives as long.

@@ -20,6 +20,25 @@ int64_t micros_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A fixed-size array kept on the stack when small (an op's operands and results),
+// so a launch allocates nothing for them.
+template <typename T, size_t N = 8>
+class InlineArray {
+ public:
+  InlineArray(size_t n, T fill) : n_(n) {
+    if (n > N) heap_.assign(n, fill);
+    else std::fill(small_, small_ + n, fill);
+  }
+  T* data() { return n_ > N ? heap_.data() : small_; }
+  T& operator[](size_t i) { return data()[i]; }
+  size_t size() const { return n_; }
+
+ private:
+  size_t n_;
+  T small_[N];
+  std::vector<T> heap_;
+};
+
 PJRT_Buffer_Type to_pjrt(DType t) {
   switch (t) {
     case DType::Bool: return PJRT_Buffer_Type_PRED;
@@ -400,7 +419,7 @@ void Client::to_host(const Buffer& b, void* dst, size_t nbytes) {
   a.dst = dst;
   a.dst_size = nbytes;
   std::string what = "device-to-host copy";
-  if (!b.producer.empty()) what += " of the result of " + b.producer;
+  if (b.producer) what += " of the result of " + *b.producer;
   check(api_->PJRT_Buffer_ToHostBuffer(&a), what);
   await_event(a.event, what);
   counters_.d2h_bytes += static_cast<int64_t>(nbytes);
@@ -471,7 +490,8 @@ std::unique_ptr<PendingUpload> Client::upload_later(DType dtype, const std::vect
   r.buffer_index = 0;
   check(api_->PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer(&r), "asynchronous upload");
   auto b = std::make_shared<Buffer>(r.buffer_out, device, dtype, dims);
-  b->producer = "an asynchronous host-to-device upload";
+  static const auto upload = std::make_shared<const std::string>("an asynchronous host-to-device upload");
+  b->producer = upload;
   return std::make_unique<PendingUpload>(a.transfer_manager, std::move(b));
 }
 
@@ -697,19 +717,20 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
   DeviceStats& st = stats(device);
   st.bump_peak(st.live_bytes.load() + fresh);
 
-  std::vector<PJRT_Buffer*> raw(args.size());
+  InlineArray<PJRT_Buffer*> raw(args.size(), nullptr);
   for (size_t i = 0; i < args.size(); ++i) raw[i] = args[i]->raw();
-  std::vector<int64_t> keep;  // inputs the program may not reuse
+  InlineArray<int64_t> keep(args.size(), 0);  // inputs the program may not reuse
+  size_t num_keep = 0;
   for (size_t i = 0; i < args.size(); ++i)
-    if (i >= donate.size() || !donate[i]) keep.push_back(static_cast<int64_t>(i));
-  std::vector<PJRT_Buffer*> outs(exe.num_outputs(), nullptr);
+    if (i >= donate.size() || !donate[i]) keep[num_keep++] = static_cast<int64_t>(i);
+  InlineArray<PJRT_Buffer*> outs(exe.num_outputs(), nullptr);
   PJRT_Buffer* const* arg_lists[1] = {raw.data()};
   PJRT_Buffer** out_lists[1] = {outs.data()};
   PJRT_Event* done[1] = {nullptr};
 
   auto opts = ARGS(PJRT_ExecuteOptions);
   opts.non_donatable_input_indices = keep.data();
-  opts.num_non_donatable_input_indices = keep.size();
+  opts.num_non_donatable_input_indices = num_keep;
   auto a = ARGS(PJRT_LoadedExecutable_Execute_Args);
   a.executable = exe.raw();
   a.options = &opts;
@@ -719,33 +740,39 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
   a.output_lists = out_lists;
   a.device_complete_events = done;
   a.execute_device = devices_.at(device);
-  check(api_->PJRT_LoadedExecutable_Execute(&a), "executing " + name);
+  // Messages are built only on failure: this is every op's path.
+  if (PJRT_Error* e = api_->PJRT_LoadedExecutable_Execute(&a)) check(e, "executing " + name);
   counters_.executions += 1;
 
+  // A chain of launches of one op names it once (a per-thread last-used copy).
+  thread_local std::shared_ptr<const std::string> last_name;
+  if (!last_name || *last_name != name) last_name = std::make_shared<const std::string>(name);
+  std::shared_ptr<const std::string> shared_name = last_name;
   std::vector<BufferPtr> result;
   result.reserve(outs.size());
-  for (PJRT_Buffer* o : outs) {
+  for (size_t i = 0; i < outs.size(); ++i) {
+    PJRT_Buffer* o = outs[i];
     auto et = ARGS(PJRT_Buffer_ElementType_Args);
     et.buffer = o;
-    check(api_->PJRT_Buffer_ElementType(&et), "Buffer_ElementType");
+    if (PJRT_Error* e = api_->PJRT_Buffer_ElementType(&et)) check(e, "Buffer_ElementType");
     auto dm = ARGS(PJRT_Buffer_Dimensions_Args);
     dm.buffer = o;
-    check(api_->PJRT_Buffer_Dimensions(&dm), "Buffer_Dimensions");
+    if (PJRT_Error* e = api_->PJRT_Buffer_Dimensions(&dm)) check(e, "Buffer_Dimensions");
     auto b = std::make_shared<Buffer>(o, device, from_pjrt(et.type),
                                       std::vector<int64_t>(dm.dims, dm.dims + dm.num_dims));
-    b->producer = name;
+    b->producer = shared_name;
     result.push_back(std::move(b));
   }
   if (done[0]) {
     if (wait) await_event(done[0], "executing " + name);
-    else track_event(done[0], device, name);
+    else track_event(done[0], device, std::move(shared_name));
   }
   return result;
 }
 
-void Client::track_event(PJRT_Event* ev, int device, const std::string& op) {
+void Client::track_event(PJRT_Event* ev, int device, std::shared_ptr<const std::string> op) {
   std::lock_guard<std::mutex> lock(pending_mu_);
-  pending_.push_back({ev, device, op});
+  pending_.push_back({ev, device, std::move(op)});
   if (pending_.size() >= 256) reap(false, -1);
 }
 
@@ -770,7 +797,7 @@ void Client::reap(bool all, int device) {
     PJRT_Error* err = api_->PJRT_Event_Await(&w);
     if (err) {
       try {
-        check(err, "asynchronous execution of " + p.op);
+        check(err, "asynchronous execution of " + (p.op ? *p.op : std::string("a program")));
       } catch (const Error& e) {
         if (deferred_error_.empty()) deferred_error_ = e.what();
       }

@@ -68,8 +68,10 @@ class Buffer {
   const std::vector<int64_t>& dims() const { return dims_; }
   int64_t nbytes() const { return nbytes_; }
   int64_t numel() const;
-  // The op that produced this buffer, named in asynchronous error messages.
-  std::string producer;
+  // The op that produced this buffer, named in asynchronous error messages (shared:
+  // every output of a launch names the same op, and copying the text per buffer costs
+  // more than the launch's own bookkeeping).
+  std::shared_ptr<const std::string> producer;
  private:
   PJRT_Buffer* buf_;
   int device_;
@@ -198,7 +200,7 @@ class Client {
   PJRT_Client_BufferFromHostBuffer_Args host_copy_args(const void* data, DType dtype,
                                                        const std::vector<int64_t>& dims, int device,
                                                        PJRT_HostBufferSemantics semantics);
-  void track_event(PJRT_Event* ev, int device, const std::string& op);
+  void track_event(PJRT_Event* ev, int device, std::shared_ptr<const std::string> op);
   void reap(bool all, int device);
   void await_event(PJRT_Event* ev, const std::string& what);
   int64_t device_capacity(int device) const;
@@ -220,7 +222,7 @@ class Client {
   struct Pending {
     PJRT_Event* event;
     int device;
-    std::string op;
+    std::shared_ptr<const std::string> op;
   };
   std::mutex pending_mu_;
   std::vector<Pending> pending_;
