@@ -271,3 +271,42 @@ def test_signed_zeros_and_out_of_range_casts():
     assert v.to("tpu").to(torch.int32).cpu().tolist()[4:] == [2**31 - 1, 0, 2**31 - 1]
     ok = torch.tensor([100.7, -100.7, 0.5])  # in range: truncation toward zero, as CPU
     assert v.new_tensor(ok).to("tpu").to(torch.int8).cpu().tolist() == ok.to(torch.int8).tolist()
+
+
+# ---- index tensors on the CPU: accepted by advanced indexing, as CUDA does --------
+
+def _cpu_index_cases():
+    i = torch.tensor([3, 0, 2, 3])
+    m = torch.tensor([True, False, True, False])
+    return {
+        "getitem": lambda x: x[i],
+        "getitem_2d": lambda x: x.view(2, 6)[torch.tensor([1, 0]), torch.tensor([5, 2])],
+        "bool_mask": lambda x: x.view(4, 3)[m],
+        "index_put": lambda x: x.index_put((i,), torch.full((4,), 7.0, device=x.device),
+                                           accumulate=True),
+        "setitem": lambda x: x.view(4, 3).index_put_((m,), torch.tensor(-1.0, device=x.device)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_cpu_index_cases()))
+def test_cpu_index_tensors_index_tpu_tensors(name):
+    fn = _cpu_index_cases()[name]
+    x = torch.arange(12.0)
+    want = fn(x.clone())
+    got = fn(x.to("tpu"))
+    assert got.device.type == "tpu"
+    torch.testing.assert_close(got.cpu(), want)
+
+
+def test_cpu_index_tensor_gradient_reaches_the_tpu_leaf():
+    i = torch.tensor([3, 0, 3])
+    leaf = torch.arange(6.0, device="tpu").requires_grad_()
+    leaf[i].pow(2).sum().backward()
+    torch.testing.assert_close(leaf.grad.cpu(), torch.tensor([0.0, 0, 0, 12, 0, 0]))
+
+
+def test_other_ops_still_refuse_cpu_index_tensors():
+    x = torch.arange(6.0, device="tpu")
+    with pytest.raises(RuntimeError, match="index_select: expected all tensors on the same device"):
+        torch.index_select(x, 0, torch.tensor([1, 2]))
+    assert x.sum().item() == 15.0  # still usable

@@ -49,6 +49,7 @@ struct OpInfo {
   bool check_internal_overlap = true;  // of a written arg (CPU's TensorIterator check)
   bool check_input_overlap = true;     // between a written arg and a read one
   bool host_fill = false;              // fill_.Scalar, zero_: may run no program
+  int cpu_indices_arg = -1;            // advanced indexing's Tensor?[]: cpu ones move over
   // Per return: the argument index it aliases, or one of these.
   static constexpr int kFreshReturn = -1, kListReturn = -2, kNoArgument = -3;
   std::vector<int> ret_alias;
@@ -923,11 +924,41 @@ void check_overlaps(const OpInfo& info, c10::ArrayRef<IValue> args) {
   }
 }
 
+// Advanced indexing takes index tensors on the CPU as CUDA does (ATen's index and
+// index_put move them to self's device); other ops keep the same-device check.
+bool moves_cpu_indices(const std::string& base) {
+  return base == "index" || base == "index_put" || base == "_index_put_impl" ||
+         base == "_unsafe_index" || base == "_unsafe_index_put";
+}
+
+// A new list (the caller's is left alone) with the cpu index tensors copied to `device`.
+void move_cpu_indices(c10::IValue& slot, const c10::Device& device) {
+  auto list = slot.toOptionalTensorList();
+  bool any = false;
+  for (size_t i = 0; i < list.size(); ++i) {
+    std::optional<at::Tensor> t = list.get(i);
+    any = any || (t && t->defined() && t->device().is_cpu());
+  }
+  if (!any) return;
+  c10::List<std::optional<at::Tensor>> moved;
+  moved.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    std::optional<at::Tensor> t = list.get(i);
+    if (t && t->defined() && t->device().is_cpu()) t = t->to(device);
+    moved.push_back(std::move(t));
+  }
+  slot = c10::IValue(std::move(moved));
+}
+
 void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   auto found = infos().find(op.operator_name());
   TORCH_INTERNAL_ASSERT(found != infos().end(), "no lowering registered for ", op.operator_name());
   const OpInfo& info = found->second;
   guarded([] { runtime::Client::check_not_forked(); return 0; });  // before any graph lock
+  if (info.cpu_indices_arg >= 0) {
+    size_t first = stack->size() - info.num_args;
+    move_cpu_indices((*stack)[first + info.cpu_indices_arg], (*stack)[first].toTensor().device());
+  }
   auto args = torch::jit::last(*stack, info.num_args);
   metrics().op_calls += 1;
   if (!info.mutated.empty()) check_overlaps(info, args);
@@ -1187,9 +1218,13 @@ int register_lowered_kernels() {
       if (a.type()->kind() == c10::TypeKind::OptionalType &&
           a.type()->cast<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)
         info.generator_arg = static_cast<int>(i);
+      if (a.type()->kind() == c10::TypeKind::ListType &&
+          a.type()->cast<c10::ListType>()->getElementType()->kind() == c10::TypeKind::OptionalType)
+        info.cpu_indices_arg = static_cast<int>(i);
     }
     std::string base = name.name.substr(6);
     if (!base.empty() && base.back() == '_') base.pop_back();
+    if (!moves_cpu_indices(base)) info.cpu_indices_arg = -1;
     info.check_internal_overlap = !cpu_allows_internal_overlap(base);
     info.check_input_overlap = !cpu_allows_input_overlap(base);
     info.host_fill = info.name == "fill_.Scalar" || info.name == "zero_";
