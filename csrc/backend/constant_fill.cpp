@@ -8,7 +8,6 @@
 // out in the storage's existing type so later programs see the same signature as after
 // a fill program. Counted in metrics() as `host_fills` (a transfer also as an h2d one).
 #include <ATen/ATen.h>
-#include <ATen/Dispatch_v2.h>
 
 #include <atomic>
 #include <cmath>
@@ -28,15 +27,24 @@ constexpr size_t kMaxHostFillBytes = 4096;
 
 std::atomic<int64_t> g_host_fills{0};
 
-// One element of `type` holding `value`, as CPU's fill converts it.
+// One element of `type` holding `value`, as CPU's fill converts it; false for a type
+// with no conversion here (the lowered kernel then decides).
 bool element_bytes(const c10::Scalar& value, c10::ScalarType type, char* out) {
-  bool ok = false;
-  AT_DISPATCH_V2(type, "fill_", AT_WRAP([&] {
-    scalar_t v = value.to<scalar_t>();
-    std::memcpy(out, &v, sizeof(scalar_t));
-    ok = true;
-  }), AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kBool, at::kHalf, at::kBFloat16);
-  return ok;
+  switch (type) {
+#define TPU_ELEMENT_BYTES(T, name)          \
+  case c10::ScalarType::name: {            \
+    T v = value.to<T>();                   \
+    std::memcpy(out, &v, sizeof(T));       \
+    return true;                           \
+  }
+    AT_FORALL_SCALAR_TYPES_WITH_COMPLEX(TPU_ELEMENT_BYTES)
+    TPU_ELEMENT_BYTES(uint16_t, UInt16)
+    TPU_ELEMENT_BYTES(uint32_t, UInt32)
+    TPU_ELEMENT_BYTES(uint64_t, UInt64)
+#undef TPU_ELEMENT_BYTES
+    default:
+      return false;
+  }
 }
 
 // A value whose bytes are all zero in every dtype (not -0.0).
