@@ -196,6 +196,7 @@ PYBIND11_MODULE(_C, m) {
       d["disk_cache_writes"] = ds.writes.load();
       d["disk_cache_corrupt"] = ds.corrupt.load();
       d["disk_cache_evicted"] = ds.evicted.load();
+      d["disk_cache_scans"] = ds.scans.load();
     }
     d["host_fills"] = host_fill_count();  // small fills made as transfers, not programs
     d["op_compiles"] = metrics().op_compiles.load();

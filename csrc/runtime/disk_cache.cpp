@@ -135,7 +135,18 @@ void DiskCache::store(const std::string& key, const std::string& payload) {
     return;
   }
   stats_.writes += 1;
-  evict_if_needed();
+  account_write(static_cast<int64_t>(data.size()));
+}
+
+void DiskCache::account_write(int64_t bytes) {
+  constexpr int64_t kRescanEvery = 1024;
+  std::lock_guard<std::mutex> lock(size_mu_);
+  if (known_bytes_ >= 0 && known_bytes_ + bytes <= max_bytes_ && ++writes_since_scan_ < kRescanEvery) {
+    known_bytes_ += bytes;
+    return;
+  }
+  known_bytes_ = evict_if_needed();
+  writes_since_scan_ = 0;
 }
 
 void DiskCache::remove(const std::string& key) {
@@ -144,7 +155,8 @@ void DiskCache::remove(const std::string& key) {
 }
 
 // Least recently used entries go first once the directory exceeds its bound.
-void DiskCache::evict_if_needed() {
+int64_t DiskCache::evict_if_needed() {
+  stats_.scans += 1;
   struct Entry {
     fs::path path;
     fs::file_time_type time;
@@ -162,7 +174,7 @@ void DiskCache::evict_if_needed() {
     entries.push_back({e.path(), time, size});
     total += size;
   }
-  if (total <= static_cast<uintmax_t>(max_bytes_)) return;
+  if (total <= static_cast<uintmax_t>(max_bytes_)) return static_cast<int64_t>(total);
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.time < b.time; });
   for (const Entry& e : entries) {
     if (total <= static_cast<uintmax_t>(max_bytes_) * 9 / 10) break;
@@ -172,6 +184,7 @@ void DiskCache::evict_if_needed() {
       stats_.evicted += 1;
     }
   }
+  return static_cast<int64_t>(total);
 }
 
 }  // namespace tpu::runtime

@@ -5,13 +5,14 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 
 namespace tpu::runtime {
 
 struct DiskCacheStats {
-  std::atomic<int64_t> hits{0}, misses{0}, writes{0}, corrupt{0}, evicted{0};
+  std::atomic<int64_t> hits{0}, misses{0}, writes{0}, corrupt{0}, evicted{0}, scans{0};
 };
 
 class DiskCache {
@@ -31,7 +32,15 @@ class DiskCache {
 
  private:
   std::string path_for(const std::string& key) const;
-  void evict_if_needed();
+  // Adds a written entry to the running size; lists the directory only when the bound may
+  // be crossed or after many writes (other processes write too), not once per write: a
+  // listing of tens of thousands of entries costs more than compiling a small program.
+  void account_write(int64_t bytes);
+  int64_t evict_if_needed();  // the directory's size after eviction
+
+  std::mutex size_mu_;
+  int64_t known_bytes_ = -1;  // -1: not listed yet by this process
+  int64_t writes_since_scan_ = 0;
 
   std::string dir_;
   int64_t max_bytes_;
