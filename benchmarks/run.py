@@ -428,7 +428,17 @@ def tiny_op_chain(device, n=2000, repeats=5):
         return statistics.median(ts[1:]) / n
 
     if device == "cpu":
-        return {"per_op_s": timed(lambda: chain()[0].item())}
+        # A chain of views: PyTorch's argument parsing, dispatch and a new tensor, with no
+        # compute and no shape inference beyond a view's -- less than recording an op in
+        # DeferAndFuse can cost while each op is a PyTorch call. (The meta device is no
+        # floor: its add runs Python meta functions, ~70x a CPU add.)
+        def view_chain():
+            x = x0
+            for _ in range(n):
+                x = x.view(16)
+            return x
+
+        return {"per_op_s": timed(lambda: chain()[0].item()), "view_per_op_s": timed(view_chain)}
     with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER):
         strict = timed(lambda: chain()[0].item())
     with torch_tpu.set_eager_mode(EagerMode.DEFER_AND_FUSE):
@@ -584,6 +594,8 @@ def issue18_targets(rows, starts, bounds, probes, quick=False):
         tiny["fused_record_per_op_s"] / tiny_cpu["per_op_s"] if tiny and tiny_cpu else None)
     out["tiny op: runtime launch floor / native CPU per op (Strict's floor)"] = (
         tiny["launch_floor_per_op_s"] / tiny_cpu["per_op_s"] if tiny and tiny_cpu else None)
+    out["tiny op: a PyTorch call that computes nothing (x.view(16)) / native CPU per op (recording's floor)"] = (
+        tiny_cpu["view_per_op_s"] / tiny_cpu["per_op_s"] if tiny_cpu and "view_per_op_s" in tiny_cpu else None)
     split = probes.get("fused_split")
     out["small_gpt_train fused program's device time alone / native CPU's best step (the fused floor)"] = (
         split["device_s"] / cpu["median_step_s"] if split and cpu else None)
