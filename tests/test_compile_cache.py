@@ -87,3 +87,29 @@ def test_cache_can_be_switched_off(tmp_path):
     out = run(tmp_path, TPU_COMPILE_CACHE="0")
     assert out["dir"] == "" and out["hits"] == 0
     assert os.listdir(tmp_path) == []
+
+
+def test_loaded_programs_are_bounded_and_reload_when_used_again(tmp_path):
+    # Each loaded executable holds code mappings; a process that kept meeting new shapes
+    # (a conformance worker) reached the kernel's 65,530 mappings and died with SIGSEGV.
+    prog = (
+        "import json, os, torch, torch_tpu\n"
+        "maps = lambda: sum(1 for _ in open(f'/proc/{os.getpid()}/maps'))\n"
+        "x = torch.arange(6.0, device='tpu')\n"
+        "first = (x * 2 + 1).cpu()\n"
+        "m0 = maps()\n"
+        "sums = [(torch.ones(n, device='tpu') * 3).sum().item() for n in range(1, 121)]\n"
+        "grown = maps() - m0\n"
+        "again = (x * 2 + 1).cpu()\n"  # its program was unloaded: reloaded from disk
+        "with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):\n"
+        "    fused = [((torch.ones(n, device='tpu') + 1) * 2).sum().item() for n in (3, 5, 3)]\n"
+        "m = torch_tpu.metrics()\n"
+        "print(json.dumps({'ok': sums == [3.0 * n for n in range(1, 121)] and torch.equal(first, again)\n"
+        "                        and fused == [12.0, 20.0, 12.0],\n"
+        "                  'unloaded': m['programs_unloaded'], 'grown': grown}))\n")
+    r = run_python(prog, env={"TPU_COMPILE_CACHE_DIR": str(tmp_path), "TPU_MAX_LOADED_PROGRAMS": "16"})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["ok"]
+    assert out["unloaded"] >= 200  # 240 programs through a bound of 16
+    assert out["grown"] < 200  # unbounded: about 4 mappings per program, ~1,000 here

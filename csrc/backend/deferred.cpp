@@ -33,8 +33,10 @@ Program::Program(const ir::Builder& b, const std::vector<ir::Value>& results, st
 
 runtime::ExecutablePtr Program::executable() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!exe_) exe_ = guarded([&] { return compile_cached(module_, name_); });
-  return exe_;
+  if (runtime::ExecutablePtr exe = exe_.lock()) return exe;
+  runtime::ExecutablePtr exe = guarded([&] { return compile_cached(module_, name_); });
+  exe_ = exe;
+  return exe;
 }
 
 FuseStats& fuse_stats() {
@@ -406,12 +408,12 @@ void run_job(Job& job) {
   job.params.clear();  // donated buffers are now held only by `params`
 
   static std::mutex cache_mu;
-  static std::unordered_map<std::string, runtime::ExecutablePtr> cache;
+  static std::unordered_map<std::string, std::weak_ptr<runtime::Executable>> cache;
   runtime::ExecutablePtr exe;
   {
     std::lock_guard<std::mutex> l(cache_mu);
     auto it = cache.find(job.key);
-    if (it != cache.end()) exe = it->second;
+    if (it != cache.end()) exe = it->second.lock();
   }
   std::vector<runtime::BufferPtr> produced;
   try {
@@ -421,7 +423,7 @@ void run_job(Job& job) {
       std::string text = fused_text(job.calls, job.param_types, job.results, job.aliases);
       exe = guarded([&] { return compile_cached(text, describe_graph(job.calls)); });
       std::lock_guard<std::mutex> l(cache_mu);
-      cache.emplace(job.key, exe);
+      cache[job.key] = exe;
     }
     std::vector<runtime::Buffer*> raw;
     for (auto& p : params) raw.push_back(p.get());

@@ -48,7 +48,7 @@ class Program {
   std::map<std::string, std::string> functions_;
   ir::RecomputeCost recompute_cost_ = ir::RecomputeCost::Never;
   std::mutex mu_;
-  runtime::ExecutablePtr exe_;
+  std::weak_ptr<runtime::Executable> exe_;  // the loaded programs' bound owns it
 };
 using ProgramPtr = std::shared_ptr<Program>;
 

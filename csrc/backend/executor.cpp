@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <list>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 
@@ -93,20 +95,46 @@ static runtime::ExecutablePtr compile_persistent(const std::string& text, const 
   return exe;
 }
 
+// Loaded executables are bounded (TPU_MAX_LOADED_PROGRAMS, default 2048): each holds JIT
+// code and data mappings (about 4 on the XLA CPU plugin), and a process that keeps meeting
+// new shapes would otherwise reach the kernel's limit on mappings (65,530) and crash, as
+// long conformance workers did. The least recently compiled or looked up goes first;
+// holders keep only weak references, so an evicted program is reloaded from the disk
+// cache (or recompiled) on its next use, and one still running stays alive until done.
+static size_t max_loaded_programs() {
+  static const size_t n = [] {
+    const char* s = std::getenv("TPU_MAX_LOADED_PROGRAMS");
+    long v = s && *s ? std::atol(s) : 0;
+    return v > 0 ? static_cast<size_t>(v) : size_t{2048};
+  }();
+  return n;
+}
+
 runtime::ExecutablePtr compile_cached(const std::string& text, const std::string& name) {
   static std::mutex mu;
-  static std::unordered_map<std::string, runtime::ExecutablePtr> by_text;
+  static std::list<const std::string*> order;  // front: most recent
+  static std::unordered_map<std::string, std::pair<runtime::ExecutablePtr, std::list<const std::string*>::iterator>>
+      by_text;
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = by_text.find(text);
     if (it != by_text.end()) {
       metrics().program_hits += 1;
-      return it->second;
+      order.splice(order.begin(), order, it->second.second);
+      return it->second.first;
     }
   }
   auto exe = compile_persistent(text, name);
   std::lock_guard<std::mutex> lock(mu);
-  by_text.emplace(text, exe);
+  auto [it, fresh] = by_text.try_emplace(text, exe, order.end());
+  if (!fresh) return it->second.first;  // another thread compiled it meanwhile
+  order.push_front(&it->first);
+  it->second.second = order.begin();
+  while (by_text.size() > max_loaded_programs()) {
+    by_text.erase(*order.back());
+    order.pop_back();
+    metrics().programs_unloaded += 1;
+  }
   return exe;
 }
 

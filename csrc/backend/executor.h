@@ -25,6 +25,7 @@ struct Metrics {
   std::atomic<int64_t> signature_hits{0};    // op signature found: nothing emitted
   std::atomic<int64_t> signature_misses{0};  // program emitted for a new signature
   std::atomic<int64_t> program_hits{0};      // emitted text already compiled
+  std::atomic<int64_t> programs_unloaded{0};  // executables dropped at the loaded-programs bound
   std::mutex mu;
   std::map<std::string, int64_t> fallbacks;  // op -> count
   std::map<std::string, int64_t> flushes;    // why deferred graphs ran -> count
@@ -38,7 +39,8 @@ struct Metrics {
 };
 Metrics& metrics();
 
-// The executable for `text`, compiled once per distinct program text.
+// The executable for `text`, compiled once per distinct program text while loaded (see
+// TPU_MAX_LOADED_PROGRAMS); callers keep only weak references between uses.
 runtime::ExecutablePtr compile_cached(const std::string& text, const std::string& name);
 
 // Launches `exe` on `device`; waits in Debug mode.

@@ -168,6 +168,7 @@ PYBIND11_MODULE(_C, m) {
     d["signature_hits"] = mt.signature_hits.load();
     d["signature_misses"] = mt.signature_misses.load();
     d["program_cache_hits"] = mt.program_hits.load();
+    d["programs_unloaded"] = mt.programs_unloaded.load();
     py::dict fb;
     {
       std::lock_guard<std::mutex> lock(mt.mu);
