@@ -90,6 +90,8 @@ def _eq(a, b, tol=0.0):
     assert a.device.type == "tpu", a.device
     a = a.cpu()
     b = torch.as_tensor(b, dtype=a.dtype)
+    if a.is_complex():  # real and imaginary parts both compared
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
     assert a.shape == b.shape and torch.allclose(a.double(), b.double(), atol=tol, rtol=tol), (a, b)
 
 
@@ -173,6 +175,100 @@ def all_reduce_large_in_chunks(rank, world):
     dist.all_reduce(v)
     assert big[:n].abs().sum().item() == 0
     _eq(v, torch.full((n,), float(scale)))
+
+
+# The chunked paths, run with TPU_DIST_CHUNK_BYTES=4096 (the "chunks" launch) so that
+# sizes that do not divide into chunks cross many of them cheaply; every dtype the
+# collectives take (Gloo's: not int16 or the unsigned types wider than 8 bits), values checked against float64 / exact integer references.
+CHUNK_BYTES = 4096
+
+
+def _chunk_dtypes():
+    import torch
+    return (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
+            torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool)
+
+
+def _ramp(n, rank, dtype):
+    """Small integer values (exact in every dtype): i % 5 + rank, or i % 2 for bool."""
+    import torch
+    i = torch.arange(n, dtype=torch.int64)
+    v = (i % 2 == 1) if dtype == torch.bool else i % 5 + rank
+    if dtype.is_complex:
+        return torch.complex(v.double(), (i % 3 - rank).double()).to(dtype)
+    return v.to(dtype)
+
+
+@check("chunks")
+def chunked_all_reduce_every_dtype(rank, world):
+    import torch
+    import torch.distributed as dist
+    for dt in _chunk_dtypes():
+        item = torch.empty((), dtype=dt).element_size()
+        n = 3 * CHUNK_BYTES // item + 7  # three whole chunks and a partial one
+        op = dist.ReduceOp.MAX if dt == torch.bool else dist.ReduceOp.SUM
+        x = _ramp(n, rank, dt).to("tpu")
+        dist.all_reduce(x, op=op)
+        ref = torch.stack([_ramp(n, r, dt).to(torch.complex128 if dt.is_complex else
+                                              torch.float64) for r in range(world)])
+        _eq(x, ref.amax(0) if dt == torch.bool else ref.sum(0))
+    n = 5 * CHUNK_BYTES // 4 + 1
+    x = _ramp(n, rank, torch.float32).to("tpu")
+    dist.all_reduce(x, op=dist.ReduceOp.AVG)
+    ref = torch.stack([_ramp(n, r, torch.float64) for r in range(world)]).mean(0)
+    _eq(x, ref, 1e-6)
+
+
+@check("chunks")
+def chunked_reduce_scatter_tensor_every_dtype(rank, world):
+    import torch
+    import torch.distributed as dist
+    for dt in _chunk_dtypes():
+        item = torch.empty((), dtype=dt).element_size()
+        m = 2 * CHUNK_BYTES // item + 3  # per rank: chunks of CHUNK_BYTES / world each
+        op = dist.ReduceOp.MAX if dt == torch.bool else dist.ReduceOp.SUM
+        out = torch.empty(m, dtype=dt, device="tpu")
+        dist.reduce_scatter_tensor(out, _ramp(world * m, rank, dt).to("tpu"), op=op)
+        ref = torch.stack([_ramp(world * m, r, dt).to(torch.complex128 if dt.is_complex else
+                                                      torch.float64) for r in range(world)])
+        ref = (ref.amax(0) if dt == torch.bool else ref.sum(0))[rank * m:(rank + 1) * m]
+        _eq(out, ref)
+    m = 3 * CHUNK_BYTES // 4 + 5
+    full = torch.stack([_ramp(world * m, r, torch.float64) for r in range(world)])
+    for op, ref in ((dist.ReduceOp.AVG, full.mean(0)), (dist.ReduceOp.MIN, full.amin(0))):
+        out = torch.empty(m, device="tpu")
+        w = dist.reduce_scatter_tensor(out, _ramp(world * m, rank, torch.float32).to("tpu"),
+                                       op=op, async_op=True)
+        w.wait()
+        _eq(out, ref[rank * m:(rank + 1) * m], 1e-6)
+    # An input that is a view into a larger storage, an output that is a view, and a
+    # 2-D output: the rest of each storage is left alone.
+    big = torch.zeros(world * m + 4, device="tpu")
+    src = big[4:]
+    src.copy_(_ramp(world * m, rank, torch.float32))
+    outs = torch.full((2, m), -1.0, device="tpu")
+    dist.reduce_scatter_tensor(outs[1], src)
+    _eq(outs[0], torch.full((m,), -1.0))
+    _eq(outs[1], full.sum(0)[rank * m:(rank + 1) * m])
+    assert big[:4].abs().sum().item() == 0
+    out2 = torch.empty(m, 1, device="tpu")
+    dist.reduce_scatter_tensor(out2, _ramp(world * m, rank, torch.float32).to("tpu").view(-1, 1))
+    _eq(out2, full.sum(0)[rank * m:(rank + 1) * m].view(-1, 1))
+
+
+@check("chunks")
+def chunked_collectives_after_pending_work(rank, world):
+    """The chunked copy reads the input's buffer: pending (deferred) work writing it runs
+    first, and later work sees the result."""
+    import torch
+    import torch.distributed as dist
+    n = 4 * CHUNK_BYTES // 4 + 9
+    x = torch.ones(n, device="tpu")
+    x.mul_(rank + 1).add_(1.0)  # pending in DeferAndFuse
+    dist.all_reduce(x)
+    y = x * 2
+    want = sum(r + 2.0 for r in range(world))
+    _eq(y, torch.full((n,), 2 * want))
 
 
 @check(*ALL)
@@ -544,6 +640,7 @@ LAUNCHES = {
     "faults": [("strict", "faults")],
     "chips": [("env", "chips")],
     "exit": [("strict", "exit")],
+    "chunks": [("strict", "chunks"), ("fused", "chunks")],
 }
 
 
@@ -640,6 +737,23 @@ def test_visible_chips_pick_each_rank_its_device():
     for r in (0, 1):
         assert res[r]["__backend"] == "cpu:gloo,tpu:tpu_dist", res[r]
         assert res[r]["__mode/chips"] == "DEFER_AND_FUSE", res[r]
+
+
+@pytest.fixture(scope="module")
+def chunk_ranks():
+    """Three ranks (blocks that split unevenly into chunks), 4 KiB chunks."""
+    return launch("chunks", 3, env={"TPU_DIST_CHUNK_BYTES": str(CHUNK_BYTES)})
+
+
+@pytest.mark.parametrize("name", _names("chunks"))
+def test_chunked_collectives(chunk_ranks, name):
+    assert_check(chunk_ranks, name)
+
+
+def test_chunk_bytes_must_be_a_positive_number():
+    res = launch("chunks", 1, env={"TPU_DIST_CHUNK_BYTES": "4k"}, timeout=60)
+    assert res[0]["__rc"] != 0, res
+    assert "TPU_DIST_CHUNK_BYTES must be a positive number of bytes, got '4k'" in res[0]["__out"]
 
 
 def test_faults_never_hang():

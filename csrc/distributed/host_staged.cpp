@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "backend/device_checks.h"
 #include "backend/storage.h"
 #include "runtime/client.h"
@@ -56,9 +59,28 @@ struct HostStagedTransport::Staging {
   }
 };
 
+namespace {
+// Below this many bytes a collective is staged whole: its copy is short next to Gloo's
+// own per-call cost. From here on, chunks of chunk_bytes_ pipeline the copies.
+bool pipelined(const at::Tensor& t, int64_t chunk_bytes) {
+  return t.nbytes() >= static_cast<size_t>(2 * chunk_bytes) && !t.is_conj() && !t.is_neg();
+}
+
+int64_t chunk_bytes_from_env() {
+  const char* v = std::getenv("TPU_DIST_CHUNK_BYTES");
+  if (!v || !*v) return 4 << 20;
+  char* end = nullptr;
+  long long n = std::strtoll(v, &end, 10);
+  TORCH_CHECK_VALUE(end && *end == '\0' && n > 0, "tpu_dist: TPU_DIST_CHUNK_BYTES must be a "
+                    "positive number of bytes, got '", v, "'");
+  return n;
+}
+}  // namespace
+
 HostStagedTransport::HostStagedTransport(c10::intrusive_ptr<c10d::Backend> host)
     : c10d::Backend(host->getRank(), host->getSize()),
       host_(std::move(host)),
+      chunk_bytes_(chunk_bytes_from_env()),
       sequencer_(std::make_shared<Sequencer>()) {}
 
 HostStagedTransport::~HostStagedTransport() { sequencer_->drain_all(); }
@@ -91,38 +113,43 @@ WorkPtr HostStagedTransport::broadcast(TensorList& tensors, const c10d::Broadcas
   return finish(s, OpType::BROADCAST, "broadcast", tensors);
 }
 
-namespace {
-// A large all-reduce is copied to the host and reduced chunk by chunk: each chunk's
-// transport collective runs while the next chunk is copied.
-constexpr int64_t kChunkBytes = 4 << 20;
 
-bool pipelined(const at::Tensor& t) {
-  return t.nbytes() >= 2 * kChunkBytes && !t.is_conj() && !t.is_neg();
+// The device buffer of `t` (pending work runs first) when the plugin copies byte ranges
+// of it to the host: the first range is copied here, into `dst`. Null (nothing copied)
+// when the plugin offers no raw copies or the buffer is not `t`'s dense values.
+runtime::BufferPtr HostStagedTransport::first_range(const at::Tensor& t, void* dst,
+                                                    int64_t offset, int64_t nbytes) {
+  backend::verify_device_checks();  // values read back must not come from a failed op
+  runtime::BufferPtr buf = backend::dense_buffer(t);
+  if (buf->nbytes() != static_cast<int64_t>(t.nbytes())) return nullptr;
+  if (!runtime::Client::get().to_host_range(*buf, dst, offset, nbytes)) return nullptr;
+  return buf;
 }
-}  // namespace
+
+void HostStagedTransport::next_range(const runtime::Buffer& buf, void* dst, int64_t offset,
+                                     int64_t nbytes, const char* what) {
+  TORCH_CHECK(runtime::Client::get().to_host_range(buf, dst, offset, nbytes), "tpu_dist ",
+              what, ": the plugin stopped offering raw copies");
+}
 
 WorkPtr HostStagedTransport::allreduce(TensorList& tensors, const c10d::AllreduceOptions& opts) {
   Staging s(pool_);
-  if (tensors.size() == 1 && pipelined(tensors[0])) {
+  if (tensors.size() == 1 && pipelined(tensors[0], chunk_bytes_)) {
+    // Copied to the host and reduced chunk by chunk: each chunk's Gloo all-reduce runs
+    // while the next chunk is copied.
     at::Tensor& t = tensors[0];
-    backend::verify_device_checks();  // values read back must not come from a failed op
-    runtime::BufferPtr buf = backend::dense_buffer(t);  // pending work runs first
     at::Tensor h = pool_.take(t.sizes(), t.scalar_type());
-    int64_t item = h.element_size(), per = kChunkBytes / item, n = h.numel();
+    int64_t item = h.element_size(), per = std::max<int64_t>(1, chunk_bytes_ / item);
+    int64_t n = h.numel();
     char* base = static_cast<char*>(h.data_ptr());
-    if (buf->nbytes() == static_cast<int64_t>(h.nbytes()) &&
-        runtime::Client::get().to_host_range(*buf, base, 0, per * item)) {
+    if (runtime::BufferPtr buf = first_range(t, base, 0, std::min(per, n) * item)) {
       s.writes.push_back({t, h});
       c10d::AllreduceOptions o = opts;
       o.reduceOp = s.op(opts.reduceOp, {h});
       at::Tensor flat = h.view(-1);
       for (int64_t a = 0; a < n; a += per) {
         int64_t len = std::min(per, n - a);
-        if (a > 0) {
-          TORCH_CHECK(runtime::Client::get().to_host_range(*buf, base + a * item, a * item,
-                                                           len * item),
-                      "tpu_dist all_reduce: the plugin stopped offering raw copies");
-        }
+        if (a > 0) next_range(*buf, base + a * item, a * item, len * item, "all_reduce");
         TensorList chunk{flat.narrow(0, a, len)};
         s.inner.push_back(host_->allreduce(chunk, o));
       }
@@ -240,6 +267,35 @@ WorkPtr HostStagedTransport::reduce_scatter(TensorList& outputs, std::vector<Ten
 WorkPtr HostStagedTransport::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                   const c10d::ReduceScatterOptions& opts) {
   Staging s(pool_);
+  if (pipelined(input, chunk_bytes_) && output.numel() > 0) {
+    // Chunk by chunk, as all_reduce: chunk c takes elements [a, a + len) of every rank's
+    // block. Its pieces are copied next to each other ([rank][len]), so each chunk is one
+    // contiguous Gloo reduce-scatter whose output is [a, a + len) of this rank's result.
+    int64_t world = getSize(), m = output.numel();
+    at::Tensor hin = pool_.take({world * m}, input.scalar_type());
+    at::Tensor hout = pool_.take(output.sizes(), output.scalar_type());
+    int64_t item = hin.element_size();
+    int64_t per = std::max<int64_t>(1, chunk_bytes_ / (item * world));
+    char* base = static_cast<char*>(hin.data_ptr());
+    int64_t len0 = std::min(per, m);
+    if (runtime::BufferPtr buf = first_range(input, base, 0, len0 * item)) {
+      at::Tensor flat_out = hout.view(-1);
+      c10d::ReduceScatterOptions o = opts;
+      o.reduceOp = s.op(opts.reduceOp, {hout});
+      s.writes.push_back({output, hout});
+      for (int64_t a = 0; a < m; a += per) {
+        int64_t len = std::min(per, m - a);
+        for (int64_t r = 0; r < world; ++r) {
+          if (a == 0 && r == 0) continue;  // first_range copied it
+          next_range(*buf, base + (a * world + r * len) * item, (r * m + a) * item, len * item,
+                     "reduce_scatter_tensor");
+        }
+        at::Tensor in = hin.narrow(0, a * world, world * len), out = flat_out.narrow(0, a, len);
+        s.inner.push_back(host_->_reduce_scatter_base(out, in, o));
+      }
+      return finish(s, OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output});
+    }
+  }
   at::Tensor in = s.in(input).view(-1), out = s.out(output).view(-1);
   c10d::ReduceScatterOptions o = opts;
   o.reduceOp = s.op(opts.reduceOp, {out});

@@ -2,7 +2,9 @@
 // (a materialization point: pending deferred work runs first) from a pool of reused
 // staging memory, runs the same collective on the CPU backend (Gloo) asynchronously,
 // and the thread that finishes it writes the host results back into the tpu tensors
-// (zero-copy where the plugin can alias host memory; staged_work.h).
+// (zero-copy where the plugin can alias host memory; staged_work.h). all_reduce and
+// reduce_scatter_tensor of 2 chunks or more go to the host chunk by chunk, where the
+// plugin copies byte ranges, so the copies overlap Gloo's work on earlier chunks.
 #pragma once
 #include <memory>
 
@@ -10,6 +12,7 @@
 
 #include "distributed/host_pool.h"
 #include "distributed/staged_work.h"
+#include "runtime/client.h"
 
 namespace tpu::distributed {
 
@@ -76,7 +79,14 @@ class HostStagedTransport : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> finish(Staging& s, c10d::OpType op, const char* what,
                                         std::vector<at::Tensor> results);
 
+  runtime::BufferPtr first_range(const at::Tensor& t, void* dst, int64_t offset,
+                                 int64_t nbytes);
+  static void next_range(const runtime::Buffer& buf, void* dst, int64_t offset,
+                         int64_t nbytes, const char* what);
+
   c10::intrusive_ptr<c10d::Backend> host_;
+  // Large collectives go to the host in chunks of this many bytes (TPU_DIST_CHUNK_BYTES).
+  int64_t chunk_bytes_;
   HostPool pool_;
   std::shared_ptr<Sequencer> sequencer_;
 };
