@@ -271,6 +271,61 @@ def chunked_collectives_after_pending_work(rank, world):
     _eq(y, torch.full((n,), 2 * want))
 
 
+@check("collectives", "chunks")
+def inputs_read_in_place_or_copied(rank, world):
+    """Where the plugin reports host-memory buffers (the XLA CPU plugin does), Gloo reads
+    all_gather/send inputs in place; TPU_DIST_HOST_ADDRESSES=0 copies them. Either way
+    a collective sees its input as it was when issued, and an input that is a view of
+    its output (FSDP's all_gather_into_tensor) is read before the output is written."""
+    import torch
+    import torch.distributed as dist
+    import torch_tpu
+    assert torch_tpu._C._dist_host_addresses(torch.tpu.current_device()) is True
+    m = 5
+    out = torch.zeros(world * m, device="tpu")
+    mine = out[rank * m:(rank + 1) * m]
+    mine.copy_(torch.arange(m, dtype=torch.float32) + 10 * rank)
+    dist.all_gather_into_tensor(out, mine)
+    _eq(out, torch.cat([torch.arange(m) + 10.0 * r for r in range(world)]))
+    x = _t([rank + 1.0] * 3)
+    outs = [torch.empty(3, device="tpu") for _ in range(world)]
+    w = dist.all_gather(outs, x, async_op=True)
+    x.add_(100.0)  # after issue: not what was sent
+    w.wait()
+    for r in range(world):
+        _eq(outs[r], [r + 1.0] * 3)
+    _eq(x, [rank + 101.0] * 3)
+    # Point to point, in a ring: read in place on the sender.
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    send = torch.arange(6, device="tpu", dtype=torch.float64).view(2, 3)[:, 1:] * (rank + 1)
+    recv = torch.empty(2, 2, device="tpu", dtype=torch.float64)
+    ops = [dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prv)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    _eq(recv, torch.tensor([[1.0, 2.0], [4.0, 5.0]]) * (prv + 1))
+
+
+@check("collectives", "chunks")
+def dtypes_gloo_lacks_are_refused(rank, world):
+    import torch
+    import torch.distributed as dist
+    x = _t([1, 2], torch.int16)
+    for name, fn in (("all_reduce", lambda: dist.all_reduce(x)),
+                     ("all_gather_into_tensor",
+                      lambda: dist.all_gather_into_tensor(_t([0] * 2 * world, torch.int16), x)),
+                     ("broadcast", lambda: dist.broadcast(x, src=0))):
+        try:
+            fn()
+        except TypeError as e:
+            assert f"distributed.{name}()" in str(e) and "Short[2]" in str(e), str(e)
+        else:
+            raise AssertionError(f"{name} took int16")
+    # Nothing was sent: the group and the tensor still work.
+    y = x.to(torch.int32)
+    dist.all_reduce(y)
+    _eq(y, [world, 2 * world])
+
+
 @check(*ALL)
 def all_reduce_async_work(rank, world):
     import torch
@@ -641,6 +696,7 @@ LAUNCHES = {
     "chips": [("env", "chips")],
     "exit": [("strict", "exit")],
     "chunks": [("strict", "chunks"), ("fused", "chunks")],
+    "copying": [("strict", "collectives"), ("strict", "chunks"), ("fused", "chunks")],
 }
 
 
@@ -748,6 +804,19 @@ def chunk_ranks():
 @pytest.mark.parametrize("name", _names("chunks"))
 def test_chunked_collectives(chunk_ranks, name):
     assert_check(chunk_ranks, name)
+
+
+@pytest.fixture(scope="module")
+def copying_ranks():
+    """Device memory never read in place (as on plugins whose buffers are not host memory):
+    every collective, and the chunked paths through the plugin's raw copies."""
+    return launch("copying", 3, env={"TPU_DIST_CHUNK_BYTES": str(CHUNK_BYTES),
+                                     "TPU_DIST_HOST_ADDRESSES": "0"}, timeout=300)
+
+
+@pytest.mark.parametrize("name", _names("copying"))
+def test_copying_transport(copying_ranks, name):
+    assert_check(copying_ranks, name)
 
 
 def test_chunk_bytes_must_be_a_positive_number():

@@ -4,7 +4,9 @@
 // and the thread that finishes it writes the host results back into the tpu tensors
 // (zero-copy where the plugin can alias host memory; staged_work.h). all_reduce and
 // reduce_scatter_tensor of 2 chunks or more go to the host chunk by chunk, where the
-// plugin copies byte ranges, so the copies overlap Gloo's work on earlier chunks.
+// plugin copies byte ranges, so the copies overlap Gloo's work on earlier chunks. Where
+// the plugin reports that its buffers live in host memory (runtime/host_address.h), the
+// staging copies are plain memcpys and Gloo reads all_gather/send inputs in place.
 #pragma once
 #include <memory>
 
@@ -79,14 +81,12 @@ class HostStagedTransport : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> finish(Staging& s, c10d::OpType op, const char* what,
                                         std::vector<at::Tensor> results);
 
-  runtime::BufferPtr first_range(const at::Tensor& t, void* dst, int64_t offset,
-                                 int64_t nbytes);
-  static void next_range(const runtime::Buffer& buf, void* dst, int64_t offset,
-                         int64_t nbytes, const char* what);
-
   c10::intrusive_ptr<c10d::Backend> host_;
   // Large collectives go to the host in chunks of this many bytes (TPU_DIST_CHUNK_BYTES).
   int64_t chunk_bytes_;
+  // Where the plugin reports that device buffers live in host memory, inputs are read
+  // there in place (no transfer); TPU_DIST_HOST_ADDRESSES=0 copies as on other plugins.
+  bool host_addresses_;
   HostPool pool_;
   std::shared_ptr<Sequencer> sequencer_;
 };
