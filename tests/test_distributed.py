@@ -695,7 +695,7 @@ LAUNCHES = {
     "faults": [("strict", "faults")],
     "chips": [("env", "chips")],
     "exit": [("strict", "exit")],
-    "chunks": [("strict", "chunks"), ("fused", "chunks")],
+    "chunks": [("strict", "chunks"), ("debug", "chunks"), ("fused", "chunks")],
     "copying": [("strict", "collectives"), ("strict", "chunks"), ("fused", "chunks")],
 }
 
