@@ -72,10 +72,12 @@ compat: build
 compat-baseline: build
 	$(PY) -m torch_tpu.compat --write-baseline tests/compat_baseline.json $(ARGS)
 
-# Eager modes side by side with native CPU PyTorch: benchmarks/results/results.{json,md,png}.
+# Eager modes side by side with native CPU PyTorch: benchmarks/results/results.{json,md,png};
+# tpu_dist beside Gloo: benchmarks/results/dist_collectives.{json,md}, dist_ddp.json.
 bench: build
 	$(PY) benchmarks/run.py $(ARGS)
 	$(PY) benchmarks/quantized.py $(QUANT_ARGS)
+	OMP_WAIT_POLICY=PASSIVE $(PY) benchmarks/dist_collectives.py && OMP_WAIT_POLICY=PASSIVE $(PY) benchmarks/dist_ddp.py
 
 # Quantized GPT prefill (float32, bf16, torchao int8/fp8): benchmarks/results/quantized.{json,md}.
 bench-quant: build

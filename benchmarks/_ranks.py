@@ -5,10 +5,15 @@ import subprocess
 import sys
 
 
-def run_ranks(script: str, world: int) -> None:
+def launch(script: str, world: int, args: list) -> int:
+    """Runs `script args --rank r --port p` for every rank; the worst exit code."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = [subprocess.Popen([sys.executable, script, "--rank", str(r), "--port", str(port)]
-                              + sys.argv[1:]) for r in range(world)]
-    sys.exit(max(p.wait() for p in procs))
+                              + list(args)) for r in range(world)]
+    return max(p.wait() for p in procs)
+
+
+def run_ranks(script: str, world: int) -> None:
+    sys.exit(launch(script, world, sys.argv[1:]))

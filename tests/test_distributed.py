@@ -90,6 +90,8 @@ def _eq(a, b, tol=0.0):
     assert a.device.type == "tpu", a.device
     a = a.cpu()
     b = torch.as_tensor(b, dtype=a.dtype)
+    if a.is_complex():  # real and imaginary parts both compared
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
     assert a.shape == b.shape and torch.allclose(a.double(), b.double(), atol=tol, rtol=tol), (a, b)
 
 
@@ -173,6 +175,155 @@ def all_reduce_large_in_chunks(rank, world):
     dist.all_reduce(v)
     assert big[:n].abs().sum().item() == 0
     _eq(v, torch.full((n,), float(scale)))
+
+
+# The chunked paths, run with TPU_DIST_CHUNK_BYTES=4096 (the "chunks" launch) so that
+# sizes that do not divide into chunks cross many of them cheaply; every dtype the
+# collectives take (Gloo's: not int16 or the unsigned types wider than 8 bits), values checked against float64 / exact integer references.
+CHUNK_BYTES = 4096
+
+
+def _chunk_dtypes():
+    import torch
+    return (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
+            torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool)
+
+
+def _ramp(n, rank, dtype):
+    """Small integer values (exact in every dtype): i % 5 + rank, or i % 2 for bool."""
+    import torch
+    i = torch.arange(n, dtype=torch.int64)
+    v = (i % 2 == 1) if dtype == torch.bool else i % 5 + rank
+    if dtype.is_complex:
+        return torch.complex(v.double(), (i % 3 - rank).double()).to(dtype)
+    return v.to(dtype)
+
+
+@check("chunks")
+def chunked_all_reduce_every_dtype(rank, world):
+    import torch
+    import torch.distributed as dist
+    for dt in _chunk_dtypes():
+        item = torch.empty((), dtype=dt).element_size()
+        n = 3 * CHUNK_BYTES // item + 7  # three whole chunks and a partial one
+        op = dist.ReduceOp.MAX if dt == torch.bool else dist.ReduceOp.SUM
+        x = _ramp(n, rank, dt).to("tpu")
+        dist.all_reduce(x, op=op)
+        ref = torch.stack([_ramp(n, r, dt).to(torch.complex128 if dt.is_complex else
+                                              torch.float64) for r in range(world)])
+        _eq(x, ref.amax(0) if dt == torch.bool else ref.sum(0))
+    n = 5 * CHUNK_BYTES // 4 + 1
+    x = _ramp(n, rank, torch.float32).to("tpu")
+    dist.all_reduce(x, op=dist.ReduceOp.AVG)
+    ref = torch.stack([_ramp(n, r, torch.float64) for r in range(world)]).mean(0)
+    _eq(x, ref, 1e-6)
+
+
+@check("chunks")
+def chunked_reduce_scatter_tensor_every_dtype(rank, world):
+    import torch
+    import torch.distributed as dist
+    for dt in _chunk_dtypes():
+        item = torch.empty((), dtype=dt).element_size()
+        m = 2 * CHUNK_BYTES // item + 3  # per rank: chunks of CHUNK_BYTES / world each
+        op = dist.ReduceOp.MAX if dt == torch.bool else dist.ReduceOp.SUM
+        out = torch.empty(m, dtype=dt, device="tpu")
+        dist.reduce_scatter_tensor(out, _ramp(world * m, rank, dt).to("tpu"), op=op)
+        ref = torch.stack([_ramp(world * m, r, dt).to(torch.complex128 if dt.is_complex else
+                                                      torch.float64) for r in range(world)])
+        ref = (ref.amax(0) if dt == torch.bool else ref.sum(0))[rank * m:(rank + 1) * m]
+        _eq(out, ref)
+    m = 3 * CHUNK_BYTES // 4 + 5
+    full = torch.stack([_ramp(world * m, r, torch.float64) for r in range(world)])
+    for op, ref in ((dist.ReduceOp.AVG, full.mean(0)), (dist.ReduceOp.MIN, full.amin(0))):
+        out = torch.empty(m, device="tpu")
+        w = dist.reduce_scatter_tensor(out, _ramp(world * m, rank, torch.float32).to("tpu"),
+                                       op=op, async_op=True)
+        w.wait()
+        _eq(out, ref[rank * m:(rank + 1) * m], 1e-6)
+    # An input that is a view into a larger storage, an output that is a view, and a
+    # 2-D output: the rest of each storage is left alone.
+    big = torch.zeros(world * m + 4, device="tpu")
+    src = big[4:]
+    src.copy_(_ramp(world * m, rank, torch.float32))
+    outs = torch.full((2, m), -1.0, device="tpu")
+    dist.reduce_scatter_tensor(outs[1], src)
+    _eq(outs[0], torch.full((m,), -1.0))
+    _eq(outs[1], full.sum(0)[rank * m:(rank + 1) * m])
+    assert big[:4].abs().sum().item() == 0
+    out2 = torch.empty(m, 1, device="tpu")
+    dist.reduce_scatter_tensor(out2, _ramp(world * m, rank, torch.float32).to("tpu").view(-1, 1))
+    _eq(out2, full.sum(0)[rank * m:(rank + 1) * m].view(-1, 1))
+
+
+@check("chunks")
+def chunked_collectives_after_pending_work(rank, world):
+    """The chunked copy reads the input's buffer: pending (deferred) work writing it runs
+    first, and later work sees the result."""
+    import torch
+    import torch.distributed as dist
+    n = 4 * CHUNK_BYTES // 4 + 9
+    x = torch.ones(n, device="tpu")
+    x.mul_(rank + 1).add_(1.0)  # pending in DeferAndFuse
+    dist.all_reduce(x)
+    y = x * 2
+    want = sum(r + 2.0 for r in range(world))
+    _eq(y, torch.full((n,), 2 * want))
+
+
+@check("collectives", "chunks")
+def inputs_read_in_place_or_copied(rank, world):
+    """Where the plugin reports host-memory buffers (the XLA CPU plugin does), Gloo reads
+    all_gather/send inputs in place; TPU_DIST_HOST_ADDRESSES=0 copies them. Either way
+    a collective sees its input as it was when issued, and an input that is a view of
+    its output (FSDP's all_gather_into_tensor) is read before the output is written."""
+    import torch
+    import torch.distributed as dist
+    import torch_tpu
+    assert torch_tpu._C._dist_host_addresses(torch.tpu.current_device()) is True
+    m = 5
+    out = torch.zeros(world * m, device="tpu")
+    mine = out[rank * m:(rank + 1) * m]
+    mine.copy_(torch.arange(m, dtype=torch.float32) + 10 * rank)
+    dist.all_gather_into_tensor(out, mine)
+    _eq(out, torch.cat([torch.arange(m) + 10.0 * r for r in range(world)]))
+    x = _t([rank + 1.0] * 3)
+    outs = [torch.empty(3, device="tpu") for _ in range(world)]
+    w = dist.all_gather(outs, x, async_op=True)
+    x.add_(100.0)  # after issue: not what was sent
+    w.wait()
+    for r in range(world):
+        _eq(outs[r], [r + 1.0] * 3)
+    _eq(x, [rank + 101.0] * 3)
+    # Point to point, in a ring: read in place on the sender.
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    send = torch.arange(6, device="tpu", dtype=torch.float64).view(2, 3)[:, 1:] * (rank + 1)
+    recv = torch.empty(2, 2, device="tpu", dtype=torch.float64)
+    ops = [dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prv)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    _eq(recv, torch.tensor([[1.0, 2.0], [4.0, 5.0]]) * (prv + 1))
+
+
+@check("collectives", "chunks")
+def dtypes_gloo_lacks_are_refused(rank, world):
+    import torch
+    import torch.distributed as dist
+    x = _t([1, 2], torch.int16)
+    for name, fn in (("all_reduce", lambda: dist.all_reduce(x)),
+                     ("all_gather_into_tensor",
+                      lambda: dist.all_gather_into_tensor(_t([0] * 2 * world, torch.int16), x)),
+                     ("broadcast", lambda: dist.broadcast(x, src=0))):
+        try:
+            fn()
+        except TypeError as e:
+            assert f"distributed.{name}()" in str(e) and "Short[2]" in str(e), str(e)
+        else:
+            raise AssertionError(f"{name} took int16")
+    # Nothing was sent: the group and the tensor still work.
+    y = x.to(torch.int32)
+    dist.all_reduce(y)
+    _eq(y, [world, 2 * world])
 
 
 @check(*ALL)
@@ -544,6 +695,8 @@ LAUNCHES = {
     "faults": [("strict", "faults")],
     "chips": [("env", "chips")],
     "exit": [("strict", "exit")],
+    "chunks": [("strict", "chunks"), ("debug", "chunks"), ("fused", "chunks")],
+    "copying": [("strict", "collectives"), ("strict", "chunks"), ("fused", "chunks")],
 }
 
 
@@ -640,6 +793,36 @@ def test_visible_chips_pick_each_rank_its_device():
     for r in (0, 1):
         assert res[r]["__backend"] == "cpu:gloo,tpu:tpu_dist", res[r]
         assert res[r]["__mode/chips"] == "DEFER_AND_FUSE", res[r]
+
+
+@pytest.fixture(scope="module")
+def chunk_ranks():
+    """Three ranks (blocks that split unevenly into chunks), 4 KiB chunks."""
+    return launch("chunks", 3, env={"TPU_DIST_CHUNK_BYTES": str(CHUNK_BYTES)})
+
+
+@pytest.mark.parametrize("name", _names("chunks"))
+def test_chunked_collectives(chunk_ranks, name):
+    assert_check(chunk_ranks, name)
+
+
+@pytest.fixture(scope="module")
+def copying_ranks():
+    """Device memory never read in place (as on plugins whose buffers are not host memory):
+    every collective, and the chunked paths through the plugin's raw copies."""
+    return launch("copying", 3, env={"TPU_DIST_CHUNK_BYTES": str(CHUNK_BYTES),
+                                     "TPU_DIST_HOST_ADDRESSES": "0"}, timeout=300)
+
+
+@pytest.mark.parametrize("name", _names("copying"))
+def test_copying_transport(copying_ranks, name):
+    assert_check(copying_ranks, name)
+
+
+def test_chunk_bytes_must_be_a_positive_number():
+    res = launch("chunks", 1, env={"TPU_DIST_CHUNK_BYTES": "4k"}, timeout=60)
+    assert res[0]["__rc"] != 0, res
+    assert "TPU_DIST_CHUNK_BYTES must be a positive number of bytes, got '4k'" in res[0]["__out"]
 
 
 def test_faults_never_hang():

@@ -2,9 +2,15 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
 #include "backend/device_checks.h"
+#include "distributed/checks.h"
 #include "backend/storage.h"
 #include "runtime/client.h"
+#include "runtime/host_address.h"
 
 namespace tpu::distributed {
 
@@ -13,9 +19,83 @@ using c10d::Work;
 using WorkPtr = c10::intrusive_ptr<Work>;
 using TensorList = std::vector<at::Tensor>;
 
+namespace {
+// Gloo's dtypes: others fail on its thread as "Invalid scalar type"; caught here instead,
+// before anything is sent, with the collective's name.
+void check_host_dtype(const char* what, const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
+    case at::kComplexFloat: case at::kComplexDouble: case at::kChar: case at::kByte:
+    case at::kInt: case at::kLong: case at::kBool:
+      return;
+    default:
+      TORCH_CHECK_TYPE(false, "distributed.", what, "(): tpu_dist's host-staged transport "
+                       "(Gloo) does not take ", describe(t), "; it takes float32, float64, "
+                       "float16, bfloat16, complex64, complex128, int8, uint8, int32, int64 "
+                       "and bool");
+  }
+}
+// A CPU tensor over `t`'s values in device memory, where the plugin reports that its
+// buffers live in host memory (runtime/host_address.h); it holds the device buffer.
+// Read only. Undefined elsewhere, or with host addresses off: then values are copied.
+at::Tensor host_view(const at::Tensor& t, bool host_addresses) {
+  if (!host_addresses || t.numel() == 0 || t.is_conj() || t.is_neg()) return {};
+  runtime::Client& c = runtime::Client::get();
+  if (!runtime::buffers_in_host_memory(c, backend::device_index(t))) return {};
+  backend::verify_device_checks();  // values read must not come from a failed op
+  runtime::BufferPtr buf = backend::dense_buffer(t);  // pending work runs first
+  if (buf->nbytes() != static_cast<int64_t>(t.nbytes())) return {};
+  const void* p = runtime::host_address(c, *buf);  // waits for the values
+  if (!p) return {};
+  return at::from_blob(const_cast<void*>(p), t.sizes(), [buf](void*) {},
+                       at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
+}
+
+// Byte ranges of a tpu tensor's values copied to the host, for the chunked paths: a
+// memcpy where its buffer lives in host memory, else the plugin's raw copy.
+struct Ranges {
+  runtime::BufferPtr buf;
+  at::Tensor view;  // host_view(), when defined
+
+  // Opens `t` (pending work runs first) and copies its first range; false (nothing
+  // copied) where the plugin offers neither way or the buffer is not t's dense values.
+  bool open(const at::Tensor& t, bool host_addresses, void* dst, int64_t offset,
+            int64_t nbytes) {
+    view = host_view(t, host_addresses);
+    if (view.defined()) {
+      copy(dst, offset, nbytes, "");
+      return true;
+    }
+    backend::verify_device_checks();
+    buf = backend::dense_buffer(t);
+    if (buf->nbytes() != static_cast<int64_t>(t.nbytes())) return false;
+    return runtime::Client::get().to_host_range(*buf, dst, offset, nbytes);
+  }
+  void copy(void* dst, int64_t offset, int64_t nbytes, const char* what) const {
+    if (view.defined()) {
+      std::memcpy(dst, static_cast<const char*>(view.data_ptr()) + offset, nbytes);
+      return;
+    }
+    TORCH_CHECK(runtime::Client::get().to_host_range(*buf, dst, offset, nbytes), "tpu_dist ",
+                what, ": the plugin stopped offering raw copies");
+  }
+};
+
+}  // namespace
+
 struct HostStagedTransport::Staging {
-  explicit Staging(HostPool& p) : pool(p) {}
+  // `typed`: Gloo's collective dispatches on the dtype (send/recv move raw bytes).
+  Staging(HostPool& p, bool addresses, const char* w, bool typed = true)
+      : pool(p), what(w), typed(typed), host_addresses(addresses) {}
   HostPool& pool;
+  const char* what;  // the collective, for errors
+  bool typed;
+  bool host_addresses;  // read device memory in place where it is host memory
+  // Checks every tensor first: a coalesced form must not send some before failing.
+  void check_dtypes(const TensorList& ts) const {
+    if (typed)
+      for (auto& t : ts) check_host_dtype(what, t);
+  }
   std::vector<WorkPtr> inner;
   std::vector<WriteBack> writes;
   TensorList averaged;  // host results of an AVG, summed by the transport
@@ -23,12 +103,30 @@ struct HostStagedTransport::Staging {
   // A host copy of a tpu tensor's values (waits for them: pending work runs first),
   // copied straight into reused staging memory.
   at::Tensor in(const at::Tensor& t) {
+    if (typed) check_host_dtype(what, t);
     at::Tensor h = pool.take(t.sizes(), t.scalar_type());
-    h.copy_(t);
+    at::Tensor v = host_view(t, host_addresses);
+    if (v.defined())  // one plain copy: no transfer, no event, no thread hop
+      std::memcpy(h.data_ptr(), v.data_ptr(), h.nbytes());
+    else
+      h.copy_(t);
     return h;
+  }
+  // For a transport that only reads its input (all_gather, send): the device memory
+  // itself where it is host memory, else a copy.
+  at::Tensor in_read_only(const at::Tensor& t) {
+    if (typed) check_host_dtype(what, t);
+    at::Tensor v = host_view(t, host_addresses);
+    return v.defined() ? v : in(t);
+  }
+  TensorList in_read_only(const TensorList& ts) {
+    TensorList r;
+    for (auto& t : ts) r.push_back(in_read_only(t));
+    return r;
   }
   // A host tensor whose values go back into `t` when the collective is done.
   at::Tensor out(const at::Tensor& t) {
+    if (typed) check_host_dtype(what, t);
     at::Tensor h = pool.take(t.sizes(), t.scalar_type());
     writes.push_back({t, h});
     return h;
@@ -56,9 +154,34 @@ struct HostStagedTransport::Staging {
   }
 };
 
+namespace {
+// Below this many bytes a collective is staged whole: its copy is short next to Gloo's
+// own per-call cost. From here on, chunks of chunk_bytes_ pipeline the copies.
+bool pipelined(const at::Tensor& t, int64_t chunk_bytes) {
+  return t.nbytes() >= static_cast<size_t>(2 * chunk_bytes) && !t.is_conj() && !t.is_neg();
+}
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
+}
+
+int64_t chunk_bytes_from_env() {
+  const char* v = std::getenv("TPU_DIST_CHUNK_BYTES");
+  if (!v || !*v) return 4 << 20;
+  char* end = nullptr;
+  long long n = std::strtoll(v, &end, 10);
+  TORCH_CHECK_VALUE(end && *end == '\0' && n > 0, "tpu_dist: TPU_DIST_CHUNK_BYTES must be a "
+                    "positive number of bytes, got '", v, "'");
+  return n;
+}
+}  // namespace
+
 HostStagedTransport::HostStagedTransport(c10::intrusive_ptr<c10d::Backend> host)
     : c10d::Backend(host->getRank(), host->getSize()),
       host_(std::move(host)),
+      chunk_bytes_(chunk_bytes_from_env()),
+      host_addresses_(!env_is("TPU_DIST_HOST_ADDRESSES", "0")),
       sequencer_(std::make_shared<Sequencer>()) {}
 
 HostStagedTransport::~HostStagedTransport() { sequencer_->drain_all(); }
@@ -84,45 +207,34 @@ WorkPtr HostStagedTransport::finish(Staging& s, OpType op, const char* what, Ten
 }
 
 WorkPtr HostStagedTransport::broadcast(TensorList& tensors, const c10d::BroadcastOptions& opts) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "broadcast");
   bool root = getRank() == opts.rootRank;
   TensorList h = root ? s.in(tensors) : s.out(tensors);
   s.inner.push_back(host_->broadcast(h, opts));
   return finish(s, OpType::BROADCAST, "broadcast", tensors);
 }
 
-namespace {
-// A large all-reduce is copied to the host and reduced chunk by chunk: each chunk's
-// transport collective runs while the next chunk is copied.
-constexpr int64_t kChunkBytes = 4 << 20;
-
-bool pipelined(const at::Tensor& t) {
-  return t.nbytes() >= 2 * kChunkBytes && !t.is_conj() && !t.is_neg();
-}
-}  // namespace
 
 WorkPtr HostStagedTransport::allreduce(TensorList& tensors, const c10d::AllreduceOptions& opts) {
-  Staging s(pool_);
-  if (tensors.size() == 1 && pipelined(tensors[0])) {
+  Staging s(pool_, host_addresses_, "all_reduce");
+  if (tensors.size() == 1 && pipelined(tensors[0], chunk_bytes_)) {
+    // Copied to the host and reduced chunk by chunk: each chunk's Gloo all-reduce runs
+    // while the next chunk is copied.
     at::Tensor& t = tensors[0];
-    backend::verify_device_checks();  // values read back must not come from a failed op
-    runtime::BufferPtr buf = backend::dense_buffer(t);  // pending work runs first
+    check_host_dtype("all_reduce", t);
     at::Tensor h = pool_.take(t.sizes(), t.scalar_type());
-    int64_t item = h.element_size(), per = kChunkBytes / item, n = h.numel();
+    int64_t item = h.element_size(), per = std::max<int64_t>(1, chunk_bytes_ / item);
+    int64_t n = h.numel();
     char* base = static_cast<char*>(h.data_ptr());
-    if (buf->nbytes() == static_cast<int64_t>(h.nbytes()) &&
-        runtime::Client::get().to_host_range(*buf, base, 0, per * item)) {
+    Ranges src;
+    if (src.open(t, host_addresses_, base, 0, std::min(per, n) * item)) {
       s.writes.push_back({t, h});
       c10d::AllreduceOptions o = opts;
       o.reduceOp = s.op(opts.reduceOp, {h});
       at::Tensor flat = h.view(-1);
       for (int64_t a = 0; a < n; a += per) {
         int64_t len = std::min(per, n - a);
-        if (a > 0) {
-          TORCH_CHECK(runtime::Client::get().to_host_range(*buf, base + a * item, a * item,
-                                                           len * item),
-                      "tpu_dist all_reduce: the plugin stopped offering raw copies");
-        }
+        if (a > 0) src.copy(base + a * item, a * item, len * item, "all_reduce");
         TensorList chunk{flat.narrow(0, a, len)};
         s.inner.push_back(host_->allreduce(chunk, o));
       }
@@ -140,7 +252,8 @@ WorkPtr HostStagedTransport::allreduce(TensorList& tensors, const c10d::Allreduc
 WorkPtr HostStagedTransport::allreduce_coalesced(TensorList& tensors,
                                                  const c10d::AllreduceCoalescedOptions& opts) {
   // One transport collective per tensor (Gloo's coalesced form wants one dtype).
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "all_reduce_coalesced");
+  s.check_dtypes(tensors);
   c10d::AllreduceOptions o;
   o.timeout = opts.timeout;
   for (auto& t : tensors) {
@@ -152,7 +265,7 @@ WorkPtr HostStagedTransport::allreduce_coalesced(TensorList& tensors,
 }
 
 WorkPtr HostStagedTransport::reduce(TensorList& tensors, const c10d::ReduceOptions& opts) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "reduce");
   bool root = getRank() == opts.rootRank;
   TensorList h = root ? TensorList{s.inout(tensors[0])} : s.in(tensors);
   c10d::ReduceOptions o = opts;
@@ -165,8 +278,8 @@ WorkPtr HostStagedTransport::reduce(TensorList& tensors, const c10d::ReduceOptio
 
 WorkPtr HostStagedTransport::allgather(std::vector<TensorList>& outputs, TensorList& inputs,
                                        const c10d::AllgatherOptions& opts) {
-  Staging s(pool_);
-  TensorList in = s.in(inputs);
+  Staging s(pool_, host_addresses_, "all_gather");
+  TensorList in = s.in_read_only(inputs);
   std::vector<TensorList> out{s.out(outputs[0])};
   s.inner.push_back(host_->allgather(out, in, opts));
   return finish(s, OpType::ALLGATHER, "all_gather", outputs[0]);
@@ -174,9 +287,9 @@ WorkPtr HostStagedTransport::allgather(std::vector<TensorList>& outputs, TensorL
 
 WorkPtr HostStagedTransport::_allgather_base(at::Tensor& output, at::Tensor& input,
                                              const c10d::AllgatherOptions& opts) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "all_gather_into_tensor");
   // Flat on the host: Gloo wants the output as inputs stacked along dimension 0.
-  at::Tensor in = s.in(input).view(-1), out = s.out(output).view(-1);
+  at::Tensor in = s.in_read_only(input).view(-1), out = s.out(output).view(-1);
   s.inner.push_back(host_->_allgather_base(out, in, opts));
   return finish(s, OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output});
 }
@@ -184,10 +297,11 @@ WorkPtr HostStagedTransport::_allgather_base(at::Tensor& output, at::Tensor& inp
 WorkPtr HostStagedTransport::allgather_coalesced(std::vector<TensorList>& outputs,
                                                  TensorList& inputs,
                                                  const c10d::AllgatherOptions& opts) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "all_gather_coalesced");
+  s.check_dtypes(inputs);
   TensorList results;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    TensorList in{s.in(inputs[i])};
+    TensorList in{s.in_read_only(inputs[i])};
     std::vector<TensorList> out{s.out(outputs[i])};
     s.inner.push_back(host_->allgather(out, in, opts));
     results.insert(results.end(), outputs[i].begin(), outputs[i].end());
@@ -198,9 +312,11 @@ WorkPtr HostStagedTransport::allgather_coalesced(std::vector<TensorList>& output
 WorkPtr HostStagedTransport::allgather_into_tensor_coalesced(TensorList& outputs,
                                                              TensorList& inputs,
                                                              const c10d::AllgatherOptions& opts) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "all_gather_into_tensor_coalesced");
+  s.check_dtypes(inputs);
+  s.check_dtypes(outputs);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    at::Tensor in = s.in(inputs[i]).view(-1), out = s.out(outputs[i]).view(-1);
+    at::Tensor in = s.in_read_only(inputs[i]).view(-1), out = s.out(outputs[i]).view(-1);
     s.inner.push_back(host_->_allgather_base(out, in, opts));
   }
   return finish(s, OpType::COALESCED, "all_gather_into_tensor_coalesced", outputs);
@@ -208,7 +324,7 @@ WorkPtr HostStagedTransport::allgather_into_tensor_coalesced(TensorList& outputs
 
 WorkPtr HostStagedTransport::gather(std::vector<TensorList>& outputs, TensorList& inputs,
                                     const c10d::GatherOptions& opts) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "gather");
   TensorList in = s.in(inputs);
   std::vector<TensorList> out;
   if (getRank() == opts.rootRank) out.push_back(s.out(outputs[0]));
@@ -218,7 +334,7 @@ WorkPtr HostStagedTransport::gather(std::vector<TensorList>& outputs, TensorList
 
 WorkPtr HostStagedTransport::scatter(TensorList& outputs, std::vector<TensorList>& inputs,
                                      const c10d::ScatterOptions& opts) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "scatter");
   std::vector<TensorList> in;
   if (getRank() == opts.rootRank) in.push_back(s.in(inputs[0]));
   TensorList out = s.out(outputs);
@@ -228,7 +344,7 @@ WorkPtr HostStagedTransport::scatter(TensorList& outputs, std::vector<TensorList
 
 WorkPtr HostStagedTransport::reduce_scatter(TensorList& outputs, std::vector<TensorList>& inputs,
                                             const c10d::ReduceScatterOptions& opts) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "reduce_scatter");
   std::vector<TensorList> in{s.in(inputs[0])};
   TensorList out = s.out(outputs);
   c10d::ReduceScatterOptions o = opts;
@@ -239,7 +355,39 @@ WorkPtr HostStagedTransport::reduce_scatter(TensorList& outputs, std::vector<Ten
 
 WorkPtr HostStagedTransport::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                   const c10d::ReduceScatterOptions& opts) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "reduce_scatter_tensor");
+  if (pipelined(input, chunk_bytes_) && output.numel() > 0) {
+    // Chunk by chunk, as all_reduce: chunk c takes elements [a, a + len) of every rank's
+    // block. Its pieces are copied next to each other ([rank][len]), so each chunk is one
+    // contiguous Gloo reduce-scatter whose output is [a, a + len) of this rank's result.
+    check_host_dtype("reduce_scatter_tensor", input);
+    check_host_dtype("reduce_scatter_tensor", output);
+    int64_t world = getSize(), m = output.numel();
+    at::Tensor hin = pool_.take({world * m}, input.scalar_type());
+    at::Tensor hout = pool_.take(output.sizes(), output.scalar_type());
+    int64_t item = hin.element_size();
+    int64_t per = std::max<int64_t>(1, chunk_bytes_ / (item * world));
+    char* base = static_cast<char*>(hin.data_ptr());
+    int64_t len0 = std::min(per, m);
+    Ranges src;
+    if (src.open(input, host_addresses_, base, 0, len0 * item)) {
+      at::Tensor flat_out = hout.view(-1);
+      c10d::ReduceScatterOptions o = opts;
+      o.reduceOp = s.op(opts.reduceOp, {hout});
+      s.writes.push_back({output, hout});
+      for (int64_t a = 0; a < m; a += per) {
+        int64_t len = std::min(per, m - a);
+        for (int64_t r = 0; r < world; ++r) {
+          if (a == 0 && r == 0) continue;  // open() copied it
+          src.copy(base + (a * world + r * len) * item, (r * m + a) * item, len * item,
+                   "reduce_scatter_tensor");
+        }
+        at::Tensor in = hin.narrow(0, a * world, world * len), out = flat_out.narrow(0, a, len);
+        s.inner.push_back(host_->_reduce_scatter_base(out, in, o));
+      }
+      return finish(s, OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output});
+    }
+  }
   at::Tensor in = s.in(input).view(-1), out = s.out(output).view(-1);
   c10d::ReduceScatterOptions o = opts;
   o.reduceOp = s.op(opts.reduceOp, {out});
@@ -249,7 +397,9 @@ WorkPtr HostStagedTransport::_reduce_scatter_base(at::Tensor& output, at::Tensor
 
 WorkPtr HostStagedTransport::reduce_scatter_tensor_coalesced(
     TensorList& outputs, TensorList& inputs, const c10d::ReduceScatterOptions& opts) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "reduce_scatter_tensor_coalesced");
+  s.check_dtypes(inputs);
+  s.check_dtypes(outputs);
   for (size_t i = 0; i < inputs.size(); ++i) {
     at::Tensor in = s.in(inputs[i]).view(-1), out = s.out(outputs[i]).view(-1);
     c10d::ReduceScatterOptions o = opts;
@@ -263,7 +413,7 @@ WorkPtr HostStagedTransport::alltoall_base(at::Tensor& output, at::Tensor& input
                                            std::vector<int64_t>& output_splits,
                                            std::vector<int64_t>& input_splits,
                                            const c10d::AllToAllOptions& opts) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "all_to_all_single");
   at::Tensor in = s.in(input), out = s.out(output);
   s.inner.push_back(host_->alltoall_base(out, in, output_splits, input_splits, opts));
   return finish(s, OpType::ALLTOALL_BASE, "all_to_all_single", {output});
@@ -271,35 +421,35 @@ WorkPtr HostStagedTransport::alltoall_base(at::Tensor& output, at::Tensor& input
 
 WorkPtr HostStagedTransport::alltoall(TensorList& outputs, TensorList& inputs,
                                       const c10d::AllToAllOptions& opts) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "all_to_all");
   TensorList in = s.in(inputs), out = s.out(outputs);
   s.inner.push_back(host_->alltoall(out, in, opts));
   return finish(s, OpType::ALLTOALL, "all_to_all", outputs);
 }
 
 WorkPtr HostStagedTransport::send(TensorList& tensors, int dst, int tag) {
-  Staging s(pool_);
-  TensorList h = s.in(tensors);
+  Staging s(pool_, host_addresses_, "send", /*typed=*/false);
+  TensorList h = s.in_read_only(tensors);
   s.inner.push_back(host_->send(h, dst, tag));
   return finish(s, OpType::SEND, "send", {});
 }
 
 WorkPtr HostStagedTransport::recv(TensorList& tensors, int src, int tag) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "recv", /*typed=*/false);
   TensorList h = s.out(tensors);
   s.inner.push_back(host_->recv(h, src, tag));
   return finish(s, OpType::RECV, "recv", tensors);
 }
 
 WorkPtr HostStagedTransport::recvAnysource(TensorList& tensors, int tag) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "recv", /*typed=*/false);
   TensorList h = s.out(tensors);
   s.inner.push_back(host_->recvAnysource(h, tag));
   return finish(s, OpType::RECVANYSOURCE, "recv", tensors);
 }
 
 WorkPtr HostStagedTransport::barrier(const c10d::BarrierOptions& opts) {
-  Staging s(pool_);
+  Staging s(pool_, host_addresses_, "barrier");
   s.inner.push_back(host_->barrier(opts));
   return finish(s, OpType::BARRIER, "barrier", {});
 }

@@ -2,7 +2,11 @@
 // (a materialization point: pending deferred work runs first) from a pool of reused
 // staging memory, runs the same collective on the CPU backend (Gloo) asynchronously,
 // and the thread that finishes it writes the host results back into the tpu tensors
-// (zero-copy where the plugin can alias host memory; staged_work.h).
+// (zero-copy where the plugin can alias host memory; staged_work.h). all_reduce and
+// reduce_scatter_tensor of 2 chunks or more go to the host chunk by chunk, where the
+// plugin copies byte ranges, so the copies overlap Gloo's work on earlier chunks. Where
+// the plugin reports that its buffers live in host memory (runtime/host_address.h), the
+// staging copies are plain memcpys and Gloo reads all_gather/send inputs in place.
 #pragma once
 #include <memory>
 
@@ -10,6 +14,7 @@
 
 #include "distributed/host_pool.h"
 #include "distributed/staged_work.h"
+#include "runtime/client.h"
 
 namespace tpu::distributed {
 
@@ -77,6 +82,11 @@ class HostStagedTransport : public c10d::Backend {
                                         std::vector<at::Tensor> results);
 
   c10::intrusive_ptr<c10d::Backend> host_;
+  // Large collectives go to the host in chunks of this many bytes (TPU_DIST_CHUNK_BYTES).
+  int64_t chunk_bytes_;
+  // Where the plugin reports that device buffers live in host memory, inputs are read
+  // there in place (no transfer); TPU_DIST_HOST_ADDRESSES=0 copies as on other plugins.
+  bool host_addresses_;
   HostPool pool_;
   std::shared_ptr<Sequencer> sequencer_;
 };

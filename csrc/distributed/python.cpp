@@ -4,6 +4,7 @@
 
 #include "distributed/staged_work.h"
 #include "distributed/tpu_backend.h"
+#include "runtime/host_address.h"
 
 namespace tpu::distributed {
 
@@ -21,6 +22,11 @@ void bind(pybind11::module_& m) {
   m.def("_dist_drain", [] {
     py::gil_scoped_release no_gil;  // the transport threads may need the GIL to finish
     Sequencer::drain_every();
+  });
+  // Whether the plugin reports that `device`'s buffers live in host memory (the
+  // host-staged transport then reads them in place; TPU_DIST_HOST_ADDRESSES=0 turns that off).
+  m.def("_dist_host_addresses", [](int device) {
+    return runtime::buffers_in_host_memory(runtime::Client::get(), device);
   });
   m.def("_dist_transport", [](const c10::intrusive_ptr<c10d::Backend>& b) {
     auto* tpu = dynamic_cast<TpuBackend*>(b.get());

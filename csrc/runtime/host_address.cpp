@@ -1,0 +1,82 @@
+#include "runtime/host_address.h"
+
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+namespace tpu::runtime {
+
+namespace {
+
+template <typename T>
+T args(size_t size) {
+  T a;
+  std::memset(&a, 0, sizeof(a));
+  a.struct_size = size;
+  return a;
+}
+
+bool has_unsafe_pointer(const PJRT_Api* api) {
+  return api->struct_size > offsetof(PJRT_Api, PJRT_Buffer_UnsafePointer) &&
+         api->PJRT_Buffer_UnsafePointer != nullptr;
+}
+
+// The plugin's address for a buffer; 0 when it reports none (error: ignored and freed).
+uintptr_t unsafe_pointer(Client& c, PJRT_Buffer* b) {
+  auto a = args<PJRT_Buffer_UnsafePointer_Args>(PJRT_Buffer_UnsafePointer_Args_STRUCT_SIZE);
+  a.buffer = b;
+  if (PJRT_Error* err = c.api()->PJRT_Buffer_UnsafePointer(&a)) {
+    auto d = args<PJRT_Error_Destroy_Args>(PJRT_Error_Destroy_Args_STRUCT_SIZE);
+    d.error = err;
+    c.api()->PJRT_Error_Destroy(&d);
+    return 0;
+  }
+  return a.buffer_pointer;
+}
+
+bool probe(Client& c, int device) {
+  if (!has_unsafe_pointer(c.api())) return false;
+  // Aligned as plugins want host arrays they may alias.
+  alignas(64) static float array[16];
+  uintptr_t got = 0;
+  {
+    // The array is static: nothing to release, whenever the plugin lets go of it.
+    BufferPtr b = c.from_host_borrowed(array, DType::F32, {16}, device, [] {});
+    got = unsafe_pointer(c, b->raw());
+  }
+  return got == reinterpret_cast<uintptr_t>(array);
+}
+
+void await_ready(Client& c, const Buffer& b) {
+  auto r = args<PJRT_Buffer_ReadyEvent_Args>(PJRT_Buffer_ReadyEvent_Args_STRUCT_SIZE);
+  r.buffer = b.raw();
+  c.check(c.api()->PJRT_Buffer_ReadyEvent(&r), "waiting for a buffer");
+  auto w = args<PJRT_Event_Await_Args>(PJRT_Event_Await_Args_STRUCT_SIZE);
+  w.event = r.event;
+  PJRT_Error* err = c.api()->PJRT_Event_Await(&w);
+  auto d = args<PJRT_Event_Destroy_Args>(PJRT_Event_Destroy_Args_STRUCT_SIZE);
+  d.event = r.event;
+  c.api()->PJRT_Event_Destroy(&d);
+  c.check(err, "waiting for a buffer");
+}
+
+}  // namespace
+
+bool buffers_in_host_memory(Client& client, int device) {
+  static std::mutex mu;
+  static std::unordered_map<int, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(device);
+  if (it != known.end()) return it->second;
+  bool yes = probe(client, device);
+  known[device] = yes;
+  return yes;
+}
+
+const void* host_address(Client& client, const Buffer& b) {
+  if (!buffers_in_host_memory(client, b.device())) return nullptr;
+  await_ready(client, b);
+  return reinterpret_cast<const void*>(unsafe_pointer(client, b.raw()));
+}
+
+}  // namespace tpu::runtime
