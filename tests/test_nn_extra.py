@@ -193,3 +193,19 @@ def test_embedding_bag_backward(mode, psw, pad):
               w, s, idx, off)
     else:
         check(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, padding_idx=pad), w, idx, off)
+
+
+@pytest.mark.parametrize("loss", ["multi_margin_loss", "multilabel_margin_loss"])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_margin_losses_of_one_sample_have_cpus_shape(loss, reduction):
+    # PyTorch's Meta kernels give [1] where CPU gives a 0-d loss for a single sample.
+    fn = getattr(torch.nn.functional, loss)
+    cases = ([(torch.randn(()), torch.tensor(0)), (torch.randn(3), torch.tensor([1])),
+              (torch.randn(2, 3), torch.tensor([1, 2]))] if loss == "multi_margin_loss" else
+             [(torch.randn(()), torch.tensor(0)), (torch.randn(3), torch.tensor([1, -1, 0])),
+              (torch.randn(2, 3), torch.tensor([[1, -1, 0], [2, 0, -1]]))])
+    for x, y in cases:
+        want = fn(x, y, reduction=reduction)
+        got = fn(x.to("tpu"), y.to("tpu"), reduction=reduction)
+        assert got.shape == want.shape, (tuple(x.shape), got.shape, want.shape)
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)

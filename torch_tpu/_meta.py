@@ -68,10 +68,27 @@ _KERNELS = {
 }
 
 
-# PyTorch's own Meta kernel is wrong here: it reads `.device` of absent biases
-# (nn.LSTM(bias=False)), so ours replaces it.
+def _multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=1):
+    from torch._decomp.decompositions import multi_margin_loss as ref
+    out = ref(self, target, p, margin, weight, reduction)  # PyTorch's checks and shape
+    # CPU's loss for a 0-d target is 0-d, also with reduction="none" (PyTorch's: [1]).
+    return out.reshape(()) if reduction == 0 and target.dim() == 0 else out
+
+
+def _multilabel_margin_loss_forward(self, target, reduction):
+    from torch._decomp.decompositions import multilabel_margin_loss_forward as ref
+    out, is_target = ref(self, target, reduction)
+    # CPU's loss for one sample (target of at most 1 dim) is 0-d with reduction="none".
+    return (out.reshape(()) if reduction == 0 and target.dim() <= 1 else out), is_target
+
+
+# PyTorch's own Meta kernels are wrong here: the LSTM cell's reads `.device` of absent
+# biases (nn.LSTM(bias=False)); the margin losses' shapes for one sample differ from
+# what CPU (and our lowering, planned from the Meta shape) return.
 _REPLACED = {
     "_thnn_fused_lstm_cell": _fused_lstm_cell,
+    "multi_margin_loss": _multi_margin_loss,
+    "multilabel_margin_loss_forward": _multilabel_margin_loss_forward,
 }
 
 
