@@ -370,7 +370,8 @@ def run_sample(op, sample, dtype, backward, uninitialized=False):
         err = ("error", first_line(e), grown(before))
         return err, ("error", "forward: " + err[1], []) if backward else None
     fb = grown(before)
-    if wrong and not ts:  # torch.add(2.0, 3.0): no tensor, no device argument, CPU output
+    outs = [t for t in pytree.tree_leaves(got_raw) if isinstance(t, torch.Tensor)]
+    if not ts and (wrong or not outs):  # torch.add(2.0, 3.0), broadcast_shapes: no tensor
         return skip("no tensor input: the op runs on CPU")
     kind = UNINITIALIZED if uninitialized else RANDOM if random else ""
     try:
