@@ -80,6 +80,8 @@ FAMILY = {"codegen": {"n_head": 4},
           # Nemotron's default leaves the key/value heads unset; Reformer's LM head is a decoder.
           "nemotron": {"num_key_value_heads": 2}, "reformer": {"is_decoder": True, "axial_pos_embds_dim": (16, 16), "axial_pos_shape": (2, 4)},
           # DBRX's attention reads a rope_theta its v5 config no longer holds.
+          # Zamba shares one transformer block across its hybrid layers: keep two of them.
+          "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
 }
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
@@ -183,7 +185,8 @@ def _shrink_one(cfg, widths):
     # Hybrid stacks: keep each kind of layer, and every per-layer list in step with it.
     n_key = next((k for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
                   if isinstance(vars(cfg).get(k), int)), None)
-    types = vars(cfg).get("layer_types")
+    types_key = getattr(type(cfg), "attribute_map", {}).get("layer_types", "layer_types")
+    types = vars(cfg).get(types_key)
     if n_key and isinstance(types, (list, tuple)) and types:
         old_n = len(types)
         picks = _per_layer_pick(list(types), getattr(cfg, n_key))
@@ -270,13 +273,56 @@ def _fix_backbone_channels(cfg):
         cfg.decoder_in_channels = [width] * len(dec)
 
 
+def _rederive(cfg, old):
+    """Fields a config's own __post_init__ derived from shrunk ones (Zamba's attention width
+    = 2 x hidden size, a head size = width / heads) take the value the shrunk inputs give:
+    a field counts as derived when the class computes a different value for it from the
+    shrunk inputs than from its defaults, and the shrinking left it alone."""
+    from transformers import PretrainedConfig
+    changed = {k: v for k, v in vars(cfg).items()
+               if not k.startswith("_") and not isinstance(v, PretrainedConfig)
+               and (k not in old or not _same(old[k], v))}
+    if not changed:
+        return
+    try:
+        base = type(cfg)()
+    except Exception:  # noqa: BLE001 -- the class cannot be made alone: keep what we have
+        return
+    small = None
+    # Per-layer lists the class validates against the layer count are left out on a retry.
+    for args in (changed, {k: v for k, v in changed.items() if not isinstance(v, (list, tuple, dict))}):
+        try:
+            small = type(cfg)(**args)
+            break
+        except Exception:  # noqa: BLE001
+            continue
+    if small is None:
+        return
+    for key, value in list(vars(cfg).items()):
+        if key in changed or key.startswith("_") or isinstance(value, PretrainedConfig):
+            continue
+        derived = vars(small).get(key, value)
+        if not _same(vars(base).get(key), derived) and key in old and _same(old[key], value):
+            setattr(cfg, key, derived)
+
+
+def _same(a, b):
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 -- tensors, odd objects: treat as different
+        return a is b
+
+
 def shrink(cfg):
     """Sets every known size field of `cfg` (and its sub-configs) to a small value, keeping
     the fields that must agree with each other in agreement."""
     widths = {}
     nodes = list(_configs(cfg))
+    before = [dict(vars(node)) for node in nodes]
     for node in nodes:
         _shrink_one(node, widths)
+    for node, old in zip(nodes, before):
+        _rederive(node, old)
     for node in nodes:
         _follow_widths(node, widths)
         _fix_backbone_channels(node)
