@@ -456,8 +456,11 @@ def inputs(model, cfg, head, batch=2, seq=8):
     ids = torch.randint(3, max(4, min(vocab, 128) - SPECIAL_IDS), (batch, seq), generator=g)
     mask = torch.ones(batch, seq, dtype=torch.long)
     mask[1, -2:] = 0  # one padded row
-    if "input_ids" in params and head not in ("speech_seq2seq", "ctc", "audio_classification",
-                                              "image_classification"):
+    # Speech and image heads read ids only when they have no pixels or audio to read
+    # (ImageGPT classifies token ids of colour clusters; Dia encodes a text prompt).
+    media = {"pixel_values", "input_features", "input_values"} & set(params)
+    if "input_ids" in params and (not media or head not in (
+            "speech_seq2seq", "ctc", "audio_classification", "image_classification")):
         kw["input_ids"] = ids
         if "attention_mask" in params:
             kw["attention_mask"] = mask
@@ -535,6 +538,9 @@ def inputs(model, cfg, head, batch=2, seq=8):
             ids, seq = new, new.shape[1]
     if "past_values" in params:
         kw.update(_series(cfg, params, batch, g))
+        if "past_values" not in kw:
+            kw.update(_patched_series(model, cfg, params, batch, g))
+    kw.update(_named_inputs(model, cfg, params, kw, batch, seq, g))
     if "use_cache" in params:
         kw["use_cache"] = False  # a training step keeps no cache (state-space-only stacks have none)
     if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
@@ -568,6 +574,69 @@ def inputs(model, cfg, head, batch=2, seq=8):
     if not kw:
         raise ValueError("no input this pipeline knows how to make: "
                          + ", ".join(list(params)[:6]))
+    return kw
+
+
+def _named_inputs(model, cfg, params, kw, batch, seq, g):
+    """Inputs a few families name for their modality: layout boxes, reinforcement-learning
+    trajectories, robot states, region features, task prompts, prompt images."""
+    out = {}
+    v = lambda k, d=None: getattr(cfg, k, d)  # noqa: E731
+    if "bbox" in params and "input_ids" in kw:
+        # (x0, y0, x1, y1) boxes on LayoutLM's 0..1000 grid, each with x0 <= x1, y0 <= y1.
+        lo = torch.randint(0, 500, (batch, seq, 2), generator=g)
+        hi = lo + torch.randint(0, 500, (batch, seq, 2), generator=g)
+        boxes = torch.cat([lo, hi], dim=-1)
+        out["bbox"] = _probe(model, {**kw, **out}, "bbox", (boxes, boxes.float() / 1000))
+    if "lang_ids" in params and "input_ids" in kw:
+        out["lang_ids"] = torch.zeros(batch, dtype=torch.long)  # X-MOD's language adapter 0
+    if "states" in params and isinstance(v("state_dim"), int):  # Decision Transformer
+        out.update(states=torch.randn(batch, seq, cfg.state_dim, generator=g),
+                   actions=torch.randn(batch, seq, cfg.act_dim, generator=g),
+                   rewards=torch.randn(batch, seq, 1, generator=g),
+                   returns_to_go=torch.randn(batch, seq, 1, generator=g),
+                   timesteps=torch.arange(seq).repeat(batch, 1),
+                   attention_mask=torch.ones(batch, seq, dtype=torch.long))
+    if "state" in params and isinstance(v("max_state_dim"), int):  # PI0: noise and time given
+        out.update(state=torch.randn(batch, cfg.max_state_dim, generator=g),
+                   noise=torch.randn(batch, cfg.chunk_size, cfg.max_action_dim, generator=g),
+                   timestep=torch.rand(batch, generator=g),
+                   actions=torch.randn(batch, cfg.chunk_size, cfg.max_action_dim, generator=g))
+    if "visual_feats" in params and isinstance(v("visual_feat_dim"), int):  # LXMERT regions
+        out.update(visual_feats=torch.randn(batch, 4, cfg.visual_feat_dim, generator=g),
+                   visual_pos=torch.rand(batch, 4, v("visual_pos_dim", 4), generator=g))
+    if "task_inputs" in params:  # OneFormer's "the task is semantic" prompt, as token ids
+        n = v("task_seq_len", seq)
+        out["task_inputs"] = torch.randint(3, 100, (batch, n), generator=g)
+    if "prompt_pixel_values" in params and "pixel_values" in kw:  # SegGPT: a prompt pair
+        pv = kw["pixel_values"]
+        out.update(prompt_pixel_values=torch.randn(pv.shape, generator=g),
+                   prompt_masks=torch.randn(pv.shape, generator=g))
+    if "flattened_patches" in params:  # Pix2Struct: (row, column, patch values) per patch
+        vis = _sub(cfg, "vision_config")
+        p, n = getattr(vis, "patch_size", 4), 16
+        width = getattr(vis, "patch_embed_hidden_size", 3 * p * p)
+        rows = torch.arange(n).div(4, rounding_mode="floor") + 1
+        cols = torch.arange(n) % 4 + 1
+        pos = torch.stack([rows, cols], dim=-1).float().expand(batch, n, 2)
+        out["flattened_patches"] = torch.cat(
+            [pos, torch.randn(batch, n, width, generator=g)], dim=-1)
+        out["attention_mask"] = torch.ones(batch, n)
+    if "audio_mel" in params:  # Gemma 3n's audio encoder: (batch, frames, mel bins)
+        mels = v("input_feat_size", 128)
+        out.update(audio_mel=torch.randn(batch, 32, mels, generator=g),
+                   audio_mel_mask=torch.zeros(batch, 32, dtype=torch.bool))
+    return out
+
+
+def _patched_series(model, cfg, params, batch, g):
+    """TimesFM-style forecasters: a history of whole patches, its padding and frequency."""
+    p = getattr(cfg, "patch_length", 8) or 8
+    kw = {"past_values": torch.randn(batch, 4 * p, generator=g)}
+    if "past_values_padding" in params:
+        kw["past_values_padding"] = torch.zeros(batch, 4 * p, dtype=torch.long)
+    if "freq" in params:
+        kw["freq"] = torch.zeros(batch, 1, dtype=torch.long)
     return kw
 
 
