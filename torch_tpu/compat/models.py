@@ -82,6 +82,16 @@ FAMILY = {"codegen": {"n_head": 4},
           # DBRX's attention reads a rope_theta its v5 config no longer holds.
           # Zamba shares one transformer block across its hybrid layers: keep two of them.
           "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
+          # Layout models cut the width into 6 box embeddings (LiLT) or 4 x dim_bbox (BROS).
+          "lilt": {"hidden_size": 48}, "bros": {"hidden_size": 64},
+          "layoutlmv3": {"hidden_size": 48, "coordinate_size": 8, "shape_size": 8},
+          # Gemma 3 pools the 8 x 8 patches of a 32 x 32 image to 2 x 2 tokens.
+          "gemma3": {"mm_tokens_per_image": 4}, "shieldgemma2": {"mm_tokens_per_image": 4},
+          "t5gemma2": {"encoder.mm_tokens_per_image": 4},
+          # Qwen3-ASR cuts mel frames into windows of 2 x n_window: 64 frames hold two.
+          "qwen3_asr": {"audio_config.n_window": 16, "audio_config.n_window_infer": 64},
+          "qwen3_asr_encoder": {"n_window": 16, "n_window_infer": 64},
+          "step3p7": {"text_config.sliding_window": 4},
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
 }
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
@@ -170,7 +180,7 @@ def _shrink_one(cfg, widths):
             if key in WIDTHS and value > SMALL[key]:
                 widths.setdefault(value, SMALL[key])
             setattr(cfg, key, SMALL[key])
-        elif key == "vocab_size" and value is None:
+        elif key in ("vocab_size", "num_experts_per_tok") and value is None:
             setattr(cfg, key, SMALL[key])  # left unset by the class default (ESM): no embedding without it
         elif key not in SMALL and "vocab" in key and type(value) is int and value > 4096:
             setattr(cfg, key, SMALL["vocab_size"])  # hashed or per-layer vocabularies
@@ -230,6 +240,30 @@ def _shrink_one(cfg, widths):
     for key in ("use_timm_backbone", "use_pretrained_backbone"):
         if vars(cfg).get(key):
             setattr(cfg, key, False)  # timm is not installed; the HF backbone is built instead
+
+
+LAYER_INDEX_KEYS = ("vision_feature_layer", "vision_feature_layers", "intermediate_hook_ids")
+
+
+def _clamp_layer_indices(cfg):
+    """Hidden-state indices a head reads (LLaVA's feature layer, VipLlava's five, Depth
+    Pro's hooks) point into the small stack: from the end as before, from the start at
+    most at its last layer."""
+    if not any(k in vars(cfg) for k in LAYER_INDEX_KEYS):
+        return
+    # The tower the indices point into: the vision sub-config, else the first with layers.
+    towers = [vars(cfg).get("vision_config")] + list(_configs(cfg))[1:] + [cfg]
+    n = next((vars(t)[k] for t in towers if t is not None for k in ("num_hidden_layers", "num_layers")
+              if isinstance(vars(t).get(k), int)), None)
+    if n is None:
+        return
+    fix = lambda i: max(i, -(n + 1)) if i < 0 else min(i, n - 1)  # noqa: E731
+    for key in LAYER_INDEX_KEYS:
+        value = vars(cfg).get(key)
+        if type(value) is int:
+            setattr(cfg, key, fix(value))
+        elif isinstance(value, (list, tuple)) and all(type(i) is int for i in value):
+            setattr(cfg, key, type(value)(fix(i) for i in value))
 
 
 def _fix_mrope(cfg):
@@ -313,17 +347,25 @@ def _same(a, b):
         return a is b
 
 
-def shrink(cfg):
+def shrink(cfg, overrides=None):
     """Sets every known size field of `cfg` (and its sub-configs) to a small value, keeping
-    the fields that must agree with each other in agreement."""
+    the fields that must agree with each other in agreement; `overrides` (a FAMILY entry)
+    are set before derived fields are re-derived."""
     widths = {}
     nodes = list(_configs(cfg))
     before = [dict(vars(node)) for node in nodes]
     for node in nodes:
         _shrink_one(node, widths)
+    for key, value in (overrides or {}).items():
+        *path, field = key.split(".")
+        node = cfg
+        for name in path:
+            node = getattr(node, name)
+        setattr(node, field, value)
     for node, old in zip(nodes, before):
         _rederive(node, old)
     for node in nodes:
+        _clamp_layer_indices(node)
         _follow_widths(node, widths)
         _fix_backbone_channels(node)
         _fix_token_ids(node)
@@ -383,13 +425,7 @@ def build(model_type, head=None):
         out = list(getattr(timm, "out_indices", None) or [4])
         cfg = transformers.AutoConfig.for_model(
             model_type, backbone_config=transformers.ResNetConfig(out_indices=out))
-    cfg = shrink(cfg)
-    for key, value in FAMILY.get(model_type, {}).items():
-        *path, field = key.split(".")
-        node = cfg
-        for name in path:
-            node = getattr(node, name)
-        setattr(node, field, value)
+    cfg = shrink(cfg, FAMILY.get(model_type))
     if head == "sequence_classification" and getattr(cfg, "pad_token_id", 0) is None:
         cfg.pad_token_id = 1  # decoders pool the last non-pad token: batches need a pad id
     cls = getattr(transformers, cls_name)
@@ -459,6 +495,8 @@ def inputs(model, cfg, head, batch=2, seq=8):
     # Speech and image heads read ids only when they have no pixels or audio to read
     # (ImageGPT classifies token ids of colour clusters; Dia encodes a text prompt).
     media = {"pixel_values", "input_features", "input_values"} & set(params)
+    if "text_config" in vars(cfg):
+        media = set()  # a language model reads them beside its pixels (ShieldGemma 2)
     if "input_ids" in params and (not media or head not in (
             "speech_seq2seq", "ctc", "audio_classification", "image_classification")):
         kw["input_ids"] = ids
@@ -557,7 +595,8 @@ def inputs(model, cfg, head, batch=2, seq=8):
         elif head == "multiple_choice":
             kw["labels"] = torch.randint(0, 2, (batch,), generator=g)
         elif head in ("sequence_classification", "image_classification", "audio_classification",
-                      "video_classification"):
+                      "video_classification") and "text_config" not in vars(cfg):
+            # (A language model that classifies, ShieldGemma 2, scores tokens: no class labels.)
             kw["labels"] = torch.randint(0, getattr(cfg, "num_labels", 2), (batch,), generator=g)
     if "input_features" in kw and "input_values" in kw:
         # A speech encoder-decoder takes whichever its encoder reads (wav2vec2: values).
