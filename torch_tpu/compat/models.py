@@ -92,11 +92,17 @@ FAMILY = {"codegen": {"n_head": 4},
           "qwen3_asr": {"audio_config.n_window": 16, "audio_config.n_window_infer": 64},
           "qwen3_asr_encoder": {"n_window": 16, "n_window_infer": 64},
           "step3p7": {"text_config.sliding_window": 4},
+          "vjepa2": {"pred_hidden_size": 32, "pred_num_hidden_layers": 1, "pred_num_attention_heads": 2,
+                     "crop_size": 32, "frames_per_clip": 4},
+          "longcat_flash": {"ffn_hidden_size": 64, "expert_ffn_hidden_size": 32, "zero_expert_num": 2},
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
 }
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
 STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2,
                "blocks_per_stage": 1, "embed_dim_per_stage": 32}  # Hiera: doubling from hidden_size
+# Codec (DAC, X-Codec 2, VibeVoice) channel counts at the first stage, and code widths.
+CODEC_WIDTHS = {"num_filters": 4, "encoder_hidden_size": 4, "decoder_hidden_size": 32,
+                "quantization_dim": 32}
 # Float fields whose names hold one of these draw random masks when the model trains.
 RANDOM_MASKS = ("dropout", "drop_", "pdrop", "layerdrop", "mask_time_prob", "mask_feature_prob")
 SPECIAL_IDS = 16  # the top of the vocabulary, kept for special tokens
@@ -237,6 +243,11 @@ def _shrink_one(cfg, widths):
         # Shifted-window stages: the last stage's grid must hold whole windows.
         cfg.image_size = 64
         cfg.window_size = max(1, 64 // (cfg.patch_size * 2 ** (len(depths) - 1)))
+    if isinstance(vars(cfg).get("downsampling_ratios"), (list, tuple)):
+        # Convolutional codecs double their channels at each downsampling stage.
+        for key, most in CODEC_WIDTHS.items():
+            if type(vars(cfg).get(key)) is int and vars(cfg)[key] > most:
+                setattr(cfg, key, most)
     for key in ("use_timm_backbone", "use_pretrained_backbone"):
         if vars(cfg).get(key):
             setattr(cfg, key, False)  # timm is not installed; the HF backbone is built instead
@@ -557,8 +568,12 @@ def inputs(model, cfg, head, batch=2, seq=8):
         frames = getattr(cfg, "max_length", 64)
         frames = frames if isinstance(frames, int) and frames <= 1024 else 64
         spectrogram = torch.randn(batch, frames, getattr(cfg, "num_mel_bins", 16), generator=g)
+        # Codecs take (batch, 1, samples), at least one frame of their total hop (3200 here).
+        long = torch.randn(batch, 1, 3200, generator=g)
         kw["input_values"] = _probe(model, kw, "input_values",
-                                    (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1)))
+                                    (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1), long))
+        if "sample" in params and params["sample"].default is True:
+            kw["sample"] = False  # a VAE's latent draw (VibeVoice) would differ from CPU's
     for name in params:
         # Audio-language models: which feature frames are real.
         if name in ("input_features_mask", "feature_attention_mask") and "input_features" in kw:
@@ -598,7 +613,9 @@ def inputs(model, cfg, head, batch=2, seq=8):
                       "video_classification") and "text_config" not in vars(cfg):
             # (A language model that classifies, ShieldGemma 2, scores tokens: no class labels.)
             kw["labels"] = torch.randint(0, getattr(cfg, "num_labels", 2), (batch,), generator=g)
-    if "input_features" in kw and "input_values" in kw:
+    both = all(params[k].default is inspect.Parameter.empty for k in ("input_features", "input_values")
+               if k in params)
+    if "input_features" in kw and "input_values" in kw and not both:
         # A speech encoder-decoder takes whichever its encoder reads (wav2vec2: values).
         try:
             with torch.no_grad():
@@ -661,6 +678,20 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
         out["flattened_patches"] = torch.cat(
             [pos, torch.randn(batch, n, width, generator=g)], dim=-1)
         out["attention_mask"] = torch.ones(batch, n)
+    if "duration_labels" in params and "input_ids" in kw:
+        # FastSpeech 2 trains on aligned targets: 2 frames per token, a pitch and an energy each.
+        out.update(spectrogram_labels=torch.randn(batch, 2 * seq, _mel_bins(cfg), generator=g),
+                   duration_labels=torch.full((batch, seq), 2, dtype=torch.long),
+                   pitch_labels=torch.randn(batch, seq, 1, generator=g),
+                   energy_labels=torch.randn(batch, seq, 1, generator=g))
+    if "pixel_values_videos" in params and "pixel_values" not in kw:
+        # Video towers (V-JEPA 2, VideoPrism): (batch, frames, channels, height, width).
+        vis = _sub(cfg, "vision_config")
+        size = next((getattr(vis, k) for k in ("crop_size", "image_size") if isinstance(getattr(vis, k, None), int)), 32)
+        frames = next((getattr(vis, k) for k in ("frames_per_clip", "num_frames")
+                       if isinstance(getattr(vis, k, None), int)), 4)
+        chans = next((getattr(vis, k) for k in ("in_chans", "num_channels") if isinstance(getattr(vis, k, None), int)), 3)
+        out["pixel_values_videos"] = torch.randn(batch, frames, chans, size, size, generator=g)
     if "audio_mel" in params:  # Gemma 3n's audio encoder: (batch, frames, mel bins)
         mels = v("input_feat_size", 128)
         out.update(audio_mel=torch.randn(batch, 32, mels, generator=g),
@@ -702,7 +733,7 @@ def _mel_bins(cfg):
     audio tower's before the top's), else a feature size (CLVP's conditioning encoder)."""
     nodes = list(_configs(cfg))
     nodes = nodes[1:] + nodes[:1]
-    for key in ("num_mel_bins", "feature_size", "n_mels"):
+    for key in ("feature_projection_input_dim", "num_mel_bins", "feature_size", "n_mels"):
         for node in nodes:
             if isinstance(vars(node).get(key), int):
                 return vars(node)[key]
