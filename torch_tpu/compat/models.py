@@ -34,7 +34,7 @@ SMALL = {
     "multi_query_group_num": 1, "head_dim": 16, "d_kv": 16, "attention_head_dim": 16,
     "vocab_size": 128, "max_position_embeddings": 64, "n_positions": 64, "n_ctx": 64,
     "max_source_positions": 32, "max_target_positions": 32,
-    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "num_experts_per_token": 2,
     "moe_topk": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
     "image_size": 32, "patch_size": 4, "num_channels": 3, "num_mel_bins": 16,
     "conv_dim": [16, 16], "conv_stride": [5, 2], "conv_kernel": [10, 3], "num_feat_extract_layers": 2,
@@ -77,6 +77,7 @@ FAMILY = {"codegen": {"n_head": 4},
           # few anchors a 32 x 32 image has.
           "vivit": {"tubelet_size": [2, 4, 4]},
           "rt_detr": {"num_queries": 8}, "rt_detr_v2": {"num_queries": 8},
+          "grounding-dino": {"num_queries": 8}, "mm-grounding-dino": {"num_queries": 8},
           # Nemotron's default leaves the key/value heads unset; Reformer's LM head is a decoder.
           "nemotron": {"num_key_value_heads": 2}, "reformer": {"is_decoder": True, "axial_pos_embds_dim": (16, 16), "axial_pos_shape": (2, 4)},
           # DBRX's attention reads a rope_theta its v5 config no longer holds.
@@ -521,8 +522,8 @@ def inputs(model, cfg, head, batch=2, seq=8):
     if "pixel_values" in params:
         vis = _sub(cfg, "vision_config")
         size = getattr(vis, "image_size", 32)
-        size = size[0] if isinstance(size, (list, tuple)) else size
-        kw["pixel_values"] = torch.randn(batch, getattr(vis, "num_channels", 3), size, size, generator=g)
+        h, w = size[:2] if isinstance(size, (list, tuple)) else (size, size)  # MGP-STR: 32 x 128
+        kw["pixel_values"] = torch.randn(batch, getattr(vis, "num_channels", 3), h, w, generator=g)
         frames = next((vars(c)["num_frames"] for c in _configs(cfg)
                        if isinstance(vars(c).get("num_frames"), int)), None)
         if frames:  # video models: (batch, frames, channels, height, width)
