@@ -96,6 +96,9 @@ FAMILY = {"codegen": {"n_head": 4},
           "vjepa2": {"pred_hidden_size": 32, "pred_num_hidden_layers": 1, "pred_num_attention_heads": 2,
                      "crop_size": 32, "frames_per_clip": 4},
           "longcat_flash": {"ffn_hidden_size": 64, "expert_ffn_hidden_size": 32, "zero_expert_num": 2},
+          # Omni thinkers read the vision-start marker their checkpoints' top config holds.
+          "qwen2_5_omni_thinker": {"vision_start_token_id": 113},
+          "qwen3_omni_moe_thinker": {"vision_start_token_id": 113},
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
 }
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
@@ -507,7 +510,8 @@ def inputs(model, cfg, head, batch=2, seq=8):
     # Speech and image heads read ids only when they have no pixels or audio to read
     # (ImageGPT classifies token ids of colour clusters; Dia encodes a text prompt).
     media = {"pixel_values", "input_features", "input_values"} & set(params)
-    if "text_config" in vars(cfg):
+    vlm = "text_config" in vars(cfg) and _image_token(cfg) is not None
+    if vlm:
         media = set()  # a language model reads them beside its pixels (ShieldGemma 2)
     if "input_ids" in params and (not media or head not in (
             "speech_seq2seq", "ctc", "audio_classification", "image_classification")):
@@ -611,7 +615,7 @@ def inputs(model, cfg, head, batch=2, seq=8):
         elif head == "multiple_choice":
             kw["labels"] = torch.randint(0, 2, (batch,), generator=g)
         elif head in ("sequence_classification", "image_classification", "audio_classification",
-                      "video_classification") and "text_config" not in vars(cfg):
+                      "video_classification") and not vlm:
             # (A language model that classifies, ShieldGemma 2, scores tokens: no class labels.)
             kw["labels"] = torch.randint(0, getattr(cfg, "num_labels", 2), (batch,), generator=g)
     both = all(params[k].default is inspect.Parameter.empty for k in ("input_features", "input_values")
@@ -693,6 +697,14 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
                        if isinstance(getattr(vis, k, None), int)), 4)
         chans = next((getattr(vis, k) for k in ("in_chans", "num_channels") if isinstance(getattr(vis, k, None), int)), 3)
         out["pixel_values_videos"] = torch.randn(batch, frames, chans, size, size, generator=g)
+    if "spatial_shapes" in params and "pixel_values" in kw:
+        # NaFlex towers (SigLIP 2): a 4 x 4 grid of flattened patches, all real.
+        vis = _sub(cfg, "vision_config")
+        p = getattr(vis, "patch_size", 4) or 4
+        c = getattr(vis, "num_channels", 3) or 3
+        out.update(pixel_values=torch.randn(batch, 16, c * p * p, generator=g),
+                   pixel_attention_mask=torch.ones(batch, 16, dtype=torch.long),
+                   spatial_shapes=torch.tensor([[4, 4]] * batch))
     if "audio_mel" in params:  # Gemma 3n's audio encoder: (batch, frames, mel bins)
         mels = v("input_feat_size", 128)
         out.update(audio_mel=torch.randn(batch, 32, mels, generator=g),
