@@ -87,7 +87,7 @@ FAMILY = {"codegen": {"n_head": 4},
           "lilt": {"hidden_size": 48}, "bros": {"hidden_size": 64},
           "layoutlmv3": {"hidden_size": 48, "coordinate_size": 8, "shape_size": 8},
           # Gemma 3 pools the 8 x 8 patches of a 32 x 32 image to 2 x 2 tokens.
-          "gemma3": {"mm_tokens_per_image": 4}, "shieldgemma2": {"mm_tokens_per_image": 4},
+          "gemma3": {"mm_tokens_per_image": 4}, "shieldgemma2": {"mm_tokens_per_image": 4, "yes_token_index": 5, "no_token_index": 6},
           "t5gemma2": {"encoder.mm_tokens_per_image": 4},
           # Qwen3-ASR cuts mel frames into windows of 2 x n_window: 64 frames hold two.
           "qwen3_asr": {"audio_config.n_window": 16, "audio_config.n_window_infer": 64},
@@ -99,6 +99,9 @@ FAMILY = {"codegen": {"n_head": 4},
           # Omni thinkers read the vision-start marker their checkpoints' top config holds.
           "qwen2_5_omni_thinker": {"vision_start_token_id": 113},
           "qwen3_omni_moe_thinker": {"vision_start_token_id": 113},
+          # OneFormer's decoder runs decoder_layers - 1 layers: keep one.
+          "oneformer": {"decoder_layers": 2},
+          "seggpt": {"image_size": [64, 32]},
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
 }
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
@@ -663,6 +666,9 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
                    noise=torch.randn(batch, cfg.chunk_size, cfg.max_action_dim, generator=g),
                    timestep=torch.rand(batch, generator=g),
                    actions=torch.randn(batch, cfg.chunk_size, cfg.max_action_dim, generator=g))
+        if "pixel_values" in kw and "pixel_attention_mask" in params:  # one camera
+            out.update(pixel_values=kw["pixel_values"].unsqueeze(1),
+                       pixel_attention_mask=torch.ones(batch, 1, dtype=torch.bool))
     if "visual_feats" in params and isinstance(v("visual_feat_dim"), int):  # LXMERT regions
         out.update(visual_feats=torch.randn(batch, 4, cfg.visual_feat_dim, generator=g),
                    visual_pos=torch.rand(batch, 4, v("visual_pos_dim", 4), generator=g))
@@ -670,7 +676,8 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
         n = v("task_seq_len", seq)
         out["task_inputs"] = torch.randint(3, 100, (batch, n), generator=g)
     if "prompt_pixel_values" in params and "pixel_values" in kw:  # SegGPT: a prompt pair
-        pv = kw["pixel_values"]
+        b, c, h, w = kw["pixel_values"].shape  # stacked on the input: half the height each
+        pv = out["pixel_values"] = torch.randn(b, c, h // 2, w, generator=g)
         out.update(prompt_pixel_values=torch.randn(pv.shape, generator=g),
                    prompt_masks=torch.randn(pv.shape, generator=g))
     if "flattened_patches" in params:  # Pix2Struct: (row, column, patch values) per patch
