@@ -78,6 +78,7 @@ FAMILY = {"codegen": {"n_head": 4},
           "vivit": {"tubelet_size": [2, 4, 4]},
           "rt_detr": {"num_queries": 8}, "rt_detr_v2": {"num_queries": 8},
           "grounding-dino": {"num_queries": 8}, "mm-grounding-dino": {"num_queries": 8},
+          "d_fine": {"num_queries": 8}, "deimv2": {"num_queries": 8},
           # Nemotron's default leaves the key/value heads unset; Reformer's LM head is a decoder.
           "nemotron": {"num_key_value_heads": 2}, "reformer": {"is_decoder": True, "axial_pos_embds_dim": (16, 16), "axial_pos_shape": (2, 4)},
           # DBRX's attention reads a rope_theta its v5 config no longer holds.
@@ -102,6 +103,11 @@ FAMILY = {"codegen": {"n_head": 4},
           # OneFormer's decoder runs decoder_layers - 1 layers: keep one.
           "oneformer": {"decoder_layers": 2},
           "seggpt": {"image_size": [64, 32]},
+          # Perceiver's masked-LM decoder has one query per position: as many as the tokens.
+          "perceiver": {"max_position_embeddings": 8},
+          # Granite Speech's Q-Former projector reads the speech encoder's width.
+          "granite_speech": {"projector_config.encoder_hidden_size": 64},
+          "granite_speech_plus": {"projector_config.encoder_hidden_size": 64},
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
 }
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
@@ -255,6 +261,14 @@ def _shrink_one(cfg, widths):
         for key, most in CODEC_WIDTHS.items():
             if type(vars(cfg).get(key)) is int and vars(cfg)[key] > most:
                 setattr(cfg, key, most)
+    out = vars(cfg).get("stage_out_channels")
+    sizes = vars(cfg).get("hidden_sizes")
+    if isinstance(out, (list, tuple)) and isinstance(sizes, list) and len(out) == len(sizes):
+        # HGNetV2 stages: each stage's input is the previous one's output, the first the stem's.
+        stem = vars(cfg).get("stem_channels") or [16]
+        cfg.stage_out_channels = list(sizes)
+        cfg.stage_in_channels = [stem[-1]] + list(sizes[:-1])
+        cfg.stage_mid_channels = [16] * len(sizes)
     for key in ("use_timm_backbone", "use_pretrained_backbone"):
         if vars(cfg).get(key):
             setattr(cfg, key, False)  # timm is not installed; the HF backbone is built instead
@@ -753,7 +767,7 @@ def _mel_bins(cfg):
     audio tower's before the top's), else a feature size (CLVP's conditioning encoder)."""
     nodes = list(_configs(cfg))
     nodes = nodes[1:] + nodes[:1]
-    for key in ("feature_projection_input_dim", "num_mel_bins", "feature_size", "n_mels"):
+    for key in ("feature_projection_input_dim", "num_mel_bins", "feature_size", "n_mels", "input_dim"):
         for node in nodes:
             if isinstance(vars(node).get(key), int):
                 return vars(node)[key]
