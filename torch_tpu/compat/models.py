@@ -108,6 +108,10 @@ FAMILY = {"codegen": {"n_head": 4},
           # Granite Speech's Q-Former projector reads the speech encoder's width.
           "granite_speech": {"projector_config.encoder_hidden_size": 64},
           "granite_speech_plus": {"projector_config.encoder_hidden_size": 64},
+          # LeViT's stem is four stride-2 convolutions: its "patch" is 16 pixels.
+          "levit": {"patch_size": 16, "image_size": 64},
+          # Super-resolution embeds single pixels.
+          "swin2sr": {"patch_size": 1, "image_size": 16, "window_size": 4},
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
 }
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
