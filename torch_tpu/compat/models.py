@@ -278,7 +278,8 @@ def _shrink_one(cfg, widths):
             setattr(cfg, key, False)  # timm is not installed; the HF backbone is built instead
 
 
-LAYER_INDEX_KEYS = ("vision_feature_layer", "vision_feature_layers", "intermediate_hook_ids")
+LAYER_INDEX_KEYS = ("vision_feature_layer", "vision_feature_layers", "intermediate_hook_ids",
+                    "global_attn_indexes")
 
 
 def _clamp_layer_indices(cfg):
@@ -554,6 +555,11 @@ def inputs(model, cfg, head, batch=2, seq=8):
         if frames:  # video models: (batch, frames, channels, height, width)
             video = torch.randn(batch, frames, *kw["pixel_values"].shape[1:], generator=g)
             kw["pixel_values"] = _probe(model, kw, "pixel_values", (video, kw["pixel_values"]))
+    if "high_res_pixel_values" in params and "pixel_values" in kw:
+        # DeepSeek-VL hybrid: images for its high-resolution (SAM) tower too.
+        hi = getattr(getattr(cfg, "high_res_vision_config", None), "image_size", 32)
+        hi = hi[0] if isinstance(hi, (list, tuple)) else hi
+        kw["high_res_pixel_values"] = torch.randn(batch, 3, hi, hi, generator=g)
     tower = next((getattr(m, n) for m in (model, getattr(model, "model", None))
                   for n in ("vision_tower", "vision_encoder") if hasattr(m, n)), None)
     if "image_sizes" in params and "pixel_values" in kw and hasattr(tower, "patch_size"):
