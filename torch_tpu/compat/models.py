@@ -34,7 +34,7 @@ SMALL = {
     "multi_query_group_num": 1, "head_dim": 16, "d_kv": 16, "attention_head_dim": 16,
     "vocab_size": 128, "max_position_embeddings": 64, "n_positions": 64, "n_ctx": 64,
     "max_source_positions": 32, "max_target_positions": 32,
-    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "num_experts_per_token": 2,
     "moe_topk": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
     "image_size": 32, "patch_size": 4, "num_channels": 3, "num_mel_bins": 16,
     "conv_dim": [16, 16], "conv_stride": [5, 2], "conv_kernel": [10, 3], "num_feat_extract_layers": 2,
@@ -77,14 +77,49 @@ FAMILY = {"codegen": {"n_head": 4},
           # few anchors a 32 x 32 image has.
           "vivit": {"tubelet_size": [2, 4, 4]},
           "rt_detr": {"num_queries": 8}, "rt_detr_v2": {"num_queries": 8},
+          "grounding-dino": {"num_queries": 8}, "mm-grounding-dino": {"num_queries": 8},
+          "d_fine": {"num_queries": 8}, "deimv2": {"num_queries": 8},
           # Nemotron's default leaves the key/value heads unset; Reformer's LM head is a decoder.
           "nemotron": {"num_key_value_heads": 2}, "reformer": {"is_decoder": True, "axial_pos_embds_dim": (16, 16), "axial_pos_shape": (2, 4)},
           # DBRX's attention reads a rope_theta its v5 config no longer holds.
+          # Zamba shares one transformer block across its hybrid layers: keep two of them.
+          "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
+          # Layout models cut the width into 6 box embeddings (LiLT) or 4 x dim_bbox (BROS).
+          "lilt": {"hidden_size": 48}, "bros": {"hidden_size": 64},
+          "layoutlmv3": {"hidden_size": 48, "coordinate_size": 8, "shape_size": 8},
+          # Gemma 3 pools the 8 x 8 patches of a 32 x 32 image to 2 x 2 tokens.
+          "gemma3": {"mm_tokens_per_image": 4}, "shieldgemma2": {"mm_tokens_per_image": 4, "yes_token_index": 5, "no_token_index": 6},
+          "t5gemma2": {"encoder.mm_tokens_per_image": 4},
+          # Qwen3-ASR cuts mel frames into windows of 2 x n_window: 64 frames hold two.
+          "qwen3_asr": {"audio_config.n_window": 16, "audio_config.n_window_infer": 64},
+          "qwen3_asr_encoder": {"n_window": 16, "n_window_infer": 64},
+          "step3p7": {"text_config.sliding_window": 4},
+          "vjepa2": {"pred_hidden_size": 32, "pred_num_hidden_layers": 1, "pred_num_attention_heads": 2,
+                     "crop_size": 32, "frames_per_clip": 4},
+          "longcat_flash": {"ffn_hidden_size": 64, "expert_ffn_hidden_size": 32, "zero_expert_num": 2},
+          # Omni thinkers read the vision-start marker their checkpoints' top config holds.
+          "qwen2_5_omni_thinker": {"vision_start_token_id": 113},
+          "qwen3_omni_moe_thinker": {"vision_start_token_id": 113},
+          # OneFormer's decoder runs decoder_layers - 1 layers: keep one.
+          "oneformer": {"decoder_layers": 2},
+          "seggpt": {"image_size": [64, 32]},
+          # Perceiver's masked-LM decoder has one query per position: as many as the tokens.
+          "perceiver": {"max_position_embeddings": 8},
+          # Granite Speech's Q-Former projector reads the speech encoder's width.
+          "granite_speech": {"projector_config.encoder_hidden_size": 64},
+          "granite_speech_plus": {"projector_config.encoder_hidden_size": 64},
+          # LeViT's stem is four stride-2 convolutions: its "patch" is 16 pixels.
+          "levit": {"patch_size": 16, "image_size": 64},
+          # Super-resolution embeds single pixels.
+          "swin2sr": {"patch_size": 1, "image_size": 16, "window_size": 4},
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
 }
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
 STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2,
                "blocks_per_stage": 1, "embed_dim_per_stage": 32}  # Hiera: doubling from hidden_size
+# Codec (DAC, X-Codec 2, VibeVoice) channel counts at the first stage, and code widths.
+CODEC_WIDTHS = {"num_filters": 4, "encoder_hidden_size": 4, "decoder_hidden_size": 32,
+                "quantization_dim": 32}
 # Float fields whose names hold one of these draw random masks when the model trains.
 RANDOM_MASKS = ("dropout", "drop_", "pdrop", "layerdrop", "mask_time_prob", "mask_feature_prob")
 SPECIAL_IDS = 16  # the top of the vocabulary, kept for special tokens
@@ -168,7 +203,7 @@ def _shrink_one(cfg, widths):
             if key in WIDTHS and value > SMALL[key]:
                 widths.setdefault(value, SMALL[key])
             setattr(cfg, key, SMALL[key])
-        elif key == "vocab_size" and value is None:
+        elif key in ("vocab_size", "num_experts_per_tok") and value is None:
             setattr(cfg, key, SMALL[key])  # left unset by the class default (ESM): no embedding without it
         elif key not in SMALL and "vocab" in key and type(value) is int and value > 4096:
             setattr(cfg, key, SMALL["vocab_size"])  # hashed or per-layer vocabularies
@@ -183,7 +218,8 @@ def _shrink_one(cfg, widths):
     # Hybrid stacks: keep each kind of layer, and every per-layer list in step with it.
     n_key = next((k for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
                   if isinstance(vars(cfg).get(k), int)), None)
-    types = vars(cfg).get("layer_types")
+    types_key = getattr(type(cfg), "attribute_map", {}).get("layer_types", "layer_types")
+    types = vars(cfg).get(types_key)
     if n_key and isinstance(types, (list, tuple)) and types:
         old_n = len(types)
         picks = _per_layer_pick(list(types), getattr(cfg, n_key))
@@ -224,9 +260,47 @@ def _shrink_one(cfg, widths):
         # Shifted-window stages: the last stage's grid must hold whole windows.
         cfg.image_size = 64
         cfg.window_size = max(1, 64 // (cfg.patch_size * 2 ** (len(depths) - 1)))
+    if isinstance(vars(cfg).get("downsampling_ratios"), (list, tuple)):
+        # Convolutional codecs double their channels at each downsampling stage.
+        for key, most in CODEC_WIDTHS.items():
+            if type(vars(cfg).get(key)) is int and vars(cfg)[key] > most:
+                setattr(cfg, key, most)
+    out = vars(cfg).get("stage_out_channels")
+    sizes = vars(cfg).get("hidden_sizes")
+    if isinstance(out, (list, tuple)) and isinstance(sizes, list) and len(out) == len(sizes):
+        # HGNetV2 stages: each stage's input is the previous one's output, the first the stem's.
+        stem = vars(cfg).get("stem_channels") or [16]
+        cfg.stage_out_channels = list(sizes)
+        cfg.stage_in_channels = [stem[-1]] + list(sizes[:-1])
+        cfg.stage_mid_channels = [16] * len(sizes)
     for key in ("use_timm_backbone", "use_pretrained_backbone"):
         if vars(cfg).get(key):
             setattr(cfg, key, False)  # timm is not installed; the HF backbone is built instead
+
+
+LAYER_INDEX_KEYS = ("vision_feature_layer", "vision_feature_layers", "intermediate_hook_ids",
+                    "global_attn_indexes")
+
+
+def _clamp_layer_indices(cfg):
+    """Hidden-state indices a head reads (LLaVA's feature layer, VipLlava's five, Depth
+    Pro's hooks) point into the small stack: from the end as before, from the start at
+    most at its last layer."""
+    if not any(k in vars(cfg) for k in LAYER_INDEX_KEYS):
+        return
+    # The tower the indices point into: the vision sub-config, else the first with layers.
+    towers = [vars(cfg).get("vision_config")] + list(_configs(cfg))[1:] + [cfg]
+    n = next((vars(t)[k] for t in towers if t is not None for k in ("num_hidden_layers", "num_layers")
+              if isinstance(vars(t).get(k), int)), None)
+    if n is None:
+        return
+    fix = lambda i: max(i, -(n + 1)) if i < 0 else min(i, n - 1)  # noqa: E731
+    for key in LAYER_INDEX_KEYS:
+        value = vars(cfg).get(key)
+        if type(value) is int:
+            setattr(cfg, key, fix(value))
+        elif isinstance(value, (list, tuple)) and all(type(i) is int for i in value):
+            setattr(cfg, key, type(value)(fix(i) for i in value))
 
 
 def _fix_mrope(cfg):
@@ -270,14 +344,65 @@ def _fix_backbone_channels(cfg):
         cfg.decoder_in_channels = [width] * len(dec)
 
 
-def shrink(cfg):
+def _rederive(cfg, old):
+    """Fields a config's own __post_init__ derived from shrunk ones (Zamba's attention width
+    = 2 x hidden size, a head size = width / heads) take the value the shrunk inputs give:
+    a field counts as derived when the class computes a different value for it from the
+    shrunk inputs than from its defaults, and the shrinking left it alone."""
+    from transformers import PretrainedConfig
+    changed = {k: v for k, v in vars(cfg).items()
+               if not k.startswith("_") and not isinstance(v, PretrainedConfig)
+               and (k not in old or not _same(old[k], v))}
+    if not changed:
+        return
+    try:
+        base = type(cfg)()
+    except Exception:  # noqa: BLE001 -- the class cannot be made alone: keep what we have
+        return
+    small = None
+    # Per-layer lists the class validates against the layer count are left out on a retry.
+    for args in (changed, {k: v for k, v in changed.items() if not isinstance(v, (list, tuple, dict))}):
+        try:
+            small = type(cfg)(**args)
+            break
+        except Exception:  # noqa: BLE001
+            continue
+    if small is None:
+        return
+    for key, value in list(vars(cfg).items()):
+        if key in changed or key.startswith("_") or isinstance(value, PretrainedConfig):
+            continue
+        derived = vars(small).get(key, value)
+        if not _same(vars(base).get(key), derived) and key in old and _same(old[key], value):
+            setattr(cfg, key, derived)
+
+
+def _same(a, b):
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 -- tensors, odd objects: treat as different
+        return a is b
+
+
+def shrink(cfg, overrides=None):
     """Sets every known size field of `cfg` (and its sub-configs) to a small value, keeping
-    the fields that must agree with each other in agreement."""
+    the fields that must agree with each other in agreement; `overrides` (a FAMILY entry)
+    are set before derived fields are re-derived."""
     widths = {}
     nodes = list(_configs(cfg))
+    before = [dict(vars(node)) for node in nodes]
     for node in nodes:
         _shrink_one(node, widths)
+    for key, value in (overrides or {}).items():
+        *path, field = key.split(".")
+        node = cfg
+        for name in path:
+            node = getattr(node, name)
+        setattr(node, field, value)
+    for node, old in zip(nodes, before):
+        _rederive(node, old)
     for node in nodes:
+        _clamp_layer_indices(node)
         _follow_widths(node, widths)
         _fix_backbone_channels(node)
         _fix_token_ids(node)
@@ -337,13 +462,7 @@ def build(model_type, head=None):
         out = list(getattr(timm, "out_indices", None) or [4])
         cfg = transformers.AutoConfig.for_model(
             model_type, backbone_config=transformers.ResNetConfig(out_indices=out))
-    cfg = shrink(cfg)
-    for key, value in FAMILY.get(model_type, {}).items():
-        *path, field = key.split(".")
-        node = cfg
-        for name in path:
-            node = getattr(node, name)
-        setattr(node, field, value)
+    cfg = shrink(cfg, FAMILY.get(model_type))
     if head == "sequence_classification" and getattr(cfg, "pad_token_id", 0) is None:
         cfg.pad_token_id = 1  # decoders pool the last non-pad token: batches need a pad id
     cls = getattr(transformers, cls_name)
@@ -410,8 +529,14 @@ def inputs(model, cfg, head, batch=2, seq=8):
     ids = torch.randint(3, max(4, min(vocab, 128) - SPECIAL_IDS), (batch, seq), generator=g)
     mask = torch.ones(batch, seq, dtype=torch.long)
     mask[1, -2:] = 0  # one padded row
-    if "input_ids" in params and head not in ("speech_seq2seq", "ctc", "audio_classification",
-                                              "image_classification"):
+    # Speech and image heads read ids only when they have no pixels or audio to read
+    # (ImageGPT classifies token ids of colour clusters; Dia encodes a text prompt).
+    media = {"pixel_values", "input_features", "input_values"} & set(params)
+    vlm = "text_config" in vars(cfg) and _image_token(cfg) is not None
+    if vlm:
+        media = set()  # a language model reads them beside its pixels (ShieldGemma 2)
+    if "input_ids" in params and (not media or head not in (
+            "speech_seq2seq", "ctc", "audio_classification", "image_classification")):
         kw["input_ids"] = ids
         if "attention_mask" in params:
             kw["attention_mask"] = mask
@@ -423,13 +548,18 @@ def inputs(model, cfg, head, batch=2, seq=8):
     if "pixel_values" in params:
         vis = _sub(cfg, "vision_config")
         size = getattr(vis, "image_size", 32)
-        size = size[0] if isinstance(size, (list, tuple)) else size
-        kw["pixel_values"] = torch.randn(batch, getattr(vis, "num_channels", 3), size, size, generator=g)
+        h, w = size[:2] if isinstance(size, (list, tuple)) else (size, size)  # MGP-STR: 32 x 128
+        kw["pixel_values"] = torch.randn(batch, getattr(vis, "num_channels", 3), h, w, generator=g)
         frames = next((vars(c)["num_frames"] for c in _configs(cfg)
                        if isinstance(vars(c).get("num_frames"), int)), None)
         if frames:  # video models: (batch, frames, channels, height, width)
             video = torch.randn(batch, frames, *kw["pixel_values"].shape[1:], generator=g)
             kw["pixel_values"] = _probe(model, kw, "pixel_values", (video, kw["pixel_values"]))
+    if "high_res_pixel_values" in params and "pixel_values" in kw:
+        # DeepSeek-VL hybrid: images for its high-resolution (SAM) tower too.
+        hi = getattr(getattr(cfg, "high_res_vision_config", None), "image_size", 32)
+        hi = hi[0] if isinstance(hi, (list, tuple)) else hi
+        kw["high_res_pixel_values"] = torch.randn(batch, 3, hi, hi, generator=g)
     tower = next((getattr(m, n) for m in (model, getattr(model, "model", None))
                   for n in ("vision_tower", "vision_encoder") if hasattr(m, n)), None)
     if "image_sizes" in params and "pixel_values" in kw and hasattr(tower, "patch_size"):
@@ -470,8 +600,12 @@ def inputs(model, cfg, head, batch=2, seq=8):
         frames = getattr(cfg, "max_length", 64)
         frames = frames if isinstance(frames, int) and frames <= 1024 else 64
         spectrogram = torch.randn(batch, frames, getattr(cfg, "num_mel_bins", 16), generator=g)
+        # Codecs take (batch, 1, samples), at least one frame of their total hop (3200 here).
+        long = torch.randn(batch, 1, 3200, generator=g)
         kw["input_values"] = _probe(model, kw, "input_values",
-                                    (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1)))
+                                    (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1), long))
+        if "sample" in params and params["sample"].default is True:
+            kw["sample"] = False  # a VAE's latent draw (VibeVoice) would differ from CPU's
     for name in params:
         # Audio-language models: which feature frames are real.
         if name in ("input_features_mask", "feature_attention_mask") and "input_features" in kw:
@@ -489,6 +623,9 @@ def inputs(model, cfg, head, batch=2, seq=8):
             ids, seq = new, new.shape[1]
     if "past_values" in params:
         kw.update(_series(cfg, params, batch, g))
+        if "past_values" not in kw:
+            kw.update(_patched_series(model, cfg, params, batch, g))
+    kw.update(_named_inputs(model, cfg, params, kw, batch, seq, g))
     if "use_cache" in params:
         kw["use_cache"] = False  # a training step keeps no cache (state-space-only stacks have none)
     if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
@@ -505,9 +642,12 @@ def inputs(model, cfg, head, batch=2, seq=8):
         elif head == "multiple_choice":
             kw["labels"] = torch.randint(0, 2, (batch,), generator=g)
         elif head in ("sequence_classification", "image_classification", "audio_classification",
-                      "video_classification"):
+                      "video_classification") and not vlm:
+            # (A language model that classifies, ShieldGemma 2, scores tokens: no class labels.)
             kw["labels"] = torch.randint(0, getattr(cfg, "num_labels", 2), (batch,), generator=g)
-    if "input_features" in kw and "input_values" in kw:
+    both = all(params[k].default is inspect.Parameter.empty for k in ("input_features", "input_values")
+               if k in params)
+    if "input_features" in kw and "input_values" in kw and not both:
         # A speech encoder-decoder takes whichever its encoder reads (wav2vec2: values).
         try:
             with torch.no_grad():
@@ -522,6 +662,95 @@ def inputs(model, cfg, head, batch=2, seq=8):
     if not kw:
         raise ValueError("no input this pipeline knows how to make: "
                          + ", ".join(list(params)[:6]))
+    return kw
+
+
+def _named_inputs(model, cfg, params, kw, batch, seq, g):
+    """Inputs a few families name for their modality: layout boxes, reinforcement-learning
+    trajectories, robot states, region features, task prompts, prompt images."""
+    out = {}
+    v = lambda k, d=None: getattr(cfg, k, d)  # noqa: E731
+    if "bbox" in params and "input_ids" in kw:
+        # (x0, y0, x1, y1) boxes on LayoutLM's 0..1000 grid, each with x0 <= x1, y0 <= y1.
+        lo = torch.randint(0, 500, (batch, seq, 2), generator=g)
+        hi = lo + torch.randint(0, 500, (batch, seq, 2), generator=g)
+        boxes = torch.cat([lo, hi], dim=-1)
+        out["bbox"] = _probe(model, {**kw, **out}, "bbox", (boxes, boxes.float() / 1000))
+    if "lang_ids" in params and "input_ids" in kw:
+        out["lang_ids"] = torch.zeros(batch, dtype=torch.long)  # X-MOD's language adapter 0
+    if "states" in params and isinstance(v("state_dim"), int):  # Decision Transformer
+        out.update(states=torch.randn(batch, seq, cfg.state_dim, generator=g),
+                   actions=torch.randn(batch, seq, cfg.act_dim, generator=g),
+                   rewards=torch.randn(batch, seq, 1, generator=g),
+                   returns_to_go=torch.randn(batch, seq, 1, generator=g),
+                   timesteps=torch.arange(seq).repeat(batch, 1),
+                   attention_mask=torch.ones(batch, seq, dtype=torch.long))
+    if "state" in params and isinstance(v("max_state_dim"), int):  # PI0: noise and time given
+        out.update(state=torch.randn(batch, cfg.max_state_dim, generator=g),
+                   noise=torch.randn(batch, cfg.chunk_size, cfg.max_action_dim, generator=g),
+                   timestep=torch.rand(batch, generator=g),
+                   actions=torch.randn(batch, cfg.chunk_size, cfg.max_action_dim, generator=g))
+        if "pixel_values" in kw and "pixel_attention_mask" in params:  # one camera
+            out.update(pixel_values=kw["pixel_values"].unsqueeze(1),
+                       pixel_attention_mask=torch.ones(batch, 1, dtype=torch.bool))
+    if "visual_feats" in params and isinstance(v("visual_feat_dim"), int):  # LXMERT regions
+        out.update(visual_feats=torch.randn(batch, 4, cfg.visual_feat_dim, generator=g),
+                   visual_pos=torch.rand(batch, 4, v("visual_pos_dim", 4), generator=g))
+    if "task_inputs" in params:  # OneFormer's "the task is semantic" prompt, as token ids
+        n = v("task_seq_len", seq)
+        out["task_inputs"] = torch.randint(3, 100, (batch, n), generator=g)
+    if "prompt_pixel_values" in params and "pixel_values" in kw:  # SegGPT: a prompt pair
+        b, c, h, w = kw["pixel_values"].shape  # stacked on the input: half the height each
+        pv = out["pixel_values"] = torch.randn(b, c, h // 2, w, generator=g)
+        out.update(prompt_pixel_values=torch.randn(pv.shape, generator=g),
+                   prompt_masks=torch.randn(pv.shape, generator=g))
+    if "flattened_patches" in params:  # Pix2Struct: (row, column, patch values) per patch
+        vis = _sub(cfg, "vision_config")
+        p, n = getattr(vis, "patch_size", 4), 16
+        width = getattr(vis, "patch_embed_hidden_size", 3 * p * p)
+        rows = torch.arange(n).div(4, rounding_mode="floor") + 1
+        cols = torch.arange(n) % 4 + 1
+        pos = torch.stack([rows, cols], dim=-1).float().expand(batch, n, 2)
+        out["flattened_patches"] = torch.cat(
+            [pos, torch.randn(batch, n, width, generator=g)], dim=-1)
+        out["attention_mask"] = torch.ones(batch, n)
+    if "duration_labels" in params and "input_ids" in kw:
+        # FastSpeech 2 trains on aligned targets: 2 frames per token, a pitch and an energy each.
+        out.update(spectrogram_labels=torch.randn(batch, 2 * seq, _mel_bins(cfg), generator=g),
+                   duration_labels=torch.full((batch, seq), 2, dtype=torch.long),
+                   pitch_labels=torch.randn(batch, seq, 1, generator=g),
+                   energy_labels=torch.randn(batch, seq, 1, generator=g))
+    if "pixel_values_videos" in params and "pixel_values" not in kw:
+        # Video towers (V-JEPA 2, VideoPrism): (batch, frames, channels, height, width).
+        vis = _sub(cfg, "vision_config")
+        size = next((getattr(vis, k) for k in ("crop_size", "image_size") if isinstance(getattr(vis, k, None), int)), 32)
+        frames = next((getattr(vis, k) for k in ("frames_per_clip", "num_frames")
+                       if isinstance(getattr(vis, k, None), int)), 4)
+        chans = next((getattr(vis, k) for k in ("in_chans", "num_channels") if isinstance(getattr(vis, k, None), int)), 3)
+        out["pixel_values_videos"] = torch.randn(batch, frames, chans, size, size, generator=g)
+    if "spatial_shapes" in params and "pixel_values" in kw:
+        # NaFlex towers (SigLIP 2): a 4 x 4 grid of flattened patches, all real.
+        vis = _sub(cfg, "vision_config")
+        p = getattr(vis, "patch_size", 4) or 4
+        c = getattr(vis, "num_channels", 3) or 3
+        out.update(pixel_values=torch.randn(batch, 16, c * p * p, generator=g),
+                   pixel_attention_mask=torch.ones(batch, 16, dtype=torch.long),
+                   spatial_shapes=torch.tensor([[4, 4]] * batch))
+    if "audio_mel" in params:  # Gemma 3n's audio encoder: (batch, frames, mel bins)
+        mels = v("input_feat_size", 128)
+        out.update(audio_mel=torch.randn(batch, 32, mels, generator=g),
+                   audio_mel_mask=torch.zeros(batch, 32, dtype=torch.bool))
+    return out
+
+
+def _patched_series(model, cfg, params, batch, g):
+    """TimesFM-style forecasters: a history of whole patches, its padding and frequency."""
+    p = getattr(cfg, "patch_length", 8) or 8
+    kw = {"past_values": torch.randn(batch, 4 * p, generator=g)}
+    if "past_values_padding" in params:
+        kw["past_values_padding"] = torch.zeros(batch, 4 * p, dtype=torch.long)
+    if "freq" in params:
+        kw["freq"] = torch.zeros(batch, 1, dtype=torch.long)
     return kw
 
 
@@ -548,7 +777,7 @@ def _mel_bins(cfg):
     audio tower's before the top's), else a feature size (CLVP's conditioning encoder)."""
     nodes = list(_configs(cfg))
     nodes = nodes[1:] + nodes[:1]
-    for key in ("num_mel_bins", "feature_size", "n_mels"):
+    for key in ("feature_projection_input_dim", "num_mel_bins", "feature_size", "n_mels", "input_dim"):
         for node in nodes:
             if isinstance(vars(node).get(key), int):
                 return vars(node)[key]
