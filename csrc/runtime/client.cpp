@@ -1,4 +1,5 @@
 #include "runtime/client.h"
+#include "runtime/pjrt_args.h"
 
 #include <algorithm>
 
@@ -87,14 +88,6 @@ DType from_pjrt(PJRT_Buffer_Type t) {
   }
 }
 
-template <typename T>
-T make_args(size_t size) {
-  T a;
-  std::memset(&a, 0, sizeof(a));
-  a.struct_size = size;
-  return a;
-}
-#define ARGS(T) make_args<T>(T##_STRUCT_SIZE)
 
 Client* g_client = nullptr;
 std::mutex g_client_mu;

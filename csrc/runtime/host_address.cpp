@@ -1,4 +1,5 @@
 #include "runtime/host_address.h"
+#include "runtime/pjrt_args.h"
 
 #include <cstring>
 #include <mutex>
@@ -8,14 +9,6 @@ namespace tpu::runtime {
 
 namespace {
 
-template <typename T>
-T args(size_t size) {
-  T a;
-  std::memset(&a, 0, sizeof(a));
-  a.struct_size = size;
-  return a;
-}
-
 bool has_unsafe_pointer(const PJRT_Api* api) {
   return api->struct_size > offsetof(PJRT_Api, PJRT_Buffer_UnsafePointer) &&
          api->PJRT_Buffer_UnsafePointer != nullptr;
@@ -23,10 +16,10 @@ bool has_unsafe_pointer(const PJRT_Api* api) {
 
 // The plugin's address for a buffer; 0 when it reports none (error: ignored and freed).
 uintptr_t unsafe_pointer(Client& c, PJRT_Buffer* b) {
-  auto a = args<PJRT_Buffer_UnsafePointer_Args>(PJRT_Buffer_UnsafePointer_Args_STRUCT_SIZE);
+  auto a = ARGS(PJRT_Buffer_UnsafePointer_Args);
   a.buffer = b;
   if (PJRT_Error* err = c.api()->PJRT_Buffer_UnsafePointer(&a)) {
-    auto d = args<PJRT_Error_Destroy_Args>(PJRT_Error_Destroy_Args_STRUCT_SIZE);
+    auto d = ARGS(PJRT_Error_Destroy_Args);
     d.error = err;
     c.api()->PJRT_Error_Destroy(&d);
     return 0;
@@ -48,13 +41,13 @@ bool probe(Client& c, int device) {
 }
 
 void await_ready(Client& c, const Buffer& b) {
-  auto r = args<PJRT_Buffer_ReadyEvent_Args>(PJRT_Buffer_ReadyEvent_Args_STRUCT_SIZE);
+  auto r = ARGS(PJRT_Buffer_ReadyEvent_Args);
   r.buffer = b.raw();
   c.check(c.api()->PJRT_Buffer_ReadyEvent(&r), "waiting for a buffer");
-  auto w = args<PJRT_Event_Await_Args>(PJRT_Event_Await_Args_STRUCT_SIZE);
+  auto w = ARGS(PJRT_Event_Await_Args);
   w.event = r.event;
   PJRT_Error* err = c.api()->PJRT_Event_Await(&w);
-  auto d = args<PJRT_Event_Destroy_Args>(PJRT_Event_Destroy_Args_STRUCT_SIZE);
+  auto d = ARGS(PJRT_Event_Destroy_Args);
   d.event = r.event;
   c.api()->PJRT_Event_Destroy(&d);
   c.check(err, "waiting for a buffer");
