@@ -443,7 +443,7 @@ def tiny_op_chain(device, n=2000, repeats=5):
         # A chain of views: PyTorch's argument parsing, dispatch and a new tensor, with no
         # compute and no shape inference beyond a view's -- less than recording an op in
         # DeferAndFuse can cost while each op is a PyTorch call. (The meta device is no
-        # floor: its add runs Python meta functions, ~70x a CPU add.)
+        # floor: its add runs Python meta functions, about 18x a CPU add here.)
         def view_chain():
             x = x0
             for _ in range(n):
