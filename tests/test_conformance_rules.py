@@ -213,3 +213,18 @@ def test_ill_conditioned_entry_is_judged_against_float64():
     assert rec["fwd"]["status"] == "native" and rec["fwd"]["verified"] == "values"
     assert rec["fwd"]["message"] == conformance.F64_VERIFIED
     assert rec["bwd"]["status"] == "native"
+
+
+def test_compiled_sample_that_compiles_no_graph_is_an_eager_fallback(monkeypatch):
+    # nonzero's output shape depends on its values: Dynamo hands the backend no graph and
+    # the sample runs eagerly, which must not count as compiled mode working.
+    import torch.testing._internal.common_methods_invocations as cmi
+    monkeypatch.setattr(conformance, "COMPILED", conformance.COMPILED)
+    monkeypatch.setattr(cmi, "wrapper_set_seed", cmi.wrapper_set_seed)
+    res = conformance.run(["nonzero", "abs"], ("float32",), max_samples=1, jobs=0,
+                          progress=False, compiled=True)["entries"]
+    fwd = res["nonzero"]["float32"]["fwd"]
+    assert fwd["status"] == "fallback", fwd
+    assert fwd["fallback_ops"] == [conformance.EAGER_IN_COMPILED]
+    for d in ("fwd", "bwd"):
+        assert res["abs"]["float32"][d]["status"] == "native", res["abs"]

@@ -11,7 +11,9 @@ inputs stay so). Each entry's error inputs run too: tpu must raise the exception
 raises (error-input parity, per entry "match" or "mismatch").
 
 `--compiled` runs each tpu sample through torch.compile(backend="tpu") (compiled mode:
-one fused program per captured graph, and its backward graph) instead of eagerly.
+one fused program per captured graph, and its backward graph) instead of eagerly. A
+sample for which no graph reached the backend (Dynamo broke the graph on every op, as on
+data-dependent shapes) ran eagerly: it counts as a fallback, "eager: no graph compiled".
 
 Per (entry, dtype, direction) the status is one of
   native    outputs (or gradients) match and nothing fell back to the CPU
@@ -121,6 +123,17 @@ def fallbacks() -> dict:
 def grown(before: dict) -> list:
     """Ops whose fallback count grew since `before`."""
     return sorted(k for k, n in fallbacks().items() if n > before.get(k, 0))
+
+
+# --compiled: a sample for which Dynamo handed no graph to the backend (a graph break on
+# every op, or the backend declined the graph) ran in eager mode. Its results are right but
+# prove nothing about compiled mode, so it counts as a fallback, under this name.
+EAGER_IN_COMPILED = "eager: no graph compiled"
+
+
+def graphs_compiled() -> int:
+    from torch_tpu._internal import compile as tpu_compile
+    return tpu_compile.counters["compiled_graphs"]
 
 
 def mismatch_text(e: AssertionError) -> str:
@@ -359,7 +372,7 @@ def run_sample(op, sample, dtype, backward, uninitialized=False):
            if isinstance(t, torch.Tensor)):
         return skip("sparse output")
 
-    before = fallbacks()
+    before, graphs = fallbacks(), graphs_compiled()
     try:
         got_raw, got_leaves = call(op, sample, "tpu")
         wrong = [t.device for t in pytree.tree_leaves(got_raw)
@@ -369,7 +382,8 @@ def run_sample(op, sample, dtype, backward, uninitialized=False):
     except Exception as e:  # noqa: BLE001
         err = ("error", first_line(e), grown(before))
         return err, ("error", "forward: " + err[1], []) if backward else None
-    fb = grown(before)
+    eager = [EAGER_IN_COMPILED] if COMPILED and graphs_compiled() == graphs else []
+    fb = grown(before) + eager
     outs = [t for t in pytree.tree_leaves(got_raw) if isinstance(t, torch.Tensor)]
     if not ts and (wrong or not outs):  # torch.add(2.0, 3.0), broadcast_shapes: no tensor
         return skip("no tensor input: the op runs on CPU")
@@ -394,10 +408,12 @@ def run_sample(op, sample, dtype, backward, uninitialized=False):
         return fwd, None
     if random:
         return fwd, ("skipped", "random", [])
-    return fwd, run_backward(op, dtype, want, want_leaves, got, got_leaves, sample)
+    return fwd, run_backward(op, dtype, want, want_leaves, got, got_leaves, sample, eager)
 
 
-def run_backward(op, dtype, want, want_leaves, got, got_leaves, sample=None):
+def run_backward(op, dtype, want, want_leaves, got, got_leaves, sample=None, eager=()):
+    """`eager`: [EAGER_IN_COMPILED] when the forward compiled nothing (its backward is
+    then eager too), else empty."""
     lw, lg = loss(want), loss(got)
     if lw is None or not want_leaves:
         return ("skipped", "no differentiable output", [])
@@ -413,10 +429,10 @@ def run_backward(op, dtype, want, want_leaves, got, got_leaves, sample=None):
         grads = [None if t.grad is None else t.grad.cpu() for t in got_leaves]
         torch_tpu.synchronize()
     except AssertionError as e:
-        return ("mismatch", mismatch_text(e), grown(before))
+        return ("mismatch", mismatch_text(e), grown(before) + list(eager))
     except Exception as e:  # noqa: BLE001
-        return ("error", first_line(e), grown(before))
-    fb = grown(before)
+        return ("error", first_line(e), grown(before) + list(eager))
+    fb = grown(before) + list(eager)
     try:
         for a, w in zip(grads, want_leaves):
             if (a is None) != (w.grad is None):
