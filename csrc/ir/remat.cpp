@@ -123,13 +123,19 @@ Rematerialized rematerialize(const std::vector<GraphCall>& calls, const std::vec
       // Each recomputation that reads no other waits through its smallest input; that
       // input may be copied (when XLA cannot fuse the wait into the recomputation), so
       // it must not be larger than what the recomputation saves.
-      auto in_chain = [&](const GraphRef& a) {
-        return a.node >= 0 && std::find(chain.begin(), chain.end(), a.node) != chain.end();
+      // A recomputation reads another only when that one is placed before it: an input
+      // skipped as live when one call was visited may join the chain later, after it.
+      auto earlier_in_chain = [&](size_t e, const GraphRef& a) -> int {
+        if (a.node < 0) return -1;
+        auto end = chain.begin() + static_cast<std::ptrdiff_t>(e);
+        auto it = std::find(chain.begin(), end, a.node);
+        return it == end ? -1 : static_cast<int>(it - chain.begin());
       };
       std::vector<int> wait_arg(chain.size(), -1);
       for (size_t e = 0; ok && e < chain.size(); ++e) {
         const auto& args = calls[chain[e]].args;
-        if (std::any_of(args.begin(), args.end(), in_chain)) continue;
+        if (std::any_of(args.begin(), args.end(), [&](const GraphRef& a) { return earlier_in_chain(e, a) >= 0; }))
+          continue;
         int k = static_cast<int>(std::min_element(args.begin(), args.end(), [&](const GraphRef& x, const GraphRef& y) {
                                    return bytes(x) < bytes(y);
                                  }) - args.begin());
@@ -144,8 +150,8 @@ Rematerialized rematerialize(const std::vector<GraphCall>& calls, const std::vec
       for (size_t e = 0; e < chain.size(); ++e) {
         Recompute r{chain[e], {}, dep, wait_arg[e]};
         for (const GraphRef& a : calls[chain[e]].args) {
-          auto it = std::find(chain.begin(), chain.end(), a.node);
-          r.local.push_back(in_chain(a) ? j0 + static_cast<int>(it - chain.begin()) : -1);
+          int at = earlier_in_chain(e, a);
+          r.local.push_back(at >= 0 ? j0 + at : -1);
           if (r.local.back() < 0 && a.node >= 0) last_use(a) = std::max(last_use(a), s);
         }
         before[s].push_back(std::move(r));
