@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 export CCACHE_BASEDIR := $(CURDIR)
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup build demo test test-cpp test-py test-modes clean conformance conformance-baseline bench bench-quant \
+.PHONY: setup build demo test test-cpp test-py test-modes clean conformance conformance-baseline conformance-compiled-baseline bench bench-quant \
   compat compat-baseline
 
 setup: $(VENV)/.ready
@@ -63,6 +63,12 @@ conformance: build
 # per entry and dtype because the guard reruns the baseline's sample count in CI.
 conformance-baseline: build
 	$(PY) -m torch_tpu.conformance --max-samples 8 --write-baseline tests/conformance_baseline.json $(ARGS)
+
+# The same through torch.compile(backend="tpu"), float32 (the dtype compiled training
+# uses), 4 samples per entry: the compiled guard's baseline.
+conformance-compiled-baseline: build
+	$(PY) -m torch_tpu.conformance --compiled --dtype float32 --max-samples 4 --timeout 900 \
+		--write-baseline tests/conformance_compiled_baseline.json $(ARGS)
 
 # Every Hugging Face model type on CPU and tpu (Strict, DeferAndFuse): compat_results/.
 # Options through ARGS, e.g. ARGS="--archs gpt2,bert --jobs 2 --resume".

@@ -26,3 +26,22 @@ def test_baseline_native_entries_stay_native(tmp_path):
                           out=str(tmp_path), progress=False)
     lost = conformance.regressions(base, res["entries"])
     assert not lost, "entries native in the baseline are not native now:\n" + "\n".join(lost)
+
+
+COMPILED_BASELINE = os.path.join(ROOT, "tests", "conformance_compiled_baseline.json")
+# Each compiled sample traces with Dynamo and AOTAutograd and compiles its own programs:
+# fewer entries and samples than the eager guard (entries native with the baseline's 4
+# samples are native with their first 2).
+COMPILED_SAMPLE, COMPILED_SAMPLES = 12, 2
+
+
+def test_compiled_baseline_native_entries_stay_native(tmp_path):
+    with open(COMPILED_BASELINE) as f:
+        base = json.load(f)
+    assert base["meta"]["compiled"] is True
+    keys = conformance.stratified_sample(base, COMPILED_SAMPLE)
+    assert len(keys) >= COMPILED_SAMPLE
+    res = conformance.run(keys, ("float32",), max_samples=COMPILED_SAMPLES, jobs=2, timeout=300,
+                          out=str(tmp_path), progress=False, compiled=True)
+    lost = conformance.regressions(base, res["entries"])
+    assert not lost, "entries native in the compiled baseline are not native now:\n" + "\n".join(lost)
