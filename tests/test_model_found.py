@@ -76,3 +76,17 @@ def test_index_put_mask_count_mismatch_raises():
     with pytest.raises(RuntimeError, match="shape mismatch: value tensor of shape \\[6, 3\\]"):
         put(x, (dev(MASK),), dev(randn(6, 3))).cpu()
         torch_tpu.synchronize()
+
+
+# ---- conditioning the run found: tpu must stay at float64's answer ----
+
+def test_group_norm_one_element_groups_is_exact():
+    # grounding-dino's input_proj_vision: GroupNorm(32, 32) over a 1x1 map. Each group
+    # holds one value, so x - mean is exactly 0 and the output is the bias; CPU's float32
+    # kernel leaves ~6e-6 of rounding there, which flips the query top-k's ties
+    # downstream (CPU 1.13 from float64 at the model output, tpu 6e-7).
+    x = randn(2, 32, 1, 1) * 3
+    w, bias = randn(32, seed=1), randn(32, seed=2)
+    want = torch.nn.functional.group_norm(x.double(), 32, w.double(), bias.double(), 1e-5)
+    got = torch.nn.functional.group_norm(dev(x), 32, dev(w), dev(bias), 1e-5).cpu()
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-6)
