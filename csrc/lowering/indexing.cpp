@@ -472,8 +472,8 @@ static std::vector<std::optional<Value>> mask_to_coords(Ctx& ctx, std::vector<st
   ctx.check(b.compare(total, b.constant(static_cast<double>(mp.count), DType::I64), Cmp::EQ),
             "RuntimeError: shape mismatch: value tensor of shape [" + vshape +
                 "] cannot be broadcast to indexing result (the mask selects another number of elements)");
-  // Unselected positions sort after selected ones; ties keep row-major order.
   if (mp.count == 0) return idx;
+  // Unselected positions sort after selected ones; ties keep row-major order.
   Value key = b.convert(b.unary("stablehlo.not", flat), DType::I32);
   Value pos = b.iota(Type{DType::I64, {n}}, 0);
   auto sorted = b.sort({key, pos}, 0, true, [](Builder& b, const std::vector<Value>& a) {
