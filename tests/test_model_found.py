@@ -90,3 +90,12 @@ def test_group_norm_one_element_groups_is_exact():
     want = torch.nn.functional.group_norm(x.double(), 32, w.double(), bias.double(), 1e-5)
     got = torch.nn.functional.group_norm(dev(x), 32, dev(w), dev(bias), 1e-5).cpu()
     torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-6)
+
+
+def test_masked_scatter_uint8_mask_raises_as_cpu():
+    # Found beside the index_put work by the conformance tool's error inputs.
+    x, src, m = randn(4, 5), randn(20, seed=1), MASK.to(torch.uint8)
+    with pytest.raises(RuntimeError, match="masked_scatter_ only supports boolean masks"):
+        x.masked_scatter(m, src)
+    with pytest.raises(RuntimeError, match="masked_scatter_ only supports boolean masks, but got mask with dtype Byte"):
+        dev(x).masked_scatter(dev(m), dev(src)).cpu()

@@ -3,6 +3,7 @@
 // Out-of-range indices: PyTorch raises, but index values are unknown when lowering,
 // so they get XLA's semantics instead (gather clamps, scatter drops the update).
 #include <algorithm>
+#include <stdexcept>
 
 #include "lowering/helpers.h"
 
@@ -526,6 +527,10 @@ TPU_LOWER(index_put, "index_put", "_index_put_impl", "_unsafe_index_put") {
 // shifted adds.
 TPU_LOWER(masked_scatter, "masked_scatter") {
   Builder& b = ctx.b;
+  // CPU rejects uint8 masks here (masked_fill and indexing still take them).
+  DType mt = ctx.in(1).dtype();
+  if (mt == DType::U8) throw std::invalid_argument("masked_scatter_ only supports boolean masks, but got mask with dtype Byte");
+  if (mt != DType::Bool) throw Unsupported("masked_scatter with a non-boolean mask");
   const Shape& shape = ctx.out(0).shape;
   Value self = broadcast_to(b, ctx.in(0), shape);
   Value mask = broadcast_to(b, b.convert(ctx.in(1), DType::Bool), shape);
