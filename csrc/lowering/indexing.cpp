@@ -3,6 +3,7 @@
 // Out-of-range indices: PyTorch raises, but index values are unknown when lowering,
 // so they get XLA's semantics instead (gather clamps, scatter drops the update).
 #include <algorithm>
+#include <stdexcept>
 
 #include "lowering/helpers.h"
 
@@ -424,14 +425,88 @@ static Value put_mask(Builder& b, const Value& self, const std::vector<std::opti
   return b.select(mb, v, self);
 }
 
+// The mask's position among the indices, and how many elements `values` gives along the
+// count dim of self[mask] (1 when they broadcast); -1 when no index is a mask.
+struct MaskPut {
+  int64_t pos = -1, count = 1;
+};
+
+static bool is_mask(const std::optional<Value>& i) {
+  return i && (i->dtype() == DType::Bool || i->dtype() == DType::U8);
+}
+
+static MaskPut mask_put(const std::vector<std::optional<Value>>& idx, const Value& self, const Value& values) {
+  MaskPut r;
+  int64_t others = 0;
+  for (size_t d = 0; d < idx.size(); ++d) {
+    if (is_mask(idx[d])) {
+      if (r.pos >= 0) throw Unsupported("index_put with more than one mask");
+      r.pos = static_cast<int64_t>(d);
+    } else if (idx[d]) {
+      ++others;
+    }
+  }
+  if (r.pos < 0) return r;
+  if (others) throw Unsupported("index_put with a mask among other indices");
+  // values align to the right of the result shape self[:p] + [count] + self[p+m:].
+  int64_t rr = self.rank() - idx[r.pos]->rank() + 1, lead = rr - values.rank();
+  if (lead < 0) throw Unsupported("index_put values rank");
+  if (r.pos >= lead) r.count = values.shape()[r.pos - lead];
+  return r;
+}
+
+// self[mask] = values where values give one row per selected element (x[mask]'s
+// backward, masked assignment of gathered rows): the mask's first `count` true elements,
+// in row-major order, become integer coordinates (a stable sort puts them first), so
+// the put is an ordinary scatter. The mask must select exactly `count` elements, as
+// CPU raises otherwise; that is checked on the device.
+static std::vector<std::optional<Value>> mask_to_coords(Ctx& ctx, std::vector<std::optional<Value>> idx,
+                                                        const MaskPut& mp, const Value& values) {
+  Builder& b = ctx.b;
+  Value mask = b.convert(*idx[mp.pos], DType::Bool);
+  const Shape& ms = mask.shape();
+  int64_t n = mask.type.numel();
+  Value flat = b.reshape(mask, {n});
+  Value total = reduce_sum(b, b.convert(flat, DType::I64), {0});
+  std::string vshape;
+  for (auto d : values.shape()) vshape += (vshape.empty() ? "" : ", ") + std::to_string(d);
+  ctx.check(b.compare(total, b.constant(static_cast<double>(mp.count), DType::I64), Cmp::EQ),
+            "RuntimeError: shape mismatch: value tensor of shape [" + vshape +
+                "] cannot be broadcast to indexing result (the mask selects another number of elements)");
+  if (mp.count == 0) return idx;
+  // Unselected positions sort after selected ones; ties keep row-major order.
+  Value key = b.convert(b.unary("stablehlo.not", flat), DType::I32);
+  Value pos = b.iota(Type{DType::I64, {n}}, 0);
+  auto sorted = b.sort({key, pos}, 0, true, [](Builder& b, const std::vector<Value>& a) {
+    return std::vector<Value>{b.compare(a[0], a[1], Cmp::LT)};
+  });
+  Value first = b.slice(sorted[1], {0}, {mp.count}, {1});
+  // Row-major flat position -> one coordinate per mask dim.
+  std::vector<std::optional<Value>> out(idx.begin(), idx.begin() + mp.pos);
+  int64_t stride = n;
+  for (int64_t d = 0; d < mask.rank(); ++d) {
+    int64_t size = ms[d];
+    stride = size ? stride / size : 0;
+    Value c = first;
+    if (stride > 1) c = b.binary("stablehlo.divide", c, b.constant(static_cast<double>(stride), DType::I64, {mp.count}));
+    if (d > 0) c = b.binary("stablehlo.remainder", c, b.constant(static_cast<double>(size), DType::I64, {mp.count}));
+    out.push_back(c);
+  }
+  out.insert(out.end(), idx.begin() + mp.pos + 1, idx.end());
+  return out;
+}
+
 TPU_LOWER(index_put, "index_put", "_index_put_impl", "_unsafe_index_put") {
   Builder& b = ctx.b;
   Value self = ctx.in(0), values = ctx.in(2);
   auto idx = ctx.opt_list(1);
   bool acc = ctx.flag_or(3, false);
-  for (auto& i : idx)
-    if (i && (i->dtype() == DType::Bool || i->dtype() == DType::U8))
-      return {put_mask(b, self, idx, values, acc)};
+  MaskPut mp = mask_put(idx, self, values);
+  if (mp.pos >= 0 && mp.count == 1) return {put_mask(b, self, idx, values, acc)};
+  if (mp.pos >= 0) {
+    idx = mask_to_coords(ctx, idx, mp, values);
+    if (mp.count == 0) return {self};  // an all-false mask (checked): nothing is written
+  }
   AdvIndex p = plan(ctx, self.shape(), idx);
   // values: broadcast to the shape self[indices] has, then into the scatter layout.
   auto rp = result_perm(p);
@@ -452,6 +527,10 @@ TPU_LOWER(index_put, "index_put", "_index_put_impl", "_unsafe_index_put") {
 // shifted adds.
 TPU_LOWER(masked_scatter, "masked_scatter") {
   Builder& b = ctx.b;
+  // CPU rejects uint8 masks here (masked_fill and indexing still take them).
+  DType mt = ctx.in(1).dtype();
+  if (mt == DType::U8) throw std::invalid_argument("masked_scatter_ only supports boolean masks, but got mask with dtype Byte");
+  if (mt != DType::Bool) throw Unsupported("masked_scatter with a non-boolean mask");
   const Shape& shape = ctx.out(0).shape;
   Value self = broadcast_to(b, ctx.in(0), shape);
   Value mask = broadcast_to(b, b.convert(ctx.in(1), DType::Bool), shape);
