@@ -55,6 +55,8 @@ INIT = {"autoformer": {**TIME_SERIES, "label_length": 4}, "informer": TIME_SERIE
 # Composite types have no default sub-configs: (encoder or vision, decoder or text) types.
 COMPOSITE = {"encoder-decoder": ("bert", "bert"), "vision-encoder-decoder": ("vit", "gpt2"),
              "speech-encoder-decoder": ("wav2vec2", "bert"), "vision-text-dual-encoder": ("vit", "bert")}
+ROPE_PER_LAYER_TYPE = {t: {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]}
+                       for t in ("full_attention", "sliding_attention")}
 # Per-family constraints the generic sizes miss: CodeGen splits heads over 4 model-parallel shards.
 # LFM2-MoE has no default layer pattern (checkpoints carry one).
 # BridgeTower's vision tower takes one head per 64 channels. Keys with a dot name a sub-config.
@@ -113,7 +115,16 @@ FAMILY = {"codegen": {"n_head": 4},
           # Super-resolution embeds single pixels.
           "swin2sr": {"patch_size": 1, "image_size": 16, "window_size": 4},
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
+          # Cohere Compass keys its rotary parameters by layer type (the default has none), its
+          # 3-D sections adding up to half the head size.
+          "cohere_compass": {"text_config.rope_parameters": ROPE_PER_LAYER_TYPE},
+          "cohere_compass_text": {"rope_parameters": ROPE_PER_LAYER_TYPE},
+          # DeepSeek-OCR 2 leaves dense/sparse per layer to its checkpoints.
+          "deepseek_ocr2": {"text_config.mlp_layer_types": ["dense", "sparse"]},
 }
+# Types whose model class only generates (no forward of its own): the trainable part
+# built instead, with its sub-config (Bark's semantic text-to-tokens model).
+PARTS = {"bark": "BarkSemanticModel"}
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
 STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2,
                "blocks_per_stage": 1, "embed_dim_per_stage": 32}  # Hiera: doubling from hidden_size
@@ -446,6 +457,7 @@ def build(model_type, head=None):
     import transformers
     if head is None:
         head, family, cls_name = representative(model_type)
+        cls_name = PARTS.get(model_type, cls_name)
     else:
         from torch_tpu.compat import sample
         family = representative(model_type)[1]
@@ -696,6 +708,12 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
     if "visual_feats" in params and isinstance(v("visual_feat_dim"), int):  # LXMERT regions
         out.update(visual_feats=torch.randn(batch, 4, cfg.visual_feat_dim, generator=g),
                    visual_pos=torch.rand(batch, 4, v("visual_pos_dim", 4), generator=g))
+    if "query_embeds" in params and "input_ids" not in kw:
+        # A Q-Former alone (BLIP-2's): learned queries attending to image features.
+        out["query_embeds"] = torch.randn(batch, 4, cfg.hidden_size, generator=g)
+        if "encoder_hidden_states" in params:
+            width = getattr(cfg, "encoder_hidden_size", None) or cfg.hidden_size
+            out["encoder_hidden_states"] = torch.randn(batch, 6, width, generator=g)
     if "task_inputs" in params:  # OneFormer's "the task is semantic" prompt, as token ids
         n = v("task_seq_len", seq)
         out["task_inputs"] = torch.randint(3, 100, (batch, n), generator=g)
