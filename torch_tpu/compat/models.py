@@ -431,7 +431,7 @@ def _fix_token_ids(cfg):
     if isinstance(vocab, int):
         top = vocab - 1
         for key, tower in (("image_token_id", "vision_config"), ("image_token_index", "vision_config"),
-                           ("audio_token_id", "audio_config")):
+                           ("audio_token_id", "audio_config"), ("video_token_index", "vision_config")):
             if key in vars(cfg) and vars(cfg)[key] is None and tower in vars(cfg):
                 setattr(cfg, key, vocab)  # unset in the class default; moved into range below
         for key, tid in list(vars(cfg).items()):
@@ -594,7 +594,9 @@ def inputs(model, cfg, head, batch=2, seq=8):
         if "qformer_attention_mask" in params:
             kw["qformer_attention_mask"] = mask
     if "pixel_values" in kw and "input_ids" in kw:
-        ids = _with_image_tokens(model, cfg, kw, ids)
+        # Video-language models (InstructBLIP-Video) count video tokens instead.
+        kind = "video" if _image_token(cfg) is None and _image_token(cfg, "video") is not None else "image"
+        ids = _with_image_tokens(model, cfg, kw, ids, kind)
         kw["input_ids"] = ids
         if "attention_mask" in kw:
             kw["attention_mask"] = torch.cat([torch.ones(batch, ids.shape[1] - seq, dtype=torch.long),
@@ -714,6 +716,11 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
         if "encoder_hidden_states" in params:
             width = getattr(cfg, "encoder_hidden_size", None) or cfg.hidden_size
             out["encoder_hidden_states"] = torch.randn(batch, 6, width, generator=g)
+    if "image_attention_mask" in params and "pixel_values" in kw and "input_ids" in kw:
+        # IDEFICS: (batch, images, channels, height, width), each token sees the one image.
+        pv = kw["pixel_values"]
+        out["pixel_values"] = pv.unsqueeze(1) if pv.dim() == 4 else pv
+        out["image_attention_mask"] = torch.ones(batch, kw["input_ids"].shape[1], 1, dtype=torch.long)
     if "task_inputs" in params:  # OneFormer's "the task is semantic" prompt, as token ids
         n = v("task_seq_len", seq)
         out["task_inputs"] = torch.randint(3, 100, (batch, n), generator=g)
