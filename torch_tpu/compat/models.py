@@ -55,6 +55,8 @@ INIT = {"autoformer": {**TIME_SERIES, "label_length": 4}, "informer": TIME_SERIE
 # Composite types have no default sub-configs: (encoder or vision, decoder or text) types.
 COMPOSITE = {"encoder-decoder": ("bert", "bert"), "vision-encoder-decoder": ("vit", "gpt2"),
              "speech-encoder-decoder": ("wav2vec2", "bert"), "vision-text-dual-encoder": ("vit", "bert")}
+MIMI = {"upsample_groups": 32, "codebook_size": 64, "codebook_dim": 32, "num_quantizers": 4,
+        "vector_quantization_hidden_dimension": 32, "num_filters": 8}
 ROPE_PER_LAYER_TYPE = {t: {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]}
                        for t in ("full_attention", "sliding_attention")}
 # Per-family constraints the generic sizes miss: CodeGen splits heads over 4 model-parallel shards.
@@ -115,6 +117,9 @@ FAMILY = {"codegen": {"n_head": 4},
           # Super-resolution embeds single pixels.
           "swin2sr": {"patch_size": 1, "image_size": 16, "window_size": 4},
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
+          # Mimi's upsampling convolution is depthwise over the codec width.
+          "mimi": MIMI, "csm": {"codec_config." + k: v for k, v in MIMI.items()},
+          "kyutai_speech_to_text": {"codec_config." + k: v for k, v in MIMI.items()},
           # Cohere Compass keys its rotary parameters by layer type (the default has none), its
           # 3-D sections adding up to half the head size.
           "cohere_compass": {"text_config.rope_parameters": ROPE_PER_LAYER_TYPE},
