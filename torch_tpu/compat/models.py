@@ -572,6 +572,14 @@ def inputs(model, cfg, head, batch=2, seq=8):
         if frames:  # video models: (batch, frames, channels, height, width)
             video = torch.randn(batch, frames, *kw["pixel_values"].shape[1:], generator=g)
             kw["pixel_values"] = _probe(model, kw, "pixel_values", (video, kw["pixel_values"]))
+    if "image_sizes" in params and "pixel_values" in kw and isinstance(vars(cfg).get("image_grid_pinpoints"), list):
+        # LLaVA-NeXT's any-resolution grid (shrunk to one tile of the tower's size): each
+        # image is its resized base view plus that one tile.
+        pv = kw["pixel_values"]
+        h, w = pv.shape[-2:]
+        cfg.image_grid_pinpoints = [[h, w]]
+        kw["pixel_values"] = torch.stack([pv, pv.flip(-1)], dim=1)
+        kw["image_sizes"] = torch.tensor([[h, w]] * batch)
     if "high_res_pixel_values" in params and "pixel_values" in kw:
         # DeepSeek-VL hybrid: images for its high-resolution (SAM) tower too.
         hi = getattr(getattr(cfg, "high_res_vision_config", None), "image_size", 32)
