@@ -120,6 +120,9 @@ FAMILY = {"codegen": {"n_head": 4},
           # Mimi's upsampling convolution is depthwise over the codec width.
           "mimi": MIMI, "csm": {"codec_config." + k: v for k, v in MIMI.items()},
           "kyutai_speech_to_text": {"codec_config." + k: v for k, v in MIMI.items()},
+          # Moonshine Streaming's decoder reads a key/value head count its config class
+          # leaves to checkpoints.
+          "moonshine_streaming": {"num_key_value_heads": 2},
           # Cohere Compass keys its rotary parameters by layer type (the default has none), its
           # 3-D sections adding up to half the head size.
           "cohere_compass": {"text_config.rope_parameters": ROPE_PER_LAYER_TYPE},
@@ -630,7 +633,8 @@ def inputs(model, cfg, head, batch=2, seq=8):
         # Codecs take (batch, 1, samples), at least one frame of their total hop (3200 here).
         long = torch.randn(batch, 1, 3200, generator=g)
         kw["input_values"] = _probe(model, kw, "input_values",
-                                    (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1), long))
+                                    (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1), long,
+                                     long.squeeze(1)))  # a longer waveform (Moonshine's strided stem)
         if "sample" in params and params["sample"].default is True:
             kw["sample"] = False  # a VAE's latent draw (VibeVoice) would differ from CPU's
     for name in params:
