@@ -57,6 +57,8 @@ COMPOSITE = {"encoder-decoder": ("bert", "bert"), "vision-encoder-decoder": ("vi
              "speech-encoder-decoder": ("wav2vec2", "bert"), "vision-text-dual-encoder": ("vit", "bert")}
 MIMI = {"upsample_groups": 32, "codebook_size": 64, "codebook_dim": 32, "num_quantizers": 4,
         "vector_quantization_hidden_dimension": 32, "num_filters": 8}
+QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 4,
+       "indexer_compress_ratio": 2}
 ROPE_PER_LAYER_TYPE = {t: {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]}
                        for t in ("full_attention", "sliding_attention")}
 # Per-family constraints the generic sizes miss: CodeGen splits heads over 4 model-parallel shards.
@@ -123,6 +125,9 @@ FAMILY = {"codegen": {"n_head": 4},
           # Moonshine Streaming's decoder reads a key/value head count its config class
           # leaves to checkpoints.
           "moonshine_streaming": {"num_key_value_heads": 2},
+          # Qwen4-Exp's indexed attention leaves its indexer to checkpoints: a small one
+          # (one key/value head, as the class requires; a budget of whole compressed blocks).
+          "qwen4_exp": {"text_config." + k: v for k, v in QSA.items()}, "qwen4_exp_text": QSA,
           # Cohere Compass keys its rotary parameters by layer type (the default has none), its
           # 3-D sections adding up to half the head size.
           "cohere_compass": {"text_config.rope_parameters": ROPE_PER_LAYER_TYPE},
