@@ -732,13 +732,13 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
     if "visual_feats" in params and isinstance(v("visual_feat_dim"), int):  # LXMERT regions
         out.update(visual_feats=torch.randn(batch, 4, cfg.visual_feat_dim, generator=g),
                    visual_pos=torch.rand(batch, 4, v("visual_pos_dim", 4), generator=g))
-    if "query_embeds" in params and "input_ids" not in kw:
+    if "query_embeds" in params and "input_ids" not in kw and hasattr(cfg, "encoder_hidden_size"):
         # A Q-Former alone (BLIP-2's): learned queries attending to image features.
         out["query_embeds"] = torch.randn(batch, 4, cfg.hidden_size, generator=g)
         if "encoder_hidden_states" in params:
             width = getattr(cfg, "encoder_hidden_size", None) or cfg.hidden_size
             out["encoder_hidden_states"] = torch.randn(batch, 6, width, generator=g)
-    if "image_attention_mask" in params and "pixel_values" in kw and "input_ids" in kw:
+    if "image_encoder_embeddings" in params and "pixel_values" in kw and "input_ids" in kw:
         # IDEFICS: (batch, images, channels, height, width), each token sees the one image.
         pv = kw["pixel_values"]
         out["pixel_values"] = pv.unsqueeze(1) if pv.dim() == 4 else pv
