@@ -8,7 +8,8 @@ import torch
 
 pytest.importorskip("transformers")
 from torch_tpu.compat import __main__ as compat, models, report  # noqa: E402
-from torch_tpu.compat.run import compare  # noqa: E402
+from torch_tpu.compat.run import compare, float64_step, verdict  # noqa: E402
+from torch_tpu.conformance import F64_FACTOR  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
 
@@ -45,6 +46,58 @@ def test_compare_names_what_differs():
     bad = [torch.zeros(2, 2)]
     bad[0][0, 0] = 1e-2
     assert compare((outs, ["w"], grads, bad), want) == "param w: max abs diff 0.01"
+
+
+def _one_output(t):
+    return ([t], [], [], [])
+
+
+def test_float64_rule_judges_what_cpu_tolerance_rejects():
+    """An output outside CPU's tolerance passes when tpu is no further from the float64
+    result than F64_FACTOR x CPU's own float32 error (in tolerances: 1e-4 at zero), and
+    stays a mismatch when further, when non-finite where CPU is finite, or when the
+    float64 run itself fails."""
+    c = torch.zeros(50, dtype=torch.float64)  # the float64 result
+    cpu = (c + 1e-3).float()  # CPU's float32 error: 10 tolerances
+    ref = lambda: _one_output(c)  # noqa: E731
+    near = (c - 1e-3 * (F64_FACTOR - 0.5)).float()  # 2.5e-3 from CPU, 15 tolerances from float64
+    why, judged = verdict(_one_output(near), _one_output(cpu), ref)
+    assert why == "" and judged.startswith("float64-judged: output 0: tpu 15 tolerances")
+    far = (c + 1e-3 * (F64_FACTOR + 1)).float()  # 30 tolerances from float64 > 2 x 10
+    why, judged = verdict(_one_output(far), _one_output(cpu), ref)
+    assert judged == "" and why.startswith("output 0: max abs diff 0.002") and "CPU 10" in why
+    nan = near.clone()
+    nan[3] = float("nan")
+    why, _ = verdict(_one_output(nan), _one_output(cpu), ref)
+    assert why.endswith("(non-finite values differ from CPU's)")
+
+    def broken():
+        raise RuntimeError("expected scalar type Double")
+    why, judged = verdict(_one_output(near), _one_output(cpu), broken)
+    assert judged == "" and why.endswith("(float64 run failed: RuntimeError: expected scalar type Double)")
+    # Matching values never run the float64 step; structural differences are never excused.
+    assert verdict(_one_output(cpu), _one_output(cpu), broken) == ("", "")
+    why, _ = verdict(_one_output(cpu[:3]), _one_output(cpu), ref)
+    assert why.startswith("output 0: (3,)")
+
+
+def test_float64_step_runs_the_initial_weights_in_float64():
+    """A batch norm over 2 samples (the hgnet_v2 case): the float64 step starts from the
+    saved weights, runs in float64, and leaves the float32 model alone."""
+    from torch_tpu.compat.run import step
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.Tanh())
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    kw = {"input": torch.randn(2, 4)}
+    want = step(model, kw, "cpu")  # updates the float32 weights
+    ref = float64_step(model, state, kw)
+    assert all(t.dtype == torch.float64 for part in (ref[0], ref[2], ref[3]) for t in part)
+    assert ref[1] == want[1]
+    for part in (0, 2, 3):
+        for a, b in zip(want[part], ref[part]):
+            torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5)
+    assert next(model.parameters()).dtype == torch.float32
+    assert not torch.equal(model[0].weight, state["0.weight"])  # float32 step's update kept
 
 
 def test_regressions_against_a_baseline():

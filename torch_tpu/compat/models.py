@@ -55,6 +55,12 @@ INIT = {"autoformer": {**TIME_SERIES, "label_length": 4}, "informer": TIME_SERIE
 # Composite types have no default sub-configs: (encoder or vision, decoder or text) types.
 COMPOSITE = {"encoder-decoder": ("bert", "bert"), "vision-encoder-decoder": ("vit", "gpt2"),
              "speech-encoder-decoder": ("wav2vec2", "bert"), "vision-text-dual-encoder": ("vit", "bert")}
+MIMI = {"upsample_groups": 32, "codebook_size": 64, "codebook_dim": 32, "num_quantizers": 4,
+        "vector_quantization_hidden_dimension": 32, "num_filters": 8}
+QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 4,
+       "indexer_compress_ratio": 2}
+ROPE_PER_LAYER_TYPE = {t: {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]}
+                       for t in ("full_attention", "sliding_attention")}
 # Per-family constraints the generic sizes miss: CodeGen splits heads over 4 model-parallel shards.
 # LFM2-MoE has no default layer pattern (checkpoints carry one).
 # BridgeTower's vision tower takes one head per 64 channels. Keys with a dot name a sub-config.
@@ -113,7 +119,25 @@ FAMILY = {"codegen": {"n_head": 4},
           # Super-resolution embeds single pixels.
           "swin2sr": {"patch_size": 1, "image_size": 16, "window_size": 4},
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
+          # Mimi's upsampling convolution is depthwise over the codec width.
+          "mimi": MIMI, "csm": {"codec_config." + k: v for k, v in MIMI.items()},
+          "kyutai_speech_to_text": {"codec_config." + k: v for k, v in MIMI.items()},
+          # Moonshine Streaming's decoder reads a key/value head count its config class
+          # leaves to checkpoints.
+          "moonshine_streaming": {"num_key_value_heads": 2},
+          # Qwen4-Exp's indexed attention leaves its indexer to checkpoints: a small one
+          # (one key/value head, as the class requires; a budget of whole compressed blocks).
+          "qwen4_exp": {"text_config." + k: v for k, v in QSA.items()}, "qwen4_exp_text": QSA,
+          # Cohere Compass keys its rotary parameters by layer type (the default has none), its
+          # 3-D sections adding up to half the head size.
+          "cohere_compass": {"text_config.rope_parameters": ROPE_PER_LAYER_TYPE},
+          "cohere_compass_text": {"rope_parameters": ROPE_PER_LAYER_TYPE},
+          # DeepSeek-OCR 2 leaves dense/sparse per layer to its checkpoints.
+          "deepseek_ocr2": {"text_config.mlp_layer_types": ["dense", "sparse"]},
 }
+# Types whose model class only generates (no forward of its own): the trainable part
+# built instead, with its sub-config (Bark's semantic text-to-tokens model).
+PARTS = {"bark": "BarkSemanticModel"}
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
 STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2,
                "blocks_per_stage": 1, "embed_dim_per_stage": 32}  # Hiera: doubling from hidden_size
@@ -420,7 +444,7 @@ def _fix_token_ids(cfg):
     if isinstance(vocab, int):
         top = vocab - 1
         for key, tower in (("image_token_id", "vision_config"), ("image_token_index", "vision_config"),
-                           ("audio_token_id", "audio_config")):
+                           ("audio_token_id", "audio_config"), ("video_token_index", "vision_config")):
             if key in vars(cfg) and vars(cfg)[key] is None and tower in vars(cfg):
                 setattr(cfg, key, vocab)  # unset in the class default; moved into range below
         for key, tid in list(vars(cfg).items()):
@@ -446,6 +470,7 @@ def build(model_type, head=None):
     import transformers
     if head is None:
         head, family, cls_name = representative(model_type)
+        cls_name = PARTS.get(model_type, cls_name)
     else:
         from torch_tpu.compat import sample
         family = representative(model_type)[1]
@@ -555,6 +580,14 @@ def inputs(model, cfg, head, batch=2, seq=8):
         if frames:  # video models: (batch, frames, channels, height, width)
             video = torch.randn(batch, frames, *kw["pixel_values"].shape[1:], generator=g)
             kw["pixel_values"] = _probe(model, kw, "pixel_values", (video, kw["pixel_values"]))
+    if "image_sizes" in params and "pixel_values" in kw and isinstance(vars(cfg).get("image_grid_pinpoints"), list):
+        # LLaVA-NeXT's any-resolution grid (shrunk to one tile of the tower's size): each
+        # image is its resized base view plus that one tile.
+        pv = kw["pixel_values"]
+        h, w = pv.shape[-2:]
+        cfg.image_grid_pinpoints = [[h, w]]
+        kw["pixel_values"] = torch.stack([pv, pv.flip(-1)], dim=1)
+        kw["image_sizes"] = torch.tensor([[h, w]] * batch)
     if "high_res_pixel_values" in params and "pixel_values" in kw:
         # DeepSeek-VL hybrid: images for its high-resolution (SAM) tower too.
         hi = getattr(getattr(cfg, "high_res_vision_config", None), "image_size", 32)
@@ -582,7 +615,9 @@ def inputs(model, cfg, head, batch=2, seq=8):
         if "qformer_attention_mask" in params:
             kw["qformer_attention_mask"] = mask
     if "pixel_values" in kw and "input_ids" in kw:
-        ids = _with_image_tokens(model, cfg, kw, ids)
+        # Video-language models (InstructBLIP-Video) count video tokens instead.
+        kind = "video" if _image_token(cfg) is None and _image_token(cfg, "video") is not None else "image"
+        ids = _with_image_tokens(model, cfg, kw, ids, kind)
         kw["input_ids"] = ids
         if "attention_mask" in kw:
             kw["attention_mask"] = torch.cat([torch.ones(batch, ids.shape[1] - seq, dtype=torch.long),
@@ -603,7 +638,8 @@ def inputs(model, cfg, head, batch=2, seq=8):
         # Codecs take (batch, 1, samples), at least one frame of their total hop (3200 here).
         long = torch.randn(batch, 1, 3200, generator=g)
         kw["input_values"] = _probe(model, kw, "input_values",
-                                    (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1), long))
+                                    (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1), long,
+                                     long.squeeze(1)))  # a longer waveform (Moonshine's strided stem)
         if "sample" in params and params["sample"].default is True:
             kw["sample"] = False  # a VAE's latent draw (VibeVoice) would differ from CPU's
     for name in params:
@@ -696,6 +732,17 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
     if "visual_feats" in params and isinstance(v("visual_feat_dim"), int):  # LXMERT regions
         out.update(visual_feats=torch.randn(batch, 4, cfg.visual_feat_dim, generator=g),
                    visual_pos=torch.rand(batch, 4, v("visual_pos_dim", 4), generator=g))
+    if "query_embeds" in params and "input_ids" not in kw and hasattr(cfg, "encoder_hidden_size"):
+        # A Q-Former alone (BLIP-2's): learned queries attending to image features.
+        out["query_embeds"] = torch.randn(batch, 4, cfg.hidden_size, generator=g)
+        if "encoder_hidden_states" in params:
+            width = getattr(cfg, "encoder_hidden_size", None) or cfg.hidden_size
+            out["encoder_hidden_states"] = torch.randn(batch, 6, width, generator=g)
+    if "image_encoder_embeddings" in params and "pixel_values" in kw and "input_ids" in kw:
+        # IDEFICS: (batch, images, channels, height, width), each token sees the one image.
+        pv = kw["pixel_values"]
+        out["pixel_values"] = pv.unsqueeze(1) if pv.dim() == 4 else pv
+        out["image_attention_mask"] = torch.ones(batch, kw["input_ids"].shape[1], 1, dtype=torch.long)
     if "task_inputs" in params:  # OneFormer's "the task is semantic" prompt, as token ids
         n = v("task_seq_len", seq)
         out["task_inputs"] = torch.randint(3, 100, (batch, n), generator=g)
