@@ -198,3 +198,16 @@ def test_per_sample_losses_are_averaged():
     class Out(dict):
         loss = torch.tensor([1.0, 3.0])
     assert float(models.loss_of(Out())) == 2.0
+
+
+def test_training_randomness_is_off():
+    # Rates read from dicts (FastSpeech 2's encoder/decoder configs), VibeVoice's latent
+    # noise and Sapiens 2's position jitter drew values CPU and tpu cannot share.
+    model = models.build("fastspeech2_conformer")[0]
+    drops = [m for m in model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
+    assert drops and all(m.p == 0.0 for m in drops)
+    cfg = models.build("vibevoice_asr")[1]
+    stds = [c.vae_std for c in models._configs(cfg) if "vae_std" in vars(c)]
+    assert stds and all(s == 0.0 for s in stds)
+    cfg = models.build("sapiens2")[1]
+    assert (cfg.pos_embed_shift, cfg.pos_embed_jitter, cfg.pos_embed_rescale) == (None, None, None)

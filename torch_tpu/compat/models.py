@@ -145,7 +145,11 @@ STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2
 CODEC_WIDTHS = {"num_filters": 4, "encoder_hidden_size": 4, "decoder_hidden_size": 32,
                 "quantization_dim": 32}
 # Float fields whose names hold one of these draw random masks when the model trains.
-RANDOM_MASKS = ("dropout", "drop_", "pdrop", "layerdrop", "mask_time_prob", "mask_feature_prob")
+RANDOM_MASKS = ("dropout", "drop_", "pdrop", "layerdrop", "mask_time_prob", "mask_feature_prob",
+                "vae_std")  # VibeVoice's tokenizers add noise of this scale to their latents
+# Other training-time randomness, turned off: Sapiens 2 shifts, jitters and rescales its
+# patch positions.
+RANDOM_OFF = {"pos_embed_shift": None, "pos_embed_jitter": None, "pos_embed_rescale": None}
 SPECIAL_IDS = 16  # the top of the vocabulary, kept for special tokens
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
              "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id")
@@ -461,6 +465,8 @@ def _fix_token_ids(cfg):
         # Random masks (dropout, layer drop, SpecAugment) cannot match CPU's draws.
         if isinstance(value, float) and any(w in key for w in RANDOM_MASKS):
             setattr(cfg, key, 0.0)
+        elif key in RANDOM_OFF:
+            setattr(cfg, key, RANDOM_OFF[key])
 
 
 def build(model_type, head=None):
@@ -495,6 +501,9 @@ def build(model_type, head=None):
     torch.manual_seed(0)
     model = cls(cfg)
     _redraw_constant_weights(model)
+    for m in model.modules():  # rates some models read from dicts the config loop misses
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.p = 0.0
     n = sum(p.numel() for p in model.parameters())
     if n > 20_000_000:
         raise ValueError(f"the shrunk model still has {n / 1e6:.0f}M parameters")
