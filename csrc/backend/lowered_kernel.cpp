@@ -684,19 +684,38 @@ runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device) {
   std::memcpy(key.bytes, bytes, 16);
   key.dtype = static_cast<int>(t);
   key.device = device;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) {
-    order.splice(order.begin(), order, it->second.second);
-    return it->second.first;
+  // A few recent values per thread answer without the lock (an op's alpha and its
+  // Python number alternate). They may outlive their place in the shared cache: at most
+  // kRecent small buffers per thread more.
+  constexpr size_t kRecent = 4;
+  thread_local std::pair<ScalarKey, runtime::BufferPtr> recent[kRecent];
+  std::pair<ScalarKey, runtime::BufferPtr>& slot = recent[ScalarKeyHash()(key) % kRecent];
+  if (slot.second && slot.first == key) return slot.second;
+  runtime::BufferPtr buf;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      order.splice(order.begin(), order, it->second.second);
+      buf = it->second.first;
+    }
   }
-  auto buf = guarded([&] { return runtime::Client::get().from_host(bytes, t, {}, device); });
-  if (cache.size() >= kCapacity) {
-    cache.erase(order.back());
-    order.pop_back();
+  if (!buf) {
+    buf = guarded([&] { return runtime::Client::get().from_host(bytes, t, {}, device); });
+    std::lock_guard<std::mutex> lock(mu);
+    auto [it, fresh] = cache.try_emplace(key, buf, order.end());
+    if (fresh) {
+      order.push_front(key);
+      it->second.second = order.begin();
+      if (cache.size() > kCapacity) {
+        cache.erase(order.back());
+        order.pop_back();
+      }
+    } else {
+      buf = it->second.first;  // another thread made it meanwhile
+    }
   }
-  order.push_front(key);
-  cache.emplace(key, std::make_pair(buf, order.begin()));
+  slot = {key, buf};
   return buf;
 }
 
@@ -950,10 +969,7 @@ void move_cpu_indices(c10::IValue& slot, const c10::Device& device) {
   slot = c10::IValue(std::move(moved));
 }
 
-void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  auto found = infos().find(op.operator_name());
-  TORCH_INTERNAL_ASSERT(found != infos().end(), "no lowering registered for ", op.operator_name());
-  const OpInfo& info = found->second;
+void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
   guarded([] { runtime::Client::check_not_forked(); return 0; });  // before any graph lock
   if (info.cpu_indices_arg >= 0) {
     size_t first = stack->size() - info.num_args;
@@ -1120,6 +1136,16 @@ void lowered_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   for (auto& v : out_vals) stack->push_back(std::move(v));
 }
 
+// The kernel registered per op carries its OpInfo: no lookup by operator name (two
+// string hashes) on every call.
+struct LoweredKernel final : c10::OperatorKernel {
+  explicit LoweredKernel(const OpInfo* i) : info(i) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    lowered_kernel(op, *info, stack);
+  }
+  const OpInfo* info;  // an element of infos(): nodes never move
+};
+
 // Per return of the schema: the written argument it aliases, or where its tensors come
 // from (computed once: comparing alias sets per call costs more than the op's lookup).
 std::vector<int> return_aliases(const c10::FunctionSchema& schema) {
@@ -1230,11 +1256,11 @@ int register_lowered_kernels() {
     info.host_fill = info.name == "fill_.Scalar" || info.name == "zero_";
     info.ret_alias = return_aliases(schema);
     // Rules index the functional op's arguments: out= args come last, so they line up.
-    infos().emplace(name, info);
+    const OpInfo* stored = &infos().emplace(name, std::move(info)).first->second;
     // torch::Library keeps the name pointer: give it storage that lives as long.
     static std::deque<std::string> names;
     names.push_back(name.overload_name.empty() ? name.name : name.name + "." + name.overload_name);
-    (ours ? own : lib)->impl(names.back().c_str(), torch::CppFunction::makeFromBoxedFunction<&lowered_kernel>());
+    (ours ? own : lib)->impl(names.back().c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<LoweredKernel>(stored)));
     ++n;
   }
   return n;

@@ -5,6 +5,9 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <optional>
+
+#include "backend/device.h"
 #include "backend/dtypes.h"
 #include "backend/executor.h"
 #include "lowering/helpers.h"
@@ -115,7 +118,9 @@ Operand dense_value(const at::Tensor& t) {
 runtime::BufferPtr dense_buffer(const at::Tensor& t) { return resolve(dense_value(t)); }
 
 at::Tensor wrap_value(Operand value, c10::ScalarType dtype, at::IntArrayRef sizes, int device) {
-  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  // The allocator places the storage on the current device: switch only if it differs.
+  std::optional<c10::DeviceGuard> guard;
+  if (current_device() != device) guard.emplace(c10::Device(c10::DeviceType::PrivateUse1, device));
   constexpr c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
   at::Tensor t = at::detail::empty_generic(sizes, &g_allocator, ks, dtype, std::nullopt);
   storage_of(t).value = std::move(value);
@@ -124,7 +129,9 @@ at::Tensor wrap_value(Operand value, c10::ScalarType dtype, at::IntArrayRef size
 
 at::Tensor wrap_value(Operand value, c10::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
                       int device) {
-  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  // The allocator places the storage on the current device: switch only if it differs.
+  std::optional<c10::DeviceGuard> guard;
+  if (current_device() != device) guard.emplace(c10::Device(c10::DeviceType::PrivateUse1, device));
   constexpr c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
   at::Tensor t = at::detail::empty_strided_generic(sizes, strides, &g_allocator, ks, dtype);
   storage_of(t).value = std::move(value);

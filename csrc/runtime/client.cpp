@@ -141,6 +141,13 @@ Executable::Executable(PJRT_LoadedExecutable* e, size_t num_outputs, int64_t tem
                        int64_t output_bytes)
     : exe_(e), num_outputs_(num_outputs), temp_bytes_(temp_bytes), output_bytes_(output_bytes) {}
 
+void Executable::set_output_types(std::vector<OutputType> types) const {
+  std::lock_guard<std::mutex> lock(output_types_mu_);
+  if (output_types_known_.load(std::memory_order_relaxed)) return;
+  output_types_ = std::move(types);
+  output_types_known_.store(true, std::memory_order_release);
+}
+
 Executable::~Executable() {
   if (!exe_ || !g_client || g_forked_after_init) return;
   auto a = ARGS(PJRT_LoadedExecutable_Destroy_Args);
@@ -695,11 +702,12 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
                                        const std::string& what) {
   // Executables are shared by identical programs: name the caller's op in errors.
   const std::string& name = what.empty() ? exe.name : what;
-  {
+  if (has_deferred_error_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(pending_mu_);
     if (!deferred_error_.empty()) {
       std::string e = std::move(deferred_error_);
       deferred_error_.clear();
+      has_deferred_error_ = false;
       throw Error(e, PJRT_Error_Code_INTERNAL);
     }
   }
@@ -743,18 +751,28 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
   std::shared_ptr<const std::string> shared_name = last_name;
   std::vector<BufferPtr> result;
   result.reserve(outs.size());
-  for (size_t i = 0; i < outs.size(); ++i) {
-    PJRT_Buffer* o = outs[i];
-    auto et = ARGS(PJRT_Buffer_ElementType_Args);
-    et.buffer = o;
-    if (PJRT_Error* e = api_->PJRT_Buffer_ElementType(&et)) check(e, "Buffer_ElementType");
-    auto dm = ARGS(PJRT_Buffer_Dimensions_Args);
-    dm.buffer = o;
-    if (PJRT_Error* e = api_->PJRT_Buffer_Dimensions(&dm)) check(e, "Buffer_Dimensions");
-    auto b = std::make_shared<Buffer>(o, device, from_pjrt(et.type),
-                                      std::vector<int64_t>(dm.dims, dm.dims + dm.num_dims));
-    b->producer = shared_name;
-    result.push_back(std::move(b));
+  if (const std::vector<Executable::OutputType>* known = exe.output_types()) {
+    for (size_t i = 0; i < outs.size(); ++i) {
+      auto b = std::make_shared<Buffer>(outs[i], device, (*known)[i].dtype, (*known)[i].dims);
+      b->producer = shared_name;
+      result.push_back(std::move(b));
+    }
+  } else {
+    std::vector<Executable::OutputType> types;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      PJRT_Buffer* o = outs[i];
+      auto et = ARGS(PJRT_Buffer_ElementType_Args);
+      et.buffer = o;
+      if (PJRT_Error* e = api_->PJRT_Buffer_ElementType(&et)) check(e, "Buffer_ElementType");
+      auto dm = ARGS(PJRT_Buffer_Dimensions_Args);
+      dm.buffer = o;
+      if (PJRT_Error* e = api_->PJRT_Buffer_Dimensions(&dm)) check(e, "Buffer_Dimensions");
+      types.push_back({from_pjrt(et.type), std::vector<int64_t>(dm.dims, dm.dims + dm.num_dims)});
+      auto b = std::make_shared<Buffer>(o, device, types.back().dtype, types.back().dims);
+      b->producer = shared_name;
+      result.push_back(std::move(b));
+    }
+    exe.set_output_types(std::move(types));
   }
   if (done[0]) {
     if (wait) await_event(done[0], "executing " + name);
@@ -766,7 +784,12 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
 void Client::track_event(PJRT_Event* ev, int device, std::shared_ptr<const std::string> op) {
   std::lock_guard<std::mutex> lock(pending_mu_);
   pending_.push_back({ev, device, std::move(op)});
-  if (pending_.size() >= 256) reap(false, -1);
+  // Dropping finished events scans them all: while launches run ahead of the device,
+  // the next scan waits until the list has doubled (amortized O(1) per launch).
+  if (pending_.size() >= reap_at_) {
+    reap(false, -1);
+    reap_at_ = std::max<size_t>(256, 2 * pending_.size());
+  }
 }
 
 // Drops finished events (all of `device`'s, waiting, when `all`), keeping the first error.
@@ -792,7 +815,10 @@ void Client::reap(bool all, int device) {
       try {
         check(err, "asynchronous execution of " + (p.op ? *p.op : std::string("a program")));
       } catch (const Error& e) {
-        if (deferred_error_.empty()) deferred_error_ = e.what();
+        if (deferred_error_.empty()) {
+          deferred_error_ = e.what();
+          has_deferred_error_ = true;
+        }
       }
     }
     auto d = ARGS(PJRT_Event_Destroy_Args);
@@ -813,9 +839,11 @@ bool Client::is_idle(int device) {
 void Client::synchronize(int device) {
   std::lock_guard<std::mutex> lock(pending_mu_);
   reap(true, device);
+  reap_at_ = std::max<size_t>(256, 2 * pending_.size());
   if (!deferred_error_.empty()) {
     std::string e = std::move(deferred_error_);
     deferred_error_.clear();
+    has_deferred_error_ = false;
     throw Error(e, PJRT_Error_Code_INTERNAL);
   }
 }

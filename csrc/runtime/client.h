@@ -91,11 +91,24 @@ class Executable {
   int64_t output_bytes() const { return output_bytes_; }
   std::string name;  // what it computes, for errors
   int64_t alias_bytes = 0;  // outputs that reuse donated inputs' memory
+  // Each output's element type and dimensions, read from the first execution's buffers
+  // (shapes are static): later launches ask the plugin nothing per output.
+  struct OutputType {
+    DType dtype;
+    std::vector<int64_t> dims;
+  };
+  const std::vector<OutputType>* output_types() const {
+    return output_types_known_.load(std::memory_order_acquire) ? &output_types_ : nullptr;
+  }
+  void set_output_types(std::vector<OutputType> types) const;
  private:
   PJRT_LoadedExecutable* exe_;
   size_t num_outputs_;
   int64_t temp_bytes_;
   int64_t output_bytes_;
+  mutable std::mutex output_types_mu_;
+  mutable std::vector<OutputType> output_types_;  // written once, before the flag
+  mutable std::atomic<bool> output_types_known_{false};
 };
 using ExecutablePtr = std::shared_ptr<Executable>;
 
@@ -226,7 +239,10 @@ class Client {
   };
   std::mutex pending_mu_;
   std::vector<Pending> pending_;
+  size_t reap_at_ = 256;  // pending_'s size that makes a launch drop finished events
   std::string deferred_error_;  // first asynchronous error not yet raised
+  // Set with deferred_error_ (under pending_mu_): launches read it without the lock.
+  std::atomic<bool> has_deferred_error_{false};
 };
 
 }  // namespace tpu::runtime

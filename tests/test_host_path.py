@@ -1,0 +1,113 @@
+"""Strict's per-op host path keeps shortcuts that must never return stale results: the
+per-thread cache of scalar operands (a Python number or alpha uploaded once), each
+executable's output types read once from its first launch, and the pending-launch list
+that is scanned less often while launches run ahead of the device."""
+import json
+import threading
+
+import torch
+
+import torch_tpu
+from conftest import run_python
+
+
+def _scalar_ops(dev):
+    x = torch.arange(6, dtype=torch.float32, device=dev) / 3 - 1
+    i = torch.arange(6, dtype=torch.int64, device=dev)
+    b = torch.tensor([True, False, True, False, True, True], device=dev)
+    out = []
+    # Values share cache slots (4 per thread), bit patterns and dtypes: int 1 and float
+    # 1.0, 0 and False, and alphas that alternate with the Python number on the same op.
+    for v in [0, 1, 2, 3, 4, 5, 6, 7, 8, 1, 0, -1, 2**40, 1.0, 0.5, -0.0, 1e-30, 3.25, 1, 2]:
+        out.append(x + v)
+        out.append(x.add(x, alpha=v))
+        out.append(i * int(v))
+        out.append(i.add(i, alpha=int(v)))
+        out.append(b & bool(v))
+        out.append(torch.full_like(x, 7.0).sub(x, alpha=v))
+    return out
+
+
+def _check_scalar_ops():
+    for got, want in zip(_scalar_ops("tpu"), _scalar_ops("cpu")):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+def test_scalar_operands_never_reuse_another_value():
+    _check_scalar_ops()
+    _check_scalar_ops()  # warm: every plan and scalar buffer cached
+
+
+def test_scalar_operands_on_another_thread():
+    _check_scalar_ops()
+    errors = []
+
+    def work():
+        try:
+            _check_scalar_ops()
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_outputs_of_one_executable_keep_their_types():
+    x = torch.randn(4, 5)
+    xt = x.to("tpu")
+    for _ in range(3):  # the first launch reads the types, the others reuse them
+        v, ix = xt.max(dim=1)
+        var, mean = torch.var_mean(xt, dim=0)
+        want_v, want_ix = x.max(dim=1)
+        assert (v.dtype, ix.dtype, tuple(v.shape), tuple(ix.shape)) == (torch.float32, torch.int64, (4,), (4,))
+        assert (var.dtype, tuple(var.shape), tuple(mean.shape)) == (torch.float32, (5,), (5,))
+        torch.testing.assert_close(v.cpu(), want_v)
+        assert torch.equal(ix.cpu(), want_ix)
+        want_var, want_mean = torch.var_mean(x, dim=0)
+        torch.testing.assert_close(var.cpu(), want_var)
+        torch.testing.assert_close(mean.cpu(), want_mean)
+
+
+def test_a_reloaded_executable_reads_its_types_again(tmp_path):
+    # A bound of 2 loaded programs: each op's executable is dropped and reloaded (a new
+    # object) between uses, and its outputs must keep their own dtypes and shapes.
+    prog = (
+        "import json, torch, torch_tpu\n"
+        "x = torch.arange(12.0).reshape(3, 4)\n"
+        "t = x.to('tpu')\n"
+        "ok = True\n"
+        "for _ in range(3):\n"
+        "    for f in (lambda a: a.max(dim=0), lambda a: a.sum(1), lambda a: a.argmin(1),\n"
+        "              lambda a: (a > 5), lambda a: a.t() * 2):\n"
+        "        got, want = f(t), f(x)\n"
+        "        got = got if isinstance(got, tuple) else (got,)\n"
+        "        want = want if isinstance(want, tuple) else (want,)\n"
+        "        for g, w in zip(got, want):\n"
+        "            ok = ok and g.dtype == w.dtype and g.shape == w.shape and torch.equal(g.cpu(), w)\n"
+        "print(json.dumps({'ok': ok, 'unloaded': torch_tpu.metrics()['programs_unloaded']}))\n")
+    r = run_python(prog, env={"TPU_COMPILE_CACHE_DIR": str(tmp_path), "TPU_MAX_LOADED_PROGRAMS": "2"})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["ok"]
+    assert out["unloaded"] >= 10
+
+
+def test_a_long_chain_without_sync_completes_and_syncs():
+    # Far more launches than the pending-event list's first scan point (256).
+    x0 = torch.zeros(16, device="tpu")
+    x = x0
+    for _ in range(3000):
+        x = x + 1
+    torch.tpu.synchronize()
+    assert torch.equal(x.cpu(), torch.full((16,), 3000.0))
+    y = x0
+    for _ in range(700):
+        y = y * 1 + 2
+    assert y[0].item() == 1400.0
+    torch.tpu.synchronize()
+    assert torch_tpu.metrics()["executions"] > 0
