@@ -79,6 +79,10 @@ def _mutated_inputs(gm: torch.fx.GraphModule) -> list:
 
 # How a steady call launches its captured program (CapturedGraph.replay's `how`).
 _LAUNCH, _DEFER, _JOIN = 0, 1, 2
+# A forward was deferred and no inference graph has joined it yet: backward graphs defer
+# and the next inference graph joins. Without it they run as programs of their own, so
+# eager work between graphs (DeferAndFuse's recorded ops) joins only a deferred step.
+_step_open = False
 
 
 class _CompiledGraph:
@@ -108,17 +112,24 @@ class _CompiledGraph:
         self._captures = []        # (capture, output template), one per input layout
         self.replay_declined = ""  # why the capture could not explain the graph
         self.role = role
-        if fuse_steps is None:  # TPU_COMPILED_FUSE_STEPS=0: a program per graph (to compare)
-            fuse_steps = os.environ.get("TPU_COMPILED_FUSE_STEPS", "1") != "0"
         self.fuse_steps = fuse_steps
         if debug:
             print(gm.print_readable(print_output=False, include_stride=True))
         counters["compiled_graphs"] += 1
 
     def _how(self, mode: int) -> int:
+        global _step_open
         if not self.fuse_steps or mode == _DEBUG:
             return _LAUNCH  # Debug: each graph runs (and fails) at its call
-        return {"forward": _DEFER, "backward": _DEFER}.get(self.role, _JOIN)
+        if self.role == "forward":
+            _step_open = True
+            return _DEFER
+        if not _step_open:  # no deferred forward: run as a program of its own
+            return _LAUNCH
+        if self.role == "backward":
+            return _DEFER
+        _step_open = False
+        return _JOIN
 
     def __call__(self, args):
         t0 = time.perf_counter()
@@ -311,6 +322,10 @@ class TpuBackend:
         self.dynamism = dynamism
         self.memory_budget = memory_budget
         self.recompute = recompute
+        if fuse_steps is None:  # TPU_COMPILED_FUSE_STEPS=0: a program per graph (to compare)
+            # Not with dynamism: eager work between its graphs (padding, per size in
+            # DeferAndFuse) would join a step's program and compile it once per size.
+            fuse_steps = os.environ.get("TPU_COMPILED_FUSE_STEPS", "1") != "0" and not dynamism
         self.fuse_steps = fuse_steps
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, **ignored):
@@ -339,9 +354,13 @@ class TpuBackend:
             counters["compiled_aot_seconds"] += dt
 
     def _lower(self, gm: torch.fx.GraphModule, example_inputs, role: str = "inference"):
+        bounded = bool(_symbols(example_inputs))
+        # Bounded graphs keep a program per graph: eager padding between them (per size in
+        # DeferAndFuse) would join their step's program and make it vary with the sizes.
+
         def compiled(g):
-            return _CompiledGraph(g, self.debug, role, self.fuse_steps)
-        if _symbols(example_inputs):  # bounded (checked): one program for the bound
+            return _CompiledGraph(g, self.debug, role, self.fuse_steps and not bounded)
+        if bounded:  # (checked): one program for the bound
             from .bounded import BoundedGraph, user_outputs
             return BoundedGraph(gm, compiled, user_outputs(gm))
         return compiled(gm)
