@@ -306,9 +306,10 @@ class TpuBackend:
     on; TPU_COMPILED_FUSE_STEPS=0 turns the default off) makes a steady training step one
     program: the forward's and backward's replays are calls of the pending graph and the
     compiled optimizer step (any inference graph) joins and flushes them (see
-    _CompiledGraph). On the 4-layer GPT with the budget of 0 that is DeferAndFuse's
-    throughput at its peak memory; with the budget of 1.0 (nothing recomputed) about 3 %
-    faster but 1.4x the peak (XLA keeps the saved activations live through the backward).
+    _CompiledGraph). On the 4-layer GPT with the budget of 0 that is about DeferAndFuse's
+    throughput and CPU time per step at 0.99x its peak memory; with the budget of 1.0
+    (nothing recomputed) one loaded run was 3 % faster but at 1.4x the peak.
+    Not with `dynamism` (eager padding between its graphs would join the program).
     Options of Google's TorchTPU this backend has no use for
     (`enable_serialization`, `precompile_steps`, ...) are accepted and ignored: the
     executable caches already persist compiled programs.
