@@ -71,8 +71,8 @@ def forward_of(model):
 
 def step_of(opt):
     """`opt.step`, or in the compiled mode that step compiled as PyTorch's compiled
-    optimizer recipe does: the whole update one graph (forward, backward and update are
-    then three programs a step)."""
+    optimizer recipe does: the whole update one graph (with TpuBackend's fuse_steps,
+    forward, backward and update are then one program a step; three without)."""
     if not _compiling:
         return opt.step
 

@@ -116,10 +116,11 @@ def test_compiled_gpt_trains_like_eager_one_program_per_graph(mode):
         fwd = torch.compile(model, backend="tpu")
         got, (first, second) = train_gpt(model, fwd)
         after = torch_tpu.metrics()
-        # A steady forward and backward: one program per graph. Outside them only the
-        # backward's seed gradient (ones) and AOTAutograd's zero tangent for the logits
-        # (no gradient) run: no program in Strict mode (a host transfer and an unwritten
-        # storage, both `host_fills`), one fused graph of both in DeferAndFuse.
+        # A steady forward and backward: one program (the forward's replay stays pending
+        # and the backward's joins it). Outside them only the backward's seed gradient
+        # (ones) and AOTAutograd's zero tangent for the logits (no gradient) run: no
+        # program in Strict mode (a host transfer and an unwritten storage, both
+        # `host_fills`); in DeferAndFuse they are recorded into the same program.
         # Grads start as None: no accumulation.
         x, y = (t.to("tpu") for t in next(batches(64, 32, 4, 1)))
         model.zero_grad()
@@ -138,8 +139,8 @@ def test_compiled_gpt_trains_like_eager_one_program_per_graph(mode):
     assert later["compiled_graph_calls"] == 2 * 9
     assert delta(second, after, "compiles")["compiles"] == 0
     fused = mode == EagerMode.DEFER_AND_FUSE
-    assert step["compiled_graph_calls"] == 2 and step["fused_graphs"] == 2 + fused
-    assert step["executions"] == (3 if fused else 2), step
+    assert step["compiled_graph_calls"] == 2 and step["fused_graphs"] == 1
+    assert step["executions"] == 1, step
     assert step["host_fills"] == (0 if fused else 2), step
 
 
@@ -389,12 +390,15 @@ def test_steady_gpt_steps_replay_with_values_identical_to_recording(record_every
         record_every_call.REPLAY = replay
         torch._dynamo.reset()
         model = copy.deepcopy(base).to("tpu")
-        losses, _ = train_gpt(model, torch.compile(model, backend="tpu"), steps=4)
+        # A program per graph, as recording runs them (fuse_steps joins a step's graphs
+        # into one program: other executables, equal within float rounding, tested below).
+        backend = record_every_call.TpuBackend(fuse_steps=False)
+        losses, _ = train_gpt(model, torch.compile(model, backend=backend), steps=4)
         # One steady step's forward and backward: with replay nothing is recorded.
         x, y = (t.to("tpu") for t in next(batches(64, 32, 4, 1)))
         torch_tpu.synchronize()
         before = torch_tpu.metrics()
-        fwd = torch.compile(model, backend="tpu")
+        fwd = torch.compile(model, backend=backend)
         _, loss = fwd(x, y)
         loss.backward()
         torch_tpu.synchronize()
@@ -572,13 +576,12 @@ def test_compiled_adamw_step_replays_and_matches_eager(eager_first):
             assert opt_c.state[pc]["step"].item() == opt_e.state[pe]["step"].item() == i + 1
 
 
-def test_compiled_train_step_is_three_programs():
+def test_compiled_train_step_is_one_program():
     # forward, backward and AdamW compiled, with a plain `loss.backward()`: a steady step
-    # launches the three captured programs and nothing else. Autograd's seed
-    # (ones_like(loss)) is a small constant fill: a host-to-device transfer, counted in
-    # `host_fills`, not a program. Eager parts run in Strict, as in the benchmark (in
-    # DeferAndFuse the seed is recorded, and the backward graph's call flushes it as a
-    # graph of its own first: 4 programs).
+    # replays the three captured graphs as one program and launches nothing else.
+    # Autograd's seed (ones_like(loss)) is a small constant fill: a host-to-device
+    # transfer, counted in `host_fills`, not a program. Eager parts run in Strict, as in
+    # the benchmark (in DeferAndFuse the seed is recorded into the same program).
     torch.manual_seed(0)
     with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER):
         _three_programs_step()
@@ -605,8 +608,10 @@ def _three_programs_step():
         losses.append(loss.item())
         counts.append(delta(before, torch_tpu.metrics(), "executions", "compiled_replays", "host_fills",
                             "compiled_recompiles", "compiled_graphs", "compiles"))
-    for c in counts[2:]:
-        assert c == {"executions": 3, "compiled_replays": 3, "host_fills": 1, "compiled_recompiles": 0,
+    # From the fourth step (the update's second call records again, its state made;
+    # the third compiles the joined program).
+    for c in counts[3:]:
+        assert c == {"executions": 1, "compiled_replays": 3, "host_fills": 1, "compiled_recompiles": 0,
                      "compiled_graphs": 0, "compiles": 0}, counts
     assert losses[-1] < losses[0]
 
@@ -705,3 +710,130 @@ def test_training_graphs_skip_aotautograds_cse_pass_and_import_no_inductor_match
     r = run_python(code)
     assert r.returncode == 0, r.stderr
     assert "pattern_matcher False" in r.stdout, r.stdout
+
+
+# ---- one program per training step (TpuBackend(fuse_steps=True), the default) ----------
+
+STEP_COUNTS = ("executions", "compiles", "compiled_recompiles", "compiled_graphs", "compiled_replays")
+
+
+def _fused_step_run(mode, read_between, steps=6, break_graph=False):
+    """Compiled forward, backward and AdamW update of the small GPT for `steps` steps in
+    eager `mode`, with `loss.item()` between forward and backward when `read_between`;
+    the same steps eagerly. Returns both runs' losses and parameters, and per-step counts."""
+    torch.manual_seed(0)
+    base = GPT()
+    runs = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        with torch_tpu.set_eager_mode(mode):
+            model = copy.deepcopy(base).to("tpu")
+            # eps bounds how much Adam magnifies float differences of tiny gradients
+            opt = torch.optim.AdamW(model.parameters(), lr=3e-3, eps=1e-3)
+
+            def loss_fn(x, y):
+                if break_graph:
+                    h = model.blocks[0](model.tok(x) + model.pos(torch.arange(x.shape[1], device=x.device)))
+                    print(end="")  # a graph break between two pieces of the forward
+                    return nn.functional.cross_entropy(model.head(model.ln(h)).flatten(0, 1), y.flatten())
+                return model(x, y)[1]
+
+            loss_of = torch.compile(loss_fn, backend="tpu") if compiled else loss_fn
+            update = torch.compile(lambda: opt.step(), backend="tpu") if compiled else opt.step
+            losses, counts = [], []
+            for x, y in batches(64, 32, 4, steps):
+                x, y = x.to("tpu"), y.to("tpu")
+                torch_tpu.synchronize()
+                before = torch_tpu.metrics()
+                loss = loss_of(x, y)
+                if read_between:
+                    losses.append(loss.item())
+                opt.zero_grad()
+                loss.backward()
+                update()
+                if not read_between:
+                    losses.append(loss.item())
+                torch_tpu.synchronize()
+                counts.append(delta(before, torch_tpu.metrics(), *STEP_COUNTS))
+            runs.append((losses, [p.detach().cpu() for p in model.parameters()], counts))
+    return runs
+
+
+@pytest.mark.parametrize("read_between", [False, True], ids=["no_read", "item_between"])
+@pytest.mark.parametrize("mode", ALL_MODES, ids=lambda m: m.name)
+def test_compiled_training_step_is_one_program_and_trains_like_eager(mode, read_between):
+    (want, want_p, _), (got, got_p, counts) = _fused_step_run(mode, read_between)
+    assert got == pytest.approx(want, abs=1e-5)
+    assert want[-1] < want[0]
+    for a, b in zip(got_p, want_p):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    # Steady steps (from the fourth: the update's second step records again, its state
+    # made, and the third compiles the joined program once) replay the three graphs and
+    # compile nothing: one program (forward + backward + update), two when the loss is
+    # read between forward and backward (forward; backward + update), three in Debug
+    # (each graph runs at its call).
+    programs = 3 if mode == EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING else (2 if read_between else 1)
+    for c in counts[3:]:
+        assert c == {"executions": programs, "compiles": 0, "compiled_recompiles": 0, "compiled_graphs": 0,
+                     "compiled_replays": 3}, counts
+
+
+def test_compiled_training_with_a_graph_break_trains_like_eager():
+    # Two forward pieces around an eager break, their two backwards and the update: the
+    # second piece's forward flushes the first (a program of its own), the rest is one.
+    (want, want_p, _), (got, got_p, counts) = _fused_step_run(EagerMode.DEFER_NEVER, False, break_graph=True)
+    assert got == pytest.approx(want, abs=1e-5)
+    for a, b in zip(got_p, want_p):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    for c in counts[3:]:
+        assert c["compiles"] == c["compiled_recompiles"] == c["compiled_graphs"] == 0, counts
+        assert c["compiled_replays"] == 5 and c["executions"] <= 3, counts
+
+
+@pytest.mark.parametrize("mode", ALL_MODES, ids=lambda m: m.name)
+def test_no_grad_graph_between_forward_and_backward_joins_the_pending_forward(mode):
+    # An inference graph (no_grad) called while a training forward is pending joins it
+    # and flushes both; the backward then reads the materialized saved tensors.
+    torch.manual_seed(0)
+    lin_cpu = nn.Linear(8, 8)
+    lin = copy.deepcopy(lin_cpu).to("tpu")
+    fwd = torch.compile(lambda x: lin(x).tanh().sum(), backend="tpu")
+    probe = torch.compile(lambda x: (lin(x) * 2).amax(), backend="tpu")
+    g = torch.Generator().manual_seed(3)
+    with torch_tpu.set_eager_mode(mode):
+        for _ in range(4):
+            x = torch.randn(4, 8, generator=g)
+            lin.zero_grad()
+            loss = fwd(x.to("tpu"))
+            with torch.no_grad():
+                peak = probe(x.to("tpu"))
+            loss.backward()
+            lin_cpu.zero_grad()
+            want = lin_cpu(x).tanh().sum()
+            want.backward()
+            torch.testing.assert_close(loss.cpu(), want.detach(), rtol=0, atol=1e-5)
+            torch.testing.assert_close(peak.cpu(), (lin_cpu(x) * 2).amax().detach(), rtol=0, atol=1e-5)
+            torch.testing.assert_close(lin.weight.grad.cpu(), lin_cpu.weight.grad, rtol=0, atol=1e-5)
+
+
+def test_fuse_steps_off_keeps_a_program_per_graph():
+    from torch_tpu._internal.compile import TpuBackend
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8).to("tpu")
+    opt = torch.optim.AdamW(lin.parameters(), lr=1e-2)
+    backend = TpuBackend(fuse_steps=False)
+    fwd = torch.compile(lambda x: lin(x).square().mean(), backend=backend)
+    update = torch.compile(lambda: opt.step(), backend=backend)
+    with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER):
+        for i in range(4):
+            x = torch.randn(4, 8).to("tpu")
+            torch_tpu.synchronize()
+            before = torch_tpu.metrics()
+            loss = fwd(x)
+            opt.zero_grad()
+            loss.backward()
+            update()
+            torch_tpu.synchronize()
+            d = delta(before, torch_tpu.metrics(), "executions", "compiled_replays")
+            if i >= 2:
+                assert d == {"executions": 3, "compiled_replays": 3}, d

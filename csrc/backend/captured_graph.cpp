@@ -134,8 +134,12 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
   void finish(const py::list& outs);
 
   // Launches the program on `args` when they look like the recorded ones (clearing
-  // `args`, as the boxed call does); None otherwise, leaving `args` alone.
-  py::object replay(py::list args);
+  // `args`, as the boxed call does); None otherwise, leaving `args` alone. `how`:
+  // Launch (a program of its own), Defer (one call in the pending graph, its results
+  // pending until something flushes it), Join (Defer then flush when calls are pending,
+  // e.g. a training step's forward and backward; otherwise Launch).
+  enum class How { Launch = 0, Defer = 1, Join = 2 };
+  py::object replay(py::list args, int how);
 
  private:
   struct Input {
@@ -177,6 +181,7 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
   std::string why_, miss_;
 
   FlushedGraphPtr graph_;
+  ProgramPtr program_;  // graph_ as one call of a pending graph (made on first Defer)
   int device_ = 0;
   std::vector<Param> params_;
   std::vector<Output> outputs_;
@@ -312,7 +317,7 @@ void CapturedGraph::finish(const py::list& outs) {
   reports_.clear();
 }
 
-py::object CapturedGraph::replay(py::list args) {
+py::object CapturedGraph::replay(py::list args, int how_) {
   if (!graph_ || args.size() != inputs_.size()) return miss("count", -1);
   std::vector<at::Tensor> ins(inputs_.size());
   for (size_t k = 0; k < inputs_.size(); ++k) {
@@ -349,14 +354,29 @@ py::object CapturedGraph::replay(py::list args) {
   args.attr("clear")();  // inputs the caller no longer holds die now, as in the graph
   ins.clear();
 
-  std::vector<SlotPtr> results = relaunch(graph_, std::move(params), [&](const std::vector<SlotPtr>& res) {
+  auto bind = [&](const std::vector<SlotPtr>& res) {
     for (auto& [k, j] : writes_) {
       auto* sd = static_cast<StorageData*>(kept[k].data_ptr().get_context());
       note_replacement(res[j], sd->value);
       sd->value = res[j];
     }
-  });
+  };
+  How how = static_cast<How>(how_);
+  std::vector<SlotPtr> results;
+  {
+    auto lock = graph_lock();  // nothing flushes between the check and the record
+    if (how == How::Join && pending_ops() == 0) how = How::Launch;
+    if (how == How::Launch) {
+      results = relaunch(graph_, std::move(params), bind);
+    } else {
+      if (!program_) program_ = graph_program(graph_);
+      TORCH_INTERNAL_ASSERT(deferring(), "a deferred compiled graph outside a deferring mode");
+      for (Operand& o : run(program_, std::move(params), device)) results.push_back(std::move(o.slot));
+      bind(results);
+    }
+  }
   for (auto& [j, message] : result_checks_) add_device_check(results[j], message);
+  if (how == How::Join) flush("compiled step");
 
   py::list outs;
   std::vector<c10::Storage> made(outputs_.size());
@@ -389,7 +409,7 @@ void bind_captured_graph(py::module_& m) {
       .def_property_readonly("ready", &CapturedGraph::ready)
       .def_property_readonly("why", &CapturedGraph::why)
       .def_property_readonly("miss", &CapturedGraph::miss_reason)
-      .def("replay", &CapturedGraph::replay);
+      .def("replay", &CapturedGraph::replay, py::arg("args"), py::arg("how") = 0);
   // Starts watching a graph's recorded call; `mutated`: the inputs it writes.
   m.def("_capture_begin", [](const py::list& args, const std::vector<int>& mutated) {
     auto c = std::make_shared<CapturedGraph>(args, mutated);

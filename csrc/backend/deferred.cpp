@@ -18,10 +18,13 @@ namespace tpu::backend {
 
 // ---- programs ------------------------------------------------------------------------
 
+namespace {
+std::atomic<int64_t> g_next_program{0};
+}  // namespace
+
 Program::Program(const ir::Builder& b, const std::vector<ir::Value>& results, std::string name)
     : name_(std::move(name)), params_(b.params()) {
-  static std::atomic<int64_t> next{0};
-  id_ = next++;
+  id_ = g_next_program++;
   for (const ir::Value& v : results) results_.push_back(v.type);
   function_ = b.function(function_name(), results, false);
   recompute_cost_ = ir::recompute_cost(function_);
@@ -29,6 +32,12 @@ Program::Program(const ir::Builder& b, const std::vector<ir::Value>& results, st
   module_ = "module @torch_tpu {\n";
   for (auto& [symbol, text] : functions_) module_ += text;
   module_ += b.function("main", results, true) + "}\n";
+}
+
+Program::Program(std::vector<ir::Type> params, std::vector<ir::Type> results, std::string name, const Emit& emit)
+    : name_(std::move(name)), params_(std::move(params)), results_(std::move(results)) {
+  id_ = g_next_program++;
+  emit(function_name(), &function_, &functions_, &module_);
 }
 
 runtime::ExecutablePtr Program::executable() {
@@ -231,8 +240,10 @@ RematPolicy remat_policy() {
 // Readers more than this many calls after a value's earlier readers get a recomputation.
 constexpr int kRematGap = 4;
 
-std::string fused_text(const std::vector<Call>& calls, const std::vector<ir::Type>& param_types,
-                       const std::vector<Wire>& results, const std::vector<int>& aliases) {
+// Emits `calls` into `m` (functions they need go to `add(symbol, text)`); returns `results`.
+std::vector<ir::Value> emit_calls(ir::FusedModule& m, const std::vector<Call>& calls,
+                                  const std::vector<ir::Type>& param_types, const std::vector<Wire>& results,
+                                  const std::function<void(const std::string&, const std::string&)>& add) {
   auto bytes = [](const ir::Type& t) { return t.numel() * static_cast<int64_t>(itemsize(t.dtype)); };
   std::vector<ir::GraphCall> graph;
   for (size_t n = 0; n < calls.size(); ++n) {
@@ -260,19 +271,16 @@ std::string fused_text(const std::vector<Call>& calls, const std::vector<ir::Typ
   ir::Rematerialized plan = ir::rematerialize(graph, param_bytes, kRematGap);
   fuse_stats().recomputed += plan.recomputed;
 
-  ir::FusedModule m;
   std::vector<ir::Value> params;
   for (const ir::Type& t : param_types) params.push_back(m.param(t));
   std::unordered_set<int64_t> added;
-  std::unordered_set<std::string> imported;
   std::vector<std::vector<ir::Value>> values;
   auto value = [&](const Wire& w) { return w.node < 0 ? params[w.index] : values[w.node][w.index]; };
   for (const ir::GraphCall& g : plan.calls) {
     const Program& p = *calls[g.fn].program;
     if (added.insert(p.id()).second) {
-      m.add_function(p.function_text());
-      for (auto& [symbol, text] : p.functions())  // imported modules, once per graph
-        if (imported.insert(symbol).second) m.add_function(text);
+      add(p.function_name(), p.function_text());
+      for (auto& [symbol, text] : p.functions()) add(symbol, text);  // imported modules
     }
     std::vector<ir::Value> args;
     for (const Wire& w : g.args) args.push_back(value(w));
@@ -281,6 +289,17 @@ std::string fused_text(const std::vector<Call>& calls, const std::vector<ir::Typ
   }
   std::vector<ir::Value> outs;
   for (const Wire& w : results) outs.push_back(values[plan.position[w.node]][w.index]);
+  return outs;
+}
+
+std::string fused_text(const std::vector<Call>& calls, const std::vector<ir::Type>& param_types,
+                       const std::vector<Wire>& results, const std::vector<int>& aliases) {
+  ir::FusedModule m;
+  std::unordered_set<std::string> imported;  // each function once per graph
+  auto add = [&](const std::string& symbol, const std::string& text) {
+    if (imported.insert(symbol).second) m.add_function(text);
+  };
+  std::vector<ir::Value> outs = emit_calls(m, calls, param_types, results, add);
   return m.finish(outs, aliases);
 }
 
@@ -661,6 +680,33 @@ namespace tpu::backend {
 void set_flush_observer(std::function<void(const FlushReport&)> fn) {
   auto lock = graph_lock();
   g_flush_observer = std::move(fn);
+}
+
+ProgramPtr graph_program(const FlushedGraphPtr& graph) {
+  std::vector<ir::Type> results;
+  for (const Wire& w : graph->results) results.push_back(graph->calls[w.node].program->results()[w.index]);
+  auto emit = [&](const std::string& name, std::string* function, std::map<std::string, std::string>* functions,
+                  std::string* module) {
+    // Its calls' functions are shared with the graphs it joins (by symbol); its helpers
+    // are its own (prefixed by its name).
+    ir::FusedModule m(name + "_");
+    auto add = [&](const std::string& symbol, const std::string& text) { functions->emplace(symbol, text); };
+    std::vector<ir::Value> outs = emit_calls(m, graph->calls, graph->param_types, graph->results, add);
+    *function = m.private_function(name, outs);
+    *module = "module @torch_tpu {\n";
+    for (auto& [symbol, text] : *functions) *module += text;
+    ir::Builder main;  // launched alone (a failed fused launch replays call by call)
+    std::vector<ir::Value> args;
+    for (const ir::Type& t : graph->param_types) args.push_back(main.param(t));
+    *module += *function + main.function("main", main.call(name, args, results), true) + "}\n";
+  };
+  return std::make_shared<Program>(graph->param_types, results,
+                                   "compiled graph of " + std::to_string(graph->calls.size()) + " ops", emit);
+}
+
+size_t pending_ops() {
+  auto lock = graph_lock();
+  return g_graph.nodes.size();
 }
 
 std::vector<SlotPtr> relaunch(const FlushedGraphPtr& graph, std::vector<Operand> params,

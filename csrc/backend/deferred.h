@@ -28,6 +28,11 @@ namespace tpu::backend {
 class Program {
  public:
   Program(const ir::Builder& b, const std::vector<ir::Value>& results, std::string name);
+  // A program whose text `emit` writes, given its function name: its own function, the
+  // functions it calls (by symbol) and its module (a flushed graph as one call).
+  using Emit = std::function<void(const std::string& function_name, std::string* function,
+                                  std::map<std::string, std::string>* functions, std::string* module)>;
+  Program(std::vector<ir::Type> params, std::vector<ir::Type> results, std::string name, const Emit& emit);
   int64_t id() const { return id_; }
   const std::string& name() const { return name_; }
   const std::string& function_text() const { return function_; }
@@ -141,6 +146,11 @@ struct FlushReport {
 };
 // While set, every flush reports its graph to `fn` (called under the graph lock).
 void set_flush_observer(std::function<void(const FlushReport&)> fn);
+// `graph` as one program: recorded as one call while deferring (compiled mode joins a
+// training step's forward, backward and update into one pending graph this way).
+ProgramPtr graph_program(const FlushedGraphPtr& graph);
+// Calls recorded in the pending graph and not flushed yet.
+size_t pending_ops();
 // Launches `graph` again on `params` (same types as its first inputs; buffers or slots
 // of flushed graphs). `bind` sees the fresh result slots before donation is decided, as
 // a flush would (a caller writes them into storages there). Inputs nobody else holds

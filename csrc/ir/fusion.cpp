@@ -43,7 +43,7 @@ std::vector<Value> FusedModule::call(const std::string& fn, const std::vector<Va
 Value FusedModule::after(const Value& x, const Value& dep) {
   std::string& fn = after_fns_[x.type.str() + "|" + dep.type.str()];
   if (fn.empty()) {
-    fn = "after" + std::to_string(after_fns_.size());
+    fn = prefix_ + "after" + std::to_string(after_fns_.size());
     Builder b;
     Value px = b.param(x.type), pd = b.param(dep.type);
     functions_ += b.function(fn, {b.after(px, pd)}, false);
@@ -62,6 +62,15 @@ std::string FusedModule::finish(const std::vector<Value>& results,
   m += ") -> (" + joined_types(types_of(results)) + ") {\n" + body_ + "    \"func.return\"(" +
        joined_names(results) + ") : (" + joined_types(types_of(results)) + ") -> ()\n  }\n}\n";
   return m;
+}
+
+std::string FusedModule::private_function(const std::string& name, const std::vector<Value>& results) const {
+  std::string f = functions_ + "  func.func private @" + name + "(";
+  for (size_t i = 0; i < params_.size(); ++i)
+    f += (i ? ", " : "") + std::string("%arg") + std::to_string(i) + ": " + params_[i].str();
+  f += ") -> (" + joined_types(types_of(results)) + ") {\n" + body_ + "    \"func.return\"(" +
+       joined_names(results) + ") : (" + joined_types(types_of(results)) + ") -> ()\n  }\n";
+  return f;
 }
 
 }  // namespace tpu::ir

@@ -12,6 +12,9 @@ namespace tpu::ir {
 
 class FusedModule {
  public:
+  // `helper_prefix` names its helper functions (after): modules nested as functions of
+  // another module need names of their own.
+  explicit FusedModule(std::string helper_prefix = "") : prefix_(std::move(helper_prefix)) {}
   // `main`'s next parameter.
   Value param(const Type& t);
   // Adds a function made by Builder::function (private, uniquely named).
@@ -24,8 +27,12 @@ class FusedModule {
   // The module text. `aliases[i]` >= 0 lets parameter i's buffer be reused for that
   // result (the caller donates the buffer at launch).
   std::string finish(const std::vector<Value>& results, const std::vector<int>& aliases) const;
+  // The same body as a private function `name` (with the functions added before it):
+  // a graph called as one function from another graph.
+  std::string private_function(const std::string& name, const std::vector<Value>& results) const;
 
  private:
+  std::string prefix_;
   std::vector<Type> params_;
   std::string functions_;
   std::string body_;
