@@ -1,4 +1,5 @@
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -42,6 +43,14 @@ def run_python(code: str, env=None, timeout=300):
     e.update(env or {})
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=e, timeout=timeout, cwd=ROOT)
+
+
+def run_python_json(code: str, env=None, timeout=300):
+    """Runs `code` in a fresh interpreter, which must succeed; returns the JSON value its
+    last line of output prints."""
+    r = run_python(code, env, timeout)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def dev(v):

@@ -1,9 +1,8 @@
 """The persistent compile cache: a second process compiles nothing; corrupt entries are
 recompiled; the directory stays within its bound; it can be switched off."""
-import json
 import os
 
-from conftest import run_python
+from conftest import run_python_json
 
 PROGRAM = (
     "import json, torch, torch_tpu\n"
@@ -22,9 +21,7 @@ PROGRAM = (
 
 
 def run(cache_dir, **env):
-    r = run_python(PROGRAM, env={"TPU_COMPILE_CACHE_DIR": str(cache_dir), **env})
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_python_json(PROGRAM, env={"TPU_COMPILE_CACHE_DIR": str(cache_dir), **env})
 
 
 def test_second_process_compiles_nothing(tmp_path):
@@ -107,9 +104,7 @@ def test_loaded_programs_are_bounded_and_reload_when_used_again(tmp_path):
         "print(json.dumps({'ok': sums == [3.0 * n for n in range(1, 121)] and torch.equal(first, again)\n"
         "                        and fused == [12.0, 20.0, 12.0],\n"
         "                  'unloaded': m['programs_unloaded'], 'grown': grown}))\n")
-    r = run_python(prog, env={"TPU_COMPILE_CACHE_DIR": str(tmp_path), "TPU_MAX_LOADED_PROGRAMS": "16"})
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_python_json(prog, env={"TPU_COMPILE_CACHE_DIR": str(tmp_path), "TPU_MAX_LOADED_PROGRAMS": "16"})
     assert out["ok"]
     assert out["unloaded"] >= 200  # 240 programs through a bound of 16
     assert out["grown"] < 200  # unbounded: about 4 mappings per program, ~1,000 here

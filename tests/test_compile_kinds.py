@@ -1,12 +1,11 @@
 """Compile seconds per program kind: one op's program (Strict, Debug) vs fused graphs
 (DeferAndFuse, compiled mode); and the optional lower backend optimization for one-op
 programs (TPU_OP_OPT_LEVEL), which keeps values and has its own disk-cache entries."""
-import json
 
 import torch
 
 import torch_tpu
-from conftest import run_python
+from conftest import run_python_json
 
 
 def kinds():
@@ -56,9 +55,7 @@ PROGRAM = (
 
 
 def run(tmp_path, **env):
-    r = run_python(PROGRAM, env={"TPU_COMPILE_CACHE_DIR": str(tmp_path), **env})
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_python_json(PROGRAM, env={"TPU_COMPILE_CACHE_DIR": str(tmp_path), **env})
 
 
 def test_lower_op_optimization_keeps_values_and_its_own_cache_entries(tmp_path):

@@ -1,12 +1,11 @@
 """A process's first tpu op: no torch._dynamo import on its path (PyTorch's Python
 meta references import it lazily), and the C++ meta functions used for output shapes
 agree with CPU on shapes, strides and dtypes."""
-import json
 
 import pytest
 import torch
 
-from conftest import native, run_python
+from conftest import native, run_python_json
 
 FIRST_OP = (
     "import json, sys, time, torch\n"
@@ -20,9 +19,7 @@ FIRST_OP = (
 
 
 def first_op(**env):
-    r = run_python(FIRST_OP, env=env)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_python_json(FIRST_OP, env=env)
 
 
 def test_first_op_imports_no_dynamo():

@@ -2,13 +2,12 @@
 per-thread cache of scalar operands (a Python number or alpha uploaded once), each
 executable's output types read once from its first launch, and the pending-launch list
 that is scanned less often while launches run ahead of the device."""
-import json
 import threading
 
 import torch
 
 import torch_tpu
-from conftest import run_python
+from conftest import run_python_json
 
 
 def _scalar_ops(dev):
@@ -90,9 +89,7 @@ def test_a_reloaded_executable_reads_its_types_again(tmp_path):
         "        for g, w in zip(got, want):\n"
         "            ok = ok and g.dtype == w.dtype and g.shape == w.shape and torch.equal(g.cpu(), w)\n"
         "print(json.dumps({'ok': ok, 'unloaded': torch_tpu.metrics()['programs_unloaded']}))\n")
-    r = run_python(prog, env={"TPU_COMPILE_CACHE_DIR": str(tmp_path), "TPU_MAX_LOADED_PROGRAMS": "2"})
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_python_json(prog, env={"TPU_COMPILE_CACHE_DIR": str(tmp_path), "TPU_MAX_LOADED_PROGRAMS": "2"})
     assert out["ok"]
     assert out["unloaded"] >= 10
 
