@@ -215,12 +215,11 @@ def test_ill_conditioned_entry_is_judged_against_float64():
     assert rec["bwd"]["status"] == "native"
 
 
-def test_compiled_sample_that_compiles_no_graph_is_an_eager_fallback(monkeypatch):
+def test_compiled_sample_that_compiles_no_graph_is_an_eager_fallback():
     # nonzero's output shape depends on its values: Dynamo hands the backend no graph and
     # the sample runs eagerly, which must not count as compiled mode working.
     import torch.testing._internal.common_methods_invocations as cmi
-    monkeypatch.setattr(conformance, "COMPILED", conformance.COMPILED)
-    monkeypatch.setattr(cmi, "wrapper_set_seed", cmi.wrapper_set_seed)
+    seed_wrapper = cmi.wrapper_set_seed
     res = conformance.run(["nonzero", "abs"], ("float32",), max_samples=1, jobs=0,
                           progress=False, compiled=True)["entries"]
     fwd = res["nonzero"]["float32"]["fwd"]
@@ -228,3 +227,5 @@ def test_compiled_sample_that_compiles_no_graph_is_an_eager_fallback(monkeypatch
     assert fwd["fallback_ops"] == [conformance.EAGER_IN_COMPILED]
     for d in ("fwd", "bwd"):
         assert res["abs"]["float32"][d]["status"] == "native", res["abs"]
+    # The mode lasts for the run only: later eager checks in this process stay eager.
+    assert conformance.COMPILED is False and cmi.wrapper_set_seed is seed_wrapper

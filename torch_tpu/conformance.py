@@ -39,6 +39,7 @@ native in the baseline is not native now.
 """
 import argparse
 import collections
+import contextlib
 import functools
 import json
 import os
@@ -204,6 +205,22 @@ def _compiled_seed_wrapper(fn, *args, **kwargs):
 def _use_compiled_seed_wrapper():
     import torch.testing._internal.common_methods_invocations as cmi
     cmi.wrapper_set_seed = torch._dynamo.disable(_compiled_seed_wrapper)
+
+
+@contextlib.contextmanager
+def _mode(compiled):
+    """The run's mode for its duration only: a caller in the same process (a test) gets
+    eager conformance back afterwards."""
+    global COMPILED
+    import torch.testing._internal.common_methods_invocations as cmi
+    was, seed_wrapper = COMPILED, cmi.wrapper_set_seed
+    COMPILED = compiled
+    if compiled:
+        _use_compiled_seed_wrapper()
+    try:
+        yield
+    finally:
+        COMPILED, cmi.wrapper_set_seed = was, seed_wrapper
 
 
 def call(op, sample, device):
@@ -825,10 +842,11 @@ def run(ops=None, dtypes=("float32",), max_samples=None, jobs=2, timeout=60.0, o
     when `out` is given. Returns {"meta", "summary", "entries"}. Each finished entry is also
     appended to out/entries.jsonl; `resume` takes the entries found there (same dtypes,
     sample count and mode) instead of running them again, so a long run can be stopped."""
-    global COMPILED
-    COMPILED = compiled
-    if compiled:
-        _use_compiled_seed_wrapper()
+    with _mode(compiled):
+        return _run(ops, dtypes, max_samples, jobs, timeout, out, progress, compiled, resume)
+
+
+def _run(ops, dtypes, max_samples, jobs, timeout, out, progress, compiled, resume):
     t0 = time.monotonic()
     db = op_db()
     keys = select(db, ops)
