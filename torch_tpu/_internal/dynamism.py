@@ -4,6 +4,8 @@ A dimension marked dynamic with bounds lets one Dynamo graph serve every size in
 [min, max] (no Dynamo recompile per size), and with TpuBackend(dynamism=True) one
 compiled program: the graph runs padded to the bound with the true size as an operand
 (bounded.py). Compiled mode refuses dynamic sizes without bounds (NotImplementedError).
+In eager DeferAndFuse the same rules give one fused program for every size
+(bounded_eager.py); Strict and Debug run marked tensors at their true sizes.
 """
 import torch
 
@@ -22,6 +24,13 @@ def mark_dynamic(tensor: torch.Tensor, dimension: int, lower_bound: int, upper_b
     info = dict(getattr(tensor, "_tpu_dynamism", {}))
     info[dim] = (lower_bound, upper_bound)
     tensor._tpu_dynamism = info
+    if getattr(tensor, "_tpu_bounded", None) is not None:
+        del tensor._tpu_bounded, tensor._tpu_bounded_strong  # marked again: padded again
+    if tensor.device.type == "tpu":
+        # Eager DeferAndFuse runs ops on a marked tensor padded to the bound
+        # (bounded_eager.py); other modes ignore the marks outside compiled graphs.
+        from . import bounded_eager
+        bounded_eager.enable()
 
 
 def get_dynamism_info(tensor: torch.Tensor) -> dict:

@@ -1,0 +1,548 @@
+"""Bounded dynamic shapes in eager DeferAndFuse: one fused program for every size.
+
+A tensor marked with `mark_dynamic(t, dim, min, max)` is, at the first eager op that
+touches it under DeferAndFuse, padded on the device to its bound (a small per-size
+program, as compiled mode pads its inputs) and wrapped in a `BoundedTensor`: PyTorch
+sees the true sizes, while every op runs on the padded value, so each recorded program
+and the fused graph they form have the bound's shapes and one text for every size. The
+true sizes are program operands (0-d int64 tensors, one per size value).
+
+Each op on a BoundedTensor goes through compiled mode's rules (bounded.py), not a copy
+of them: the op becomes a one-node FX graph with symbolic sizes (the symbol's range is
+the marked bounds), `check_graph` refuses ops not known right across a dynamic
+dimension, and `_rewrite` adds the masks (padding set to the op's identity before it
+reduces or contracts), the true sizes where a size is a value (mean's divisor), and
+the masks of outputs with a flattened dynamic dimension (carried by the output). The
+rewritten graph runs on the padded values, recorded like any eager op; it is built once
+per op and symbolic signature.
+
+Sizes that Python code reads (`x.shape[1]`) are `BoundedInt`s: ints that remember their
+symbol, so `torch.arange(t)` and `x.view(b, t, ...)` stay bounded. Sizes that C++ passes
+back as plain ints (autograd's sum_to_size views) are matched to the inputs' symbols by
+value; an ambiguous or inconsistent match raises NotImplementedError, never guesses.
+"""
+import itertools
+import threading
+import weakref
+
+import sympy
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from . import bounded
+from .bounded_ops import _dyn_dims, _expr, _structural
+
+aten = torch.ops.aten
+
+# -- symbols: one per marked bounds, in one ShapeEnv ------------------------------------
+
+_STATE = threading.local()
+_ENV = None
+_FAKE = None
+_SYMS = {}          # (min, max) -> SymInt of the symbol (hint: the bound)
+_RANGES = {}        # sympy symbol -> (min, max)
+_SIZE_TENSORS = {}  # (symbol, value, device) -> 0-d int64 tpu tensor
+
+
+def _env():
+    global _ENV, _FAKE
+    if _ENV is None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+        _ENV = ShapeEnv()
+        _FAKE = FakeTensorMode(shape_env=_ENV)
+    return _ENV
+
+
+def _symbol(lo: int, hi: int) -> torch.SymInt:
+    if (lo, hi) not in _SYMS:
+        from torch._dynamo.source import ConstantSource
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, StrictMinMaxConstraint
+        from torch.utils._sympy.value_ranges import ValueRanges
+        env = _env()
+        low = max(lo, 2)  # sizes 0 and 1 broadcast differently: never one symbol with 2..
+        s = env.create_symbol(hi, ConstantSource(f"tpu_dynamic_{lo}_{hi}"),
+                              dynamic_dim=DimDynamic.DYNAMIC,
+                              constraint_dim=StrictMinMaxConstraint(vr=ValueRanges(low, hi),
+                                                                    warn_only=False))
+        # The hint is the bound: a guard that holds only for the size seen first (a size
+        # compared with a static one) fails here instead of being baked in.
+        _SYMS[(lo, hi)] = env.create_symintnode(s, hint=hi)
+        _RANGES[s] = (low, hi)
+    return _SYMS[(lo, hi)]
+
+
+def _size_tensor(s, value: int, device):
+    key = (s, value, str(device))
+    if key not in _SIZE_TENSORS:
+        with bounded._strict():
+            _SIZE_TENSORS[key] = torch.tensor(value, dtype=torch.int64).to(device)
+    return _SIZE_TENSORS[key]
+
+
+def _bounds():
+    return {s: sympy.Integer(hi) for s, (_, hi) in _RANGES.items()}
+
+
+def _value(e, values) -> int:
+    return int(sympy.sympify(e).xreplace({s: sympy.Integer(v) for s, v in values.items()}))
+
+
+# -- the tensor -------------------------------------------------------------------------------
+
+class BoundedInt(int):
+    """A true size that remembers its symbol (what `x.shape[d]` gives for a dynamic d)."""
+
+    def __new__(cls, value, symbol):
+        r = super().__new__(cls, value)
+        r.symbol = symbol
+        return r
+
+
+class BoundedSize(tuple):
+    """`x.shape` of a BoundedTensor: true sizes, BoundedInt where dynamic."""
+
+    def numel(self):
+        n = 1
+        for s in self:
+            n *= int(s)
+        return n
+
+
+class BoundedTensor(torch.Tensor):
+    """A tensor at its true sizes whose value lives padded to the bound in `_inner`.
+
+    `_exprs`: each dimension's size as a polynomial of the symbols; `_values`: the true
+    value of each symbol; `_mask`: validity of `_inner` where a dimension is compound
+    (a flattened dynamic one), None where it follows from the shape.
+    """
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, inner, exprs, values, mask=None):
+        true = [_value(e, values) for e in exprs]
+        r = torch.Tensor._make_wrapper_subclass(cls, true, dtype=inner.dtype, device=inner.device,
+                                                requires_grad=False)
+        r._inner, r._exprs, r._values, r._mask = inner, list(exprs), dict(values), mask
+        return r
+
+    def __repr__(self):
+        return f"BoundedTensor({_unpad(self)!r}, dynamic={self._exprs})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _dispatch(func, args, kwargs or {})
+
+
+def _unpad(t: BoundedTensor) -> torch.Tensor:
+    """The true-size value, a view of the padded one's valid prefix."""
+    if not all(isinstance(e, (sympy.Symbol, sympy.Integer)) or not e.free_symbols for e in t._exprs):
+        raise NotImplementedError(
+            f"torch_tpu bounded dynamism: a tensor of the compound dynamic shape "
+            f"{tuple(t._exprs)} cannot be read outside the padded program; view it back to "
+            "its marked dimensions first")
+    x = t._inner
+    for d, e in enumerate(t._exprs):
+        if e.free_symbols:
+            x = x.narrow(d, 0, _value(e, t._values))
+    return x
+
+
+def to_bounded(t: torch.Tensor) -> torch.Tensor:
+    """The BoundedTensor of a tensor marked with mark_dynamic (made once per tensor)."""
+    cached = getattr(t, "_tpu_bounded", None)
+    if cached is not None and cached() is not None:
+        return cached()
+    info = getattr(t, "_tpu_dynamism", {})
+    exprs, values, padded = [], {}, []
+    for d, n in enumerate(t.shape):
+        if d in info:
+            lo, hi = info[d]
+            if not lo <= n <= hi:
+                raise ValueError(f"torch_tpu bounded dynamism: size {n} of dimension {d} is "
+                                 f"outside the bounds [{lo}, {hi}] (torch_tpu.dynamism.mark_dynamic)")
+            if n < 2:
+                raise NotImplementedError(
+                    f"torch_tpu bounded dynamism: size {n} of dimension {d} is below 2; sizes 0 "
+                    "and 1 broadcast differently and cannot share the program of [2, max]")
+            s = _symbol(lo, hi).node.expr
+            exprs.append(s)
+            values[s] = n
+            padded.append(hi)
+        else:
+            exprs.append(sympy.Integer(n))
+            padded.append(n)
+    if t.requires_grad:
+        raise NotImplementedError(
+            "torch_tpu bounded dynamism (DeferAndFuse): a marked tensor that requires grad is "
+            "not supported; mark the integer inputs (token ids, targets) instead")
+    with bounded._strict():  # per size, like compiled mode's input padding
+        inner = bounded._pad(t.detach(), padded)
+    b = BoundedTensor(inner, exprs, values)
+    t._tpu_bounded = weakref.ref(b)
+    t._tpu_bounded_strong = b  # lives as long as the marked tensor
+    return b
+
+
+# -- one op ---------------------------------------------------------------------------------
+
+_SIZE_LIST_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+                  aten.expand.default, aten.new_zeros.default, aten.new_ones.default,
+                  aten.new_empty.default, aten.new_full.default, aten.full.default,
+                  aten.zeros.default, aten.ones.default, aten.empty.memory_format}
+# Ops that return no tensor and read no values: they see the padded tensors.
+_SHAPE_QUERIES = {aten._fused_sdp_choice.default} if hasattr(aten, "_fused_sdp_choice") else set()
+
+_GRAPHS = {}  # signature -> _OpGraph
+
+
+def _dispatch(func, args, kwargs):
+    if func is aten._to_copy.default and kwargs.get("device") is not None and \
+            torch.device(kwargs["device"]).type != args[0]._inner.device.type:
+        return func(_unpad(args[0]), **kwargs)  # leaving the device: the true-size view
+    if func is aten.is_same_size.default:
+        return list(args[0].shape) == list(args[1].shape)
+    if func in _SHAPE_QUERIES:
+        return func(*tree_map(lambda a: a._inner if isinstance(a, BoundedTensor) else a, args),
+                    **tree_map(lambda a: a._inner if isinstance(a, BoundedTensor) else a, kwargs))
+    if func._schema.is_mutable:
+        raise NotImplementedError(
+            f"torch_tpu bounded dynamism: {func} writes into a tensor with a dynamic dimension "
+            "in eager DeferAndFuse; use its out-of-place form")
+    leaves, spec = tree_flatten((args, kwargs))
+    values = {}
+    for a in leaves:
+        if isinstance(a, BoundedTensor):
+            for s, v in a._values.items():
+                if values.setdefault(s, v) != v:
+                    raise ValueError(
+                        f"torch_tpu bounded dynamism: {func} mixes tensors whose dynamic size "
+                        f"{_RANGES[s]} is {values[s]} in one and {v} in another")
+    for b in getattr(_STATE, "ints", []):
+        values.setdefault(b.symbol, int(b))
+    leaves = _sizes_as_symbols(func, leaves, spec, values)
+    key = (func, spec, tuple(_signature(a) for a in leaves))
+    g = _GRAPHS.get(key)
+    if g is None:
+        g = _OpGraph(func, leaves, spec)
+        _GRAPHS[key] = g
+    return g.run(leaves, values)
+
+
+def _signature(a):
+    if isinstance(a, BoundedTensor):
+        return ("b", a.dtype, tuple(a._exprs), a._mask is not None)
+    if isinstance(a, torch.Tensor):
+        return ("t", a.dtype, tuple(a.shape), a.device.type)
+    if isinstance(a, _Sym):
+        return ("s", a.expr)
+    return ("c", type(a), a if isinstance(a, (int, float, bool, str, type(None), torch.dtype,
+                                              torch.device, torch.layout, torch.memory_format))
+            else repr(a))
+
+
+class _Sym:
+    """A size argument that is a polynomial of the symbols."""
+
+    def __init__(self, expr):
+        self.expr = expr
+
+
+def _sizes_as_symbols(func, leaves, spec, values):
+    """Plain ints of a size-list argument that are true dynamic sizes, as _Sym."""
+    if not values:
+        return leaves
+    if func not in _SIZE_LIST_OPS:
+        return [_Sym(a.symbol) if isinstance(a, BoundedInt) else a for a in leaves]
+    args, kwargs = tree_unflatten(leaves, spec)
+    pos = 1 if func not in (aten.full.default, aten.zeros.default, aten.ones.default,
+                            aten.empty.memory_format) else 0
+    sizes = list(args[pos])
+    # Positions in the flat leaves of the size list.
+    flat_pos = [i for i, (x, y) in enumerate(zip(leaves, _marked_flat(args, kwargs, pos, spec)))
+                if y]
+    src = args[0] if pos == 1 and isinstance(args[0], BoundedTensor) else None
+    cands = []
+    for i, n in enumerate(sizes):
+        opts = [sympy.Integer(int(n))]
+        # A multiple of a true size may be a flattened dynamic dimension (2*s).
+        syms = [sympy.Integer(int(n) // v) * s for s, v in values.items()
+                if int(n) > 0 and int(n) % v == 0]
+        if syms:
+            opts = [sympy.Integer(int(n))] + syms
+        cands.append(opts)
+    want = None if src is None else sympy.Mul(*src._exprs)
+    viewing = src is not None and func in (aten.view.default, aten._unsafe_view.default,
+                                           aten.reshape.default)
+    best, best_score, tie = None, -1, False
+    for combo in itertools.product(*cands):
+        score = 0
+        if viewing:
+            known = sympy.Mul(*[c for c, n in zip(combo, sizes) if int(n) != -1])
+            if -1 in [int(n) for n in sizes]:
+                inferred = sympy.cancel(want / known)
+                if sympy.fraction(inferred)[1] != 1:
+                    continue
+                combo = tuple(inferred if int(n) == -1 else c for c, n in zip(combo, sizes))
+            elif sympy.expand(known - want) != 0:
+                continue
+            # A view keeps a dynamic dimension inside one group of dimensions: the more
+            # group boundaries (prefix products) it shares with its input, the likelier.
+            score = len(_prefix_products(combo) & _prefix_products(src._exprs))
+        elif src is not None and func is aten.expand.default:
+            if not all(c == e or e == 1 or int(n) == -1 for c, e, n in
+                       zip(reversed(combo), reversed(src._exprs), reversed(sizes))):
+                continue
+            score = sum(c == e for c, e in zip(reversed(combo), reversed(src._exprs)))
+        if score > best_score:
+            best, best_score, tie = combo, score, False
+        elif score == best_score and combo != best:
+            tie = True
+    if best is None or tie:
+        raise NotImplementedError(
+            f"torch_tpu bounded dynamism: cannot tell which sizes of {func}{tuple(sizes)} are the "
+            f"dynamic ones (input sizes {None if src is None else tuple(src._exprs)}); pass "
+            "x.shape[d] itself for a dynamic size")
+    new = list(leaves)
+    for i, c, n in zip(flat_pos, best, sizes):
+        new[i] = -1 if int(n) == -1 else _Sym(c) if c.free_symbols else int(c)
+    return [_Sym(a.symbol) if isinstance(a, BoundedInt) else a for a in new]
+
+
+def _prefix_products(exprs):
+    out, acc = set(), sympy.Integer(1)
+    for e in exprs:
+        acc = sympy.expand(acc * e)
+        out.add(acc)
+    return out
+
+
+def _marked_flat(args, kwargs, pos, spec):
+    """Flat booleans: which leaves are elements of args[pos]."""
+    marked = list(args)
+    marked = [tree_map(lambda _: i == pos, a) for i, a in enumerate(args)]
+    kw = tree_map(lambda _: False, kwargs)
+    flat, _ = tree_flatten((tuple(marked), kw))
+    return flat
+
+
+class _OpGraph:
+    """One op as a graph with symbolic sizes, rewritten by bounded.py for padded values."""
+
+    def __init__(self, func, leaves, spec):
+        _env()
+        from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: F401
+        g = torch.fx.Graph()
+        nodes, fakes = [], []
+        self.kinds = []
+        with _FAKE:
+            for i, a in enumerate(leaves):
+                if isinstance(a, BoundedTensor):
+                    f = torch.empty([_symint(e) for e in a._exprs], dtype=a.dtype, device=a.device)
+                elif isinstance(a, torch.Tensor):
+                    f = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+                elif isinstance(a, _Sym):
+                    f = _symint(a.expr)
+                else:
+                    nodes.append(a)
+                    self.kinds.append("c")
+                    continue
+                p = g.placeholder(f"in{i}")
+                p.meta["val"] = f
+                nodes.append(p)
+                fakes.append(f)
+                self.kinds.append("b" if isinstance(a, BoundedTensor) else
+                                  "s" if isinstance(a, _Sym) else "t")
+            fargs, fkwargs = tree_unflatten(
+                [f if k != "c" else a for f, k, a in
+                 zip(_expand(fakes, self.kinds), self.kinds, leaves)], spec)
+            guards = len(_ENV.guards)
+            try:
+                out = func(*fargs, **fkwargs)
+            except Exception as e:  # a size mismatch between the bound and a static size
+                raise NotImplementedError(
+                    f"torch_tpu bounded dynamism: {func} cannot run with a dynamic size there "
+                    f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+            self._check_guards(func, guards)
+        nargs, nkwargs = tree_unflatten(nodes, spec)
+        n = g.call_function(func, tuple(nargs), dict(nkwargs))
+        n.meta["val"] = out
+        if isinstance(out, (list, tuple)):
+            import operator
+            outs = []
+            for i, o in enumerate(out):
+                x = g.call_function(operator.getitem, (n, i))
+                x.meta["val"] = o
+                outs.append(x)
+            self.multi = type(out)
+        else:
+            outs = [n]
+            self.multi = None
+        g.output(tuple(outs))
+        gm = torch.fx.GraphModule(torch.nn.Module(), g)
+        bounded.check_graph(gm)
+        self.fake_outs = [x.meta["val"] for x in outs]
+        phs = [p for p in g.nodes if p.op == "placeholder"]
+        self.mask_in = [i for i, p in enumerate(phs)
+                        if _dyn_dims(p.meta["val"]) and not _structural(p.meta["val"])]
+        dev = next((a.device for a in leaves if isinstance(a, torch.Tensor)), torch.device("tpu"))
+        b = bounded._Builder(_bounds(), dev)
+        new_outs, masks = bounded._rewrite(gm, b, {phs[i] for i in self.mask_in})
+        self.syms = sorted(b.sizes, key=str)
+        self.out_kinds, extra = [], []
+        for v, m in zip(self.fake_outs, masks):
+            if not _dyn_dims(v):
+                self.out_kinds.append(("plain", None))
+            elif _structural(v):
+                self.out_kinds.append(("bounded", None))
+            elif m is None or m is bounded._UNKNOWN:
+                self.out_kinds.append(("unknown", None))
+            else:
+                self.out_kinds.append(("bounded", len(extra)))
+                extra.append(m)
+        b.g.output(tuple(new_outs) + tuple(extra))
+        self.n_out = len(new_outs)
+        self.gm = torch.fx.GraphModule(torch.nn.Module(), b.g)
+        self.func = func
+
+    @staticmethod
+    def _check_guards(func, before):
+        for guard in _ENV.guards[before:]:
+            for point in ("low", "high"):
+                sub = {s: sympy.Integer(r[0] if point == "low" else r[1]) for s, r in _RANGES.items()}
+                if guard.expr.xreplace(sub) != sympy.true:
+                    raise NotImplementedError(
+                        f"torch_tpu bounded dynamism: {func} would hold only for some sizes "
+                        f"({guard.expr}); a dynamic size meets a static one there")
+
+    def run(self, leaves, values):
+        bnd = _bounds()
+        ins, masks = [], []
+        for a, k in zip(leaves, self.kinds):
+            if k == "b":
+                ins.append(a._inner)
+            elif k == "t":
+                ins.append(a)
+            elif k == "s":
+                ins.append(int(a.expr.xreplace(bnd)))
+        for i in self.mask_in:
+            t = [a for a, k in zip(leaves, self.kinds) if k != "c"][i]
+            if not isinstance(t, BoundedTensor) or t._mask is None:
+                raise NotImplementedError(
+                    f"torch_tpu bounded dynamism: an argument of {self.func} has the compound "
+                    f"dynamic shape {tuple(getattr(t, '_exprs', t.shape))} whose valid part "
+                    "cannot be told")
+            masks.append(t._mask)
+        dev = next((x.device for x in ins if isinstance(x, torch.Tensor)), torch.device("tpu"))
+        for s in self.syms:
+            if s not in values:
+                raise RuntimeError(f"torch_tpu bounded dynamism: no value for the size {s}")
+            ins.append(_size_tensor(s, values[s], dev))
+        outs = self.gm(*ins, *masks)
+        if not isinstance(outs, (list, tuple)):
+            outs = [outs]
+        res = []
+        for (kind, m), v, o in zip(self.out_kinds, self.fake_outs, outs[:self.n_out]):
+            if kind == "plain" or not isinstance(o, torch.Tensor):
+                res.append(o)
+            else:
+                mask = outs[self.n_out + m] if m is not None else None
+                res.append(BoundedTensor(o, [_expr(s) for s in v.shape], values, mask))
+        return self.multi(res) if self.multi is not None else res[0]
+
+
+def _expand(fakes, kinds):
+    it = iter(fakes)
+    return [next(it) if k != "c" else None for k in kinds]
+
+
+def _symint(e):
+    e = sympy.sympify(e)
+    if not e.free_symbols:
+        return int(e)
+    return _env().create_symintnode(e, hint=int(e.xreplace(_bounds())))
+
+
+# -- entering: marked tensors and bounded sizes under DeferAndFuse ----------------------------
+
+# Factories whose padded result's prefix is the true-size result.
+_PREFIX_FACTORIES = {torch.arange, torch.zeros, torch.ones, torch.full, torch.empty}
+
+
+class _BoundedMode(TorchFunctionMode):
+    """Turns marked tensors into BoundedTensors, and reads sizes as BoundedInts, while
+    the eager mode is DeferAndFuse (never while Dynamo traces: compiled mode has its own
+    bounded graphs)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not _active():
+            return func(*args, **kwargs)
+        leaves, spec = tree_flatten((args, kwargs))
+        if any(isinstance(a, torch.Tensor) and not isinstance(a, BoundedTensor)
+               and getattr(a, "_tpu_dynamism", None) for a in leaves):
+            leaves = [to_bounded(a) if isinstance(a, torch.Tensor) and
+                      not isinstance(a, BoundedTensor) and getattr(a, "_tpu_dynamism", None)
+                      else a for a in leaves]
+            args, kwargs = tree_unflatten(leaves, spec)
+        if func in (torch.Tensor.size, torch.Tensor.shape.__get__) and isinstance(args[0], BoundedTensor):
+            shape = BoundedSize(BoundedInt(_value(e, args[0]._values), e) if e.free_symbols else int(e)
+                                for e in args[0]._exprs)
+            if func is torch.Tensor.size and (len(args) > 1 or "dim" in kwargs):
+                d = args[1] if len(args) > 1 else kwargs["dim"]
+                return shape[d]
+            return shape
+        ints = [a for a in leaves if isinstance(a, BoundedInt)]
+        if ints and not any(isinstance(a, BoundedTensor) for a in leaves):
+            return _factory(func, args, kwargs, ints)
+        prev = getattr(_STATE, "ints", [])
+        _STATE.ints = ints
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _STATE.ints = prev
+
+
+def _factory(func, args, kwargs, ints):
+    """A factory sized by a dynamic size: built at the bound, bounded by the symbol."""
+    if func not in _PREFIX_FACTORIES or (func is torch.arange and (len(args) != 1)):
+        raise NotImplementedError(
+            f"torch_tpu bounded dynamism: {getattr(func, '__name__', func)} with a dynamic size "
+            "argument is not supported in eager DeferAndFuse (supported: arange(n), zeros, ones, "
+            "full, empty)")
+    bnd = _bounds()
+    values = {b.symbol: int(b) for b in ints}
+    padded = tree_map(lambda a: int(a.symbol.xreplace(bnd)) if isinstance(a, BoundedInt) else a,
+                      (args, kwargs))
+    out = func(*padded[0], **padded[1])
+    if out.device.type != "tpu":
+        return func(*args, **kwargs)  # a host tensor: its true size
+    return BoundedTensor(out, _factory_shape(func, args, ints), values)
+
+
+def _factory_shape(func, args, ints):
+    if func is torch.arange:
+        return [ints[0].symbol]
+    size = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else \
+        (args if func is not torch.full else args[0])
+    return [a.symbol if isinstance(a, BoundedInt) else sympy.Integer(int(a)) for a in size]
+
+
+_MODE = None
+
+
+def _active() -> bool:
+    if torch.compiler.is_compiling():
+        return False
+    from .. import _C
+    from .execution_mode import EagerMode
+    return _C.get_eager_mode() == EagerMode.DEFER_AND_FUSE.value
+
+
+def enable() -> None:
+    """Installs the mode (once): called when a tensor is marked dynamic."""
+    global _MODE
+    if _MODE is None:
+        _MODE = _BoundedMode()
+        _MODE.__enter__()
