@@ -409,6 +409,11 @@ class BoundedGraph:
         return {s: sympy.Integer(v) for s, v in values.items()}
 
     def __call__(self, args):
+        from .bounded_eager import suspended
+        with suspended():  # eager DeferAndFuse's padding is not this graph's
+            return self._call(args)
+
+    def _call(self, args):
         values = self._symbols(args)
         dev = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "tpu"),
                    torch.device("tpu"))

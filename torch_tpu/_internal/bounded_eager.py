@@ -21,6 +21,7 @@ symbol, so `torch.arange(t)` and `x.view(b, t, ...)` stay bounded. Sizes that C+
 back as plain ints (autograd's sum_to_size views) are matched to the inputs' symbols by
 value; an ambiguous or inconsistent match raises NotImplementedError, never guesses.
 """
+import contextlib
 import itertools
 import threading
 import weakref
@@ -37,7 +38,12 @@ aten = torch.ops.aten
 
 # -- symbols: one per marked bounds, in one ShapeEnv ------------------------------------
 
-_STATE = threading.local()
+class _State(threading.local):
+    suspended = 0  # inside compiled mode's bounded graphs
+    ints = ()      # the BoundedInts passed to the torch function being run
+
+
+_STATE = _State()
 _ENV = None
 _FAKE = None
 _SYMS = {}          # (min, max) -> SymInt of the symbol (hint: the bound)
@@ -173,16 +179,26 @@ def to_bounded(t: torch.Tensor) -> torch.Tensor:
         else:
             exprs.append(sympy.Integer(n))
             padded.append(n)
-    if t.requires_grad:
-        raise NotImplementedError(
-            "torch_tpu bounded dynamism (DeferAndFuse): a marked tensor that requires grad is "
-            "not supported; mark the integer inputs (token ids, targets) instead")
     with bounded._strict():  # per size, like compiled mode's input padding
         inner = bounded._pad(t.detach(), padded)
     b = BoundedTensor(inner, exprs, values)
+    if t.requires_grad:
+        b = _Enter.apply(t, b)
     t._tpu_bounded = weakref.ref(b)
     t._tpu_bounded_strong = b  # lives as long as the marked tensor
     return b
+
+
+class _Enter(torch.autograd.Function):
+    """Marked input -> its BoundedTensor; the gradient comes back at the true sizes."""
+
+    @staticmethod
+    def forward(ctx, t, b):
+        return b
+
+    @staticmethod
+    def backward(ctx, g):
+        return (_unpad(g) if isinstance(g, BoundedTensor) else g), None
 
 
 # -- one op ---------------------------------------------------------------------------------
@@ -219,7 +235,7 @@ def _dispatch(func, args, kwargs):
                     raise ValueError(
                         f"torch_tpu bounded dynamism: {func} mixes tensors whose dynamic size "
                         f"{_RANGES[s]} is {values[s]} in one and {v} in another")
-    for b in getattr(_STATE, "ints", []):
+    for b in _STATE.ints:
         values.setdefault(b.symbol, int(b))
     leaves = _sizes_as_symbols(func, leaves, spec, values)
     key = (func, spec, tuple(_signature(a) for a in leaves))
@@ -479,24 +495,21 @@ class _BoundedMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if not _active():
             return func(*args, **kwargs)
-        leaves, spec = tree_flatten((args, kwargs))
-        if any(isinstance(a, torch.Tensor) and not isinstance(a, BoundedTensor)
-               and getattr(a, "_tpu_dynamism", None) for a in leaves):
-            leaves = [to_bounded(a) if isinstance(a, torch.Tensor) and
-                      not isinstance(a, BoundedTensor) and getattr(a, "_tpu_dynamism", None)
-                      else a for a in leaves]
-            args, kwargs = tree_unflatten(leaves, spec)
-        if func in (torch.Tensor.size, torch.Tensor.shape.__get__) and isinstance(args[0], BoundedTensor):
-            shape = BoundedSize(BoundedInt(_value(e, args[0]._values), e) if e.free_symbols else int(e)
-                                for e in args[0]._exprs)
+        if func in (torch.Tensor.size, torch.Tensor.shape.__get__) and _dynamic(args[0]):
+            shape = _bounded_size(args[0])
             if func is torch.Tensor.size and (len(args) > 1 or "dim" in kwargs):
-                d = args[1] if len(args) > 1 else kwargs["dim"]
-                return shape[d]
+                return shape[args[1] if len(args) > 1 else kwargs["dim"]]
             return shape
+        if getattr(func, "__name__", "") in _NO_ENTRY:  # attributes, autograd calls
+            return func(*args, **kwargs)
+        leaves, spec = tree_flatten((args, kwargs))
+        if any(_marked(a) for a in leaves):
+            leaves = [to_bounded(a) if _marked(a) else a for a in leaves]
+            args, kwargs = tree_unflatten(leaves, spec)
         ints = [a for a in leaves if isinstance(a, BoundedInt)]
-        if ints and not any(isinstance(a, BoundedTensor) for a in leaves):
+        if ints and func in _PREFIX_FACTORIES:
             return _factory(func, args, kwargs, ints)
-        prev = getattr(_STATE, "ints", [])
+        prev = _STATE.ints
         _STATE.ints = ints
         try:
             return func(*args, **kwargs)
@@ -504,13 +517,38 @@ class _BoundedMode(TorchFunctionMode):
             _STATE.ints = prev
 
 
+# Calls that neither compute on a marked tensor nor read its size.
+_NO_ENTRY = {"__get__", "__set__", "backward", "register_hook", "retain_grad",
+             "requires_grad_", "__setstate__", "__reduce_ex__", "__deepcopy__", "data_ptr",
+             "untyped_storage", "_is_view", "is_contiguous", "dim", "__len__", "numel"}
+
+
+def _marked(a) -> bool:
+    return isinstance(a, torch.Tensor) and not isinstance(a, BoundedTensor) and \
+        bool(getattr(a, "_tpu_dynamism", None))
+
+
+def _dynamic(a) -> bool:
+    return isinstance(a, BoundedTensor) or _marked(a)
+
+
+def _bounded_size(t) -> BoundedSize:
+    """True sizes, BoundedInt where dynamic (read from the marks of a plain marked tensor)."""
+    if isinstance(t, BoundedTensor):
+        return BoundedSize(BoundedInt(_value(e, t._values), e) if e.free_symbols else int(e)
+                           for e in t._exprs)
+    info = t._tpu_dynamism
+    return BoundedSize(BoundedInt(n, _symbol(*info[d]).node.expr) if d in info else int(n)
+                       for d, n in enumerate(torch.Tensor.size(t)))
+
+
 def _factory(func, args, kwargs, ints):
     """A factory sized by a dynamic size: built at the bound, bounded by the symbol."""
-    if func not in _PREFIX_FACTORIES or (func is torch.arange and (len(args) != 1)):
+    if func is torch.arange and len(args) != 1:
         raise NotImplementedError(
             f"torch_tpu bounded dynamism: {getattr(func, '__name__', func)} with a dynamic size "
             "argument is not supported in eager DeferAndFuse (supported: arange(n), zeros, ones, "
-            "full, empty)")
+            "full, empty; other uses read it as a plain int)")
     bnd = _bounds()
     values = {b.symbol: int(b) for b in ints}
     padded = tree_map(lambda a: int(a.symbol.xreplace(bnd)) if isinstance(a, BoundedInt) else a,
@@ -533,11 +571,35 @@ _MODE = None
 
 
 def _active() -> bool:
-    if torch.compiler.is_compiling():
+    # Compiled mode (Dynamo tracing, AOTAutograd, a bounded graph's call) has its own
+    # bounded graphs: marked tensors stay plain there.
+    if torch.compiler.is_compiling():  # first: Dynamo traces this mode and folds it here
+        return False
+    if _STATE.suspended or torch._guards.TracingContext.try_get() is not None:
         return False
     from .. import _C
     from .execution_mode import EagerMode
     return _C.get_eager_mode() == EagerMode.DEFER_AND_FUSE.value
+
+
+@contextlib.contextmanager
+def suspended():
+    """Marked tensors stay plain inside (compiled mode's bounded graphs pad their own)."""
+    _STATE.suspended += 1
+    try:
+        yield
+    finally:
+        _STATE.suspended -= 1
+
+
+def outside_eager_bounds(fn):
+    """`fn` (a compiled graph's callable, boxed or not) run with marked tensors plain."""
+    def run(*args, **kwargs):
+        with suspended():
+            return fn(*args, **kwargs)
+    if getattr(fn, "_boxed_call", False):
+        run._boxed_call = True
+    return run
 
 
 def enable() -> None:

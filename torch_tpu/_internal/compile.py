@@ -345,10 +345,12 @@ class TpuBackend:
         try:
             budget = self.memory_budget if self.recompute == "budget" else 1.0
             with torch._functorch.config.patch(activation_memory_budget=budget, cse=CSE):
-                return aot_autograd(fw_compiler=lower, bw_compiler=lower_bw, inference_compiler=lower_inf,
-                                    partition_fn=_partition(self.recompute),
-                                    decompositions=_decompositions(),
-                                    keep_inference_input_mutations=True)(gm, example_inputs)
+                fn = aot_autograd(fw_compiler=lower, bw_compiler=lower_bw, inference_compiler=lower_inf,
+                                  partition_fn=_partition(self.recompute),
+                                  decompositions=_decompositions(),
+                                  keep_inference_input_mutations=True)(gm, example_inputs)
+            from .bounded_eager import outside_eager_bounds
+            return outside_eager_bounds(fn)
         finally:
             dt = time.perf_counter() - t0
             counters["compiled_lowering_seconds"] += dt
