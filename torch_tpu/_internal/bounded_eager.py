@@ -82,8 +82,8 @@ def _symbol(lo: int, hi: int) -> torch.SymInt:
 def _size_tensor(s, value: int, device):
     key = (s, value, str(device))
     if key not in _SIZE_TENSORS:
-        with bounded._strict():
-            _SIZE_TENSORS[key] = torch.tensor(value, dtype=torch.int64).to(device)
+        # An upload, not a program: the pending graph takes it as an operand.
+        _SIZE_TENSORS[key] = torch.tensor(value, dtype=torch.int64).to(device)
     return _SIZE_TENSORS[key]
 
 
@@ -216,7 +216,10 @@ _GRAPHS = {}  # signature -> _OpGraph
 def _dispatch(func, args, kwargs):
     if func is aten._to_copy.default and kwargs.get("device") is not None and \
             torch.device(kwargs["device"]).type != args[0]._inner.device.type:
-        return func(_unpad(args[0]), **kwargs)  # leaving the device: the true-size view
+        # Leaving the device: the padded value moves as it is (no per-size program
+        # slices it) and the caller gets the view of its valid prefix.
+        t = args[0]
+        return _unpad(BoundedTensor(func(t._inner, **kwargs), t._exprs, t._values, t._mask))
     if func is aten.is_same_size.default:
         return list(args[0].shape) == list(args[1].shape)
     if func in _SHAPE_QUERIES:
@@ -238,12 +241,69 @@ def _dispatch(func, args, kwargs):
     for b in _STATE.ints:
         values.setdefault(b.symbol, int(b))
     leaves = _sizes_as_symbols(func, leaves, spec, values)
+    leaves = _promote_plain(func, leaves, values)
     key = (func, spec, tuple(_signature(a) for a in leaves))
     g = _GRAPHS.get(key)
     if g is None:
         g = _OpGraph(func, leaves, spec)
         _GRAPHS[key] = g
     return g.run(leaves, values)
+
+
+# Plain tensors at a true dynamic size that met a bounded one and had to be padded per
+# size (their graph is then built per size): autograd's mean backward, for one.
+padded_per_size = {}
+
+
+def _promote_plain(func, leaves, values):
+    """Plain tpu tensors whose dimension, aligned with a bounded argument's dynamic one,
+    has its true size: the same tensor padded to the bound (what the static program
+    computes on its prefix). A broadcast dimension (stride 0) is a free view; anything
+    else is a per-size pad recorded in the graph, counted in `padded_per_size`."""
+    bounded_args = [a for a in leaves if isinstance(a, BoundedTensor)]
+    if not bounded_args:
+        return leaves
+    out = list(leaves)
+    for i, p in enumerate(leaves):
+        if isinstance(p, BoundedTensor) or not isinstance(p, torch.Tensor) or p.dim() == 0 \
+                or p.device.type != "tpu":
+            continue
+        exprs = [sympy.Integer(n) for n in p.shape]
+        for d, e in _aligned(func, leaves, i):
+            if isinstance(e, sympy.Symbol) and p.shape[d] == values[e]:
+                exprs[d] = e
+        dyn = [d for d, e in enumerate(exprs) if e.free_symbols]
+        if not dyn:
+            continue
+        bnd = _bounds()
+        padded = [int(e.xreplace(bnd)) for e in exprs]
+        if all(p.stride(d) == 0 for d in dyn):
+            inner = p.as_strided(padded, p.stride(), p.storage_offset())
+        else:
+            padded_per_size[str(func)] = padded_per_size.get(str(func), 0) + 1
+            pads = []
+            for n, m in zip(reversed(p.shape), reversed(padded)):
+                pads += [0, m - n]
+            inner = torch.nn.functional.pad(p, pads)
+        out[i] = BoundedTensor(inner, exprs, values)
+    return out
+
+
+def _aligned(func, leaves, i):
+    """(dimension of leaves[i], the expression it meets) pairs, where the op's semantics
+    pair it with a dimension of a bounded argument: broadcasting for pointwise ops, the
+    contraction for mm/bmm, the same shape for anything else."""
+    p = leaves[i]
+    if torch.Tag.pointwise in func.tags:
+        return [(p.dim() - k, b._exprs[-k]) for b in leaves if isinstance(b, BoundedTensor)
+                for k in range(1, min(p.dim(), b.dim()) + 1)]
+    if func in (aten.mm.default, aten.bmm.default) and i in (0, 1):
+        other = leaves[1 - i]
+        if isinstance(other, BoundedTensor):
+            return [(p.dim() - 1, other._exprs[-2])] if i == 0 else [(p.dim() - 2, other._exprs[-1])]
+        return []
+    return [(d, e) for b in leaves if isinstance(b, BoundedTensor) and b.shape == p.shape
+            for d, e in enumerate(b._exprs)]
 
 
 def _signature(a):
@@ -509,6 +569,15 @@ class _BoundedMode(TorchFunctionMode):
         ints = [a for a in leaves if isinstance(a, BoundedInt)]
         if ints and func in _PREFIX_FACTORIES:
             return _factory(func, args, kwargs, ints)
+        if ints and getattr(func, "__name__", "") in _ARITHMETIC:
+            # A size used as a value: the size operand, so the program stays the same.
+            dev = next((a.device for a in leaves if isinstance(a, torch.Tensor)
+                        and a.device.type == "tpu"), None)
+            if dev is not None:
+                leaves = [_size_tensor(a.symbol, int(a), dev) if isinstance(a, BoundedInt) else a
+                          for a in leaves]
+                args, kwargs = tree_unflatten(leaves, spec)
+                ints = []
         prev = _STATE.ints
         _STATE.ints = ints
         try:
@@ -516,6 +585,10 @@ class _BoundedMode(TorchFunctionMode):
         finally:
             _STATE.ints = prev
 
+
+_ARITHMETIC = {"__mul__", "__rmul__", "__add__", "__radd__", "__sub__", "__rsub__",
+               "__truediv__", "__rtruediv__", "mul", "add", "sub", "div", "true_divide",
+               "multiply", "subtract", "divide"}
 
 # Calls that neither compute on a marked tensor nor read its size.
 _NO_ENTRY = {"__get__", "__set__", "backward", "register_hook", "retain_grad",

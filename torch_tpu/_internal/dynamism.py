@@ -31,6 +31,10 @@ def mark_dynamic(tensor: torch.Tensor, dimension: int, lower_bound: int, upper_b
         # (bounded_eager.py); other modes ignore the marks outside compiled graphs.
         from . import bounded_eager
         bounded_eager.enable()
+        if bounded_eager._active() and not tensor.requires_grad:
+            # Padded now, between steps: padding at the first use would cut the pending
+            # graph there (the padding is a per-size program of its own).
+            bounded_eager.to_bounded(tensor)
 
 
 def get_dynamism_info(tensor: torch.Tensor) -> dict:

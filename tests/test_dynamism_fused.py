@@ -1,0 +1,198 @@
+"""Bounded dynamic shapes in eager DeferAndFuse: one fused program for every size.
+
+Each test runs in a fresh interpreter with the mode forced (TPU_DEFER_AND_FUSE=1 or
+none) and the persistent compile cache off, so compiles are counted as they happen.
+"""
+import pytest
+
+from conftest import run_python_json
+
+FUSED = {"TPU_DEFER_AND_FUSE": "1", "TPU_COMPILE_CACHE": "0"}
+
+PRELUDE = """
+import copy, json, sys
+import torch, torch_tpu
+from torch_tpu import dynamism
+sys.path.insert(0, "examples")
+from gpt import GPT
+
+def builds():  # fused programs built (not found in the in-process graph cache)
+    torch_tpu.synchronize()
+    m = torch_tpu.metrics()
+    return m["fused_graphs"] - m["fused_graph_cache_hits"]
+
+def diff(a, b):
+    return (a.detach().cpu().double() - b.detach().cpu().double()).abs().max().item()
+"""
+
+
+def test_gpt_forward_one_fused_program_for_every_length_matches_float64():
+    out = run_python_json(PRELUDE + """
+torch.manual_seed(0)
+ref = GPT(seq=128).double()
+model = copy.deepcopy(ref).float().to("tpu")
+g = torch.Generator().manual_seed(1)
+res = {"err": [], "builds": [], "kinds": []}
+for t in (17, 128, 40, 64, 97, 23):
+    idx = torch.randint(0, 64, (2, t), generator=g)
+    it = idx.to("tpu")
+    dynamism.mark_dynamic(it, 1, 17, 128)
+    b = builds()
+    with torch.no_grad():
+        logits = model(it)
+        got = logits.cpu()
+    res["builds"].append(builds() - b)
+    res["kinds"].append([type(logits).__name__, list(got.shape)])
+    res["err"].append(diff(got, ref(idx)))
+print(json.dumps(res))
+""", env=FUSED)
+    lengths = (17, 128, 40, 64, 97, 23)
+    assert out["kinds"] == [["BoundedTensor", [2, t, 64]] for t in lengths]
+    assert max(out["err"]) < 1e-5, out["err"]
+    # Built for the first length (the forward, and the copy `.cpu()` reads), then reused.
+    assert out["builds"][0] >= 1 and out["builds"][1:] == [0] * 5, out["builds"]
+
+
+def test_gpt_training_steps_match_the_static_run_and_compile_once():
+    # A marked model and an unmarked copy take the same AdamW steps on the same batches:
+    # same losses and gradients; the marked one builds its programs in the first two
+    # steps only (the first step also creates the optimizer state), the static one for
+    # every new length.
+    out = run_python_json(PRELUDE + """
+torch.manual_seed(0)
+cfg = dict(vocab=64, d_model=32, n_heads=2, n_layers=1, seq=128)
+dyn = GPT(**cfg).to("tpu")
+static = copy.deepcopy(dyn)
+opts = {m: torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (dyn, static)}
+g = torch.Generator().manual_seed(1)
+res = {"loss": [], "grad": [], "dyn_builds": [], "static_builds": [], "compiles": []}
+for t in (17, 128, 40, 64, 97, 23):
+    idx = torch.randint(0, 64, (2, t), generator=g)
+    tgt = torch.randint(0, 64, (2, t), generator=g)
+    got = {}
+    for m in (dyn, static):
+        it, tt = idx.to("tpu"), tgt.to("tpu")
+        if m is dyn:
+            dynamism.mark_dynamic(it, 1, 17, 128)
+            dynamism.mark_dynamic(tt, 1, 17, 128)
+        b, c = builds(), torch_tpu.metrics()["graph_compiles"]
+        opts[m].zero_grad()
+        logits, loss = m(it, tt)
+        loss.backward()
+        opts[m].step()
+        got[m] = (loss.item(), [p.grad.cpu() for p in m.parameters()])
+        res["dyn_builds" if m is dyn else "static_builds"].append(builds() - b)
+        if m is dyn:
+            res["compiles"].append(torch_tpu.metrics()["graph_compiles"] - c)
+    res["loss"].append(abs(got[dyn][0] - got[static][0]))
+    res["grad"].append(max(diff(a, b) for a, b in zip(got[dyn][1], got[static][1])))
+print(json.dumps(res))
+""", env=FUSED, timeout=600)
+    assert max(out["loss"]) < 1e-5, out["loss"]
+    assert max(out["grad"]) < 1e-5, out["grad"]
+    assert out["dyn_builds"][2:] == [0, 0, 0, 0], out["dyn_builds"]
+    assert sum(out["dyn_builds"]) == sum(out["compiles"]) >= 1
+    assert all(n >= 1 for n in out["static_builds"][1:]), out["static_builds"]
+
+
+def test_means_sizes_as_values_and_a_marked_input_gradient_match_float64():
+    out = run_python_json(PRELUDE + """
+from torch_tpu._internal import bounded_eager
+w64 = torch.randn(4, 3, dtype=torch.float64)
+w = w64.float().to("tpu").requires_grad_()
+
+def fn(x, w):
+    h = (x @ w).tanh()
+    return h.mean(0) * x.shape[0] + h.amax(0) + x.mean() + h.log_softmax(0).sum(0)
+
+res = {"err": [], "fwd_builds": [], "bwd_builds": []}
+for n in (3, 9, 5, 16):
+    x64 = torch.randn(n, 4, dtype=torch.float64, requires_grad=True)
+    xt = x64.detach().float().to("tpu").requires_grad_()
+    dynamism.mark_dynamic(xt, 0, 2, 16)
+    w.grad = None
+    b = builds()
+    got = fn(xt, w)
+    vals = [got.cpu()]
+    res["fwd_builds"].append(builds() - b)
+    got.sum().backward()
+    vals += [xt.grad.cpu(), w.grad.cpu()]
+    res["bwd_builds"].append(builds() - b - res["fwd_builds"][-1])
+    w_ref = w64.clone().requires_grad_()
+    want = fn(x64, w_ref)
+    want.sum().backward()
+    res["err"].append(max(diff(a, b) for a, b in zip(vals, [want, x64.grad, w_ref.grad])))
+    res["shape"] = list(xt.grad.shape)
+res["padded_per_size"] = bounded_eager.padded_per_size
+print(json.dumps(res))
+""", env=FUSED)
+    assert max(out["err"]) < 1e-5, out["err"]
+    assert out["shape"] == [16, 4]
+    assert out["fwd_builds"][0] >= 1 and out["fwd_builds"][1:] == [0, 0, 0], out["fwd_builds"]
+    # Autograd's mean backward divides a gradient expanded at the true size outside the
+    # bounded tensors: it is padded per size (counted), and so is the true-size gradient
+    # of the marked input: the backward's graph is built per size, with right values.
+    assert sum(out["padded_per_size"].values()) >= 4, out["padded_per_size"]
+    assert all(n >= 1 for n in out["bwd_builds"]), out["bwd_builds"]
+
+
+def test_out_of_bounds_and_mixed_sizes_raise_clear_errors():
+    out = run_python_json(PRELUDE + """
+res = {}
+x = torch.randn(130, 4).to("tpu")
+try:
+    dynamism.mark_dynamic(x, 0, 17, 128)
+except ValueError as e:
+    res["bounds"] = str(e)
+a, b = torch.randn(5, 3).to("tpu"), torch.randn(7, 3).to("tpu")
+dynamism.mark_dynamic(a, 0, 2, 16)
+dynamism.mark_dynamic(b, 0, 2, 16)
+try:
+    a.sum(0) + (a.t() @ b[:5])
+except NotImplementedError as e:
+    res["slice"] = str(e)
+try:
+    torch.cat([a, b], 1)
+except ValueError as e:
+    res["mixed"] = str(e)
+print(json.dumps(res))
+""", env=FUSED)
+    assert "outside [17, 128]" in out["bounds"]
+    assert "aten.slice.Tensor" in out["slice"] and "bounded dynamism" in out["slice"]
+    assert "is 5 in one and 7 in another" in out["mixed"]
+
+
+@pytest.mark.parametrize("expr,op", [
+    ("x.cumsum(0)", "aten.cumsum.default"),
+    ("x.flip(0)", "aten.flip.default"),
+    ("x.sort(0).values", "aten.sort.default"),
+])
+def test_ops_not_known_right_across_the_dynamic_dimension_are_refused_by_name(expr, op):
+    out = run_python_json(PRELUDE + f"""
+x = torch.randn(7, 3).to("tpu")
+dynamism.mark_dynamic(x, 0, 2, 16)
+try:
+    y = {expr}
+    res = {{"raised": None, "value": y.cpu().tolist()}}
+except NotImplementedError as e:
+    res = {{"raised": str(e)}}
+ok = (x.exp().sum(0).cpu() - x.cpu().exp().sum(0)).abs().max().item() < 1e-5  # still usable
+res["ok"] = ok
+print(json.dumps(res))
+""", env=FUSED)
+    assert out["raised"] is not None, out
+    assert op in out["raised"] and "bounded dynamism" in out["raised"], out["raised"]
+    assert out["ok"]
+
+
+@pytest.mark.parametrize("env", [{}, {"TPU_LAUNCH_BLOCKING": "1"}], ids=["strict", "debug"])
+def test_other_eager_modes_run_marked_tensors_at_their_true_sizes(env):
+    out = run_python_json(PRELUDE + """
+x = torch.randn(7, 3, dtype=torch.float64)
+xt = x.float().to("tpu")
+dynamism.mark_dynamic(xt, 0, 2, 16)
+y = (xt.softmax(0) * xt.shape[0]).cumsum(0)
+print(json.dumps({"type": type(y).__name__, "err": diff(y, (x.softmax(0) * 7).cumsum(0))}))
+""", env=dict(env, TPU_COMPILE_CACHE="0"))
+    assert out["type"] == "Tensor"
+    assert out["err"] < 1e-5
