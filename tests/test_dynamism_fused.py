@@ -166,6 +166,9 @@ print(json.dumps(res))
     ("x.cumsum(0)", "aten.cumsum.default"),
     ("x.flip(0)", "aten.flip.default"),
     ("x.sort(0).values", "aten.sort.default"),
+    # A static size equal to the bound: right only at the bound (and the refusal must
+    # leave the symbol unspecialized for the ops after it).
+    ("x + torch.ones(16, 3, device='tpu')", "aten.add.Tensor"),
 ])
 def test_ops_not_known_right_across_the_dynamic_dimension_are_refused_by_name(expr, op):
     out = run_python_json(PRELUDE + f"""

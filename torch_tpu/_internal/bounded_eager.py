@@ -396,11 +396,29 @@ def _prefix_products(exprs):
 
 def _marked_flat(args, kwargs, pos, spec):
     """Flat booleans: which leaves are elements of args[pos]."""
-    marked = list(args)
     marked = [tree_map(lambda _: i == pos, a) for i, a in enumerate(args)]
     kw = tree_map(lambda _: False, kwargs)
     flat, _ = tree_flatten((tuple(marked), kw))
     return flat
+
+
+@contextlib.contextmanager
+def _restored_env():
+    """What an op's shape checks taught the ShapeEnv is forgotten after it: a refused op
+    must not leave a symbol specialized (s -> 128) for the next ones."""
+    env = _ENV
+    saved = (dict(env.replacements), dict(env.var_to_range), dict(env.axioms), len(env.guards))
+    try:
+        yield
+    finally:
+        env.replacements.clear()
+        env.replacements.update(saved[0])
+        env.var_to_range.clear()
+        env.var_to_range.update(saved[1])
+        env.axioms.clear()
+        env.axioms.update(saved[2])
+        del env.guards[saved[3]:]
+        env._update_version_counter()
 
 
 class _OpGraph:
@@ -408,7 +426,6 @@ class _OpGraph:
 
     def __init__(self, func, leaves, spec):
         _env()
-        from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: F401
         g = torch.fx.Graph()
         nodes, fakes = [], []
         self.kinds = []
@@ -433,14 +450,15 @@ class _OpGraph:
             fargs, fkwargs = tree_unflatten(
                 [f if k != "c" else a for f, k, a in
                  zip(_expand(fakes, self.kinds), self.kinds, leaves)], spec)
-            guards = len(_ENV.guards)
-            try:
-                out = func(*fargs, **fkwargs)
-            except Exception as e:  # a size mismatch between the bound and a static size
-                raise NotImplementedError(
-                    f"torch_tpu bounded dynamism: {func} cannot run with a dynamic size there "
-                    f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
-            self._check_guards(func, guards)
+            with _restored_env():
+                guards = len(_ENV.guards)
+                try:
+                    out = func(*fargs, **fkwargs)
+                except Exception as e:  # a size mismatch between the bound and a static size
+                    raise NotImplementedError(
+                        f"torch_tpu bounded dynamism: {func} cannot run with a dynamic size there "
+                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+                self._check_guards(func, guards)
         nargs, nkwargs = tree_unflatten(nodes, spec)
         n = g.call_function(func, tuple(nargs), dict(nkwargs))
         n.meta["val"] = out
