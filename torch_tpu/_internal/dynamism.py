@@ -26,12 +26,12 @@ def mark_dynamic(tensor: torch.Tensor, dimension: int, lower_bound: int, upper_b
     tensor._tpu_dynamism = info
     if getattr(tensor, "_tpu_bounded", None) is not None:
         del tensor._tpu_bounded, tensor._tpu_bounded_strong  # marked again: padded again
-    if tensor.device.type == "tpu":
+    from . import bounded_eager
+    if tensor.device.type == "tpu" and bounded_eager._active():
         # Eager DeferAndFuse runs ops on a marked tensor padded to the bound
         # (bounded_eager.py); other modes ignore the marks outside compiled graphs.
-        from . import bounded_eager
         bounded_eager.enable()
-        if bounded_eager._active() and not tensor.requires_grad:
+        if not tensor.requires_grad:
             # Padded now, between steps: padding at the first use would cut the pending
             # graph there (the padding is a per-size program of its own).
             bounded_eager.to_bounded(tensor)
