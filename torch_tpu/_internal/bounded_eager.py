@@ -22,6 +22,7 @@ back as plain ints (autograd's sum_to_size views) are matched to the inputs' sym
 value; an ambiguous or inconsistent match raises NotImplementedError, never guesses.
 """
 import contextlib
+import functools
 import itertools
 import threading
 import weakref
@@ -31,10 +32,13 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from .. import _C
 from . import bounded
+from .execution_mode import EagerMode
 from .bounded_ops import _dyn_dims, _expr, _structural
 
 aten = torch.ops.aten
+_DEFER_AND_FUSE = EagerMode.DEFER_AND_FUSE.value
 
 # -- symbols: one per marked bounds, in one ShapeEnv ------------------------------------
 
@@ -339,6 +343,19 @@ def _sizes_as_symbols(func, leaves, spec, values):
     flat_pos = [i for i, (x, y) in enumerate(zip(leaves, _marked_flat(args, kwargs, pos, spec)))
                 if y]
     src = args[0] if pos == 1 and isinstance(args[0], BoundedTensor) else None
+    best = _resolve_sizes(func, tuple(int(n) for n in sizes),
+                          None if src is None else tuple(src._exprs),
+                          tuple(sorted(values.items(), key=lambda kv: str(kv[0]))))
+    new = list(leaves)
+    for i, c, n in zip(flat_pos, best, sizes):
+        new[i] = -1 if int(n) == -1 else _Sym(c) if c.free_symbols else int(c)
+    return [_Sym(a.symbol) if isinstance(a, BoundedInt) else a for a in new]
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve_sizes(func, sizes, src_exprs, values_items):
+    """Which ints of a size list are dynamic sizes (memoized: the search uses sympy)."""
+    values = dict(values_items)
     cands = []
     for i, n in enumerate(sizes):
         opts = [sympy.Integer(int(n))]
@@ -348,8 +365,8 @@ def _sizes_as_symbols(func, leaves, spec, values):
         if syms:
             opts = [sympy.Integer(int(n))] + syms
         cands.append(opts)
-    want = None if src is None else sympy.Mul(*src._exprs)
-    viewing = src is not None and func in (aten.view.default, aten._unsafe_view.default,
+    want = None if src_exprs is None else sympy.Mul(*src_exprs)
+    viewing = src_exprs is not None and func in (aten.view.default, aten._unsafe_view.default,
                                            aten.reshape.default)
     best, best_score, tie = None, -1, False
     for combo in itertools.product(*cands):
@@ -365,12 +382,12 @@ def _sizes_as_symbols(func, leaves, spec, values):
                 continue
             # A view keeps a dynamic dimension inside one group of dimensions: the more
             # group boundaries (prefix products) it shares with its input, the likelier.
-            score = len(_prefix_products(combo) & _prefix_products(src._exprs))
-        elif src is not None and func is aten.expand.default:
+            score = len(_prefix_products(combo) & _prefix_products(src_exprs))
+        elif src_exprs is not None and func is aten.expand.default:
             if not all(c == e or e == 1 or int(n) == -1 for c, e, n in
-                       zip(reversed(combo), reversed(src._exprs), reversed(sizes))):
+                       zip(reversed(combo), reversed(src_exprs), reversed(sizes))):
                 continue
-            score = sum(c == e for c, e in zip(reversed(combo), reversed(src._exprs)))
+            score = sum(c == e for c, e in zip(reversed(combo), reversed(src_exprs)))
         if score > best_score:
             best, best_score, tie = combo, score, False
         elif score == best_score and combo != best:
@@ -378,12 +395,9 @@ def _sizes_as_symbols(func, leaves, spec, values):
     if best is None or tie:
         raise NotImplementedError(
             f"torch_tpu bounded dynamism: cannot tell which sizes of {func}{tuple(sizes)} are the "
-            f"dynamic ones (input sizes {None if src is None else tuple(src._exprs)}); pass "
+            f"dynamic ones (input sizes {None if src_exprs is None else tuple(src_exprs)}); pass "
             "x.shape[d] itself for a dynamic size")
-    new = list(leaves)
-    for i, c, n in zip(flat_pos, best, sizes):
-        new[i] = -1 if int(n) == -1 else _Sym(c) if c.free_symbols else int(c)
-    return [_Sym(a.symbol) if isinstance(a, BoundedInt) else a for a in new]
+    return best
 
 
 def _prefix_products(exprs):
@@ -578,8 +592,8 @@ class _BoundedMode(TorchFunctionMode):
             if func is torch.Tensor.size and (len(args) > 1 or "dim" in kwargs):
                 return shape[args[1] if len(args) > 1 else kwargs["dim"]]
             return shape
-        if getattr(func, "__name__", "") in _NO_ENTRY:  # attributes, autograd calls
-            return func(*args, **kwargs)
+        if getattr(func, "__name__", "") in _NO_ENTRY or not _involved(args, kwargs):
+            return func(*args, **kwargs)  # attributes, autograd calls, nothing bounded
         leaves, spec = tree_flatten((args, kwargs))
         if any(_marked(a) for a in leaves):
             leaves = [to_bounded(a) if _marked(a) else a for a in leaves]
@@ -666,11 +680,23 @@ def _active() -> bool:
     # bounded graphs: marked tensors stay plain there.
     if torch.compiler.is_compiling():  # first: Dynamo traces this mode and folds it here
         return False
-    if _STATE.suspended or torch._guards.TracingContext.try_get() is not None:
+    if _C.get_eager_mode() != _DEFER_AND_FUSE or _STATE.suspended:
         return False
-    from .. import _C
-    from .execution_mode import EagerMode
-    return _C.get_eager_mode() == EagerMode.DEFER_AND_FUSE.value
+    return torch._guards.TracingContext.try_get() is None
+
+
+def _involved(args, kwargs) -> bool:
+    """Whether a marked tensor or a BoundedInt is among the arguments (or in a list of
+    them): a cheaper scan than flattening every call's arguments."""
+    for group in (args, kwargs.values()):
+        for a in group:
+            if isinstance(a, BoundedInt) or _marked(a):
+                return True
+            if isinstance(a, (list, tuple)):
+                for b in a:
+                    if isinstance(b, BoundedInt) or _marked(b):
+                        return True
+    return False
 
 
 @contextlib.contextmanager
