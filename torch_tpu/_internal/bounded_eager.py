@@ -335,14 +335,11 @@ def _sizes_as_symbols(func, leaves, spec, values):
         return leaves
     if func not in _SIZE_LIST_OPS:
         return [_Sym(a.symbol) if isinstance(a, BoundedInt) else a for a in leaves]
-    args, kwargs = tree_unflatten(leaves, spec)
     pos = 1 if func not in (aten.full.default, aten.zeros.default, aten.ones.default,
                             aten.empty.memory_format) else 0
-    sizes = list(args[pos])
-    # Positions in the flat leaves of the size list.
-    flat_pos = [i for i, (x, y) in enumerate(zip(leaves, _marked_flat(args, kwargs, pos, spec)))
-                if y]
-    src = args[0] if pos == 1 and isinstance(args[0], BoundedTensor) else None
+    flat_pos = list(_size_arg(spec, pos))  # where the size list's ints are among the leaves
+    sizes = [leaves[i] for i in flat_pos]
+    src = leaves[0] if pos == 1 and isinstance(leaves[0], BoundedTensor) else None
     best = _resolve_sizes(func, tuple(int(n) for n in sizes),
                           None if src is None else tuple(src._exprs),
                           tuple(sorted(values.items(), key=lambda kv: str(kv[0]))))
@@ -408,12 +405,15 @@ def _prefix_products(exprs):
     return out
 
 
-def _marked_flat(args, kwargs, pos, spec):
-    """Flat booleans: which leaves are elements of args[pos]."""
-    marked = [tree_map(lambda _: i == pos, a) for i, a in enumerate(args)]
-    kw = tree_map(lambda _: False, kwargs)
-    flat, _ = tree_flatten((tuple(marked), kw))
-    return flat
+def _size_arg(spec, pos):
+    """args[pos] of a call with this spec, each leaf replaced by its index."""
+    args = _UNFLAT.get(spec)
+    if args is None:
+        args = _UNFLAT[spec] = tree_unflatten(list(range(spec.num_leaves)), spec)[0]
+    return args[pos]
+
+
+_UNFLAT = {}  # spec -> its args with leaf indices: where each argument's leaves are
 
 
 @contextlib.contextmanager
