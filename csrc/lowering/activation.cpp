@@ -255,7 +255,11 @@ TPU_LOWER(gelu_rule, "gelu") {
 TPU_LOWER(gelu_backward_rule, "gelu_backward") {
   bool approx = tanh_approx(ctx, 2);
   return map(ctx, {0, 1}, [approx](Builder& b, const Vs& v) {
-    const Value &g = v[0], &x = v[1];
+    // x read through a dependence on the gradient: XLA would otherwise merge this Phi(x)
+    // with the forward's and keep it (a full-size buffer) from forward to backward, where
+    // recomputing it from x, live anyway, costs a few flops.
+    const Value& g = v[0];
+    const Value x = b.after(v[1], g);
     Value one = cst(b, x, 1), half = cst(b, x, 0.5);
     if (approx) {
       Value t = op1(b, "tanh", gelu_inner(b, x));
