@@ -11,6 +11,8 @@ import glob
 import json
 import math
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -108,12 +110,13 @@ for f in sorted(glob.glob(os.path.join(os.environ["DUMP"], "*before_optimization
         out.append([t.count(" divide("), t.count(" exponential(")])
 print(json.dumps(out))
 """
-    dump = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tpu_gelu_dump_{os.getpid()}")
-    r = run_python(code, env={"XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text",
-                              "DUMP": dump, "TPU_COMPILE_CACHE": "0",
-                              "TPU_DEFER_AND_FUSE": "0", "TPU_LAUNCH_BLOCKING": "0"})
-    assert r.returncode == 0, r.stderr
+    dump = tempfile.mkdtemp(prefix="tpu_gelu_dump_")
+    try:
+        r = run_python(code, env={"XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text",
+                                  "DUMP": dump, "TPU_COMPILE_CACHE": "0",
+                                  "TPU_DEFER_AND_FUSE": "0", "TPU_LAUNCH_BLOCKING": "0"})
+    finally:
+        shutil.rmtree(dump, ignore_errors=True)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     counts = json.loads(r.stdout.strip().splitlines()[-1])
-    for f in glob.glob(os.path.join(dump, "*")):
-        os.remove(f)
     assert sorted(counts) == [[1, 0], [1, 1]], counts  # forward; backward (its pdf's exp)
