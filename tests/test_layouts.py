@@ -7,7 +7,6 @@ three full-size intermediates per GELU (forward and backward). The forms must st
 give CPU's values: within a few f32 ulps of the float64 definition everywhere,
 including the tails, the clamp points of the rational fit and the special values.
 """
-import glob
 import json
 import math
 import os
