@@ -232,20 +232,34 @@ static Value gelu_inner(Builder& b, const Value& x) {  // sqrt(2/pi) (x + kappa 
   return mul(b, cst(b, x, kBeta), add(b, x, mul(b, cst(b, x, kKappa), x3)));
 }
 
-// Exact: x * Phi(x) with Phi(x) = erfc(-x / sqrt 2) / 2 (accurate in the left tail).
+// Exact: x * Phi(x). f64: Phi(x) = erfc(-x / sqrt 2) / 2 (accurate in the left tail).
+// f32 math (and bf16/f16, which compute in f32): Phi(x) = (1 + erf(x / sqrt 2)) / 2 with
+// the rational erf, CPU's own formula (within its error of the exact value), and one loop
+// after fusion where the erfc form leaves three passes over the activation.
+static Value phi(Builder& b, const Value& x) {
+  Value half = cst(b, x, 0.5);
+  if (x.dtype() == DType::F32)
+    return mul(b, half, add(b, cst(b, x, 1), erf_rational(b, mul(b, x, cst(b, x, kSqrt1_2)))));
+  return mul(b, half, erfc(b, mul(b, x, cst(b, x, -kSqrt1_2))));
+}
+
 TPU_LOWER(gelu_rule, "gelu") {
   require_float(ctx, 0, "gelu");
   bool approx = tanh_approx(ctx, 1);
   return map(ctx, {0}, [approx](Builder& b, const Vs& x) {
+    if (!approx) return mul(b, x[0], phi(b, x[0]));
     Value half_x = mul(b, cst(b, x[0], 0.5), x[0]);
-    if (approx) return mul(b, half_x, add(b, cst(b, x[0], 1), op1(b, "tanh", gelu_inner(b, x[0]))));
-    return mul(b, half_x, erfc(b, mul(b, x[0], cst(b, x[0], -kSqrt1_2))));
+    return mul(b, half_x, add(b, cst(b, x[0], 1), op1(b, "tanh", gelu_inner(b, x[0]))));
   });
 }
 TPU_LOWER(gelu_backward_rule, "gelu_backward") {
   bool approx = tanh_approx(ctx, 2);
   return map(ctx, {0, 1}, [approx](Builder& b, const Vs& v) {
-    const Value &g = v[0], &x = v[1];
+    // x read through a dependence on the gradient: XLA would otherwise merge this Phi(x)
+    // with the forward's and keep it (a full-size buffer) from forward to backward, where
+    // recomputing it from x, live anyway, costs a few flops.
+    const Value& g = v[0];
+    const Value x = b.after(v[1], g);
     Value one = cst(b, x, 1), half = cst(b, x, 0.5);
     if (approx) {
       Value t = op1(b, "tanh", gelu_inner(b, x));
@@ -254,7 +268,7 @@ TPU_LOWER(gelu_backward_rule, "gelu_backward") {
                      mul(b, mul(b, mul(b, half, x), sub(b, one, mul(b, t, t))), dinner));
       return mul(b, g, d);
     }
-    Value cdf = mul(b, half, erfc(b, mul(b, x, cst(b, x, -kSqrt1_2))));
+    Value cdf = phi(b, x);
     Value pdf = mul(b, cst(b, x, kInvSqrt2Pi), op1(b, "exponential", mul(b, cst(b, x, -0.5), mul(b, x, x))));
     return mul(b, g, add(b, cdf, mul(b, x, pdf)));
   });

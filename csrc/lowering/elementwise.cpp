@@ -69,6 +69,26 @@ static Value erfc_large(Builder& b, const Value& x) {  // x >= 0
   return op2(b, "multiply", t, op1(b, "exponential", e));
 }
 
+// erf of f32 math as one rational function, x P(x^2) / Q(x^2) on x clamped to [-4, 4]
+// (beyond it erf is +-1 in f32): within 7e-8 of erf in exact arithmetic, a few f32 ulp
+// evaluated. One division and no exp, each read once, so a consumer fuses into one loop;
+// the series/erfc split above materializes its divide and exp (each has several readers).
+// Coefficients: the minimax fit Eigen's fast float erf uses (public numbers).
+Value erf_rational(Builder& b, const Value& x) {
+  static const double num[] = {-1.60960333262415e-02, -2.95459980854025e-03, -7.34990630326855e-04,
+                               -5.69250639462346e-05, -2.10102402082508e-06, 2.77068142495902e-08,
+                               -2.72614225801306e-10};  // x^1, x^3, ..., x^13
+  static const double den[] = {-1.42647390514189e-02, -7.37332916720468e-03, -1.68282697438203e-03,
+                               -2.13374055278905e-04, -1.45660718464996e-05};  // x^0, x^2, ..., x^8
+  Value c = b.clamp(cst(b, x, -4), x, cst(b, x, 4));
+  Value s = op2(b, "multiply", c, c);
+  Value p = cst(b, x, num[6]);
+  for (int n = 5; n >= 0; --n) p = op2(b, "add", cst(b, x, num[n]), op2(b, "multiply", s, p));
+  Value q = cst(b, x, den[4]);
+  for (int n = 3; n >= 0; --n) q = op2(b, "add", cst(b, x, den[n]), op2(b, "multiply", s, q));
+  return op2(b, "divide", op2(b, "multiply", c, p), q);
+}
+
 Value erf(Builder& b, const Value& x) {
   Value a = op1(b, "abs", x);
   Value big = op2(b, "subtract", cst(b, x, 1), erfc_large(b, a));

@@ -23,5 +23,7 @@ Value operand(Ctx& ctx, int i, DType t, const Shape& shape);
 std::vector<Value> map(Ctx& ctx, const std::vector<int>& idx, const MapFn& fn);
 Value erf(Builder& b, const Value& x);
 Value erfc(Builder& b, const Value& x);
+// erf for f32 math: one rational function, fusible into one loop (elementwise.cpp).
+Value erf_rational(Builder& b, const Value& x);
 
 }  // namespace tpu::lowering::ew
