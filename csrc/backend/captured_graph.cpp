@@ -72,6 +72,24 @@ c10::Storage storage_holding(Operand value, size_t nbytes, int device) {
   return st;
 }
 
+// A storage never written reads as zeros, which a recorded program would bake in as a
+// constant: its capture would then match only calls whose input is still unwritten. A
+// compiled optimizer's first step reads its fresh state (exp_avg...) that way, so its
+// second step recorded and compiled the update again, and the joined step program a
+// step later. The zeros become the storage's buffer (a small program launched now, not
+// recorded into the graph), so the first call's program reads the input like any other.
+void give_zeros(const at::Tensor& t) {
+  EagerMode mode = eager_mode();
+  set_eager_mode(EagerMode::Strict);
+  try {
+    storage_value(t);
+  } catch (...) {
+    set_eager_mode(mode);
+    throw;
+  }
+  set_eager_mode(mode);
+}
+
 }  // namespace
 
 // One recorded call of a graph, and (once explained) how to launch its program again.
@@ -93,6 +111,7 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
           decline("input " + std::to_string(k) + " was donated");
           return;
         }
+        if (!sd.value) give_zeros(t);
         in.tensor = true;
         in.spec = TensorSpec::of(t);
         in.entry = sd.value ? identity(sd.value) : nullptr;  // none: never written (zeros)
