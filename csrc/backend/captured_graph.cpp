@@ -2,6 +2,7 @@
 
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 
@@ -72,24 +73,6 @@ c10::Storage storage_holding(Operand value, size_t nbytes, int device) {
   return st;
 }
 
-// A storage never written reads as zeros, which a recorded program would bake in as a
-// constant: its capture would then match only calls whose input is still unwritten. A
-// compiled optimizer's first step reads its fresh state (exp_avg...) that way, so its
-// second step recorded and compiled the update again, and the joined step program a
-// step later. The zeros become the storage's buffer (a small program launched now, not
-// recorded into the graph), so the first call's program reads the input like any other.
-void give_zeros(const at::Tensor& t) {
-  EagerMode mode = eager_mode();
-  set_eager_mode(EagerMode::Strict);
-  try {
-    storage_value(t);
-  } catch (...) {
-    set_eager_mode(mode);
-    throw;
-  }
-  set_eager_mode(mode);
-}
-
 }  // namespace
 
 // One recorded call of a graph, and (once explained) how to launch its program again.
@@ -97,6 +80,15 @@ void give_zeros(const at::Tensor& t) {
 class __attribute__((visibility("hidden"))) CapturedGraph {
  public:
   CapturedGraph(const py::list& args, const std::vector<int>& mutated) : mutated_(mutated) {
+    // A storage never written reads as zeros, which the recorded program bakes in as a
+    // constant: the capture then matches only calls whose input is unwritten again
+    // (right for a zero tangent AOTAutograd makes afresh each call). An input the graph
+    // writes is written by then: a compiled optimizer's first step reads its fresh state
+    // (exp_avg...) unwritten, so its second step recorded and compiled the update again,
+    // and the joined step program a step later. Such storages get their zeros first,
+    // recorded and flushed as one small program of their own (compiled off this thread),
+    // so the graph's program reads them as inputs like any other.
+    bool zeroed = false;
     for (size_t k = 0; k < args.size(); ++k) {
       Input in;
       at::Tensor t;
@@ -111,7 +103,10 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
           decline("input " + std::to_string(k) + " was donated");
           return;
         }
-        if (!sd.value) give_zeros(t);
+        if (!sd.value && std::find(mutated.begin(), mutated.end(), static_cast<int>(k)) != mutated.end()) {
+          storage_value(t);
+          zeroed = true;
+        }
         in.tensor = true;
         in.spec = TensorSpec::of(t);
         in.entry = sd.value ? identity(sd.value) : nullptr;  // none: never written (zeros)
@@ -131,6 +126,7 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
       }
       inputs_.push_back(std::move(in));
     }
+    if (zeroed) flush("zeros of compiled graph inputs");
   }
 
   bool ready() const { return static_cast<bool>(graph_); }
