@@ -2,6 +2,7 @@
 
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 
@@ -79,6 +80,15 @@ c10::Storage storage_holding(Operand value, size_t nbytes, int device) {
 class __attribute__((visibility("hidden"))) CapturedGraph {
  public:
   CapturedGraph(const py::list& args, const std::vector<int>& mutated) : mutated_(mutated) {
+    // A storage never written reads as zeros, which the recorded program bakes in as a
+    // constant: the capture then matches only calls whose input is unwritten again
+    // (right for a zero tangent AOTAutograd makes afresh each call). An input the graph
+    // writes is written by then: a compiled optimizer's first step reads its fresh state
+    // (exp_avg...) unwritten, so its second step recorded and compiled the update again,
+    // and the joined step program a step later. Such storages get their zeros first,
+    // recorded and flushed as one small program of their own (compiled off this thread),
+    // so the graph's program reads them as inputs like any other.
+    bool zeroed = false;
     for (size_t k = 0; k < args.size(); ++k) {
       Input in;
       at::Tensor t;
@@ -92,6 +102,10 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
         if (!sd.donated_to.empty()) {
           decline("input " + std::to_string(k) + " was donated");
           return;
+        }
+        if (!sd.value && std::find(mutated.begin(), mutated.end(), static_cast<int>(k)) != mutated.end()) {
+          storage_value(t);
+          zeroed = true;
         }
         in.tensor = true;
         in.spec = TensorSpec::of(t);
@@ -112,6 +126,7 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
       }
       inputs_.push_back(std::move(in));
     }
+    if (zeroed) flush("zeros of compiled graph inputs");
   }
 
   bool ready() const { return static_cast<bool>(graph_); }

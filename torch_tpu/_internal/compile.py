@@ -24,7 +24,7 @@ more (the boxed call clears its list) are donated where the runtime allows it. A
 that does not match records again (and is captured too); a graph the capture cannot
 explain (it reads a tensor that is not an input, a CPU tensor's value) always records.
 A compiled optimizer step would be such a graph through its host step counters; on tpu
-they are device tensors (see _capturable_optimizers_on_tpu), so it replays.
+they are device tensors (see _capturable_steps_on_tpu), so it replays.
 
 `torch.compile(model, backend="tpu")` finds the backend through the
 `torch_dynamo_backends` entry point (no import of torch_tpu needed). A plain
@@ -401,38 +401,105 @@ def _route_inductor_to_tpu() -> None:
 
 
 def _capturable_optimizers_on_tpu() -> None:
+    """Adjusts Dynamo for tpu on the first torch.compile call (importing Dynamo at
+    torch_tpu's load would cost its start-up, over a second): see _patch_dynamo."""
+    compile_fn = torch.compile
+    if getattr(compile_fn, "_torch_tpu_capturable", False):
+        return
+
+    @functools.wraps(compile_fn)
+    def compile(*args, **kwargs):
+        _patch_dynamo()
+        return compile_fn(*args, **kwargs)
+
+    compile._torch_tpu_capturable = True
+    torch.compile = compile
+
+
+def _patch_dynamo() -> None:
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+    if getattr(OptimizerVariable._set_capturable, "_torch_tpu", False):
+        return
+    _capturable_steps_on_tpu(OptimizerVariable)
+    _static_gradients_on_tpu()
+    _no_guard_profiling_for_tpu_graphs()
+
+
+def _capturable_steps_on_tpu(OptimizerVariable) -> None:
     """Dynamo makes a compiled optimizer "capturable" (its step counters live on the
     parameters' device) only for CUDA/XPU parameters; elsewhere `state['step']` stays a
     CPU tensor the graph computes with on the host, and the graph's program then reads
     host values that change each call, so it records every call. Parameters on tpu get
     the CUDA treatment: the counters become tpu tensors, program operands the graph
-    updates in place, and the step replays. Installed on the first torch.compile call
-    (importing Dynamo at torch_tpu's load would cost its start-up over a second)."""
-    compile_fn = torch.compile
-    if getattr(compile_fn, "_torch_tpu_capturable", False):
-        return
+    updates in place, and the step replays."""
+    set_capturable = OptimizerVariable._set_capturable
 
-    def patch() -> None:
-        from torch._dynamo.variables.optimizer import OptimizerVariable
-        set_capturable = OptimizerVariable._set_capturable
-        if getattr(set_capturable, "_torch_tpu", False):
-            return
+    def _set_capturable(self, tx):
+        for group in self.value.param_groups:
+            params = group.get("params", [])
+            if ("capturable" in group and params and all(p.device.type == "tpu" for p in params)
+                    and all(p not in self.value.state for p in params)):
+                group["capturable"] = True
+        return set_capturable(self, tx)
 
-        def _set_capturable(self, tx):
-            for group in self.value.param_groups:
-                params = group.get("params", [])
-                if ("capturable" in group and params and all(p.device.type == "tpu" for p in params)
-                        and all(p not in self.value.state for p in params)):
-                    group["capturable"] = True
-            return set_capturable(self, tx)
+    _set_capturable._torch_tpu = True
+    OptimizerVariable._set_capturable = _set_capturable
 
-        _set_capturable._torch_tpu = True
-        OptimizerVariable._set_capturable = _set_capturable
 
-    @functools.wraps(compile_fn)
-    def compile(*args, **kwargs):
-        patch()
-        return compile_fn(*args, **kwargs)
+def _static_gradients_on_tpu() -> None:
+    """Dynamo asks whether each gradient a compiled optimizer step reads has a static
+    address for CUDA graphs; its first question imports Inductor's CUDA graph trees (most
+    of Inductor: about a CPU second of a cold compiled start, with Jinja templates
+    parsed) only to answer True for any non-CUDA tensor. A tpu tensor gets that answer
+    without the import."""
+    from torch._dynamo.variables import optimizer
+    static_for_cudagraphs = optimizer._is_static_for_cudagraphs
 
-    compile._torch_tpu_capturable = True
-    torch.compile = compile
+    def _is_static_for_cudagraphs(x):
+        return True if x.device.type == "tpu" else static_for_cudagraphs(x)
+    optimizer._is_static_for_cudagraphs = _is_static_for_cudagraphs
+
+
+def _is_tpu_backend(fn) -> bool:
+    for _ in range(8):  # Dynamo's and torch.compile's wrappers keep the backend they wrap
+        if isinstance(fn, TpuBackend):
+            return True
+        inner = getattr(fn, "_torchdynamo_orig_backend", None)
+        if inner is None and isinstance(fn, torch._TorchCompileWrapper):
+            inner = fn.compiler_fn
+        if inner is None:
+            return False
+        fn = inner
+    return False
+
+
+# One entry per frame Dynamo is compiling (nested frames stack): is its backend ours?
+_frames_for_tpu = []
+
+
+def _no_guard_profiling_for_tpu_graphs() -> None:
+    """After building a frame's guards Dynamo times one evaluation of them for its
+    compile metrics, first flushing the CPU caches so the time is honest: about 0.06 CPU
+    s (0.1 s) per frame, a fifth of a second and more of a cold compiled GPT step (its
+    forward and optimizer frames, and those the optimizer's graph breaks leave), for a
+    number nothing here reads. Frames compiled for this backend skip the measurement
+    (their guard_latency_us reads 0); frames for other backends keep it."""
+    from torch._dynamo import convert_frame, guards
+    compile_frame = convert_frame._compile
+    profile = guards.profile_guard_manager
+
+    @functools.wraps(compile_frame)
+    def _compile(*args, **kwargs):
+        fn = args[5] if len(args) > 5 else kwargs.get("compiler_fn")
+        _frames_for_tpu.append(_is_tpu_backend(fn))
+        try:
+            return compile_frame(*args, **kwargs)
+        finally:
+            _frames_for_tpu.pop()
+
+    def profile_guard_manager(root, scope, n_iters):
+        if _frames_for_tpu and _frames_for_tpu[-1]:
+            return 0.0
+        return profile(root, scope, n_iters)
+    convert_frame._compile = _compile
+    guards.profile_guard_manager = profile_guard_manager
