@@ -59,6 +59,9 @@ MIMI = {"upsample_groups": 32, "codebook_size": 64, "codebook_dim": 32, "num_qua
         "vector_quantization_hidden_dimension": 32, "num_filters": 8}
 QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 4,
        "indexer_compress_ratio": 2}
+SAM2 = {"vision_config.backbone_config.image_size": [64, 64],
+        "vision_config.backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]],
+        "prompt_encoder_config.image_size": 64, "prompt_encoder_config.patch_size": 16}
 ROPE_PER_LAYER_TYPE = {t: {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]}
                        for t in ("full_attention", "sliding_attention")}
 # Per-family constraints the generic sizes miss: CodeGen splits heads over 4 model-parallel shards.
@@ -134,6 +137,14 @@ FAMILY = {"codegen": {"n_head": 4},
           "cohere_compass_text": {"rope_parameters": ROPE_PER_LAYER_TYPE},
           # DeepSeek-OCR 2 leaves dense/sparse per layer to its checkpoints.
           "deepseek_ocr2": {"text_config.mlp_layer_types": ["dense", "sparse"]},
+          # SAM's shared positional embedding makes 2 x num_pos_feats channels: the prompt
+          # encoder's width.
+          "sam": {"vision_config.num_pos_feats": 16},
+          # SAM 2: a 64 x 64 image through the Hiera/timm stages (strides 4-32),
+          # the prompt encoder's grid at stride 16, the feature sizes of the first three.
+          "sam2": SAM2,
+          # SAM 3's tracker: the ViT's 8 x 8 grid scaled by 4, 2 and 1 in its neck.
+          "sam3_tracker": {"vision_config.backbone_feature_sizes": [[32, 32], [16, 16], [8, 8]]}, "sam_hq": {"vision_config.num_pos_feats": 16},
 }
 # Types whose model class only generates (no forward of its own): the trainable part
 # built instead, with its sub-config (Bark's semantic text-to-tokens model).
@@ -581,7 +592,9 @@ def inputs(model, cfg, head, batch=2, seq=8):
                 kw[k] = torch.stack([kw[k], kw[k].flip(0)], dim=1)
     if "pixel_values" in params:
         vis = _sub(cfg, "vision_config")
-        size = getattr(vis, "image_size", 32)
+        # (SAM 2's vision config keeps its size in the backbone's config.)
+        size = getattr(vis, "image_size", None) or getattr(
+            getattr(vis, "backbone_config", None), "image_size", None) or 32
         h, w = size[:2] if isinstance(size, (list, tuple)) else (size, size)  # MGP-STR: 32 x 128
         kw["pixel_values"] = torch.randn(batch, getattr(vis, "num_channels", 3), h, w, generator=g)
         frames = next((vars(c)["num_frames"] for c in _configs(cfg)
