@@ -95,7 +95,6 @@ FAMILY = {"codegen": {"n_head": 4},
           "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
           # Layout models cut the width into 6 box embeddings (LiLT) or 4 x dim_bbox (BROS).
           "lilt": {"hidden_size": 48}, "bros": {"hidden_size": 64},
-          "layoutlmv3": {"hidden_size": 48, "coordinate_size": 8, "shape_size": 8},
           # Gemma 3 pools the 8 x 8 patches of a 32 x 32 image to 2 x 2 tokens.
           "gemma3": {"mm_tokens_per_image": 4}, "shieldgemma2": {"mm_tokens_per_image": 4, "yes_token_index": 5, "no_token_index": 6},
           "t5gemma2": {"encoder.mm_tokens_per_image": 4},
@@ -143,9 +142,24 @@ FAMILY = {"codegen": {"n_head": 4},
           # SAM 2: a 64 x 64 image through the Hiera/timm stages (strides 4-32),
           # the prompt encoder's grid at stride 16, the feature sizes of the first three.
           "sam2": SAM2,
+          # LayoutLMv3's patch position table is sized for input_size; TVP's frame prompt for
+          # max_img_size.
+          "layoutlmv3": {"hidden_size": 48, "coordinate_size": 8, "shape_size": 8, "input_size": 32},
+          "tvp": {"max_img_size": 64, "visual_prompt_size": 4},
+          # MobileViTV2 unfolds 2 x 2 patches at stride 32: a 64-pixel image keeps a 2 x 2 map.
+          "mobilevitv2": {"patch_size": 2, "image_size": 64},
+          # TextNet's first stage takes the stem's width.
+          "textnet": {"stem_out_channels": 16, "image_size": [64, 64]},
           # SAM 3's tracker: the ViT's 8 x 8 grid scaled by 4, 2 and 1 in its neck.
           "sam3_tracker": {"vision_config.backbone_feature_sizes": [[32, 32], [16, 16], [8, 8]]}, "sam_hq": {"vision_config.num_pos_feats": 16},
 }
+# Image (height, width) for types whose config holds no image size: convolutional towers
+# (stride 32, then a pool) that need more than 32 pixels; text recognizers read a line.
+INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64), **{t: (48, 64) for t in (
+    "pp_ocrv5_server_rec", "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")}}
+# Types whose forward only works on a batch of one (TVP views its column position table
+# as (batch, 1, width, hidden)).
+ONE_SAMPLE = {"tvp": 1}
 # Types whose model class only generates (no forward of its own): the trainable part
 # built instead, with its sub-config (Bark's semantic text-to-tokens model).
 PARTS = {"bark": "BarkSemanticModel"}
@@ -432,12 +446,7 @@ def shrink(cfg, overrides=None):
     before = [dict(vars(node)) for node in nodes]
     for node in nodes:
         _shrink_one(node, widths)
-    for key, value in (overrides or {}).items():
-        *path, field = key.split(".")
-        node = cfg
-        for name in path:
-            node = getattr(node, name)
-        setattr(node, field, value)
+    _override(cfg, overrides)
     for node, old in zip(nodes, before):
         _rederive(node, old)
     for node in nodes:
@@ -447,7 +456,17 @@ def shrink(cfg, overrides=None):
         _fix_token_ids(node)
         if "use_cache" in vars(node):
             node.use_cache = False  # a training step keeps no cache (state-space stacks have none)
+    _override(cfg, overrides)  # again: width following must not undo an override
     return cfg
+
+
+def _override(cfg, overrides):
+    for key, value in (overrides or {}).items():
+        *path, field = key.split(".")
+        node = cfg
+        for name in path:
+            node = getattr(node, name)
+        setattr(node, field, value)
 
 
 def _fix_token_ids(cfg):
@@ -567,13 +586,14 @@ def _sub(cfg, *names):
 def inputs(model, cfg, head, batch=2, seq=8):
     """Keyword inputs for `model.forward`, by the names its signature takes."""
     params = inspect.signature(model.forward).parameters
+    batch = ONE_SAMPLE.get(getattr(cfg, "model_type", None), batch)
     g = torch.Generator().manual_seed(0)
     text = _sub(cfg, "text_config")
     vocab = getattr(text, "vocab_size", None) or 128
     kw = {}
     ids = torch.randint(3, max(4, min(vocab, 128) - SPECIAL_IDS), (batch, seq), generator=g)
     mask = torch.ones(batch, seq, dtype=torch.long)
-    mask[1, -2:] = 0  # one padded row
+    mask[-1, -2:] = 0  # one padded row
     # Speech and image heads read ids only when they have no pixels or audio to read
     # (ImageGPT classifies token ids of colour clusters; Dia encodes a text prompt).
     media = {"pixel_values", "input_features", "input_values"} & set(params)
@@ -593,7 +613,7 @@ def inputs(model, cfg, head, batch=2, seq=8):
     if "pixel_values" in params:
         vis = _sub(cfg, "vision_config")
         # (SAM 2's vision config keeps its size in the backbone's config.)
-        size = getattr(vis, "image_size", None) or getattr(
+        size = INPUT_SIZE.get(getattr(cfg, "model_type", None)) or getattr(vis, "image_size", None) or getattr(
             getattr(vis, "backbone_config", None), "image_size", None) or 32
         h, w = size[:2] if isinstance(size, (list, tuple)) else (size, size)  # MGP-STR: 32 x 128
         kw["pixel_values"] = torch.randn(batch, getattr(vis, "num_channels", 3), h, w, generator=g)
