@@ -142,6 +142,9 @@ FAMILY = {"codegen": {"n_head": 4},
           # SAM 2: a 64 x 64 image through the Hiera/timm stages (strides 4-32),
           # the prompt encoder's grid at stride 16, the feature sizes of the first three.
           "sam2": SAM2,
+          # EfficientLoFTR's 2-D rotary table is a quarter of the width: head size = width / 8.
+          "efficientloftr": {"num_attention_heads": 8, "num_key_value_heads": 8, "out_features": [16, 16, 32, 32],
+                             "fine_fusion_dims": [32, 32, 16]},
           # LayoutLMv3's patch position table is sized for input_size; TVP's frame prompt for
           # max_img_size.
           "layoutlmv3": {"hidden_size": 48, "coordinate_size": 8, "shape_size": 8, "input_size": 32},
@@ -157,6 +160,8 @@ FAMILY = {"codegen": {"n_head": 4},
 # (stride 32, then a pool) that need more than 32 pixels; text recognizers read a line.
 INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64), **{t: (48, 64) for t in (
     "pp_ocrv5_server_rec", "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")}}
+# Base models of keypoint matchers: they take image pairs too.
+IMAGE_PAIRS = ("efficientloftr",)
 # Types whose forward only works on a batch of one (TVP views its column position table
 # as (batch, 1, width, hidden)).
 ONE_SAMPLE = {"tvp": 1}
@@ -449,11 +454,12 @@ def shrink(cfg, overrides=None):
     _override(cfg, overrides)
     for node, old in zip(nodes, before):
         _rederive(node, old)
+    moved = {}
     for node in nodes:
         _clamp_layer_indices(node)
         _follow_widths(node, widths)
         _fix_backbone_channels(node)
-        _fix_token_ids(node)
+        _fix_token_ids(node, moved)
         if "use_cache" in vars(node):
             node.use_cache = False  # a training step keeps no cache (state-space stacks have none)
     _override(cfg, overrides)  # again: width following must not undo an override
@@ -469,14 +475,17 @@ def _override(cfg, overrides):
         setattr(node, field, value)
 
 
-def _fix_token_ids(cfg):
+def _fix_token_ids(cfg, moved):
     """Special token ids (text, image, audio placeholders) inside the small vocabulary, at
-    its top, where the random input ids never land."""
+    its top, where the random input ids never land. `moved` maps the ids of configs done
+    before to their new values: a sub-config's id equal to its parent's (T5Gemma 2's image
+    token, in the top config and the encoder's) stays equal."""
     vocab = getattr(cfg, "vocab_size", None)
     if not isinstance(vocab, int):
         vocab = getattr(vars(cfg).get("text_config"), "vocab_size", None)
     if isinstance(vocab, int):
         top = vocab - 1
+        local, used = {}, set(moved.values())
         for key, tower in (("image_token_id", "vision_config"), ("image_token_index", "vision_config"),
                            ("audio_token_id", "audio_config"), ("video_token_index", "vision_config")):
             if key in vars(cfg) and vars(cfg)[key] is None and tower in vars(cfg):
@@ -486,9 +495,16 @@ def _fix_token_ids(cfg):
             if special and type(tid) is int and tid >= vocab - SPECIAL_IDS:
                 if key == "pad_token_id":
                     setattr(cfg, key, 1)
+                elif tid in moved and moved[tid] < vocab:
+                    setattr(cfg, key, moved[tid])
                 else:
+                    while top in used:
+                        top -= 1
                     setattr(cfg, key, top)
+                    local.setdefault(tid, top)
                     top -= 1
+        for tid, new in local.items():
+            moved.setdefault(tid, new)
     if getattr(cfg, "is_encoder_decoder", False) and getattr(cfg, "decoder_start_token_id", None) is None:
         cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
     for key, value in list(vars(cfg).items()):
@@ -619,9 +635,21 @@ def inputs(model, cfg, head, batch=2, seq=8):
         kw["pixel_values"] = torch.randn(batch, getattr(vis, "num_channels", 3), h, w, generator=g)
         frames = next((vars(c)["num_frames"] for c in _configs(cfg)
                        if isinstance(vars(c).get("num_frames"), int)), None)
-        if frames:  # video models: (batch, frames, channels, height, width)
+        if type(model).__name__.endswith("ForKeypointMatching") or getattr(cfg, "model_type", "") in IMAGE_PAIRS:
+            # Matchers (LightGlue, EfficientLoFTR) take image pairs: (batch, 2, channels, h, w).
+            kw["pixel_values"] = torch.randn(batch, 2, *kw["pixel_values"].shape[1:], generator=g)
+        elif frames:  # video models: (batch, frames, channels, height, width)
             video = torch.randn(batch, frames, *kw["pixel_values"].shape[1:], generator=g)
             kw["pixel_values"] = _probe(model, kw, "pixel_values", (video, kw["pixel_values"]))
+    if "spatial_shapes" in params and "pixel_values" in kw:
+        # NaFlex towers (SigLIP 2): a 4 x 4 grid of flattened patches, all real (made before
+        # image tokens are counted: LFM2-VL counts them from these).
+        vis = _sub(cfg, "vision_config")
+        p = getattr(vis, "patch_size", 4) or 4
+        c = getattr(vis, "num_channels", 3) or 3
+        kw.update(pixel_values=torch.randn(batch, 16, c * p * p, generator=g),
+                  pixel_attention_mask=torch.ones(batch, 16, dtype=torch.long),
+                  spatial_shapes=torch.tensor([[4, 4]] * batch))
     if "image_sizes" in params and "pixel_values" in kw and isinstance(vars(cfg).get("image_grid_pinpoints"), list):
         # LLaVA-NeXT's any-resolution grid (shrunk to one tile of the tower's size): each
         # image is its resized base view plus that one tile.
@@ -817,14 +845,6 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
                        if isinstance(getattr(vis, k, None), int)), 4)
         chans = next((getattr(vis, k) for k in ("in_chans", "num_channels") if isinstance(getattr(vis, k, None), int)), 3)
         out["pixel_values_videos"] = torch.randn(batch, frames, chans, size, size, generator=g)
-    if "spatial_shapes" in params and "pixel_values" in kw:
-        # NaFlex towers (SigLIP 2): a 4 x 4 grid of flattened patches, all real.
-        vis = _sub(cfg, "vision_config")
-        p = getattr(vis, "patch_size", 4) or 4
-        c = getattr(vis, "num_channels", 3) or 3
-        out.update(pixel_values=torch.randn(batch, 16, c * p * p, generator=g),
-                   pixel_attention_mask=torch.ones(batch, 16, dtype=torch.long),
-                   spatial_shapes=torch.tensor([[4, 4]] * batch))
     if "audio_mel" in params:  # Gemma 3n's audio encoder: (batch, frames, mel bins)
         mels = v("input_feat_size", 128)
         out.update(audio_mel=torch.randn(batch, 32, mels, generator=g),
@@ -927,6 +947,9 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
         return ids
     feats = getattr(feats, "pooler_output", None) if hasattr(feats, "to_tuple") else feats
     width = getattr(_sub(cfg, "text_config"), "hidden_size", None)
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if isinstance(getattr(emb, "embedding_dim", None), int):
+        width = emb.embedding_dim  # the width features are scattered into (T5Gemma 2 has no text_config)
     n = sum(t.numel() for t in flat_tensors(feats))
     if not width or n % (width * ids.shape[0]):
         return ids
