@@ -608,6 +608,13 @@ def inputs(model, cfg, head, batch=2, seq=8):
     vocab = getattr(text, "vocab_size", None) or 128
     kw = {}
     ids = torch.randint(3, max(4, min(vocab, 128) - SPECIAL_IDS), (batch, seq), generator=g)
+    # Placeholder ids a config keeps inside the random range (EXAONE 4.5's image token, 67)
+    # would count as images: such draws take the first id that is none of them.
+    marks = sorted({v for c in _configs(cfg) for k, v in vars(c).items()
+                    if k.endswith(("_token_id", "_token_index")) and k not in TOKEN_IDS and type(v) is int})
+    if marks:
+        safe = next(i for i in range(3, 3 + len(marks) + 1) if i not in marks)
+        ids[torch.isin(ids, torch.tensor(marks))] = safe
     mask = torch.ones(batch, seq, dtype=torch.long)
     mask[-1, -2:] = 0  # one padded row
     # Speech and image heads read ids only when they have no pixels or audio to read
@@ -929,6 +936,8 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
     tok = _image_token(cfg, kind)
     get = getattr(model, f"get_{kind}_features", None) or getattr(
         getattr(model, "model", None), f"get_{kind}_features", None)
+    if tok is not None and get is None and kind == "audio":
+        return _with_audio_tokens_by_length(model, kw[key], ids, tok)
     if tok is None or get is None:
         return ids
     takes = inspect.signature(get).parameters
@@ -944,7 +953,8 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
         except Exception:  # noqa: BLE001 -- the forward itself then reports why
             continue
     else:
-        return ids
+        # Music Flamingo's get_audio_features checks the placeholders it is to count.
+        return _with_audio_tokens_by_length(model, pv, ids, tok) if kind == "audio" else ids
     feats = getattr(feats, "pooler_output", None) if hasattr(feats, "to_tuple") else feats
     width = getattr(_sub(cfg, "text_config"), "hidden_size", None)
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -954,6 +964,18 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
     if not width or n % (width * ids.shape[0]):
         return ids
     per = n // (width * ids.shape[0])
+    return torch.cat([torch.full((ids.shape[0], per), tok, dtype=ids.dtype), ids], dim=1)
+
+
+def _with_audio_tokens_by_length(model, feats, ids, tok):
+    """Audio-language models without get_audio_features (Qwen2-Audio) count their audio
+    tokens with the tower's own output-length formula: that many placeholders per sample."""
+    tower = getattr(model, "audio_tower", None) or getattr(getattr(model, "model", None), "audio_tower", None)
+    lengths = getattr(tower, "_get_feat_extract_output_lengths", None)
+    if lengths is None:
+        return ids
+    out = lengths(torch.tensor([feats.shape[-1]]))
+    per = int((out[-1] if isinstance(out, tuple) else out)[0])
     return torch.cat([torch.full((ids.shape[0], per), tok, dtype=ids.dtype), ids], dim=1)
 
 
