@@ -114,8 +114,12 @@ FAMILY = {"codegen": {"n_head": 4},
           # Perceiver's masked-LM decoder has one query per position: as many as the tokens.
           "perceiver": {"max_position_embeddings": 8},
           # Granite Speech's Q-Former projector reads the speech encoder's width.
-          "granite_speech": {"projector_config.encoder_hidden_size": 64},
-          "granite_speech_plus": {"projector_config.encoder_hidden_size": 64},
+          "granite_speech": {"projector_config.encoder_hidden_size": 64, "window_size": 10},
+          "granite_speech_plus": {"projector_config.encoder_hidden_size": 64, "window_size": 10},
+          # (Its Q-Former projector makes window_size / downsample_rate queries per window.)
+          # Granite Speech 5 attends in blocks of context_size, its relative table spanning
+          # max_position_embeddings each way.
+          "granite_speech5_ctc": {"encoder_config.context_size": 16}, "granite_speech5_encoder": {"context_size": 16},
           # LeViT's stem is four stride-2 convolutions: its "patch" is 16 pixels.
           "levit": {"patch_size": 16, "image_size": 64},
           # Super-resolution embeds single pixels.
@@ -160,6 +164,12 @@ FAMILY = {"codegen": {"n_head": 4},
 # (stride 32, then a pool) that need more than 32 pixels; text recognizers read a line.
 INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64), **{t: (48, 64) for t in (
     "pp_ocrv5_server_rec", "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")}}
+# Audio features several mel frames wide: Granite Speech 5 adds deltas (x 2) and stacks
+# frame pairs (x 2) before its first linear layer.
+MEL_STACK = {"granite_speech5_ctc": 4, "granite_speech5_encoder": 4}
+# Granite Speech's input_features_mask selects projected audio features (one per
+# placeholder token), not feature frames.
+AUDIO_FEATURE_MASK = ("granite_speech", "granite_speech_plus")
 # Base models of keypoint matchers: they take image pairs too.
 IMAGE_PAIRS = ("efficientloftr",)
 # Types whose forward only works on a batch of one (TVP views its column position table
@@ -729,6 +739,8 @@ def inputs(model, cfg, head, batch=2, seq=8):
         new = _with_image_tokens(model, cfg, kw, ids, "audio", "input_features")
         if new.shape[1] != ids.shape[1]:
             kw["input_ids"] = new
+            if cfg.model_type in AUDIO_FEATURE_MASK:
+                kw["input_features_mask"] = torch.ones(batch, new.shape[1] - ids.shape[1], dtype=torch.bool)
             if "attention_mask" in kw:
                 kw["attention_mask"] = torch.cat(
                     [torch.ones(batch, new.shape[1] - ids.shape[1], dtype=torch.long),
@@ -896,7 +908,7 @@ def _mel_bins(cfg):
     for key in ("feature_projection_input_dim", "num_mel_bins", "feature_size", "n_mels", "input_dim"):
         for node in nodes:
             if isinstance(vars(node).get(key), int):
-                return vars(node)[key]
+                return MEL_STACK.get(cfg.model_type, 1) * vars(node)[key]
     return 16
 
 
@@ -943,8 +955,11 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
     takes = inspect.signature(get).parameters
     extra = {k: v for k, v in kw.items() if k in takes and k != key}
     pv = kw[key]
-    # Images per sample: some models take (batch, images, channels, height, width).
-    for cand in (pv, pv.unsqueeze(1)) if pv.dim() == 4 else (pv,):
+    # Images per sample: some models take (batch, images, channels, height, width); audio
+    # features come as (batch, mel bins, frames) or (batch, frames, mel bins) (Granite Speech).
+    cands = ((pv, pv.unsqueeze(1)) if pv.dim() == 4 else
+             (pv, pv.transpose(1, 2).contiguous()) if kind == "audio" and pv.dim() == 3 else (pv,))
+    for cand in cands:
         try:
             with torch.no_grad():
                 feats = get(**{key: cand}, **extra)
