@@ -98,9 +98,12 @@ FAMILY = {"codegen": {"n_head": 4},
           # Gemma 3 pools the 8 x 8 patches of a 32 x 32 image to 2 x 2 tokens.
           "gemma3": {"mm_tokens_per_image": 4}, "shieldgemma2": {"mm_tokens_per_image": 4, "yes_token_index": 5, "no_token_index": 6},
           "t5gemma2": {"encoder.mm_tokens_per_image": 4},
-          # Qwen3-ASR cuts mel frames into windows of 2 x n_window: 64 frames hold two.
-          "qwen3_asr": {"audio_config.n_window": 16, "audio_config.n_window_infer": 64},
-          "qwen3_asr_encoder": {"n_window": 16, "n_window_infer": 64},
+          # Qwen3-ASR cuts mel frames into chunks of 2 x n_window, and its length formula
+          # assumes n_window = 50 (13 outputs per chunk): one 100-frame chunk (frames are
+          # 2 x max_source_positions here).
+          "qwen3_asr": {"audio_config.n_window": 50, "audio_config.n_window_infer": 100,
+                        "audio_config.max_source_positions": 50, "audio_config.output_dim": 32},
+          "qwen3_asr_encoder": {"n_window": 50, "n_window_infer": 100, "max_source_positions": 50},
           "step3p7": {"text_config.sliding_window": 4},
           "vjepa2": {"pred_hidden_size": 32, "pred_num_hidden_layers": 1, "pred_num_attention_heads": 2,
                      "crop_size": 32, "frames_per_clip": 4},
