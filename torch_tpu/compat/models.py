@@ -696,6 +696,10 @@ def inputs(model, cfg, head, batch=2, seq=8):
             if into in params:
                 rows, grid = _flat_patches(_sub(cfg, "vision_config"), batch, g)
                 kw[grid_name] = grid
+                merge_name = grid_name.replace("grid_thw", "merge_sizes")
+                if merge_name in params:  # VideoLLaMA 3: each image's spatial merge (its tower's)
+                    merge = getattr(_sub(cfg, "vision_config"), "spatial_merge_size", 2) or 2
+                    kw[merge_name] = torch.tensor([merge] * batch)
                 p = int((rows.shape[1] // 3) ** 0.5)
                 # Rows of flat values, or of (channels, patch, patch) images.
                 cands = (rows, rows.view(rows.shape[0], 3, p, p)) if 3 * p * p == rows.shape[1] else (rows,)
@@ -956,7 +960,9 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
     if tok is None or get is None:
         return ids
     takes = inspect.signature(get).parameters
-    extra = {k: v for k, v in kw.items() if k in takes and k != key}
+    rest = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())
+    # (Through **kwargs too, the inputs named for this kind: VideoLLaMA 3's image_merge_sizes.)
+    extra = {k: v for k, v in kw.items() if (k in takes or rest and k.startswith(kind + "_")) and k != key}
     pv = kw[key]
     # Images per sample: some models take (batch, images, channels, height, width); audio
     # features come as (batch, mel bins, frames) or (batch, frames, mel bins) (Granite Speech).
