@@ -683,6 +683,13 @@ def inputs(model, cfg, head, batch=2, seq=8):
         hi = getattr(getattr(cfg, "high_res_vision_config", None), "image_size", 32)
         hi = hi[0] if isinstance(hi, (list, tuple)) else hi
         kw["high_res_pixel_values"] = torch.randn(batch, 3, hi, hi, generator=g)
+    if "target_sizes" in params and "pixel_values" in kw and kw["pixel_values"].dim() == 4:
+        # MiniCPM-V 4.6: every image's patches packed in one row, (1, channels, patch,
+        # patches x patch), with each image's patch grid (rows, columns).
+        p = getattr(_sub(cfg, "vision_config"), "patch_size", 4) or 4
+        c, h, w = kw["pixel_values"].shape[-3:]
+        kw["pixel_values"] = torch.randn(1, c, p, batch * (h // p) * (w // p) * p, generator=g)
+        kw["target_sizes"] = torch.tensor([[h // p, w // p]] * batch, dtype=torch.int32)
     tower = next((getattr(m, n) for m in (model, getattr(model, "model", None))
                   for n in ("vision_tower", "vision_encoder") if hasattr(m, n)), None)
     if "image_sizes" in params and "pixel_values" in kw and hasattr(tower, "patch_size"):
@@ -961,8 +968,10 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
         return ids
     takes = inspect.signature(get).parameters
     rest = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())
-    # (Through **kwargs too, the inputs named for this kind: VideoLLaMA 3's image_merge_sizes.)
-    extra = {k: v for k, v in kw.items() if (k in takes or rest and k.startswith(kind + "_")) and k != key}
+    # (Through **kwargs too, the inputs named for this kind, VideoLLaMA 3's image_merge_sizes,
+    # and MiniCPM-V's patch grids.)
+    extra = {k: v for k, v in kw.items()
+             if (k in takes or rest and (k.startswith(kind + "_") or k == "target_sizes")) and k != key}
     pv = kw[key]
     # Images per sample: some models take (batch, images, channels, height, width); audio
     # features come as (batch, mel bins, frames) or (batch, frames, mel bins) (Granite Speech).
