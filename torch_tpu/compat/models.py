@@ -149,6 +149,22 @@ FAMILY = {"codegen": {"n_head": 4},
           # SAM 2: a 64 x 64 image through the Hiera/timm stages (strides 4-32),
           # the prompt encoder's grid at stride 16, the feature sizes of the first three.
           "sam2": SAM2,
+          "kosmos-2": {"latent_query_num": 4},
+          # CLVP's encoders rotate at least 32 channels of each head: one 32-wide head.
+          "clvp": {"text_config.num_attention_heads": 1, "speech_config.num_attention_heads": 1},
+          # ERNIE 4.5 VL interleaves its height and width sections: equal sizes.
+          "ernie4_5_vl_moe": {"text_config.rope_parameters": {"rope_theta": 500000.0, "rope_type": "default",
+                                                              "mrope_section": [3, 3, 2]}},
+          # PaddleOCR-VL's text rotary defaults its 3-D sections in code (for head size 128).
+          "paddleocr_vl": {"text_config.rope_parameters": {"rope_theta": 500000.0, "rope_type": "default",
+                                                           "mrope_section": [2, 3, 3]}},
+          # Muse Glimmer's adapter reads pixel-shuffled patches: width x merge_size^2.
+          "muse_glimmer": {"out_hidden_size": 128, "projector_hidden_size": 64},
+          # Mistral 4's rotary part is head_dim x partial_rotary_factor (0.5): the query/key
+          # width, twice the rope part.
+          "mistral4": {"head_dim": 16},
+          # FastSpeech 2's HiFi-GAN vocoder reads the acoustic model's mel bins.
+          "fastspeech2_conformer_with_hifigan": {"vocoder_config.model_in_dim": 16},
           # EfficientLoFTR's 2-D rotary table is a quarter of the width: head size = width / 8.
           "efficientloftr": {"num_attention_heads": 8, "num_key_value_heads": 8, "out_features": [16, 16, 32, 32],
                              "fine_fusion_dims": [32, 32, 16]},
@@ -165,11 +181,18 @@ FAMILY = {"codegen": {"n_head": 4},
 }
 # Image (height, width) for types whose config holds no image size: convolutional towers
 # (stride 32, then a pool) that need more than 32 pixels; text recognizers read a line.
-INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64), **{t: (48, 64) for t in (
+INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64),
+              # HGNetV2 at 32 pixels ends on 1 x 1 maps, where train-mode batch norm over two
+              # values leaves gradients that are zero in exact arithmetic (rounding noise
+              # on CPU and tpu alike, float64 agreeing): 64 keeps 2 x 2.
+              "hgnet_v2": (64, 64), **{t: (48, 64) for t in (
     "pp_ocrv5_server_rec", "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")}}
 # Audio features several mel frames wide: Granite Speech 5 adds deltas (x 2) and stacks
 # frame pairs (x 2) before its first linear layer.
 MEL_STACK = {"granite_speech5_ctc": 4, "granite_speech5_encoder": 4}
+# Feature frames for audio towers whose config holds no max_source_positions: Voxtral
+# Realtime adds one audio embedding to each of the 8 tokens (64 frames / 8).
+AUDIO_FRAMES = {"voxtral_realtime": 64}
 # Granite Speech's input_features_mask selects projected audio features (one per
 # placeholder token), not feature frames.
 AUDIO_FEATURE_MASK = ("granite_speech", "granite_speech_plus")
@@ -723,13 +746,21 @@ def inputs(model, cfg, head, batch=2, seq=8):
         if "attention_mask" in kw:
             kw["attention_mask"] = torch.cat([torch.ones(batch, ids.shape[1] - seq, dtype=torch.long),
                                               mask], dim=1)
+    if "image_embeds_position_mask" in params and "pixel_values" in kw and "input_ids" in kw:
+        # Kosmos-2: latent_query_num image positions ahead of the text, marked by a mask.
+        n = cfg.latent_query_num
+        kw["input_ids"] = torch.cat([torch.full((batch, n), 3, dtype=ids.dtype), kw["input_ids"]], dim=1)
+        kw["image_embeds_position_mask"] = torch.cat(
+            [torch.ones(batch, n, dtype=torch.long), torch.zeros(batch, seq, dtype=torch.long)], dim=1)
+        if "attention_mask" in kw:
+            kw["attention_mask"] = torch.cat([torch.ones(batch, n, dtype=torch.long), mask], dim=1)
     if "mm_token_type_ids" in params and "input_ids" in kw:
         tok = _image_token(cfg)
         kw["mm_token_type_ids"] = (kw["input_ids"] == tok).long() if tok is not None else \
             torch.zeros_like(kw["input_ids"])
     if "input_features" in params:
         audio = _sub(cfg, "audio_config", "encoder_config")
-        frames = 2 * getattr(audio, "max_source_positions", 16)
+        frames = AUDIO_FRAMES.get(cfg.model_type) or 2 * getattr(audio, "max_source_positions", 16)
         kw["input_features"] = torch.randn(batch, _mel_bins(cfg), frames, generator=g)
     if "input_values" in params:
         kw["input_values"] = torch.randn(batch, 800, generator=g)
@@ -738,9 +769,13 @@ def inputs(model, cfg, head, batch=2, seq=8):
         spectrogram = torch.randn(batch, frames, getattr(cfg, "num_mel_bins", 16), generator=g)
         # Codecs take (batch, 1, samples), at least one frame of their total hop (3200 here).
         long = torch.randn(batch, 1, 3200, generator=g)
-        kw["input_values"] = _probe(model, kw, "input_values",
+        probe_kw = dict(kw)
+        if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
+            probe_kw["decoder_input_ids"] = ids[:, :6]  # an encoder-decoder runs none without
+        kw["input_values"] = _probe(model, probe_kw, "input_values",
                                     (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1), long,
-                                     long.squeeze(1)))  # a longer waveform (Moonshine's strided stem)
+                                     long.squeeze(1),  # a longer waveform (Moonshine Streaming's strided stem)
+                                     torch.randn(batch, 16000, generator=g)))  # a second (Moonshine's)
         if "sample" in params and params["sample"].default is True:
             kw["sample"] = False  # a VAE's latent draw (VibeVoice) would differ from CPU's
     for name in params:
@@ -863,7 +898,8 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
         pos = torch.stack([rows, cols], dim=-1).float().expand(batch, n, 2)
         out["flattened_patches"] = torch.cat(
             [pos, torch.randn(batch, n, width, generator=g)], dim=-1)
-        out["attention_mask"] = torch.ones(batch, n)
+        if "input_ids" not in kw:  # (Kosmos-2.5's attention mask is its text's)
+            out["attention_mask"] = torch.ones(batch, n)
     if "duration_labels" in params and "input_ids" in kw:
         # FastSpeech 2 trains on aligned targets: 2 frames per token, a pitch and an energy each.
         out.update(spectrogram_labels=torch.randn(batch, 2 * seq, _mel_bins(cfg), generator=g),
@@ -878,6 +914,13 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
                        if isinstance(getattr(vis, k, None), int)), 4)
         chans = next((getattr(vis, k) for k in ("in_chans", "num_channels") if isinstance(getattr(vis, k, None), int)), 3)
         out["pixel_values_videos"] = torch.randn(batch, frames, chans, size, size, generator=g)
+    if ("hidden_states" in params and params["hidden_states"].default is inspect.Parameter.empty
+            and not kw and type(model).__name__.startswith("VibeVoiceAcousticTokenizer")):
+        # VibeVoice's tokenizer halves alone: the encoder takes a waveform (batch, channels,
+        # samples, one hop of 3200 here), the decoder latents (batch, width, frames).
+        conv = next(m for m in model.modules() if isinstance(m, torch.nn.Conv1d))
+        n = 4 if "Decoder" in type(model).__name__ else 3200
+        out["hidden_states"] = torch.randn(batch, conv.in_channels, n, generator=g)
     if "audio_mel" in params:  # Gemma 3n's audio encoder: (batch, frames, mel bins)
         mels = v("input_feat_size", 128)
         out.update(audio_mel=torch.randn(batch, 32, mels, generator=g),
@@ -930,7 +973,7 @@ def _flat_patches(cfg, batch, g, grid=4):
     """Vision towers that take pre-cut patches (the Qwen2-VL convention): one row per
     patch of channels x frames x patch x patch values, and each image's (t, h, w) grid."""
     p = getattr(cfg, "patch_size", 4) or 4
-    t = getattr(cfg, "temporal_patch_size", 1) or 1
+    t = getattr(cfg, "temporal_patch_size", None) or getattr(cfg, "patch_temporal", 1) or 1  # (Muse Glimmer's name)
     c = getattr(cfg, "in_channels", None) or getattr(cfg, "num_channels", 3) or 3
     rows = batch * grid * grid
     return torch.randn(rows, c * t * p * p, generator=g), torch.tensor([[1, grid, grid]] * batch)
@@ -977,6 +1020,11 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
     # features come as (batch, mel bins, frames) or (batch, frames, mel bins) (Granite Speech).
     cands = ((pv, pv.unsqueeze(1)) if pv.dim() == 4 else
              (pv, pv.transpose(1, 2).contiguous()) if kind == "audio" and pv.dim() == 3 else (pv,))
+    p = int((pv.shape[-1] // 3) ** 0.5) if pv.dim() == 2 else 0
+    if p and 3 * p * p == pv.shape[-1]:
+        # Pre-cut patches as (patches, channels, p, p) (Kimi K2.5), or all in one sequence,
+        # (1, patches, channels, p, p) (PaddleOCR-VL).
+        cands = (pv, pv.view(-1, 3, p, p), pv.view(1, -1, 3, p, p))
     for cand in cands:
         try:
             with torch.no_grad():
