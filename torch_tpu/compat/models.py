@@ -800,6 +800,15 @@ def inputs(model, cfg, head, batch=2, seq=8):
         if "past_values" not in kw:
             kw.update(_patched_series(model, cfg, params, batch, g))
     kw.update(_named_inputs(model, cfg, params, kw, batch, seq, g))
+    if "pixel_values_videos" in kw and "input_ids" in kw and "pixel_values" not in kw:
+        # Video-language models given a video alone (Video-LLaVA): one placeholder per
+        # video feature.
+        new = _with_image_tokens(model, cfg, kw, kw["input_ids"], "video", "pixel_values_videos")
+        if new.shape[1] != kw["input_ids"].shape[1]:
+            if "attention_mask" in kw:
+                kw["attention_mask"] = torch.cat([torch.ones(batch, new.shape[1] - kw["input_ids"].shape[1],
+                                                             dtype=torch.long), kw["attention_mask"]], dim=1)
+            kw["input_ids"] = ids = new
     if "use_cache" in params:
         kw["use_cache"] = False  # a training step keeps no cache (state-space-only stacks have none)
     if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
