@@ -260,7 +260,8 @@ def test_placeholder_tokens_match_the_features():
     model, cfg, head, _, _ = models.build("qwen2_audio")
     kw = models.inputs(model, cfg, head)
     frames = kw["input_features"].shape[-1]
-    per = int(model.audio_tower._get_feat_extract_output_lengths(torch.tensor([frames]))[-1][0])
+    tower = getattr(model, "audio_tower", None) or model.model.audio_tower
+    per = int(tower._get_feat_extract_output_lengths(torch.tensor([frames]))[-1][0])
     assert placeholders(kw, cfg.audio_token_index) == 2 * per
     # Granite Speech's feature mask has one entry per placeholder, not per frame.
     model, cfg, head, _, _ = models.build("granite_speech")
