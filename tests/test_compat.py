@@ -211,3 +211,77 @@ def test_training_randomness_is_off():
     assert stds and all(s == 0.0 for s in stds)
     cfg = models.build("sapiens2")[1]
     assert (cfg.pos_embed_shift, cfg.pos_embed_jitter, cfg.pos_embed_rescale) == (None, None, None)
+
+
+@pytest.mark.parametrize("model_type", ["sam", "sam2", "sam3_tracker", "efficientloftr", "textnet",
+                                        "pp_ocrv5_mobile_rec", "granite_speech5_ctc", "qwen3_asr_encoder"])
+def test_small_geometry_rules(model_type):
+    """Shape rules per family: SAM's positional features (half the prompt width), SAM 2's
+    64-pixel image with its feature sizes, SAM 3's neck sizes, EfficientLoFTR's image pairs
+    and rotary width, TextNet's stem width, a PaddleOCR line image, Granite Speech 5's
+    stacked mel width, Qwen3-ASR's 100-frame chunk. Each trains one step on the CPU."""
+    from torch_tpu.compat.run import step
+    model, cfg, head, _, _ = models.build(model_type)
+    kw = models.inputs(model, cfg, head)
+    if model_type == "efficientloftr":
+        assert kw["pixel_values"].shape[:2] == (2, 2)  # (batch, pair, channels, h, w)
+    if model_type == "sam":
+        assert cfg.vision_config.num_pos_feats * 2 == cfg.prompt_encoder_config.hidden_size
+    outs, _, grads, _ = step(model, kw, "cpu")
+    assert outs and all(torch.isfinite(o.float()).all() for o in outs if o.is_floating_point())
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_overrides_win_over_width_following():
+    # TVP's max_img_size (an override) once held a value a shrunk width also had.
+    cfg = models.build("tvp")[1]
+    assert cfg.max_img_size == 64
+
+
+def placeholders(kw, tok):
+    return int((kw["input_ids"] == tok).sum())
+
+
+def test_placeholder_tokens_match_the_features():
+    # A token id equal in the top config and a sub-config stays equal (T5Gemma 2).
+    model, cfg, head, _, _ = models.build("t5gemma2")
+    assert cfg.image_token_index == cfg.encoder.image_token_index
+    kw = models.inputs(model, cfg, head)
+    assert placeholders(kw, cfg.image_token_index) == 2 * cfg.encoder.mm_tokens_per_image
+    # Random ids never land on a placeholder id kept inside their range (EXAONE 4.5's 67).
+    model, cfg, head, _, _ = models.build("exaone4_5")
+    assert 3 <= cfg.image_token_id < 112
+    kw = models.inputs(model, cfg, head)
+    grid = kw["image_grid_thw"]
+    merged = int(grid.prod(-1).sum()) // cfg.vision_config.spatial_merge_size ** 2
+    assert placeholders(kw, cfg.image_token_id) == merged
+    assert placeholders(kw, cfg.video_token_id) == 0
+    # Audio tokens from the tower's own length formula (Qwen2-Audio has no get_audio_features).
+    model, cfg, head, _, _ = models.build("qwen2_audio")
+    kw = models.inputs(model, cfg, head)
+    frames = kw["input_features"].shape[-1]
+    tower = getattr(model, "audio_tower", None) or model.model.audio_tower
+    per = int(tower._get_feat_extract_output_lengths(torch.tensor([frames]))[-1][0])
+    assert placeholders(kw, cfg.audio_token_index) == 2 * per
+    # Granite Speech's feature mask has one entry per placeholder, not per frame.
+    model, cfg, head, _, _ = models.build("granite_speech")
+    kw = models.inputs(model, cfg, head)
+    assert kw["input_features_mask"].shape == (2, placeholders(kw, cfg.audio_token_index) // 2)
+
+
+def test_one_sample_types_and_packed_patches():
+    model, cfg, head, _, _ = models.build("tvp")
+    assert models.inputs(model, cfg, head)["input_ids"].shape[0] == 1
+    model, cfg, head, _, _ = models.build("minicpmv4_7_vision")
+    kw = models.inputs(model, cfg, head)
+    p = cfg.patch_size
+    assert kw["pixel_values"].shape[:3] == (1, 3, p)
+    assert kw["target_sizes"].tolist() == [[32 // p, 32 // p]] * 2
+
+
+def test_device_runs_start_from_a_model_no_forward_has_touched():
+    # Mimi caches its codebook centroids on its first forward (the CPU's): a device run
+    # on the same object met them there ("X1 and X2 must have the same device type").
+    from torch_tpu.compat.run import run_model
+    rec = run_model("mimi", ("strict",))
+    assert rec["modes"]["strict"]["status"] == "pass", rec["modes"]["strict"]

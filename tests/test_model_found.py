@@ -78,6 +78,43 @@ def test_index_put_mask_count_mismatch_raises():
         torch_tpu.synchronize()
 
 
+# ---- index_put with a boolean mask beside integer index tensors ----
+# x[mask, idx] = v: the mask stands for its true coordinates, broadcast with idx; idx's
+# length fixes the count (the mask selects that many elements, or one, which broadcasts).
+
+ROWS = torch.tensor([True, False, True, False])
+COLS = torch.tensor([0, 2])
+
+
+@pytest.mark.parametrize("acc", [False, True])
+def test_index_put_mask_with_index_tensor(acc):
+    check(lambda x, m, i, v: put(x, (m, i), v, acc), randn(4, 3), ROWS, COLS, randn(2, seed=1))
+    check(lambda x, m, i, v: put(x, (m, i), v, acc), randn(4, 3, 5), ROWS, COLS, randn(2, 5, seed=1))
+
+
+def test_index_put_mask_with_index_tensor_inner_and_setitem():
+    def f(x, m, i):
+        x = x.clone()
+        x[:, m, i] = 7.0
+        return x
+    check(f, randn(2, 4, 3), ROWS, COLS)
+    check(lambda x, m, i, v: put(x, (m, None, i), v), randn(4, 5, 3), ROWS, COLS, randn(2, 5, seed=2))
+
+
+def test_index_put_mask_with_index_tensor_one_true_broadcasts():
+    one = torch.tensor([False, False, True, False])
+    check(lambda x, m, i, v: put(x, (m, i), v), randn(4, 3), one, COLS, randn(2, seed=3))
+
+
+def test_index_put_mask_with_index_tensor_count_mismatch_raises():
+    three = torch.tensor([True, True, True, False])
+    with pytest.raises(IndexError, match="shape mismatch: indexing tensors could not be broadcast"):
+        put(randn(4, 3), (three, COLS), randn(2))
+    with pytest.raises(IndexError, match="shape mismatch: indexing tensors could not be broadcast"):
+        put(dev(randn(4, 3)), (dev(three), dev(COLS)), dev(randn(2))).cpu()
+        torch_tpu.synchronize()
+
+
 # ---- conditioning the run found: tpu must stay at float64's answer ----
 
 def test_group_norm_one_element_groups_is_exact():

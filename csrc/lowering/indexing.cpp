@@ -426,9 +426,12 @@ static Value put_mask(Builder& b, const Value& self, const std::vector<std::opti
 }
 
 // The mask's position among the indices, and how many elements `values` gives along the
-// count dim of self[mask] (1 when they broadcast); -1 when no index is a mask.
+// count dim of self[mask] (1 when they broadcast); -1 when no index is a mask. `mixed`:
+// integer index tensors beside the mask (x[mask, idx]); their broadcast shape [L] fixes
+// the count: the mask must select L elements, or one, which broadcasts (CPU's rule).
 struct MaskPut {
   int64_t pos = -1, count = 1;
+  bool mixed = false;
 };
 
 static bool is_mask(const std::optional<Value>& i) {
@@ -447,7 +450,17 @@ static MaskPut mask_put(const std::vector<std::optional<Value>>& idx, const Valu
     }
   }
   if (r.pos < 0) return r;
-  if (others) throw Unsupported("index_put with a mask among other indices");
+  if (others) {
+    Shape bs;
+    for (size_t d = 0; d < idx.size(); ++d)
+      if (idx[d] && !is_mask(idx[d])) bs = broadcast_shapes(bs, idx[d]->shape());
+    // Other index tensors of one dim (> 1 long) fix the result's shape; otherwise it
+    // depends on the mask's count.
+    if (bs.size() != 1 || bs[0] < 2) throw Unsupported("index_put with a mask among other indices");
+    r.count = bs[0];
+    r.mixed = true;
+    return r;
+  }
   // values align to the right of the result shape self[:p] + [count] + self[p+m:].
   int64_t rr = self.rank() - idx[r.pos]->rank() + 1, lead = rr - values.rank();
   if (lead < 0) throw Unsupported("index_put values rank");
@@ -468,11 +481,18 @@ static std::vector<std::optional<Value>> mask_to_coords(Ctx& ctx, std::vector<st
   int64_t n = mask.type.numel();
   Value flat = b.reshape(mask, {n});
   Value total = reduce_sum(b, b.convert(flat, DType::I64), {0});
-  std::string vshape;
-  for (auto d : values.shape()) vshape += (vshape.empty() ? "" : ", ") + std::to_string(d);
-  ctx.check(b.compare(total, b.constant(static_cast<double>(mp.count), DType::I64), Cmp::EQ),
-            "RuntimeError: shape mismatch: value tensor of shape [" + vshape +
-                "] cannot be broadcast to indexing result (the mask selects another number of elements)");
+  Value exact = b.compare(total, b.constant(static_cast<double>(mp.count), DType::I64), Cmp::EQ);
+  Value one = b.compare(total, b.constant(1.0, DType::I64), Cmp::EQ);
+  if (mp.mixed) {
+    ctx.check(b.binary("stablehlo.or", exact, one),  // an IndexError, as on CPU
+              "shape mismatch: indexing tensors could not be broadcast together (the mask "
+              "selects neither " + std::to_string(mp.count) + " elements nor one)");
+  } else {
+    std::string vshape;
+    for (auto d : values.shape()) vshape += (vshape.empty() ? "" : ", ") + std::to_string(d);
+    ctx.check(exact, "RuntimeError: shape mismatch: value tensor of shape [" + vshape +
+                         "] cannot be broadcast to indexing result (the mask selects another number of elements)");
+  }
   if (mp.count == 0) return idx;
   // Unselected positions sort after selected ones; ties keep row-major order.
   Value key = b.convert(b.unary("stablehlo.not", flat), DType::I32);
@@ -481,6 +501,11 @@ static std::vector<std::optional<Value>> mask_to_coords(Ctx& ctx, std::vector<st
     return std::vector<Value>{b.compare(a[0], a[1], Cmp::LT)};
   });
   Value first = b.slice(sorted[1], {0}, {mp.count}, {1});
+  if (mp.mixed) {
+    // One selected element broadcasts against the other index tensors.
+    Value lone = broadcast_to(b, b.slice(first, {0}, {1}, {1}), {mp.count});
+    first = b.select(broadcast_to(b, b.reshape(one, {1}), {mp.count}), lone, first);
+  }
   // Row-major flat position -> one coordinate per mask dim.
   std::vector<std::optional<Value>> out(idx.begin(), idx.begin() + mp.pos);
   int64_t stride = n;

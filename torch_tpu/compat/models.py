@@ -59,6 +59,9 @@ MIMI = {"upsample_groups": 32, "codebook_size": 64, "codebook_dim": 32, "num_qua
         "vector_quantization_hidden_dimension": 32, "num_filters": 8}
 QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 4,
        "indexer_compress_ratio": 2}
+SAM2 = {"vision_config.backbone_config.image_size": [64, 64],
+        "vision_config.backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]],
+        "prompt_encoder_config.image_size": 64, "prompt_encoder_config.patch_size": 16}
 ROPE_PER_LAYER_TYPE = {t: {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]}
                        for t in ("full_attention", "sliding_attention")}
 # Per-family constraints the generic sizes miss: CodeGen splits heads over 4 model-parallel shards.
@@ -92,13 +95,15 @@ FAMILY = {"codegen": {"n_head": 4},
           "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
           # Layout models cut the width into 6 box embeddings (LiLT) or 4 x dim_bbox (BROS).
           "lilt": {"hidden_size": 48}, "bros": {"hidden_size": 64},
-          "layoutlmv3": {"hidden_size": 48, "coordinate_size": 8, "shape_size": 8},
           # Gemma 3 pools the 8 x 8 patches of a 32 x 32 image to 2 x 2 tokens.
           "gemma3": {"mm_tokens_per_image": 4}, "shieldgemma2": {"mm_tokens_per_image": 4, "yes_token_index": 5, "no_token_index": 6},
           "t5gemma2": {"encoder.mm_tokens_per_image": 4},
-          # Qwen3-ASR cuts mel frames into windows of 2 x n_window: 64 frames hold two.
-          "qwen3_asr": {"audio_config.n_window": 16, "audio_config.n_window_infer": 64},
-          "qwen3_asr_encoder": {"n_window": 16, "n_window_infer": 64},
+          # Qwen3-ASR cuts mel frames into chunks of 2 x n_window, and its length formula
+          # assumes n_window = 50 (13 outputs per chunk): one 100-frame chunk (frames are
+          # 2 x max_source_positions here).
+          "qwen3_asr": {"audio_config.n_window": 50, "audio_config.n_window_infer": 100,
+                        "audio_config.max_source_positions": 50, "audio_config.output_dim": 32},
+          "qwen3_asr_encoder": {"n_window": 50, "n_window_infer": 100, "max_source_positions": 50},
           "step3p7": {"text_config.sliding_window": 4},
           "vjepa2": {"pred_hidden_size": 32, "pred_num_hidden_layers": 1, "pred_num_attention_heads": 2,
                      "crop_size": 32, "frames_per_clip": 4},
@@ -112,8 +117,12 @@ FAMILY = {"codegen": {"n_head": 4},
           # Perceiver's masked-LM decoder has one query per position: as many as the tokens.
           "perceiver": {"max_position_embeddings": 8},
           # Granite Speech's Q-Former projector reads the speech encoder's width.
-          "granite_speech": {"projector_config.encoder_hidden_size": 64},
-          "granite_speech_plus": {"projector_config.encoder_hidden_size": 64},
+          "granite_speech": {"projector_config.encoder_hidden_size": 64, "window_size": 10},
+          "granite_speech_plus": {"projector_config.encoder_hidden_size": 64, "window_size": 10},
+          # (Its Q-Former projector makes window_size / downsample_rate queries per window.)
+          # Granite Speech 5 attends in blocks of context_size, its relative table spanning
+          # max_position_embeddings each way.
+          "granite_speech5_ctc": {"encoder_config.context_size": 16}, "granite_speech5_encoder": {"context_size": 16},
           # LeViT's stem is four stride-2 convolutions: its "patch" is 16 pixels.
           "levit": {"patch_size": 16, "image_size": 64},
           # Super-resolution embeds single pixels.
@@ -134,7 +143,64 @@ FAMILY = {"codegen": {"n_head": 4},
           "cohere_compass_text": {"rope_parameters": ROPE_PER_LAYER_TYPE},
           # DeepSeek-OCR 2 leaves dense/sparse per layer to its checkpoints.
           "deepseek_ocr2": {"text_config.mlp_layer_types": ["dense", "sparse"]},
+          # SAM's shared positional embedding makes 2 x num_pos_feats channels: the prompt
+          # encoder's width.
+          "sam": {"vision_config.num_pos_feats": 16},
+          # SAM 2: a 64 x 64 image through the Hiera/timm stages (strides 4-32),
+          # the prompt encoder's grid at stride 16, the feature sizes of the first three.
+          "sam2": SAM2,
+          "kosmos-2": {"latent_query_num": 4},
+          # CLVP's encoders rotate at least 32 channels of each head: one 32-wide head.
+          "clvp": {"text_config.num_attention_heads": 1, "speech_config.num_attention_heads": 1},
+          # ERNIE 4.5 VL interleaves its height and width sections: equal sizes.
+          "ernie4_5_vl_moe": {"text_config.rope_parameters": {"rope_theta": 500000.0, "rope_type": "default",
+                                                              "mrope_section": [3, 3, 2]}},
+          # PaddleOCR-VL's text rotary defaults its 3-D sections in code (for head size 128).
+          "paddleocr_vl": {"text_config.rope_parameters": {"rope_theta": 500000.0, "rope_type": "default",
+                                                           "mrope_section": [2, 3, 3]}},
+          # Muse Glimmer's adapter reads pixel-shuffled patches: width x merge_size^2.
+          "muse_glimmer": {"out_hidden_size": 128, "projector_hidden_size": 64},
+          # Mistral 4's rotary part is head_dim x partial_rotary_factor (0.5): the query/key
+          # width, twice the rope part.
+          "mistral4": {"head_dim": 16},
+          # FastSpeech 2's HiFi-GAN vocoder reads the acoustic model's mel bins.
+          "fastspeech2_conformer_with_hifigan": {"vocoder_config.model_in_dim": 16},
+          # EfficientLoFTR's 2-D rotary table is a quarter of the width: head size = width / 8.
+          "efficientloftr": {"num_attention_heads": 8, "num_key_value_heads": 8, "out_features": [16, 16, 32, 32],
+                             "fine_fusion_dims": [32, 32, 16]},
+          # LayoutLMv3's patch position table is sized for input_size; TVP's frame prompt for
+          # max_img_size.
+          "layoutlmv3": {"hidden_size": 48, "coordinate_size": 8, "shape_size": 8, "input_size": 32},
+          "tvp": {"max_img_size": 64, "visual_prompt_size": 4},
+          # MobileViTV2 unfolds 2 x 2 patches at stride 32: a 64-pixel image keeps a 2 x 2 map.
+          "mobilevitv2": {"patch_size": 2, "image_size": 64},
+          # TextNet's first stage takes the stem's width.
+          "textnet": {"stem_out_channels": 16, "image_size": [64, 64]},
+          # SAM 3's tracker: the ViT's 8 x 8 grid scaled by 4, 2 and 1 in its neck.
+          "sam3_tracker": {"vision_config.backbone_feature_sizes": [[32, 32], [16, 16], [8, 8]]}, "sam_hq": {"vision_config.num_pos_feats": 16},
 }
+# Image (height, width) for types whose config holds no image size: convolutional towers
+# (stride 32, then a pool) that need more than 32 pixels; text recognizers read a line.
+INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64),
+              # HGNetV2 at 32 pixels ends on 1 x 1 maps, where train-mode batch norm over two
+              # values leaves gradients that are zero in exact arithmetic (rounding noise
+              # on CPU and tpu alike, float64 agreeing): 64 keeps 2 x 2.
+              "hgnet_v2": (64, 64), **{t: (48, 64) for t in (
+    "pp_ocrv5_server_rec", "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")}}
+# Audio features several mel frames wide: Granite Speech 5 adds deltas (x 2) and stacks
+# frame pairs (x 2) before its first linear layer.
+MEL_STACK = {"granite_speech5_ctc": 4, "granite_speech5_encoder": 4}
+# Feature frames for audio towers whose config holds no max_source_positions: Voxtral
+# Realtime adds one audio embedding to each of the 8 tokens (64 frames / 8).
+AUDIO_FRAMES = {"voxtral_realtime": 64}
+# Granite Speech's input_features_mask selects projected audio features (one per
+# placeholder token), not feature frames.
+AUDIO_FEATURE_MASK = ("granite_speech", "granite_speech_plus")
+# Base models of keypoint matchers: they take image pairs too.
+IMAGE_PAIRS = ("efficientloftr",)
+# Types whose forward only works on a batch of one (TVP views its column position table
+# as (batch, 1, width, hidden)).
+ONE_SAMPLE = {"tvp": 1}
 # Types whose model class only generates (no forward of its own): the trainable part
 # built instead, with its sub-config (Bark's semantic text-to-tokens model).
 PARTS = {"bark": "BarkSemanticModel"}
@@ -421,32 +487,41 @@ def shrink(cfg, overrides=None):
     before = [dict(vars(node)) for node in nodes]
     for node in nodes:
         _shrink_one(node, widths)
+    _override(cfg, overrides)
+    for node, old in zip(nodes, before):
+        _rederive(node, old)
+    moved = {}
+    for node in nodes:
+        _clamp_layer_indices(node)
+        _follow_widths(node, widths)
+        _fix_backbone_channels(node)
+        _fix_token_ids(node, moved)
+        if "use_cache" in vars(node):
+            node.use_cache = False  # a training step keeps no cache (state-space stacks have none)
+    _override(cfg, overrides)  # again: width following must not undo an override
+    return cfg
+
+
+def _override(cfg, overrides):
     for key, value in (overrides or {}).items():
         *path, field = key.split(".")
         node = cfg
         for name in path:
             node = getattr(node, name)
         setattr(node, field, value)
-    for node, old in zip(nodes, before):
-        _rederive(node, old)
-    for node in nodes:
-        _clamp_layer_indices(node)
-        _follow_widths(node, widths)
-        _fix_backbone_channels(node)
-        _fix_token_ids(node)
-        if "use_cache" in vars(node):
-            node.use_cache = False  # a training step keeps no cache (state-space stacks have none)
-    return cfg
 
 
-def _fix_token_ids(cfg):
+def _fix_token_ids(cfg, moved):
     """Special token ids (text, image, audio placeholders) inside the small vocabulary, at
-    its top, where the random input ids never land."""
+    its top, where the random input ids never land. `moved` maps the ids of configs done
+    before to their new values: a sub-config's id equal to its parent's (T5Gemma 2's image
+    token, in the top config and the encoder's) stays equal."""
     vocab = getattr(cfg, "vocab_size", None)
     if not isinstance(vocab, int):
         vocab = getattr(vars(cfg).get("text_config"), "vocab_size", None)
     if isinstance(vocab, int):
         top = vocab - 1
+        local, used = {}, set(moved.values())
         for key, tower in (("image_token_id", "vision_config"), ("image_token_index", "vision_config"),
                            ("audio_token_id", "audio_config"), ("video_token_index", "vision_config")):
             if key in vars(cfg) and vars(cfg)[key] is None and tower in vars(cfg):
@@ -456,9 +531,16 @@ def _fix_token_ids(cfg):
             if special and type(tid) is int and tid >= vocab - SPECIAL_IDS:
                 if key == "pad_token_id":
                     setattr(cfg, key, 1)
+                elif tid in moved and moved[tid] < vocab:
+                    setattr(cfg, key, moved[tid])
                 else:
+                    while top in used:
+                        top -= 1
                     setattr(cfg, key, top)
+                    local.setdefault(tid, top)
                     top -= 1
+        for tid, new in local.items():
+            moved.setdefault(tid, new)
     if getattr(cfg, "is_encoder_decoder", False) and getattr(cfg, "decoder_start_token_id", None) is None:
         cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
     for key, value in list(vars(cfg).items()):
@@ -556,13 +638,21 @@ def _sub(cfg, *names):
 def inputs(model, cfg, head, batch=2, seq=8):
     """Keyword inputs for `model.forward`, by the names its signature takes."""
     params = inspect.signature(model.forward).parameters
+    batch = ONE_SAMPLE.get(getattr(cfg, "model_type", None), batch)
     g = torch.Generator().manual_seed(0)
     text = _sub(cfg, "text_config")
     vocab = getattr(text, "vocab_size", None) or 128
     kw = {}
     ids = torch.randint(3, max(4, min(vocab, 128) - SPECIAL_IDS), (batch, seq), generator=g)
+    # Placeholder ids a config keeps inside the random range (EXAONE 4.5's image token, 67)
+    # would count as images: such draws take the first id that is none of them.
+    marks = sorted({v for c in _configs(cfg) for k, v in vars(c).items()
+                    if k.endswith(("_token_id", "_token_index")) and k not in TOKEN_IDS and type(v) is int})
+    if marks:
+        safe = next(i for i in range(3, 3 + len(marks) + 1) if i not in marks)
+        ids[torch.isin(ids, torch.tensor(marks))] = safe
     mask = torch.ones(batch, seq, dtype=torch.long)
-    mask[1, -2:] = 0  # one padded row
+    mask[-1, -2:] = 0  # one padded row
     # Speech and image heads read ids only when they have no pixels or audio to read
     # (ImageGPT classifies token ids of colour clusters; Dia encodes a text prompt).
     media = {"pixel_values", "input_features", "input_values"} & set(params)
@@ -581,14 +671,28 @@ def inputs(model, cfg, head, batch=2, seq=8):
                 kw[k] = torch.stack([kw[k], kw[k].flip(0)], dim=1)
     if "pixel_values" in params:
         vis = _sub(cfg, "vision_config")
-        size = getattr(vis, "image_size", 32)
+        # (SAM 2's vision config keeps its size in the backbone's config.)
+        size = INPUT_SIZE.get(getattr(cfg, "model_type", None)) or getattr(vis, "image_size", None) or getattr(
+            getattr(vis, "backbone_config", None), "image_size", None) or 32
         h, w = size[:2] if isinstance(size, (list, tuple)) else (size, size)  # MGP-STR: 32 x 128
         kw["pixel_values"] = torch.randn(batch, getattr(vis, "num_channels", 3), h, w, generator=g)
         frames = next((vars(c)["num_frames"] for c in _configs(cfg)
                        if isinstance(vars(c).get("num_frames"), int)), None)
-        if frames:  # video models: (batch, frames, channels, height, width)
+        if type(model).__name__.endswith("ForKeypointMatching") or getattr(cfg, "model_type", "") in IMAGE_PAIRS:
+            # Matchers (LightGlue, EfficientLoFTR) take image pairs: (batch, 2, channels, h, w).
+            kw["pixel_values"] = torch.randn(batch, 2, *kw["pixel_values"].shape[1:], generator=g)
+        elif frames:  # video models: (batch, frames, channels, height, width)
             video = torch.randn(batch, frames, *kw["pixel_values"].shape[1:], generator=g)
             kw["pixel_values"] = _probe(model, kw, "pixel_values", (video, kw["pixel_values"]))
+    if "spatial_shapes" in params and "pixel_values" in kw:
+        # NaFlex towers (SigLIP 2): a 4 x 4 grid of flattened patches, all real (made before
+        # image tokens are counted: LFM2-VL counts them from these).
+        vis = _sub(cfg, "vision_config")
+        p = getattr(vis, "patch_size", 4) or 4
+        c = getattr(vis, "num_channels", 3) or 3
+        kw.update(pixel_values=torch.randn(batch, 16, c * p * p, generator=g),
+                  pixel_attention_mask=torch.ones(batch, 16, dtype=torch.long),
+                  spatial_shapes=torch.tensor([[4, 4]] * batch))
     if "image_sizes" in params and "pixel_values" in kw and isinstance(vars(cfg).get("image_grid_pinpoints"), list):
         # LLaVA-NeXT's any-resolution grid (shrunk to one tile of the tower's size): each
         # image is its resized base view plus that one tile.
@@ -602,6 +706,13 @@ def inputs(model, cfg, head, batch=2, seq=8):
         hi = getattr(getattr(cfg, "high_res_vision_config", None), "image_size", 32)
         hi = hi[0] if isinstance(hi, (list, tuple)) else hi
         kw["high_res_pixel_values"] = torch.randn(batch, 3, hi, hi, generator=g)
+    if "target_sizes" in params and "pixel_values" in kw and kw["pixel_values"].dim() == 4:
+        # MiniCPM-V 4.6: every image's patches packed in one row, (1, channels, patch,
+        # patches x patch), with each image's patch grid (rows, columns).
+        p = getattr(_sub(cfg, "vision_config"), "patch_size", 4) or 4
+        c, h, w = kw["pixel_values"].shape[-3:]
+        kw["pixel_values"] = torch.randn(1, c, p, batch * (h // p) * (w // p) * p, generator=g)
+        kw["target_sizes"] = torch.tensor([[h // p, w // p]] * batch, dtype=torch.int32)
     tower = next((getattr(m, n) for m in (model, getattr(model, "model", None))
                   for n in ("vision_tower", "vision_encoder") if hasattr(m, n)), None)
     if "image_sizes" in params and "pixel_values" in kw and hasattr(tower, "patch_size"):
@@ -615,6 +726,10 @@ def inputs(model, cfg, head, batch=2, seq=8):
             if into in params:
                 rows, grid = _flat_patches(_sub(cfg, "vision_config"), batch, g)
                 kw[grid_name] = grid
+                merge_name = grid_name.replace("grid_thw", "merge_sizes")
+                if merge_name in params:  # VideoLLaMA 3: each image's spatial merge (its tower's)
+                    merge = getattr(_sub(cfg, "vision_config"), "spatial_merge_size", 2) or 2
+                    kw[merge_name] = torch.tensor([merge] * batch)
                 p = int((rows.shape[1] // 3) ** 0.5)
                 # Rows of flat values, or of (channels, patch, patch) images.
                 cands = (rows, rows.view(rows.shape[0], 3, p, p)) if 3 * p * p == rows.shape[1] else (rows,)
@@ -631,13 +746,21 @@ def inputs(model, cfg, head, batch=2, seq=8):
         if "attention_mask" in kw:
             kw["attention_mask"] = torch.cat([torch.ones(batch, ids.shape[1] - seq, dtype=torch.long),
                                               mask], dim=1)
+    if "image_embeds_position_mask" in params and "pixel_values" in kw and "input_ids" in kw:
+        # Kosmos-2: latent_query_num image positions ahead of the text, marked by a mask.
+        n = cfg.latent_query_num
+        kw["input_ids"] = torch.cat([torch.full((batch, n), 3, dtype=ids.dtype), kw["input_ids"]], dim=1)
+        kw["image_embeds_position_mask"] = torch.cat(
+            [torch.ones(batch, n, dtype=torch.long), torch.zeros(batch, seq, dtype=torch.long)], dim=1)
+        if "attention_mask" in kw:
+            kw["attention_mask"] = torch.cat([torch.ones(batch, n, dtype=torch.long), mask], dim=1)
     if "mm_token_type_ids" in params and "input_ids" in kw:
         tok = _image_token(cfg)
         kw["mm_token_type_ids"] = (kw["input_ids"] == tok).long() if tok is not None else \
             torch.zeros_like(kw["input_ids"])
     if "input_features" in params:
         audio = _sub(cfg, "audio_config", "encoder_config")
-        frames = 2 * getattr(audio, "max_source_positions", 16)
+        frames = AUDIO_FRAMES.get(cfg.model_type) or 2 * getattr(audio, "max_source_positions", 16)
         kw["input_features"] = torch.randn(batch, _mel_bins(cfg), frames, generator=g)
     if "input_values" in params:
         kw["input_values"] = torch.randn(batch, 800, generator=g)
@@ -646,9 +769,13 @@ def inputs(model, cfg, head, batch=2, seq=8):
         spectrogram = torch.randn(batch, frames, getattr(cfg, "num_mel_bins", 16), generator=g)
         # Codecs take (batch, 1, samples), at least one frame of their total hop (3200 here).
         long = torch.randn(batch, 1, 3200, generator=g)
-        kw["input_values"] = _probe(model, kw, "input_values",
+        probe_kw = dict(kw)
+        if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
+            probe_kw["decoder_input_ids"] = ids[:, :6]  # an encoder-decoder runs none without
+        kw["input_values"] = _probe(model, probe_kw, "input_values",
                                     (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1), long,
-                                     long.squeeze(1)))  # a longer waveform (Moonshine's strided stem)
+                                     long.squeeze(1),  # a longer waveform (Moonshine Streaming's strided stem)
+                                     torch.randn(batch, 16000, generator=g)))  # a second (Moonshine's)
         if "sample" in params and params["sample"].default is True:
             kw["sample"] = False  # a VAE's latent draw (VibeVoice) would differ from CPU's
     for name in params:
@@ -661,6 +788,8 @@ def inputs(model, cfg, head, batch=2, seq=8):
         new = _with_image_tokens(model, cfg, kw, ids, "audio", "input_features")
         if new.shape[1] != ids.shape[1]:
             kw["input_ids"] = new
+            if cfg.model_type in AUDIO_FEATURE_MASK:
+                kw["input_features_mask"] = torch.ones(batch, new.shape[1] - ids.shape[1], dtype=torch.bool)
             if "attention_mask" in kw:
                 kw["attention_mask"] = torch.cat(
                     [torch.ones(batch, new.shape[1] - ids.shape[1], dtype=torch.long),
@@ -671,6 +800,15 @@ def inputs(model, cfg, head, batch=2, seq=8):
         if "past_values" not in kw:
             kw.update(_patched_series(model, cfg, params, batch, g))
     kw.update(_named_inputs(model, cfg, params, kw, batch, seq, g))
+    if "pixel_values_videos" in kw and "input_ids" in kw and "pixel_values" not in kw:
+        # Video-language models given a video alone (Video-LLaVA): one placeholder per
+        # video feature.
+        new = _with_image_tokens(model, cfg, kw, kw["input_ids"], "video", "pixel_values_videos")
+        if new.shape[1] != kw["input_ids"].shape[1]:
+            if "attention_mask" in kw:
+                kw["attention_mask"] = torch.cat([torch.ones(batch, new.shape[1] - kw["input_ids"].shape[1],
+                                                             dtype=torch.long), kw["attention_mask"]], dim=1)
+            kw["input_ids"] = ids = new
     if "use_cache" in params:
         kw["use_cache"] = False  # a training step keeps no cache (state-space-only stacks have none)
     if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
@@ -769,7 +907,8 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
         pos = torch.stack([rows, cols], dim=-1).float().expand(batch, n, 2)
         out["flattened_patches"] = torch.cat(
             [pos, torch.randn(batch, n, width, generator=g)], dim=-1)
-        out["attention_mask"] = torch.ones(batch, n)
+        if "input_ids" not in kw:  # (Kosmos-2.5's attention mask is its text's)
+            out["attention_mask"] = torch.ones(batch, n)
     if "duration_labels" in params and "input_ids" in kw:
         # FastSpeech 2 trains on aligned targets: 2 frames per token, a pitch and an energy each.
         out.update(spectrogram_labels=torch.randn(batch, 2 * seq, _mel_bins(cfg), generator=g),
@@ -784,14 +923,13 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
                        if isinstance(getattr(vis, k, None), int)), 4)
         chans = next((getattr(vis, k) for k in ("in_chans", "num_channels") if isinstance(getattr(vis, k, None), int)), 3)
         out["pixel_values_videos"] = torch.randn(batch, frames, chans, size, size, generator=g)
-    if "spatial_shapes" in params and "pixel_values" in kw:
-        # NaFlex towers (SigLIP 2): a 4 x 4 grid of flattened patches, all real.
-        vis = _sub(cfg, "vision_config")
-        p = getattr(vis, "patch_size", 4) or 4
-        c = getattr(vis, "num_channels", 3) or 3
-        out.update(pixel_values=torch.randn(batch, 16, c * p * p, generator=g),
-                   pixel_attention_mask=torch.ones(batch, 16, dtype=torch.long),
-                   spatial_shapes=torch.tensor([[4, 4]] * batch))
+    if ("hidden_states" in params and params["hidden_states"].default is inspect.Parameter.empty
+            and not kw and type(model).__name__.startswith("VibeVoiceAcousticTokenizer")):
+        # VibeVoice's tokenizer halves alone: the encoder takes a waveform (batch, channels,
+        # samples, one hop of 3200 here), the decoder latents (batch, width, frames).
+        conv = next(m for m in model.modules() if isinstance(m, torch.nn.Conv1d))
+        n = 4 if "Decoder" in type(model).__name__ else 3200
+        out["hidden_states"] = torch.randn(batch, conv.in_channels, n, generator=g)
     if "audio_mel" in params:  # Gemma 3n's audio encoder: (batch, frames, mel bins)
         mels = v("input_feat_size", 128)
         out.update(audio_mel=torch.randn(batch, 32, mels, generator=g),
@@ -836,7 +974,7 @@ def _mel_bins(cfg):
     for key in ("feature_projection_input_dim", "num_mel_bins", "feature_size", "n_mels", "input_dim"):
         for node in nodes:
             if isinstance(vars(node).get(key), int):
-                return vars(node)[key]
+                return MEL_STACK.get(cfg.model_type, 1) * vars(node)[key]
     return 16
 
 
@@ -844,7 +982,7 @@ def _flat_patches(cfg, batch, g, grid=4):
     """Vision towers that take pre-cut patches (the Qwen2-VL convention): one row per
     patch of channels x frames x patch x patch values, and each image's (t, h, w) grid."""
     p = getattr(cfg, "patch_size", 4) or 4
-    t = getattr(cfg, "temporal_patch_size", 1) or 1
+    t = getattr(cfg, "temporal_patch_size", None) or getattr(cfg, "patch_temporal", 1) or 1  # (Muse Glimmer's name)
     c = getattr(cfg, "in_channels", None) or getattr(cfg, "num_channels", 3) or 3
     rows = batch * grid * grid
     return torch.randn(rows, c * t * p * p, generator=g), torch.tensor([[1, grid, grid]] * batch)
@@ -876,13 +1014,27 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
     tok = _image_token(cfg, kind)
     get = getattr(model, f"get_{kind}_features", None) or getattr(
         getattr(model, "model", None), f"get_{kind}_features", None)
+    if tok is not None and get is None and kind == "audio":
+        return _with_audio_tokens_by_length(model, kw[key], ids, tok)
     if tok is None or get is None:
         return ids
     takes = inspect.signature(get).parameters
-    extra = {k: v for k, v in kw.items() if k in takes and k != key}
+    rest = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())
+    # (Through **kwargs too, the inputs named for this kind, VideoLLaMA 3's image_merge_sizes,
+    # and MiniCPM-V's patch grids.)
+    extra = {k: v for k, v in kw.items()
+             if (k in takes or rest and (k.startswith(kind + "_") or k == "target_sizes")) and k != key}
     pv = kw[key]
-    # Images per sample: some models take (batch, images, channels, height, width).
-    for cand in (pv, pv.unsqueeze(1)) if pv.dim() == 4 else (pv,):
+    # Images per sample: some models take (batch, images, channels, height, width); audio
+    # features come as (batch, mel bins, frames) or (batch, frames, mel bins) (Granite Speech).
+    cands = ((pv, pv.unsqueeze(1)) if pv.dim() == 4 else
+             (pv, pv.transpose(1, 2).contiguous()) if kind == "audio" and pv.dim() == 3 else (pv,))
+    p = int((pv.shape[-1] // 3) ** 0.5) if pv.dim() == 2 else 0
+    if p and 3 * p * p == pv.shape[-1]:
+        # Pre-cut patches as (patches, channels, p, p) (Kimi K2.5), or all in one sequence,
+        # (1, patches, channels, p, p) (PaddleOCR-VL).
+        cands = (pv, pv.view(-1, 3, p, p), pv.view(1, -1, 3, p, p))
+    for cand in cands:
         try:
             with torch.no_grad():
                 feats = get(**{key: cand}, **extra)
@@ -891,13 +1043,29 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
         except Exception:  # noqa: BLE001 -- the forward itself then reports why
             continue
     else:
-        return ids
+        # Music Flamingo's get_audio_features checks the placeholders it is to count.
+        return _with_audio_tokens_by_length(model, pv, ids, tok) if kind == "audio" else ids
     feats = getattr(feats, "pooler_output", None) if hasattr(feats, "to_tuple") else feats
     width = getattr(_sub(cfg, "text_config"), "hidden_size", None)
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if isinstance(getattr(emb, "embedding_dim", None), int):
+        width = emb.embedding_dim  # the width features are scattered into (T5Gemma 2 has no text_config)
     n = sum(t.numel() for t in flat_tensors(feats))
     if not width or n % (width * ids.shape[0]):
         return ids
     per = n // (width * ids.shape[0])
+    return torch.cat([torch.full((ids.shape[0], per), tok, dtype=ids.dtype), ids], dim=1)
+
+
+def _with_audio_tokens_by_length(model, feats, ids, tok):
+    """Audio-language models without get_audio_features (Qwen2-Audio) count their audio
+    tokens with the tower's own output-length formula: that many placeholders per sample."""
+    tower = getattr(model, "audio_tower", None) or getattr(getattr(model, "model", None), "audio_tower", None)
+    lengths = getattr(tower, "_get_feat_extract_output_lengths", None)
+    if lengths is None:
+        return ids
+    out = lengths(torch.tensor([feats.shape[-1]]))
+    per = int((out[-1] if isinstance(out, tuple) else out)[0])
     return torch.cat([torch.full((ids.shape[0], per), tok, dtype=ids.dtype), ids], dim=1)
 
 

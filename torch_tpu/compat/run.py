@@ -188,6 +188,10 @@ def run_model(model_type, modes=("strict", "fused")) -> dict:
                    stratum=sample.stratum(want_head, model_type, table))
     try:
         model, cfg, head, family, cls_name = models.build(model_type, want_head)
+        # Each device run starts from a copy made before any forward: a model that caches
+        # tensors outside its parameters and buffers (Mimi's codebook caches its centroids)
+        # keeps them on the device of its first forward, as on CUDA after a CPU forward.
+        pristine = copy.deepcopy(model)
         kw = models.inputs(model, cfg, head)
     except Exception as e:  # noqa: BLE001
         status = {"status": "config-unbuildable", "message": first_line(e)}
@@ -202,7 +206,7 @@ def run_model(model_type, modes=("strict", "fused")) -> dict:
 
     def reference():  # the float64 step, run once for all modes that need it
         if not f64:
-            f64.append(float64_step(model, state, kw))
+            f64.append(float64_step(pristine, state, kw))
         return f64[0]
     try:
         t0 = time.perf_counter()
@@ -216,20 +220,20 @@ def run_model(model_type, modes=("strict", "fused")) -> dict:
         if mode == "cpu":
             rec["modes"][mode] = {"status": "pass", "cpu_seconds": round(cpu_s, 2)}
             continue
-        model.load_state_dict(state)
-        model.zero_grad(set_to_none=True)
+        dev_model = copy.deepcopy(pristine)
+        dev_model.load_state_dict(state)
         before, m0 = fallbacks(), dict(torch_tpu.metrics())
         t0 = time.perf_counter()
         try:
             with torch_tpu.set_eager_mode(MODES[mode]):
-                got = step(model, kw, "tpu")
+                got = step(dev_model, kw, "tpu")
                 torch_tpu.synchronize()
         except Exception as e:  # noqa: BLE001
             msg = first_line(e)
             rec["modes"][mode] = {"status": "error", "message": msg, "class": classify(msg)}
             continue
         finally:
-            model.to("cpu")
+            del dev_model  # its device memory goes before the next mode
         m1 = torch_tpu.metrics()
         r = {"seconds": round(time.perf_counter() - t0, 2), "cpu_seconds": round(cpu_s, 2),
              "compiles": m1.get("compiles", 0) - m0.get("compiles", 0),
