@@ -64,9 +64,13 @@ class Pool:
         todo, failures = collections.deque(keys), 0
         while todo or any(w[1] for w in self.workers.values()):
             for conn, w in self.workers.items():
-                if w[3] and w[1] is None and todo:
+                if w[3] is True and w[1] is None and todo:
                     w[1], w[2] = todo.popleft(), time.monotonic() + timeout
-                    conn.send(w[1])
+                    try:
+                        conn.send(w[1])
+                    except OSError:  # it retired or died since its last result
+                        todo.appendleft(w[1])
+                        w[1], w[3] = None, "gone"  # replaced when its pipe reads EOF
             deadlines = [w[2] for w in self.workers.values() if w[1]]
             wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 60.0
             for conn in wait(list(self.workers), timeout=wait_s):
