@@ -350,6 +350,31 @@ int main() {
     CHECK(r.calls[r.position[17] - 1].fn == 0);
   });
 
+  run("rematerialize: a linear's recomputed input moves with the shared copy", [&] {
+    // layer_norm (0) -> linear (1) -> gelu (2), gelu(h) read at 12 and h at 13: one copy
+    // of each, all placed before 12 (the layer_norm's own late copy is not emitted).
+    std::vector<ir::GraphCall> g(15);
+    for (int k = 0; k < 15; ++k) {
+      g[k].fn = k;
+      g[k].out_bytes = {400};
+      if (k > 0) g[k].args = {ir::GraphRef{k - 1, 0}};
+    }
+    g[0].recomputable = true;
+    g[0].args = {ir::GraphRef{-1, 0}};
+    g[1] = ir::GraphCall{1, {{0, 0}}, {1600}, true};
+    g[2] = ir::GraphCall{2, {{1, 0}}, {1600}, true};
+    g[12].args.push_back(ir::GraphRef{2, 0});
+    g[13].args.push_back(ir::GraphRef{1, 0});
+    ir::Rematerialized r = ir::rematerialize(g, {400}, 4);
+    CHECK(r.recomputed == 3 && r.calls.size() == g.size() + 3);
+    check_order(r, 0, 1);
+    check_order(r, 1, 1);
+    CHECK(r.calls[12].fn == 0 && r.calls[12].after_arg == 0 && r.calls[12].after.node == r.position[11]);
+    CHECK(r.calls[13].fn == 1 && r.calls[13].args[0].node == 12 && r.calls[13].after_arg == -1);
+    CHECK(r.calls[14].fn == 2 && r.calls[14].args[0].node == 13);
+    CHECK(r.calls[r.position[12]].args[1].node == 14 && r.calls[r.position[13]].args[1].node == 13);
+  });
+
   run("rng_bit_generator is deterministic for a state", [] {
     auto gen = [] {
       Builder b;
