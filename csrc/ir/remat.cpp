@@ -21,11 +21,17 @@ RecomputeCost recompute_cost(const std::string& text) {
 
 namespace {
 
+// Recomputation `j` of those placed just before call `at` (at < 0: none).
+struct Slot {
+  int at = -1, j = -1;
+  bool operator<(const Slot& o) const { return at != o.at ? at < o.at : j < o.j; }
+};
+
 struct Recompute {
-  int of;                  // the original call
-  std::vector<int> local;  // per argument: a recomputation placed just before, or -1
-  GraphRef after;          // what it waits for (an original ref)
-  int after_arg = -1;      // -1: it reads a recomputation, which waits already
+  int of;                   // the original call
+  std::vector<Slot> local;  // per argument: the recomputation it reads, or none (the original)
+  GraphRef after;           // what it waits for (an original ref)
+  int after_arg = -1;       // -1: it reads a recomputation, which waits already
 };
 
 int64_t total(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
@@ -70,8 +76,13 @@ Rematerialized rematerialize(const std::vector<GraphCall>& calls, const std::vec
   }
 
   std::vector<std::vector<Recompute>> before(n);
-  std::map<std::pair<int, int>, std::pair<int, int>> subst;  // (consumer, arg) -> (s, j)
-  int recomputed = 0;
+  std::map<std::pair<int, int>, Slot> subst;  // (consumer, arg) -> the recomputation it reads
+  std::vector<std::vector<Slot>> copies(n);   // per call: its recomputations still in use
+  std::map<Slot, Slot> moved;                 // a recomputation replaced by an earlier copy
+  auto resolve = [&](Slot x) {
+    for (auto it = moved.find(x); it != moved.end(); it = moved.find(x)) x = it->second;
+    return x;
+  };
   for (int p = 0; p < n; ++p) {
     const GraphCall& pc = calls[p];
     if (!pc.recomputable || pc.args.empty() || users[p].empty()) continue;
@@ -146,45 +157,94 @@ Rematerialized rematerialize(const std::vector<GraphCall>& calls, const std::vec
         for (int u : groups[g]) keep(u);
         continue;
       }
-      int j0 = static_cast<int>(before[s].size());
+      // Chains placed for readers close together share their recomputations of one call
+      // (h and gelu(h) both read late each recompute the linear that makes h): an
+      // element with a copy already placed at most `gap` calls before s reads that copy,
+      // and the elements only it needed are dropped.
+      std::vector<Slot> slot(chain.size());
+      std::vector<bool> needed(chain.size(), false);
+      for (size_t e = 0; e < chain.size(); ++e)
+        for (const Slot& x : copies[chain[e]])
+          if (x.at <= s && s - x.at <= gap && (slot[e].at < 0 || slot[e] < x)) slot[e] = x;
+      needed.back() = true;
+      for (size_t e = chain.size(); e-- > 0;) {
+        if (!needed[e] || slot[e].at >= 0) continue;
+        for (const GraphRef& a : calls[chain[e]].args)
+          if (int at = earlier_in_chain(e, a); at >= 0) needed[at] = true;
+      }
       for (size_t e = 0; e < chain.size(); ++e) {
+        if (!needed[e] || slot[e].at >= 0) continue;
         Recompute r{chain[e], {}, dep, wait_arg[e]};
         for (const GraphRef& a : calls[chain[e]].args) {
           int at = earlier_in_chain(e, a);
-          r.local.push_back(at >= 0 ? j0 + at : -1);
-          if (r.local.back() < 0 && a.node >= 0) last_use(a) = std::max(last_use(a), s);
+          r.local.push_back(at >= 0 ? slot[at] : Slot{});
+          if (at < 0 && a.node >= 0) last_use(a) = std::max(last_use(a), s);
         }
+        slot[e] = Slot{s, static_cast<int>(before[s].size())};
         before[s].push_back(std::move(r));
+        // A copy of the same call placed at most `gap` calls later reads this one instead.
+        auto& placed = copies[chain[e]];
+        for (auto it = placed.begin(); it != placed.end();) {
+          if (it->at > s && it->at - s <= gap) {
+            moved[*it] = slot[e];
+            it = placed.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        placed.push_back(slot[e]);
       }
-      int j = j0 + static_cast<int>(chain.size()) - 1;
       for (int u : groups[g])
         for (size_t k = 0; k < calls[u].args.size(); ++k)
-          if (calls[u].args[k].node == p) subst[{u, static_cast<int>(k)}] = {s, j};
-      recomputed += static_cast<int>(chain.size());
+          if (calls[u].args[k].node == p) subst[{u, static_cast<int>(k)}] = slot.back();
     }
     for (size_t o = 0; o < keep_last.size(); ++o) last_use(GraphRef{p, static_cast<int>(o)}) = keep_last[o];
   }
 
+  // Recomputations still read (by a consumer, or by one that is): a copy replaced by an
+  // earlier one, and what only it read, are not emitted. Reads go only to earlier slots.
+  std::vector<std::vector<bool>> used(n);
+  for (int c = 0; c < n; ++c) used[c].assign(before[c].size(), false);
+  for (const auto& [where, x] : subst) {
+    Slot r = resolve(x);
+    used[r.at][r.j] = true;
+  }
+  for (int c = n; c-- > 0;)
+    for (size_t j = before[c].size(); j-- > 0;)
+      if (used[c][j])
+        for (const Slot& x : before[c][j].local)
+          if (x.at >= 0) {
+            Slot r = resolve(x);
+            used[r.at][r.j] = true;
+          }
+
   Rematerialized out;
-  out.recomputed = recomputed;
   out.position.assign(n, -1);
   std::vector<std::vector<int>> made(n);  // new positions of before[c]
   auto place = [&](const GraphRef& r) { return r.node < 0 ? r : GraphRef{out.position[r.node], r.index}; };
+  auto copy_of = [&](const Slot& x, int index) {
+    Slot r = resolve(x);
+    return GraphRef{made[r.at][r.j], index};
+  };
   for (int c = 0; c < n; ++c) {
-    for (const Recompute& rc : before[c]) {
+    made[c].assign(before[c].size(), -1);
+    for (size_t j = 0; j < before[c].size(); ++j) {
+      if (!used[c][j]) continue;
+      const Recompute& rc = before[c][j];
       GraphCall copy = calls[rc.of];
       for (size_t k = 0; k < copy.args.size(); ++k)
-        copy.args[k] = rc.local[k] >= 0 ? GraphRef{made[c][rc.local[k]], copy.args[k].index} : place(copy.args[k]);
+        copy.args[k] = rc.local[k].at >= 0 ? copy_of(rc.local[k], copy.args[k].index) : place(copy.args[k]);
       copy.after_arg = rc.after_arg;
       copy.after = place(rc.after);
-      made[c].push_back(static_cast<int>(out.calls.size()));
+      made[c][j] = static_cast<int>(out.calls.size());
       out.calls.push_back(std::move(copy));
+      ++out.recomputed;
     }
     GraphCall call = calls[c];
     for (size_t k = 0; k < call.args.size(); ++k) {
       auto it = subst.find({c, static_cast<int>(k)});
       if (it == subst.end()) call.args[k] = place(call.args[k]);
-      else call.args[k] = GraphRef{made[it->second.first][it->second.second], call.args[k].index};
+      else call.args[k] = copy_of(it->second, call.args[k].index);
     }
     out.position[c] = static_cast<int>(out.calls.size());
     out.calls.push_back(std::move(call));

@@ -37,7 +37,8 @@ struct Rematerialized {
 // after its earlier ones, when the original would otherwise be live where the graph
 // holds the most, when p's inputs are live there anyway (or small, or recomputed too),
 // and when the group's first consumer reads a value made after p's earlier consumers,
-// to depend on.
+// to depend on. Groups whose first consumers are at most `gap` calls apart share one
+// recomputation of a call both would run again (the earlier placed one).
 Rematerialized rematerialize(const std::vector<GraphCall>& calls, const std::vector<int64_t>& param_bytes,
                              int gap);
 

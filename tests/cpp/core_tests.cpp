@@ -1,4 +1,5 @@
 // Unit tests of the runtime (against the real PJRT plugin) and the StableHLO emitter.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -287,6 +288,91 @@ int main() {
       for (const ir::GraphRef& a : r.calls[i].args) CHECK(a.node < static_cast<int>(i));
       CHECK(r.calls[i].after.node < static_cast<int>(i));
     }
+  });
+
+  // An MLP's linear -> gelu with both h (call 0) and gelu(h) (call 1) read late: gelu(h) at
+  // `g_at` (the second linear's backward), h at `h_at` (gelu's backward); a chain between.
+  auto mlp_graph = [](int g_at, int h_at) {
+    const int n = std::max(g_at, h_at) + 2;
+    std::vector<ir::GraphCall> g(n);
+    for (int k = 0; k < n; ++k) {
+      g[k].fn = k;
+      g[k].out_bytes = {400};
+      if (k > 0) g[k].args = {ir::GraphRef{k - 1, 0}};
+    }
+    g[0] = ir::GraphCall{0, {{-1, 0}}, {1600}, true};  // the linear that makes h (x is small)
+    g[1] = ir::GraphCall{1, {{0, 0}}, {1600}, true};   // gelu(h)
+    g[g_at].args.push_back(ir::GraphRef{1, 0});
+    g[h_at].args.push_back(ir::GraphRef{0, 0});
+    g[h_at].out_bytes = {1600};
+    return g;
+  };
+  // Every call reads only calls placed before it, and one recomputation of `fn` at most.
+  auto check_order = [](const ir::Rematerialized& r, int fn, int copies) {
+    for (size_t i = 0; i < r.calls.size(); ++i) {
+      for (const ir::GraphRef& a : r.calls[i].args) CHECK(a.node < static_cast<int>(i));
+      CHECK(r.calls[i].after.node < static_cast<int>(i));
+    }
+    CHECK(std::count_if(r.calls.begin(), r.calls.end(), [&](const ir::GraphCall& c) { return c.fn == fn; }) ==
+          copies + 1);
+  };
+
+  run("rematerialize: h and gelu(h) read late close together share one recomputation of the linear", [&] {
+    // gelu(h) read first: gelu's chain recomputes the linear before it, and h's reader
+    // (placed later) reads that copy instead of its own.
+    auto g = mlp_graph(11, 12);
+    ir::Rematerialized r = ir::rematerialize(g, {400}, 4);
+    CHECK(r.recomputed == 2 && r.calls.size() == g.size() + 2);
+    check_order(r, 0, 1);
+    const ir::GraphCall& lin = r.calls[11];  // just before gelu(h)'s late reader
+    CHECK(lin.fn == 0 && lin.after_arg == 0 && lin.after.node == r.position[10] && lin.args[0].node == -1);
+    CHECK(r.calls[12].fn == 1 && r.calls[12].args[0].node == 11 && r.calls[12].after_arg == -1);
+    CHECK(r.calls[r.position[11]].args[1].node == 12);  // gelu(h)'s reader reads the copy
+    CHECK(r.calls[r.position[12]].args[1].node == 11);  // h's reader the same linear copy
+    CHECK(r.calls[r.position[1]].args[0].node == r.position[0]);  // the early ones the originals
+    CHECK(r.calls[r.position[2]].args[0].node == r.position[1]);
+    // h read first: gelu's chain reads the linear recomputed for h's reader.
+    g = mlp_graph(12, 11);
+    r = ir::rematerialize(g, {400}, 4);
+    CHECK(r.recomputed == 2 && r.calls.size() == g.size() + 2);
+    check_order(r, 0, 1);
+    CHECK(r.calls[11].fn == 0 && r.calls[11].after.node == r.position[10]);
+    CHECK(r.calls[r.position[11]].args[1].node == 11);
+    const ir::GraphCall& gelu = r.calls[r.position[11] + 1];
+    CHECK(gelu.fn == 1 && gelu.args[0].node == 11 && gelu.after_arg == -1);
+    CHECK(r.calls[r.position[12]].args[1].node == r.position[11] + 1);
+    // Readers far apart: a shared copy would stay live between them, so each gets its own.
+    g = mlp_graph(11, 17);
+    r = ir::rematerialize(g, {400}, 4);
+    CHECK(r.recomputed == 3);
+    check_order(r, 0, 2);
+    CHECK(r.calls[r.position[17]].args[1].node == r.position[17] - 1);
+    CHECK(r.calls[r.position[17] - 1].fn == 0);
+  });
+
+  run("rematerialize: a linear's recomputed input moves with the shared copy", [&] {
+    // layer_norm (0) -> linear (1) -> gelu (2), gelu(h) read at 12 and h at 13: one copy
+    // of each, all placed before 12 (the layer_norm's own late copy is not emitted).
+    std::vector<ir::GraphCall> g(15);
+    for (int k = 0; k < 15; ++k) {
+      g[k].fn = k;
+      g[k].out_bytes = {400};
+      if (k > 0) g[k].args = {ir::GraphRef{k - 1, 0}};
+    }
+    g[0].recomputable = true;
+    g[0].args = {ir::GraphRef{-1, 0}};
+    g[1] = ir::GraphCall{1, {{0, 0}}, {1600}, true};
+    g[2] = ir::GraphCall{2, {{1, 0}}, {1600}, true};
+    g[12].args.push_back(ir::GraphRef{2, 0});
+    g[13].args.push_back(ir::GraphRef{1, 0});
+    ir::Rematerialized r = ir::rematerialize(g, {400}, 4);
+    CHECK(r.recomputed == 3 && r.calls.size() == g.size() + 3);
+    check_order(r, 0, 1);
+    check_order(r, 1, 1);
+    CHECK(r.calls[12].fn == 0 && r.calls[12].after_arg == 0 && r.calls[12].after.node == r.position[11]);
+    CHECK(r.calls[13].fn == 1 && r.calls[13].args[0].node == 12 && r.calls[13].after_arg == -1);
+    CHECK(r.calls[14].fn == 2 && r.calls[14].args[0].node == 13);
+    CHECK(r.calls[r.position[12]].args[1].node == 14 && r.calls[r.position[13]].args[1].node == 13);
   });
 
   run("rng_bit_generator is deterministic for a state", [] {
