@@ -244,3 +244,21 @@ def test_backward_records_from_autograds_thread():
     wc = w.detach().cpu().requires_grad_()
     (wc.tanh() @ wc).pow(2).mean().backward()
     torch.testing.assert_close(g, wc.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_integer_division_by_a_power_in_one_graph(dtype):
+    # XLA's simplifier turns a / pow(m, e) into a * pow(m, -e) inside a fused program,
+    # which integers round to 0 (VideoLLaMA 3's split sizes, `thw.prod(1) // m**2`).
+    a = torch.tensor([16, 100, -37, 9], dtype=dtype)
+    m = torch.tensor([2, 3, 2, 1], dtype=dtype)
+    e = torch.tensor([2, 2, 1, 5], dtype=dtype)
+    want = [a // m**2, torch.div(a, m**3, rounding_mode="trunc"), a // m.pow(e), a % m**2,
+            torch.fmod(a, m**2)]
+    at, mt, et = a.to("tpu"), m.to("tpu"), e.to("tpu")
+    with torch_tpu.set_eager_mode(FUSED):
+        got = [at // mt**2, torch.div(at, mt**3, rounding_mode="trunc"), at // mt.pow(et),
+               at % mt**2, torch.fmod(at, mt**2)]
+        got = [g.cpu() for g in got]
+    for g, w in zip(got, want):
+        assert torch.equal(g, w), (g, w)

@@ -241,6 +241,14 @@ static void check_int_divisor(Ctx& ctx) {
   ctx.check(all_true(ctx.b, cmpk(ctx.b, d, 0, Cmp::NE)), "RuntimeError: " + ctx.op() + ": ZeroDivisionError");
 }
 
+// An integer divisor goes through an optimization barrier: inside a fused graph XLA's
+// simplifier rewrites a / pow(m, e) as a * pow(m, -e), exact for floats only (integers
+// got 0: `a // m**2` in DeferAndFuse, found by the model pipeline on VideoLLaMA 3).
+static Vs int_divisor(Builder& b, Vs x) {
+  if (!flt(x[1])) x[1] = b.optimization_barrier({x[1]})[0];
+  return x;
+}
+
 TPU_LOWER(div_rule, "div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode") {
   // div.out's third argument is `out` itself, not a mode.
   std::string mode = ctx.num_args() > 2 && !ctx.is_none(2) && !ctx.is_tensor(2) ? ctx.str(2) : "";
@@ -248,14 +256,18 @@ TPU_LOWER(div_rule, "div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_m
   if (mode.empty()) return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return div(b, x[0], x[1]); });
   DType t = div_step_type(ctx);
   if (mode == "trunc")
-    return map(ctx, {0, 1}, [t](Builder& b, const Vs& x) { return trunc_(b, round_to(b, div(b, x[0], x[1]), t)); });
-  if (mode == "floor") return map(ctx, {0, 1}, [t](Builder& b, const Vs& x) { return floor_div(b, x[0], x[1], t); });
+    return map(ctx, {0, 1}, [t](Builder& b, const Vs& v) {
+      Vs x = int_divisor(b, v);
+      return trunc_(b, round_to(b, div(b, x[0], x[1]), t));
+    });
+  if (mode == "floor")
+    return map(ctx, {0, 1}, [t](Builder& b, const Vs& v) { Vs x = int_divisor(b, v); return floor_div(b, x[0], x[1], t); });
   throw Unsupported("div rounding_mode " + mode);
 }
 TPU_LOWER(floor_divide_rule, "floor_divide", "floor_divide.Scalar", "floor_divide_.Tensor") {
   check_int_divisor(ctx);
   DType t = div_step_type(ctx);
-  return map(ctx, {0, 1}, [t](Builder& b, const Vs& x) { return floor_div(b, x[0], x[1], t); });
+  return map(ctx, {0, 1}, [t](Builder& b, const Vs& v) { Vs x = int_divisor(b, v); return floor_div(b, x[0], x[1], t); });
 }
 TPU_LOWER(remainder_rule, "remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor") {
   check_int_divisor(ctx);
