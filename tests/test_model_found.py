@@ -136,3 +136,20 @@ def test_masked_scatter_uint8_mask_raises_as_cpu():
         x.masked_scatter(m, src)
     with pytest.raises(RuntimeError, match="masked_scatter_ only supports boolean masks, but got mask with dtype Byte"):
         dev(x).masked_scatter(dev(m), dev(src)).cpu()
+
+
+def test_masked_fill_with_a_cpu_scalar_tensor_value():
+    # LightGlue: `mask.masked_fill(m == 0, torch.tensor(False))`; CUDA takes a 0-dim CPU
+    # value, and so must tpu, natively (PyTorch's meta reference refused it beside a meta tensor).
+    x = torch.tensor([True, False, True, True])
+    m = torch.tensor([1, 0, 0, 2])
+    f = torch.randn(4, 3)
+    with no_fallbacks():
+        got = x.to("tpu").masked_fill(m.to("tpu") == 0, torch.tensor(False)).cpu()
+        got_f = f.to("tpu").masked_fill(m.to("tpu")[:, None] == 0, torch.tensor(-2.5)).cpu()
+        got_i = f.to("tpu").clone().masked_fill_(m.to("tpu")[:, None] > 0, torch.tensor(7)).cpu()
+    assert torch.equal(got, x.masked_fill(m == 0, torch.tensor(False)))
+    assert torch.equal(got_f, f.masked_fill(m[:, None] == 0, torch.tensor(-2.5)))
+    assert torch.equal(got_i, f.clone().masked_fill_(m[:, None] > 0, torch.tensor(7)))
+    with pytest.raises(RuntimeError, match="0-dim|0-dimensional"):
+        f.to("tpu").masked_fill(m.to("tpu")[:, None] == 0, torch.tensor([1.0, 2.0]))

@@ -435,7 +435,23 @@ std::pair<std::vector<IValue>, std::vector<IValue>> run_meta(const c10::Operator
   }
   std::vector<IValue> margs = meta_args();
   torch::jit::Stack s(margs.begin(), margs.end());
-  op.callBoxed(&s);
+  try {
+    op.callBoxed(&s);
+  } catch (const std::exception&) {
+    // masked_fill's reference takes a 0-dim CPU value only beside a tensor of an
+    // accelerator's device type, which a meta tensor is not: shown a meta value, it
+    // infers the same shapes (the CPU value is then read as a scalar operand).
+    static const std::string masked_fill = "masked_fill";
+    if (op.operator_name().name.find(masked_fill) == std::string::npos) throw;
+    margs.clear();
+    for (const IValue& v : args)
+      margs.push_back(map_tensors(v, [](const at::Tensor& t) {
+        if (!t.defined() || (t.device().is_cpu() && t.dim() != 0)) return t;
+        return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+      }));
+    s.assign(margs.begin(), margs.end());
+    op.callBoxed(&s);
+  }
   return {margs, std::vector<IValue>(s.begin(), s.end())};
 }
 
