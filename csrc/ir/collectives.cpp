@@ -1,6 +1,7 @@
 // Text of one collective's module (generic op syntax, like ir/builder.cpp's programs).
-// Semantics from StableHLO's spec: with a channel handle and no use_global_device_ids a
-// collective's groups are replica ids (cross_replica_and_partition; one partition here).
+// Semantics from StableHLO's spec. all_reduce, all_gather and reduce_scatter carry a
+// channel handle (no use_global_device_ids: groups of replica ids across the one
+// partition); all_to_all and collective_permute none (cross_replica).
 #include "ir/collectives.h"
 
 #include <set>
@@ -43,6 +44,9 @@ std::string i64_matrix(const std::vector<std::vector<int64_t>>& rows) {
   return r + "]> : tensor<" + std::to_string(rows.size()) + "x" + std::to_string(cols) + "xi64>";
 }
 
+// For all_reduce, all_gather and reduce_scatter. all_to_all and collective_permute take
+// none: with a channel their processes are partitions (cross_partition), and here the
+// participants are replicas.
 std::string channel_attr(int64_t channel) {
   // type 1: DEVICE_TO_DEVICE.
   return channel > 0 ? ", channel_handle = #stablehlo.channel_handle<handle = " +
@@ -217,7 +221,6 @@ std::string emit_broadcast(Text& t, const CollectiveSpec& s, const std::string& 
   std::string me = t.fresh();
   t.line() << me << " = \"stablehlo.reshape\"(" << slot << ") : (tensor<1xi32>) -> tensor<i32>\n";
   std::string x = x0;
-  int64_t channel = s.channel;
   for (int64_t step = 1; step < g; step *= 2) {
     std::vector<std::vector<int64_t>> pairs;
     for (auto& grp : groups)
@@ -225,9 +228,8 @@ std::string emit_broadcast(Text& t, const CollectiveSpec& s, const std::string& 
         pairs.push_back({grp[(s.root + d) % g], grp[(s.root + d + step) % g]});
     std::string got = t.fresh();
     t.line() << got << " = \"stablehlo.collective_permute\"(" << x
-             << ") {source_target_pairs = " << i64_matrix(pairs) << channel_attr(channel)
-             << "} : (" << ty << ") -> " << ty << "\n";
-    if (channel > 0) ++channel;
+             << ") {source_target_pairs = " << i64_matrix(pairs) << "} : (" << ty << ") -> " << ty
+             << "\n";
     std::string lo = t.constant("dense<" + std::to_string(step) + "> : tensor<i32>", "tensor<i32>");
     std::string hi = t.constant("dense<" + std::to_string(2 * step) + "> : tensor<i32>", "tensor<i32>");
     std::string ge = t.fresh(), lt = t.fresh();
@@ -348,7 +350,7 @@ std::string collective_module(const CollectiveSpec& s) {
           split[s.dim] = out_shape[s.dim];
           split.insert(split.begin() + s.dim, g);
           t.line() << r << " = \"stablehlo.all_to_all\"(" << x << ") {concat_dimension = " << s.dim
-                   << " : i64, " << groups_attr << channel_attr(s.channel) << ", split_count = " << g
+                   << " : i64, " << groups_attr << ", split_count = " << g
                    << " : i64, split_dimension = " << s.dim << " : i64} : (" << wire_in << ") -> "
                    << wire_in << "\n";
           std::string parts = t.reshape(r, wire_in, tensor(wire, split));
@@ -377,7 +379,7 @@ std::string collective_module(const CollectiveSpec& s) {
       break;
     case CollectiveKind::AllToAll:
       t.line() << r << " = \"stablehlo.all_to_all\"(" << x << ") {concat_dimension = " << s.dim
-               << " : i64, " << groups_attr << channel_attr(s.channel) << ", split_count = " << g
+               << " : i64, " << groups_attr << ", split_count = " << g
                << " : i64, split_dimension = " << s.dim << " : i64} : (" << wire_in << ") -> "
                << wire_out << "\n";
       break;
@@ -389,8 +391,8 @@ std::string collective_module(const CollectiveSpec& s) {
         break;
       }
       t.line() << r << " = \"stablehlo.collective_permute\"(" << x
-               << ") {source_target_pairs = " << i64_matrix(pairs) << channel_attr(s.channel)
-               << "} : (" << wire_in << ") -> " << wire_out << "\n";
+               << ") {source_target_pairs = " << i64_matrix(pairs) << "} : (" << wire_in << ") -> "
+               << wire_out << "\n";
       break;
     }
     case CollectiveKind::Broadcast:

@@ -49,8 +49,8 @@ struct CollectiveSpec {
   int64_t dim = 0;                      // AllGather, ReduceScatter, AllToAll
   std::vector<std::pair<int64_t, int64_t>> pairs;  // Permute
   int64_t root = 0;  // Broadcast: the position (in each group) of the member that sends
-  // Collectives of one program need distinct channel ids (> 0); ops emitted from one
-  // spec number theirs from here.
+  // The channel id of all_reduce / all_gather / reduce_scatter (0: none; with one
+  // partition both mean the same groups). all_to_all and collective_permute take none.
   int64_t channel = 1;
 
   // Everything the module depends on (a cache key).
