@@ -2,6 +2,7 @@
 // the backend with torch.distributed.
 #include <torch/csrc/utils/pybind.h>
 
+#include "distributed/device_collectives.h"
 #include "distributed/staged_work.h"
 #include "distributed/tpu_backend.h"
 #include "runtime/host_address.h"
@@ -32,6 +33,15 @@ void bind(pybind11::module_& m) {
     auto* tpu = dynamic_cast<TpuBackend*>(b.get());
     TORCH_CHECK_VALUE(tpu, "not a tpu_dist backend: ", b->getBackendName());
     return tpu->transport_name();
+  });
+  // Programs the device transport compiled (one per collective, shape, dtype, group).
+  m.def("_dist_device_programs", [](const c10::intrusive_ptr<c10d::Backend>& b) {
+    auto* tpu = dynamic_cast<TpuBackend*>(b.get());
+    TORCH_CHECK_VALUE(tpu, "not a tpu_dist backend: ", b->getBackendName());
+    auto* device = dynamic_cast<DeviceTransport*>(tpu->transport().get());
+    TORCH_CHECK_VALUE(device, "this tpu_dist backend runs the ", tpu->transport_name(),
+                      " transport, not the device one");
+    return device->num_programs();
   });
 }
 
