@@ -134,12 +134,23 @@ runtime::BufferPtr DeviceTransport::launch(ir::CollectiveSpec s, const at::Tenso
   s.dtype = dt;
   s.shape = in->dims();
   s.num_replicas = getSize();
+  std::string key = s.key();
+  for (int64_t id : ids_) key += "@" + std::to_string(id);
   runtime::ReplicatedPtr exe;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    std::string key = s.key();
     auto it = programs_.find(key);
-    if (it != programs_.end()) {
+    if (it != programs_.end()) exe = it->second;
+  }
+  if (!exe) {
+    // One executable per program in the process, shared by every group over the same
+    // devices: ranks that are threads of one process must launch the same executable
+    // (the XLA CPU plugin matches a collective's participants by the op's id in it).
+    static std::mutex shared_mu;
+    static auto* shared = new std::unordered_map<std::string, runtime::ReplicatedPtr>();
+    std::lock_guard<std::mutex> lock(shared_mu);
+    auto it = shared->find(key);
+    if (it != shared->end()) {
       exe = it->second;
     } else {
       std::string text;
@@ -150,8 +161,10 @@ runtime::BufferPtr DeviceTransport::launch(ir::CollectiveSpec s, const at::Tenso
       }
       std::string name = std::string("tpu_dist ") + what + " (" + key + ")";
       exe = runtime::compile_replicated(runtime::Client::get(), text, ids_, name);
-      programs_.emplace(key, exe);
+      shared->emplace(key, exe);
     }
+    std::lock_guard<std::mutex> mine(mu_);
+    programs_.emplace(key, exe);
   }
   return runtime::execute_replica(runtime::Client::get(), *exe, getRank(), {in.get()})[0];
 }

@@ -36,7 +36,8 @@ class DeviceTransport : public c10d::Backend {
   DeviceTransport(c10::intrusive_ptr<c10d::Backend> host, std::vector<int64_t> ids, int local);
   ~DeviceTransport() override;
   const std::string getBackendName() const override { return "tpu_dist(device)"; }
-  // Programs compiled so far (one per collective, shape, dtype and group).
+  // Programs this transport used (one per collective, shape, dtype and group; compiled
+  // once per process, shared by groups over the same devices).
   size_t num_programs();
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,

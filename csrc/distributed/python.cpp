@@ -16,6 +16,9 @@ void bind(pybind11::module_& m) {
   m.def("_dist_create_backend",
         [](c10::intrusive_ptr<c10d::Backend> host, const std::string& transport)
             -> c10::intrusive_ptr<c10d::Backend> {
+          // The device transport's choice exchanges device ids over `host`: other ranks
+          // of this process (threads) must be able to run meanwhile.
+          py::gil_scoped_release no_gil;
           return c10::make_intrusive<TpuBackend>(std::move(host), transport);
         },
         py::arg("host"), py::arg("transport") = "");
