@@ -2,6 +2,7 @@
 // the backend with torch.distributed.
 #include <torch/csrc/utils/pybind.h>
 
+#include "distributed/device_collectives.h"
 #include "distributed/staged_work.h"
 #include "distributed/tpu_backend.h"
 #include "runtime/host_address.h"
@@ -15,6 +16,9 @@ void bind(pybind11::module_& m) {
   m.def("_dist_create_backend",
         [](c10::intrusive_ptr<c10d::Backend> host, const std::string& transport)
             -> c10::intrusive_ptr<c10d::Backend> {
+          // The device transport's choice exchanges device ids over `host`: other ranks
+          // of this process (threads) must be able to run meanwhile.
+          py::gil_scoped_release no_gil;
           return c10::make_intrusive<TpuBackend>(std::move(host), transport);
         },
         py::arg("host"), py::arg("transport") = "");
@@ -32,6 +36,15 @@ void bind(pybind11::module_& m) {
     auto* tpu = dynamic_cast<TpuBackend*>(b.get());
     TORCH_CHECK_VALUE(tpu, "not a tpu_dist backend: ", b->getBackendName());
     return tpu->transport_name();
+  });
+  // Programs the device transport compiled (one per collective, shape, dtype, group).
+  m.def("_dist_device_programs", [](const c10::intrusive_ptr<c10d::Backend>& b) {
+    auto* tpu = dynamic_cast<TpuBackend*>(b.get());
+    TORCH_CHECK_VALUE(tpu, "not a tpu_dist backend: ", b->getBackendName());
+    auto* device = dynamic_cast<DeviceTransport*>(tpu->transport().get());
+    TORCH_CHECK_VALUE(device, "this tpu_dist backend runs the ", tpu->transport_name(),
+                      " transport, not the device one");
+    return device->num_programs();
   });
 }
 

@@ -13,6 +13,7 @@ class TpuBackend : public c10d::Backend {
   TpuBackend(c10::intrusive_ptr<c10d::Backend> host, const std::string& transport);
   const std::string getBackendName() const override { return "tpu_dist"; }
   const std::string& transport_name() const { return transport_name_; }
+  const c10::intrusive_ptr<c10d::Backend>& transport() const { return transport_; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;

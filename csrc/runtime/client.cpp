@@ -98,6 +98,8 @@ const int g_atfork = pthread_atfork(nullptr, nullptr, &on_fork_child);
 
 }  // namespace
 
+DType dtype_from_pjrt(PJRT_Buffer_Type t) { return from_pjrt(t); }
+
 void DeviceStats::bump_peak(int64_t bytes) {
   int64_t prev = peak_bytes.load();
   while (bytes > prev && !peak_bytes.compare_exchange_weak(prev, bytes)) {}

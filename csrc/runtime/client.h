@@ -34,6 +34,9 @@ class OutOfMemory : public Error {
 
 class Client;
 
+// A PJRT element type as ours (DType::Invalid when we have none).
+DType dtype_from_pjrt(PJRT_Buffer_Type t);
+
 // Per-device counters; memory figures are live device-buffer bytes we own.
 struct DeviceStats {
   std::atomic<int64_t> live_bytes{0};
@@ -206,6 +209,13 @@ class Client {
   // Raises Error carrying the plugin's message if `err` is non-null (and frees it).
   void check(PJRT_Error* err, const std::string& what) const;
   const PJRT_Api* api() const { return api_; }
+  // For multi-device programs (runtime/multi_device.h): the raw client, an addressable
+  // device, and a launch's completion event for synchronize() to wait on.
+  PJRT_Client* raw_client() const { return client_; }
+  PJRT_Device* device(int local) const { return devices_.at(local); }
+  void track_launch(PJRT_Event* ev, int device, std::shared_ptr<const std::string> op) {
+    track_event(ev, device, std::move(op));
+  }
 
  private:
   Client();
