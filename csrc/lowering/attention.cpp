@@ -50,14 +50,6 @@ Scores scores(Ctx& ctx, const Value& q, const Value& k, bool causal, int mask_ar
   return {s, t, scale};
 }
 
-// exp(s - lse), 0 where the row's lse is -inf (nothing to attend to).
-Value probabilities(Builder& b, const Value& s, const Value& lse) {
-  const Shape& ss = s.shape();
-  Value l = b.broadcast_in_dim(lse, ss, {0, 1, 2});
-  Value dead = b.compare(l, b.constant(-INFINITY, s.dtype(), ss), Cmp::EQ);
-  return b.select(dead, b.constant(0, s.dtype(), ss), b.unary("stablehlo.exponential", sub(b, s, l)));
-}
-
 void check_supported(Ctx& ctx, const Value& q, const Value& k, const Value& v, int dropout_arg) {
   if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) throw Unsupported("attention: not 4-d");
   if (!is_float(q.dtype())) throw Unsupported("attention: dtype");
@@ -78,12 +70,15 @@ TPU_LOWER(sdpa_flash_forward, "_scaled_dot_product_flash_attention_for_cpu") {
   Value m = reduce_max(b, sc.s, {3});
   Value finite_m = b.select(b.compare(m, b.constant(-INFINITY, sc.t, m.shape()), Cmp::EQ),
                             b.constant(0, sc.t, m.shape()), m);
-  Value z = reduce_sum(b, b.unary("stablehlo.exponential",
-                                   sub(b, sc.s, b.broadcast_in_dim(finite_m, sc.s.shape(), {0, 1, 2}))),
-                       {3});
+  // e = exp(s - m) is formed once, read by the sum and the dot; out = (e v) / sum(e)
+  // divides the (L, E) result instead of forming the (L, S) probabilities e / sum(e).
+  Value e = b.unary("stablehlo.exponential", sub(b, sc.s, b.broadcast_in_dim(finite_m, sc.s.shape(), {0, 1, 2})));
+  Value z = reduce_sum(b, e, {3});
   Value lse = add(b, b.unary("stablehlo.log", z), finite_m);  // -inf for dead rows
-  Value p = probabilities(b, sc.s, lse);
-  Value out = b.dot_general(p, b.convert(v, sc.t), {0, 1}, {0, 1}, {3}, {2}, sc.t);
+  Value n = b.dot_general(e, b.convert(v, sc.t), {0, 1}, {0, 1}, {3}, {2}, sc.t);
+  const Shape& ns = n.shape();
+  Value zb = b.broadcast_in_dim(z, ns, {0, 1, 2}), zero = b.constant(0, sc.t, ns);
+  Value out = b.select(b.compare(zb, zero, Cmp::EQ), zero, div(b, n, zb));  // dead rows: zeros
   return {b.convert(out, ctx.out(0).dtype), b.convert(lse, ctx.out(1).dtype)};
 }
 
