@@ -1,6 +1,7 @@
 #include "backend/deferred.h"
 
 #include <algorithm>
+#include <ctime>
 #include <condition_variable>
 #include <cstdlib>
 #include <limits>
@@ -15,6 +16,27 @@
 #include "ir/remat.h"
 
 namespace tpu::backend {
+
+namespace {
+// Adds the microseconds since it was made to `counter` when it goes: the calling thread's
+// CPU time (what the work costs, whatever else shares the cores), or wall time for waits.
+class ScopedMicros {
+ public:
+  enum Clock { ThreadCpu, Wall };
+  explicit ScopedMicros(std::atomic<int64_t>& counter, Clock clock = ThreadCpu)
+      : counter_(counter), clock_(clock), t0_(now()) {}
+  ~ScopedMicros() { counter_ += (now() - t0_) / 1000; }
+ private:
+  int64_t now() const {
+    timespec ts;
+    clock_gettime(clock_ == ThreadCpu ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  }
+  std::atomic<int64_t>& counter_;
+  Clock clock_;
+  int64_t t0_;
+};
+}  // namespace
 
 // ---- programs ------------------------------------------------------------------------
 
@@ -133,6 +155,8 @@ std::vector<Operand> run(const ProgramPtr& program, std::vector<Operand> args, i
   auto node = std::make_unique<Node>();
   node->program = program;
   node->inputs = std::move(args);
+  for (const Operand& in : node->inputs)
+    if (in.slot && in.slot->producer) in.slot->graph_uses += 1;
   node->position = static_cast<int>(g_graph.nodes.size());
   std::vector<Operand> out;
   out.reserve(program->results().size());
@@ -408,6 +432,7 @@ void replay(const Job& job, const std::vector<runtime::BufferPtr>& params) {
 }
 
 void run_job(Job& job) {
+  ScopedMicros timed(fuse_stats().launch_us);
   std::vector<runtime::BufferPtr> params;
   try {
     for (const Operand& p : job.params) {
@@ -446,6 +471,7 @@ void run_job(Job& job) {
     }
     std::vector<runtime::Buffer*> raw;
     for (auto& p : params) raw.push_back(p.get());
+    ScopedMicros timed_execute(fuse_stats().execute_us);
     produced = guarded([&] { return runtime::Client::get().execute(*exe, raw, job.device, false, job.donate,
                                                         describe_graph(job.calls)); });
   } catch (...) {
@@ -519,7 +545,10 @@ class Launcher {
       } catch (...) {
         // fail_slots recorded it for readers and for the next sync
       }
-      job = Job{};  // release buffers before reporting idle (memory figures)
+      {
+        ScopedMicros timed(fuse_stats().release_us);
+        job = Job{};  // release buffers before reporting idle (memory figures)
+      }
       g_slot_cv.notify_all();  // slots were written under g_slot_mu
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -576,9 +605,15 @@ void flush_bounded() {
 void flush_prefix(const char* reason, size_t count) {
   auto lock = graph_lock();
   if (g_graph.nodes.empty()) return;
+  ScopedMicros timed(fuse_stats().flush_us);
   Graph g = std::move(g_graph);
   g_graph = Graph{};
   if (count < g.nodes.size()) {  // the rest stays pending, as a graph of its own
+    // Its reads of the flushed part's values become external: they keep those live.
+    for (size_t i = count; i < g.nodes.size(); ++i)
+      for (const Operand& in : g.nodes[i]->inputs)
+        if (in.slot && in.slot->producer && in.slot->producer->position < static_cast<int>(count))
+          in.slot->graph_uses -= 1;
     g_graph.device = g.device;
     for (size_t i = count; i < g.nodes.size(); ++i) {
       g.nodes[i]->position = static_cast<int>(i - count);
@@ -590,16 +625,21 @@ void flush_prefix(const char* reason, size_t count) {
   Job job;
   job.device = g.device;
 
-  // Wiring, external inputs, and how often the graph itself references each slot.
+  // Wiring and external inputs. The key is binary (raw integers, no formatting): per
+  // call its program's id, its argument count and each argument's source (a node and
+  // output, or -1 and an external input), then one byte per output (live or elided).
   std::string& key = job.key;
+  key.reserve(g.nodes.size() * 32);
+  auto put = [&key](auto v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
   std::vector<Operand> ext;
   std::unordered_map<const void*, int> ext_index;
-  std::unordered_map<const Slot*, long> graph_refs;
+  job.calls.reserve(g.nodes.size());
   for (const auto& node : g.nodes) {
     Call c{node->program, {}};
-    key += std::to_string(node->program->id()) + "(";
+    c.args.reserve(node->inputs.size());
+    put(node->program->id());
+    put(static_cast<int32_t>(node->inputs.size()));
     for (const Operand& in : node->inputs) {
-      if (in.slot) graph_refs[in.slot.get()] += 1;
       if (in.slot && in.slot->producer) {
         c.args.push_back({in.slot->producer->position, in.slot->index});
       } else {
@@ -608,20 +648,18 @@ void flush_prefix(const char* reason, size_t count) {
         if (fresh) ext.push_back(in);
         c.args.push_back({-1, it->second});
       }
-      key += (c.args.back().node < 0 ? "e" : "n" + std::to_string(c.args.back().node) + ".") +
-             std::to_string(c.args.back().index) + ",";
+      put(static_cast<int32_t>(c.args.back().node));
+      put(static_cast<int32_t>(c.args.back().index));
     }
-    key += ")";
     job.calls.push_back(std::move(c));
   }
-  // A slot is an output when something besides the graph holds it (a storage, a caller).
-  key += "->";
+  // A slot is an output when something besides the graph holds it (a storage, a caller):
+  // more references than its node's and its readers' in this graph.
+  key.push_back('>');
   for (const auto& node : g.nodes) {
     for (const SlotPtr& s : node->outputs) {
-      auto it = graph_refs.find(s.get());
-      long inside = 1 + (it == graph_refs.end() ? 0 : it->second);
-      bool live = s.use_count() > inside;
-      key += live ? "1" : "0";
+      bool live = s.use_count() > 1 + s->graph_uses;
+      key.push_back(live ? '1' : '0');
       if (live) job.results.push_back({node->position, s->index});
     }
   }
@@ -641,7 +679,11 @@ void flush_prefix(const char* reason, size_t count) {
   // done: a job in flight holds its inputs and outputs, and donating by a count it
   // inflates would make the program (whose key names the donations) depend on the
   // launcher's timing.
-  if (!ext.empty()) launcher().wait_quiet();
+  const bool donate = donation_enabled();
+  if (donate && !ext.empty()) {
+    ScopedMicros timed_wait(fuse_stats().flush_wait_us, ScopedMicros::Wall);
+    launcher().wait_quiet();
+  }
   for (Operand& e : ext) job.param_types.push_back(e.type());
   std::vector<const void*> ids;
   for (const Operand& e : ext) ids.push_back(e.slot ? static_cast<const void*>(e.slot.get()) : e.buffer.get());
@@ -651,7 +693,6 @@ void flush_prefix(const char* reason, size_t count) {
     replaces.push_back(r->replaces && it != ids.end() ? static_cast<int>(it - ids.begin()) : -1);
   }
   std::vector<bool> sole(ext.size(), false);
-  const bool donate = donation_enabled();
   for (size_t i = 0; i < ext.size() && donate; ++i) sole[i] = sole_holder(ext[i]);
   if (g_flush_observer) {
     auto fg = std::make_shared<FlushedGraph>();

@@ -65,6 +65,7 @@ struct Slot {
   int device = 0;
   Node* producer = nullptr;  // while pending: the node, owned by the pending graph
   int index = 0;             // which output of the producer
+  int graph_uses = 0;        // while pending: inputs of the pending graph's nodes that read it
   // For a value an in-place op wrote into a storage: the value that storage held before
   // the current graph (a buffer or an earlier graph's slot), so a donated input is
   // aliased to its own update.
@@ -129,6 +130,15 @@ struct FuseStats {
   std::atomic<int64_t> donated{0};       // input buffers reused for outputs
   std::atomic<int64_t> replays{0};       // graphs re-run op by op after a failure
   std::atomic<int64_t> recomputed{0};    // values compiled graphs compute again for late readers
+  // Host cost of the flush path, microseconds of the working thread's CPU time: the
+  // recording thread's flushes, and the launcher's work per graph (of which the plugin's
+  // launch call, and dropping the graph's buffers and slots afterwards); and the wall
+  // time flushes spent waiting for earlier graphs' launches.
+  std::atomic<int64_t> flush_us{0};
+  std::atomic<int64_t> flush_wait_us{0};
+  std::atomic<int64_t> launch_us{0};
+  std::atomic<int64_t> execute_us{0};
+  std::atomic<int64_t> release_us{0};
 };
 FuseStats& fuse_stats();
 

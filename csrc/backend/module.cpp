@@ -190,6 +190,11 @@ PYBIND11_MODULE(_C, m) {
     d["donated_buffers"] = fs.donated.load();
     d["fused_replays"] = fs.replays.load();
     d["recomputed_values"] = fs.recomputed.load();
+    d["fused_flush_seconds"] = fs.flush_us.load() * 1e-6;
+    d["fused_flush_wait_seconds"] = fs.flush_wait_us.load() * 1e-6;
+    d["fused_launch_seconds"] = fs.launch_us.load() * 1e-6;
+    d["fused_execute_seconds"] = fs.execute_us.load() * 1e-6;
+    d["fused_release_seconds"] = fs.release_us.load() * 1e-6;
     if (runtime::DiskCache* disk = runtime::DiskCache::get()) {
       auto& ds = disk->stats();
       d["disk_cache_hits"] = ds.hits.load();
