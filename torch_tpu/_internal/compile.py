@@ -85,6 +85,13 @@ _LAUNCH, _DEFER, _JOIN = 0, 1, 2
 _step_open = False
 
 
+def close_open_step() -> None:
+    """Forgets a step a failed call left open (a forward deferred, its backward never
+    run), so the next model's first backward or inference graph does not join it."""
+    global _step_open
+    _step_open = False
+
+
 class _CompiledGraph:
     """One ATen graph: recorded and run as one fused program, then replayed.
 
@@ -423,6 +430,8 @@ def _patch_dynamo() -> None:
     _capturable_steps_on_tpu(OptimizerVariable)
     _static_gradients_on_tpu()
     _no_guard_profiling_for_tpu_graphs()
+    from .compile_fake import install
+    install()  # fake-tensor rules for tpu where PyTorch's meta kernels are CUDA's
 
 
 def _capturable_steps_on_tpu(OptimizerVariable) -> None:
