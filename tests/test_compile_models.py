@@ -55,3 +55,22 @@ def test_grouped_mm_fake_rule_keeps_pytorchs_checks_elsewhere():
         assert out.shape == (4, 3) and out.device.type == "tpu" and out.dtype == torch.float32
         with pytest.raises(RuntimeError, match="matrix batch sizes have to match"):
             torch._grouped_mm(at, bt, offs=mode.from_tensor(torch.tensor([4], dtype=torch.int32).to("tpu")))
+
+
+def test_a_frame_met_at_a_second_size_is_specialized_not_refused():
+    """Dynamo makes a size dynamic when a frame meets it at a second value (automatic
+    dynamic shapes); without bounds the backend could only refuse the graph. M2M-100's
+    layers, compiled apart after a graph break, meet the encoder's and the decoder's
+    lengths in one step. Frames for TpuBackend() (no dynamism) are specialized per size
+    instead, as with dynamic=False: one recompile, static graphs, right values."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 8)
+    f = torch.compile(lambda x, w: torch.tanh(x @ w).sum(0), backend="tpu")
+    wt = w.to("tpu")
+    before = torch_tpu.metrics()
+    for n in (4, 6, 6):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(f(x.to("tpu"), wt).cpu(), torch.tanh(x @ w).sum(0), rtol=1e-5, atol=1e-5)
+    after = torch_tpu.metrics()
+    assert after["compiled_graphs"] - before["compiled_graphs"] == 2  # one per size
+    assert after["compiled_recompiles"] - before["compiled_recompiles"] == 1
