@@ -88,3 +88,15 @@ def test_report_rates_and_failure_examples():
     assert "| decoder | 2/2 | 1/2 |" in md and "| vision | - | - |" in md
     assert "- compiled dynamo: 1 (e.g. llama: Unsupported: x)" in md
     assert "- 1: Unsupported: data-dependent branching" in md
+
+
+def test_zero_gradients_where_cpu_has_none_are_equal_only_in_compiled_mode():
+    """AOTAutograd's backward gives zeros where eager autograd leaves a gradient None
+    (LLaVA's unused last vision layer); any other value there is still a mismatch."""
+    from torch_tpu.compat.run import differences
+    want = ([torch.ones(2)], ["w"], [None], [torch.ones(2)])
+    zeros = ([torch.ones(2)], ["w"], [torch.zeros(2)], [torch.ones(2)])
+    assert differences(zeros, want)[0] == "grad w: unexpected on tpu"
+    assert differences(zeros, want, zero_grads_for_none=True) == ("", [])
+    some = ([torch.ones(2)], ["w"], [torch.tensor([0.0, 1e-3])], [torch.ones(2)])
+    assert differences(some, want, zero_grads_for_none=True)[0] == "grad w: unexpected on tpu"
