@@ -33,6 +33,7 @@ here: graphs whose tensors live on tpu are routed to this backend instead.
 
 The eager mode is process-wide: tpu ops another Python thread runs during a graph's call join its program.
 """
+import contextlib
 import functools
 import operator
 import os
@@ -83,6 +84,13 @@ _LAUNCH, _DEFER, _JOIN = 0, 1, 2
 # and the next inference graph joins. Without it they run as programs of their own, so
 # eager work between graphs (DeferAndFuse's recorded ops) joins only a deferred step.
 _step_open = False
+
+
+def close_open_step() -> None:
+    """Forgets a step a failed call left open (a forward deferred, its backward never
+    run), so the next model's first backward or inference graph does not join it."""
+    global _step_open
+    _step_open = False
 
 
 class _CompiledGraph:
@@ -423,6 +431,8 @@ def _patch_dynamo() -> None:
     _capturable_steps_on_tpu(OptimizerVariable)
     _static_gradients_on_tpu()
     _no_guard_profiling_for_tpu_graphs()
+    from .compile_fake import install
+    install()  # fake-tensor rules for tpu where PyTorch's meta kernels are CUDA's
 
 
 def _capturable_steps_on_tpu(OptimizerVariable) -> None:
@@ -460,17 +470,22 @@ def _static_gradients_on_tpu() -> None:
     optimizer._is_static_for_cudagraphs = _is_static_for_cudagraphs
 
 
-def _is_tpu_backend(fn) -> bool:
+def _tpu_backend_of(fn):
+    """The TpuBackend a Dynamo compiler function wraps, else None."""
     for _ in range(8):  # Dynamo's and torch.compile's wrappers keep the backend they wrap
         if isinstance(fn, TpuBackend):
-            return True
+            return fn
         inner = getattr(fn, "_torchdynamo_orig_backend", None)
         if inner is None and isinstance(fn, torch._TorchCompileWrapper):
             inner = fn.compiler_fn
         if inner is None:
-            return False
+            return None
         fn = inner
-    return False
+    return None
+
+
+def _is_tpu_backend(fn) -> bool:
+    return _tpu_backend_of(fn) is not None
 
 
 # One entry per frame Dynamo is compiling (nested frames stack): is its backend ours?
@@ -491,9 +506,18 @@ def _no_guard_profiling_for_tpu_graphs() -> None:
     @functools.wraps(compile_frame)
     def _compile(*args, **kwargs):
         fn = args[5] if len(args) > 5 else kwargs.get("compiler_fn")
-        _frames_for_tpu.append(_is_tpu_backend(fn))
+        backend = _tpu_backend_of(fn)
+        _frames_for_tpu.append(backend is not None)
+        # Without dynamism a size Dynamo would make dynamic on its own (a frame met again
+        # at another size: a new batch, or after a graph break the same layer code at the
+        # encoder's and the decoder's lengths) could only be refused unbounded: the frame
+        # is specialized to the new size instead, as with dynamic=False. mark_dynamic and
+        # dynamic=True still ask for dynamic sizes.
+        static = backend is not None and not backend.dynamism
         try:
-            return compile_frame(*args, **kwargs)
+            with torch._dynamo.config.patch(automatic_dynamic_shapes=False) if static \
+                    else contextlib.nullcontext():
+                return compile_frame(*args, **kwargs)
         finally:
             _frames_for_tpu.pop()
 

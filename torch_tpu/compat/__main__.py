@@ -1,7 +1,7 @@
 """The model-compatibility pipeline: every Hugging Face model type, built small from its
-config class with random weights, run on CPU and on tpu in each eager mode.
+config class with random weights, run on CPU and on tpu in each eager mode and compiled.
 
-    python -m torch_tpu.compat [--archs gpt2,bert] [--limit N] [--modes strict,fused]
+    python -m torch_tpu.compat [--archs gpt2,bert] [--limit N] [--modes strict,fused,compiled]
         [--jobs 2] [--timeout 300] [--out compat_results] [--resume]
         [--baseline FILE --check] [--write-baseline FILE]
         [--stage 2 [--per-stratum K] [--seed S]]
@@ -109,7 +109,8 @@ def main(argv=None) -> int:
     p.add_argument("--archs", help="comma-separated model types (default: all)")
     p.add_argument("--limit", type=int, help="only the first N model types")
     p.add_argument("--modes", default="strict,fused",
-                   help="subset of strict,fused; or cpu: the CPU step alone (triage of "
+                   help="subset of strict,fused,compiled (compiled: torch.compile(model, "
+                        "backend='tpu')); or cpu: the CPU step alone (triage of "
                         "config-unbuildable and cpu-fails)")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per model type")
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="stage 2: the sample's seed")
     a = p.parse_args(argv)
     modes = tuple(m for m in a.modes.split(",") if m)
-    if bad := [m for m in modes if m not in ("strict", "fused", "cpu")]:
+    if bad := [m for m in modes if m not in ("strict", "fused", "compiled", "cpu")]:
         p.error(f"unknown mode {bad}")
     if a.check and not a.baseline:
         p.error("--check needs --baseline")

@@ -22,6 +22,70 @@ def summarize(entries: dict, modes) -> dict:
                      "pass_pct": round(100 * c.get("pass", 0) / runnable, 1) if runnable else 0.0,
                      "pass_or_fallback_pct": round(100 * (c.get("pass", 0) + c.get("fallback", 0))
                                                    / runnable, 1) if runnable else 0.0}
+        if mode == "compiled":
+            out[mode].update(compiled_summary(entries))
+    return out
+
+
+def compiled_summary(entries: dict) -> dict:
+    """What Dynamo made of the models that ran compiled: graphs, breaks, recompiles."""
+    recs = [e["modes"]["compiled"] for e in entries.values() if "compiled" in e["modes"]
+            and "compiled_graphs" in e["modes"]["compiled"]]
+    return {"with_graph_breaks": sum(1 for r in recs if r.get("graph_breaks")),
+            "graph_breaks": sum(r.get("graph_breaks", 0) for r in recs),
+            "compiled_graphs": sum(r.get("compiled_graphs", 0) for r in recs),
+            "with_recompiles": sum(1 for r in recs if r.get("compiled_recompiles"))}
+
+
+def family_rates(entries: dict, modes) -> list:
+    """Markdown rows: per family, each mode's passes over the types that run on CPU."""
+    fams = collections.defaultdict(list)
+    for e in entries.values():
+        fams[e["family"]].append(e)
+    rows = ["| family | " + " | ".join(modes) + " |", "|---" * (len(modes) + 1) + "|"]
+    for fam in sorted(fams):
+        cells = []
+        for m in modes:
+            st = [e["modes"][m]["status"] for e in fams[fam] if m in e["modes"]]
+            runnable = [x for x in st if x not in NOT_OURS]
+            cells.append(f"{st.count('pass')}/{len(runnable)}" if runnable else "-")
+        rows.append(f"| {fam} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def failure_classes(entries: dict) -> list:
+    """Markdown lines: per mode and error class, the count and one example message."""
+    classes, example = collections.Counter(), {}
+    for t, e in sorted(entries.items()):
+        for m, r in e["modes"].items():
+            if r["status"] == "error":
+                key = (m, r.get("class", "other"))
+                classes[key] += 1
+                example.setdefault(key, f"{t}: {r.get('message', '')}"[:200])
+    return [f"- {m} {cls}: {n} (e.g. {example[(m, cls)]})" for (m, cls), n in sorted(classes.items())]
+
+
+def compiled_section(entries: dict) -> list:
+    """Markdown: graph breaks and recompiles of the compiled runs, the commonest reasons."""
+    s = compiled_summary(entries)
+    reasons = collections.Counter()
+    for e in entries.values():
+        for why in e["modes"].get("compiled", {}).get("graph_break_reasons", []):
+            reasons[why] += 1
+    out = ["", "## Compiled mode", "",
+           "`torch.compile(model, backend=\"tpu\")` on the device copy; forward (train mode) and "
+           "backward through the compiled graphs, graph breaks and the AdamW step eager (Strict).",
+           "", f"{s['compiled_graphs']} ATen graphs compiled; {s['with_graph_breaks']} model types "
+           f"with graph breaks ({s['graph_breaks']} breaks); {s['with_recompiles']} with recompiles.",
+           "", "| type | compiled | graphs | graph breaks | recompiles | seconds |", "|---" * 6 + "|"]
+    for t, e in sorted(entries.items()):
+        r = e["modes"].get("compiled")
+        if r is not None and "compiled_graphs" in r:
+            out.append(f"| {t} | {r['status']} | {r['compiled_graphs']} | {r.get('graph_breaks', 0)} "
+                       f"| {r.get('compiled_recompiles', 0)} | {r.get('seconds', '-')} |")
+    if reasons:
+        out += ["", "Graph-break reasons (model types):", ""]
+        out += [f"- {n}: {why.replace('|', '/')}" for why, n in reasons.most_common(15)]
     return out
 
 
@@ -46,6 +110,7 @@ def markdown(res: dict) -> str:
            "(float32, rtol 1e-3, atol 1e-4), with no CPU fallback. Float64-judged: a tensor "
            "outside that tolerance is as close to the step run in float64 on CPU as the "
            "conformance tool's rule asks (passes and fallbacks counted apart).", "", summary_table(s), "",
+           "## Pass rate per family", "", *family_rates(entries, modes), "",
            "## Per family", "", "| family | mode | " + " | ".join(STATUSES) + " |",
            "|---" * (len(STATUSES) + 2) + "|"]
     fams = collections.defaultdict(list)
@@ -65,13 +130,9 @@ def markdown(res: dict) -> str:
             for m in modes:
                 c = collections.Counter(e["modes"][m]["status"] for e in by_head[head] if m in e["modes"])
                 out.append(f"| {head} | {m} | " + " | ".join(str(c.get(x, 0)) for x in STATUSES) + " |")
-    out += ["", "## Failure classes", ""]
-    classes = collections.Counter()
-    for e in entries.values():
-        for m, r in e["modes"].items():
-            if r["status"] == "error":
-                classes[(m, r.get("class", "other"))] += 1
-    out += [f"- {m} {cls}: {n}" for (m, cls), n in sorted(classes.items())]
+    out += ["", "## Failure classes", ""] + failure_classes(entries)
+    if "compiled" in modes:
+        out += compiled_section(entries)
     out += ["", "## Every model type", "", "| type | class | " + " | ".join(modes) + " | detail |",
             "|---" * (len(modes) + 3) + "|"]
     for t, e in sorted(entries.items()):

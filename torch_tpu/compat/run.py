@@ -1,4 +1,4 @@
-"""One model type, run on CPU and on tpu in each eager mode, compared.
+"""One model type, run on CPU and on tpu in each eager mode and compiled, compared.
 
 Per mode the status is one of
   pass                forward outputs, gradients and the parameters after one AdamW step
@@ -11,9 +11,18 @@ Per mode the status is one of
   error               tpu raised where CPU worked (first line, classified)
   cpu-fails           the model fails on CPU too: not ours
   config-unbuildable  no small valid config or input could be made (the reason)
+Mode "compiled" wraps the device copy in torch.compile(model, backend="tpu") (the user's
+one-line change): the forward (train mode) and its backward run through the compiled graphs,
+graph breaks and the AdamW step (eager, not compiled) in Strict. Its errors are classified
+apart: "dynamo" (Dynamo could not capture the model), "compile error" (AOTAutograd or the
+backend failed on a captured graph), "dynamic shapes" (a graph came with unbounded sizes),
+then the eager classes for what failed when a graph ran. A run for which Dynamo handed no
+graph to the backend ran eagerly: a fallback, "eager: no graph compiled". Graph breaks,
+compiled graphs and recompiles are recorded beside the status.
 The pseudo-mode "cpu" runs the CPU step alone (a fast triage of the two statuses that are
 not ours): pass there means the model builds and trains on the CPU.
 """
+import contextlib
 import copy
 import time
 import warnings
@@ -22,10 +31,13 @@ import torch
 
 import torch_tpu
 from torch_tpu._workers import first_line
+from torch_tpu.compat import compiled as compiled_mode
 from torch_tpu.compat import models
 from torch_tpu.conformance import F64_FACTOR
 
-MODES = {"strict": torch_tpu.EagerMode.DEFER_NEVER, "fused": torch_tpu.EagerMode.DEFER_AND_FUSE}
+# The eager mode each mode runs in; "compiled" runs its graph breaks and optimizer in Strict.
+MODES = {"strict": torch_tpu.EagerMode.DEFER_NEVER, "fused": torch_tpu.EagerMode.DEFER_AND_FUSE,
+         "compiled": torch_tpu.EagerMode.DEFER_NEVER}
 # float32 through whole models: XLA's and ATen's kernels round differently, and layers
 # compound it (the conformance tool allows 1e-4 per op).
 RTOL, ATOL = 1e-3, 1e-4
@@ -61,13 +73,16 @@ def fallbacks() -> dict:
     return fb
 
 
-def step(model, kw, device):
+def step(model, kw, device, compiled=False):
     """Forward (train mode), backward and one AdamW step on `device`; returns the forward's
-    tensors, the gradients and the updated parameters, all on the CPU."""
+    tensors, the gradients and the updated parameters, all on the CPU. `compiled`: the
+    forward goes through torch.compile(model, backend="tpu") (its backward with it); the
+    optimizer stays eager."""
     model = model.to(device)
+    forward = compiled_mode.wrap(model) if compiled else model
     args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     torch.manual_seed(0)
-    out = model(**args)
+    out = forward(**args)
     # Device-side copies, read back only after the optimizer step: a host read in between
     # would cut DeferAndFuse's graphs and be counted as the model's.
     outs = [t.detach().clone() for t in models.flat_tensors(out)]
@@ -94,14 +109,21 @@ def _atol(what, b) -> float:
     return ATOL * (max(models.finite_scale(b), 1.0) if what.startswith("grad") else 1.0)
 
 
-def differences(got, want):
+def differences(got, want, zero_grads_for_none=False):
     """(hard, soft): `hard` is the first difference no reference can excuse (counts,
     missing tensors, shapes, dtypes, integer values), '' when none; `soft` lists the float
-    tensors outside CPU's tolerance as (message, what, tpu value, CPU value, index)."""
+    tensors outside CPU's tolerance as (message, what, tpu value, CPU value, index).
+    `zero_grads_for_none` (compiled mode): a gradient of zeros where CPU has none is
+    equal. AOTAutograd gives every parameter its compiled backward reaches a gradient,
+    zeros where nothing flows (the tangent of a graph output the loss does not use, such
+    as a vision tower's last layer under LLaVA's feature layer -2), on any backend."""
     if len(got[0]) != len(want[0]):
         return f"{len(got[0])} outputs, CPU has {len(want[0])}", []
     soft = []
     for what, a, b, idx in _checks(got, want):
+        if (zero_grads_for_none and what.startswith("grad") and b is None and a is not None
+                and a.is_floating_point() and not bool(a.any())):
+            continue
         if (a is None) != (b is None):
             return f"{what}: {'missing' if a is None else 'unexpected'} on tpu", soft
         if a is None or not b.is_floating_point():
@@ -161,11 +183,11 @@ def float64_step(model, state, kw):
     return step(m64, kw64, "cpu")
 
 
-def verdict(got, want, reference):
+def verdict(got, want, reference, zero_grads_for_none=False):
     """(why, judged): `why` is '' when tpu matches CPU, or matches the float64 result
     (`reference()`, run on demand) as closely as the rule asks, else what differs;
     `judged` is the rule's message when the float64 rule made it pass, else ''."""
-    hard, soft = differences(got, want)
+    hard, soft = differences(got, want, zero_grads_for_none)
     if hard or not soft:
         return hard, ""
     try:
@@ -220,34 +242,46 @@ def run_model(model_type, modes=("strict", "fused")) -> dict:
         if mode == "cpu":
             rec["modes"][mode] = {"status": "pass", "cpu_seconds": round(cpu_s, 2)}
             continue
-        dev_model = copy.deepcopy(pristine)
-        dev_model.load_state_dict(state)
-        before, m0 = fallbacks(), dict(torch_tpu.metrics())
-        t0 = time.perf_counter()
-        try:
-            with torch_tpu.set_eager_mode(MODES[mode]):
-                got = step(dev_model, kw, "tpu")
-                torch_tpu.synchronize()
-        except Exception as e:  # noqa: BLE001
-            msg = first_line(e)
-            rec["modes"][mode] = {"status": "error", "message": msg, "class": classify(msg)}
-            continue
-        finally:
-            del dev_model  # its device memory goes before the next mode
-        m1 = torch_tpu.metrics()
-        r = {"seconds": round(time.perf_counter() - t0, 2), "cpu_seconds": round(cpu_s, 2),
-             "compiles": m1.get("compiles", 0) - m0.get("compiles", 0),
-             "executions": m1.get("executions", 0) - m0.get("executions", 0),
-             "fused_graphs": m1.get("fused_graphs", 0) - m0.get("fused_graphs", 0)}
-        fb = {k: v - before.get(k, 0) for k, v in fallbacks().items() if v != before.get(k, 0)}
-        why, judged = verdict(got, want, reference)
-        if judged:
-            r.update(float64_judged=True, message=judged)
-        if why:
-            r.update(status="mismatch", message=why)
-        elif fb:
-            r.update(status="fallback", message=", ".join(sorted(fb)))
-        else:
-            r["status"] = "pass"
-        rec["modes"][mode] = r
+        rec["modes"][mode] = run_mode(mode, pristine, state, kw, want, reference, cpu_s)
     return rec
+
+
+def run_mode(mode, pristine, state, kw, want, reference, cpu_s) -> dict:
+    """One device mode's record for a model whose CPU step (`want`) ran."""
+    dev_model = copy.deepcopy(pristine)
+    dev_model.load_state_dict(state)
+    compiled = mode == "compiled"
+    r = {}
+    before, m0 = fallbacks(), dict(torch_tpu.metrics())
+    t0 = time.perf_counter()
+    try:
+        with torch_tpu.set_eager_mode(MODES[mode]), \
+                (compiled_mode.session(r) if compiled else contextlib.nullcontext()):
+            got = step(dev_model, kw, "tpu", compiled)
+            torch_tpu.synchronize()
+    except Exception as e:  # noqa: BLE001
+        if compiled:
+            return {**r, "status": "error", **compiled_mode.error(e, classify),
+                    "seconds": round(time.perf_counter() - t0, 2)}
+        msg = first_line(e)
+        return {"status": "error", "message": msg, "class": classify(msg)}
+    finally:
+        del dev_model  # its device memory goes before the next mode
+    m1 = torch_tpu.metrics()
+    r.update({"seconds": round(time.perf_counter() - t0, 2), "cpu_seconds": round(cpu_s, 2),
+              "compiles": m1.get("compiles", 0) - m0.get("compiles", 0),
+              "executions": m1.get("executions", 0) - m0.get("executions", 0),
+              "fused_graphs": m1.get("fused_graphs", 0) - m0.get("fused_graphs", 0)})
+    fb = {k: v - before.get(k, 0) for k, v in fallbacks().items() if v != before.get(k, 0)}
+    if compiled and not r["compiled_graphs"]:
+        fb[compiled_mode.EAGER_IN_COMPILED] = 1
+    why, judged = verdict(got, want, reference, zero_grads_for_none=compiled)
+    if judged:
+        r.update(float64_judged=True, message=judged)
+    if why:
+        r.update(status="mismatch", message=why)
+    elif fb:
+        r.update(status="fallback", message=", ".join(sorted(fb)))
+    else:
+        r["status"] = "pass"
+    return r
