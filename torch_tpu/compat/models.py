@@ -179,7 +179,8 @@ FAMILY = {"codegen": {"n_head": 4},
           # SAM 3's tracker: the ViT's 8 x 8 grid scaled by 4, 2 and 1 in its neck.
           "sam3_tracker": {"vision_config.backbone_feature_sizes": [[32, 32], [16, 16], [8, 8]]}, "sam_hq": {"vision_config.num_pos_feats": 16},
           # DPT's depth neck reassembles one hidden state per neck stage (four).
-          "dpt": {"num_hidden_layers": 4, "backbone_out_indices": [0, 1, 2, 3]},
+          "dpt": {"num_hidden_layers": 4, "backbone_out_indices": [0, 1, 2, 3], "neck_hidden_sizes": [16, 16, 32, 32],
+                  "fusion_hidden_size": 32, "head_hidden_size": 16},
           # DETR's mask head takes width + attention heads channels, a multiple of 8.
           "detr": {"encoder_attention_heads": 8, "decoder_attention_heads": 8},
 }
