@@ -118,8 +118,11 @@ def test_ci_subset_matches_the_baseline(tmp_path):
     assert res["summary"]["strict"]["counts"]["pass"] == len(CI_SUBSET)
     for name in ("compat.json", "compat.md", "compat.png"):
         assert (tmp_path / name).stat().st_size > 0
-    # MoE forward+backward+step in DeferAndFuse: the graphs per step are recorded.
-    assert res["entries"]["mixtral"]["modes"]["fused"]["fused_graphs"] > 0
+    # MoE forward+backward+step in DeferAndFuse (transformers' grouped_mm experts, the
+    # default, natively lowered): issue 17's target of at most 6 fused graphs per step
+    # (4 today: two host reads of the padding mask in transformers' masking_utils, the
+    # optimizer step, the tool's read-back).
+    assert 0 < res["entries"]["mixtral"]["modes"]["fused"]["fused_graphs"] <= 6
 
 
 def test_stage2_sample_covers_every_task_head_deterministically():
