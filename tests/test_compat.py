@@ -118,8 +118,11 @@ def test_ci_subset_matches_the_baseline(tmp_path):
     assert res["summary"]["strict"]["counts"]["pass"] == len(CI_SUBSET)
     for name in ("compat.json", "compat.md", "compat.png"):
         assert (tmp_path / name).stat().st_size > 0
-    # MoE forward+backward+step in DeferAndFuse: the graphs per step are recorded.
-    assert res["entries"]["mixtral"]["modes"]["fused"]["fused_graphs"] > 0
+    # MoE forward+backward+step in DeferAndFuse (transformers' grouped_mm experts, the
+    # default, natively lowered): issue 17's target of at most 6 fused graphs per step
+    # (4 today: two host reads of the padding mask in transformers' masking_utils, the
+    # optimizer step, the tool's read-back).
+    assert 0 < res["entries"]["mixtral"]["modes"]["fused"]["fused_graphs"] <= 6
 
 
 def test_stage2_sample_covers_every_task_head_deterministically():
@@ -285,3 +288,25 @@ def test_device_runs_start_from_a_model_no_forward_has_touched():
     from torch_tpu.compat.run import run_model
     rec = run_model("mimi", ("strict",))
     assert rec["modes"]["strict"]["status"] == "pass", rec["modes"]["strict"]
+
+
+@pytest.mark.parametrize("key", ["sequence_classification/mvp", "masked_lm/mvp",
+                                 "visual_question_answering/blip", "image_segmentation/detr"])
+def test_stage2_task_head_inputs(key):
+    """Stage-2 heads whose generic inputs did not fit: a BART-style classifier pools the
+    decoder at one end-of-sequence token per row (decoder inputs derived from input_ids),
+    an encoder-decoder's masked-LM head and BLIP's answer decoder take target ids, DETR's
+    mask head needs width + heads divisible by 8. Each trains one step on the CPU."""
+    from torch_tpu.compat.run import step
+    head, model_type = key.split("/")
+    model, cfg, head, _, _ = models.build(model_type, head)
+    kw = models.inputs(model, cfg, head)
+    if model_type == "mvp" and head == "sequence_classification":
+        assert "decoder_input_ids" not in kw
+        assert (kw["input_ids"] == cfg.eos_token_id).sum(1).tolist() == [1, 1]
+    if model_type == "mvp" and head == "masked_lm":
+        assert kw["labels"].shape == kw["decoder_input_ids"].shape
+    if model_type == "blip":
+        assert "labels" in kw
+    outs, _, grads, _ = step(model, kw, "cpu")
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)

@@ -178,6 +178,11 @@ FAMILY = {"codegen": {"n_head": 4},
           "textnet": {"stem_out_channels": 16, "image_size": [64, 64]},
           # SAM 3's tracker: the ViT's 8 x 8 grid scaled by 4, 2 and 1 in its neck.
           "sam3_tracker": {"vision_config.backbone_feature_sizes": [[32, 32], [16, 16], [8, 8]]}, "sam_hq": {"vision_config.num_pos_feats": 16},
+          # DPT's depth neck reassembles one hidden state per neck stage (four).
+          "dpt": {"num_hidden_layers": 4, "backbone_out_indices": [0, 1, 2, 3], "neck_hidden_sizes": [16, 16, 32, 32],
+                  "fusion_hidden_size": 32, "head_hidden_size": 16},
+          # DETR's mask head takes width + attention heads channels, a multiple of 8.
+          "detr": {"encoder_attention_heads": 8, "decoder_attention_heads": 8},
 }
 # Image (height, width) for types whose config holds no image size: convolutional towers
 # (stride 32, then a pool) that need more than 32 pixels; text recognizers read a line.
@@ -196,6 +201,8 @@ AUDIO_FRAMES = {"voxtral_realtime": 64}
 # Granite Speech's input_features_mask selects projected audio features (one per
 # placeholder token), not feature frames.
 AUDIO_FEATURE_MASK = ("granite_speech", "granite_speech_plus")
+# Task heads of encoder-decoders that pool the decoder at the end-of-sequence token.
+POOL_AT_EOS = ("sequence_classification",)
 # Base models of keypoint matchers: they take image pairs too.
 IMAGE_PAIRS = ("efficientloftr",)
 # Types whose forward only works on a batch of one (TVP views its column position table
@@ -811,15 +818,24 @@ def inputs(model, cfg, head, batch=2, seq=8):
             kw["input_ids"] = ids = new
     if "use_cache" in params:
         kw["use_cache"] = False  # a training step keeps no cache (state-space-only stacks have none)
-    if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
+    seq2seq = getattr(cfg, "is_encoder_decoder", False)
+    if seq2seq and head in POOL_AT_EOS and "input_ids" in kw and isinstance(getattr(cfg, "eos_token_id", None), int):
+        # BART-style classifiers read the decoder at each row's end-of-sequence token and
+        # derive the decoder inputs from input_ids: one eos per row, at its last real token.
+        ids = kw["input_ids"] = kw["input_ids"].clone()
+        last = kw["attention_mask"].sum(1) - 1 if "attention_mask" in kw else torch.full((batch,), seq - 1)
+        ids[torch.arange(batch), last] = cfg.eos_token_id
+    elif "decoder_input_ids" in params and seq2seq:
         kw["decoder_input_ids"] = ids[:, :6].contiguous()
     if "labels" in params:
-        if head in ("causal_lm", "masked_lm"):
+        if head in ("causal_lm", "masked_lm") and not ("decoder_input_ids" in kw and seq2seq):
             kw["labels"] = ids
         elif head in ("seq2seq_lm", "speech_seq2seq") and "input_ids" in kw and not getattr(
                 cfg, "is_encoder_decoder", False):
             kw["labels"] = kw["input_ids"].clone()  # a decoder-only LM (audio LLMs): labels align with ids
-        elif head in ("seq2seq_lm", "speech_seq2seq"):
+        elif head in ("seq2seq_lm", "speech_seq2seq", "masked_lm") or (
+                head == "visual_question_answering" and "decoder_input_ids" in params):
+            # (An encoder-decoder's masked-LM head and BLIP's answer decoder: target ids.)
             kw["labels"] = ids[:, :6].contiguous()
             # Decoder inputs given (teacher forcing): not every model derives them from labels.
         elif head == "multiple_choice":
