@@ -310,3 +310,23 @@ def test_stage2_task_head_inputs(key):
         assert "labels" in kw
     outs, _, grads, _ = step(model, kw, "cpu")
     assert any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_stage2_report_keeps_a_dead_workers_entry():
+    """A stage-2 model whose worker died or timed out gets an entry naming its task head
+    from its key, and the per-head table is written beside heads of finished models (a
+    head of None beside strings killed a run at its save)."""
+    from torch_tpu.compat import report
+    from torch_tpu.compat.__main__ import failed
+    dead = failed(("strict",), "timeout after 300 s", "depth_estimation/dpt")
+    assert dead["head"] == "depth_estimation" and dead["modes"]["strict"]["status"] == "error"
+    entries = {"depth_estimation/dpt": dead,
+               "x/y": dict(failed(("strict",), "worker died"), head=None),
+               "image_classification/vit": {"head": "image_classification", "family": "vision",
+                                            "class": "ViTForImageClassification",
+                                            "stratum": "image_classification x vision",
+                                            "modes": {"strict": {"status": "pass"}}}}
+    s = report.summarize(entries, ("strict",))
+    md = report.markdown({"summary": s, "entries": entries,
+                          "meta": {"modes": ["strict"], "transformers": "x", "wall_s": 1, "stage": 2}})
+    assert "| depth_estimation | strict |" in md and "| None | strict |" in md

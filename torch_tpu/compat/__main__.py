@@ -36,10 +36,12 @@ def worker_setup():
     setup()
 
 
-def failed(modes, message) -> dict:
+def failed(modes, message, key="") -> dict:
+    """The entry of a model whose worker died or timed out; a stage-2 key names its head."""
     from torch_tpu.compat.run import classify
     st = {"status": "error", "message": message, "class": classify(message)}
-    return {"head": None, "family": "other", "class": None, "modes": {m: dict(st) for m in modes}}
+    head = key.split("/", 1)[0] if "/" in key else None
+    return {"head": head, "family": "other", "class": None, "modes": {m: dict(st) for m in modes}}
 
 
 def run(archs=None, limit=None, modes=("strict", "fused"), jobs=2, timeout=300.0, out=None,
@@ -80,7 +82,7 @@ def run(archs=None, limit=None, modes=("strict", "fused"), jobs=2, timeout=300.0
                 os.path.join(out or ".", "workers.log"), max_jobs=20)
     try:
         for i, (key, res, msg) in enumerate(pool.map(todo, timeout), 1):
-            entries[key] = res if res is not None else failed(modes, msg)
+            entries[key] = res if res is not None else failed(modes, msg, key)
             if bar:
                 bar.set_postfix_str(f"{key}: " + " ".join(r["status"] for r in entries[key]["modes"].values()))
                 bar.update()

@@ -126,7 +126,7 @@ def markdown(res: dict) -> str:
         by_head = collections.defaultdict(list)
         for e in entries.values():
             by_head[e["head"]].append(e)
-        for head in sorted(by_head):
+        for head in sorted(by_head, key=str):  # a dead worker's entry may lack one
             for m in modes:
                 c = collections.Counter(e["modes"][m]["status"] for e in by_head[head] if m in e["modes"])
                 out.append(f"| {head} | {m} | " + " | ".join(str(c.get(x, 0)) for x in STATUSES) + " |")
