@@ -254,7 +254,10 @@ def measure(workload, mode, steps, warmup, quick):
 # traffic around them. A step's floor is a program of these calls alone.
 FLOOR_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward",
              "_scaled_dot_product_flash_attention_for_cpu",
-             "_scaled_dot_product_flash_attention_for_cpu_backward")
+             "_scaled_dot_product_flash_attention_for_cpu_backward",
+             # On tpu, SDPA dispatches to the overrideable fused-attention op.
+             "_scaled_dot_product_fused_attention_overrideable",
+             "_scaled_dot_product_fused_attention_overrideable_backward")
 
 
 def record_contractions(workload, quick, warmup=1):
