@@ -5,27 +5,13 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "runtime/proto_wire.h"
+
 namespace tpu::runtime {
 namespace {
 
-void put_varint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
-
-void put_int_field(std::string& out, int field, int64_t v) {
-  put_varint(out, static_cast<uint64_t>(field) << 3);  // wire type 0: varint
-  put_varint(out, static_cast<uint64_t>(v));
-}
-
-void put_bytes_field(std::string& out, int field, const std::string& bytes) {
-  put_varint(out, (static_cast<uint64_t>(field) << 3) | 2);  // wire type 2: length-delimited
-  put_varint(out, bytes.size());
-  out += bytes;
-}
+using proto_wire::put_bytes_field;
+using proto_wire::put_int_field;
 
 void put_string_field(std::string& out, int field, const std::string& s) { put_bytes_field(out, field, s); }
 

@@ -4,27 +4,13 @@
 #include <set>
 
 #include "runtime/pjrt_args.h"
+#include "runtime/proto_wire.h"
 
 namespace tpu::runtime {
 namespace {
 
-// Protobuf wire format, the few field kinds the options need.
-void put_varint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
-void put_int(std::string& out, int field, int64_t v) {
-  put_varint(out, static_cast<uint64_t>(field) << 3);
-  put_varint(out, static_cast<uint64_t>(v));
-}
-void put_bytes(std::string& out, int field, const std::string& bytes) {
-  put_varint(out, (static_cast<uint64_t>(field) << 3) | 2);
-  put_varint(out, bytes.size());
-  out += bytes;
-}
+using proto_wire::put_bytes_field;
+using proto_wire::put_int_field;
 
 int64_t id_of(const Client& c, PJRT_Device* d) {
   auto g = ARGS(PJRT_Device_GetDescription_Args);
@@ -83,18 +69,18 @@ int local_device_of(const Client& c, int64_t id) {
 std::string replicated_compile_options(const std::vector<int64_t>& device_ids) {
   const int64_t n = static_cast<int64_t>(device_ids.size());
   std::string computation;                      // DeviceAssignmentProto.ComputationDevice
-  for (int64_t id : device_ids) put_int(computation, 1, id);  // replica_device_ids
+  for (int64_t id : device_ids) put_int_field(computation, 1, id);  // replica_device_ids
   std::string assignment;                       // DeviceAssignmentProto
-  put_int(assignment, 1, n);                    // replica_count
-  put_int(assignment, 2, 1);                    // computation_count
-  put_bytes(assignment, 3, computation);        // computation_devices
+  put_int_field(assignment, 1, n);                    // replica_count
+  put_int_field(assignment, 2, 1);                    // computation_count
+  put_bytes_field(assignment, 3, computation);        // computation_devices
   std::string build;                            // ExecutableBuildOptionsProto
-  put_int(build, 1, -1);                        // device_ordinal: unset
-  put_int(build, 4, n);                         // num_replicas
-  put_int(build, 5, 1);                         // num_partitions
-  put_bytes(build, 9, assignment);              // device_assignment
+  put_int_field(build, 1, -1);                        // device_ordinal: unset
+  put_int_field(build, 4, n);                         // num_replicas
+  put_int_field(build, 5, 1);                         // num_partitions
+  put_bytes_field(build, 9, assignment);              // device_assignment
   std::string opts;                             // CompileOptionsProto
-  put_bytes(opts, 3, build);                    // executable_build_options
+  put_bytes_field(opts, 3, build);                    // executable_build_options
   // compile_portable_executable stays false: the program is bound to these devices.
   return opts;
 }
