@@ -330,3 +330,20 @@ def test_stage2_report_keeps_a_dead_workers_entry():
     md = report.markdown({"summary": s, "entries": entries,
                           "meta": {"modes": ["strict"], "transformers": "x", "wall_s": 1, "stage": 2}})
     assert "| depth_estimation | strict |" in md and "| None | strict |" in md
+
+
+def test_device_copy_sees_config_set_by_input_synthesis():
+    """The device runs start from a copy taken before inputs are made; a config value the
+    input synthesis sets (LLaVA-NeXT's tile grid) must reach that copy, or the device runs
+    another model than the CPU (the split_with_sizes errors of llava_next/onevision)."""
+    import copy
+    import transformers
+    from torch_tpu.compat.run import carry_config_changes
+    model, cfg, head, _, _ = models.build("llava_next")
+    pristine = copy.deepcopy(model)
+    models.inputs(model, cfg, head)
+    assert pristine.config.image_grid_pinpoints != model.config.image_grid_pinpoints
+    carry_config_changes(model, pristine)
+    assert pristine.config.image_grid_pinpoints == model.config.image_grid_pinpoints
+    assert pristine.config.image_grid_pinpoints is not model.config.image_grid_pinpoints
+    assert isinstance(pristine.config.vision_config, transformers.PretrainedConfig)

@@ -198,6 +198,20 @@ def verdict(got, want, reference, zero_grads_for_none=False):
     return ("", msg) if ok else (msg, "")
 
 
+def carry_config_changes(src, dst):
+    """Makes `dst` (a copy of `src` taken before inputs were synthesized) see the config
+    values the input synthesis set on `src` (LLaVA-NeXT's grid is shrunk to the image
+    size there): otherwise the device runs a different model than the CPU."""
+    done = set()
+    for a, b in zip(src.modules(), dst.modules()):
+        ca, cb = getattr(a, "config", None), getattr(b, "config", None)
+        if hasattr(ca, "to_dict") and type(ca) is type(cb) and id(cb) not in done:
+            done.add(id(cb))
+            for key, value in vars(ca).items():
+                if not hasattr(value, "to_dict"):  # sub-configs are visited as their modules' own
+                    setattr(cb, key, copy.deepcopy(value))
+
+
 def run_model(model_type, modes=("strict", "fused")) -> dict:
     """{"head", "family", "class", "params", "modes": {mode: record}}."""
     rec = {"head": None, "family": "other", "class": None, "modes": {}}
@@ -215,6 +229,7 @@ def run_model(model_type, modes=("strict", "fused")) -> dict:
         # keeps them on the device of its first forward, as on CUDA after a CPU forward.
         pristine = copy.deepcopy(model)
         kw = models.inputs(model, cfg, head)
+        carry_config_changes(model, pristine)
     except Exception as e:  # noqa: BLE001
         status = {"status": "config-unbuildable", "message": first_line(e)}
         rec["modes"] = {m: status for m in modes}
