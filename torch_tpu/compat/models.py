@@ -112,7 +112,12 @@ FAMILY = {"codegen": {"n_head": 4},
           "qwen2_5_omni_thinker": {"vision_start_token_id": 113},
           "qwen3_omni_moe_thinker": {"vision_start_token_id": 113},
           # OneFormer's decoder runs decoder_layers - 1 layers: keep one.
-          "oneformer": {"decoder_layers": 2},
+          # The pixel decoder's width follows the shrunk hidden size, as in the released
+          # configs (both 256): a projection only exists when they differ, and these models
+          # keep it in a plain list that .to(device) does not move (a CPU weight on any
+          # accelerator).
+          "oneformer": {"decoder_layers": 2, "conv_dim": 64, "mask_dim": 64},
+          "mask2former": {"mask_feature_size": 64, "feature_size": 64},
           "seggpt": {"image_size": [64, 32]},
           # Perceiver's masked-LM decoder has one query per position: as many as the tokens.
           "perceiver": {"max_position_embeddings": 8},
