@@ -42,13 +42,26 @@ _EXCLUDED: set = {
 
 
 def _batch_norm(op, decomp):
-    """Inference batch norm is the native _native_batch_norm_legit_no_training, with empty
-    saved statistics as on CPU (the decomposition and the meta kernel make full ones)."""
+    """Batch norm runs as the native rules (csrc/lowering/normalization.cpp), whose sums
+    are compensated as CPU's are in double: inference is _native_batch_norm_legit_no_training,
+    with empty saved statistics as on CPU (the decomposition and the meta kernel make full
+    ones); training is one _native_batch_norm_legit_functional program whose new running
+    statistics are then written in place, or .no_stats without running statistics."""
     def run(input, weight, bias, running_mean, running_var, training, momentum, eps):
-        if not training and running_mean is not None and running_var is not None:
+        have_stats = running_mean is not None and running_var is not None
+        if not training and have_stats:
             out = torch.ops.aten._native_batch_norm_legit_no_training(
                 input, weight, bias, running_mean, running_var, momentum, eps)[0]
             return out, input.new_empty((0,)), input.new_empty((0,))
+        if training and have_stats:
+            out, mean, rstd, new_mean, new_var = torch.ops.aten._native_batch_norm_legit_functional(
+                input, weight, bias, running_mean, running_var, True, momentum, eps)
+            running_mean.copy_(new_mean)
+            running_var.copy_(new_var)
+            return out, mean, rstd
+        if training and running_mean is None and running_var is None:
+            return torch.ops.aten._native_batch_norm_legit.no_stats(
+                input, weight, bias, True, momentum, eps)
         return decomp(input, weight, bias, running_mean, running_var, training, momentum, eps)
     return run
 
