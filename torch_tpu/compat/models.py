@@ -118,6 +118,9 @@ FAMILY = {"codegen": {"n_head": 4},
           # accelerator).
           "oneformer": {"decoder_layers": 2, "conv_dim": 64, "mask_dim": 64},
           "mask2former": {"mask_feature_size": 64, "feature_size": 64},
+          # YOLOS defaults to 512 x 864 images: with the shrunk 4-pixel patches that is a
+          # 27,749-token attention (25 GB of scores on a device without a blocked kernel).
+          "yolos": {"image_size": [32, 48]},
           "seggpt": {"image_size": [64, 32]},
           # Perceiver's masked-LM decoder has one query per position: as many as the tokens.
           "perceiver": {"max_position_embeddings": 8},
