@@ -32,6 +32,7 @@ import torch
 import torch_tpu
 from torch_tpu._workers import first_line
 from torch_tpu.compat import compiled as compiled_mode
+from torch_tpu.compat.draws import RandomDraws
 from torch_tpu.compat import models
 from torch_tpu.conformance import F64_FACTOR
 
@@ -73,16 +74,18 @@ def fallbacks() -> dict:
     return fb
 
 
-def step(model, kw, device, compiled=False):
+def step(model, kw, device, compiled=False, draws=None):
     """Forward (train mode), backward and one AdamW step on `device`; returns the forward's
     tensors, the gradients and the updated parameters, all on the CPU. `compiled`: the
     forward goes through torch.compile(model, backend="tpu") (its backward with it); the
-    optimizer stays eager."""
+    optimizer stays eager. `draws` (a RandomDraws mode) records or replays the random
+    values the step draws (draws.py)."""
     model = model.to(device)
     forward = compiled_mode.wrap(model) if compiled else model
     args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     torch.manual_seed(0)
-    out = forward(**args)
+    with draws if draws is not None else contextlib.nullcontext():
+        out = forward(**args)
     # Device-side copies, read back only after the optimizer step: a host read in between
     # would cut DeferAndFuse's graphs and be counted as the model's.
     outs = [t.detach().clone() for t in models.flat_tensors(out)]
@@ -172,15 +175,16 @@ def judge_float64(soft, ref):
     return True, "float64-judged: " + worst[1]
 
 
-def float64_step(model, state, kw):
-    """The CPU step in float64: the same initial weights and inputs, floating ones cast."""
+def float64_step(model, state, kw, draws=None):
+    """The CPU step in float64: the same initial weights, inputs and random draws, floating
+    ones cast."""
     m64 = copy.deepcopy(model)
     m64.load_state_dict(state)
     m64.zero_grad(set_to_none=True)
     m64.double()
     kw64 = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
             for k, v in kw.items()}
-    return step(m64, kw64, "cpu")
+    return step(m64, kw64, "cpu", draws=draws)
 
 
 def verdict(got, want, reference, zero_grads_for_none=False):
@@ -241,13 +245,15 @@ def run_model(model_type, modes=("strict", "fused")) -> dict:
     state = {k: v.clone() for k, v in model.state_dict().items()}
     f64 = []
 
+    recorded = RandomDraws()
+
     def reference():  # the float64 step, run once for all modes that need it
         if not f64:
-            f64.append(float64_step(pristine, state, kw))
+            f64.append(float64_step(pristine, state, kw, replay(recorded)))
         return f64[0]
     try:
         t0 = time.perf_counter()
-        want = step(model, kw, "cpu")
+        want = step(model, kw, "cpu", draws=recorded)
         cpu_s = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001
         status = {"status": "cpu-fails", "message": first_line(e)}
@@ -257,12 +263,20 @@ def run_model(model_type, modes=("strict", "fused")) -> dict:
         if mode == "cpu":
             rec["modes"][mode] = {"status": "pass", "cpu_seconds": round(cpu_s, 2)}
             continue
-        rec["modes"][mode] = run_mode(mode, pristine, state, kw, want, reference, cpu_s)
+        rec["modes"][mode] = run_mode(mode, pristine, state, kw, want, reference, cpu_s,
+                                      None if mode == "compiled" else replay(recorded))
     return rec
 
 
-def run_mode(mode, pristine, state, kw, want, reference, cpu_s) -> dict:
-    """One device mode's record for a model whose CPU step (`want`) ran."""
+def replay(recorded):
+    """A mode that hands a step the CPU step's random draws; None when it drew none. Not
+    for compiled mode: Dynamo does not trace under a dispatch mode."""
+    return RandomDraws(recorded.values) if recorded.values else None
+
+
+def run_mode(mode, pristine, state, kw, want, reference, cpu_s, draws=None) -> dict:
+    """One device mode's record for a model whose CPU step (`want`) ran; `draws` replays
+    the CPU step's random values."""
     dev_model = copy.deepcopy(pristine)
     dev_model.load_state_dict(state)
     compiled = mode == "compiled"
@@ -272,7 +286,7 @@ def run_mode(mode, pristine, state, kw, want, reference, cpu_s) -> dict:
     try:
         with torch_tpu.set_eager_mode(MODES[mode]), \
                 (compiled_mode.session(r) if compiled else contextlib.nullcontext()):
-            got = step(dev_model, kw, "tpu", compiled)
+            got = step(dev_model, kw, "tpu", compiled, draws)
             torch_tpu.synchronize()
     except Exception as e:  # noqa: BLE001
         if compiled:
@@ -291,6 +305,8 @@ def run_mode(mode, pristine, state, kw, want, reference, cpu_s) -> dict:
     if compiled and not r["compiled_graphs"]:
         fb[compiled_mode.EAGER_IN_COMPILED] = 1
     why, judged = verdict(got, want, reference, zero_grads_for_none=compiled)
+    if draws is not None:
+        r["replayed_draws"] = draws.used
     if judged:
         r.update(float64_judged=True, message=judged)
     if why:
