@@ -80,3 +80,12 @@ def test_native_dropout_is_not_replayed_but_a_dropout_mask_is():
         torch.nn.functional.dropout(torch.ones(4), 0.5, training=True)
         torch.ops.aten.native_dropout(torch.ones(4), 0.5, True)
     assert [n for n, _ in rec.values] == ["aten::bernoulli_.float"]
+
+
+def test_the_report_counts_the_types_whose_draws_were_replayed():
+    from torch_tpu.compat import report
+    entries = {"a": {"family": "vision", "modes": {"strict": {"status": "pass", "replayed_draws": 3}}},
+               "b": {"family": "vision", "modes": {"strict": {"status": "pass"}}}}
+    s = report.summarize(entries, ["strict"])
+    assert s["strict"]["replayed_draws"] == 1
+    assert report.summary_table(s).splitlines()[2].endswith("| 1 |")

@@ -16,8 +16,10 @@ def summarize(entries: dict, modes) -> dict:
         runnable = sum(n for s, n in c.items() if s not in NOT_OURS)
         judged = sum(1 for e in entries.values() if mode in e["modes"]
                      and e["modes"][mode].get("float64_judged"))
+        replayed = sum(1 for e in entries.values() if e["modes"].get(mode, {}).get("replayed_draws"))
         out[mode] = {"counts": {s: c.get(s, 0) for s in STATUSES},
                      "float64_judged": judged,
+                     "replayed_draws": replayed,
                      "runnable": runnable,
                      "pass_pct": round(100 * c.get("pass", 0) / runnable, 1) if runnable else 0.0,
                      "pass_or_fallback_pct": round(100 * (c.get("pass", 0) + c.get("fallback", 0))
@@ -91,12 +93,14 @@ def compiled_section(entries: dict) -> list:
 
 def summary_table(s: dict) -> str:
     modes = [m for m in s if m != "model_types"]
-    lines = ["| mode | " + " | ".join(STATUSES) + " | pass % of runnable | float64-judged |",
-             "|---" * (len(STATUSES) + 3) + "|"]
+    lines = ["| mode | " + " | ".join(STATUSES)
+             + " | pass % of runnable | float64-judged | CPU draws replayed |",
+             "|---" * (len(STATUSES) + 4) + "|"]
     for m in modes:
         c = s[m]["counts"]
         lines.append(f"| {m} | " + " | ".join(str(c[x]) for x in STATUSES)
-                     + f" | {s[m]['pass_pct']} % of {s[m]['runnable']} | {s[m].get('float64_judged', 0)} |")
+                     + f" | {s[m]['pass_pct']} % of {s[m]['runnable']} | {s[m].get('float64_judged', 0)}"
+                     f" | {s[m].get('replayed_draws', 0)} |")
     return "\n".join(lines)
 
 
@@ -109,7 +113,10 @@ def markdown(res: dict) -> str:
            "Pass = forward outputs, gradients and parameters after one AdamW step match CPU's "
            "(float32, rtol 1e-3, atol 1e-4), with no CPU fallback. Float64-judged: a tensor "
            "outside that tolerance is as close to the step run in float64 on CPU as the "
-           "conformance tool's rule asks (passes and fallbacks counted apart).", "", summary_table(s), "",
+           "conformance tool's rule asks (passes and fallbacks counted apart). CPU draws "
+           "replayed: the model samples while it trains, and its device step was handed the "
+           "CPU step's random values (compat/draws.py; the device's generators are tested "
+           "apart).", "", summary_table(s), "",
            "## Pass rate per family", "", *family_rates(entries, modes), "",
            "## Per family", "", "| family | mode | " + " | ".join(STATUSES) + " |",
            "|---" * (len(STATUSES) + 2) + "|"]
