@@ -88,4 +88,4 @@ def test_the_report_counts_the_types_whose_draws_were_replayed():
                "b": {"family": "vision", "modes": {"strict": {"status": "pass"}}}}
     s = report.summarize(entries, ["strict"])
     assert s["strict"]["replayed_draws"] == 1
-    assert report.summary_table(s).splitlines()[2].endswith("| 1 |")
+    assert report.summary_table(s).splitlines()[2].endswith("| 1 | 0 |")

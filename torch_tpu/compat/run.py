@@ -43,6 +43,7 @@ MODES = {"strict": torch_tpu.EagerMode.DEFER_NEVER, "fused": torch_tpu.EagerMode
 # compound it (the conformance tool allows 1e-4 per op).
 RTOL, ATOL = 1e-3, 1e-4
 LR = 1e-3
+ADAMW = {"lr": LR, "eps": 1e-4}
 
 
 def worker_setup():
@@ -92,7 +93,7 @@ def step(model, kw, device, compiled=False, draws=None):
     models.loss_of(out).backward()
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     grads = [None if p.grad is None else p.grad.clone() for p in model.parameters() if p.requires_grad]
-    torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, eps=1e-4).step()
+    torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], **ADAMW).step()
     params = [p.detach().clone() for p in model.parameters() if p.requires_grad]
     # On the CPU these are already copies; the next mode reloads the initial weights.
     return ([t.cpu() for t in outs], names, [None if g is None else g.cpu() for g in grads],
@@ -187,11 +188,43 @@ def float64_step(model, state, kw, draws=None):
     return step(m64, kw64, "cpu", draws=draws)
 
 
-def verdict(got, want, reference, zero_grads_for_none=False):
+def adamw_from(p0, grad):
+    """The step's AdamW update of `p0` by `grad`, on the CPU in float64."""
+    p = p0.detach().double().clone().requires_grad_(True)
+    p.grad = grad.detach().double()
+    torch.optim.AdamW([p], **ADAMW).step()
+    return p.detach()
+
+
+def explained_by_gradient(item, got, initial) -> bool:
+    """Whether a parameter outside CPU's tolerance after the step is exactly AdamW
+    applied to tpu's own gradient. Its distance from CPU is then its gradient's, which
+    is compared (and judged) on its own: AdamW's first step moves a weight by about
+    lr x g / (|g| + eps), so a gradient element near zero, equal to CPU's within any
+    tolerance, can move its weight up to lr/eps = 10x its rounding (XCLIP: a gradient
+    of 3e-5 where float64 has -9e-7, in a tensor whose scale is 13). What the check
+    still catches: a wrong optimizer step on the device."""
+    _, what, a, _, (part, i) = item
+    name = what[len("param "):]
+    g = got[2][i]
+    if part != 3 or initial is None or name not in initial or g is None:
+        return False
+    want = adamw_from(initial[name], g)
+    return torch.allclose(a.double(), want, rtol=1e-5, atol=LR * 1e-3)
+
+
+def verdict(got, want, reference, zero_grads_for_none=False, initial=None, notes=None):
     """(why, judged): `why` is '' when tpu matches CPU, or matches the float64 result
     (`reference()`, run on demand) as closely as the rule asks, else what differs;
-    `judged` is the rule's message when the float64 rule made it pass, else ''."""
+    `judged` is the rule's message when the float64 rule made it pass, else ''.
+    `initial` (the parameters before the step, by name): a parameter that is AdamW of
+    tpu's own gradient is judged by that gradient (counted in notes["params_by_grads"])."""
     hard, soft = differences(got, want, zero_grads_for_none)
+    if not hard and initial is not None:
+        kept = [s for s in soft if not explained_by_gradient(s, got, initial)]
+        if notes is not None and len(kept) < len(soft):
+            notes["params_by_grads"] = len(soft) - len(kept)
+        soft = kept
     if hard or not soft:
         return hard, ""
     try:
@@ -304,7 +337,7 @@ def run_mode(mode, pristine, state, kw, want, reference, cpu_s, draws=None) -> d
     fb = {k: v - before.get(k, 0) for k, v in fallbacks().items() if v != before.get(k, 0)}
     if compiled and not r["compiled_graphs"]:
         fb[compiled_mode.EAGER_IN_COMPILED] = 1
-    why, judged = verdict(got, want, reference, zero_grads_for_none=compiled)
+    why, judged = verdict(got, want, reference, zero_grads_for_none=compiled, initial=state, notes=r)
     if draws is not None:
         r["replayed_draws"] = draws.used
     if judged:
