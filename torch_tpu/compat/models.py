@@ -198,7 +198,10 @@ INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64),
               # HGNetV2 at 32 pixels ends on 1 x 1 maps, where train-mode batch norm over two
               # values leaves gradients that are zero in exact arithmetic (rounding noise
               # on CPU and tpu alike, float64 agreeing): 64 keeps 2 x 2.
-              "hgnet_v2": (64, 64), **{t: (48, 64) for t in (
+              "hgnet_v2": (64, 64),
+              # D-FINE and DEIMv2 the same way: at 32 pixels the encoder's top map is 1 x 1,
+              # and its bias gradients sum two +-1e17 values whose exact sum is ~16.
+              "d_fine": (64, 64), "deimv2": (64, 64), **{t: (48, 64) for t in (
     "pp_ocrv5_server_rec", "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")}}
 # Audio features several mel frames wide: Granite Speech 5 adds deltas (x 2) and stacks
 # frame pairs (x 2) before its first linear layer.
