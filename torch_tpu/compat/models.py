@@ -312,6 +312,8 @@ def _shrink_one(cfg, widths):
                                for i in range(len(value))])
         elif key in SMALL and isinstance(SMALL[key], list) and isinstance(value, (list, tuple)):
             setattr(cfg, key, type(value)(SMALL[key]))
+        elif key == "qk_rope_head_dim" and value == 0:
+            pass  # latent attention without rotary keys (NoPE, as GLM-5-Next requires) stays so
         elif key in SMALL and type(value) is type(SMALL[key]) and value is not None:
             if key in WIDTHS and value > SMALL[key]:
                 widths.setdefault(value, SMALL[key])
