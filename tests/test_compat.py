@@ -37,6 +37,20 @@ def test_shrunk_configs_are_small_and_valid():
         assert torch.isfinite(models.loss_of(out)), t
 
 
+@pytest.mark.parametrize("model_type", ["glm5_next_text", "glm5_next", "kimi_linear", "deepseek_v32"])
+def test_linear_attention_and_indexer_heads_are_shrunk(model_type):
+    """Linear attention (KDA) and sparse-attention indexers size their heads apart from
+    the attention heads. Left at 64 x 128, the 32-wide GLM-5-Next text model carried a
+    24,576-channel depthwise convolution whose weight gradient took a 19 GB buffer on tpu
+    (the compat worker was OOM-killed): no weight dimension may stay that wide. The
+    config stays one its class accepts (GLM-5-Next's latent attention has no rotary part)."""
+    model, cfg, _, _, _ = models.build(model_type)
+    widest = max((max(p.shape), n) for n, p in model.named_parameters())
+    assert widest[0] <= 1024, widest
+    for node in models._configs(cfg):
+        node.validate_architecture()
+
+
 def test_compare_names_what_differs():
     outs, grads, params = [torch.ones(3)], [torch.ones(2, 2)], [torch.zeros(2, 2)]
     want = (outs, ["w"], grads, params)

@@ -46,6 +46,10 @@ SMALL = {
     "num_groups": 1, "decoder_hidden_size": 32, "d_latents": 32, "num_latents": 16,
     "num_self_attends_per_block": 2, "mlp_dim": 64, "width_coefficient": 0.25, "depth_coefficient": 0.25,
     "vocab_size_per_layer_input": 128, "num_frames": 4, "hidden_size_per_layer_input": 16, "window_size": 4,
+    # Linear-attention (KDA) and sparse-attention indexer heads are sized apart from the
+    # attention heads: left at 64 x 128, a 32-wide model carried 24,576 conv channels.
+    "linear_num_heads": 2, "linear_head_dim": 16, "index_n_heads": 2, "index_head_dim": 16,
+    "projection_intermediate_size": 64,  # a vision merger's hidden layer (10,240 in GLM-5-Next)
 }
 TIME_SERIES = {"prediction_length": 4, "context_length": 8, "lags_sequence": [1, 2, 3],
                "num_time_features": 1}
@@ -311,6 +315,8 @@ def _shrink_one(cfg, widths):
                                for i in range(len(value))])
         elif key in SMALL and isinstance(SMALL[key], list) and isinstance(value, (list, tuple)):
             setattr(cfg, key, type(value)(SMALL[key]))
+        elif key == "qk_rope_head_dim" and value == 0:
+            pass  # latent attention without rotary keys (NoPE, as GLM-5-Next requires) stays so
         elif key in SMALL and type(value) is type(SMALL[key]) and value is not None:
             if key in WIDTHS and value > SMALL[key]:
                 widths.setdefault(value, SMALL[key])
