@@ -537,6 +537,14 @@ def test_avg_pool2d(args):
     check_grad(lambda v: F.avg_pool2d(v, **args), randn(2, 3, 7, 8), **F32)
 
 
+def test_avg_pool2d_window_far_larger_than_its_input():
+    # EfficientNet's head: AvgPool2d(hidden_dim, ceil_mode=True) over a 1x1 map. The
+    # backward once spread each of the 320 x 320 taps with its own pad (3.5 minutes of
+    # XLA compile); taps that only see padding are skipped now.
+    check_grad(lambda v: F.avg_pool2d(v, 320, ceil_mode=True), randn(2, 5, 1, 1), **F32)
+    check_grad(lambda v: F.avg_pool2d(v, 6, stride=4, padding=2, ceil_mode=True), randn(2, 3, 3, 7), **F32)
+
+
 @pytest.mark.parametrize("cfg", [dict(w=(6, 4, 3, 3)), dict(w=(6, 4, 3, 3), stride=2, padding=1),
                                  dict(w=(6, 2, 3, 2), stride=(2, 1), padding=(1, 0), dilation=(2, 1), groups=2),
                                  dict(w=(4, 1, 3, 3), padding=1, groups=4), dict(w=(6, 4, 1, 1), stride=3)])
