@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lowering/compensated_sum.h"
 #include "lowering/helpers.h"
 
 namespace tpu::lowering {
@@ -742,7 +743,9 @@ TPU_LOWER(convolution_backward, "convolution_backward") {
   if (wanted(ctx, 2)) {
     std::vector<int64_t> dims{0};
     for (int64_t i = 0; i < a.n; ++i) dims.push_back(2 + i);
-    outs.push_back(as_out(ctx, reduce_sum(b, b.convert(g, acc), dims), 2));
+    // A plain sum over N x spatial (thousands of terms, added one by one on XLA:CPU)
+    // drifts tens of ulps where CPU's kernel stays within a few; compensated, about one.
+    outs.push_back(as_out(ctx, compensated_sum(b, b.convert(g, acc), dims), 2));
   } else {
     outs.push_back(placeholder(ctx));
   }
