@@ -147,3 +147,43 @@ def test_batch_norm_bfloat16_input():
     torch.testing.assert_close(tx.grad.cpu().float(), cx.grad.float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(trm.cpu(), crm, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(trv.cpu(), crv, rtol=1e-4, atol=1e-4)
+
+
+def _layer_norm_backward(x, grad, w, b, dtype, device):
+    x, w, b = (t.to(dtype).clone().to(device).requires_grad_() for t in (x, w, b))
+    F.layer_norm(x, x.shape[-1:], w, b, 1e-5).backward(grad.to(dtype).to(device))
+    return {"dx": x.grad, "dw": w.grad, "db": b.grad}
+
+
+# Layer norm's backward sums its rows (dx) and its batch rows (dweight, dbias) compensated.
+# Plain sums gave dw 8.0 / 6.4, db 12.5 / 6.8 ulps (max, of the rms) on these shapes (CPU
+# 17.5 / 8.7, 18.3 / 6.0); the compensated ones 3.0 / 2.4, 1.8 / 1.2. dx is rounded mostly
+# in its elementwise terms: 8.2 / 6.9 either way (CPU 7.7 / 6.4).
+@pytest.mark.parametrize("shape", [(8, 128, 768), (4, 64, 256)])
+def test_layer_norm_backward_float64_accuracy(shape):
+    g = _gen(0)
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 1).float()
+    w = (torch.rand(shape[-1], generator=g, dtype=torch.float64) + 0.5).float()
+    b = torch.randn(shape[-1], generator=g, dtype=torch.float64).float()
+    grad = torch.randn(shape, generator=g, dtype=torch.float64).float()
+    ref = _layer_norm_backward(x, grad, w, b, torch.float64, "cpu")
+    with no_fallbacks():
+        got = _layer_norm_backward(x, grad, w, b, torch.float32, "tpu")
+    bounds = {"dx": 9.0, "dw": 3.5, "db": 2.0}
+    errs = {k: round(_rel_err(got[k], ref[k])[0], 2) for k in bounds}
+    assert all(errs[k] <= bounds[k] for k in bounds), f"{shape}: ulps {errs} beyond {bounds}"
+
+
+def test_layer_norm_backward_of_a_mean_is_rounding_only():
+    """A loss that takes the mean of a layer norm's output (the compat tool's loss for a
+    model returning its last hidden state) gives dx = 0 exactly; float32's dx is rounding,
+    which the backward upstream carries into every gradient: it must stay as small as CPU's."""
+    shape = (2, 5, 32)
+    g = _gen(1)
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 1).float()
+    w, b = torch.ones(shape[-1]), torch.zeros(shape[-1])
+    grad = torch.full(shape, 1.0 / x.numel())
+    cpu = _layer_norm_backward(x, grad, w, b, torch.float32, "cpu")["dx"].abs().max().item()
+    with no_fallbacks():
+        tpu = _layer_norm_backward(x, grad, w, b, torch.float32, "tpu")["dx"].abs().max().item()
+    assert tpu <= max(cpu, EPS32 * grad[0, 0, 0].item()), f"|dx| {tpu:.3g}, CPU {cpu:.3g}"

@@ -1,4 +1,5 @@
-// Accurate float sums for the normalization rules (batch, layer norm).
+// Accurate float sums for the normalization rules (batch, layer norm) and the
+// convolution's bias gradient.
 #pragma once
 #include "lowering/registry.h"
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lowering/compensated_sum.h"
 #include "lowering/helpers.h"
 
 namespace tpu::lowering {
@@ -31,6 +32,11 @@ static int64_t count(const Shape& s, const std::vector<int64_t>& dims) {
 }
 static Value mean_over(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
   Value s = reduce_sum(b, x, dims);
+  return div(b, s, scalar_like(b, static_cast<double>(count(x.shape(), dims)), s));
+}
+// mean_over with a compensated sum (within about an ulp of the exact mean).
+static Value exact_mean_over(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
+  Value s = compensated_sum(b, x, dims);
   return div(b, s, scalar_like(b, static_cast<double>(count(x.shape(), dims)), s));
 }
 
@@ -126,14 +132,17 @@ TPU_LOWER(native_layer_norm_backward, "native_layer_norm_backward") {
   if (wanted(ctx, 0)) {
     Value g = go;
     if (auto w = param_b(ctx, 5, go.dtype(), s)) g = mul(b, g, *w);
-    Value t = sub(b, g, back(b, mean_over(b, g, norm), s, norm));
-    t = sub(b, t, mul(b, xhat, back(b, mean_over(b, mul(b, g, xhat), norm), s, norm)));
+    // Compensated row sums: dx sums to zero over a row, and a loss that reaches the norm
+    // through a constant grad (a mean of its output) makes dx itself zero, so all of dx
+    // is these sums' rounding, which the backward upstream carries into every gradient.
+    Value t = sub(b, g, back(b, exact_mean_over(b, g, norm), s, norm));
+    t = sub(b, t, mul(b, xhat, back(b, exact_mean_over(b, mul(b, g, xhat), norm), s, norm)));
     outs.push_back(as_out(ctx, mul(b, rstd, t), 0));
   } else {
     outs.push_back(placeholder(ctx));
   }
-  outs.push_back(wanted(ctx, 1) ? as_out(ctx, reduce_sum(b, mul(b, go, xhat), batch), 1) : placeholder(ctx));
-  outs.push_back(wanted(ctx, 2) ? as_out(ctx, reduce_sum(b, go, batch), 2) : placeholder(ctx));
+  outs.push_back(wanted(ctx, 1) ? as_out(ctx, compensated_sum(b, mul(b, go, xhat), batch), 1) : placeholder(ctx));
+  outs.push_back(wanted(ctx, 2) ? as_out(ctx, compensated_sum(b, go, batch), 2) : placeholder(ctx));
   return outs;
 }
 
@@ -754,7 +763,9 @@ TPU_LOWER(convolution_backward, "convolution_backward") {
   if (wanted(ctx, 2)) {
     std::vector<int64_t> dims{0};
     for (int64_t i = 0; i < a.n; ++i) dims.push_back(2 + i);
-    outs.push_back(as_out(ctx, reduce_sum(b, b.convert(g, acc), dims), 2));
+    // A plain sum over N x spatial (thousands of terms, added one by one on XLA:CPU)
+    // drifts tens of ulps where CPU's kernel stays within a few; compensated, about one.
+    outs.push_back(as_out(ctx, compensated_sum(b, b.convert(g, acc), dims), 2));
   } else {
     outs.push_back(placeholder(ctx));
   }
