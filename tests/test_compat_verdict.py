@@ -1,6 +1,8 @@
 """The compat tool's verdict on parameters after the AdamW step: a weight whose distance
 from CPU's is its gradient's (AdamW of tpu's own gradient) is judged by that gradient,
 and a wrong optimizer step is still a mismatch."""
+import types
+
 import torch
 
 from torch_tpu.compat.run import adamw_from, verdict
@@ -36,3 +38,62 @@ def test_a_wrong_optimizer_step_is_still_a_mismatch():
     notes = {}
     why, _ = verdict(([], ["w"], [g_tpu], [wrong]), want, lambda: want, initial={"w": p0}, notes=notes)
     assert why.startswith("param w: max abs diff") and notes == {}
+
+
+def _one_output(t):
+    return ([t], [], [], [])
+
+
+def test_a_chaotic_step_is_held_against_cpu_runs_one_ulp_away():
+    """CPU's own float64 error is luck when the step amplifies rounding: tpu may be as far
+    from float64 as F64_FACTOR x the worst CPU run from inputs and weights one ulp away."""
+    from torch_tpu.conformance import F64_FACTOR
+    c = torch.zeros(20, dtype=torch.float64)
+    cpu = (c + 1e-4).float()        # 1 tolerance from float64: a lucky run
+    tpu = (c - 5e-4).float()        # 5 tolerances
+    moved = [_one_output((c + 4e-4).float())]  # a CPU run 1 ulp away: 4 tolerances
+    ref = lambda: _one_output(c)  # noqa: E731
+    why, _ = verdict(_one_output(tpu), _one_output(cpu), ref)
+    assert "tpu 5 tolerances from float64, CPU 1" in why
+    why, judged = verdict(_one_output(tpu), _one_output(cpu), ref, spread=lambda: moved)
+    assert why == "" and judged.endswith("CPU with inputs and weights 1 ulp away 4")
+    calm = [_one_output((c + 1e-4 * F64_FACTOR / 2).float())]
+    why, _ = verdict(_one_output(tpu), _one_output(cpu), ref, spread=lambda: calm)
+    assert why.startswith("output 0: max abs diff") and "1 ulp away 1" in why
+
+
+def test_perturbed_step_moves_inputs_and_weights_by_one_ulp():
+    from torch_tpu.compat.run import nudge, perturbed_step
+    x = torch.tensor([1.0, 0.0, -2.0])
+    up, down = nudge(x, 1), nudge(x, -1)
+    assert bool((up > x).all()) and bool((down < x).all())
+    assert torch.equal(nudge(torch.arange(3), 1), torch.arange(3))  # integers stay
+    lin = torch.nn.Linear(3, 1)
+    state = {k: v.clone() for k, v in lin.state_dict().items()}
+
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = lin
+
+        def forward(self, x):
+            return types.SimpleNamespace(loss=self.lin(x).sum())
+    m = Wrap()
+    full = {"lin." + k: v for k, v in state.items()}
+    out = perturbed_step(m, full, {"x": x}, 1)
+    assert torch.equal(out[2][0], up.unsqueeze(0))  # d loss / d weight = the moved input
+    assert torch.equal(lin.weight, state["weight"])  # the caller's model is untouched
+
+
+def test_the_training_loss_of_a_model_without_one_reaches_below_a_layer_norm():
+    """The mean of a LayerNorm's output is its bias: a loss made of it has zero gradient
+    for everything above the norm. The weighted mean does not."""
+    from torch_tpu.compat import models
+    torch.manual_seed(0)
+    lin, ln = torch.nn.Linear(8, 16), torch.nn.LayerNorm(16)
+    out = ln(lin(torch.randn(4, 8)))
+    models.loss_of(out).backward()
+    assert lin.weight.grad.abs().max() > 1e-3
+    w = models.loss_weights(torch.empty(3, 5))
+    assert w.shape == (3, 5) and bool((w >= 0.5).all() and (w < 1.5).all())
+    assert torch.equal(w, models.loss_weights(torch.empty(3, 5, device="tpu")).cpu())

@@ -1103,14 +1103,24 @@ def _with_audio_tokens_by_length(model, feats, ids, tok):
 
 
 def loss_of(out):
-    """The model's own loss, else the mean of every floating output (a scalar to train on)."""
+    """The model's own loss, else a fixed weighted mean of every floating output (a scalar
+    to train on). Not the plain mean: the mean of a LayerNorm's output over its normalized
+    dim is its bias, so every gradient above it is zero in exact arithmetic and the step
+    would compare two roundings of zero (Parakeet's encoder)."""
     loss = getattr(out, "loss", None) if not isinstance(out, (tuple, list)) else None
     if loss is not None:
         return loss if loss.dim() == 0 else loss.mean()  # per-sample losses (DAC's codebook loss)
     leaves = [t for t in flat_tensors(out) if t.is_floating_point() and t.numel()]
     if not leaves:
         raise ValueError("the model returned no floating tensor")
-    return sum(t.float().mean() for t in leaves)
+    return sum((t.float() * loss_weights(t)).mean() for t in leaves)
+
+
+def loss_weights(t):
+    """Weights in [0.5, 1.5), drawn on the CPU from a fixed seed (the same on every
+    device and dtype), shaped like `t`."""
+    g = torch.Generator().manual_seed(t.numel())
+    return (0.5 + torch.rand(t.shape, generator=g)).to(t.device)
 
 
 def flat_tensors(out) -> list:

@@ -150,7 +150,7 @@ def compare(got, want) -> str:
     return hard or (soft[0][0] if soft else "")
 
 
-def judge_float64(soft, ref):
+def judge_float64(soft, ref, spread=()):
     """The conformance tool's float64 rule for the tensors outside CPU's tolerance: each
     passes when tpu's error against `ref` (the step run in float64 on CPU), in tolerances
     (atol + rtol x |float64 value|, element by element), is at most 1 or F64_FACTOR times
@@ -167,9 +167,15 @@ def judge_float64(soft, ref):
             return False, f"{msg} (non-finite values differ from CPU's)"
         scale = _atol(what, b) + RTOL * c.abs()
         ok = ~bad
-        err_tpu = float(((a - c).abs() / scale)[ok].max()) if bool(ok.any()) else 0.0
-        err_cpu = float(((b - c).abs() / scale)[ok].max()) if bool(ok.any()) else 0.0
+
+        def err(x):
+            return float(((x - c).abs() / scale)[ok].max()) if bool(ok.any()) else 0.0
+        err_tpu, err_cpu = err(a), err(b)
         ratio = f"{what}: tpu {err_tpu:.3g} tolerances from float64, CPU {err_cpu:.3g}"
+        if spread:
+            moved = max(err(o[part][i].double()) for o in spread)
+            ratio += f", CPU with inputs and weights 1 ulp away {moved:.3g}"
+            err_cpu = max(err_cpu, moved)
         if err_tpu > max(1.0, F64_FACTOR * err_cpu):
             return False, f"{msg}; {ratio}"
         worst = max(worst, (err_tpu / max(err_cpu, 1e-30), ratio))
@@ -213,7 +219,24 @@ def explained_by_gradient(item, got, initial) -> bool:
     return torch.allclose(a.double(), want, rtol=1e-5, atol=LR * 1e-3)
 
 
-def verdict(got, want, reference, zero_grads_for_none=False, initial=None, notes=None):
+def nudge(t, direction):
+    """`t` with each floating value moved one ulp up (direction 1) or down (-1)."""
+    if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+        return t
+    return torch.nextafter(t, torch.full_like(t, direction * float("inf")))
+
+
+def perturbed_step(model, state, kw, direction, draws=None):
+    """The CPU step from inputs and weights one ulp away: how far rounding alone can move
+    this step's result."""
+    m = copy.deepcopy(model)
+    m.load_state_dict({k: nudge(v, direction) for k, v in state.items()})
+    m.zero_grad(set_to_none=True)
+    return step(m, {k: nudge(v, direction) for k, v in kw.items()}, "cpu", draws=draws)
+
+
+def verdict(got, want, reference, zero_grads_for_none=False, initial=None, notes=None,
+            spread=None):
     """(why, judged): `why` is '' when tpu matches CPU, or matches the float64 result
     (`reference()`, run on demand) as closely as the rule asks, else what differs;
     `judged` is the rule's message when the float64 rule made it pass, else ''.
@@ -232,6 +255,14 @@ def verdict(got, want, reference, zero_grads_for_none=False, initial=None, notes
     except Exception as e:  # noqa: BLE001 -- a model that cannot run in float64 keeps CPU's verdict
         return f"{soft[0][0]} (float64 run failed: {first_line(e)})", ""
     ok, msg = judge_float64(soft, ref)
+    if not ok and spread is not None:
+        # A chaotic step (batch norm over a few values, ReLU6 kinks): CPU's own error
+        # from float64 is a matter of luck, so tpu's is held against the worst of CPU
+        # runs whose inputs and weights moved by one ulp (spread(), on demand).
+        try:
+            ok, msg = judge_float64(soft, ref, spread())
+        except Exception as e:  # noqa: BLE001 -- keep the float64 rule's verdict
+            msg += f" (perturbed CPU runs failed: {first_line(e)})"
     return ("", msg) if ok else (msg, "")
 
 
@@ -284,6 +315,12 @@ def run_model(model_type, modes=("strict", "fused")) -> dict:
         if not f64:
             f64.append(float64_step(pristine, state, kw, replay(recorded)))
         return f64[0]
+    moved = []
+
+    def spread():  # CPU steps from inputs and weights one ulp up and one down, run once
+        if not moved:
+            moved.extend(perturbed_step(pristine, state, kw, d, replay(recorded)) for d in (1, -1))
+        return moved
     try:
         t0 = time.perf_counter()
         want = step(model, kw, "cpu", draws=recorded)
@@ -296,8 +333,8 @@ def run_model(model_type, modes=("strict", "fused")) -> dict:
         if mode == "cpu":
             rec["modes"][mode] = {"status": "pass", "cpu_seconds": round(cpu_s, 2)}
             continue
-        rec["modes"][mode] = run_mode(mode, pristine, state, kw, want, reference, cpu_s,
-                                      None if mode == "compiled" else replay(recorded))
+        rec["modes"][mode] = run_mode(mode, pristine, state, kw, want, (reference, spread),
+                                      cpu_s, None if mode == "compiled" else replay(recorded))
     return rec
 
 
@@ -307,9 +344,11 @@ def replay(recorded):
     return RandomDraws(recorded.values) if recorded.values else None
 
 
-def run_mode(mode, pristine, state, kw, want, reference, cpu_s, draws=None) -> dict:
-    """One device mode's record for a model whose CPU step (`want`) ran; `draws` replays
-    the CPU step's random values."""
+def run_mode(mode, pristine, state, kw, want, references, cpu_s, draws=None) -> dict:
+    """One device mode's record for a model whose CPU step (`want`) ran; `references`:
+    (the float64 step, the perturbed CPU steps), each run on demand; `draws` replays the
+    CPU step's random values."""
+    reference, spread = references
     dev_model = copy.deepcopy(pristine)
     dev_model.load_state_dict(state)
     compiled = mode == "compiled"
@@ -337,7 +376,8 @@ def run_mode(mode, pristine, state, kw, want, reference, cpu_s, draws=None) -> d
     fb = {k: v - before.get(k, 0) for k, v in fallbacks().items() if v != before.get(k, 0)}
     if compiled and not r["compiled_graphs"]:
         fb[compiled_mode.EAGER_IN_COMPILED] = 1
-    why, judged = verdict(got, want, reference, zero_grads_for_none=compiled, initial=state, notes=r)
+    why, judged = verdict(got, want, reference, zero_grads_for_none=compiled, initial=state, notes=r,
+                          spread=spread)
     if draws is not None:
         r["replayed_draws"] = draws.used
     if judged:
