@@ -645,3 +645,25 @@ def test_backward_with_unwanted_grads():
     check_grad(lambda v: F.group_norm(v, 2), randn(2, 6, 3, 3), **F32)
     check_grad(lambda x_, w: F.conv2d(x_, w, padding=1), randn(2, 4, 6, 6), randn(3, 4, 3, 3), wrt=(1,),
                rtol=1e-4, atol=1e-4)
+
+
+def test_wide_grouped_conv_weight_grad_fits_in_memory():
+    """GLM-5-Next's linear attention runs a 24,576-channel depthwise causal conv. Its weight
+    gradient as XLA's batch-grouped convolution needed a 19 GB buffer on XLA:CPU; the
+    feature-grouped form needs megabytes. Run under an 8 GB address-space limit."""
+    from conftest import run_python
+    code = """
+import resource, torch, torch_tpu
+resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+C = 24576
+x, w = torch.randn(2, C, 8), torch.randn(C, 1, 4) * 0.1
+xt, wt = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
+torch.nn.functional.conv1d(xt, wt, padding=3, groups=C).square().sum().backward()
+xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+torch.nn.functional.conv1d(xc, wc, padding=3, groups=C).square().sum().backward()
+torch.testing.assert_close(wt.grad.cpu(), wc.grad, rtol=1e-5, atol=1e-5)
+torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-5)
+print("ok")
+"""
+    r = run_python(code)
+    assert r.stdout.strip().endswith("ok"), r.stderr[-2000:]

@@ -716,7 +716,31 @@ static Value conv_weight_grad(Builder& b, const Value& x, const Value& g, const 
     int64_t od = (g.shape()[2 + i] - 1) * a.stride[i] + 1;
     pads.push_back({a.pad[i], od - x.shape()[2 + i] + kd - a.pad[i] - 1});
   }
-  return conv(b, x, g, conv_numbers(a.n, "fb", "io", "fb"), a.dil, pads, Shape(a.n, 1), a.stride, 1, a.groups, out);
+  // Grouped, batch_group_count = groups: XLA:CPU expands it into a buffer of about
+  // groups x (one sample of x) (19 GB for GLM-5-Next's 24,576-channel depthwise conv).
+  // Past kGroupedExpansionBytes the groups go in the features instead: x as (I/g batch,
+  // (group, n) features, *) against the grad as (n in, O out, *), feature_group_count =
+  // groups, giving (I/g, O, *). Not always: XLA accumulates that form less accurately
+  // (a depthwise 5x5 weight grad: 13 ulps against 4.9).
+  constexpr double kGroupedExpansionBytes = 256.0 * (1 << 20);
+  const Shape& xs = x.shape();
+  double expansion = static_cast<double>(a.groups) * x.type.numel() / std::max<int64_t>(xs[0], 1) * 4;
+  if (a.groups == 1 || expansion <= kGroupedExpansionBytes)
+    return conv(b, x, g, conv_numbers(a.n, "fb", "io", "fb"), a.dil, pads, Shape(a.n, 1), a.stride, 1, a.groups,
+                out);
+  int64_t n = xs[0], G = a.groups, ig = xs[1] / G;
+  Shape split = {n, G, ig}, merged = {ig, G * n};
+  std::vector<int64_t> perm = {2, 1, 0}, back = {1, 0};
+  for (int64_t i = 0; i < a.n; ++i) {
+    split.push_back(xs[2 + i]), merged.push_back(xs[2 + i]);
+    perm.push_back(3 + i), back.push_back(2 + i);
+  }
+  Value lhs = b.reshape(b.transpose(b.reshape(x, split), perm), merged);
+  Shape os = {out.shape[1], out.shape[0]};
+  for (int64_t i = 0; i < a.n; ++i) os.push_back(out.shape[2 + i]);
+  Value r = conv(b, lhs, g, conv_numbers(a.n, "bf", "io", "bf"), a.dil, pads, Shape(a.n, 1), a.stride, G, 1,
+                 Type{out.dtype, os});
+  return b.transpose(r, back);
 }
 
 // Plain convolutions: grad_input as above, grad_weight by conv_weight_grad. A transposed
