@@ -362,3 +362,11 @@ def test_device_copy_sees_config_set_by_input_synthesis():
     assert pristine.config.image_grid_pinpoints == model.config.image_grid_pinpoints
     assert pristine.config.image_grid_pinpoints is not model.config.image_grid_pinpoints
     assert isinstance(pristine.config.vision_config, transformers.PretrainedConfig)
+
+
+def test_fields_derived_from_a_shrunk_sub_config_follow_it():
+    # MiniMax-M3-VL's config derives its projector's merged width from the text tower's
+    # width; left at the released 24,576 the model could not run even on CPU.
+    _, cfg, _, _, _ = models.build("minimax_m3_vl")
+    merge = cfg.vision_config.spatial_merge_size
+    assert cfg.merged_hidden_size == cfg.text_config.hidden_size * merge ** 2

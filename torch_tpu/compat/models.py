@@ -1,5 +1,6 @@
 """Which model to build for each Hugging Face model type, a small valid config for it, and
 inputs for its modality. Everything is made locally from config classes: no downloads."""
+import copy
 import inspect
 
 import torch
@@ -471,15 +472,20 @@ def _rederive(cfg, old):
     changed = {k: v for k, v in vars(cfg).items()
                if not k.startswith("_") and not isinstance(v, PretrainedConfig)
                and (k not in old or not _same(old[k], v))}
-    if not changed:
+    subs = {k: copy.deepcopy(v) for k, v in vars(cfg).items()
+            if not k.startswith("_") and isinstance(v, PretrainedConfig)}
+    if not changed and not subs:
         return
     try:
         base = type(cfg)()
     except Exception:  # noqa: BLE001 -- the class cannot be made alone: keep what we have
         return
+    # The shrunk sub-configs go in too: a field derived from one (MiniMax-M3-VL's merged
+    # width = the text tower's width x merge^2) follows it.
     small = None
     # Per-layer lists the class validates against the layer count are left out on a retry.
-    for args in (changed, {k: v for k, v in changed.items() if not isinstance(v, (list, tuple, dict))}):
+    for args in ({**changed, **subs}, changed,
+                 {k: v for k, v in changed.items() if not isinstance(v, (list, tuple, dict))}):
         try:
             small = type(cfg)(**args)
             break
