@@ -126,6 +126,9 @@ FAMILY = {"codegen": {"n_head": 4},
           # YOLOS defaults to 512 x 864 images: with the shrunk 4-pixel patches that is a
           # 27,749-token attention (25 GB of scores on a device without a blocked kernel).
           "yolos": {"image_size": [32, 48]},
+          # Gemma 4's audio projection assumes the mel bins equal the first conv's
+          # channels (128 and 128 released): 32 and 32 here.
+          "gemma4_audio": {"subsampling_conv_channels": [32, 16]},
           "seggpt": {"image_size": [64, 32]},
           # Perceiver's masked-LM decoder has one query per position: as many as the tokens.
           "perceiver": {"max_position_embeddings": 8},
