@@ -207,9 +207,22 @@ def test_float64_reference_runs_the_op_in_float64_with_grads():
 
 
 def test_ill_conditioned_entry_is_judged_against_float64():
-    # matrix_exp's batched sample: tpu's float32 result is 1.2 tolerances from float64,
-    # CPU's 3.1, so they miss each other by more than the tolerance; both are right.
-    rec = conformance.run_entry(conformance.op_db()["matrix_exp"], ("float32",))["float32"]
+    # matrix_exp's float32 result on CPU is 3.1 tolerances from float64 on some CPUs and
+    # within tolerance on others (its kernels follow the instruction set). So CPU's float32
+    # error is made 3 tolerances here on every CPU: tpu and CPU then miss each other by more
+    # than the tolerance, and tpu, within tolerance of float64, must pass as F64_VERIFIED.
+    import copy
+    base = conformance.op_db()["matrix_exp"]
+    atol, rtol = conformance.tolerance(base, torch.float32, torch.float32)
+
+    def off_on_cpu(x, *args, **kwargs):
+        out = base.op(x, *args, **kwargs)
+        if out.device.type == "cpu" and out.dtype == torch.float32:
+            out = out + (3 * (atol + rtol * out.abs())).detach()
+        return out
+    op = copy.copy(base)
+    op.op = off_on_cpu
+    rec = conformance.run_entry(op, ("float32",))["float32"]
     assert rec["fwd"]["status"] == "native" and rec["fwd"]["verified"] == "values"
     assert rec["fwd"]["message"] == conformance.F64_VERIFIED
     assert rec["bwd"]["status"] == "native"
