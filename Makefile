@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 export CCACHE_BASEDIR := $(CURDIR)
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup build demo test test-cpp test-py test-modes clean conformance conformance-baseline conformance-compiled-baseline bench bench-quant \
+.PHONY: setup build demo test test-cpp test-py test-modes test-avx2 clean conformance conformance-baseline conformance-compiled-baseline bench bench-quant \
   compat compat-baseline
 
 setup: $(VENV)/.ready
@@ -55,6 +55,12 @@ test-modes: build
 	  tests/test_op_semantics.py
 
 test: test-cpp test-py test-modes
+
+# The Python tests with CPU PyTorch's kernels, oneDNN and XLA:CPU held to AVX2, as on an
+# x86-64 without AVX-512 (about 35 min cold): tests must not depend on the instruction set.
+test-avx2: build
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 XLA_FLAGS=--xla_cpu_max_isa=AVX2 \
+	  TPU_COMPILE_CACHE_DIR=$(CURDIR)/build/avx2_cache $(PY) -m pytest -q -p no:cacheprovider tests
 
 # OpInfo conformance of every op_db entry, CPU vs tpu, into conformance_results/.
 # Options through ARGS, e.g. ARGS="--ops add,nn.functional.* --baseline old.json --check".
