@@ -520,6 +520,7 @@ def shrink(cfg, overrides=None):
     before = [dict(vars(node)) for node in nodes]
     for node in nodes:
         _shrink_one(node, widths)
+    _follow_concatenated_widths(nodes, before)
     _override(cfg, overrides)
     for node, old in zip(nodes, before):
         _rederive(node, old)
@@ -533,6 +534,23 @@ def shrink(cfg, overrides=None):
             node.use_cache = False  # a training step keeps no cache (state-space stacks have none)
     _override(cfg, overrides)  # again: width following must not undo an override
     return cfg
+
+
+def _follow_concatenated_widths(nodes, before):
+    """A size field that held the sum of a config's width and a sub-config's (X-Codec 2's
+    quantizer width = acoustic + semantic widths, the two concatenated) takes the sum of
+    their shrunk widths."""
+    old_of = {id(n): o for n, o in zip(nodes, before)}
+    for node, old in zip(nodes, before):
+        w0 = old.get("hidden_size")
+        for sub in [v for v in vars(node).values() if id(v) in old_of and v is not node]:
+            s0 = old_of[id(sub)].get("hidden_size")
+            if not (type(w0) is int and type(s0) is int and isinstance(vars(sub).get("hidden_size"), int)):
+                continue
+            for key, value in old.items():
+                if (type(value) is int and value == w0 + s0 and key != "hidden_size"
+                        and any(w in key for w in SIZE_WORDS) and not key.startswith("num_")):
+                    setattr(node, key, node.hidden_size + sub.hidden_size)
 
 
 def _override(cfg, overrides):
@@ -689,9 +707,11 @@ def inputs(model, cfg, head, batch=2, seq=8):
     # Speech and image heads read ids only when they have no pixels or audio to read
     # (ImageGPT classifies token ids of colour clusters; Dia encodes a text prompt).
     media = {"pixel_values", "input_features", "input_values"} & set(params)
-    vlm = "text_config" in vars(cfg) and _image_token(cfg) is not None
+    vlm = "text_config" in vars(cfg) and (_image_token(cfg) is not None or _image_token(cfg, "audio") is not None)
     if vlm:
-        media = set()  # a language model reads them beside its pixels (ShieldGemma 2)
+        # A language model reads them beside its pixels (ShieldGemma 2) or its audio
+        # (VibeVoice, Fun-ASR-Nano: placeholders in the text).
+        media = set()
     if "input_ids" in params and (not media or head not in (
             "speech_seq2seq", "ctc", "audio_classification", "image_classification")):
         kw["input_ids"] = ids
@@ -795,6 +815,7 @@ def inputs(model, cfg, head, batch=2, seq=8):
         audio = _sub(cfg, "audio_config", "encoder_config")
         frames = AUDIO_FRAMES.get(cfg.model_type) or 2 * getattr(audio, "max_source_positions", 16)
         kw["input_features"] = torch.randn(batch, _mel_bins(cfg), frames, generator=g)
+        feature_frames = frames  # (the layout may change below)
     if "input_values" in params:
         kw["input_values"] = torch.randn(batch, 800, generator=g)
         frames = getattr(cfg, "max_length", 64)
@@ -805,20 +826,54 @@ def inputs(model, cfg, head, batch=2, seq=8):
         probe_kw = dict(kw)
         if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
             probe_kw["decoder_input_ids"] = ids[:, :6]  # an encoder-decoder runs none without
-        kw["input_values"] = _probe(model, probe_kw, "input_values",
-                                    (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1), long,
-                                     long.squeeze(1),  # a longer waveform (Moonshine Streaming's strided stem)
-                                     torch.randn(batch, 16000, generator=g)))  # a second (Moonshine's)
+        get = _features_getter(model, "audio")
+        needs_mask = get is not None and "padding_mask" in params and inspect.signature(
+            get).parameters.get("padding_mask", inspect.Parameter("x", 1)).default is inspect.Parameter.empty
+        # An audio-language model that counts its audio tokens from a padding mask over the
+        # samples (VibeVoice): all real, as long as the waveform tried.
+        with_mask = (lambda c: {"padding_mask": torch.ones(batch, c.shape[-1], dtype=torch.bool)}) \
+            if needs_mask else None
+        target = model
+        if get is not None and "input_ids" in kw and _image_token(cfg, "audio") is not None:
+            # An audio-language model runs only with as many placeholders as audio features:
+            # its audio tower alone is tried (the placeholders are counted below).
+            takes = inspect.signature(get).parameters
+            target = lambda **k: get(**{n: v for n, v in k.items() if n in takes})  # noqa: E731
+        cands = (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1), long,
+                 long.squeeze(1),  # a longer waveform (Moonshine Streaming's strided stem)
+                 torch.randn(batch, 16000, generator=g))  # a second (Moonshine's)
+        feats = kw.get("input_features")
+        hop = getattr(cfg, "hop_length", None)
+        if feats is not None and isinstance(hop, int) and hop * feats.shape[-1] <= 64000:
+            # A codec that encodes a waveform beside its features (X-Codec 2): one hop of
+            # samples per feature frame (the features are made (batch, bins, frames)).
+            cands += (torch.randn(batch, 1, hop * feats.shape[-1], generator=g),)
+        # A codec that takes both a waveform and its features (X-Codec 2's semantic branch)
+        # needs both layouts right at once: each feature layout is tried with each waveform.
+        layouts = (feats, feats.transpose(1, 2).contiguous()) if (
+            feats is not None and feats.dim() == 3 and params["input_features"].default is inspect.Parameter.empty) \
+            else (feats,)
+        for feats in layouts:
+            if feats is not None:
+                probe_kw["input_features"] = feats
+            got = _first_working(target, probe_kw, "input_values", cands, with_mask)
+            if got is not None:
+                if feats is not None:
+                    kw["input_features"] = feats
+                break
+        kw["input_values"] = cands[0] if got is None else got
+        if with_mask:
+            kw.update(with_mask(kw["input_values"]))
         if "sample" in params and params["sample"].default is True:
             kw["sample"] = False  # a VAE's latent draw (VibeVoice) would differ from CPU's
     for name in params:
         # Audio-language models: which feature frames are real.
         if name in ("input_features_mask", "feature_attention_mask") and "input_features" in kw:
-            f = kw["input_features"]
-            kw[name] = torch.ones(batch, f.shape[-1], dtype=torch.long)
-    if "input_features" in kw and "input_ids" in kw and _image_token(cfg, "audio") is not None:
+            kw[name] = torch.ones(batch, feature_frames, dtype=torch.long)
+    audio_key = next((k for k in ("input_features", "input_values") if k in kw), None)
+    if audio_key and "input_ids" in kw and _image_token(cfg, "audio") is not None:
         ids = kw["input_ids"]
-        new = _with_image_tokens(model, cfg, kw, ids, "audio", "input_features")
+        new = _with_image_tokens(model, cfg, kw, ids, "audio", audio_key)
         if new.shape[1] != ids.shape[1]:
             kw["input_ids"] = new
             if cfg.model_type in AUDIO_FEATURE_MASK:
@@ -870,6 +925,12 @@ def inputs(model, cfg, head, batch=2, seq=8):
                       "video_classification") and not vlm:
             # (A language model that classifies, ShieldGemma 2, scores tokens: no class labels.)
             kw["labels"] = torch.randint(0, getattr(cfg, "num_labels", 2), (batch,), generator=g)
+    streams, book = getattr(cfg, "num_codebooks", None), getattr(cfg, "codebook_vocab_size", None)
+    if isinstance(streams, int) and isinstance(book, int) and kw.get("input_ids") is not None and kw["input_ids"].dim() == 2:
+        # Speech-text streams (Kyutai STT): each step is a text id and one audio code per
+        # codebook, (batch, seq, 1 + codebooks); the labels stay the text ids.
+        codes = torch.randint(0, book - 1, (*kw["input_ids"].shape, streams), generator=g)
+        kw["input_ids"] = torch.cat([kw["input_ids"].unsqueeze(-1), codes], dim=-1)
     both = all(params[k].default is inspect.Parameter.empty for k in ("input_features", "input_values")
                if k in params)
     if "input_features" in kw and "input_values" in kw and not both:
@@ -1016,7 +1077,9 @@ def _mel_bins(cfg):
     for key in ("feature_projection_input_dim", "num_mel_bins", "feature_size", "n_mels", "input_dim"):
         for node in nodes:
             if isinstance(vars(node).get(key), int):
-                return MEL_STACK.get(cfg.model_type, 1) * vars(node)[key]
+                # Low-frame-rate encoders (Fun-ASR-Nano) stack num_stacked_frames frames into one.
+                stacked = vars(node).get("num_stacked_frames")
+                return MEL_STACK.get(cfg.model_type, 1) * (stacked if isinstance(stacked, int) else 1) * vars(node)[key]
     return 16
 
 
@@ -1030,19 +1093,24 @@ def _flat_patches(cfg, batch, g, grid=4):
     return torch.randn(rows, c * t * p * p, generator=g), torch.tensor([[1, grid, grid]] * batch)
 
 
-def _probe(model, kw, key, candidates):
+def _probe(model, kw, key, candidates, extra=None):
     """The first layout of input `key` the model takes on the CPU: audio features as
     (batch, mel bins, frames) (Whisper), (batch, frames, mel bins) (Conformer encoders) or
     (batch, 1, frames, mel bins); audio values as a waveform or a spectrogram. When none
-    works, the first, and the real run says why."""
+    works, the first, and the real run says why. `extra(candidate)`: inputs sized by it."""
+    got = _first_working(model, kw, key, candidates, extra)
+    return candidates[0] if got is None else got
+
+
+def _first_working(model, kw, key, candidates, extra=None):
     for cand in candidates:
         try:
             with torch.no_grad():
-                model(**{**kw, key: cand})
+                model(**{**kw, key: cand, **(extra(cand) if extra else {})})
             return cand
         except Exception:  # noqa: BLE001 -- try the next layout
             continue
-    return candidates[0]
+    return None
 
 
 def _image_token(cfg, kind="image"):
@@ -1050,12 +1118,16 @@ def _image_token(cfg, kind="image"):
                  if isinstance(getattr(cfg, k, None), int)), None)
 
 
+def _features_getter(model, kind):
+    return getattr(model, f"get_{kind}_features", None) or getattr(
+        getattr(model, "model", None), f"get_{kind}_features", None)
+
+
 def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
     """Prepends one placeholder token per image (or audio) feature the model makes (a
     vision- or audio-language model checks that the counts agree)."""
     tok = _image_token(cfg, kind)
-    get = getattr(model, f"get_{kind}_features", None) or getattr(
-        getattr(model, "model", None), f"get_{kind}_features", None)
+    get = _features_getter(model, kind)
     if tok is not None and get is None and kind == "audio":
         return _with_audio_tokens_by_length(model, kw[key], ids, tok)
     if tok is None or get is None:
