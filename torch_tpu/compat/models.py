@@ -688,7 +688,14 @@ def _sub(cfg, *names):
 
 def inputs(model, cfg, head, batch=2, seq=8):
     """Keyword inputs for `model.forward`, by the names its signature takes."""
-    params = inspect.signature(model.forward).parameters
+    params = dict(inspect.signature(model.forward).parameters)
+    # A tower whose sub-config is unset is not built (Gemma 4's default is text only):
+    # nothing to give it.
+    absent = {k for k in ("vision_config", "audio_config") if k in vars(cfg) and vars(cfg)[k] is None}
+    for name in list(params):
+        if ("vision_config" in absent and name.startswith(("pixel_values", "image_", "video_"))
+                or "audio_config" in absent and name.startswith(("input_features", "input_values", "audio_"))):
+            del params[name]
     batch = ONE_SAMPLE.get(getattr(cfg, "model_type", None), batch)
     g = torch.Generator().manual_seed(0)
     text = _sub(cfg, "text_config")
@@ -746,6 +753,17 @@ def inputs(model, cfg, head, batch=2, seq=8):
         kw.update(pixel_values=torch.randn(batch, 16, c * p * p, generator=g),
                   pixel_attention_mask=torch.ones(batch, 16, dtype=torch.long),
                   spatial_shapes=torch.tensor([[4, 4]] * batch))
+    pos_name = next((n for n in ("pixel_position_ids", "image_position_ids") if n in params), None)
+    if pos_name and "pixel_values" in kw and "spatial_shapes" not in params:
+        # Towers that take flattened patches with their (x, y) grid positions (Gemma 4's):
+        # a square grid of 2 x 2 pooling windows.
+        vis = _sub(cfg, "vision_config")
+        p = getattr(vis, "patch_size", 4) or 4
+        c = getattr(vis, "num_channels", 3) or 3
+        side = 2 * (getattr(vis, "pooling_kernel_size", 1) or 1)
+        idx = torch.arange(side * side)
+        kw["pixel_values"] = torch.randn(batch, side * side, c * p * p, generator=g)
+        kw[pos_name] = torch.stack([idx % side, idx // side], dim=-1).expand(batch, -1, -1).contiguous()
     if "image_sizes" in params and "pixel_values" in kw and isinstance(vars(cfg).get("image_grid_pinpoints"), list):
         # LLaVA-NeXT's any-resolution grid (shrunk to one tile of the tower's size): each
         # image is its resized base view plus that one tile.
@@ -773,14 +791,15 @@ def inputs(model, cfg, head, batch=2, seq=8):
         # a fixed-size tower (CLIP in LLaVA) takes none.
         h, w = kw["pixel_values"].shape[-2:]
         kw["image_sizes"] = torch.tensor([[h, w]] * batch)
-    for grid_name in ("grid_thw", "image_grid_thw"):
+    for grid_name in ("grid_thw", "image_grid_thw", "image_grid_hw"):
         if grid_name in params:
             into = "hidden_states" if "hidden_states" in params else "pixel_values"
             if into in params:
                 rows, grid = _flat_patches(_sub(cfg, "vision_config"), batch, g)
-                kw[grid_name] = grid
+                # (Nemotron-H Omni's grids are (height, width): no frames.)
+                kw[grid_name] = grid[:, 1:].contiguous() if grid_name.endswith("_hw") else grid
                 merge_name = grid_name.replace("grid_thw", "merge_sizes")
-                if merge_name in params:  # VideoLLaMA 3: each image's spatial merge (its tower's)
+                if merge_name in params and merge_name != grid_name:  # VideoLLaMA 3: each image's spatial merge (its tower's)
                     merge = getattr(_sub(cfg, "vision_config"), "spatial_merge_size", 2) or 2
                     kw[merge_name] = torch.tensor([merge] * batch)
                 p = int((rows.shape[1] // 3) ** 0.5)
