@@ -1162,6 +1162,13 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
     # features come as (batch, mel bins, frames) or (batch, frames, mel bins) (Granite Speech).
     cands = ((pv, pv.unsqueeze(1)) if pv.dim() == 4 else
              (pv, pv.transpose(1, 2).contiguous()) if kind == "audio" and pv.dim() == 3 else (pv,))
+    patch = getattr(_sub(cfg, "vision_config"), "patch_size", None)
+    if kind == "image" and pv.dim() == 4 and type(patch) is int and pv.shape[-1] % patch == pv.shape[-2] % patch == 0:
+        # Or the images' patches flattened into rows, (patches, channels x p x p), one
+        # placeholder each (NeoMME).
+        b, c, h, w = pv.shape
+        rows = pv.reshape(b, c, h // patch, patch, w // patch, patch).permute(0, 2, 4, 1, 3, 5)
+        cands += (rows.reshape(-1, c * patch * patch).contiguous(),)
     p = int((pv.shape[-1] // 3) ** 0.5) if pv.dim() == 2 else 0
     if p and 3 * p * p == pv.shape[-1]:
         # Pre-cut patches as (patches, channels, p, p) (Kimi K2.5), or all in one sequence,
@@ -1181,8 +1188,10 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
     feats = getattr(feats, "pooler_output", None) if hasattr(feats, "to_tuple") else feats
     width = getattr(_sub(cfg, "text_config"), "hidden_size", None)
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if isinstance(getattr(emb, "embedding_dim", None), int):
+    lasts = {t.shape[-1] for t in flat_tensors(feats) if t.dim()}
+    if isinstance(getattr(emb, "embedding_dim", None), int) and lasts != {width}:
         width = emb.embedding_dim  # the width features are scattered into (T5Gemma 2 has no text_config)
+        # (unless the features have the text width: NeoMME's input embedding is wider.)
     n = sum(t.numel() for t in flat_tensors(feats))
     if not width or n % (width * ids.shape[0]):
         return ids
