@@ -1169,6 +1169,12 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
         b, c, h, w = pv.shape
         rows = pv.reshape(b, c, h // patch, patch, w // patch, patch).permute(0, 2, 4, 1, 3, 5)
         cands += (rows.reshape(-1, c * patch * patch).contiguous(),)
+        t = getattr(_sub(cfg, "vision_config"), "temporal_patch_size", None)
+        if type(t) is int:
+            # Or channel-last (patches, frames, p, p, channels) blocks, the image repeated
+            # over the frames (Inkling's hierarchical patch encoder).
+            blocks = rows.permute(0, 1, 2, 4, 5, 3).reshape(-1, patch, patch, c).unsqueeze(1).expand(-1, t, -1, -1, -1)
+            cands += (blocks.contiguous(),)
     p = int((pv.shape[-1] // 3) ** 0.5) if pv.dim() == 2 else 0
     if p and 3 * p * p == pv.shape[-1]:
         # Pre-cut patches as (patches, channels, p, p) (Kimi K2.5), or all in one sequence,
