@@ -87,6 +87,9 @@ FAMILY = {"codegen": {"n_head": 4},
           # Defaults that leave the experts unset (checkpoints set them).
           "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
           "esm": {"pad_token_id": 1, "mask_token_id": 2},
+          # LW-DETR's default projects no feature level (checkpoints list one or two scales).
+          # Its queries are picked from the anchors, as RT-DETR's.
+          "lw_detr": {"projector_scale_factors": [1.0], "num_queries": 8},
           # ViViT cuts (frames, height, width) tubelets; RT-DETR picks its queries from the
           # few anchors a 32 x 32 image has.
           "vivit": {"tubelet_size": [2, 4, 4]},
@@ -350,6 +353,7 @@ def _shrink_one(cfg, widths):
                 setattr(cfg, key, [value[i] for i in picks])
         setattr(cfg, n_key, len(picks))
     n = getattr(cfg, n_key, 2) if n_key else 2
+    _fix_backbone_stages(cfg, n)
     for key, value in list(vars(cfg).items()):
         # "every k-th layer from offset j" patterns must still hit a layer of the small stack.
         if key.endswith("_layer_period") and isinstance(value, int) and value > n:
@@ -398,6 +402,24 @@ def _shrink_one(cfg, widths):
     for key in ("use_timm_backbone", "use_pretrained_backbone"):
         if vars(cfg).get(key):
             setattr(cfg, key, False)  # timm is not installed; the HF backbone is built instead
+
+
+def _fix_backbone_stages(cfg, n):
+    """A backbone with one stage per layer (LW-DETR's ViT) whose outputs point past the
+    small stack: stage names for its n layers, and as many distinct in-range outputs as
+    fit (the deepest ones)."""
+    names, outs = vars(cfg).get("stage_names"), vars(cfg).get("_out_indices")
+    if not (isinstance(names, list) and len(names) > n + 1 and names[0] == "stem"
+            and isinstance(outs, list) and outs and all(type(i) is int and i >= 0 for i in outs)
+            and max(outs) > n):
+        return
+    cfg.stage_names = names[:n + 1]
+    picks = {min(i, n) for i in outs}
+    for i in range(n, 0, -1):
+        if len(picks) >= min(len(outs), n):
+            break
+        picks.add(i)
+    cfg.out_indices = sorted(picks)
 
 
 LAYER_INDEX_KEYS = ("vision_feature_layer", "vision_feature_layers", "intermediate_hook_ids",
