@@ -1074,6 +1074,12 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
         conv = next(m for m in model.modules() if isinstance(m, torch.nn.Conv1d))
         n = 4 if "Decoder" in type(model).__name__ else 3200
         out["hidden_states"] = torch.randn(batch, conv.in_channels, n, generator=g)
+    if "noise_embeds" in params and "context_hidden_states" in params and isinstance(v("hidden_size"), int):
+        # A block-diffusion drafter (Muse Glimmer's assistant): a block of noised token
+        # embeddings, and the target model's hidden states at its chosen layers, side by side.
+        layers = len(v("target_layer_ids", None) or [0])
+        out.update(noise_embeds=torch.randn(batch, v("block_size", 4) or 4, cfg.hidden_size, generator=g),
+                   context_hidden_states=torch.randn(batch, seq, layers * cfg.hidden_size, generator=g))
     if "audio_mel" in params:  # Gemma 3n's audio encoder: (batch, frames, mel bins)
         mels = v("input_feat_size", 128)
         out.update(audio_mel=torch.randn(batch, 32, mels, generator=g),
