@@ -966,6 +966,16 @@ def inputs(model, cfg, head, batch=2, seq=8):
                       "video_classification") and not vlm:
             # (A language model that classifies, ShieldGemma 2, scores tokens: no class labels.)
             kw["labels"] = torch.randint(0, getattr(cfg, "num_labels", 2), (batch,), generator=g)
+    delays, dec = getattr(cfg, "delay_pattern", None), getattr(cfg, "decoder_config", None)
+    if isinstance(delays, (list, tuple)) and "decoder_input_ids" in kw and isinstance(getattr(dec, "vocab_size", None), int):
+        # A multi-codebook audio decoder (Dia): one code per channel and step, as
+        # (batch, steps, channels), its labels channel-major, (batch x channels, steps).
+        # (The flat (batch x channels, steps) input form views a transposed tensor.)
+        top = max(4, dec.vocab_size - SPECIAL_IDS)
+        steps, c = kw["decoder_input_ids"].shape[1], getattr(dec, "num_channels", None) or len(delays)
+        kw["decoder_input_ids"] = torch.randint(0, top, (batch, steps, c), generator=g)
+        if "labels" in kw:
+            kw["labels"] = torch.randint(0, top, (batch * c, steps), generator=g)
     streams, book = getattr(cfg, "num_codebooks", None), getattr(cfg, "codebook_vocab_size", None)
     if isinstance(streams, int) and isinstance(book, int) and kw.get("input_ids") is not None and kw["input_ids"].dim() == 2:
         # Speech-text streams (Kyutai STT): each step is a text id and one audio code per
