@@ -161,7 +161,10 @@ FAMILY = {"codegen": {"n_head": 4},
           "cohere_compass": {"text_config.rope_parameters": ROPE_PER_LAYER_TYPE},
           "cohere_compass_text": {"rope_parameters": ROPE_PER_LAYER_TYPE},
           # DeepSeek-OCR 2 leaves dense/sparse per layer to its checkpoints.
-          "deepseek_ocr2": {"text_config.mlp_layer_types": ["dense", "sparse"]},
+          # Its SAM neck's last channels are the vision encoder's width (896 and 896 released;
+          # the class defaults, 896 and 4,096, disagree).
+          "deepseek_ocr2": {"text_config.mlp_layer_types": ["dense", "sparse"],
+                            "vision_config.sam_config.downsample_channels": [16, 32]},
           # SAM's shared positional embedding makes 2 x num_pos_feats channels: the prompt
           # encoder's width.
           "sam": {"vision_config.num_pos_feats": 16},
