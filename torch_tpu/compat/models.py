@@ -168,6 +168,12 @@ FAMILY = {"codegen": {"n_head": 4},
           # SAM's shared positional embedding makes 2 x num_pos_feats channels: the prompt
           # encoder's width.
           "sam": {"vision_config.num_pos_feats": 16},
+          # CLAP folds the spectrogram into a spec_size square, freq_ratio = spec_size / mel
+          # bins (4 released) strips of it, and unfolds the last Swin grid (spec_size / 32)
+          # into them: at 16 bins and spec_size 256 the ratio is 16 and the grid 8. Its
+          # Swin doubles the patch width over 4 stages to hidden_size (96 x 8 = 768 released).
+          "clap": {"audio_config.num_mel_bins": 32, "audio_config.spec_size": 128,
+                   "audio_config.patch_embeds_hidden_size": 16, "audio_config.hidden_size": 128},
           # SAM 2: a 64 x 64 image through the Hiera/timm stages (strides 4-32),
           # the prompt encoder's grid at stride 16, the feature sizes of the first three.
           "sam2": SAM2,
