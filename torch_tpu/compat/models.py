@@ -95,7 +95,7 @@ FAMILY = {"codegen": {"n_head": 4},
           "vivit": {"tubelet_size": [2, 4, 4]},
           "rt_detr": {"num_queries": 8}, "rt_detr_v2": {"num_queries": 8},
           "grounding-dino": {"num_queries": 8}, "mm-grounding-dino": {"num_queries": 8},
-          "d_fine": {"num_queries": 8}, "deimv2": {"num_queries": 8},
+          "d_fine": {"num_queries": 8}, "deimv2": {"num_queries": 8}, "pp_doclayout_v3": {"num_queries": 8},
           # Nemotron's default leaves the key/value heads unset; Reformer's LM head is a decoder.
           "nemotron": {"num_key_value_heads": 2}, "reformer": {"is_decoder": True, "axial_pos_embds_dim": (16, 16), "axial_pos_shape": (2, 4)},
           # DBRX's attention reads a rope_theta its v5 config no longer holds.
@@ -362,7 +362,8 @@ def _shrink_one(cfg, widths):
                 setattr(cfg, key, [value[i] for i in picks])
         setattr(cfg, n_key, len(picks))
     n = getattr(cfg, n_key, 2) if n_key else 2
-    _fix_backbone_stages(cfg, n)
+    if n_key and not isinstance(vars(cfg).get("depths"), list):  # (stages of layers: HGNetV2, ResNet)
+        _fix_backbone_stages(cfg, n)
     for key, value in list(vars(cfg).items()):
         # "every k-th layer from offset j" patterns must still hit a layer of the small stack.
         if key.endswith("_layer_period") and isinstance(value, int) and value > n:
@@ -489,6 +490,11 @@ def _fix_backbone_channels(cfg):
     enc = v.get("encoder_in_channels")
     if isinstance(sizes, (list, tuple)) and outs and isinstance(enc, (list, tuple)) and len(enc) == len(outs):
         cfg.encoder_in_channels = [sizes[i - 1] for i in outs]
+    elif isinstance(sizes, (list, tuple)) and outs and isinstance(v.get("x4_feat_dim"), int):
+        # PP-DocLayoutV3 takes the first output stage apart (stride 4, for its masks).
+        cfg.x4_feat_dim = sizes[outs[0] - 1]
+        if isinstance(enc, (list, tuple)) and len(enc) == len(outs) - 1:
+            cfg.encoder_in_channels = [sizes[i - 1] for i in outs[1:]]
     stages = getattr(bb, "embed_dim_per_stage", None)
     if isinstance(stages, list) and isinstance(v.get("backbone_channel_list"), list):
         cfg.backbone_channel_list = stages[::-1]  # SAM2's neck: the Hiera stages, deepest first
