@@ -558,6 +558,7 @@ def shrink(cfg, overrides=None):
     for node in nodes:
         _shrink_one(node, widths)
     _follow_concatenated_widths(nodes, before)
+    _match_codec_hops(nodes)
     _override(cfg, overrides)
     for node, old in zip(nodes, before):
         _rederive(node, old)
@@ -588,6 +589,23 @@ def _follow_concatenated_widths(nodes, before):
                 if (type(value) is int and value == w0 + s0 and key != "hidden_size"
                         and any(w in key for w in SIZE_WORDS) and not key.startswith("num_")):
                     setattr(node, key, node.hidden_size + sub.hidden_size)
+
+
+def _match_codec_hops(nodes):
+    """A codec that pairs a speech encoder's features (HuBERT's strided convolutions) with
+    an acoustic encoder's (downsampling_ratios), frame by frame (X-Codec): the small
+    feature extractor strides as the acoustic one does, one layer per ratio."""
+    from transformers import PretrainedConfig
+    for node in nodes:
+        subs = [v for v in vars(node).values() if isinstance(v, PretrainedConfig)]
+        ratios = next((list(vars(s)["downsampling_ratios"]) for s in subs
+                       if isinstance(vars(s).get("downsampling_ratios"), (list, tuple))), None)
+        for sub in subs:
+            if ratios and isinstance(vars(sub).get("conv_stride"), (list, tuple)):
+                sub.conv_stride = list(ratios)
+                sub.conv_kernel = list(ratios)  # windows side by side: one frame per hop
+                sub.conv_dim = [SMALL["conv_dim"][0]] * len(ratios)
+                sub.num_feat_extract_layers = len(ratios)
 
 
 def _override(cfg, overrides):
