@@ -148,7 +148,10 @@ FAMILY = {"codegen": {"n_head": 4},
           "swin2sr": {"patch_size": 1, "image_size": 16, "window_size": 4},
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
           # Mimi's upsampling convolution is depthwise over the codec width.
-          "mimi": MIMI, "csm": {"codec_config." + k: v for k, v in MIMI.items()},
+          # CSM embeds one code per Mimi quantizer: as many codebooks.
+          "mimi": MIMI, "csm": {**{"codec_config." + k: v for k, v in MIMI.items()},
+                                "num_codebooks": MIMI["num_quantizers"],
+                                "depth_decoder_config.num_codebooks": MIMI["num_quantizers"]},
           "kyutai_speech_to_text": {"codec_config." + k: v for k, v in MIMI.items()},
           # Moonshine Streaming's decoder reads a key/value head count its config class
           # leaves to checkpoints.
@@ -944,6 +947,19 @@ def inputs(model, cfg, head, batch=2, seq=8):
         # Audio-language models: which feature frames are real.
         if name in ("input_features_mask", "feature_attention_mask") and "input_features" in kw:
             kw[name] = torch.ones(batch, feature_frames, dtype=torch.long)
+    codec = next((m for m in model.modules() if hasattr(m, "get_encoded_length")), None)
+    tok = _image_token(cfg, "audio")
+    if "input_values_cutoffs" in params and "input_ids" in kw and codec is not None and tok is not None:
+        # A conversational speech model that encodes its audio prompt with its codec (CSM):
+        # one waveform per sample, its end as the cutoff, one placeholder per codec frame.
+        n = 3200
+        frames = int(codec.get_encoded_length(torch.tensor([n]))[0])
+        kw["input_values"] = torch.randn(batch, 1, n, generator=g)
+        kw["input_values_cutoffs"] = torch.tensor([[n]] * batch)
+        kw["input_ids"] = ids = torch.cat([torch.full((batch, frames), tok, dtype=ids.dtype), kw["input_ids"]], dim=1)
+        if "attention_mask" in kw:
+            kw["attention_mask"] = torch.cat([torch.ones(batch, frames, dtype=torch.long), kw["attention_mask"]], dim=1)
+        seq = ids.shape[1]
     audio_key = next((k for k in ("input_features", "input_values") if k in kw), None)
     if audio_key and "input_ids" in kw and _image_token(cfg, "audio") is not None:
         ids = kw["input_ids"]
