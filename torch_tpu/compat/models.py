@@ -171,6 +171,8 @@ FAMILY = {"codegen": {"n_head": 4},
           # SAM's shared positional embedding makes 2 x num_pos_feats channels: the prompt
           # encoder's width.
           "sam": {"vision_config.num_pos_feats": 16},
+          # GLM-Image's VQ codes are token ids of its (shrunk, 128) vocabulary.
+          "glm_image": {"vq_config.num_embeddings": 64},
           # CLAP folds the spectrogram into a spec_size square, freq_ratio = spec_size / mel
           # bins (4 released) strips of it, and unfolds the last Swin grid (spec_size / 32)
           # into them: at 16 bins and spec_size 256 the ratio is 16 and the grid 8. Its
@@ -856,6 +858,11 @@ def inputs(model, cfg, head, batch=2, seq=8):
                 rows, grid = _flat_patches(_sub(cfg, "vision_config"), batch, g)
                 # (Nemotron-H Omni's grids are (height, width): no frames.)
                 kw[grid_name] = grid[:, 1:].contiguous() if grid_name.endswith("_hw") else grid
+                if grid_name == "image_grid_thw" and "images_per_sample" in params:
+                    # Image-to-image generators (GLM-Image): each sample's source image
+                    # grid, then the grid of the image it generates (no pixels).
+                    kw[grid_name] = torch.stack([grid, grid], dim=1).flatten(0, 1)
+                    kw["images_per_sample"] = torch.tensor([2] * batch)
                 merge_name = grid_name.replace("grid_thw", "merge_sizes")
                 if merge_name in params and merge_name != grid_name:  # VideoLLaMA 3: each image's spatial merge (its tower's)
                     merge = getattr(_sub(cfg, "vision_config"), "spatial_merge_size", 2) or 2
