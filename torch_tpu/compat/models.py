@@ -910,9 +910,10 @@ def inputs(model, cfg, head, batch=2, seq=8):
         probe_kw = dict(kw)
         if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
             probe_kw["decoder_input_ids"] = ids[:, :6]  # an encoder-decoder runs none without
-        get = _features_getter(model, "audio")
-        needs_mask = get is not None and "padding_mask" in params and inspect.signature(
-            get).parameters.get("padding_mask", inspect.Parameter("x", 1)).default is inspect.Parameter.empty
+        get = _features_getter(model, "audio", named=True)
+        mask_param = inspect.signature(get).parameters.get("padding_mask") if get is not None else None
+        needs_mask = "padding_mask" in params and mask_param is not None and \
+            mask_param.default is inspect.Parameter.empty
         # An audio-language model that counts its audio tokens from a padding mask over the
         # samples (VibeVoice): all real, as long as the waveform tried.
         with_mask = (lambda c: {"padding_mask": torch.ones(batch, c.shape[-1], dtype=torch.bool)}) \
@@ -1231,9 +1232,15 @@ def _image_token(cfg, kind="image"):
                  if isinstance(getattr(cfg, k, None), int)), None)
 
 
-def _features_getter(model, kind):
-    return getattr(model, f"get_{kind}_features", None) or getattr(
-        getattr(model, "model", None), f"get_{kind}_features", None)
+def _features_getter(model, kind, named=False):
+    """The model's get_<kind>_features, else its base model's; `named`: the first whose
+    signature names its inputs (VibeVoice ASR's head passes *args, **kwargs through)."""
+    gets = [getattr(m, f"get_{kind}_features", None) for m in (model, getattr(model, "model", None))]
+    gets = [g for g in gets if g is not None]
+    if named:
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        gets = [g for g in gets if any(p.kind in kinds for p in inspect.signature(g).parameters.values())] or gets
+    return gets[0] if gets else None
 
 
 def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
