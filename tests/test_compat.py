@@ -370,3 +370,54 @@ def test_fields_derived_from_a_shrunk_sub_config_follow_it():
     _, cfg, _, _, _ = models.build("minimax_m3_vl")
     merge = cfg.vision_config.spatial_merge_size
     assert cfg.merged_hidden_size == cfg.text_config.hidden_size * merge ** 2
+
+
+def test_codec_widths_and_hops_agree_across_sub_configs():
+    # X-Codec 2 concatenates its acoustic and semantic widths into the quantizer's (2,048 =
+    # 1,024 + 1,024 released); X-Codec's HuBERT must hop as its DAC does (320 samples),
+    # not the 10 the generic small strides give.
+    cfg = models.build("xcodec2")[1]
+    assert cfg.quantization_dim == cfg.hidden_size + cfg.semantic_model_config.hidden_size
+    cfg = models.build("xcodec")[1]
+    sem, ac = cfg.semantic_model_config, cfg.acoustic_model_config
+    assert list(sem.conv_stride) == list(ac.downsampling_ratios)
+    assert len(sem.conv_dim) == len(sem.conv_kernel) == sem.num_feat_extract_layers
+
+
+def test_backbone_outputs_point_into_the_small_stack():
+    # LW-DETR's ViT backbone reads layers [2, 4, 5, 9] released; the small stack has 2.
+    cfg = models.build("lw_detr")[1].backbone_config
+    assert cfg.stage_names == ["stem"] + [f"stage{i}" for i in range(1, cfg.num_hidden_layers + 1)]
+    assert cfg.out_indices and max(cfg.out_indices) <= cfg.num_hidden_layers
+    # HGNetV2 (one stage per depth, not per layer) keeps its four outputs.
+    assert models.build("pp_doclayout_v3")[1].backbone_config.out_indices == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("model_type", ["gemma4", "gemma4_vision", "vibevoice", "fun_asr_nano_encoder",
+                                        "kyutai_speech_to_text", "dia", "muse_glimmer_assistant"])
+def test_inputs_by_argument_and_config_field(model_type):
+    """Inputs these models name: none for a tower left unset (Gemma 4's default is text
+    only), Gemma 4's patches with their grid positions, an audio-language model's text with
+    placeholders and a sample mask (VibeVoice), stacked low-frame-rate features (Fun-ASR),
+    text-and-codebook streams (Kyutai), a codebook decoder's 3-D ids (Dia), a drafter's noise
+    block and context (Muse Glimmer). Each trains one step on the CPU."""
+    from torch_tpu.compat.run import step
+    model, cfg, head, _, _ = models.build(model_type)
+    kw = models.inputs(model, cfg, head)
+    if model_type == "gemma4":
+        assert cfg.vision_config is None and not {"pixel_values", "input_features"} & set(kw)
+    if model_type == "gemma4_vision":
+        assert kw["pixel_position_ids"].shape == (*kw["pixel_values"].shape[:2], 2)
+    if model_type == "vibevoice":
+        assert placeholders(kw, cfg.audio_token_id) > 0
+        assert kw["padding_mask"].shape == (2, kw["input_values"].shape[-1])
+    if model_type == "fun_asr_nano_encoder":
+        assert kw["input_features"].shape[-1] == cfg.num_mel_bins * cfg.num_stacked_frames
+    if model_type == "kyutai_speech_to_text":
+        assert kw["input_ids"].shape == (2, 8, 1 + cfg.num_codebooks) and kw["labels"].shape == (2, 8)
+    if model_type == "dia":
+        c = cfg.decoder_config.num_channels
+        assert kw["decoder_input_ids"].shape[2] == c and kw["labels"].shape[0] == 2 * c
+    outs, _, grads, _ = step(model, kw, "cpu")
+    assert outs and all(torch.isfinite(o.float()).all() for o in outs if o.is_floating_point())
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)

@@ -87,12 +87,15 @@ FAMILY = {"codegen": {"n_head": 4},
           # Defaults that leave the experts unset (checkpoints set them).
           "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
           "esm": {"pad_token_id": 1, "mask_token_id": 2},
+          # LW-DETR's default projects no feature level (checkpoints list one or two scales).
+          # Its queries are picked from the anchors, as RT-DETR's.
+          "lw_detr": {"projector_scale_factors": [1.0], "num_queries": 8},
           # ViViT cuts (frames, height, width) tubelets; RT-DETR picks its queries from the
           # few anchors a 32 x 32 image has.
           "vivit": {"tubelet_size": [2, 4, 4]},
           "rt_detr": {"num_queries": 8}, "rt_detr_v2": {"num_queries": 8},
           "grounding-dino": {"num_queries": 8}, "mm-grounding-dino": {"num_queries": 8},
-          "d_fine": {"num_queries": 8}, "deimv2": {"num_queries": 8},
+          "d_fine": {"num_queries": 8}, "deimv2": {"num_queries": 8}, "pp_doclayout_v3": {"num_queries": 8},
           # Nemotron's default leaves the key/value heads unset; Reformer's LM head is a decoder.
           "nemotron": {"num_key_value_heads": 2}, "reformer": {"is_decoder": True, "axial_pos_embds_dim": (16, 16), "axial_pos_shape": (2, 4)},
           # DBRX's attention reads a rope_theta its v5 config no longer holds.
@@ -145,7 +148,10 @@ FAMILY = {"codegen": {"n_head": 4},
           "swin2sr": {"patch_size": 1, "image_size": 16, "window_size": 4},
           "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
           # Mimi's upsampling convolution is depthwise over the codec width.
-          "mimi": MIMI, "csm": {"codec_config." + k: v for k, v in MIMI.items()},
+          # CSM embeds one code per Mimi quantizer: as many codebooks.
+          "mimi": MIMI, "csm": {**{"codec_config." + k: v for k, v in MIMI.items()},
+                                "num_codebooks": MIMI["num_quantizers"],
+                                "depth_decoder_config.num_codebooks": MIMI["num_quantizers"]},
           "kyutai_speech_to_text": {"codec_config." + k: v for k, v in MIMI.items()},
           # Moonshine Streaming's decoder reads a key/value head count its config class
           # leaves to checkpoints.
@@ -158,10 +164,21 @@ FAMILY = {"codegen": {"n_head": 4},
           "cohere_compass": {"text_config.rope_parameters": ROPE_PER_LAYER_TYPE},
           "cohere_compass_text": {"rope_parameters": ROPE_PER_LAYER_TYPE},
           # DeepSeek-OCR 2 leaves dense/sparse per layer to its checkpoints.
-          "deepseek_ocr2": {"text_config.mlp_layer_types": ["dense", "sparse"]},
+          # Its SAM neck's last channels are the vision encoder's width (896 and 896 released;
+          # the class defaults, 896 and 4,096, disagree).
+          "deepseek_ocr2": {"text_config.mlp_layer_types": ["dense", "sparse"],
+                            "vision_config.sam_config.downsample_channels": [16, 32]},
           # SAM's shared positional embedding makes 2 x num_pos_feats channels: the prompt
           # encoder's width.
           "sam": {"vision_config.num_pos_feats": 16},
+          # GLM-Image's VQ codes are token ids of its (shrunk, 128) vocabulary.
+          "glm_image": {"vq_config.num_embeddings": 64},
+          # CLAP folds the spectrogram into a spec_size square, freq_ratio = spec_size / mel
+          # bins (4 released) strips of it, and unfolds the last Swin grid (spec_size / 32)
+          # into them: at 16 bins and spec_size 256 the ratio is 16 and the grid 8. Its
+          # Swin doubles the patch width over 4 stages to hidden_size (96 x 8 = 768 released).
+          "clap": {"audio_config.num_mel_bins": 32, "audio_config.spec_size": 128,
+                   "audio_config.patch_embeds_hidden_size": 16, "audio_config.hidden_size": 128},
           # SAM 2: a 64 x 64 image through the Hiera/timm stages (strides 4-32),
           # the prompt encoder's grid at stride 16, the feature sizes of the first three.
           "sam2": SAM2,
@@ -350,6 +367,8 @@ def _shrink_one(cfg, widths):
                 setattr(cfg, key, [value[i] for i in picks])
         setattr(cfg, n_key, len(picks))
     n = getattr(cfg, n_key, 2) if n_key else 2
+    if n_key and not isinstance(vars(cfg).get("depths"), list):  # (stages of layers: HGNetV2, ResNet)
+        _fix_backbone_stages(cfg, n)
     for key, value in list(vars(cfg).items()):
         # "every k-th layer from offset j" patterns must still hit a layer of the small stack.
         if key.endswith("_layer_period") and isinstance(value, int) and value > n:
@@ -398,6 +417,24 @@ def _shrink_one(cfg, widths):
     for key in ("use_timm_backbone", "use_pretrained_backbone"):
         if vars(cfg).get(key):
             setattr(cfg, key, False)  # timm is not installed; the HF backbone is built instead
+
+
+def _fix_backbone_stages(cfg, n):
+    """A backbone with one stage per layer (LW-DETR's ViT) whose outputs point past the
+    small stack: stage names for its n layers, and as many distinct in-range outputs as
+    fit (the deepest ones)."""
+    names, outs = vars(cfg).get("stage_names"), vars(cfg).get("_out_indices")
+    if not (isinstance(names, list) and len(names) > n + 1 and names[0] == "stem"
+            and isinstance(outs, list) and outs and all(type(i) is int and i >= 0 for i in outs)
+            and max(outs) > n):
+        return
+    cfg.stage_names = names[:n + 1]
+    picks = {min(i, n) for i in outs}
+    for i in range(n, 0, -1):
+        if len(picks) >= min(len(outs), n):
+            break
+        picks.add(i)
+    cfg.out_indices = sorted(picks)
 
 
 LAYER_INDEX_KEYS = ("vision_feature_layer", "vision_feature_layers", "intermediate_hook_ids",
@@ -458,6 +495,11 @@ def _fix_backbone_channels(cfg):
     enc = v.get("encoder_in_channels")
     if isinstance(sizes, (list, tuple)) and outs and isinstance(enc, (list, tuple)) and len(enc) == len(outs):
         cfg.encoder_in_channels = [sizes[i - 1] for i in outs]
+    elif isinstance(sizes, (list, tuple)) and outs and isinstance(v.get("x4_feat_dim"), int):
+        # PP-DocLayoutV3 takes the first output stage apart (stride 4, for its masks).
+        cfg.x4_feat_dim = sizes[outs[0] - 1]
+        if isinstance(enc, (list, tuple)) and len(enc) == len(outs) - 1:
+            cfg.encoder_in_channels = [sizes[i - 1] for i in outs[1:]]
     stages = getattr(bb, "embed_dim_per_stage", None)
     if isinstance(stages, list) and isinstance(v.get("backbone_channel_list"), list):
         cfg.backbone_channel_list = stages[::-1]  # SAM2's neck: the Hiera stages, deepest first
@@ -520,6 +562,8 @@ def shrink(cfg, overrides=None):
     before = [dict(vars(node)) for node in nodes]
     for node in nodes:
         _shrink_one(node, widths)
+    _follow_concatenated_widths(nodes, before)
+    _match_codec_hops(nodes)
     _override(cfg, overrides)
     for node, old in zip(nodes, before):
         _rederive(node, old)
@@ -533,6 +577,40 @@ def shrink(cfg, overrides=None):
             node.use_cache = False  # a training step keeps no cache (state-space stacks have none)
     _override(cfg, overrides)  # again: width following must not undo an override
     return cfg
+
+
+def _follow_concatenated_widths(nodes, before):
+    """A size field that held the sum of a config's width and a sub-config's (X-Codec 2's
+    quantizer width = acoustic + semantic widths, the two concatenated) takes the sum of
+    their shrunk widths."""
+    old_of = {id(n): o for n, o in zip(nodes, before)}
+    for node, old in zip(nodes, before):
+        w0 = old.get("hidden_size")
+        for sub in [v for v in vars(node).values() if id(v) in old_of and v is not node]:
+            s0 = old_of[id(sub)].get("hidden_size")
+            if not (type(w0) is int and type(s0) is int and isinstance(vars(sub).get("hidden_size"), int)):
+                continue
+            for key, value in old.items():
+                if (type(value) is int and value == w0 + s0 and key != "hidden_size"
+                        and any(w in key for w in SIZE_WORDS) and not key.startswith("num_")):
+                    setattr(node, key, node.hidden_size + sub.hidden_size)
+
+
+def _match_codec_hops(nodes):
+    """A codec that pairs a speech encoder's features (HuBERT's strided convolutions) with
+    an acoustic encoder's (downsampling_ratios), frame by frame (X-Codec): the small
+    feature extractor strides as the acoustic one does, one layer per ratio."""
+    from transformers import PretrainedConfig
+    for node in nodes:
+        subs = [v for v in vars(node).values() if isinstance(v, PretrainedConfig)]
+        ratios = next((list(vars(s)["downsampling_ratios"]) for s in subs
+                       if isinstance(vars(s).get("downsampling_ratios"), (list, tuple))), None)
+        for sub in subs:
+            if ratios and isinstance(vars(sub).get("conv_stride"), (list, tuple)):
+                sub.conv_stride = list(ratios)
+                sub.conv_kernel = list(ratios)  # windows side by side: one frame per hop
+                sub.conv_dim = [SMALL["conv_dim"][0]] * len(ratios)
+                sub.num_feat_extract_layers = len(ratios)
 
 
 def _override(cfg, overrides):
@@ -670,7 +748,14 @@ def _sub(cfg, *names):
 
 def inputs(model, cfg, head, batch=2, seq=8):
     """Keyword inputs for `model.forward`, by the names its signature takes."""
-    params = inspect.signature(model.forward).parameters
+    params = dict(inspect.signature(model.forward).parameters)
+    # A tower whose sub-config is unset is not built (Gemma 4's default is text only):
+    # nothing to give it.
+    absent = {k for k in ("vision_config", "audio_config") if k in vars(cfg) and vars(cfg)[k] is None}
+    for name in list(params):
+        if ("vision_config" in absent and name.startswith(("pixel_values", "image_", "video_"))
+                or "audio_config" in absent and name.startswith(("input_features", "input_values", "audio_"))):
+            del params[name]
     batch = ONE_SAMPLE.get(getattr(cfg, "model_type", None), batch)
     g = torch.Generator().manual_seed(0)
     text = _sub(cfg, "text_config")
@@ -689,9 +774,11 @@ def inputs(model, cfg, head, batch=2, seq=8):
     # Speech and image heads read ids only when they have no pixels or audio to read
     # (ImageGPT classifies token ids of colour clusters; Dia encodes a text prompt).
     media = {"pixel_values", "input_features", "input_values"} & set(params)
-    vlm = "text_config" in vars(cfg) and _image_token(cfg) is not None
+    vlm = "text_config" in vars(cfg) and (_image_token(cfg) is not None or _image_token(cfg, "audio") is not None)
     if vlm:
-        media = set()  # a language model reads them beside its pixels (ShieldGemma 2)
+        # A language model reads them beside its pixels (ShieldGemma 2) or its audio
+        # (VibeVoice, Fun-ASR-Nano: placeholders in the text).
+        media = set()
     if "input_ids" in params and (not media or head not in (
             "speech_seq2seq", "ctc", "audio_classification", "image_classification")):
         kw["input_ids"] = ids
@@ -726,6 +813,17 @@ def inputs(model, cfg, head, batch=2, seq=8):
         kw.update(pixel_values=torch.randn(batch, 16, c * p * p, generator=g),
                   pixel_attention_mask=torch.ones(batch, 16, dtype=torch.long),
                   spatial_shapes=torch.tensor([[4, 4]] * batch))
+    pos_name = next((n for n in ("pixel_position_ids", "image_position_ids") if n in params), None)
+    if pos_name and "pixel_values" in kw and "spatial_shapes" not in params:
+        # Towers that take flattened patches with their (x, y) grid positions (Gemma 4's):
+        # a square grid of 2 x 2 pooling windows.
+        vis = _sub(cfg, "vision_config")
+        p = getattr(vis, "patch_size", 4) or 4
+        c = getattr(vis, "num_channels", 3) or 3
+        side = 2 * (getattr(vis, "pooling_kernel_size", 1) or 1)
+        idx = torch.arange(side * side)
+        kw["pixel_values"] = torch.randn(batch, side * side, c * p * p, generator=g)
+        kw[pos_name] = torch.stack([idx % side, idx // side], dim=-1).expand(batch, -1, -1).contiguous()
     if "image_sizes" in params and "pixel_values" in kw and isinstance(vars(cfg).get("image_grid_pinpoints"), list):
         # LLaVA-NeXT's any-resolution grid (shrunk to one tile of the tower's size): each
         # image is its resized base view plus that one tile.
@@ -753,14 +851,20 @@ def inputs(model, cfg, head, batch=2, seq=8):
         # a fixed-size tower (CLIP in LLaVA) takes none.
         h, w = kw["pixel_values"].shape[-2:]
         kw["image_sizes"] = torch.tensor([[h, w]] * batch)
-    for grid_name in ("grid_thw", "image_grid_thw"):
+    for grid_name in ("grid_thw", "image_grid_thw", "image_grid_hw"):
         if grid_name in params:
             into = "hidden_states" if "hidden_states" in params else "pixel_values"
             if into in params:
                 rows, grid = _flat_patches(_sub(cfg, "vision_config"), batch, g)
-                kw[grid_name] = grid
+                # (Nemotron-H Omni's grids are (height, width): no frames.)
+                kw[grid_name] = grid[:, 1:].contiguous() if grid_name.endswith("_hw") else grid
+                if grid_name == "image_grid_thw" and "images_per_sample" in params:
+                    # Image-to-image generators (GLM-Image): each sample's source image
+                    # grid, then the grid of the image it generates (no pixels).
+                    kw[grid_name] = torch.stack([grid, grid], dim=1).flatten(0, 1)
+                    kw["images_per_sample"] = torch.tensor([2] * batch)
                 merge_name = grid_name.replace("grid_thw", "merge_sizes")
-                if merge_name in params:  # VideoLLaMA 3: each image's spatial merge (its tower's)
+                if merge_name in params and merge_name != grid_name:  # VideoLLaMA 3: each image's spatial merge (its tower's)
                     merge = getattr(_sub(cfg, "vision_config"), "spatial_merge_size", 2) or 2
                     kw[merge_name] = torch.tensor([merge] * batch)
                 p = int((rows.shape[1] // 3) ** 0.5)
@@ -795,6 +899,7 @@ def inputs(model, cfg, head, batch=2, seq=8):
         audio = _sub(cfg, "audio_config", "encoder_config")
         frames = AUDIO_FRAMES.get(cfg.model_type) or 2 * getattr(audio, "max_source_positions", 16)
         kw["input_features"] = torch.randn(batch, _mel_bins(cfg), frames, generator=g)
+        feature_frames = frames  # (the layout may change below)
     if "input_values" in params:
         kw["input_values"] = torch.randn(batch, 800, generator=g)
         frames = getattr(cfg, "max_length", 64)
@@ -805,20 +910,68 @@ def inputs(model, cfg, head, batch=2, seq=8):
         probe_kw = dict(kw)
         if "decoder_input_ids" in params and getattr(cfg, "is_encoder_decoder", False):
             probe_kw["decoder_input_ids"] = ids[:, :6]  # an encoder-decoder runs none without
-        kw["input_values"] = _probe(model, probe_kw, "input_values",
-                                    (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1), long,
-                                     long.squeeze(1),  # a longer waveform (Moonshine Streaming's strided stem)
-                                     torch.randn(batch, 16000, generator=g)))  # a second (Moonshine's)
+        get = _features_getter(model, "audio", named=True)
+        mask_param = inspect.signature(get).parameters.get("padding_mask") if get is not None else None
+        needs_mask = "padding_mask" in params and mask_param is not None and \
+            mask_param.default is inspect.Parameter.empty
+        # An audio-language model that counts its audio tokens from a padding mask over the
+        # samples (VibeVoice): all real, as long as the waveform tried.
+        with_mask = (lambda c: {"padding_mask": torch.ones(batch, c.shape[-1], dtype=torch.bool)}) \
+            if needs_mask else None
+        target = model
+        if get is not None and "input_ids" in kw and _image_token(cfg, "audio") is not None:
+            # An audio-language model runs only with as many placeholders as audio features:
+            # its audio tower alone is tried (the placeholders are counted below).
+            takes = inspect.signature(get).parameters
+            target = lambda **k: get(**{n: v for n, v in k.items() if n in takes})  # noqa: E731
+        cands = (kw["input_values"], spectrogram, kw["input_values"].unsqueeze(1), long,
+                 long.squeeze(1),  # a longer waveform (Moonshine Streaming's strided stem)
+                 torch.randn(batch, 16000, generator=g))  # a second (Moonshine's)
+        feats = kw.get("input_features")
+        hop = getattr(cfg, "hop_length", None)
+        if feats is not None and isinstance(hop, int) and hop * feats.shape[-1] <= 64000:
+            # A codec that encodes a waveform beside its features (X-Codec 2): one hop of
+            # samples per feature frame (the features are made (batch, bins, frames)).
+            cands += (torch.randn(batch, 1, hop * feats.shape[-1], generator=g),)
+        # A codec that takes both a waveform and its features (X-Codec 2's semantic branch)
+        # needs both layouts right at once: each feature layout is tried with each waveform.
+        layouts = (feats, feats.transpose(1, 2).contiguous()) if (
+            feats is not None and feats.dim() == 3 and params["input_features"].default is inspect.Parameter.empty) \
+            else (feats,)
+        for feats in layouts:
+            if feats is not None:
+                probe_kw["input_features"] = feats
+            got = _first_working(target, probe_kw, "input_values", cands, with_mask)
+            if got is not None:
+                if feats is not None:
+                    kw["input_features"] = feats
+                break
+        kw["input_values"] = cands[0] if got is None else got
+        if with_mask:
+            kw.update(with_mask(kw["input_values"]))
         if "sample" in params and params["sample"].default is True:
             kw["sample"] = False  # a VAE's latent draw (VibeVoice) would differ from CPU's
     for name in params:
         # Audio-language models: which feature frames are real.
         if name in ("input_features_mask", "feature_attention_mask") and "input_features" in kw:
-            f = kw["input_features"]
-            kw[name] = torch.ones(batch, f.shape[-1], dtype=torch.long)
-    if "input_features" in kw and "input_ids" in kw and _image_token(cfg, "audio") is not None:
+            kw[name] = torch.ones(batch, feature_frames, dtype=torch.long)
+    codec = next((m for m in model.modules() if hasattr(m, "get_encoded_length")), None)
+    tok = _image_token(cfg, "audio")
+    if "input_values_cutoffs" in params and "input_ids" in kw and codec is not None and tok is not None:
+        # A conversational speech model that encodes its audio prompt with its codec (CSM):
+        # one waveform per sample, its end as the cutoff, one placeholder per codec frame.
+        n = 3200
+        frames = int(codec.get_encoded_length(torch.tensor([n]))[0])
+        kw["input_values"] = torch.randn(batch, 1, n, generator=g)
+        kw["input_values_cutoffs"] = torch.tensor([[n]] * batch)
+        kw["input_ids"] = ids = torch.cat([torch.full((batch, frames), tok, dtype=ids.dtype), kw["input_ids"]], dim=1)
+        if "attention_mask" in kw:
+            kw["attention_mask"] = torch.cat([torch.ones(batch, frames, dtype=torch.long), kw["attention_mask"]], dim=1)
+        seq = ids.shape[1]
+    audio_key = next((k for k in ("input_features", "input_values") if k in kw), None)
+    if audio_key and "input_ids" in kw and _image_token(cfg, "audio") is not None:
         ids = kw["input_ids"]
-        new = _with_image_tokens(model, cfg, kw, ids, "audio", "input_features")
+        new = _with_image_tokens(model, cfg, kw, ids, "audio", audio_key)
         if new.shape[1] != ids.shape[1]:
             kw["input_ids"] = new
             if cfg.model_type in AUDIO_FEATURE_MASK:
@@ -870,6 +1023,22 @@ def inputs(model, cfg, head, batch=2, seq=8):
                       "video_classification") and not vlm:
             # (A language model that classifies, ShieldGemma 2, scores tokens: no class labels.)
             kw["labels"] = torch.randint(0, getattr(cfg, "num_labels", 2), (batch,), generator=g)
+    delays, dec = getattr(cfg, "delay_pattern", None), getattr(cfg, "decoder_config", None)
+    if isinstance(delays, (list, tuple)) and "decoder_input_ids" in kw and isinstance(getattr(dec, "vocab_size", None), int):
+        # A multi-codebook audio decoder (Dia): one code per channel and step, as
+        # (batch, steps, channels), its labels channel-major, (batch x channels, steps).
+        # (The flat (batch x channels, steps) input form views a transposed tensor.)
+        top = max(4, dec.vocab_size - SPECIAL_IDS)
+        steps, c = kw["decoder_input_ids"].shape[1], getattr(dec, "num_channels", None) or len(delays)
+        kw["decoder_input_ids"] = torch.randint(0, top, (batch, steps, c), generator=g)
+        if "labels" in kw:
+            kw["labels"] = torch.randint(0, top, (batch * c, steps), generator=g)
+    streams, book = getattr(cfg, "num_codebooks", None), getattr(cfg, "codebook_vocab_size", None)
+    if isinstance(streams, int) and isinstance(book, int) and kw.get("input_ids") is not None and kw["input_ids"].dim() == 2:
+        # Speech-text streams (Kyutai STT): each step is a text id and one audio code per
+        # codebook, (batch, seq, 1 + codebooks); the labels stay the text ids.
+        codes = torch.randint(0, book - 1, (*kw["input_ids"].shape, streams), generator=g)
+        kw["input_ids"] = torch.cat([kw["input_ids"].unsqueeze(-1), codes], dim=-1)
     both = all(params[k].default is inspect.Parameter.empty for k in ("input_features", "input_values")
                if k in params)
     if "input_features" in kw and "input_values" in kw and not both:
@@ -972,6 +1141,12 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
         conv = next(m for m in model.modules() if isinstance(m, torch.nn.Conv1d))
         n = 4 if "Decoder" in type(model).__name__ else 3200
         out["hidden_states"] = torch.randn(batch, conv.in_channels, n, generator=g)
+    if "noise_embeds" in params and "context_hidden_states" in params and isinstance(v("hidden_size"), int):
+        # A block-diffusion drafter (Muse Glimmer's assistant): a block of noised token
+        # embeddings, and the target model's hidden states at its chosen layers, side by side.
+        layers = len(v("target_layer_ids", None) or [0])
+        out.update(noise_embeds=torch.randn(batch, v("block_size", 4) or 4, cfg.hidden_size, generator=g),
+                   context_hidden_states=torch.randn(batch, seq, layers * cfg.hidden_size, generator=g))
     if "audio_mel" in params:  # Gemma 3n's audio encoder: (batch, frames, mel bins)
         mels = v("input_feat_size", 128)
         out.update(audio_mel=torch.randn(batch, 32, mels, generator=g),
@@ -1016,7 +1191,9 @@ def _mel_bins(cfg):
     for key in ("feature_projection_input_dim", "num_mel_bins", "feature_size", "n_mels", "input_dim"):
         for node in nodes:
             if isinstance(vars(node).get(key), int):
-                return MEL_STACK.get(cfg.model_type, 1) * vars(node)[key]
+                # Low-frame-rate encoders (Fun-ASR-Nano) stack num_stacked_frames frames into one.
+                stacked = vars(node).get("num_stacked_frames")
+                return MEL_STACK.get(cfg.model_type, 1) * (stacked if isinstance(stacked, int) else 1) * vars(node)[key]
     return 16
 
 
@@ -1030,19 +1207,24 @@ def _flat_patches(cfg, batch, g, grid=4):
     return torch.randn(rows, c * t * p * p, generator=g), torch.tensor([[1, grid, grid]] * batch)
 
 
-def _probe(model, kw, key, candidates):
+def _probe(model, kw, key, candidates, extra=None):
     """The first layout of input `key` the model takes on the CPU: audio features as
     (batch, mel bins, frames) (Whisper), (batch, frames, mel bins) (Conformer encoders) or
     (batch, 1, frames, mel bins); audio values as a waveform or a spectrogram. When none
-    works, the first, and the real run says why."""
+    works, the first, and the real run says why. `extra(candidate)`: inputs sized by it."""
+    got = _first_working(model, kw, key, candidates, extra)
+    return candidates[0] if got is None else got
+
+
+def _first_working(model, kw, key, candidates, extra=None):
     for cand in candidates:
         try:
             with torch.no_grad():
-                model(**{**kw, key: cand})
+                model(**{**kw, key: cand, **(extra(cand) if extra else {})})
             return cand
         except Exception:  # noqa: BLE001 -- try the next layout
             continue
-    return candidates[0]
+    return None
 
 
 def _image_token(cfg, kind="image"):
@@ -1050,12 +1232,22 @@ def _image_token(cfg, kind="image"):
                  if isinstance(getattr(cfg, k, None), int)), None)
 
 
+def _features_getter(model, kind, named=False):
+    """The model's get_<kind>_features, else its base model's; `named`: the first whose
+    signature names its inputs (VibeVoice ASR's head passes *args, **kwargs through)."""
+    gets = [getattr(m, f"get_{kind}_features", None) for m in (model, getattr(model, "model", None))]
+    gets = [g for g in gets if g is not None]
+    if named:
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        gets = [g for g in gets if any(p.kind in kinds for p in inspect.signature(g).parameters.values())] or gets
+    return gets[0] if gets else None
+
+
 def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
     """Prepends one placeholder token per image (or audio) feature the model makes (a
     vision- or audio-language model checks that the counts agree)."""
     tok = _image_token(cfg, kind)
-    get = getattr(model, f"get_{kind}_features", None) or getattr(
-        getattr(model, "model", None), f"get_{kind}_features", None)
+    get = _features_getter(model, kind)
     if tok is not None and get is None and kind == "audio":
         return _with_audio_tokens_by_length(model, kw[key], ids, tok)
     if tok is None or get is None:
@@ -1071,6 +1263,19 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
     # features come as (batch, mel bins, frames) or (batch, frames, mel bins) (Granite Speech).
     cands = ((pv, pv.unsqueeze(1)) if pv.dim() == 4 else
              (pv, pv.transpose(1, 2).contiguous()) if kind == "audio" and pv.dim() == 3 else (pv,))
+    patch = getattr(_sub(cfg, "vision_config"), "patch_size", None)
+    if kind == "image" and pv.dim() == 4 and type(patch) is int and pv.shape[-1] % patch == pv.shape[-2] % patch == 0:
+        # Or the images' patches flattened into rows, (patches, channels x p x p), one
+        # placeholder each (NeoMME).
+        b, c, h, w = pv.shape
+        rows = pv.reshape(b, c, h // patch, patch, w // patch, patch).permute(0, 2, 4, 1, 3, 5)
+        cands += (rows.reshape(-1, c * patch * patch).contiguous(),)
+        t = getattr(_sub(cfg, "vision_config"), "temporal_patch_size", None)
+        if type(t) is int:
+            # Or channel-last (patches, frames, p, p, channels) blocks, the image repeated
+            # over the frames (Inkling's hierarchical patch encoder).
+            blocks = rows.permute(0, 1, 2, 4, 5, 3).reshape(-1, patch, patch, c).unsqueeze(1).expand(-1, t, -1, -1, -1)
+            cands += (blocks.contiguous(),)
     p = int((pv.shape[-1] // 3) ** 0.5) if pv.dim() == 2 else 0
     if p and 3 * p * p == pv.shape[-1]:
         # Pre-cut patches as (patches, channels, p, p) (Kimi K2.5), or all in one sequence,
@@ -1090,8 +1295,10 @@ def _with_image_tokens(model, cfg, kw, ids, kind="image", key="pixel_values"):
     feats = getattr(feats, "pooler_output", None) if hasattr(feats, "to_tuple") else feats
     width = getattr(_sub(cfg, "text_config"), "hidden_size", None)
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if isinstance(getattr(emb, "embedding_dim", None), int):
+    lasts = {t.shape[-1] for t in flat_tensors(feats) if t.dim()}
+    if isinstance(getattr(emb, "embedding_dim", None), int) and lasts != {width}:
         width = emb.embedding_dim  # the width features are scattered into (T5Gemma 2 has no text_config)
+        # (unless the features have the text width: NeoMME's input embedding is wider.)
     n = sum(t.numel() for t in flat_tensors(feats))
     if not width or n % (width * ids.shape[0]):
         return ids
