@@ -226,7 +226,8 @@ INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64),
               "hgnet_v2": (64, 64),
               # D-FINE and DEIMv2 the same way: at 32 pixels the encoder's top map is 1 x 1,
               # and its bias gradients sum two +-1e17 values whose exact sum is ~16.
-              "d_fine": (64, 64), "deimv2": (64, 64), **{t: (48, 64) for t in (
+              # PP-DocLayoutV3 (the same backbone and encoder) too.
+              "d_fine": (64, 64), "deimv2": (64, 64), "pp_doclayout_v3": (64, 64), **{t: (48, 64) for t in (
     "pp_ocrv5_server_rec", "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")}}
 # Audio features several mel frames wide: Granite Speech 5 adds deltas (x 2) and stacks
 # frame pairs (x 2) before its first linear layer.
