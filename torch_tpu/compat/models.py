@@ -219,7 +219,7 @@ FAMILY = {"codegen": {"n_head": 4},
 }
 # Image (height, width) for types whose config holds no image size: convolutional towers
 # (stride 32, then a pool) that need more than 32 pixels; text recognizers read a line.
-INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64),
+INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64), "pp_ocrv5_server_rec": (96, 64),
               # HGNetV2 at 32 pixels ends on 1 x 1 maps, where train-mode batch norm over two
               # values leaves gradients that are zero in exact arithmetic (rounding noise
               # on CPU and tpu alike, float64 agreeing): 64 keeps 2 x 2.
@@ -228,7 +228,7 @@ INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64),
               # and its bias gradients sum two +-1e17 values whose exact sum is ~16.
               # PP-DocLayoutV3 (the same backbone and encoder) too.
               "d_fine": (64, 64), "deimv2": (64, 64), "pp_doclayout_v3": (64, 64), **{t: (48, 64) for t in (
-    "pp_ocrv5_server_rec", "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")}}
+    "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")}}
 # Audio features several mel frames wide: Granite Speech 5 adds deltas (x 2) and stacks
 # frame pairs (x 2) before its first linear layer.
 MEL_STACK = {"granite_speech5_ctc": 4, "granite_speech5_encoder": 4}
