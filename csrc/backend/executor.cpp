@@ -1,6 +1,7 @@
 #include "backend/executor.h"
 
 #include "backend/profiler.h"
+#include "ir/contraction_size.h"
 #include "runtime/disk_cache.h"
 
 #include <sys/stat.h>
@@ -43,11 +44,10 @@ static const std::string& cache_identity() {
     if (::stat(c.plugin_path().c_str(), &st) == 0)
       s += "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtime);
     auto [major, minor] = c.api_version();
-    // XLA_FLAGS change what the compiler makes of the same program.
+    // XLA_FLAGS change what the compiler makes of the same program (so do the compile
+    // options, which each key names: compile_persistent).
     const char* flags = std::getenv("XLA_FLAGS");
-    // So do the compile options (the XLA options the client overrides).
-    return s + "|" + std::to_string(major) + "." + std::to_string(minor) + "|" + (flags ? flags : "") + "|" +
-           std::to_string(std::hash<std::string>()(c.compile_options())) + "\n";
+    return s + "|" + std::to_string(major) + "." + std::to_string(minor) + "|" + (flags ? flags : "") + "\n";
   }();
   return id;
 }
@@ -56,13 +56,24 @@ static const std::string& cache_identity() {
 // ir::FusedModule; anything else is one op's program.
 static bool is_graph(const std::string& text) { return text.rfind("module @torch_tpu_fused", 0) == 0; }
 
-// Compiles (one op's program with Fast effort, a graph with Full), counting the
-// seconds per kind.
-static runtime::ExecutablePtr compile_by_kind(const std::string& text, const std::string& name) {
+// One op's program compiles with Fast effort, a graph with Full; the size of its
+// contractions picks how they use threads (runtime::cpu_threaded_macs).
+static runtime::CompileEffort effort_of(const std::string& text) {
+  return is_graph(text) ? runtime::CompileEffort::Full : runtime::CompileEffort::Fast;
+}
+
+static runtime::ProgramTraits traits_of(const std::string& text) {
+  runtime::ProgramTraits t;
+  t.largest_contraction_macs = ir::largest_contraction_macs(text);
+  return t;
+}
+
+// Compiles, counting the seconds per kind.
+static runtime::ExecutablePtr compile_by_kind(const std::string& text, const std::string& name,
+                                              const runtime::ProgramTraits& traits) {
   bool graph = is_graph(text);
   auto t0 = std::chrono::steady_clock::now();
-  runtime::ExecutablePtr exe = runtime::Client::get().compile(
-      text, name, graph ? runtime::CompileEffort::Full : runtime::CompileEffort::Fast);
+  runtime::ExecutablePtr exe = runtime::Client::get().compile(text, name, effort_of(text), traits);
   int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
   (graph ? metrics().graph_compiles : metrics().op_compiles) += 1;
   (graph ? metrics().graph_compile_us : metrics().op_compile_us) += us;
@@ -73,12 +84,10 @@ static runtime::ExecutablePtr compile_by_kind(const std::string& text, const std
 static runtime::ExecutablePtr compile_persistent(const std::string& text, const std::string& name) {
   auto& client = runtime::Client::get();
   runtime::DiskCache* disk = runtime::DiskCache::get();
-  if (!disk) return compile_by_kind(text, name);
-  // A lowered effort is part of what was compiled (Full keys stay as they were).
-  bool lowered = !is_graph(text) && runtime::fast_backend_level() >= 0;
-  std::string key = cache_identity() +
-                    (lowered ? "backend opt level " + std::to_string(runtime::fast_backend_level()) + "\n" : "") +
-                    text;
+  runtime::ProgramTraits traits = traits_of(text);
+  if (!disk) return compile_by_kind(text, name, traits);
+  const std::string& options = client.compile_options_for(effort_of(text), traits);
+  std::string key = cache_identity() + "options " + std::to_string(std::hash<std::string>()(options)) + "\n" + text;
   if (std::optional<std::string> bytes = disk->load(key)) {
     try {
       return client.deserialize(*bytes, name);
@@ -86,7 +95,7 @@ static runtime::ExecutablePtr compile_persistent(const std::string& text, const 
       disk->remove(key);  // the plugin rejected it: compile afresh
     }
   }
-  runtime::ExecutablePtr exe = compile_by_kind(text, name);
+  runtime::ExecutablePtr exe = compile_by_kind(text, name, traits);
   try {
     disk->store(key, client.serialize(*exe));
   } catch (const runtime::Error&) {

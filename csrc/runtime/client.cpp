@@ -269,6 +269,11 @@ Client::Client() {
   }
   compile_options_ = portable_compile_options(CompileEffort::Full, overrides);
   compile_options_fast_ = portable_compile_options(CompileEffort::Fast, overrides);
+  if (platform_ == "cpu" && cpu_threaded_macs() > 0) {
+    overrides.push_back({"xla_cpu_multi_thread_eigen", false});
+    compile_options_one_thread_ = portable_compile_options(CompileEffort::Full, overrides);
+    compile_options_fast_one_thread_ = portable_compile_options(CompileEffort::Fast, overrides);
+  }
 
   auto dev = ARGS(PJRT_Client_AddressableDevices_Args);
   dev.client = client_;
@@ -601,11 +606,19 @@ void Client::await_event(PJRT_Event* ev, const std::string& what) {
   check(err, what);
 }
 
+const std::string& Client::compile_options_for(CompileEffort effort, const ProgramTraits& traits) const {
+  bool one_thread = !compile_options_one_thread_.empty() && traits.largest_contraction_macs >= 0 &&
+                    traits.largest_contraction_macs < cpu_threaded_macs();
+  bool fast = effort == CompileEffort::Fast && !fast_rejected_;
+  if (one_thread) return fast ? compile_options_fast_one_thread_ : compile_options_one_thread_;
+  return fast ? compile_options_fast_ : compile_options_;
+}
+
 ExecutablePtr Client::compile(const std::string& mlir, const std::string& name,
-                              CompileEffort effort) {
+                              CompileEffort effort, const ProgramTraits& traits) {
   auto t0 = std::chrono::steady_clock::now();
-  const std::string& full = compile_options_;
-  const std::string& fast = compile_options_fast_;
+  const std::string& full = compile_options_for(CompileEffort::Full, traits);
+  const std::string& fast = compile_options_for(CompileEffort::Fast, traits);
   static const char kFormat[] = "mlir";
   auto prog = ARGS(PJRT_Program);
   prog.code = const_cast<char*>(mlir.data());

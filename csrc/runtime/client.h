@@ -185,7 +185,10 @@ class Client {
 
   // Fast effort falls back to Full, for good, on a plugin that rejects its option.
   ExecutablePtr compile(const std::string& mlir, const std::string& name,
-                        CompileEffort effort = CompileEffort::Full);
+                        CompileEffort effort = CompileEffort::Full, const ProgramTraits& traits = {});
+  // The serialized CompileOptionsProto `compile` uses for such a program (a disk cache
+  // keys executables by it).
+  const std::string& compile_options_for(CompileEffort effort, const ProgramTraits& traits) const;
   // A compiled executable as bytes (for an on-disk cache), and back.
   std::string serialize(const Executable& exe);
   ExecutablePtr deserialize(const std::string& bytes, const std::string& name);
@@ -235,6 +238,8 @@ class Client {
   std::string platform_;
   bool donation_safe_ = true;
   std::string compile_options_, compile_options_fast_;  // CompileEffort Full, Fast
+  // The same with single-threaded contractions (XLA CPU plugin, small programs); empty elsewhere.
+  std::string compile_options_one_thread_, compile_options_fast_one_thread_;
   std::string plugin_path_;
   Counters counters_;
   std::atomic<bool> fast_rejected_{false};

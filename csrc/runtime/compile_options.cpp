@@ -2,6 +2,7 @@
 // Field numbers from xla/pjrt/proto/compile_options.proto.
 #include "runtime/compile_options.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 
@@ -9,6 +10,8 @@
 
 namespace tpu::runtime {
 namespace {
+
+constexpr int64_t kDefaultCpuThreadedMacs = int64_t{1} << 25;  // 32M: a 320^3 matmul
 
 using proto_wire::put_bytes_field;
 using proto_wire::put_int_field;
@@ -43,6 +46,14 @@ int fast_backend_level() {
     return s && *s ? std::atoi(s) : -1;
   }();
   return level;
+}
+
+int64_t cpu_threaded_macs() {
+  static const int64_t macs = [] {
+    const char* s = std::getenv("TPU_CPU_THREADED_MACS");
+    return s && *s ? std::max<int64_t>(0, std::atoll(s)) : kDefaultCpuThreadedMacs;
+  }();
+  return macs;
 }
 
 std::string portable_compile_options(CompileEffort effort, const std::vector<CompileOverride>& overrides) {

@@ -1,4 +1,5 @@
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,17 @@ struct CompileOverride {
   std::string name;
   bool value;
 };
+// What the client knows of a program when it picks its compile options.
+struct ProgramTraits {
+  int64_t largest_contraction_macs = -1;  // multiply-adds of its largest dot/convolution; -1: unknown
+};
+
+// TPU_CPU_THREADED_MACS: on the XLA CPU plugin, a program whose largest contraction has
+// fewer multiply-adds than this runs its matmuls and convolutions on one thread (XLA's
+// xla_cpu_multi_thread_eigen off): handing a small one to the thread pool costs more than
+// it gains. 0 turns it off. The default is from benchmarks/eigen_threads.py.
+int64_t cpu_threaded_macs();
+
 std::string portable_compile_options(CompileEffort effort = CompileEffort::Full,
                                      const std::vector<CompileOverride>& overrides = {});
 

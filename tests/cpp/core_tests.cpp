@@ -9,6 +9,7 @@
 
 #include "ir/builder.h"
 #include "ir/external.h"
+#include "ir/contraction_size.h"
 #include "ir/remat.h"
 #include "ir/views.h"
 #include "runtime/client.h"
@@ -217,6 +218,44 @@ int main() {
     CHECK(std::memcmp(got.data(), xs.data(), sizeof(float) * 4) == 0);
     CHECK(fetch<int32_t>(*out[1]) == is);
     CHECK(fetch<uint8_t>(*out[2]) == std::vector<uint8_t>({0, 1}));
+  });
+
+  run("contraction size: multiply-adds of the largest dot or convolution, -1 for text we do not emit", [] {
+    Builder b;
+    Value x = b.param(Type{DType::F32, {3, 4, 5}});
+    Value y = b.param(Type{DType::F32, {3, 5, 6}});
+    Value d = b.dot_general(x, y, {0}, {0}, {2}, {1}, DType::F32);  // 3*4*6 outputs, 5 each
+    Value img = b.param(Type{DType::F32, {2, 3, 8, 8}});
+    Value w = b.param(Type{DType::F32, {4, 3, 3, 3}});
+    Value c = b.raw("stablehlo.convolution", {img, w},
+                    "batch_group_count = 1 : i64, dimension_numbers = #stablehlo.conv<[b, f, 0, 1]x[o, i, 0, 1]->"
+                    "[b, f, 0, 1]>, feature_group_count = 1 : i64, window_strides = array<i64: 1, 1>",
+                    Type{DType::F32, {2, 4, 6, 6}});  // 288 outputs, 27 each
+    std::string text = b.finish({d, c});
+    CHECK(ir::largest_contraction_macs(text) == 2 * 4 * 6 * 6 * 27);
+    Builder only_dot;
+    Value p = only_dot.param(Type{DType::F32, {3, 4, 5}}), q = only_dot.param(Type{DType::F32, {3, 5, 6}});
+    std::string dot_text = only_dot.finish({only_dot.dot_general(p, q, {0}, {0}, {2}, {1}, DType::F32)});
+    CHECK(ir::largest_contraction_macs(dot_text) == 3 * 4 * 6 * 5);
+    Builder none;
+    Value e = none.param(Type{DType::F32, {4}});
+    CHECK(ir::largest_contraction_macs(none.finish({none.binary("stablehlo.add", e, e)})) == 0);
+    CHECK(ir::largest_contraction_macs("%0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0]") == -1);
+    // A small program compiled with one-threaded contractions computes the same.
+    runtime::ProgramTraits small;
+    small.largest_contraction_macs = 120;
+    runtime::ProgramTraits large, unknown;
+    large.largest_contraction_macs = int64_t{1} << 40;
+    CHECK(C().compile_options_for(runtime::CompileEffort::Full, large) ==
+          C().compile_options_for(runtime::CompileEffort::Full, unknown));
+    if (C().platform() == "cpu")  // one-threaded contractions: the XLA CPU plugin's option
+      CHECK(C().compile_options_for(runtime::CompileEffort::Full, small) !=
+            C().compile_options_for(runtime::CompileEffort::Full, large));
+    auto exe = C().compile(dot_text, "dot", runtime::CompileEffort::Full, small);
+    std::vector<float> a(60, 1.0f), bb(90, 2.0f);
+    auto out = C().execute(*exe, {C().from_host(a.data(), DType::F32, {3, 4, 5}, 0).get(),
+                                  C().from_host(bb.data(), DType::F32, {3, 5, 6}, 0).get()}, 0, true);
+    CHECK(fetch<float>(*out[0]) == std::vector<float>(72, 10.0f));
   });
 
   // A chain of calls: call k reads call k-1 (a "backward"), and `late` reads `early`.

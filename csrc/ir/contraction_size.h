@@ -1,0 +1,15 @@
+// How big a program's contractions are, read from its StableHLO text: the runtime picks
+// per-program compile options by it (on the XLA CPU plugin, whether matmuls and
+// convolutions spread over threads: a tiny one loses more to the hand-off than it gains).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace tpu::ir {
+
+// Multiply-adds of the program's largest dot_general or convolution; 0 when it has none;
+// -1 when one's size cannot be read (text in a form our builder does not emit, such as an
+// external kernel's), so a caller treats the program as large.
+int64_t largest_contraction_macs(const std::string& text);
+
+}  // namespace tpu::ir
