@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "backend/compile_ahead.h"
 #include "backend/executor.h"
 #include "backend/profiler.h"
 #include "ir/fusion.h"
@@ -68,6 +69,11 @@ runtime::ExecutablePtr Program::executable() {
   runtime::ExecutablePtr exe = guarded([&] { return compile_cached(module_, name_); });
   exe_ = exe;
   return exe;
+}
+
+bool Program::loaded() {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  return lock.owns_lock() && !exe_.expired();
 }
 
 FuseStats& fuse_stats() {
@@ -133,7 +139,21 @@ std::unique_lock<std::recursive_mutex> graph_lock() {
   return std::unique_lock<std::recursive_mutex>(g_mu);
 }
 
+std::vector<Operand> run_queued(const ProgramPtr& program, std::vector<Operand> args, int device);
+
+// Strict compiles a program it has not loaded yet ahead, on the compile pool, and queues
+// its launch (and that of any op reading a queued op's outputs) for the launcher thread,
+// which runs them in order: the caller goes on to the next op with pending outputs.
+static bool queue_in_strict(const Program& program, const std::vector<Operand>& args) {
+  if (eager_mode() != EagerMode::Strict || compile_threads() == 0) return false;
+  if (!const_cast<Program&>(program).loaded()) return true;
+  for (const Operand& a : args)
+    if (!a.buffer && !is_ready(a)) return true;
+  return false;
+}
+
 std::vector<Operand> run(const ProgramPtr& program, std::vector<Operand> args, int device) {
+  if (!deferring() && queue_in_strict(*program, args)) return run_queued(program, std::move(args), device);
   if (!deferring()) {
     // Pending operands are resolved in place: `args` keeps their buffers alive.
     std::vector<runtime::Buffer*> raw;
@@ -353,6 +373,7 @@ struct Job {
   std::vector<std::vector<SlotPtr>> outs;  // every call's outputs
   std::vector<int> aliases;
   std::vector<bool> donate;
+  bool each_call = false;  // Strict's queued launches: each call its own program, no graph
 };
 
 }  // namespace
@@ -413,8 +434,8 @@ void fail_slots(const std::vector<std::vector<SlotPtr>>& outs, size_t from, std:
 
 // After a failed fused launch: runs the calls one by one, so the error names the op
 // that failed and the values before it survive.
-void replay(const Job& job, const std::vector<runtime::BufferPtr>& params) {
-  fuse_stats().replays += 1;
+void replay(const Job& job, const std::vector<runtime::BufferPtr>& params, bool count = true) {
+  if (count) fuse_stats().replays += 1;
   std::vector<std::vector<runtime::BufferPtr>> values;
   for (size_t n = 0; n < job.calls.size(); ++n) {
     try {
@@ -450,6 +471,10 @@ void run_job(Job& job) {
     throw;
   }
   job.params.clear();  // donated buffers are now held only by `params`
+  if (job.each_call) {
+    replay(job, params, false);
+    return;
+  }
 
   static std::mutex cache_mu;
   static std::unordered_map<std::string, std::weak_ptr<runtime::Executable>> cache;
@@ -575,6 +600,36 @@ void forget_launch_error(const std::exception_ptr& e) { launcher().forget(e); }
 void record_launch_error(const std::exception_ptr& e) { launcher().record(e); }
 
 }  // namespace
+
+std::vector<Operand> run_queued(const ProgramPtr& program, std::vector<Operand> args, int device) {
+  if (!program->loaded()) compile_ahead(program);
+  metrics().queued_launches += 1;
+  Job job;
+  job.device = device;
+  job.each_call = true;
+  Call call{program, {}};
+  for (size_t i = 0; i < args.size(); ++i) {
+    call.args.push_back({-1, static_cast<int>(i)});
+    job.param_types.push_back(args[i].type());
+  }
+  job.calls.push_back(std::move(call));
+  std::vector<SlotPtr> outs;
+  std::vector<Operand> results;
+  for (size_t i = 0; i < program->results().size(); ++i) {
+    auto s = std::make_shared<Slot>();
+    s->type = program->results()[i];
+    s->device = device;
+    s->index = static_cast<int>(i);
+    job.results.push_back({0, static_cast<int>(i)});
+    job.result_slots.push_back(s);
+    outs.push_back(s);
+    results.emplace_back(std::move(s));
+  }
+  job.outs.push_back(std::move(outs));
+  job.params = std::move(args);
+  launcher().submit(std::move(job));
+  return results;
+}
 
 void wait_launched() {
   check_not_forked();

@@ -43,6 +43,8 @@ class Program {
   // Functions it calls besides its own (imported modules), by symbol.
   const std::map<std::string, std::string>& functions() const { return functions_; }
   runtime::ExecutablePtr executable();  // compiles on first use
+  // Compiled and still loaded; false while another thread compiles it.
+  bool loaded();
   // What running it again for a late reader in a fused graph would cost.
   ir::RecomputeCost recompute_cost() const { return recompute_cost_; }
 

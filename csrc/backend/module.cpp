@@ -207,6 +207,7 @@ PYBIND11_MODULE(_C, m) {
     d["host_fills"] = host_fill_count();  // small fills made as transfers, not programs
     d["op_compiles"] = metrics().op_compiles.load();
     d["op_compile_seconds"] = metrics().op_compile_us.load() / 1e6;
+    d["queued_launches"] = metrics().queued_launches.load();
     d["graph_compiles"] = metrics().graph_compiles.load();
     d["graph_compile_seconds"] = metrics().graph_compile_us.load() / 1e6;
     if (runtime::Client::initialized()) {

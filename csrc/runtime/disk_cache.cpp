@@ -116,7 +116,7 @@ void DiskCache::store(const std::string& key, const std::string& payload) {
   data += payload;
   put_u64(data, fnv1a(payload, 1));
   std::string path = path_for(key);
-  static std::mt19937_64 rng{std::random_device{}()};
+  thread_local std::mt19937_64 rng{std::random_device{}()};  // stores may run on several compile threads
   std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + hex(rng());
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
