@@ -231,11 +231,11 @@ FAMILY = {"codegen": {"n_head": 4},
                                        "scale_final_input_size": 256}},
           # Hiera's masked-autoencoder decoder is sized by fields the class leaves unset.
           "hiera": {"decoder_hidden_size": 32, "decoder_depth": 1, "decoder_num_heads": 2},
-          # PP-OCRv6's large-kernel neck: its intra-class blocks' (kernel, stride, padding)
-          # per conv, the head's kernels and each level's upsampling to the stride-4 map
-          # are left to checkpoints (the PaddleOCR values; a 64-wide neck).
-          # Its backbone's class default is the recognizers' (height-only strides, the
-          # last stage alone out): the neck fuses four square-strided stages (4 to 32).
+          # PP-OCRv6's detector: its backbone's class default is the recognizers' (height-
+          # only strides, the last stage alone out), while the neck fuses four square-
+          # strided stages (4 to 32); the neck's intra-class blocks' (kernel, stride,
+          # padding) per conv, the head's kernels and each level's upsampling to the
+          # stride-4 map are left to checkpoints (the PaddleOCR values; a 64-wide neck).
           "pp_ocrv6_medium_det": {"backbone_config": {
                                       "model_type": "pp_lcnet_v4", "stem_channels": [3, 8, 16], "out_indices": [1, 2, 3, 4],
                                       "block_configs": [[[3, 16, 16, 1, True]], [[3, 16, 32, 2, False]],
@@ -786,7 +786,7 @@ def _config_for(cls, cfg):
 
 
 def _tie_needs_two_layers(cls, cfg):
-    """Detection heads that tie every later decoder layer's prediction head to layer 0's
+    r"""Detection heads that tie every later decoder layer's prediction head to layer 0's
     (a `(?![0])\d+` pattern in _tied_weights_keys, Grounding DINO's) refuse to build when
     the pattern matches no layer: such a class gets a second decoder layer."""
     ties = getattr(cls, "_tied_weights_keys", None) or {}
