@@ -421,3 +421,57 @@ def test_inputs_by_argument_and_config_field(model_type):
     outs, _, grads, _ = step(model, kw, "cpu")
     assert outs and all(torch.isfinite(o.float()).all() for o in outs if o.is_floating_point())
     assert any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("key", [
+    "pose_estimation/sapiens2", "pointmap_estimation/sapiens2", "causal_lm/musicgen",
+    "text_to_waveform/musicgen", "pretraining/hiera", "object_detection/pp_ocrv6_medium_det",
+    "zero_shot_object_detection/mm-grounding-dino", "base/t5gemma2", "image/mllama",
+    "instance_segmentation/rf_detr", "mask_generation/sam2_video", "text_to_spectrogram/speecht5"])
+def test_stage2_classes_with_unset_sub_configs_and_own_inputs(key):
+    """Stage-2 classes that could not be built or run on the CPU (session 17's sample): task
+    heads reading config the class default leaves to checkpoints (Sapiens 2's head config,
+    Hiera's MAE decoder, PP-OCRv6's detector backbone and neck, MusicGen's parts), heads
+    that need more than the generic sizes (a second decoder layer for Grounding DINO's tied
+    box heads, RF-DETR's and SAM 2 Video's), and inputs of their own (MusicGen's flat codes,
+    Mllama's tiles, SpeechT5's mel frames, T5Gemma 2's image placeholders for the encoder's
+    tower). Each builds small and trains one step on the CPU."""
+    from torch_tpu.compat.run import step
+    head, model_type = key.split("/")
+    model, cfg, head, _, _ = models.build(model_type, head)
+    assert sum(p.numel() for p in model.parameters()) < 4_000_000
+    kw = models.inputs(model, cfg, head)
+    if model_type == "sapiens2":
+        assert cfg.head_config.upsample_kernel_sizes == [4, 4]  # derived by the sub-config's class
+        assert (head == "pointmap_estimation") == hasattr(model, "scale_head")
+    if model_type == "musicgen":
+        ids = kw.get("decoder_input_ids", kw["input_ids"])
+        assert ids.shape == (2 * 4, 6) and kw["labels"].shape == (2, 6, 4) and "input_values" not in kw
+    if model_type == "hiera":
+        assert cfg.decoder_hidden_size == 32
+    if model_type == "pp_ocrv6_medium_det":
+        assert cfg.backbone_config.out_indices == [1, 2, 3, 4] and kw["pixel_values"].shape[-1] == 64
+    if model_type == "mm-grounding-dino":
+        assert cfg.decoder_layers == 2
+    if model_type == "t5gemma2":
+        assert placeholders(kw, cfg.image_token_index) == 2 * cfg.encoder.mm_tokens_per_image
+    if model_type == "mllama":
+        assert kw["pixel_values"].shape[:3] == (2, 1, cfg.max_num_tiles)
+        assert kw["aspect_ratio_mask"].sum(-1).flatten().tolist() == [2, 1]
+        assert max(cfg.intermediate_layers_indices) < cfg.num_hidden_layers
+    if model_type == "rf_detr":
+        assert cfg.num_queries == 8
+    if model_type == "sam2_video":
+        assert kw["pixel_values"].shape[-1] == 64
+    if model_type == "speecht5":
+        assert kw["decoder_input_values"].shape == (2, 6, cfg.num_mel_bins)
+        assert kw["speaker_embeddings"].shape == (2, cfg.speaker_embedding_dim)
+    outs, _, grads, _ = step(model, kw, "cpu")
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_stage2_head_rules_leave_the_base_class_alone():
+    # The second decoder layer is for the tied detection head only: the base model (stage
+    # 1's class, passing) keeps one.
+    _, cfg, _, _, _ = models.build("mm-grounding-dino")
+    assert cfg.decoder_layers == 1

@@ -60,6 +60,12 @@ INIT = {"autoformer": {**TIME_SERIES, "label_length": 4}, "informer": TIME_SERIE
 # Composite types have no default sub-configs: (encoder or vision, decoder or text) types.
 COMPOSITE = {"encoder-decoder": ("bert", "bert"), "vision-encoder-decoder": ("vit", "gpt2"),
              "speech-encoder-decoder": ("wav2vec2", "bert"), "vision-text-dual-encoder": ("vit", "bert")}
+# Composites whose config class has no default for its AutoConfig parts (MusicGen: a
+# text encoder and an audio codec around its own decoder): the released pairing's types.
+PARTS_OF = {"musicgen": {"text_encoder": "t5", "audio_encoder": "encodec"},
+            "musicgen_melody": {"text_encoder": "t5", "audio_encoder": "encodec"}}
+# Decoders over codec codes flattened to (batch x codebooks, steps) rows.
+FLAT_CODES = ("musicgen_decoder", "musicgen_melody_decoder")
 MIMI = {"upsample_groups": 32, "codebook_size": 64, "codebook_dim": 32, "num_quantizers": 4,
         "vector_quantization_hidden_dimension": 32, "num_filters": 8}
 QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 4,
@@ -216,6 +222,43 @@ FAMILY = {"codegen": {"n_head": 4},
                   "fusion_hidden_size": 32, "head_hidden_size": 16},
           # DETR's mask head takes width + attention heads channels, a multiple of 8.
           "detr": {"encoder_attention_heads": 8, "decoder_attention_heads": 8},
+          # Sapiens 2's task heads (pose, normals, pointmap, matting) read a head config the
+          # class default leaves unset (checkpoints carry one): two stride-2 upsampling
+          # blocks, one refinement conv, and for the pointmap a scale branch, one stride-2
+          # conv over the 8 x 8 patch grid: 4 x 4 x 16 = 256 features into its MLP.
+          "sapiens2": {"head_config": {"upsample_out_channels": [16, 16], "conv_out_channels": [16],
+                                       "scale_conv_out_channels": [16], "scale_final_hidden_sizes": [16, 16],
+                                       "scale_final_input_size": 256}},
+          # Hiera's masked-autoencoder decoder is sized by fields the class leaves unset.
+          "hiera": {"decoder_hidden_size": 32, "decoder_depth": 1, "decoder_num_heads": 2},
+          # PP-OCRv6's detector: its backbone's class default is the recognizers' (height-
+          # only strides, the last stage alone out), while the neck fuses four square-
+          # strided stages (4 to 32); the neck's intra-class blocks' (kernel, stride,
+          # padding) per conv, the head's kernels and each level's upsampling to the
+          # stride-4 map are left to checkpoints (the PaddleOCR values; a 64-wide neck).
+          "pp_ocrv6_medium_det": {"backbone_config": {
+                                      "model_type": "pp_lcnet_v4", "stem_channels": [3, 8, 16], "out_indices": [1, 2, 3, 4],
+                                      "block_configs": [[[3, 16, 16, 1, True]], [[3, 16, 32, 2, False]],
+                                                        [[3, 32, 64, 2, False]], [[3, 64, 64, 2, True]]]},
+                                  "neck_out_channels": 64, "kernel_list": [3, 2, 2], "scale_factor_list": [1, 2, 4, 8],
+                                  "intraclass_block_config": {
+                                      "reduce_channel": [1, 1, 0], "return_channel": [1, 1, 0],
+                                      "vertical_long_to_small_conv_longratio": [[7, 1], 1, [3, 0]],
+                                      "vertical_long_to_small_conv_midratio": [[5, 1], 1, [2, 0]],
+                                      "vertical_long_to_small_conv_shortratio": [[3, 1], 1, [1, 0]],
+                                      "horizontal_small_to_long_conv_longratio": [[1, 7], 1, [0, 3]],
+                                      "horizontal_small_to_long_conv_midratio": [[1, 5], 1, [0, 2]],
+                                      "horizontal_small_to_long_conv_shortratio": [[1, 3], 1, [0, 1]],
+                                      "symmetric_conv_long_longratio": [7, 1, 3],
+                                      "symmetric_conv_long_midratio": [5, 1, 2],
+                                      "symmetric_conv_long_shortratio": [3, 1, 1]}},
+          # RF-DETR picks its queries (per group) from the anchors of the patch grid.
+          "rf_detr": {"num_queries": 8, "group_detr": 2},
+          # MusicGen's EnCodec doubles num_filters over four stages into an LSTM (14M
+          # parameters at 32); given its codes, the model never runs it.
+          "musicgen": {"audio_encoder.num_filters": 4}, "musicgen_melody": {"audio_encoder.num_filters": 4},
+          # SAM 2 Video builds SAM 2's image model: the same sizes.
+          "sam2_video": SAM2,
 }
 # Image (height, width) for types whose config holds no image size: convolutional towers
 # (stride 32, then a pool) that need more than 32 pixels; text recognizers read a line.
@@ -227,7 +270,9 @@ INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64), "pp_ocrv5_server
               # D-FINE and DEIMv2 the same way: at 32 pixels the encoder's top map is 1 x 1,
               # and its bias gradients sum two +-1e17 values whose exact sum is ~16.
               # PP-DocLayoutV3 (the same backbone and encoder) too.
-              "d_fine": (64, 64), "deimv2": (64, 64), "pp_doclayout_v3": (64, 64), **{t: (48, 64) for t in (
+              "d_fine": (64, 64), "deimv2": (64, 64), "pp_doclayout_v3": (64, 64),
+              # PP-OCRv6's detector fuses four stages (strides 4-32): 64 pixels keep 2 x 2 at the top.
+              "pp_ocrv6_medium_det": (64, 64), **{t: (48, 64) for t in (
     "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")}}
 # Audio features several mel frames wide: Granite Speech 5 adds deltas (x 2) and stacks
 # frame pairs (x 2) before its first linear layer.
@@ -439,7 +484,7 @@ def _fix_backbone_stages(cfg, n):
 
 
 LAYER_INDEX_KEYS = ("vision_feature_layer", "vision_feature_layers", "intermediate_hook_ids",
-                    "global_attn_indexes")
+                    "global_attn_indexes", "intermediate_layers_indices")  # (Mllama's vision tower)
 
 
 def _clamp_layer_indices(cfg):
@@ -620,6 +665,12 @@ def _override(cfg, overrides):
         node = cfg
         for name in path:
             node = getattr(node, name)
+        sub = getattr(type(node), "sub_configs", {}).get(field)
+        if isinstance(value, dict) and isinstance(sub, type):
+            # A sub-config given as a dict is made through its class: its __post_init__
+            # derives the fields it fills from the ones given (Sapiens 2's kernel lists);
+            # an AutoConfig slot names its model type.
+            value = (sub.for_model(**value) if hasattr(sub, "for_model") else sub(**value))
         setattr(node, field, value)
 
 
@@ -679,6 +730,12 @@ def build(model_type, head=None):
         raise LookupError("no model class for this type")
     if model_type in COMPOSITE:
         cfg = _composite(model_type)
+    elif model_type in PARTS_OF:
+        # Every sub-config given (the strict class validates each at init): the named
+        # types' defaults in the AutoConfig slots, its own classes' defaults in the others.
+        cls = transformers.models.auto.configuration_auto.CONFIG_MAPPING[model_type]
+        cfg = cls(**{k: transformers.AutoConfig.for_model(PARTS_OF[model_type][k]) if k in PARTS_OF[model_type]
+                     else sub() for k, sub in cls.sub_configs.items()})
     else:
         cfg = transformers.AutoConfig.for_model(model_type, **INIT.get(model_type, {}))
     timm = getattr(cfg, "backbone_config", None)
@@ -692,6 +749,7 @@ def build(model_type, head=None):
         cfg.pad_token_id = 1  # decoders pool the last non-pad token: batches need a pad id
     cls = getattr(transformers, cls_name)
     cfg = _config_for(cls, cfg)
+    _tie_needs_two_layers(cls, cfg)
     torch.manual_seed(0)
     model = cls(cfg)
     _redraw_constant_weights(model)
@@ -725,6 +783,18 @@ def _config_for(cls, cfg):
         return cfg
     sub = next((c for c in _configs(cfg) if isinstance(c, want)), None)
     return sub if sub is not None else cfg
+
+
+def _tie_needs_two_layers(cls, cfg):
+    r"""Detection heads that tie every later decoder layer's prediction head to layer 0's
+    (a `(?![0])\d+` pattern in _tied_weights_keys, Grounding DINO's) refuse to build when
+    the pattern matches no layer: such a class gets a second decoder layer."""
+    ties = getattr(cls, "_tied_weights_keys", None) or {}
+    if not any("(?![0])" in k for k in ties):
+        return
+    for key in ("decoder_layers", "num_decoder_layers"):
+        if vars(cfg).get(key) == 1:
+            setattr(cfg, key, 2)
 
 
 def _redraw_constant_weights(model):
@@ -805,6 +875,19 @@ def inputs(model, cfg, head, batch=2, seq=8):
         elif frames:  # video models: (batch, frames, channels, height, width)
             video = torch.randn(batch, frames, *kw["pixel_values"].shape[1:], generator=g)
             kw["pixel_values"] = _probe(model, kw, "pixel_values", (video, kw["pixel_values"]))
+        tiles = getattr(vis, "max_num_tiles", None)
+        if "aspect_ratio_ids" in params and isinstance(tiles, int):
+            # Tiled towers (Mllama): (batch, images, tiles, channels, h, w), one image per
+            # sample, padded to max_num_tiles; each image's layout is an id into the
+            # supported aspect ratios (offset by one: 0 is padding) and a mask of its real
+            # tiles: a 1 x 2 image, then a 1 x 1.
+            ratios = getattr(vis, "supported_aspect_ratios", None) or [[1, 1]]
+            layouts = [next((i for i, r in enumerate(ratios) if list(r) == want), 0) for want in ([1, 2], [1, 1])]
+            layouts = [layouts[i % 2] for i in range(batch)]
+            kw["pixel_values"] = torch.randn(batch, 1, tiles, *kw["pixel_values"].shape[1:], generator=g)
+            kw["aspect_ratio_ids"] = torch.tensor([[i + 1] for i in layouts])
+            kw["aspect_ratio_mask"] = torch.tensor(
+                [[[int(t < ratios[i][0] * ratios[i][1]) for t in range(tiles)]] for i in layouts])
     if "spatial_shapes" in params and "pixel_values" in kw:
         # NaFlex towers (SigLIP 2): a 4 x 4 grid of flattened patches, all real (made before
         # image tokens are counted: LFM2-VL counts them from these).
@@ -1034,6 +1117,19 @@ def inputs(model, cfg, head, batch=2, seq=8):
         kw["decoder_input_ids"] = torch.randint(0, top, (batch, steps, c), generator=g)
         if "labels" in kw:
             kw["labels"] = torch.randint(0, top, (batch * c, steps), generator=g)
+    dec = vars(cfg).get("decoder") if hasattr(vars(cfg).get("decoder"), "model_type") else cfg
+    if getattr(dec, "model_type", None) in FLAT_CODES:
+        # MusicGen's decoder reads one row of codes per sample and codebook, (batch x
+        # codebooks, steps), its labels (batch, steps, codebooks); given its codes, the
+        # full model never reads an audio prompt.
+        key = "decoder_input_ids" if "decoder_input_ids" in kw else "input_ids"
+        top, c = max(4, dec.vocab_size - SPECIAL_IDS), dec.num_codebooks
+        kw[key] = torch.randint(0, top, (batch * c, 6), generator=g)
+        if key == "input_ids" and "attention_mask" in kw:
+            kw["attention_mask"] = torch.ones(batch * c, 6, dtype=torch.long)
+        if "labels" in params:
+            kw["labels"] = torch.randint(0, top, (batch, 6, c), generator=g)
+        kw.pop("input_values", None)
     streams, book = getattr(cfg, "num_codebooks", None), getattr(cfg, "codebook_vocab_size", None)
     if isinstance(streams, int) and isinstance(book, int) and kw.get("input_ids") is not None and kw["input_ids"].dim() == 2:
         # Speech-text streams (Kyutai STT): each step is a text id and one audio code per
@@ -1071,6 +1167,12 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
         hi = lo + torch.randint(0, 500, (batch, seq, 2), generator=g)
         boxes = torch.cat([lo, hi], dim=-1)
         out["bbox"] = _probe(model, {**kw, **out}, "bbox", (boxes, boxes.float() / 1000))
+    if "decoder_input_values" in params and "input_ids" in kw:
+        # Text-to-speech decoders (SpeechT5) read mel frames (teacher forcing), and a
+        # speaker's x-vector when the config sizes one.
+        out["decoder_input_values"] = torch.randn(batch, 6, _mel_bins(cfg), generator=g)
+        if "speaker_embeddings" in params and isinstance(v("speaker_embedding_dim"), int):
+            out["speaker_embeddings"] = torch.randn(batch, cfg.speaker_embedding_dim, generator=g)
     if "lang_ids" in params and "input_ids" in kw:
         out["lang_ids"] = torch.zeros(batch, dtype=torch.long)  # X-MOD's language adapter 0
     if "states" in params and isinstance(v("state_dim"), int):  # Decision Transformer
@@ -1234,9 +1336,12 @@ def _image_token(cfg, kind="image"):
 
 
 def _features_getter(model, kind, named=False):
-    """The model's get_<kind>_features, else its base model's; `named`: the first whose
-    signature names its inputs (VibeVoice ASR's head passes *args, **kwargs through)."""
-    gets = [getattr(m, f"get_{kind}_features", None) for m in (model, getattr(model, "model", None))]
+    """The model's get_<kind>_features, else its base model's, else its encoder's (an
+    encoder-decoder's base model, T5Gemma 2's, keeps the image tower in its encoder);
+    `named`: the first whose signature names its inputs (VibeVoice ASR's head passes
+    *args, **kwargs through)."""
+    gets = [getattr(m, f"get_{kind}_features", None)
+            for m in (model, getattr(model, "model", None), getattr(model, "encoder", None))]
     gets = [g for g in gets if g is not None]
     if named:
         kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
