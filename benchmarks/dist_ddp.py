@@ -9,7 +9,8 @@ Per device, medians over the measured steps:
   comm_ms      time the bucket all-reduces were in flight (union of issue -> result
                written, recorded by a communication hook);
   exposed_ms   step_ms - compute_ms: communication the backward did not hide;
-  overlap      1 - exposed / comm: the share of communication hidden behind backward.
+  overlap      1 - exposed / comm: the share of communication hidden behind backward;
+  execs        device executions of a synced step / of a no_sync step (tpu; exact).
 Prints a table from rank 0 and writes --out as JSON.
 """
 import argparse
@@ -59,6 +60,10 @@ def rank_main(rank, world, port, a):
     sys.path.insert(0, os.path.join(HERE, "..", "examples"))
     from gpt import GPT, batches
     dist.init_process_group(timeout=datetime.timedelta(seconds=120))  # cpu:gloo,tpu:tpu_dist
+    import torch_tpu
+
+    def executions():
+        return torch_tpu.metrics()["executions"]
     vocab = 256
     data = list(batches(vocab, a.seq, a.batch * world, a.steps + a.warmup))
     rows = []
@@ -87,13 +92,16 @@ def rank_main(rank, world, port, a):
             step(x, y, True)
             step(x, y, False)
         full, alone, comm = [], [], []
+        execs = {True: 0, False: 0}
         for x, y in shards[a.warmup:]:
             for sync, times in ((True, full), (False, alone)):
                 log.clear()
                 dist.barrier()
+                e0 = executions()
                 t0 = time.perf_counter()
                 step(x, y, sync)
                 times.append(time.perf_counter() - t0)
+                execs[sync] = executions() - e0
                 if sync:
                     comm.append(union_ms(log))
         step_ms, compute_ms = statistics.median(full) * 1e3, statistics.median(alone) * 1e3
@@ -103,9 +111,10 @@ def rank_main(rank, world, port, a):
                      "params": sum(p.numel() for p in model.parameters()),
                      "step_ms": round(step_ms, 2), "compute_ms": round(compute_ms, 2),
                      "comm_ms": round(comm_ms, 2), "exposed_ms": round(exposed, 2),
-                     "overlap": round(1 - exposed / comm_ms, 2) if comm_ms > 0 else None})
+                     "overlap": round(1 - exposed / comm_ms, 2) if comm_ms > 0 else None,
+                     "execs": f"{execs[True]}/{execs[False]}" if device == "tpu" else "-"})
     if rank == 0:
-        cols = ["backend", "params", "step_ms", "compute_ms", "comm_ms", "exposed_ms", "overlap"]
+        cols = ["backend", "params", "step_ms", "compute_ms", "comm_ms", "exposed_ms", "overlap", "execs"]
         print(" ".join(f"{c:>10}" for c in cols))
         for r in rows:
             print(" ".join(f"{str(r[c]):>10}" for c in cols))

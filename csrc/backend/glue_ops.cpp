@@ -22,30 +22,70 @@ namespace {
 
 constexpr c10::DispatchKeySet kTpuKeys(c10::DispatchKey::PrivateUse1);
 
+// Most writes queued at once on one storage: bounds a batch's program.
+constexpr size_t kMaxPendingWrites = 256;
+
 // Writes `value` (broadcastable to dst, any dtype) into dst's view of its storage.
-void assign(const at::Tensor& dst, const Operand& value) {
-  StorageData& s = storage_of(dst);
+// With `src` (a tensor of dst's device, no lazy math bits, whose storage holds a
+// buffer), `value` is not given: src's values are written, read in the program that
+// writes them where the write is queued.
+void assign(const at::Tensor& dst, Operand value, const at::Tensor* src = nullptr) {
+  StorageData& s = storage_data(dst);  // its pending writes are joined or dropped here
+  if (s.copy_of) apply_pending(s);
   DType dt = device_dtype(dst.scalar_type(), "copy_");
   ir::Geometry g = geometry_of(dst);
-  ir::Type st = storage_type(dst);
+  // The type the storage has (or will have once its pending writes run).
+  ir::Type st = s.pending.empty() ? storage_type(dst) : s.pending_type;
+  bool covers = g.covers(st.shape);
+  bool queue = !deferring() && !(itemsize(st.dtype) == itemsize(dt) && covers);
+  if (src && queue) {
+    const Operand& sv = storage_of(*src).value;  // now: later writes to src must not show
+    TORCH_INTERNAL_ASSERT(sv.buffer);
+    if (s.pending.size() >= kMaxPendingWrites) apply_pending(s);
+    if (s.pending.empty()) s.pending_type = st;
+    s.pending.push_back({g, dt, sv, true, geometry_of(*src), device_dtype(src->scalar_type(), "copy_")});
+    return;
+  }
+  if (src) value = dense_value(*src);
   ir::Type vt = value.type();
-  if (vt.dtype == dt && vt.shape == st.shape && g.covers(st.shape) && st.dtype == dt) {
+  // The whole storage rewritten: the old bytes, and writes not run yet, are not needed.
+  if (covers && vt.dtype == dt && st.dtype == dt && (vt.shape == st.shape || vt.shape == g.sizes)) {
+    // Kept as it is (a contiguous view of the whole storage reads a value of its own
+    // shape as that view): no program.
+    s.pending.clear();
     s.value = value;
     return;
   }
-  // The whole storage rewritten: the old bytes are not needed.
-  bool whole = itemsize(st.dtype) == itemsize(dt) && g.covers(st.shape);
-  std::vector<Operand> args{value};
-  if (!whole) args.push_back(storage_value(dst));
-  std::string key = "assign:" + vt.str() + "->" + view_key(dst);
-  s.value = run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
-    ir::Value v = lowering::coerce(b, b.param(vt), dt, g.sizes);
-    if (whole) return {b.reshape(reinterpret_bytes(b, v, st.dtype), st.shape)};
-    // A view of another dtype writes through the storage's bytes.
-    ir::Value cur = reinterpret_bytes(b, b.param(st), dt);
-    ir::Value written = ir::write_view(b, &cur, cur.type, g, v);
-    return {as_storage(b, written, st)};
-  }, args, s.device)[0];
+  bool whole = itemsize(st.dtype) == itemsize(dt) && covers;
+  if (whole) {
+    s.pending.clear();
+    std::string key = "assign:" + vt.str() + "->" + mlir_name(dt) + g.key() + st.str();
+    s.value = run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
+      ir::Value v = lowering::coerce(b, b.param(vt), dt, g.sizes);
+      return {b.reshape(reinterpret_bytes(b, v, st.dtype), st.shape)};
+    }, {value}, s.device)[0];
+    return;
+  }
+  if (!s.value && s.pending.empty()) check_not_donated(s);
+  if (deferring()) {
+    // The pending graph already joins the writes into one program.
+    Operand cur = storage_value(dst);
+    std::string key = "assign:" + vt.str() + "->" + view_key(dst);
+    s.value = run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
+      ir::Value v = lowering::coerce(b, b.param(vt), dt, g.sizes);
+      // A view of another dtype writes through the storage's bytes.
+      ir::Value as_dt = reinterpret_bytes(b, b.param(st), dt);
+      ir::Value written = ir::write_view(b, &as_dt, as_dt.type, g, v);
+      return {as_storage(b, written, st)};
+    }, {value, cur}, s.device)[0];
+    return;
+  }
+  // Part of the storage: queued, run with the writes that follow it at the storage's
+  // next use (one program for a DDP bucket's gradients instead of one per gradient,
+  // each rewriting the whole bucket).
+  if (s.pending.size() >= kMaxPendingWrites) apply_pending(s);
+  if (s.pending.empty()) s.pending_type = st;
+  s.pending.push_back({g, dt, value});
 }
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
@@ -201,6 +241,12 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
     } else {
       TORCH_CHECK(self.is_privateuseone() && src.is_privateuseone(), "copy_ from ", src.device(),
                   " to ", self.device(), " is not supported by the tpu backend");
+      if (copy_view_later(self, src)) return self;
+      bool plain = !src.is_conj() && !src.is_neg() && !self.is_conj() && !self.is_neg();
+      if (plain && device_index(src) == device_index(self) && storage_of(src).value.buffer) {
+        assign(self, {}, &src);  // src read where the write runs
+        return self;
+      }
       Operand v = with_math_bits(dense_value(src), src, self);
       if (device_index(src) != device_index(self))
         v = runtime::Client::get().copy_to_device(*resolve(v), device_index(self));

@@ -5,6 +5,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <memory>
+#include <mutex>
 #include <optional>
 
 #include "backend/device.h"
@@ -41,11 +43,147 @@ TpuAllocator g_allocator;
 c10::Allocator* tpu_allocator() { return &g_allocator; }
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator)
 
-StorageData& storage_of(const at::Tensor& t) {
+StorageData& storage_data(const at::Tensor& t) {
   void* ctx = t.storage().data_ptr().get_context();
   TORCH_INTERNAL_ASSERT(ctx && t.storage().data_ptr().get_deleter() == &delete_storage,
                         "tensor storage is not a tpu storage");
   return *static_cast<StorageData*>(ctx);
+}
+
+StorageData& storage_of(const at::Tensor& t) {
+  StorageData& s = storage_data(t);
+  if (!s.pending.empty() || s.copy_of) apply_pending(s);
+  return s;
+}
+
+// Copies of views of one source value (a buffer: values never change) into whole
+// storages of its device, in the order queued.
+struct ViewCopies {
+  struct Copy {
+    StorageData* dst;  // null once it no longer applies (overwritten or freed)
+    ir::Geometry view;  // of the source, in elements of `src_dtype`
+    DType src_dtype, dtype;  // dtype: the destination's
+    ir::Shape sizes;   // the destination's (src broadcast to them)
+    ir::Type result;   // the destination storage's value
+  };
+  Operand source;
+  int device = 0;
+  bool done = false;
+  std::vector<Copy> copies;
+};
+
+namespace {
+std::recursive_mutex g_copies_mu;  // ViewCopies are shared by storages any thread may touch
+std::weak_ptr<ViewCopies> g_open_copies;  // the group new copies of its source join
+
+void run_copies(const std::shared_ptr<ViewCopies>& group) {
+  std::vector<ViewCopies::Copy> live;
+  for (const auto& c : group->copies)
+    if (c.dst) live.push_back(c);
+  group->done = true;
+  for (const auto& c : live) c.dst->copy_of.reset();
+  if (live.empty()) return;
+  ir::Type srct = group->source.type();
+  std::string key = "viewcopies*" + std::to_string(live.size()) + ":" + srct.str();
+  for (const auto& c : live)
+    key += ";" + std::string(mlir_name(c.src_dtype)) + c.view.key() + "->" + c.result.str() + "/" +
+           mlir_name(c.dtype) + ir::Type{c.dtype, c.sizes}.str();
+  std::vector<Operand> outs = guarded([&] {
+    return run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
+      ir::Value src = b.param(srct);
+      std::vector<ir::Value> res;
+      for (const auto& c : live) {  // as dense_value, then assign() would
+        ir::Value v = ir::read_view(b, reinterpret_bytes(b, src, c.src_dtype), c.view);
+        v = lowering::coerce(b, v, c.dtype, c.sizes);
+        if (c.result.dtype != c.dtype) v = reinterpret_bytes(b, v, c.result.dtype);
+        res.push_back(b.reshape(v, c.result.shape));
+      }
+      return res;
+    }, {group->source}, group->device);
+  });
+  for (size_t i = 0; i < live.size(); ++i) live[i].dst->value = std::move(outs[i]);
+}
+}  // namespace
+
+StorageData::~StorageData() {
+  if (!copy_of) return;
+  std::lock_guard<std::recursive_mutex> lock(g_copies_mu);
+  for (auto& c : copy_of->copies)
+    if (c.dst == this) c.dst = nullptr;
+}
+
+bool copy_view_later(const at::Tensor& dst, const at::Tensor& src) {
+  if (deferring() || src.is_conj() || src.is_neg() || dst.is_conj() || dst.is_neg()) return false;
+  if (device_index(src) != device_index(dst) || src.is_same(dst)) return false;
+  StorageData& d = storage_data(dst);
+  StorageData& s = storage_of(src);
+  if (!s.value.buffer || &d == &s) return false;  // zeros, or pending: read now
+  DType sdt = device_dtype(src.scalar_type(), "copy_"), dt = device_dtype(dst.scalar_type(), "copy_");
+  ir::Geometry g = geometry_of(src), dg = geometry_of(dst);
+  ir::Type st = s.value.type();
+  if (st.dtype == sdt && g.covers(st.shape) && st.shape == g.sizes) return false;  // no read needed
+  // Only copies that rewrite the whole destination storage: its old value is not needed.
+  if (!d.pending.empty()) return false;
+  ir::Type dt_st = d.copy_of ? ir::Type{} : storage_type(dst);
+  if (d.copy_of) {
+    for (const auto& c : d.copy_of->copies)
+      if (c.dst == &d) dt_st = c.result;
+  }
+  if (!dg.covers(dt_st.shape) || itemsize(dt_st.dtype) != itemsize(dt)) return false;
+  ir::Type result = dt_st.dtype == dt ? ir::Type{dt, dg.sizes} : dt_st;
+  std::lock_guard<std::recursive_mutex> lock(g_copies_mu);
+  if (d.copy_of) {  // overwritten before it ran
+    for (auto& c : d.copy_of->copies)
+      if (c.dst == &d) c.dst = nullptr;
+    d.copy_of.reset();
+  }
+  std::shared_ptr<ViewCopies> group = g_open_copies.lock();
+  if (!group || group->done || group->source.buffer != s.value.buffer ||
+      group->copies.size() >= 256) {
+    group = std::make_shared<ViewCopies>();
+    group->source = s.value;
+    group->device = s.device;
+    g_open_copies = group;
+  }
+  group->copies.push_back({&d, g, sdt, dt, dg.sizes, result});
+  d.copy_of = group;
+  return true;
+}
+
+void apply_pending(StorageData& s) {
+  if (s.copy_of) {
+    std::shared_ptr<ViewCopies> group = s.copy_of;
+    std::lock_guard<std::recursive_mutex> lock(g_copies_mu);
+    if (!group->done) run_copies(group);
+    s.copy_of.reset();
+  }
+  if (s.pending.empty()) return;
+  std::vector<PendingWrite> writes;
+  writes.swap(s.pending);  // taken first: nothing here sees them again
+  const ir::Type st = s.pending_type;
+  bool has = static_cast<bool>(s.value);
+  std::vector<Operand> args;
+  if (has) args.push_back(s.value);
+  std::string key = "assign*" + std::to_string(writes.size()) + ":" + st.str() + (has ? "" : "z");
+  for (const PendingWrite& w : writes) {
+    args.push_back(w.value);
+    key += ";" + w.value.type().str() + "->" + mlir_name(w.dtype) + w.view.key();
+    if (w.from_view) key += std::string("<") + mlir_name(w.source_dtype) + w.source_view.key();
+  }
+  // The writes in their order, each as assign() would run it alone: the same bytes.
+  s.value = guarded([&] {
+    return run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
+      ir::Value cur = has ? b.param(st) : lowering::constant_any(b, 0, st.dtype, st.shape);
+      for (const PendingWrite& w : writes) {
+        ir::Value v = b.param(w.value.type());
+        if (w.from_view) v = ir::read_view(b, reinterpret_bytes(b, v, w.source_dtype), w.source_view);
+        v = lowering::coerce(b, v, w.dtype, w.view.sizes);
+        ir::Value as_dt = reinterpret_bytes(b, cur, w.dtype);
+        cur = as_storage(b, ir::write_view(b, &as_dt, as_dt.type, w.view, v), st);
+      }
+      return {cur};
+    }, args, s.device)[0];
+  });
 }
 
 int device_index(const at::Tensor& t) { return t.device().has_index() ? t.device().index() : 0; }

@@ -11,17 +11,51 @@
 
 namespace tpu::backend {
 
+// A copy_ into part of a storage not run yet (see StorageData::pending).
+struct PendingWrite {
+  ir::Geometry view;  // where, in elements of `dtype`
+  DType dtype;        // the destination view's dtype
+  Operand value;      // broadcastable to the view, any dtype: converted
+  // Set when `value` is a source storage's value and the write reads this view of it
+  // (in elements of `source_dtype`): copy_ from a view, read in the same program.
+  bool from_view = false;
+  ir::Geometry source_view;
+  DType source_dtype = DType::F32;
+};
+
+struct ViewCopies;
+
 struct StorageData {
   int device = 0;
   size_t nbytes = 0;
   Operand value;  // empty: not written yet (reads see zeros)
   std::string donated_to;  // consumed by this op (jax_op donate_argnums): reads raise
+  // Writes into views of this storage that follow `value`, in order, when not deferring:
+  // run as one program by the next storage_of() (every read and write of the storage
+  // asks for it), so N copies into one bucket cost one program, not N rewrites of it.
+  // `pending_type` is the storage's type they write through.
+  std::vector<PendingWrite> pending;
+  ir::Type pending_type;
+  // Set when this whole storage is to become a copy of a view of another storage's
+  // value (copy_ from a view) not run yet: copies from one source run together as one
+  // program when any of their destinations is next used (DDP's copies of a bucket back
+  // into the gradients: one program per bucket, not one per gradient).
+  std::shared_ptr<ViewCopies> copy_of;
+  ~StorageData();
 };
 
 // The allocator registered for PrivateUse1: it hands out promises, never host memory.
 c10::Allocator* tpu_allocator();
 
+// The tensor's storage, its pending writes applied first.
 StorageData& storage_of(const at::Tensor& t);
+// The same without applying them (for code that queues or drops writes).
+StorageData& storage_data(const at::Tensor& t);
+// Runs `s`'s pending writes (one program) into its value, and its pending copy.
+void apply_pending(StorageData& s);
+// Queues `dst` (covering its whole storage, same device) to become `src`'s values, or
+// returns false where that is not how to copy them (then the caller copies now).
+bool copy_view_later(const at::Tensor& dst, const at::Tensor& src);
 // Raises when the storage was donated (consumed by an op): it holds nothing to read.
 void check_not_donated(const StorageData& s);
 // The tensor's view of its storage, in elements of its dtype.
