@@ -136,8 +136,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("is_materialized", [](const at::Tensor& t) {
     void* ctx = t.storage().data_ptr().get_context();
     if (!ctx) return false;
-    const Operand& v = static_cast<StorageData*>(ctx)->value;
-    return is_ready(v);
+    const StorageData& s = *static_cast<StorageData*>(ctx);
+    return s.pending.empty() && !s.copy_of && is_ready(s.value);  // queued writes: not yet
   });
   m.def("compile_cache_dir", [] {
     runtime::DiskCache* disk = runtime::DiskCache::get();
