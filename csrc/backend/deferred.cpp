@@ -604,6 +604,14 @@ void record_launch_error(const std::exception_ptr& e) { launcher().record(e); }
 std::vector<Operand> run_queued(const ProgramPtr& program, std::vector<Operand> args, int device) {
   if (!program->loaded()) compile_ahead(program);
   metrics().queued_launches += 1;
+  {
+    auto lock = graph_lock();  // an input still pending in a recorded graph runs first
+    for (const Operand& a : args)
+      if (a.slot && a.slot->producer) {
+        flush("value needed");
+        break;
+      }
+  }
   Job job;
   job.device = device;
   job.each_call = true;
