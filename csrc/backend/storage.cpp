@@ -53,6 +53,9 @@ StorageData& storage_data(const at::Tensor& t) {
 StorageData& storage_of(const at::Tensor& t) {
   StorageData& s = storage_data(t);
   if (!s.pending.empty() || s.copy_of) apply_pending(s);
+  // A launch that ran after its value was handed out (Strict's queued launches, a flushed
+  // graph): keep its buffer, so code that looks for a buffer finds one.
+  if (!s.value.buffer && s.value.slot && is_ready(s.value)) s.value = Operand(resolve(s.value));
   return s;
 }
 

@@ -487,7 +487,9 @@ def _strict():
     prev = _C.get_eager_mode()
     if prev == EagerMode.DEFER_AND_FUSE.value:
         _C.flush("before bounded padding")
-        _C.set_eager_mode(EagerMode.DEFER_NEVER.value)
+        # Launched at once (Strict would queue a program not loaded yet behind its
+        # compile): the padded values are buffers before the next graph records them.
+        _C.set_eager_mode(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING.value)
     try:
         yield
     finally:
