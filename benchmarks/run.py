@@ -218,6 +218,8 @@ def measure(workload, mode, steps, warmup, quick):
         step, units, unit_name = WORKLOADS[workload](device, quick)
         t_first = time.perf_counter()
         step()
+        if on_tpu:
+            torch.tpu.synchronize()  # all of the step: Strict's queued launches finish too
         first = time.perf_counter() - t_first
         after_first = torch_tpu.metrics() if on_tpu else None
         for _ in range(warmup - 1):
@@ -389,6 +391,7 @@ def start_probe(workload, mode, quick):
     with torch_tpu.set_eager_mode(MODES[mode]):
         step, _, _ = WORKLOADS[workload]("tpu", quick)
         step()
+        torch.tpu.synchronize()  # all of the step: Strict's queued launches finish too
     t2 = time.perf_counter()
     m = torch_tpu.metrics()
     if _compiling:
