@@ -39,7 +39,7 @@ void assign(const at::Tensor& dst, Operand value, const at::Tensor* src = nullpt
   bool covers = g.covers(st.shape);
   bool queue = !deferring() && !(itemsize(st.dtype) == itemsize(dt) && covers);
   if (src && queue) {
-    const Operand& sv = storage_of(*src).value;  // now: later writes to src must not show
+    Operand sv = ready_value(storage_of(*src));  // now: later writes to src must not show
     TORCH_INTERNAL_ASSERT(sv.buffer);
     if (s.pending.size() >= kMaxPendingWrites) apply_pending(s);
     if (s.pending.empty()) s.pending_type = st;
@@ -243,7 +243,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
                   " to ", self.device(), " is not supported by the tpu backend");
       if (copy_view_later(self, src)) return self;
       bool plain = !src.is_conj() && !src.is_neg() && !self.is_conj() && !self.is_neg();
-      if (plain && device_index(src) == device_index(self) && storage_of(src).value.buffer) {
+      if (plain && device_index(src) == device_index(self) && ready_value(storage_of(src)).buffer) {
         assign(self, {}, &src);  // src read where the write runs
         return self;
       }

@@ -53,10 +53,12 @@ StorageData& storage_data(const at::Tensor& t) {
 StorageData& storage_of(const at::Tensor& t) {
   StorageData& s = storage_data(t);
   if (!s.pending.empty() || s.copy_of) apply_pending(s);
-  // A launch that ran after its value was handed out (Strict's queued launches, a flushed
-  // graph): keep its buffer, so code that looks for a buffer finds one.
-  if (!s.value.buffer && s.value.slot && is_ready(s.value)) s.value = Operand(resolve(s.value));
   return s;
+}
+
+Operand ready_value(const StorageData& s) {
+  if (!s.value.buffer && s.value.slot && is_ready(s.value)) return Operand(resolve(s.value));
+  return s.value;
 }
 
 // Copies of views of one source value (a buffer: values never change) into whole
@@ -120,7 +122,8 @@ bool copy_view_later(const at::Tensor& dst, const at::Tensor& src) {
   if (device_index(src) != device_index(dst) || src.is_same(dst)) return false;
   StorageData& d = storage_data(dst);
   StorageData& s = storage_of(src);
-  if (!s.value.buffer || &d == &s) return false;  // zeros, or pending: read now
+  Operand sv = ready_value(s);
+  if (!sv.buffer || &d == &s) return false;  // zeros, or pending: read now
   DType sdt = device_dtype(src.scalar_type(), "copy_"), dt = device_dtype(dst.scalar_type(), "copy_");
   ir::Geometry g = geometry_of(src), dg = geometry_of(dst);
   ir::Type st = s.value.type();
@@ -141,10 +144,10 @@ bool copy_view_later(const at::Tensor& dst, const at::Tensor& src) {
     d.copy_of.reset();
   }
   std::shared_ptr<ViewCopies> group = g_open_copies.lock();
-  if (!group || group->done || group->source.buffer != s.value.buffer ||
+  if (!group || group->done || group->source.buffer != sv.buffer ||
       group->copies.size() >= 256) {
     group = std::make_shared<ViewCopies>();
-    group->source = s.value;
+    group->source = sv;
     group->device = s.device;
     g_open_copies = group;
   }

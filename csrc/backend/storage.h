@@ -49,6 +49,9 @@ c10::Allocator* tpu_allocator();
 
 // The tensor's storage, its pending writes applied first.
 StorageData& storage_of(const at::Tensor& t);
+// Its value as a buffer where its launch has run (Strict's queued launches, a flushed
+// graph), else as it is (the stored operand keeps its identity).
+Operand ready_value(const StorageData& s);
 // The same without applying them (for code that queues or drops writes).
 StorageData& storage_data(const at::Tensor& t);
 // Runs `s`'s pending writes (one program) into its value, and its pending copy.
