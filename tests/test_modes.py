@@ -66,6 +66,26 @@ def test_strict_returns_before_the_device_finishes():
         assert torch_tpu._C.is_materialized(z)
 
 
+def test_event_and_stream_cover_launches_queued_behind_a_compile():
+    # Strict queues the launches of a program it has not loaded yet behind its compile:
+    # an event recorded after them (and the stream) is not done until they ran.
+    x = torch.randn(509, 509, device="tpu") / 23  # a shape no other test compiles
+    torch.tpu.synchronize()
+    with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER):
+        y = x
+        for _ in range(40):
+            y = y @ x
+        done = torch.tpu.Event()
+        done.record()
+        busy = not done.query()
+        stream_busy = not torch.tpu.current_stream().query()
+        torch.tpu.synchronize()
+    assert busy and stream_busy, (busy, stream_busy)
+    assert done.query() and torch.tpu.current_stream().query()
+    torch.testing.assert_close(y.cpu(), torch.linalg.matrix_power(x.cpu().double(), 41).float(),
+                               rtol=1e-3, atol=1e-5)
+
+
 def test_results_match_across_modes():
     a = torch.randn(16, 16)
     ref = (a.to("tpu").softmax(-1) @ a.to("tpu")).cpu()

@@ -544,6 +544,11 @@ class Launcher {
     cv_.wait(lock, [&] { return pending_ == 0; });
   }
 
+  bool idle() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pending_ == 0;
+  }
+
   void wait_idle() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return pending_ == 0; });
@@ -642,6 +647,10 @@ std::vector<Operand> run_queued(const ProgramPtr& program, std::vector<Operand> 
 void wait_launched() {
   check_not_forked();
   launcher().wait_idle();
+}
+bool all_launched() {
+  check_not_forked();
+  return launcher().idle();
 }
 void settle_launched() {
   check_not_forked();

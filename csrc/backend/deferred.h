@@ -116,6 +116,8 @@ void flush(const char* reason);
 // Waits until every flushed graph has been launched; raises the first failure since the
 // last call.
 void wait_launched();
+// True when no flushed graph or queued Strict launch waits for the launcher (does not wait).
+bool all_launched();
 // Waits the same way but leaves failures for the next sync (for readers of counters).
 void settle_launched();
 

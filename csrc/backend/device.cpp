@@ -91,8 +91,9 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
     return elapsed_ms(start, end);
   }
-  bool queryStream(const c10::Stream& s) const override {
-    return runtime::Client::get().is_idle(s.device_index());
+  bool queryStream(const c10::Stream& s) const override {  // as an event recorded now
+    flush("stream query");
+    return all_launched() && runtime::Client::get().is_idle(s.device_index());
   }
   void synchronizeStream(const c10::Stream& s) const override {
     flush("synchronize");

@@ -86,7 +86,9 @@ bool query_event(void* event) {
   if (!e || e->device < 0) return true;  // never recorded: nothing to wait for
   return guarded([&] {
     flush("event query");
-    return runtime::Client::get().is_idle(e->device);
+    // Work the launcher thread has not launched yet (a flushed graph, a Strict launch
+    // queued behind its compile) is work before the event too.
+    return all_launched() && runtime::Client::get().is_idle(e->device);
   });
 }
 
