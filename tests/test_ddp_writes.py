@@ -61,6 +61,55 @@ def test_disjoint_writes_into_a_bucket_run_as_one_program():
     assert torch.equal(out, torch.cat([g.cpu() for g in gs]))
 
 
+def test_out_writes_into_a_bucket_are_queued_like_copies():
+    # DDP's default Reducer divides each gradient into its bucket view (mul.out): each
+    # op writes a fresh value, and the writes join the bucket's queue (one program at the
+    # bucket's next use) instead of each rewriting the whole bucket.
+    scale = torch.tensor(0.5, dtype=torch.float64)  # a wrapped CPU scalar, as the Reducer's
+
+    def f(device):
+        gs = grads(device)
+        bucket = torch.zeros(20, device=device)
+        off = 0
+        rets = []
+        for g in gs:
+            view = bucket[off:off + g.numel()]
+            rets.append(torch.mul(g, scale, out=view) is view)
+            off += g.numel()
+        assert all(rets)
+        mid = bucket.clone()
+        torch.add(gs[0], 1, out=bucket[2:7])  # overlaps earlier writes: applied in order
+        torch.mul(gs[1], 2, out=bucket.view(4, 5)[:, 1])  # strided view
+        floats = torch.zeros(6, device=device)
+        torch.mul(torch.arange(3, device=device), 3, out=floats[1:4])  # int64 values, converted
+        return [mid, bucket, floats]
+    both(f)
+    gs = grads("tpu")
+    bucket = torch.zeros(20, device="tpu")
+    bucket.cpu()
+    e0 = executions()
+    off = 0
+    for g in gs:
+        torch.mul(g, scale, out=bucket[off:off + g.numel()])
+        off += g.numel()
+    e1 = executions()
+    out = bucket.cpu()
+    if strict():
+        assert e1 - e0 == len(gs)  # each op's own value, written nowhere yet
+        assert executions() - e1 == 1  # the five writes into the bucket: one program
+    assert torch.equal(out, torch.cat([g.cpu() * 0.5 for g in gs]))
+
+
+def test_a_refused_out_write_leaves_the_bucket_as_it_was():
+    bucket = torch.arange(8.0, device="tpu")
+    ints = torch.zeros(8, dtype=torch.int64, device="tpu")
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        torch.mul(bucket[:4], 0.5, out=ints[2:6])
+    bucket[4:].copy_(torch.ones(4, device="tpu"))
+    assert ints.cpu().tolist() == [0] * 8
+    assert bucket.cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 1.0, 1.0, 1.0, 1.0]
+
+
 def test_overlapping_writes_apply_in_order():
     def f(device):
         a = torch.arange(12.0, device=device)

@@ -88,6 +88,12 @@ void assign(const at::Tensor& dst, Operand value, const at::Tensor* src = nullpt
   s.pending.push_back({g, dt, value});
 }
 
+}  // namespace
+
+void write_value(const at::Tensor& dst, Operand value) { assign(dst, std::move(value)); }
+
+namespace {
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin, std::optional<c10::MemoryFormat> mf) {

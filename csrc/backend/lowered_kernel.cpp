@@ -194,9 +194,17 @@ void key_tensor(KeyState& k, const at::Tensor& t) {
   k.ints(t.sizes());
   k.key.append(reinterpret_cast<const char*>(t.strides().data()), t.dim() * sizeof(int64_t));
   k.word(t.storage_offset());
-  StorageData& s = storage_of(t);
-  if (!s.value) check_not_donated(s);  // a consumed tensor reads (and writes) nothing
-  key_storage(k, t, s);
+  // Writes queued on the storage stay queued (an out= write joins them): the storage
+  // keys as the value they will make, of their type.
+  StorageData& s = storage_data(t);
+  if (s.copy_of) apply_pending(s);
+  if (!s.pending.empty()) {
+    k.tag(static_cast<char>(s.pending_type.dtype));
+    k.ints(s.pending_type.shape);
+  } else {
+    if (!s.value) check_not_donated(s);  // a consumed tensor reads (and writes) nothing
+    key_storage(k, t, s);
+  }
   k.tag(static_cast<char>((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0)));
 }
 
@@ -985,6 +993,35 @@ void move_cpu_indices(c10::IValue& slot, const c10::Device& device) {
   slot = c10::IValue(std::move(moved));
 }
 
+void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack);
+
+// An out= write into a small part of a storage outside DeferAndFuse (DDP's Reducer
+// divides each gradient into its view of a bucket): the op writes a fresh tensor, whose
+// write joins the storage's queue as copy_'s does (one program per bucket at its next
+// use, not one per gradient rewriting the whole bucket). Not for ops with device checks:
+// a failed one must leave the destination as it was. (In-place ops read the storage they
+// write, which runs its queue: they gain nothing here.)
+bool write_out_later(const c10::OperatorHandle& op, const OpInfo& info, const Plan& plan,
+                     torch::jit::Stack* stack) {
+  if (!info.is_out || info.mutated.size() != 1 || deferring() || !plan.checks.empty()) return false;
+  size_t first = stack->size() - info.num_args;
+  IValue& slot = (*stack)[first + info.mutated[0]];
+  if (!slot.isTensor()) return false;
+  at::Tensor out = slot.toTensor();
+  if (out.is_conj() || out.is_neg() || covers_storage(out)) return false;
+  // A view of most of its storage: rewriting the storage at once costs less than a
+  // value of the view's size and its write.
+  if (2 * out.numel() * static_cast<int64_t>(out.element_size()) > static_cast<int64_t>(out.storage().nbytes()))
+    return false;
+  at::Tensor fresh = at::empty(out.sizes(), out.options());
+  slot = fresh;
+  lowered_kernel(op, info, stack);  // fresh covers its storage: the op's program writes it
+  for (size_t r = first; r < stack->size(); ++r)
+    if ((*stack)[r].isTensor() && (*stack)[r].toTensor().is_same(fresh)) (*stack)[r] = out;
+  write_value(out, dense_value(fresh));
+  return true;
+}
+
 void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
   guarded([] { runtime::Client::check_not_forked(); return 0; });  // before any graph lock
   if (info.cpu_indices_arg >= 0) {
@@ -1070,6 +1107,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     return;
   }
   TORCH_CHECK(k.device >= 0, info.name, ": no tpu tensor among the arguments");
+  if (write_out_later(op, info, *plan, stack)) return;
 
   // Gather the parameters. While deferring, nothing may flush the graph between
   // reading the operands and recording the call.

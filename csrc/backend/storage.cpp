@@ -117,6 +117,12 @@ StorageData::~StorageData() {
     if (c.dst == this) c.dst = nullptr;
 }
 
+bool covers_storage(const at::Tensor& dst) {
+  StorageData& s = storage_data(dst);
+  const ir::Type& st = s.pending.empty() ? storage_type(dst) : s.pending_type;
+  return itemsize(st.dtype) == itemsize(device_dtype(dst.scalar_type(), "write")) && geometry_of(dst).covers(st.shape);
+}
+
 bool copy_view_later(const at::Tensor& dst, const at::Tensor& src) {
   if (deferring() || src.is_conj() || src.is_neg() || dst.is_conj() || dst.is_neg()) return false;
   if (device_index(src) != device_index(dst) || src.is_same(dst)) return false;

@@ -59,6 +59,12 @@ void apply_pending(StorageData& s);
 // Queues `dst` (covering its whole storage, same device) to become `src`'s values, or
 // returns false where that is not how to copy them (then the caller copies now).
 bool copy_view_later(const at::Tensor& dst, const at::Tensor& src);
+// Writes `value` (broadcastable to dst, any dtype) into dst's view of its storage; into
+// part of a storage, outside DeferAndFuse, the write is queued (StorageData::pending).
+// (glue_ops.cpp, beside copy_.)
+void write_value(const at::Tensor& dst, Operand value);
+// Whether dst's view covers its storage (as the storage will be once its writes ran).
+bool covers_storage(const at::Tensor& dst);
 // Raises when the storage was donated (consumed by an op): it holds nothing to read.
 void check_not_donated(const StorageData& s);
 // The tensor's view of its storage, in elements of its dtype.
