@@ -53,16 +53,39 @@ def test_a_failing_compile_is_a_status_and_the_worker_goes_on(monkeypatch):
 def test_unbounded_dynamic_sizes_are_their_own_class(monkeypatch):
     """torch.compile(dynamic=True) hands the backend symbolic sizes it cannot bound: the
     error names dynamic=False and is classified "dynamic shapes"."""
-    monkeypatch.setattr(compiled_mode, "wrap", lambda m: torch.compile(m, backend="tpu", dynamic=True))
+    monkeypatch.setattr(compiled_mode, "wrap",
+                        lambda m, backend="tpu": torch.compile(m, backend=backend, dynamic=True))
     r = run_model("vit", ("compiled",))["modes"]["compiled"]
     assert r["status"] == "error" and r["class"] == "dynamic shapes", r
     assert r["message"].startswith("NotImplementedError") and "dynamic=False" in r["message"]
 
 
+def test_a_compile_that_fails_on_cpu_too_is_not_ours(monkeypatch):
+    """A compile that fails with Dynamo alone on CPU too (backend "eager": no device in
+    it) is counted as cpu-fails, with the tpu run's error kept; one that compiles there
+    stays our error."""
+    def failing_everywhere(m, backend="tpu"):
+        def run(*a, **kw):
+            raise RuntimeError(f"Dynamo could not trace this model ({backend})")
+        return run
+    monkeypatch.setattr(compiled_mode, "wrap", failing_everywhere)
+    r = run_model("vit", ("compiled",))["modes"]["compiled"]
+    assert r["status"] == "cpu-fails", r
+    assert r["message"] == ("torch.compile fails on CPU too (backend eager): "
+                            "RuntimeError: Dynamo could not trace this model (eager)")
+    assert r["tpu_message"] == "RuntimeError: Dynamo could not trace this model (tpu)"
+
+    def failing_on_tpu(m, backend="tpu"):
+        return failing_everywhere(m, backend) if backend == "tpu" else torch.compile(m, backend=backend)
+    monkeypatch.setattr(compiled_mode, "wrap", failing_on_tpu)
+    r = run_model("vit", ("compiled",))["modes"]["compiled"]
+    assert r["status"] == "error" and r["message"].endswith("(tpu)"), r
+
+
 def test_a_model_dynamo_compiles_nothing_is_a_fallback(monkeypatch):
     """A run where no graph reached the backend (here: nothing compiled at all) ran
     eagerly: right values, but counted as a fallback, not a compiled pass."""
-    monkeypatch.setattr(compiled_mode, "wrap", lambda m: m)
+    monkeypatch.setattr(compiled_mode, "wrap", lambda m, backend="tpu": m)
     r = run_model("vit", ("compiled",))["modes"]["compiled"]
     assert r["status"] == "fallback" and r["message"] == compiled_mode.EAGER_IN_COMPILED, r
 

@@ -13,9 +13,23 @@ EAGER_IN_COMPILED = "eager: no graph compiled"
 MAX_REASONS = 3  # graph-break reasons kept per model (distinct first lines)
 
 
-def wrap(model):
-    """The user's one-line change."""
-    return torch.compile(model, backend="tpu")
+def wrap(model, backend="tpu"):
+    """The user's one-line change (backend "eager": Dynamo alone, the CPU control)."""
+    return torch.compile(model, backend=backend)
+
+
+def fails_on_cpu(run_cpu_step) -> str | None:
+    """Whether Dynamo fails on the model with no device in it: `run_cpu_step()` runs the
+    step on CPU under torch.compile(backend="eager"). Returns its error's first line, or
+    None when it runs (then a compiled error on tpu is ours)."""
+    torch._dynamo.reset()
+    try:
+        run_cpu_step()
+    except Exception as e:  # noqa: BLE001
+        return first_line(e)
+    finally:
+        torch._dynamo.reset()
+    return None
 
 
 def _backend_counters() -> dict:

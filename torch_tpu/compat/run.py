@@ -75,14 +75,14 @@ def fallbacks() -> dict:
     return fb
 
 
-def step(model, kw, device, compiled=False, draws=None):
+def step(model, kw, device, compiled=False, draws=None, backend="tpu"):
     """Forward (train mode), backward and one AdamW step on `device`; returns the forward's
     tensors, the gradients and the updated parameters, all on the CPU. `compiled`: the
     forward goes through torch.compile(model, backend="tpu") (its backward with it); the
     optimizer stays eager. `draws` (a RandomDraws mode) records or replays the random
     values the step draws (draws.py)."""
     model = model.to(device)
-    forward = compiled_mode.wrap(model) if compiled else model
+    forward = compiled_mode.wrap(model, backend) if compiled else model
     args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     torch.manual_seed(0)
     with draws if draws is not None else contextlib.nullcontext():
@@ -362,8 +362,17 @@ def run_mode(mode, pristine, state, kw, want, references, cpu_s, draws=None) -> 
             torch_tpu.synchronize()
     except Exception as e:  # noqa: BLE001
         if compiled:
-            return {**r, "status": "error", **compiled_mode.error(e, classify),
-                    "seconds": round(time.perf_counter() - t0, 2)}
+            rec = {**r, "status": "error", **compiled_mode.error(e, classify),
+                   "seconds": round(time.perf_counter() - t0, 2)}
+            # The control: Dynamo alone on CPU. Failing there too, the model does not
+            # compile on any device: not ours (counted as cpu-fails, the tpu error kept).
+            cpu_model = copy.deepcopy(pristine)
+            cpu_model.load_state_dict(state)
+            why = compiled_mode.fails_on_cpu(lambda: step(cpu_model, kw, "cpu", True, backend="eager"))
+            if why is not None:
+                rec.update(status="cpu-fails", tpu_message=rec["message"],
+                           message=f"torch.compile fails on CPU too (backend eager): {why}")
+            return rec
         msg = first_line(e)
         return {"status": "error", "message": msg, "class": classify(msg)}
     finally:
