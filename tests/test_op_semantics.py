@@ -699,3 +699,33 @@ def test_negative_indices_in_range_wrap_like_cpu():
     x = torch.arange(10.0)
     i = torch.tensor([-1, -10, 3])
     assert torch.equal(x.to("tpu")[i.to("tpu")].cpu(), x[i])
+
+
+def test_assert_async_raises_at_the_next_sync_and_loses_nothing():
+    # CUDA's device-side assert: the condition stays on the device; a zero raises with
+    # its message by the next synchronization (at the op in Debug mode), as on CUDA.
+    from torch_tpu.compat.run import fallbacks
+    before = fallbacks()
+    keep = torch.arange(4.0, device="tpu")
+    torch._assert_async(torch.tensor(2.0, device="tpu"))
+    torch._assert_async(torch.tensor(float("nan"), device="tpu"), "NaN is nonzero")
+    torch.tpu.synchronize()
+    with pytest.raises(RuntimeError, match="^the step went wrong$"):
+        torch._assert_async(torch.tensor(0, device="tpu"), "the step went wrong")
+        torch.tpu.synchronize()
+    with pytest.raises(RuntimeError, match="single nonzero value, but got zero"):
+        torch._assert_async(torch.tensor(False, device="tpu"))
+        torch.tpu.synchronize()
+    with pytest.raises(RuntimeError, match="more than one value is ambiguous"):
+        torch._assert_async(torch.ones(2, device="tpu"))
+    assert (keep + 1).cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+
+    def f(a):  # what transformers' compile-friendly checks become in a graph
+        torch._assert_async(a.sum() > 0, "sum must be positive")
+        return a * 2
+    g = torch.compile(f, backend="tpu", fullgraph=True)
+    assert g(torch.ones(4, device="tpu")).cpu().tolist() == [2.0] * 4
+    with pytest.raises(RuntimeError, match="sum must be positive"):
+        g(-torch.ones(4, device="tpu"))
+        torch.tpu.synchronize()
+    assert fallbacks() == before  # lowered: nothing ran on the host
