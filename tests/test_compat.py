@@ -475,3 +475,11 @@ def test_stage2_head_rules_leave_the_base_class_alone():
     # 1's class, passing) keeps one.
     _, cfg, _, _, _ = models.build("mm-grounding-dino")
     assert cfg.decoder_layers == 1
+
+
+def test_per_stage_random_rates_are_turned_off():
+    """CvT's stochastic depth is a rate per stage (a list): zeroed like scalar rates, so
+    compiled mode (which cannot replay CPU's draws) compares the same model."""
+    from torch_tpu.compat import models
+    _, cfg, *_ = models.build("cvt")
+    assert list(cfg.drop_path_rate) == [0.0, 0.0, 0.0]

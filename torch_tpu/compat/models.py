@@ -710,6 +710,9 @@ def _fix_token_ids(cfg, moved):
         # Random masks (dropout, layer drop, SpecAugment) cannot match CPU's draws.
         if isinstance(value, float) and any(w in key for w in RANDOM_MASKS):
             setattr(cfg, key, 0.0)
+        elif (isinstance(value, (list, tuple)) and value and all(isinstance(v, float) for v in value)
+              and any(w in key for w in RANDOM_MASKS)):
+            setattr(cfg, key, type(value)(0.0 for _ in value))  # per stage (CvT's drop_path_rate)
         elif key in RANDOM_OFF:
             setattr(cfg, key, RANDOM_OFF[key])
 
