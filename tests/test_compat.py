@@ -475,3 +475,20 @@ def test_stage2_head_rules_leave_the_base_class_alone():
     # 1's class, passing) keeps one.
     _, cfg, _, _, _ = models.build("mm-grounding-dino")
     assert cfg.decoder_layers == 1
+
+
+def test_uvdoc_head_reads_every_bridge_stage():
+    """UVDoc's head concatenates all six bridge stages' maps; the backbone's default put
+    out the last alone (a 768-channel connector fed 128 channels). The small config puts
+    every stage out at a quarter of the released widths and trains one step on the CPU."""
+    from torch_tpu.compat.run import step
+    model, cfg, head, _, _ = models.build("uvdoc")
+    bb = cfg.backbone_config
+    assert bb.out_indices == list(range(1, len(bb.stage_configs) + 1))
+    assert cfg.bridge_connector[0] == bb.resnet_configs[-1][-1][1]
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
+    kw = models.inputs(model, cfg, head)
+    assert kw["pixel_values"].shape[-2:] == (64, 64)
+    outs, _, grads, _ = step(model, kw, "cpu")
+    assert all(torch.isfinite(o).all() for o in outs)
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)

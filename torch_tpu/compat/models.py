@@ -259,6 +259,19 @@ FAMILY = {"codegen": {"n_head": 4},
           "musicgen": {"audio_encoder.num_filters": 4}, "musicgen_melody": {"audio_encoder.num_filters": 4},
           # SAM 2 Video builds SAM 2's image model: the same sizes.
           "sam2_video": SAM2,
+          # UVDoc's head concatenates every bridge stage's map (connector width x 6 stages),
+          # but the backbone's default outputs only the last: all six out. Its nested channel
+          # tuples escape the generic shrink: the released widths / 4 (stem 8, stages 8-16-32,
+          # bridge and head 32), the blocks' dilations and the bridge's six stages kept.
+          "uvdoc": {"backbone_config": {
+                        "model_type": "uvdoc_backbone", "resnet_head": [[3, 8], [8, 8]],
+                        "resnet_configs": [[[8, 8, 1, False], [8, 8, 3, False]],
+                                           [[8, 16, 1, True], [16, 16, 3, False]],
+                                           [[16, 32, 1, True], [32, 32, 3, False]]],
+                        "stage_configs": [[[32, 1]], [[32, 2]], [[32, 5]], [[32, 8], [32, 3], [32, 2]],
+                                          [[32, 12], [32, 7], [32, 4]], [[32, 18], [32, 12], [32, 6]]],
+                        "out_indices": [1, 2, 3, 4, 5, 6]},
+                    "bridge_connector": [32, 32], "out_point_positions2D": [[32, 8], [8, 2]]},
 }
 # Image (height, width) for types whose config holds no image size: convolutional towers
 # (stride 32, then a pool) that need more than 32 pixels; text recognizers read a line.
@@ -272,7 +285,10 @@ INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64), "pp_ocrv5_server
               # PP-DocLayoutV3 (the same backbone and encoder) too.
               "d_fine": (64, 64), "deimv2": (64, 64), "pp_doclayout_v3": (64, 64),
               # PP-OCRv6's detector fuses four stages (strides 4-32): 64 pixels keep 2 x 2 at the top.
-              "pp_ocrv6_medium_det": (64, 64), **{t: (48, 64) for t in (
+              "pp_ocrv6_medium_det": (64, 64),
+              # UVDoc strides 16 to its bridge, and its head pads 2 by reflection (less than
+              # the map's side): 64 pixels keep 4 x 4.
+              "uvdoc": (64, 64), **{t: (48, 64) for t in (
     "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")}}
 # Audio features several mel frames wide: Granite Speech 5 adds deltas (x 2) and stacks
 # frame pairs (x 2) before its first linear layer.
