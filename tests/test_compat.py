@@ -492,3 +492,21 @@ def test_uvdoc_head_reads_every_bridge_stage():
     outs, _, grads, _ = step(model, kw, "cpu")
     assert all(torch.isfinite(o).all() for o in outs)
     assert any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("head", [None, "object_detection"])
+def test_pp_ocrv6_small_det_neck_gets_four_stages(head):
+    """PP-OCRv6's small detector fuses four backbone stages whose widths its config lists;
+    the backbone's default put out its last stage alone (384 channels into a 12-channel
+    input conv). The small config puts all four out at the listed widths; the base model
+    and the detection head each train one step on the CPU."""
+    from torch_tpu.compat.run import step
+    model, cfg, head, _, _ = models.build("pp_ocrv6_small_det", head)
+    bb = cfg.backbone_config
+    assert bb.out_indices == [1, 2, 3, 4]
+    assert list(cfg.layer_list_out_channels) == list(bb.stage_out_channels)
+    kw = models.inputs(model, cfg, head)
+    assert kw["pixel_values"].shape[-2:] == (64, 64)
+    outs, _, grads, _ = step(model, kw, "cpu")
+    assert all(torch.isfinite(o).all() for o in outs)
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)

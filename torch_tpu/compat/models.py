@@ -259,6 +259,16 @@ FAMILY = {"codegen": {"n_head": 4},
           "musicgen": {"audio_encoder.num_filters": 4}, "musicgen_melody": {"audio_encoder.num_filters": 4},
           # SAM 2 Video builds SAM 2's image model: the same sizes.
           "sam2_video": SAM2,
+          # PP-OCRv6's small detector: the same backbone default (the recognizers' height-only
+          # strides, the last stage alone out) under a neck that fuses four square-strided
+          # stages (4 to 32) whose widths it is told in layer_list_out_channels: the released
+          # 12, 18 and 42, the top's 360 cut to 48.
+          "pp_ocrv6_small_det": {"backbone_config": {
+                                     "model_type": "pp_lcnet_v4", "stem_channels": [3, 8, 16], "out_indices": [1, 2, 3, 4],
+                                     "block_configs": [[[3, 16, 12, 1, True]], [[3, 12, 18, 2, False]],
+                                                       [[3, 18, 42, 2, False], [3, 42, 42, 1, True]],
+                                                       [[3, 42, 48, 2, False], [3, 48, 48, 1, True]]]},
+                                 "layer_list_out_channels": [12, 18, 42, 48]},
           # UVDoc's head concatenates every bridge stage's map (connector width x 6 stages),
           # but the backbone's default outputs only the last: all six out. Its nested channel
           # tuples escape the generic shrink: the released widths / 4 (stem 8, stages 8-16-32,
@@ -285,7 +295,7 @@ INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64), "pp_ocrv5_server
               # PP-DocLayoutV3 (the same backbone and encoder) too.
               "d_fine": (64, 64), "deimv2": (64, 64), "pp_doclayout_v3": (64, 64),
               # PP-OCRv6's detector fuses four stages (strides 4-32): 64 pixels keep 2 x 2 at the top.
-              "pp_ocrv6_medium_det": (64, 64),
+              "pp_ocrv6_medium_det": (64, 64), "pp_ocrv6_small_det": (64, 64),
               # UVDoc strides 16 to its bridge, and its head pads 2 by reflection (less than
               # the map's side): 64 pixels keep 4 x 4.
               "uvdoc": (64, 64), **{t: (48, 64) for t in (
