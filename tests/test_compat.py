@@ -510,3 +510,24 @@ def test_pp_ocrv6_small_det_neck_gets_four_stages(head):
     outs, _, grads, _ = step(model, kw, "cpu")
     assert all(torch.isfinite(o).all() for o in outs)
     assert any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_omdet_turbo_gets_prompts_and_a_backbone_layout_it_reads():
+    """OmDet-Turbo detects the classes a prompt names: it takes each image's task prompt,
+    the tokenized class names of all images stacked, and each image's class count. Its
+    small config must also fit the Hugging Face backbone (channel-first maps: no
+    channel-last layer norms), the decoder's width per level, and a text width apart from
+    the decoder's (the task projection exists only then). It trains one step on the CPU."""
+    from torch_tpu.compat.run import step
+    model, cfg, head, _, _ = models.build("omdet-turbo")
+    assert not cfg.apply_layernorm_after_vision_backbone
+    assert cfg.class_embed_dim == cfg.text_config.hidden_size != cfg.decoder_hidden_dim
+    assert list(cfg.vision_features_channels) == [cfg.d_model] * len(cfg.vision_features_channels)
+    kw = models.inputs(model, cfg, head)
+    counts = kw["classes_structure"]
+    assert counts.shape == (2,) and int(counts.sum()) == kw["classes_input_ids"].shape[0]
+    assert kw["tasks_input_ids"].shape == kw["tasks_attention_mask"].shape == (2, 8)
+    outs, _, grads, _ = step(model, kw, "cpu")
+    assert (2, cfg.num_queries, int(counts.max())) in [tuple(o.shape) for o in outs]  # class logits
+    assert all(torch.isfinite(o).all() for o in outs if o.is_floating_point())
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)

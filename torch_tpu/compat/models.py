@@ -269,6 +269,17 @@ FAMILY = {"codegen": {"n_head": 4},
                                                        [[3, 18, 42, 2, False], [3, 42, 42, 1, True]],
                                                        [[3, 42, 48, 2, False], [3, 48, 48, 1, True]]]},
                                  "layer_list_out_channels": [12, 18, 42, 48]},
+          # OmDet-Turbo's layer norms after the backbone read timm's channel-last maps (its
+          # default Swin); the Hugging Face backbone built instead (timm is not installed)
+          # gives channel-first maps, which the class takes with them off (as its own tests
+          # build it). Its queries are picked from the anchors of a 32-pixel image (84); its
+          # encoder hands the decoder one map per level at its width (a list the width
+          # following misses). Its decoder projects the class and task embeddings (the text
+          # tower's width, 512 released) to its own (256) only when the two differ (no
+          # projection built otherwise, yet always called): a 64-wide text tower over it.
+          "omdet-turbo": {"apply_layernorm_after_vision_backbone": False, "num_queries": 8,
+                          "vision_features_channels": [32, 32, 32], "text_config.hidden_size": 64,
+                          "text_projection_in_dim": 64, "text_projection_out_dim": 64, "class_embed_dim": 64},
           # UVDoc's head concatenates every bridge stage's map (connector width x 6 stages),
           # but the backbone's default outputs only the last: all six out. Its nested channel
           # tuples escape the generic shrink: the released widths / 4 (stem 8, stages 8-16-32,
@@ -1230,6 +1241,20 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
         pv = kw["pixel_values"]
         out["pixel_values"] = pv.unsqueeze(1) if pv.dim() == 4 else pv
         out["image_attention_mask"] = torch.ones(batch, kw["input_ids"].shape[1], 1, dtype=torch.long)
+    if "classes_structure" in params and "pixel_values" in kw:
+        # Open-vocabulary detection from prompts (OmDet-Turbo): each image's task prompt, its
+        # class names tokenized one per row, all images' rows stacked, and each image's class
+        # count (2, then 1, ...: regrouping pads to the largest); one task prompt padded.
+        text = _sub(cfg, "text_config")
+        top = max(4, min(getattr(text, "vocab_size", 128) or 128, 128) - SPECIAL_IDS)
+        counts = [2 - i % 2 for i in range(batch)]
+        n = sum(counts)
+        task_mask = torch.ones(batch, seq, dtype=torch.long)
+        task_mask[-1, -2:] = 0
+        out.update(classes_input_ids=torch.randint(3, top, (n, 4), generator=g),
+                   classes_attention_mask=torch.ones(n, 4, dtype=torch.long),
+                   tasks_input_ids=torch.randint(3, top, (batch, seq), generator=g),
+                   tasks_attention_mask=task_mask, classes_structure=torch.tensor(counts))
     if "task_inputs" in params:  # OneFormer's "the task is semantic" prompt, as token ids
         n = v("task_seq_len", seq)
         out["task_inputs"] = torch.randint(3, 100, (batch, n), generator=g)
