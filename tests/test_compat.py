@@ -531,3 +531,18 @@ def test_omdet_turbo_gets_prompts_and_a_backbone_layout_it_reads():
     assert (2, cfg.num_queries, int(counts.max())) in [tuple(o.shape) for o in outs]  # class logits
     assert all(torch.isfinite(o).all() for o in outs if o.is_floating_point())
     assert any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_sam2_video_stage1_builds_its_trainable_image_model():
+    """SAM 2 Video's own forward tracks through an inference session under
+    torch.inference_mode: no training step can run it (stage 1 reported it
+    config-unbuildable). Stage 1 builds its per-frame image model instead, as for Bark,
+    from the video config with SAM 2's sizes, and trains one step on the CPU."""
+    from torch_tpu.compat.run import step
+    model, cfg, head, _, cls = models.build("sam2_video")
+    assert cls == "Sam2Model" and cfg.model_type == "sam2_video"
+    kw = models.inputs(model, cfg, head)
+    assert kw["pixel_values"].shape[-2:] == (64, 64)
+    outs, _, grads, _ = step(model, kw, "cpu")
+    assert all(torch.isfinite(o).all() for o in outs if o.is_floating_point())
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)

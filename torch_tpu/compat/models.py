@@ -328,8 +328,11 @@ IMAGE_PAIRS = ("efficientloftr",)
 # as (batch, 1, width, hidden)).
 ONE_SAMPLE = {"tvp": 1}
 # Types whose model class only generates (no forward of its own): the trainable part
-# built instead, with its sub-config (Bark's semantic text-to-tokens model).
-PARTS = {"bark": "BarkSemanticModel"}
+# built instead, with its sub-config (Bark's semantic text-to-tokens model). SAM 2 Video's
+# forward tracks through a stateful inference session under torch.inference_mode (no
+# training step can run it): its per-frame image model, SAM 2's, from the same config
+# (its mask-generation class; the memory modules run only inside that session).
+PARTS = {"bark": "BarkSemanticModel", "sam2_video": "Sam2Model"}
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
 STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2,
                "blocks_per_stage": 1, "embed_dim_per_stage": 32}  # Hiera: doubling from hidden_size
