@@ -483,3 +483,74 @@ def test_per_stage_random_rates_are_turned_off():
     from torch_tpu.compat import models
     _, cfg, *_ = models.build("cvt")
     assert list(cfg.drop_path_rate) == [0.0, 0.0, 0.0]
+
+
+def test_uvdoc_head_reads_every_bridge_stage():
+    """UVDoc's head concatenates all six bridge stages' maps; the backbone's default put
+    out the last alone (a 768-channel connector fed 128 channels). The small config puts
+    every stage out at a quarter of the released widths and trains one step on the CPU."""
+    from torch_tpu.compat.run import step
+    model, cfg, head, _, _ = models.build("uvdoc")
+    bb = cfg.backbone_config
+    assert bb.out_indices == list(range(1, len(bb.stage_configs) + 1))
+    assert cfg.bridge_connector[0] == bb.resnet_configs[-1][-1][1]
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
+    kw = models.inputs(model, cfg, head)
+    assert kw["pixel_values"].shape[-2:] == (64, 64)
+    outs, _, grads, _ = step(model, kw, "cpu")
+    assert all(torch.isfinite(o).all() for o in outs)
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("head", [None, "object_detection"])
+def test_pp_ocrv6_small_det_neck_gets_four_stages(head):
+    """PP-OCRv6's small detector fuses four backbone stages whose widths its config lists;
+    the backbone's default put out its last stage alone (384 channels into a 12-channel
+    input conv). The small config puts all four out at the listed widths; the base model
+    and the detection head each train one step on the CPU."""
+    from torch_tpu.compat.run import step
+    model, cfg, head, _, _ = models.build("pp_ocrv6_small_det", head)
+    bb = cfg.backbone_config
+    assert bb.out_indices == [1, 2, 3, 4]
+    assert list(cfg.layer_list_out_channels) == list(bb.stage_out_channels)
+    kw = models.inputs(model, cfg, head)
+    assert kw["pixel_values"].shape[-2:] == (64, 64)
+    outs, _, grads, _ = step(model, kw, "cpu")
+    assert all(torch.isfinite(o).all() for o in outs)
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_omdet_turbo_gets_prompts_and_a_backbone_layout_it_reads():
+    """OmDet-Turbo detects the classes a prompt names: it takes each image's task prompt,
+    the tokenized class names of all images stacked, and each image's class count. Its
+    small config must also fit the Hugging Face backbone (channel-first maps: no
+    channel-last layer norms), the decoder's width per level, and a text width apart from
+    the decoder's (the task projection exists only then). It trains one step on the CPU."""
+    from torch_tpu.compat.run import step
+    model, cfg, head, _, _ = models.build("omdet-turbo")
+    assert not cfg.apply_layernorm_after_vision_backbone
+    assert cfg.class_embed_dim == cfg.text_config.hidden_size != cfg.decoder_hidden_dim
+    assert list(cfg.vision_features_channels) == [cfg.d_model] * len(cfg.vision_features_channels)
+    kw = models.inputs(model, cfg, head)
+    counts = kw["classes_structure"]
+    assert counts.shape == (2,) and int(counts.sum()) == kw["classes_input_ids"].shape[0]
+    assert kw["tasks_input_ids"].shape == kw["tasks_attention_mask"].shape == (2, 8)
+    outs, _, grads, _ = step(model, kw, "cpu")
+    assert (2, cfg.num_queries, int(counts.max())) in [tuple(o.shape) for o in outs]  # class logits
+    assert all(torch.isfinite(o).all() for o in outs if o.is_floating_point())
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_sam2_video_stage1_builds_its_trainable_image_model():
+    """SAM 2 Video's own forward tracks through an inference session under
+    torch.inference_mode: no training step can run it (stage 1 reported it
+    config-unbuildable). Stage 1 builds its per-frame image model instead, as for Bark,
+    from the video config with SAM 2's sizes, and trains one step on the CPU."""
+    from torch_tpu.compat.run import step
+    model, cfg, head, _, cls = models.build("sam2_video")
+    assert cls == "Sam2Model" and cfg.model_type == "sam2_video"
+    kw = models.inputs(model, cfg, head)
+    assert kw["pixel_values"].shape[-2:] == (64, 64)
+    outs, _, grads, _ = step(model, kw, "cpu")
+    assert all(torch.isfinite(o).all() for o in outs if o.is_floating_point())
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)

@@ -259,6 +259,40 @@ FAMILY = {"codegen": {"n_head": 4},
           "musicgen": {"audio_encoder.num_filters": 4}, "musicgen_melody": {"audio_encoder.num_filters": 4},
           # SAM 2 Video builds SAM 2's image model: the same sizes.
           "sam2_video": SAM2,
+          # PP-OCRv6's small detector: the same backbone default (the recognizers' height-only
+          # strides, the last stage alone out) under a neck that fuses four square-strided
+          # stages (4 to 32) whose widths it is told in layer_list_out_channels: the released
+          # 12, 18 and 42, the top's 360 cut to 48.
+          "pp_ocrv6_small_det": {"backbone_config": {
+                                     "model_type": "pp_lcnet_v4", "stem_channels": [3, 8, 16], "out_indices": [1, 2, 3, 4],
+                                     "block_configs": [[[3, 16, 12, 1, True]], [[3, 12, 18, 2, False]],
+                                                       [[3, 18, 42, 2, False], [3, 42, 42, 1, True]],
+                                                       [[3, 42, 48, 2, False], [3, 48, 48, 1, True]]]},
+                                 "layer_list_out_channels": [12, 18, 42, 48]},
+          # OmDet-Turbo's layer norms after the backbone read timm's channel-last maps (its
+          # default Swin); the Hugging Face backbone built instead (timm is not installed)
+          # gives channel-first maps, which the class takes with them off (as its own tests
+          # build it). Its queries are picked from the anchors of a 32-pixel image (84); its
+          # encoder hands the decoder one map per level at its width (a list the width
+          # following misses). Its decoder projects the class and task embeddings (the text
+          # tower's width, 512 released) to its own (256) only when the two differ (no
+          # projection built otherwise, yet always called): a 64-wide text tower over it.
+          "omdet-turbo": {"apply_layernorm_after_vision_backbone": False, "num_queries": 8,
+                          "vision_features_channels": [32, 32, 32], "text_config.hidden_size": 64,
+                          "text_projection_in_dim": 64, "text_projection_out_dim": 64, "class_embed_dim": 64},
+          # UVDoc's head concatenates every bridge stage's map (connector width x 6 stages),
+          # but the backbone's default outputs only the last: all six out. Its nested channel
+          # tuples escape the generic shrink: the released widths / 4 (stem 8, stages 8-16-32,
+          # bridge and head 32), the blocks' dilations and the bridge's six stages kept.
+          "uvdoc": {"backbone_config": {
+                        "model_type": "uvdoc_backbone", "resnet_head": [[3, 8], [8, 8]],
+                        "resnet_configs": [[[8, 8, 1, False], [8, 8, 3, False]],
+                                           [[8, 16, 1, True], [16, 16, 3, False]],
+                                           [[16, 32, 1, True], [32, 32, 3, False]]],
+                        "stage_configs": [[[32, 1]], [[32, 2]], [[32, 5]], [[32, 8], [32, 3], [32, 2]],
+                                          [[32, 12], [32, 7], [32, 4]], [[32, 18], [32, 12], [32, 6]]],
+                        "out_indices": [1, 2, 3, 4, 5, 6]},
+                    "bridge_connector": [32, 32], "out_point_positions2D": [[32, 8], [8, 2]]},
 }
 # Image (height, width) for types whose config holds no image size: convolutional towers
 # (stride 32, then a pool) that need more than 32 pixels; text recognizers read a line.
@@ -272,7 +306,10 @@ INPUT_SIZE = {"tvp": (64, 64), "pp_ocrv5_mobile_rec": (96, 64), "pp_ocrv5_server
               # PP-DocLayoutV3 (the same backbone and encoder) too.
               "d_fine": (64, 64), "deimv2": (64, 64), "pp_doclayout_v3": (64, 64),
               # PP-OCRv6's detector fuses four stages (strides 4-32): 64 pixels keep 2 x 2 at the top.
-              "pp_ocrv6_medium_det": (64, 64), **{t: (48, 64) for t in (
+              "pp_ocrv6_medium_det": (64, 64), "pp_ocrv6_small_det": (64, 64),
+              # UVDoc strides 16 to its bridge, and its head pads 2 by reflection (less than
+              # the map's side): 64 pixels keep 4 x 4.
+              "uvdoc": (64, 64), **{t: (48, 64) for t in (
     "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")}}
 # Audio features several mel frames wide: Granite Speech 5 adds deltas (x 2) and stacks
 # frame pairs (x 2) before its first linear layer.
@@ -291,8 +328,11 @@ IMAGE_PAIRS = ("efficientloftr",)
 # as (batch, 1, width, hidden)).
 ONE_SAMPLE = {"tvp": 1}
 # Types whose model class only generates (no forward of its own): the trainable part
-# built instead, with its sub-config (Bark's semantic text-to-tokens model).
-PARTS = {"bark": "BarkSemanticModel"}
+# built instead, with its sub-config (Bark's semantic text-to-tokens model). SAM 2 Video's
+# forward tracks through a stateful inference session under torch.inference_mode (no
+# training step can run it): its per-frame image model, SAM 2's, from the same config
+# (its mask-generation class; the memory modules run only inside that session).
+PARTS = {"bark": "BarkSemanticModel", "sam2_video": "Sam2Model"}
 # Per-stage lists of hierarchical models (ResNet, Swin, ...): same length, small values.
 STAGE_LISTS = {"depths": 1, "hidden_sizes": 16, "embed_dims": 16, "num_heads": 2,
                "blocks_per_stage": 1, "embed_dim_per_stage": 32}  # Hiera: doubling from hidden_size
@@ -1207,6 +1247,20 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
         pv = kw["pixel_values"]
         out["pixel_values"] = pv.unsqueeze(1) if pv.dim() == 4 else pv
         out["image_attention_mask"] = torch.ones(batch, kw["input_ids"].shape[1], 1, dtype=torch.long)
+    if "classes_structure" in params and "pixel_values" in kw:
+        # Open-vocabulary detection from prompts (OmDet-Turbo): each image's task prompt, its
+        # class names tokenized one per row, all images' rows stacked, and each image's class
+        # count (2, then 1, ...: regrouping pads to the largest); one task prompt padded.
+        text = _sub(cfg, "text_config")
+        top = max(4, min(getattr(text, "vocab_size", 128) or 128, 128) - SPECIAL_IDS)
+        counts = [2 - i % 2 for i in range(batch)]
+        n = sum(counts)
+        task_mask = torch.ones(batch, seq, dtype=torch.long)
+        task_mask[-1, -2:] = 0
+        out.update(classes_input_ids=torch.randint(3, top, (n, 4), generator=g),
+                   classes_attention_mask=torch.ones(n, 4, dtype=torch.long),
+                   tasks_input_ids=torch.randint(3, top, (batch, seq), generator=g),
+                   tasks_attention_mask=task_mask, classes_structure=torch.tensor(counts))
     if "task_inputs" in params:  # OneFormer's "the task is semantic" prompt, as token ids
         n = v("task_seq_len", seq)
         out["task_inputs"] = torch.randint(3, 100, (batch, n), generator=g)
