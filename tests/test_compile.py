@@ -836,3 +836,25 @@ def test_fuse_steps_off_keeps_a_program_per_graph():
             d = delta(before, torch_tpu.metrics(), "executions", "compiled_replays")
             if i >= 2:
                 assert d == {"executions": 3, "compiled_replays": 3}, d
+
+
+def test_a_view_planned_on_a_meta_layout_runs_on_the_real_one():
+    # PyTorch's meta softplus_backward gives a transposed gradient's result a contiguous
+    # layout, CPU's kernel (and ours) the gradient's: AOTAutograd plans the backward's
+    # view on the meta one. (Doge's compiled backward in the compat run.)
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 2)
+
+    def f(lin, x):
+        dt = F.softplus(lin(x).view(2, 8, 2))
+        m = torch.exp(dt).transpose(-1, -2)[:, :, None, :].expand(2, 2, 3, 8)
+        return m.masked_fill(torch.arange(8, device=x.device) > 5, 0.0)
+    x = torch.randn(16, 4)
+    f(lin, x).sum().backward()
+    on_tpu = torch.nn.Linear(4, 2).to("tpu")
+    on_tpu.load_state_dict(lin.state_dict())
+    out = torch.compile(f, backend="tpu")(on_tpu, x.to("tpu"))
+    out.sum().backward()
+    torch.testing.assert_close(out.cpu(), f(lin, x).detach())
+    torch.testing.assert_close(on_tpu.weight.grad.cpu(), lin.weight.grad, rtol=1e-5, atol=1e-6)

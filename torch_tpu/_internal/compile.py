@@ -365,6 +365,7 @@ class TpuBackend:
             counters["compiled_aot_seconds"] += dt
 
     def _lower(self, gm: torch.fx.GraphModule, example_inputs, role: str = "inference"):
+        _views_that_copy_when_needed(gm)
         bounded = bool(_symbols(example_inputs))
         # Bounded graphs keep a program per graph: eager padding between them (per size in
         # DeferAndFuse) would join their step's program and make it vary with the sizes.
@@ -378,6 +379,22 @@ class TpuBackend:
 
 
 tpu_backend = TpuBackend()  # the entry point Dynamo loads for backend="tpu"
+
+
+def _views_that_copy_when_needed(gm: torch.fx.GraphModule) -> None:
+    """aten.view nodes become aten.reshape. AOTAutograd traces a graph against PyTorch's
+    meta kernels, and a few of those give an output another layout than CPU's kernel (and
+    ours, which follow CPU's): softplus_backward of a transposed gradient is contiguous in
+    meta, transposed on CPU, so a view planned on the meta layout fails on the real one.
+    Where the layouts agree reshape is that same view; where they differ it copies. (The
+    graph is functional: nothing writes through its views.)"""
+    changed = False
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.aten.view.default:
+            n.target = torch.ops.aten.reshape.default
+            changed = True
+    if changed:
+        gm.recompile()
 
 
 def _holds_tpu(gm, example_inputs) -> bool:
