@@ -858,3 +858,42 @@ def test_a_view_planned_on_a_meta_layout_runs_on_the_real_one():
     out.sum().backward()
     torch.testing.assert_close(out.cpu(), f(lin, x).detach())
     torch.testing.assert_close(on_tpu.weight.grad.cpu(), lin.weight.grad, rtol=1e-5, atol=1e-6)
+
+
+class _WritesAnInputItReads(torch.nn.Module):
+    """A forward that writes an input before reading it: a buffer scaled in place (the
+    graph's copy_ epilogue) and a weight clamped through `.data` (Gemma3n's AltUp; a
+    mutation hidden from autograd, copied back by AOTAutograd after the graph)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 16, bias=False)
+        self.register_buffer("scale", torch.full((4,), 2.0))
+
+    def forward(self, x):
+        self.scale.mul_(0.5)
+        self.b.weight.data.clamp_(-0.2, 0.2)
+        return self.b(self.a(x) * self.scale).square().sum()
+
+
+def test_the_backward_reads_what_the_forward_read_before_writing_an_input():
+    # With the activation budget of 0 the backward recomputed `scale * 0.5` and the clamp
+    # from the written inputs: a silently wrong gradient (the buffer read twice scaled)
+    # and autograd's "modified by an inplace operation" error (the clamped weight).
+    def steps(device, compiled):
+        torch.manual_seed(0)
+        m = _WritesAnInputItReads().to(device)
+        f = torch.compile(m, backend="tpu") if compiled else m
+        x = (torch.arange(12.0).view(3, 4) / 10).to(device)
+        got = []
+        for _ in range(2):
+            loss = f(x)
+            loss.backward()
+            got.append([t.detach().cpu().clone() for t in (loss, m.scale, m.b.weight)]
+                       + [p.grad.cpu().clone() for p in (m.a.weight, m.a.bias, m.b.weight)])
+            m.zero_grad()
+        return got
+    for want, got in zip(steps("cpu", False), steps("tpu", True)):
+        for w, g in zip(want, got):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)

@@ -199,6 +199,15 @@ class _CompiledGraph:
         return out
 
 
+def _backward_nodes(joint: torch.fx.GraphModule) -> set:
+    """The joint graph's nodes that read a tangent, directly or not: the backward's."""
+    backward = set()
+    for n in joint.graph.nodes:
+        if (n.op == "placeholder" and n.name.startswith("tangents")) or any(a in backward for a in n.all_input_nodes):
+            backward.add(n)
+    return backward
+
+
 def _recompute_cheap_ops(joint: torch.fx.GraphModule) -> None:
     """Tags the joint graph's forward ops for the min-cut partitioner: every op that is
     neither a contraction (matmul, convolution, attention: PyTorch's compute-intensive
@@ -209,10 +218,7 @@ def _recompute_cheap_ops(joint: torch.fx.GraphModule) -> None:
     from torch._functorch.partitioners import get_default_op_list
     from torch.utils.checkpoint import CheckpointPolicy
     ops = get_default_op_list()
-    backward = set()
-    for n in joint.graph.nodes:  # nodes that read a tangent belong to the backward
-        if (n.op == "placeholder" and n.name.startswith("tangents")) or any(a in backward for a in n.all_input_nodes):
-            backward.add(n)
+    backward = _backward_nodes(joint)
 
     def contraction(n):
         name = str(n.target)
@@ -230,14 +236,53 @@ def _recompute_cheap_ops(joint: torch.fx.GraphModule) -> None:
                 u.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def _save_reads_of_mutated_inputs(joint: torch.fx.GraphModule) -> int:
+    """Tags MUST_SAVE the ops that read, directly or through views, an input the step writes
+    (the graph's copy_ epilogue, or AOTAutograd's copy after it: Gemma3n's
+    `weight.data.clamp_`). Recomputed in the backward they would read the written input,
+    whose newer version autograd refuses; PyTorch's partition with a memory budget below 1
+    recomputes them (aot_eager fails the same way on CPU then). Returns how many."""
+    from torch._functorch.partitioners import get_default_op_list
+    from torch.utils.checkpoint import CheckpointPolicy
+    ops = get_default_op_list()
+    copy_ = torch.ops.aten.copy_.default
+    written = [n.args[0] for n in joint.graph.nodes
+               if n.op == "call_function" and n.target is copy_ and n.args[0].op == "placeholder"]
+    # A mutation AOTAutograd applies after the graph (the input requires grad): the joint
+    # graph returns the new value, described as the input's mutation.
+    from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
+    inputs = {n.meta.get("desc"): n for n in joint.graph.nodes if n.op == "placeholder"}
+    out = joint.graph.output_node()
+    for d in out.meta.get("desc") or ():
+        if isinstance(d, InputMutationAOTOutput) and d.mutated_input in inputs:
+            written.append(inputs[d.mutated_input])
+    readers, seen, tagged = [u for p in written for u in p.users], set(), 0
+    while readers:
+        n = readers.pop()
+        if n in seen or n.op != "call_function" or n.target is copy_:
+            continue
+        seen.add(n)
+        if ops.is_view(n) or n.target is operator.getitem:  # a view reads through to its users
+            readers.extend(n.users)
+        else:
+            n.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+            tagged += 1
+    return tagged
+
+
 def _partition(recompute: str):
     from torch._functorch.partitioners import min_cut_rematerialization_partition
-    if recompute == "budget":
-        return min_cut_rematerialization_partition
 
     def partition(joint, joint_inputs, **kwargs):
-        _recompute_cheap_ops(joint)
-        return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+        if recompute == "cheap":
+            _recompute_cheap_ops(joint)
+        budget = torch._functorch.config.activation_memory_budget
+        if _save_reads_of_mutated_inputs(joint) and budget == 0:
+            # A budget of 0 saves the inputs alone (tags ignored); just above it the
+            # partition saves the inputs and the tagged values.
+            budget = 1e-6
+        with torch._functorch.config.patch(activation_memory_budget=budget):
+            return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
     return partition
 
 
