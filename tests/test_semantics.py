@@ -124,6 +124,38 @@ def test_out_variants_write_and_resize():
     same(big[0], torch.zeros(4))
 
 
+def test_out_of_a_wider_dtype_gets_the_common_dtype_result_cast():
+    # CPU computes a pointwise op in its inputs' common dtype and casts into `out`:
+    # mul(f32, f32, out=f64) is the f32 product widened, not the f64 product.
+    torch.manual_seed(0)
+    a, b = torch.randn(64), torch.randn(64)
+    i = torch.arange(-3, 5)
+    cases = {
+        "mul": lambda d, o: torch.mul(a.to(d), b.to(d), out=o),
+        "add alpha": lambda d, o: torch.add(a.to(d), b.to(d), alpha=3, out=o),
+        "div": lambda d, o: torch.div(a.to(d), b.to(d), out=o),
+        "mul scalar": lambda d, o: torch.mul(a.to(d), 2.1, out=o),
+        "sin of int": lambda d, o: torch.sin(i.to(d), out=o),
+        "eq": lambda d, o: torch.eq(a.to(d), b.to(d), out=o),
+    }
+    for name, f in cases.items():
+        n = 8 if "int" in name else 64
+        want = torch.empty(n, dtype=torch.float64)
+        f("cpu", want)
+        got = torch.empty(n, dtype=torch.float64, device="tpu")
+        with no_fallbacks():
+            r = f("tpu", got)
+        assert r is got, name
+        if name == "sin of int":  # CPU's f32 sin varies with the instruction set
+            torch.testing.assert_close(got.cpu(), torch.sin(i.to("tpu")).cpu().double(), rtol=0, atol=0)
+            torch.testing.assert_close(got.cpu(), want)
+        else:  # IEEE f32 arithmetic, widened
+            torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, msg=name)
+    assert not torch.equal(torch.mul(a.double(), b.double()), torch.mul(a, b).double())  # the test can tell
+    with pytest.raises(RuntimeError, match="cast"):
+        torch.add(a.to("tpu"), 1, out=torch.empty(64, dtype=torch.int64, device="tpu"))
+
+
 def test_shape_mismatch_error_names_shapes_and_keeps_tensors():
     a = torch.ones(3, 4, device="tpu")
     b = torch.ones(5, device="tpu")

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <deque>
 #include <list>
+#include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -53,6 +55,9 @@ struct OpInfo {
   // Per return: the argument index it aliases, or one of these.
   static constexpr int kFreshReturn = -1, kListReturn = -2, kNoArgument = -3;
   std::vector<int> ret_alias;
+  // A pointwise out= op with one out (mul.out): its functional op (mul.Tensor), which
+  // computes in the inputs' common dtype when `out` has another.
+  std::optional<c10::OperatorHandle> functional;
 };
 
 // Ops whose CPU kernels accept a written tensor with internal overlap (fills, which
@@ -1022,6 +1027,31 @@ bool write_out_later(const c10::OperatorHandle& op, const OpInfo& info, const Pl
   return true;
 }
 
+// A pointwise out= op whose out dtype is not the inputs' common dtype: CPU's
+// TensorIterator computes in the common dtype and casts into `out`
+// (mul(f32, f32, out=f64) rounds to f32 first), so the functional op runs and its result
+// is copied into `out` (already resized and checked by the out= op's meta kernel).
+bool computed_in_common_dtype(const OpInfo& info, torch::jit::Stack* stack) {
+  if (!info.functional) return false;
+  auto args = torch::jit::last(*stack, info.num_args);
+  const IValue& out_slot = args[info.num_args - 1];
+  if (!out_slot.isTensor()) return false;
+  at::Tensor out = out_slot.toTensor();
+  bool all_same = true;
+  for (int i = 0; i + 1 < info.num_args; ++i)
+    if (args[i].isTensor() && args[i].toTensor().scalar_type() != out.scalar_type()) all_same = false;
+  if (all_same) return false;  // DDP's mul_out into a bucket: the usual case, decided here
+  torch::jit::Stack call(args.begin(), args.end() - 1);
+  auto [margs, mrets] = run_meta(*info.functional, call);
+  if (mrets.size() != 1 || !mrets[0].isTensor() || mrets[0].toTensor().scalar_type() == out.scalar_type())
+    return false;
+  info.functional->callBoxed(call);
+  out.copy_(call[0].toTensor());
+  torch::jit::drop(*stack, info.num_args);
+  stack->push_back(out);
+  return true;
+}
+
 void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
   guarded([] { runtime::Client::check_not_forked(); return 0; });  // before any graph lock
   if (info.cpu_indices_arg >= 0) {
@@ -1050,6 +1080,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
         append_outs(margs[a], meta_outs);
       }
     }
+    if (computed_in_common_dtype(info, stack)) return;
   }
 
   thread_local std::string key_buffer;
@@ -1253,6 +1284,24 @@ const lowering::Rule* rule_for(const c10::FunctionSchema& schema, const std::str
   return nullptr;
 }
 
+// The functional overload of an out= op: the overload whose arguments are the out= op's
+// without its out (mul.Tensor for mul.out).
+std::optional<c10::OperatorHandle> functional_of(const c10::FunctionSchema& schema,
+                                                 const std::vector<c10::OperatorName>& candidates) {
+  const auto& want = schema.arguments();
+  for (const c10::OperatorName& c : candidates) {
+    auto h = c10::Dispatcher::singleton().findOp(c);
+    if (!h || !h->hasSchema() || h->schema().is_mutable()) continue;
+    const auto& have = h->schema().arguments();
+    if (have.size() + 1 != want.size() || h->schema().returns().size() != 1) continue;
+    bool same = true;
+    for (size_t i = 0; i < have.size() && same; ++i)
+      same = have[i].name() == want[i].name() && *have[i].type() == *want[i].type();
+    if (same) return h;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 runtime::BufferPtr rng_state_buffer(const std::optional<at::Generator>& gen, int device) {
@@ -1270,6 +1319,8 @@ int register_lowered_kernels() {
                                                   c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   int n = 0;
   auto& d = c10::Dispatcher::singleton();
+  std::map<std::string, std::vector<c10::OperatorName>> overloads;  // aten::mul -> its overloads
+  for (const c10::OperatorName& name : d.getAllOpNames()) overloads[name.name].push_back(name);
   for (const c10::OperatorName& name : d.getAllOpNames()) {
     bool ours = name.name == "torch_tpu::call_stablehlo";
     if (name.name.rfind("aten::", 0) != 0 && !ours) continue;
@@ -1309,6 +1360,9 @@ int register_lowered_kernels() {
     info.check_input_overlap = !cpu_allows_input_overlap(base);
     info.host_fill = info.name == "fill_.Scalar" || info.name == "zero_";
     info.ret_alias = return_aliases(schema);
+    if (info.is_out && info.mutated.size() == 1 && info.mutated[0] == info.num_args - 1 &&
+        h->hasTag(at::Tag::pointwise))
+      info.functional = functional_of(schema, overloads[name.name]);
     // Rules index the functional op's arguments: out= args come last, so they line up.
     const OpInfo* stored = &infos().emplace(name, std::move(info)).first->second;
     // torch::Library keeps the name pointer: give it storage that lives as long.
