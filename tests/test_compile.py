@@ -897,3 +897,22 @@ def test_the_backward_reads_what_the_forward_read_before_writing_an_input():
     for want, got in zip(steps("cpu", False), steps("tpu", True)):
         for w, g in zip(want, got):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_the_backward_uses_the_forwards_random_draws():
+    # With the activation budget of 0 the backward recomputed random ops: a dropout mask
+    # or noise drawn again, other numbers than the forward's (a silently wrong gradient).
+    def noisy(x):
+        u = torch.rand(3, 4, device=x.device)
+        return (x * u).sum(), u.detach().clone()
+    x = torch.randn(3, 4, device="tpu", requires_grad=True)
+    loss, u = torch.compile(noisy, backend="tpu")(x)
+    loss.backward()
+    torch.testing.assert_close(x.grad.cpu(), u.cpu(), rtol=0, atol=0)
+
+    x = torch.randn(64, device="tpu", requires_grad=True)
+    y = torch.compile(lambda x: torch.nn.functional.dropout(x, 0.5, training=True) * 3.0, backend="tpu")(x)
+    y.sum().backward()
+    kept = y.detach().cpu() != 0
+    assert 0 < int(kept.sum()) < 64
+    torch.testing.assert_close(x.grad.cpu(), kept.float() * 6.0, rtol=0, atol=0)

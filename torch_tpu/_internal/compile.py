@@ -68,6 +68,21 @@ REPLAY = True      # False: every call records (tests compare the two paths)
 # a second of a compiled process's first training step; XLA eliminates the same common
 # subexpressions in each program it compiles, so the pass is off.
 CSE = False
+# A TorchDispatchMode that every graph call runs its ATen ops under, recording (no
+# captured replay): the compat tool hands compiled graphs the CPU step's random draws
+# this way (Dynamo refuses to trace under a dispatch mode). Set by `graph_calls_under`.
+_graph_call_mode = None
+
+
+@contextlib.contextmanager
+def graph_calls_under(mode):
+    """Compiled graphs called inside run their ops under the dispatch mode `mode`."""
+    global _graph_call_mode
+    prev, _graph_call_mode = _graph_call_mode, mode
+    try:
+        yield
+    finally:
+        _graph_call_mode = prev
 
 
 def _mutated_inputs(gm: torch.fx.GraphModule) -> list:
@@ -149,7 +164,7 @@ class _CompiledGraph:
             _C.flush("before compiled graph")
         _C.set_eager_mode(_DEFER_ALL)
         try:
-            out = self._replay(args, how) if isinstance(args, list) else None
+            out = self._replay(args, how) if isinstance(args, list) and _graph_call_mode is None else None
             if out is None:
                 out = self._record(args)
         finally:
@@ -175,13 +190,14 @@ class _CompiledGraph:
 
     def _record(self, args):
         capturing = (REPLAY and isinstance(args, list) and not self.replay_declined
-                     and len(self._captures) < _MAX_CAPTURES)
+                     and len(self._captures) < _MAX_CAPTURES and _graph_call_mode is None)
         # A capture explains one flushed program: calls an earlier graph left pending
         # (a deferred forward) are flushed first.
         _C.flush("before compiled graph")
         cap = _C._capture_begin(args, self._mutated) if capturing else None
         try:
-            out = self._gm(args)
+            with _graph_call_mode if _graph_call_mode is not None else contextlib.nullcontext():
+                out = self._gm(args)
         except BaseException:
             if cap is not None:
                 _C._capture_abort(cap)
@@ -236,16 +252,32 @@ def _recompute_cheap_ops(joint: torch.fx.GraphModule) -> None:
                 u.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _save_reads_of_mutated_inputs(joint: torch.fx.GraphModule) -> int:
-    """Tags MUST_SAVE the ops that read, directly or through views, an input the step writes
-    (the graph's copy_ epilogue, or AOTAutograd's copy after it: Gemma3n's
-    `weight.data.clamp_`). Recomputed in the backward they would read the written input,
-    whose newer version autograd refuses; PyTorch's partition with a memory budget below 1
-    recomputes them (aot_eager fails the same way on CPU then). Returns how many."""
+def _must_save(joint: torch.fx.GraphModule) -> int:
+    """Tags MUST_SAVE the forward values the backward may not recompute; returns how many.
+    - Random ops' results (a dropout mask, Gumbel noise): recomputed, they would draw
+      other numbers than the forward used.
+    - Ops that read, directly or through views, an input the step writes (the graph's
+      copy_ epilogue, or AOTAutograd's copy after it: Gemma3n's `weight.data.clamp_`):
+      recomputed, they would read the written input (autograd refuses its newer version,
+      or, for a buffer, the gradient is silently wrong).
+    PyTorch's partition with a budget of 0 saves the inputs alone and recomputes all of
+    these (aot_eager does the same on CPU then); tagged, it saves them."""
     from torch._functorch.partitioners import get_default_op_list
     from torch.utils.checkpoint import CheckpointPolicy
     ops = get_default_op_list()
+    backward = _backward_nodes(joint)
+    tagged = []
+
+    def save(n):  # a multi-output op is saved through its getitems
+        if isinstance(n.meta.get("val"), (tuple, list)):
+            tagged.extend(u for u in n.users if u.target is operator.getitem and u not in backward)
+        else:
+            tagged.append(n)
     copy_ = torch.ops.aten.copy_.default
+    for n in joint.graph.nodes:
+        if (n.op == "call_function" and n not in backward
+                and torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())):
+            save(n)
     written = [n.args[0] for n in joint.graph.nodes
                if n.op == "call_function" and n.target is copy_ and n.args[0].op == "placeholder"]
     # A mutation AOTAutograd applies after the graph (the input requires grad): the joint
@@ -256,18 +288,19 @@ def _save_reads_of_mutated_inputs(joint: torch.fx.GraphModule) -> int:
     for d in out.meta.get("desc") or ():
         if isinstance(d, InputMutationAOTOutput) and d.mutated_input in inputs:
             written.append(inputs[d.mutated_input])
-    readers, seen, tagged = [u for p in written for u in p.users], set(), 0
+    readers, seen = [u for p in written for u in p.users], set()
     while readers:
         n = readers.pop()
-        if n in seen or n.op != "call_function" or n.target is copy_:
+        if n in seen or n.op != "call_function" or n.target is copy_ or n in backward:
             continue
         seen.add(n)
         if ops.is_view(n) or n.target is operator.getitem:  # a view reads through to its users
             readers.extend(n.users)
         else:
-            n.meta["recompute"] = CheckpointPolicy.MUST_SAVE
-            tagged += 1
-    return tagged
+            save(n)
+    for n in tagged:
+        n.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+    return len(tagged)
 
 
 def _partition(recompute: str):
@@ -277,7 +310,7 @@ def _partition(recompute: str):
         if recompute == "cheap":
             _recompute_cheap_ops(joint)
         budget = torch._functorch.config.activation_memory_budget
-        if _save_reads_of_mutated_inputs(joint) and budget == 0:
+        if _must_save(joint) and budget == 0:
             # A budget of 0 saves the inputs alone (tags ignored); just above it the
             # partition saves the inputs and the tagged values.
             budget = 1e-6

@@ -85,7 +85,14 @@ def step(model, kw, device, compiled=False, draws=None, backend="tpu"):
     forward = compiled_mode.wrap(model, backend) if compiled else model
     args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     torch.manual_seed(0)
-    with draws if draws is not None else contextlib.nullcontext():
+    if draws is None:
+        replaying = contextlib.nullcontext()
+    elif compiled:  # inside the graphs' calls: Dynamo does not trace under a dispatch mode
+        from torch_tpu._internal.compile import graph_calls_under
+        replaying = graph_calls_under(draws)
+    else:
+        replaying = draws
+    with replaying:
         out = forward(**args)
     # Device-side copies, read back only after the optimizer step: a host read in between
     # would cut DeferAndFuse's graphs and be counted as the model's.
@@ -334,13 +341,14 @@ def run_model(model_type, modes=("strict", "fused")) -> dict:
             rec["modes"][mode] = {"status": "pass", "cpu_seconds": round(cpu_s, 2)}
             continue
         rec["modes"][mode] = run_mode(mode, pristine, state, kw, want, (reference, spread),
-                                      cpu_s, None if mode == "compiled" else replay(recorded))
+                                      cpu_s, replay(recorded))
     return rec
 
 
 def replay(recorded):
-    """A mode that hands a step the CPU step's random draws; None when it drew none. Not
-    for compiled mode: Dynamo does not trace under a dispatch mode."""
+    """A mode that hands a step the CPU step's random draws; None when it drew none. In
+    compiled mode it runs inside the graphs' calls, where the draws are ATen ops (random
+    ops in a graph break's eager code draw the device's own numbers)."""
     return RandomDraws(recorded.values) if recorded.values else None
 
 
