@@ -47,6 +47,24 @@ def test_replayed_draws_make_the_device_step_equal_to_the_cpu_step():
     assert run.differences(fresh, want)[1] or run.differences(fresh, want)[0]
 
 
+def test_compiled_graphs_get_the_draws_too():
+    # Dynamo does not trace under a dispatch mode: the replay runs inside the graphs'
+    # calls, where eager's in-place draws are functional ops (bernoulli.p, uniform).
+    import torch._dynamo
+    rec = RandomDraws()
+    want = _step("cpu", rec)
+    replay = RandomDraws(rec.values)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Noisy()
+    got = run.step(model, {"x": torch.randn(4, 8, generator=torch.Generator().manual_seed(1))}, "tpu",
+                   compiled=True, draws=replay)
+    torch._dynamo.reset()
+    assert replay.used == 4
+    why, _ = run.verdict(got, want, lambda: pytest.fail("no float64 run needed"), zero_grads_for_none=True)
+    assert why == ""
+
+
 def test_the_float64_reference_gets_the_same_draws_cast():
     rec = RandomDraws()
     _step("cpu", rec)
