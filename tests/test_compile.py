@@ -916,3 +916,30 @@ def test_the_backward_uses_the_forwards_random_draws():
     kept = y.detach().cpu() != 0
     assert 0 < int(kept.sum()) < 64
     torch.testing.assert_close(x.grad.cpu(), kept.float() * 6.0, rtol=0, atol=0)
+
+
+def _batch_norm_where_dynamo_gave_up(x, w, b, mean, var):
+    # A data-dependent branch inside a loop: Dynamo leaves this frame to eager, so the
+    # batch norm below reaches the dispatcher and its tpu kernel (a Python decomposition).
+    for _ in range(2):
+        if x.sum() > -1e9:
+            x = x * 1.0
+    return torch.ops.aten.native_batch_norm(x, w, b, mean, var, True, 0.1, 1e-5)[0].square().sum()
+
+
+def test_python_kernels_are_not_traced_as_user_code():
+    # Dynamo compiled the tpu kernel itself as a graph of its own: its autograd saved the
+    # running stats before the kernel's write, so the backward raised "modified by an
+    # inplace operation" (OmDet-Turbo in the compiled compat run).
+    def run(device, compiled):
+        torch.manual_seed(0)
+        x, w, b = (torch.randn(4, 3, 5), torch.rand(3) + 0.5, torch.randn(3))
+        x, w, b = (t.to(device).requires_grad_() for t in (x, w, b))
+        mean, var = torch.zeros(3, device=device), torch.ones(3, device=device)
+        f = torch.compile(_batch_norm_where_dynamo_gave_up, backend="tpu") if compiled \
+            else _batch_norm_where_dynamo_gave_up
+        loss = f(x, w, b, mean, var)
+        loss.backward()
+        return [t.detach().cpu() for t in (loss, x.grad, w.grad, b.grad, mean, var)]
+    for w, g in zip(run("cpu", False), run("tpu", True)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

@@ -23,6 +23,8 @@ import warnings
 import torch
 from torch.utils import _pytree as pytree
 
+from ._meta import untraced
+
 registered: list = []          # op names ("aten::nansum") given a decomposition kernel
 fallbacks: dict = {}           # op name -> host round trips taken by decomposition kernels
 _lib = None
@@ -163,7 +165,7 @@ def _kernel(op, decomp):
         if r is NotImplemented:
             return _host(op, args, kwargs, "its decomposition declined these arguments")
         return r
-    return kernel
+    return untraced(kernel)
 
 
 def register() -> int:

@@ -8,6 +8,18 @@ import torch
 _lib = torch.library.Library("aten", "IMPL")
 
 
+def untraced(fn):
+    """Marks a Python kernel, and every call it makes, as never traced by torch.compile.
+    A kernel runs below the dispatcher; where Dynamo left a frame to eager (a graph break
+    in a loop), it would otherwise capture the kernel as a graph of its own, whose
+    autograd then saves the kernel's inputs at their version before the kernel writes
+    them (OmDet-Turbo's batch norm: "modified by an inplace operation")."""
+    frames = torch._C._dynamo.eval_frame
+    skip = frames._FrameAction.SKIP
+    frames.set_code_exec_strategy(fn.__code__, frames._FrameExecStrategy(skip, skip))
+    return fn
+
+
 def _grad_like_input(*args, **kwargs):
     return torch.empty_like(args[1])  # (grad_output, self / log_probs, ...)
 
@@ -95,8 +107,8 @@ _REPLACED = {
 def register():
     for name, fn in _KERNELS.items():
         if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + name, "Meta"):
-            _lib.impl(name, fn, "Meta")
+            _lib.impl(name, untraced(fn), "Meta")
     with warnings.catch_warnings():  # "Overriding a previously registered kernel": meant
         warnings.simplefilter("ignore")
         for name, fn in _REPLACED.items():
-            _lib.impl(name, fn, "Meta")
+            _lib.impl(name, untraced(fn), "Meta")
