@@ -121,6 +121,21 @@ def test_regressions_against_a_baseline():
     assert report.regressions(base, now) == ["gpt2 fused: was pass, now mismatch"]
 
 
+def test_report_of_the_checked_in_baseline(tmp_path):
+    # The baseline merges several runs: its statuses alone render per family and mode.
+    assert compat.main(["--report", BASELINE, "--out", str(tmp_path)]) == 0
+    with open(BASELINE) as f:
+        base = json.load(f)
+    md = (tmp_path / "compat.md").read_text()
+    assert (tmp_path / "compat.png").stat().st_size > 0
+    rows = [r for r in md.split("## Pass rate per family")[1].split("\n## ")[0].splitlines()
+            if r.startswith("| ") and not r.startswith("| family")]
+    for col, mode in enumerate(("strict", "fused", "compiled"), start=2):
+        passed = sum(1 for st in base["entries"].values() if st.get(mode) == "pass")
+        assert passed > 0
+        assert sum(int(r.split("|")[col].split("/")[0]) for r in rows if "/" in r.split("|")[col]) == passed
+
+
 def test_ci_subset_matches_the_baseline(tmp_path):
     """Each subset model type passes in Strict and DeferAndFuse, as in the baseline; the
     reports (JSON, Markdown, PNG) are written."""

@@ -126,7 +126,17 @@ def main(argv=None) -> int:
                    help="1: every model type; 2: the stratified sample of model classes")
     p.add_argument("--per-stratum", type=int, default=1, help="stage 2: classes per stratum")
     p.add_argument("--seed", type=int, default=0, help="stage 2: the sample's seed")
+    p.add_argument("--report", metavar="BASELINE",
+                   help="run nothing: write OUT/compat.{md,png} from a baseline file's statuses")
     a = p.parse_args(argv)
+    if a.report:
+        with open(a.report) as f:
+            res = report.results_of_baseline(json.load(f), models.representative)
+        os.makedirs(a.out, exist_ok=True)
+        report.write(res, a.out)
+        print(report.summary_table(res["summary"]))
+        print(f"Report: {os.path.join(a.out, 'compat.md')}, compat.png")
+        return 0
     modes = tuple(m for m in a.modes.split(",") if m)
     if bad := [m for m in modes if m not in ("strict", "fused", "compiled", "cpu")]:
         p.error(f"unknown mode {bad}")

@@ -110,8 +110,9 @@ def markdown(res: dict) -> str:
     s, entries = res["summary"], res["entries"]
     modes = res["meta"]["modes"]
     what = "model classes (stage 2)" if res["meta"].get("stage") == 2 else "model types"
+    wall = res["meta"]["wall_s"]
     out = [f"# Model compatibility ({s['model_types']} {what}, transformers "
-           f"{res['meta']['transformers']}, {res['meta']['wall_s']} s)", "",
+           f"{res['meta']['transformers']}, {wall}{' s' if isinstance(wall, (int, float)) else ''})", "",
            "Pass = forward outputs, gradients and parameters after one AdamW step match CPU's "
            "(float32, rtol 1e-3, atol 1e-4), with no CPU fallback. Float64-judged: a tensor "
            "outside that tolerance is as close to the step run in float64 on CPU as the "
@@ -122,7 +123,8 @@ def markdown(res: dict) -> str:
            "AdamW step that is exactly AdamW applied to tpu's own gradient (within 1e-5) is "
            "judged by that gradient, which is compared on its own (AdamW moves a weight by "
            "about lr x g / (|g| + eps): near zero it multiplies a gradient's rounding by "
-           "lr/eps = 10).", "", summary_table(s), "",
+           "lr/eps = 10).", "", *([res["meta"]["note"], ""] if res["meta"].get("note") else []),
+           summary_table(s), "",
            "## Pass rate per family", "", *family_rates(entries, modes), "",
            "## Per family", "", "| family | mode | " + " | ".join(STATUSES) + " |",
            "|---" * (len(STATUSES) + 2) + "|"]
@@ -150,7 +152,7 @@ def markdown(res: dict) -> str:
             "|---" * (len(modes) + 3) + "|"]
     for t, e in sorted(entries.items()):
         details = sorted({r.get("message", "") for r in e["modes"].values() if r.get("message")})
-        out.append(f"| {t} | {e['class'] or '-'} | " + " | ".join(e["modes"][m]["status"] for m in modes)
+        out.append(f"| {t} | {e['class'] or '-'} | " + " | ".join(e["modes"].get(m, {}).get("status", "-") for m in modes)
                    + f" | {'; '.join(details)[:160].replace('|', '/')} |")
     return "\n".join(out) + "\n"
 
@@ -185,6 +187,21 @@ def write(res: dict, out: str, stem: str = "compat") -> None:
     with open(os.path.join(out, stem + ".md"), "w") as f:
         f.write(markdown(res))
     chart(res, os.path.join(out, stem + ".png"))
+
+
+def results_of_baseline(baseline: dict, representative) -> dict:
+    """A results dict, for `markdown` and `chart`, from a baseline file's statuses alone
+    (no messages or timings): the checked-in baseline, merged from several runs, reports
+    per family and mode like one run. `representative(type)` gives (head, family, class)."""
+    modes = [m for m in ("strict", "fused", "compiled")
+             if any(m in st for st in baseline["entries"].values())]
+    entries = {}
+    for t, st in baseline["entries"].items():
+        head, family, cls = representative(t)
+        entries[t] = {"family": family, "class": cls, "head": head,
+                      "modes": {m: {"status": s} for m, s in st.items()}}
+    meta = dict(baseline.get("meta", {}), modes=modes, wall_s="several runs, see the note")
+    return {"meta": meta, "summary": summarize(entries, modes), "entries": entries}
 
 
 def baseline_of(res: dict) -> dict:
