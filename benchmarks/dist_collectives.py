@@ -89,6 +89,23 @@ def rank_main(rank, world, port, a):
                     wait[d]()
                     times[d].append(time.perf_counter() - t0)
             t = {d: statistics.median(v) for d, v in times.items()}
+            staging = None
+            if kib >= BANDWIDTH_KIB:
+                # tpu_dist's own copies alone: the buffer to the host and the result back,
+                # every rank at once. Even wholly hidden behind Gloo's work (chunk by chunk)
+                # they leave max(Gloo, staging) as tpu_dist's floor.
+                i, _ = bufs["tpu"]
+                there, back = torch.empty(i.shape), torch.empty(result["tpu"].shape)
+                spent = []
+                for _ in range(iterations(kib, a.iters)):
+                    torch.tpu.synchronize()
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    there.copy_(i)
+                    result["tpu"].copy_(back)
+                    torch.tpu.synchronize()
+                    spent.append(time.perf_counter() - t0)
+                staging = statistics.median(spent)
             bus = {d: n * 4 * bus_factor(name, world) / t[d] / 1e9 for d in t}
             rows.append({"world": world, "collective": name, "KiB": kib,
                          "iters": len(times["cpu"]),
@@ -97,7 +114,8 @@ def rank_main(rank, world, port, a):
                          "gloo_bus_GBps": round(bus["cpu"], 3),
                          "tpu_dist_bus_GBps": round(bus["tpu"], 3),
                          # The same bytes: the bandwidth ratio is the inverse time ratio.
-                         "vs_gloo": round(t["cpu"] / t["tpu"], 3)})
+                         "vs_gloo": round(t["cpu"] / t["tpu"], 3),
+                         "staging_ms": None if staging is None else round(staging * 1e3, 3)})
             del bufs, result
     if rank == 0:
         with open(a.part, "w") as f:
@@ -111,8 +129,13 @@ def target(row):
         ratio = row["tpu_dist_ms"] / row["gloo_ms"]
         return f"latency <= {LATENCY_MAX:g}x Gloo (is {ratio:.2f}x)", ratio <= LATENCY_MAX
     if row["KiB"] >= BANDWIDTH_KIB:
-        return (f"bus bw >= {BANDWIDTH_MIN:g}x Gloo (is {row['vs_gloo']:.2f}x)",
-                row["vs_gloo"] >= BANDWIDTH_MIN)
+        met = row["vs_gloo"] >= BANDWIDTH_MIN
+        text = f"bus bw >= {BANDWIDTH_MIN:g}x Gloo (is {row['vs_gloo']:.2f}x)"
+        if not met and row.get("staging_ms") is not None:
+            floor = max(row["gloo_ms"], row["staging_ms"])
+            text += (f"; its floor, the copies wholly hidden, is max(Gloo, staging) = "
+                     f"{floor:.1f} ms: tpu_dist at {row['tpu_dist_ms'] / floor:.2f}x of it")
+        return text, met
     return None, None
 
 
@@ -128,13 +151,17 @@ def markdown(rows, meta):
              "Medians; bus bandwidth in GB/s (NCCL's convention); `x Gloo` is tpu_dist's "
              "bus bandwidth over Gloo's (the inverse time ratio).",
              "",
-             "| ranks | collective | size | iters | Gloo ms | tpu_dist ms | Gloo GB/s "
+             "Staging ms: tpu_dist's copies alone (the buffer to the host, the result back), "
+             "every rank at once; tpu_dist overlaps them with Gloo's work chunk by chunk, so "
+             "max(Gloo, staging) is its floor.",
+             "",
+             "| ranks | collective | size | iters | Gloo ms | tpu_dist ms | staging ms | Gloo GB/s "
              "| tpu_dist GB/s | x Gloo | target | met |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         text, met = target(r)
         lines.append(f"| {r['world']} | {r['collective']} | {size_text(r['KiB'])} | {r['iters']} "
-                     f"| {r['gloo_ms']} | {r['tpu_dist_ms']} | {r['gloo_bus_GBps']} "
+                     f"| {r['gloo_ms']} | {r['tpu_dist_ms']} | {r.get('staging_ms') or '-'} | {r['gloo_bus_GBps']} "
                      f"| {r['tpu_dist_bus_GBps']} | {r['vs_gloo']} | {text or ''} "
                      f"| {'' if met is None else ('yes' if met else 'NO')} |")
     met = [m for _, m in map(target, rows) if m is not None]
