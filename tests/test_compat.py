@@ -569,3 +569,13 @@ def test_sam2_video_stage1_builds_its_trainable_image_model():
     outs, _, grads, _ = step(model, kw, "cpu")
     assert all(torch.isfinite(o).all() for o in outs if o.is_floating_point())
     assert any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_unexported_class_and_an_input_passed_through_kwargs():
+    # Voxtral Realtime's text model is not exported at transformers' top level, and its
+    # layers read a time conditioning its speech model passes through **kwargs.
+    model, cfg, head, _, cls = models.build("voxtral_realtime_text")
+    assert type(model).__name__ == cls == "VoxtralRealtimeTextModel"
+    kw = models.inputs(model, cfg, head)
+    assert kw["t_cond"].shape == (1, cfg.hidden_size)
+    assert torch.isfinite(model(**kw).last_hidden_state).all()

@@ -757,6 +757,20 @@ def _fix_token_ids(cfg, moved):
             setattr(cfg, key, RANDOM_OFF[key])
 
 
+def model_class(model_type, cls_name):
+    """The class `cls_name` from transformers' top level, else from the model type's own
+    modeling module: a few classes the auto mappings name are not exported (Voxtral
+    Realtime's text model)."""
+    import importlib
+    import transformers
+    try:
+        return getattr(transformers, cls_name)
+    except AttributeError:
+        from transformers.models.auto.configuration_auto import model_type_to_module_name
+        name = model_type_to_module_name(model_type)
+        return getattr(importlib.import_module(f"transformers.models.{name}.modeling_{name}"), cls_name)
+
+
 def build(model_type, head=None):
     """(model on CPU in train mode, config, head, family, class name); raises when no
     small valid config can be made. `head` (a stage-2 task head, see sample.py) picks the
@@ -790,7 +804,7 @@ def build(model_type, head=None):
     cfg = shrink(cfg, FAMILY.get(model_type))
     if head == "sequence_classification" and getattr(cfg, "pad_token_id", 0) is None:
         cfg.pad_token_id = 1  # decoders pool the last non-pad token: batches need a pad id
-    cls = getattr(transformers, cls_name)
+    cls = model_class(model_type, cls_name)
     cfg = _config_for(cls, cfg)
     _tie_needs_two_layers(cls, cfg)
     torch.manual_seed(0)
@@ -1311,6 +1325,10 @@ def _named_inputs(model, cfg, params, kw, batch, seq, g):
         mels = v("input_feat_size", 128)
         out.update(audio_mel=torch.randn(batch, 32, mels, generator=g),
                    audio_mel_mask=torch.zeros(batch, 32, dtype=torch.bool))
+    if getattr(cfg, "model_type", None) == "voxtral_realtime_text":
+        # Its layers scale by a time conditioning that the speech model computes and passes
+        # through **kwargs (absent from the signature): one vector, broadcast over the batch.
+        out["t_cond"] = torch.randn(1, cfg.hidden_size, generator=g)
     return out
 
 
