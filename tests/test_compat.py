@@ -571,6 +571,15 @@ def test_sam2_video_stage1_builds_its_trainable_image_model():
     assert any(g is not None and g.abs().sum() > 0 for g in grads)
 
 
+def test_an_encoder_alone_gets_what_its_full_models_config_sets():
+    # T5Gemma 2's encoder alone: its MLP reads text_config.dropout_rate, which only the
+    # full model's config sets, and 32 x 32 images pool to 4 tokens.
+    model, cfg, head, _, _ = models.build("t5gemma2_encoder")
+    assert cfg.text_config.dropout_rate == 0.0 and cfg.mm_tokens_per_image == 4
+    kw = models.inputs(model, cfg, head)
+    assert torch.isfinite(model(**kw).last_hidden_state).all()
+
+
 def test_unexported_class_and_an_input_passed_through_kwargs():
     # Voxtral Realtime's text model is not exported at transformers' top level, and its
     # layers read a time conditioning its speech model passes through **kwargs.

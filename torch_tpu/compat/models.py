@@ -112,6 +112,8 @@ FAMILY = {"codegen": {"n_head": 4},
           # Gemma 3 pools the 8 x 8 patches of a 32 x 32 image to 2 x 2 tokens.
           "gemma3": {"mm_tokens_per_image": 4}, "shieldgemma2": {"mm_tokens_per_image": 4, "yes_token_index": 5, "no_token_index": 6},
           "t5gemma2": {"encoder.mm_tokens_per_image": 4},
+          # Its encoder alone: the MLP reads a dropout rate the full model's config sets.
+          "t5gemma2_encoder": {"mm_tokens_per_image": 4, "text_config.dropout_rate": 0.0},
           # Qwen3-ASR cuts mel frames into chunks of 2 x n_window, and its length formula
           # assumes n_window = 50 (13 outputs per chunk): one 100-frame chunk (frames are
           # 2 x max_source_positions here).
