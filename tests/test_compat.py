@@ -580,6 +580,18 @@ def test_an_encoder_alone_gets_what_its_full_models_config_sets():
     assert torch.isfinite(model(**kw).last_hidden_state).all()
 
 
+def test_chameleon_gets_a_vocabulary_map_of_its_image_codes():
+    # No default map from VQ codes to BPE tokens: each of the 32 codes gets one; a 32 x 32
+    # image is 2 x 2 codes, so each row holds 4 image placeholders.
+    model, cfg, head, _, _ = models.build("chameleon")
+    mapping = model.model.vocabulary_mapping
+    assert len(mapping.image_tokens) == cfg.vq_config.num_embeddings == 32
+    assert sorted(mapping.bpe2img.values()) == list(range(32))
+    kw = models.inputs(model, cfg, head)
+    assert (kw["input_ids"] == cfg.image_token_id).sum(1).tolist() == [4, 4]
+    assert torch.isfinite(model(**kw).logits).all()
+
+
 def test_unexported_class_and_an_input_passed_through_kwargs():
     # Voxtral Realtime's text model is not exported at transformers' top level, and its
     # layers read a time conditioning its speech model passes through **kwargs.

@@ -56,7 +56,14 @@ TIME_SERIES = {"prediction_length": 4, "context_length": 8, "lags_sequence": [1,
                "num_time_features": 1}
 # Arguments given when the config is made, for fields its own __init__ derives others from.
 # Probabilistic forecasters need a horizon (no default): 4 steps from 8, lags 1-3.
-INIT = {"autoformer": {**TIME_SERIES, "label_length": 4}, "informer": TIME_SERIES, "time_series_transformer": TIME_SERIES}
+# Chameleon maps each VQ code to a BPE token named IMGIMG<code, digits as letters A-J>Z and
+# has no default map: 32 codes at ids 64..95, the image placeholder at 100; a 32 x 32 image
+# is then 2 x 2 codes.
+CHAMELEON = {"vocabulary_map": {**{"IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(i)) + "Z": 64 + i
+                                   for i in range(32)}, "<image>": 100},
+             "vq_config": {"num_embeddings": 32, "resolution": 32, "embed_dim": 32, "base_channels": 32}}
+INIT = {"autoformer": {**TIME_SERIES, "label_length": 4}, "informer": TIME_SERIES, "time_series_transformer": TIME_SERIES,
+        "chameleon": CHAMELEON}
 # Composite types have no default sub-configs: (encoder or vision, decoder or text) types.
 COMPOSITE = {"encoder-decoder": ("bert", "bert"), "vision-encoder-decoder": ("vit", "gpt2"),
              "speech-encoder-decoder": ("wav2vec2", "bert"), "vision-text-dual-encoder": ("vit", "bert")}
