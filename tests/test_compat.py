@@ -592,6 +592,15 @@ def test_chameleon_gets_a_vocabulary_map_of_its_image_codes():
     assert torch.isfinite(model(**kw).logits).all()
 
 
+def test_diffusion_gemma_gets_expert_counts():
+    # Its text layers always build a router; the default config sets no expert counts.
+    model, cfg, head, _, _ = models.build("diffusion_gemma")
+    text = cfg.get_text_config()
+    assert (text.num_experts, text.top_k_experts) == (4, 2)
+    kw = models.inputs(model, cfg, head)
+    assert torch.isfinite(model(**kw).logits).all()
+
+
 def test_unexported_class_and_an_input_passed_through_kwargs():
     # Voxtral Realtime's text model is not exported at transformers' top level, and its
     # layers read a time conditioning its speech model passes through **kwargs.

@@ -63,7 +63,11 @@ CHAMELEON = {"vocabulary_map": {**{"IMGIMG" + "".join(chr(ord("A") + int(d)) for
                                    for i in range(32)}, "<image>": 100},
              "vq_config": {"num_embeddings": 32, "resolution": 32, "embed_dim": 32, "base_channels": 32}}
 INIT = {"autoformer": {**TIME_SERIES, "label_length": 4}, "informer": TIME_SERIES, "time_series_transformer": TIME_SERIES,
-        "chameleon": CHAMELEON}
+        "chameleon": CHAMELEON,
+        # Its text layers always route to experts, but the default sets no expert counts; its
+        # vision tower's default config is Gemma 4's (given: an unset one is built as None).
+        "diffusion_gemma": {"text_config": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
+                            "vision_config": {}}}
 # Composite types have no default sub-configs: (encoder or vision, decoder or text) types.
 COMPOSITE = {"encoder-decoder": ("bert", "bert"), "vision-encoder-decoder": ("vit", "gpt2"),
              "speech-encoder-decoder": ("wav2vec2", "bert"), "vision-text-dual-encoder": ("vit", "bert")}
