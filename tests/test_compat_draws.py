@@ -65,6 +65,36 @@ def test_compiled_graphs_get_the_draws_too():
     assert why == ""
 
 
+def _eager_noise(x):
+    return torch.randn(x.shape, device=x.device)
+
+
+class NoisyWithABreak(Noisy):
+    """Also draws in code Dynamo leaves to eager (VITS's duration noise, in a frame it
+    skips): outside every graph of the compiled forward."""
+
+    def forward(self, x):
+        import torch._dynamo
+        return super().forward(x + torch._dynamo.disable(_eager_noise)(x))
+
+
+def test_draws_in_code_dynamo_leaves_to_eager_are_replayed_too():
+    import torch._dynamo
+    torch.manual_seed(0)
+    kw = {"x": torch.randn(4, 8, generator=torch.Generator().manual_seed(1))}
+    rec = RandomDraws()
+    want = run.step(NoisyWithABreak(), kw, "cpu", draws=rec)
+    assert [name for name, _ in rec.values][0] == "aten::randn"
+    replay = RandomDraws(rec.values)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    got = run.step(NoisyWithABreak(), kw, "tpu", compiled=True, draws=replay)
+    torch._dynamo.reset()
+    assert replay.used == 5
+    why, _ = run.verdict(got, want, lambda: pytest.fail("no float64 run needed"), zero_grads_for_none=True)
+    assert why == ""
+
+
 def test_the_float64_reference_gets_the_same_draws_cast():
     rec = RandomDraws()
     _step("cpu", rec)

@@ -30,6 +30,13 @@ def _draw(name: str) -> str:
 class RandomDraws(TorchDispatchMode):
     """`RandomDraws()` records; `RandomDraws(recorded.values)` replays them."""
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Active around a compiled forward: Dynamo then still compiles (the mode is off
+        # while it traces), the eager code between graph breaks draws through the mode,
+        # and the graphs' own ops do too (compile.graph_calls_under runs them as ops).
+        return True
+
     def __init__(self, values=None):
         super().__init__()
         self.recording = values is None

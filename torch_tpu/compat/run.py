@@ -87,9 +87,14 @@ def step(model, kw, device, compiled=False, draws=None, backend="tpu"):
     torch.manual_seed(0)
     if draws is None:
         replaying = contextlib.nullcontext()
-    elif compiled:  # inside the graphs' calls: Dynamo does not trace under a dispatch mode
+    elif compiled:
+        # The mode stays active for the eager code between graph breaks (VITS draws its
+        # duration noise there); the graphs run their ops, not a captured program, so
+        # their draws reach the same mode.
         from torch_tpu._internal.compile import graph_calls_under
-        replaying = graph_calls_under(draws)
+        replaying = contextlib.ExitStack()
+        replaying.enter_context(draws)
+        replaying.enter_context(graph_calls_under(contextlib.nullcontext()))
     else:
         replaying = draws
     with replaying:
