@@ -128,6 +128,10 @@ def test_report_of_the_checked_in_baseline(tmp_path):
         base = json.load(f)
     md = (tmp_path / "compat.md").read_text()
     assert (tmp_path / "compat.png").stat().st_size > 0
+    # The checked-in rendering (tests/compat_baseline.{md,png}) is the baseline's current one:
+    # after changing the baseline, rerun `python -m torch_tpu.compat --report ...`.
+    with open(os.path.join(ROOT, "tests", "compat_baseline.md")) as f:
+        assert f.read() == md
     rows = [r for r in md.split("## Pass rate per family")[1].split("\n## ")[0].splitlines()
             if r.startswith("| ") and not r.startswith("| family")]
     for col, mode in enumerate(("strict", "fused", "compiled"), start=2):

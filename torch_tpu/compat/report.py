@@ -146,7 +146,7 @@ def markdown(res: dict) -> str:
                 c = collections.Counter(e["modes"][m]["status"] for e in by_head[head] if m in e["modes"])
                 out.append(f"| {head} | {m} | " + " | ".join(str(c.get(x, 0)) for x in STATUSES) + " |")
     out += ["", "## Failure classes", ""] + failure_classes(entries)
-    if "compiled" in modes:
+    if "compiled" in modes and any("compiled_graphs" in e["modes"].get("compiled", {}) for e in entries.values()):
         out += compiled_section(entries)
     out += ["", "## Every model type", "", "| type | class | " + " | ".join(modes) + " | detail |",
             "|---" * (len(modes) + 3) + "|"]
@@ -201,7 +201,10 @@ def results_of_baseline(baseline: dict, representative) -> dict:
         entries[t] = {"family": family, "class": cls, "head": head,
                       "modes": {m: {"status": s} for m, s in st.items()}}
     meta = dict(baseline.get("meta", {}), modes=modes, wall_s="several runs, see the note")
-    return {"meta": meta, "summary": summarize(entries, modes), "entries": entries}
+    summary = summarize(entries, modes)
+    for m in modes:  # a baseline keeps statuses alone: these counts are not known
+        summary[m].update(float64_judged="-", replayed_draws="-", params_by_grads="-")
+    return {"meta": meta, "summary": summary, "entries": entries}
 
 
 def baseline_of(res: dict) -> dict:
