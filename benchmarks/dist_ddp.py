@@ -8,7 +8,9 @@ Per device, medians over the measured steps:
   compute_ms   the same step under model.no_sync() (no communication);
   comm_ms      time the bucket all-reduces were in flight (union of issue -> result
                written, recorded by a communication hook);
-  exposed_ms   step_ms - compute_ms: communication the backward did not hide;
+  exposed_ms   the median over steps of (synced step - the no_sync step right after it, on
+               the same batch): communication the backward did not hide (paired, so a
+               slow stretch of the machine falls on both halves of a difference);
   overlap      1 - exposed / comm: the share of communication hidden behind backward;
   execs        device executions of a synced step / of a no_sync step (tpu; exact).
 Prints a table from rank 0 and writes --out as JSON.
@@ -106,7 +108,7 @@ def rank_main(rank, world, port, a):
                     comm.append(union_ms(log))
         step_ms, compute_ms = statistics.median(full) * 1e3, statistics.median(alone) * 1e3
         comm_ms = statistics.median(comm)
-        exposed = max(step_ms - compute_ms, 0.0)
+        exposed = max(statistics.median(a - b for a, b in zip(full, alone)) * 1e3, 0.0)
         rows.append({"device": device, "backend": "gloo" if device == "cpu" else "tpu_dist",
                      "params": sum(p.numel() for p in model.parameters()),
                      "step_ms": round(step_ms, 2), "compute_ms": round(compute_ms, 2),
@@ -126,7 +128,7 @@ def rank_main(rank, world, port, a):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--world", type=int, default=2)
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=16)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
