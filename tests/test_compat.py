@@ -605,6 +605,15 @@ def test_diffusion_gemma_gets_expert_counts():
     assert torch.isfinite(model(**kw).logits).all()
 
 
+def test_lxmert_stacks_are_shrunk():
+    # Its three stacks have layer counts under names of its own (9, 5 and 5 by default).
+    model, cfg, head, _, _ = models.build("lxmert")
+    assert (cfg.l_layers, cfg.x_layers, cfg.r_layers) == (2, 1, 1)
+    assert (len(model.encoder.layer), len(model.encoder.x_layers), len(model.encoder.r_layers)) == (2, 1, 1)
+    kw = models.inputs(model, cfg, head)
+    assert torch.isfinite(model(**kw).pooled_output).all()
+
+
 def test_unexported_class_and_an_input_passed_through_kwargs():
     # Voxtral Realtime's text model is not exported at transformers' top level, and its
     # layers read a time conditioning its speech model passes through **kwargs.

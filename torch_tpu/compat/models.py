@@ -92,6 +92,10 @@ ROPE_PER_LAYER_TYPE = {t: {"rope_type": "default", "rope_theta": 10000.0, "mrope
 FAMILY = {"codegen": {"n_head": 4},
           "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_hidden_layers": 2},
           "bridgetower": {"vision_config.hidden_size": 64},
+          # LXMERT counts its three stacks (language, cross-modal, region) under names of its
+          # own: left alone, a small config kept 19 layers, and a cold compile of its fused
+          # step passed the 300 s timeout.
+          "lxmert": {"l_layers": 2, "x_layers": 1, "r_layers": 1},
           # Aria's projector maps the patch count (8 x 8 here) to its query count.
           "aria": {"projector_patch_to_query_dict": {64: 4},
                    "max_value_projector_patch_to_query_dict": 4},
