@@ -512,7 +512,7 @@ def coalesced_forms(rank, world):
         _eq(rs[k], [world * (k + rank)])
 
 
-@check("collectives", "four")
+@check("collectives", "four", "modes")
 def subgroups(rank, world):
     import torch.distributed as dist
     # Every rank creates every group, in the same order (c10d's rule).

@@ -1,5 +1,5 @@
 """Model parallelism on tpu over tpu_dist with unchanged PyTorch code: tensor parallel
-(`parallelize_module`), pipeline parallel (`torch.distributed.pipelining`, GPipe and
+(`parallelize_module` on an MLP and on an attention block's heads), pipeline parallel (`torch.distributed.pipelining`, GPipe and
 1F1B: each rank runs a different program) and distributed checkpoints (save with 2
 ranks, load with 2 and with 1). Each trains or restores against a single-process CPU
 reference. Run as a script, this file is a rank process (see test_distributed.py)."""
@@ -14,10 +14,11 @@ from test_distributed import launch, assert_check, rank_main  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 SUITES = {"tp": [], "pp": [], "dcp_save": [], "dcp_load": [], "agree": []}
-LAUNCHES = {"tp": [("strict", "tp"), ("fused", "tp")], "pp": [("strict", "pp")],
+LAUNCHES = {"tp": [("strict", "tp"), ("fused", "tp")], "pp": [("strict", "pp"), ("fused", "pp")],
             "agree": [("strict", "agree"), ("fused", "agree")],
-            "dcp_save": [("strict", "dcp_save")], "dcp_load": [("strict", "dcp_load")]}
-STEPS, BATCH, LR, D = 4, 8, 0.1, 8
+            "dcp_save": [("strict", "dcp_save")], "dcp_load": [("strict", "dcp_load")],
+            "dcp_save_fused": [("fused", "dcp_save")], "dcp_load_fused": [("fused", "dcp_load")]}
+STEPS, BATCH, LR, D = 5, 8, 0.1, 8
 
 
 def _data():
@@ -30,6 +31,35 @@ def _mlp():
     import torch
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(D, 4 * D), torch.nn.Tanh(), torch.nn.Linear(4 * D, D))
+
+
+def _attention_block():
+    """Attention (4 heads of D // 4, causal) and an MLP, each with a residual: written as
+    a model meant for tensor parallelism is, its head count read from the local width."""
+    import torch
+    import torch.nn.functional as F
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v, self.o = (torch.nn.Linear(D, D) for _ in range(4))
+            self.fc, self.out = torch.nn.Linear(D, 4 * D), torch.nn.Linear(4 * D, D)
+
+        def forward(self, x):  # x: (batch, seq, D)
+            b, t, _ = x.shape
+            q, k, v = (m(x).view(b, t, -1, D // 4).transpose(1, 2) for m in (self.q, self.k, self.v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.o(a.transpose(1, 2).reshape(b, t, -1))
+            return x + self.out(torch.tanh(self.fc(x)))
+
+    torch.manual_seed(0)
+    return Block()
+
+
+def _sequences():
+    import torch
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(BATCH // 2, 4, D, generator=g), torch.randn(BATCH // 2, 4, D, generator=g)
 
 
 def _sgd(model, x, y):
@@ -46,16 +76,16 @@ def _sgd(model, x, y):
     return losses
 
 
-def _reference():
-    """Losses and final parameters of one CPU process training the whole MLP."""
-    model = _mlp()
-    losses = _sgd(model, *_data())
+def _reference(make=_mlp, data=_data):
+    """Losses and final parameters of one CPU process training the whole model."""
+    model = make()
+    losses = _sgd(model, *data())
     return losses, [p.detach() for p in model.parameters()]
 
 
-def _close(losses, params):
+def _close(losses, params, make=_mlp, data=_data):
     import torch
-    ref_losses, ref_params = _reference()
+    ref_losses, ref_params = _reference(make, data)
     assert len(losses) == STEPS
     for a, b in zip(losses, ref_losses):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (losses, ref_losses)
@@ -75,7 +105,22 @@ def tensor_parallel_mlp_matches_one_process(rank, world):
     _close(losses, [p.full_tensor().detach().cpu() for p in model.parameters()])
 
 
-SUITES["tp"].append(tensor_parallel_mlp_matches_one_process)
+def tensor_parallel_attention_matches_one_process(rank, world):
+    # Megatron's split: q, k, v by output features (each rank its heads), o by input
+    # features (partial sums all-reduced); the MLP likewise.
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    mesh = init_device_mesh("tpu", (world,))
+    plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel(),
+            "fc": ColwiseParallel(), "out": RowwiseParallel()}
+    model = parallelize_module(_attention_block().to("tpu"), mesh, plan)
+    assert model.q.weight.to_local().shape == (D // world, D) and model.o.weight.to_local().shape == (D, D // world)
+    losses = _sgd(model, *(t.to("tpu") for t in _sequences()))
+    _close(losses, [p.full_tensor().detach().cpu() for p in model.parameters()], _attention_block, _sequences)
+
+
+SUITES["tp"] += [tensor_parallel_mlp_matches_one_process, tensor_parallel_attention_matches_one_process]
 
 
 def _pipeline(rank, world, schedule_cls):
@@ -213,8 +258,10 @@ def tensor_parallel():
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
-def test_tensor_parallel(tensor_parallel, mode):
-    assert_check(tensor_parallel, f"{mode}/tensor_parallel_mlp_matches_one_process")
+@pytest.mark.parametrize("name", ["tensor_parallel_mlp_matches_one_process",
+                                  "tensor_parallel_attention_matches_one_process"])
+def test_tensor_parallel(tensor_parallel, mode, name):
+    assert_check(tensor_parallel, f"{mode}/{name}")
 
 
 @pytest.fixture(scope="module")
@@ -224,8 +271,9 @@ def pipelined():
 
 @pytest.mark.parametrize("name", ["pipeline_gpipe_matches_one_process",
                                   "pipeline_1f1b_matches_one_process"])
-def test_pipeline_parallel(pipelined, name):
-    assert_check(pipelined, f"strict/{name}")
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_pipeline_parallel(pipelined, name, mode):
+    assert_check(pipelined, f"{mode}/{name}")
 
 
 @pytest.mark.parametrize("env", [{"TPU_DIST_CHECKS": "1"}, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}])
@@ -237,9 +285,11 @@ def test_ranks_that_disagree_get_an_error_and_keep_going(env):
         assert_check(res, f"{mode}/ranks_that_disagree_get_an_error_and_keep_going")
 
 
-def test_distributed_checkpoint_round_trip_and_resharding():
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_distributed_checkpoint_round_trip_and_resharding(mode):
+    suffix = "" if mode == "strict" else "_fused"
     with tempfile.TemporaryDirectory() as d:
         env = {"TPU_DCP_DIR": d}
-        assert_check(launch("dcp_save", 2, env=env, script=HERE), "strict/dcp_saves_a_sharded_model")
-        assert_check(launch("dcp_load", 2, env=env, script=HERE), "strict/dcp_loads_into_as_many_ranks")
-        assert_check(launch("dcp_load", 1, env=env, script=HERE), "strict/dcp_loads_into_as_many_ranks")
+        assert_check(launch("dcp_save" + suffix, 2, env=env, script=HERE), f"{mode}/dcp_saves_a_sharded_model")
+        assert_check(launch("dcp_load" + suffix, 2, env=env, script=HERE), f"{mode}/dcp_loads_into_as_many_ranks")
+        assert_check(launch("dcp_load" + suffix, 1, env=env, script=HERE), f"{mode}/dcp_loads_into_as_many_ranks")

@@ -13,8 +13,8 @@ from test_distributed import _free_port, launch, assert_check, rank_main  # noqa
 
 HERE = os.path.abspath(__file__)
 SUITES = {"ddp": [], "fsdp": [], "dtensor": []}
-LAUNCHES = {"train": [("strict", "ddp"), ("fused", "ddp"), ("strict", "fsdp"),
-                      ("strict", "dtensor")]}
+LAUNCHES = {"train": [("strict", "ddp"), ("fused", "ddp"), ("strict", "fsdp"), ("fused", "fsdp"),
+                      ("strict", "dtensor"), ("fused", "dtensor")]}
 STEPS, BATCH, LR = 5, 8, 0.1
 
 
@@ -147,8 +147,8 @@ def trained():
     return launch("train", 2, script=HERE)
 
 
-@pytest.mark.parametrize("name", ["strict/ddp_matches_full_batch", "fused/ddp_matches_full_batch",
-                                  "strict/fsdp2_matches_full_batch", "strict/dtensor_basics"])
+@pytest.mark.parametrize("name", [f"{m}/{check}" for check in ("ddp_matches_full_batch", "fsdp2_matches_full_batch",
+                                                                 "dtensor_basics") for m in ("strict", "fused")])
 def test_two_ranks_match_full_batch(trained, name):
     assert_check(trained, name)
 
