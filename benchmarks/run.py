@@ -470,7 +470,15 @@ def tiny_op_chain(device, n=2000, repeats=5):
         rec = statistics.median(ts[1:]) / n
     # The runtime's own launch of the same chain, PyTorch left out: Strict's floor.
     floor = torch_tpu._C._launch_floor(0, n, repeats)
-    return {"strict_per_op_s": strict, "fused_record_per_op_s": rec, "launch_floor_per_op_s": floor}
+    # The same `x + 1` calls reaching our kernel, which hands back x and does nothing:
+    # PyTorch's own cost of each call, under which recording cannot go (recording's floor).
+    torch_tpu._C._set_dispatch_floor_probe(True)
+    try:
+        dispatch = timed(chain)
+    finally:
+        torch_tpu._C._set_dispatch_floor_probe(False)
+    return {"strict_per_op_s": strict, "fused_record_per_op_s": rec, "launch_floor_per_op_s": floor,
+            "dispatch_floor_per_op_s": dispatch}
 
 
 def cpu_probe(workload, steps, warmup, quick):
@@ -619,8 +627,11 @@ def issue18_targets(rows, starts, bounds, probes, quick=False):
         tiny["fused_record_per_op_s"] / tiny_cpu["per_op_s"] if tiny and tiny_cpu else None)
     out["tiny op: runtime launch floor / native CPU per op (Strict's floor)"] = (
         tiny["launch_floor_per_op_s"] / tiny_cpu["per_op_s"] if tiny and tiny_cpu else None)
-    out["tiny op: a PyTorch call that computes nothing (x.view(16)) / native CPU per op (recording's floor)"] = (
+    out["tiny op: a PyTorch call that computes nothing (x.view(16)) / native CPU per op"] = (
         tiny_cpu["view_per_op_s"] / tiny_cpu["per_op_s"] if tiny_cpu and "view_per_op_s" in tiny_cpu else None)
+    out["tiny op: PyTorch's own cost of the x + 1 call on tpu (our kernel returning at once) / native CPU per op (recording's floor)"] = (
+        tiny["dispatch_floor_per_op_s"] / tiny_cpu["per_op_s"]
+        if tiny and tiny_cpu and "dispatch_floor_per_op_s" in tiny else None)
     split = probes.get("fused_split")
     out["small_gpt_train fused program's device time alone / native CPU's best step (the fused floor)"] = (
         split["device_s"] / cpu["median_step_s"] if split and cpu else None)
@@ -748,7 +759,10 @@ def markdown(rows, starts, checks, meta, bounds=(), issue18=None, probes=None):
         t = probes["tiny_op"]
         lines += ["", f"Tiny op chain on tpu: Strict {t['strict_per_op_s'] * 1e6:.2f} us per op, DeferAndFuse "
                   f"recording {t['fused_record_per_op_s'] * 1e6:.2f} us per op; the runtime's launch of the same "
-                  f"chain with no PyTorch above it (Strict's floor) {t['launch_floor_per_op_s'] * 1e6:.2f} us per op."]
+                  f"chain with no PyTorch above it (Strict's floor) {t['launch_floor_per_op_s'] * 1e6:.2f} us per op"
+                  + (f"; PyTorch's own cost of each `x + 1` call, our kernel handing back x at once (recording's "
+                     f"floor), {t['dispatch_floor_per_op_s'] * 1e6:.2f} us per op" if "dispatch_floor_per_op_s" in t else "")
+                  + "."]
     if probes and probes.get("fused_split"):
         t = probes["fused_split"]
         lines += ["", f"Small GPT fused step, split: the host records it in {t['record_s'] * 1e3:.2f} ms; its one "

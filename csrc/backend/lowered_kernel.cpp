@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -1221,11 +1222,24 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   for (auto& v : out_vals) stack->push_back(std::move(v));
 }
 
+// Benchmarks' floor of a recorded op: with the probe on, a kernel whose op returns one
+// tensor hands back its first argument and does nothing else, so timing `x + 1` then
+// measures PyTorch's own cost of the call (Python binding, argument parsing, autograd,
+// boxing) that recording one op cannot go below while each op is a PyTorch call.
+std::atomic<bool> g_dispatch_floor_probe{false};
+
 // The kernel registered per op carries its OpInfo: no lookup by operator name (two
 // string hashes) on every call.
 struct LoweredKernel final : c10::OperatorKernel {
   explicit LoweredKernel(const OpInfo* i) : info(i) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    if (g_dispatch_floor_probe.load(std::memory_order_relaxed) && info->ret_alias.size() == 1 &&
+        info->num_args > 0 && (*stack)[stack->size() - info->num_args].isTensor()) {
+      IValue self = std::move((*stack)[stack->size() - info->num_args]);
+      torch::jit::drop(*stack, info->num_args);
+      stack->push_back(std::move(self));
+      return;
+    }
     lowered_kernel(op, *info, stack);
   }
   const OpInfo* info;  // an element of infos(): nodes never move
@@ -1379,5 +1393,7 @@ std::vector<std::string> lowered_op_names() {
   for (auto& [h, i] : infos()) out.push_back(i.name);
   return out;
 }
+
+void set_dispatch_floor_probe(bool on) { g_dispatch_floor_probe.store(on); }
 
 }  // namespace tpu::backend

@@ -18,6 +18,7 @@ namespace tpu::backend {
 int register_lowered_kernels();
 int64_t host_fill_count();  // constant_fill.cpp
 std::vector<std::string> lowered_op_names();
+void set_dispatch_floor_probe(bool on);  // lowered_kernel.cpp
 int64_t import_stablehlo(const std::string& text, const std::string& what,
                          const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
                          const std::vector<std::pair<std::string, std::vector<int64_t>>>& results);
@@ -119,6 +120,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_launch_floor", [](int d, int n, int repeats) {
     return guarded([&] { return runtime::chained_launch_seconds(client(), d, n, repeats); });
   });
+  // Benchmarks' floor of recording: lowered ops hand back their first argument.
+  m.def("_set_dispatch_floor_probe", &set_dispatch_floor_probe);
   m.def("set_memory_limit", [](int64_t bytes) { client().set_memory_limit(bytes); });
   m.def("manual_seed", [](int d, uint64_t seed) {
     at::Generator g = default_generator(d);
