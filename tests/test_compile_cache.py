@@ -108,3 +108,32 @@ def test_loaded_programs_are_bounded_and_reload_when_used_again(tmp_path):
     assert out["ok"]
     assert out["unloaded"] >= 200  # 240 programs through a bound of 16
     assert out["grown"] < 200  # unbounded: about 4 mappings per program, ~1,000 here
+
+
+# A fused graph and a compiled graph, after `prelude` (other programs made first, so this
+# process numbers the graphs' programs differently).
+GRAPHS = (
+    "import json, torch, torch_tpu\n"
+    "{prelude}\n"
+    "x = torch.arange(12.0, device='tpu').reshape(3, 4)\n"
+    "with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):\n"
+    "    v = ((x * 3).relu() + x.softmax(-1)).mean().item()\n"
+    "f = torch.compile(lambda t: (t.exp() * 2 - t).sum(0), backend='tpu')\n"
+    "w = f(x).tolist()\n"
+    "m = torch_tpu.metrics()\n"
+    "print(json.dumps({'v': v, 'w': w, 'graph_compiles': m['graph_compiles']}))\n"
+)
+
+
+def test_graphs_are_found_again_by_a_process_with_another_history(tmp_path):
+    env = {"TPU_COMPILE_CACHE_DIR": str(tmp_path)}
+    first = run_python_json(GRAPHS.replace("{prelude}", ""), env=env)
+    prelude = ("y = torch.ones(5, device='tpu')\n"
+               "with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):\n"
+               "    (y.cos() * 4 + y.sin()).sum().item()\n"
+               "(y.tanh() - 1).abs().sum().item()\n")
+    other = run_python_json(GRAPHS.replace("{prelude}", prelude), env=env)
+    assert first["graph_compiles"] >= 2
+    # Only the prelude's own graph compiles: the others are the disk cache's.
+    assert other["graph_compiles"] == 1
+    assert other["v"] == first["v"] and other["w"] == first["w"]

@@ -803,11 +803,15 @@ ProgramPtr graph_program(const FlushedGraphPtr& graph) {
     // Its calls' functions are shared with the graphs it joins (by symbol); its helpers
     // are its own (prefixed by its name).
     ir::FusedModule m(name + "_");
-    auto add = [&](const std::string& symbol, const std::string& text) { functions->emplace(symbol, text); };
+    std::vector<const std::string*> first_use;  // the module lists them so: the same in every process
+    auto add = [&](const std::string& symbol, const std::string& text) {
+      auto [it, fresh] = functions->emplace(symbol, text);
+      if (fresh) first_use.push_back(&it->second);
+    };
     std::vector<ir::Value> outs = emit_calls(m, graph->calls, graph->param_types, graph->results, add);
     *function = m.private_function(name, outs);
     *module = "module @torch_tpu {\n";
-    for (auto& [symbol, text] : *functions) *module += text;
+    for (const std::string* text : first_use) *module += *text;
     ir::Builder main;  // launched alone (a failed fused launch replays call by call)
     std::vector<ir::Value> args;
     for (const ir::Type& t : graph->param_types) args.push_back(main.param(t));

@@ -19,6 +19,7 @@
 
 #include "ir/builder.h"
 #include "ir/remat.h"
+#include "backend/executor.h"
 #include "runtime/client.h"
 
 namespace tpu::backend {
@@ -36,7 +37,7 @@ class Program {
   int64_t id() const { return id_; }
   const std::string& name() const { return name_; }
   const std::string& function_text() const { return function_; }
-  std::string function_name() const { return "p" + std::to_string(id_); }
+  std::string function_name() const { return kProgramSymbolStem + std::to_string(id_); }
   const std::vector<ir::Type>& params() const { return params_; }
   const std::vector<ir::Type>& results() const { return results_; }
   const std::string& module_text() const { return module_; }

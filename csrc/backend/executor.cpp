@@ -2,6 +2,7 @@
 
 #include "backend/profiler.h"
 #include "ir/contraction_size.h"
+#include "ir/fusion.h"
 #include "runtime/disk_cache.h"
 
 #include <sys/stat.h>
@@ -81,7 +82,10 @@ static runtime::ExecutablePtr compile_by_kind(const std::string& text, const std
 }
 
 // Compiles, or loads what an earlier process compiled from the on-disk cache.
-static runtime::ExecutablePtr compile_persistent(const std::string& text, const std::string& name) {
+static runtime::ExecutablePtr compile_persistent(const std::string& process_text, const std::string& name) {
+  // A graph's functions keep the numbers its programs got in this process; the key (and
+  // the program compiled) names them by first appearance, so another process finds it.
+  const std::string text = ir::canonical_symbols(process_text, kProgramSymbolStem, "tpu_fn");
   auto& client = runtime::Client::get();
   runtime::DiskCache* disk = runtime::DiskCache::get();
   runtime::ProgramTraits traits = traits_of(text);

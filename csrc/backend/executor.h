@@ -14,6 +14,10 @@
 
 namespace tpu::backend {
 
+// Programs name their private functions this stem and a process-wide number
+// (Program::function_name); the compile cache renames them by first appearance.
+inline constexpr char kProgramSymbolStem[] = "p";
+
 // DeferAll records like DeferAndFuse but never cuts the graph by size: compiled mode
 // records one FX graph and flushes it whole, so one graph is one program.
 enum class EagerMode { Strict = 0, Debug = 1, DeferAndFuse = 2, DeferAll = 3 };

@@ -1,5 +1,8 @@
 #include "ir/fusion.h"
 
+#include <cctype>
+#include <unordered_map>
+
 namespace tpu::ir {
 namespace {
 
@@ -71,6 +74,37 @@ std::string FusedModule::private_function(const std::string& name, const std::ve
   f += ") -> (" + joined_types(types_of(results)) + ") {\n" + body_ + "    \"func.return\"(" +
        joined_names(results) + ") : (" + joined_types(types_of(results)) + ") -> ()\n  }\n";
   return f;
+}
+
+namespace {
+bool is_digit(char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }
+}  // namespace
+
+std::string canonical_symbols(const std::string& text, const std::string& stem, const std::string& renamed) {
+  const std::string taken = "@" + renamed;
+  for (size_t p = text.find(taken); p != std::string::npos; p = text.find(taken, p + 1))
+    if (p + taken.size() < text.size() && is_digit(text[p + taken.size()])) return text;
+  const std::string pattern = "@" + stem;
+  std::unordered_map<std::string, std::string> names;  // old digits -> new name
+  std::string out;
+  out.reserve(text.size());
+  size_t done = 0;
+  for (size_t p = text.find(pattern); p != std::string::npos; p = text.find(pattern, done)) {
+    size_t digits = p + pattern.size(), end = digits;
+    while (end < text.size() && is_digit(text[end])) ++end;
+    out.append(text, done, p - done);
+    // `@p12(`, `@p12}` and the helper `@p12_after1` are the symbol p12; `@p12x` is another.
+    bool symbol = end > digits && (end == text.size() || !std::isalnum(static_cast<unsigned char>(text[end])));
+    if (symbol) {
+      std::string fresh = renamed + std::to_string(names.size());
+      out += "@" + names.try_emplace(text.substr(digits, end - digits), std::move(fresh)).first->second;
+    } else {
+      out.append(text, p, end - p);
+    }
+    done = end;
+  }
+  out.append(text, done, std::string::npos);
+  return out;
 }
 
 }  // namespace tpu::ir

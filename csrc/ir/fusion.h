@@ -40,4 +40,11 @@ class FusedModule {
   int next_ = 0;
 };
 
+// `text` with the symbols `@<stem><digits>` (and helpers named after them, `_...`)
+// renamed `@<renamed><k>`, k in order of first appearance. Programs' private functions
+// are numbered by a process-wide counter, so one graph would otherwise read differently
+// in every process and never be found in the disk cache again. The text is returned
+// unchanged if it already holds a `@<renamed><digit>` symbol (the names could collide).
+std::string canonical_symbols(const std::string& text, const std::string& stem, const std::string& renamed);
+
 }  // namespace tpu::ir

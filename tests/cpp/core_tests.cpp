@@ -9,6 +9,7 @@
 
 #include "ir/builder.h"
 #include "ir/external.h"
+#include "ir/fusion.h"
 #include "ir/contraction_size.h"
 #include "ir/remat.h"
 #include "ir/views.h"
@@ -544,6 +545,23 @@ int main() {
       refused = std::string(e.what()).find("test::c") != std::string::npos;
     }
     CHECK(refused);
+  });
+
+  run("programs' numbered functions are renamed by first appearance", [] {
+    // Two processes that numbered the same graph's programs differently write one text.
+    auto graph = [](int a, int b) {
+      std::string fa = "@p" + std::to_string(a), fb = "@p" + std::to_string(b);
+      return "func.func private " + fa + "(%x) {}\nfunc.func private " + fb + "(%x) {}\n" + fb +
+             "_after1 main { callee = " + fa + "} {callee = " + fb + "} " + fa + "}" + " @pjit @p7x";
+    };
+    std::string one = ir::canonical_symbols(graph(86, 3), "p", "g");
+    CHECK(one == ir::canonical_symbols(graph(12, 140), "p", "g"));
+    CHECK(one.find("@g0(%x)") != std::string::npos && one.find("@g1_after1") != std::string::npos);
+    CHECK(one.find("@pjit @p7x") != std::string::npos);  // other symbols keep their names
+    CHECK(ir::canonical_symbols(graph(86, 86), "p", "g") != one);  // one function is not two
+    // A text that already uses the new names is left alone.
+    std::string taken = graph(5, 6) + " @g0";
+    CHECK(ir::canonical_symbols(taken, "p", "g") == taken);
   });
 
   std::cout << g_passed << " passed, " << g_failed << " failed\n";
