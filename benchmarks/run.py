@@ -470,8 +470,9 @@ def tiny_op_chain(device, n=2000, repeats=5):
         rec = statistics.median(ts[1:]) / n
     # The runtime's own launch of the same chain, PyTorch left out: Strict's floor.
     floor = torch_tpu._C._launch_floor(0, n, repeats)
-    # The same `x + 1` calls reaching our kernel, which hands back x and does nothing:
-    # PyTorch's own cost of each call, under which recording cannot go (recording's floor).
+    # The same `x + 1` calls reaching our kernel, which returns a new tensor over x's
+    # storage and does nothing else: PyTorch's own cost of each call, under which
+    # recording cannot go (recording's floor).
     torch_tpu._C._set_dispatch_floor_probe(True)
     try:
         dispatch = timed(chain)
@@ -629,7 +630,7 @@ def issue18_targets(rows, starts, bounds, probes, quick=False):
         tiny["launch_floor_per_op_s"] / tiny_cpu["per_op_s"] if tiny and tiny_cpu else None)
     out["tiny op: a PyTorch call that computes nothing (x.view(16)) / native CPU per op"] = (
         tiny_cpu["view_per_op_s"] / tiny_cpu["per_op_s"] if tiny_cpu and "view_per_op_s" in tiny_cpu else None)
-    out["tiny op: PyTorch's own cost of the x + 1 call on tpu (our kernel returning at once) / native CPU per op (recording's floor)"] = (
+    out["tiny op: PyTorch's own cost of the x + 1 call on tpu (our kernel returning a new tensor over x's storage at once) / native CPU per op (recording's floor)"] = (
         tiny["dispatch_floor_per_op_s"] / tiny_cpu["per_op_s"]
         if tiny and tiny_cpu and "dispatch_floor_per_op_s" in tiny else None)
     split = probes.get("fused_split")

@@ -100,8 +100,8 @@ def test_issue18_targets_are_each_a_value_and_whether_it_is_met():
     check("tiny op: DeferAndFuse recording / native CPU per op (<= 0.5)", 1 / 2.9, True)
     name = "tiny op: runtime launch floor / native CPU per op (Strict's floor)"
     assert t[name] == pytest.approx(2 / 2.9) and bench.met(name, t[name]) is None  # a floor, not a target
-    name = ("tiny op: PyTorch's own cost of the x + 1 call on tpu (our kernel returning at once) / native CPU "
-            "per op (recording's floor)")
+    name = ("tiny op: PyTorch's own cost of the x + 1 call on tpu (our kernel returning a new tensor "
+            "over x's storage at once) / native CPU per op (recording's floor)")
     assert t[name] == pytest.approx(1.5 / 2.9) and bench.met(name, t[name]) is None
     name = "small_gpt_train fused program's device time alone / native CPU's best step (the fused floor)"
     assert t[name] == pytest.approx(1.2) and bench.met(name, t[name]) is None

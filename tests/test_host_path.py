@@ -112,7 +112,8 @@ def test_a_long_chain_without_sync_completes_and_syncs():
 
 def test_dispatch_floor_probe_hands_back_the_argument_and_records_nothing():
     # The benchmarks' floor of recording: with the probe on, `x + 1` reaches our kernel
-    # and returns x untouched (no op counted); off again, ops compute as before.
+    # and returns a new tensor over x's storage, untouched (no op counted); off again,
+    # ops compute as before.
     x = torch.arange(4.0, device="tpu")
     before = torch_tpu.metrics()["op_calls"]
     torch_tpu._C._set_dispatch_floor_probe(True)
@@ -121,5 +122,5 @@ def test_dispatch_floor_probe_hands_back_the_argument_and_records_nothing():
     finally:
         torch_tpu._C._set_dispatch_floor_probe(False)
     assert torch_tpu.metrics()["op_calls"] == before
-    assert y.data_ptr() == x.data_ptr()
+    assert y is not x and y.data_ptr() == x.data_ptr() and y.shape == x.shape
     assert torch.equal((x + 1).cpu(), torch.arange(1.0, 5.0))

@@ -1223,10 +1223,17 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
 }
 
 // Benchmarks' floor of a recorded op: with the probe on, a kernel whose op returns one
-// tensor hands back its first argument and does nothing else, so timing `x + 1` then
-// measures PyTorch's own cost of the call (Python binding, argument parsing, autograd,
-// boxing) that recording one op cannot go below while each op is a PyTorch call.
+// tensor returns a new tensor over its first argument's storage and does nothing else,
+// so timing `x + 1` then measures PyTorch's own cost of the call (Python binding,
+// argument parsing, autograd, boxing, the result's tensor and Python object, freeing
+// them) that recording one op cannot go below while each op is a PyTorch call.
 std::atomic<bool> g_dispatch_floor_probe{false};
+
+at::Tensor floor_probe_result(const at::Tensor& t) {
+  at::Tensor r = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype());
+  r.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return r;
+}
 
 // The kernel registered per op carries its OpInfo: no lookup by operator name (two
 // string hashes) on every call.
@@ -1235,9 +1242,9 @@ struct LoweredKernel final : c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     if (g_dispatch_floor_probe.load(std::memory_order_relaxed) && info->ret_alias.size() == 1 &&
         info->num_args > 0 && (*stack)[stack->size() - info->num_args].isTensor()) {
-      IValue self = std::move((*stack)[stack->size() - info->num_args]);
+      at::Tensor result = floor_probe_result((*stack)[stack->size() - info->num_args].toTensor());
       torch::jit::drop(*stack, info->num_args);
-      stack->push_back(std::move(self));
+      stack->push_back(std::move(result));
       return;
     }
     lowered_kernel(op, *info, stack);
