@@ -124,3 +124,49 @@ def test_dispatch_floor_probe_hands_back_the_argument_and_records_nothing():
     assert torch_tpu.metrics()["op_calls"] == before
     assert y is not x and y.data_ptr() == x.data_ptr() and y.shape == x.shape
     assert torch.equal((x + 1).cpu(), torch.arange(1.0, 5.0))
+
+
+def test_unboxed_kernels_borrow_arguments_and_let_go_of_them():
+    # Functional ops with Tensor and Scalar arguments are called unboxed: the stack
+    # borrows the caller's tensors. Every way out (a result, CPU's error for bad input,
+    # a boxed caller, autograd) must leave each argument's references as they were.
+    import gc
+    import sys
+    import weakref
+    for op in ("aten::add.Tensor", "aten::mul.Tensor", "aten::neg", "aten::add.Scalar"):
+        kernel = [line for line in torch._C._dispatch_dump(op).splitlines() if line.startswith("PrivateUse1:")]
+        assert len(kernel) == 1 and kernel[0].endswith("[ boxed unboxed ]"), (op, kernel)
+    for mode in (torch_tpu.EagerMode.DEFER_NEVER, torch_tpu.EagerMode.DEFER_AND_FUSE):
+        with torch_tpu.set_eager_mode(mode):
+            x = torch.arange(4.0, device="tpu")
+            y = torch.ones(4, device="tpu")
+            bad = torch.ones(3, device="tpu")
+            before = (sys.getrefcount(x), sys.getrefcount(y), sys.getrefcount(bad))
+            for _ in range(200):
+                z = x.add(y, alpha=2)        # Tensor, Tensor, Scalar
+                w = torch.mul(x, y).neg()    # Tensor, Tensor; Tensor
+                v = torch.ops.aten.add.Scalar(x, 3, 2)  # a boxed caller: Tensor, Scalar, Scalar
+                try:
+                    x + bad                  # CPU's error, raised through the fallback path
+                except RuntimeError as e:
+                    assert "size of tensor a (4) must match the size of tensor b (3)" in str(e)
+                else:
+                    raise AssertionError("mismatched shapes were accepted")
+            assert (sys.getrefcount(x), sys.getrefcount(y), sys.getrefcount(bad)) == before
+            assert torch.equal(z.cpu(), torch.tensor([2.0, 3, 4, 5]))
+            assert torch.equal(w.cpu(), -torch.arange(4.0))
+            assert torch.equal(v.cpu(), torch.arange(4.0) + 6)
+            # The arguments stay usable, and go when their last reference does.
+            assert torch.equal((x * 2).cpu(), torch.arange(4.0) * 2)
+            gone = weakref.ref(x)
+            del x, z, w, v
+            gc.collect()
+            assert gone() is None
+    # Autograd through unboxed kernels: gradients as on CPU.
+    a = torch.tensor([1.0, -2.0, 3.0], device="tpu", requires_grad=True)
+    b = torch.tensor([0.5, 4.0, -1.0], device="tpu", requires_grad=True)
+    (a.mul(b).add(a, alpha=3).exp().sum()).backward()
+    ac = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    bc = torch.tensor([0.5, 4.0, -1.0], requires_grad=True)
+    (ac.mul(bc).add(ac, alpha=3).exp().sum()).backward()
+    assert torch.allclose(a.grad.cpu(), ac.grad, rtol=1e-5) and torch.allclose(b.grad.cpu(), bc.grad, rtol=1e-5)

@@ -999,7 +999,35 @@ void move_cpu_indices(c10::IValue& slot, const c10::Device& device) {
   slot = c10::IValue(std::move(moved));
 }
 
-void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack);
+// Tensor arguments an unboxed kernel put on a stack without taking references (see
+// call_unboxed). They must leave the stack without dropping a reference: `release()`
+// lets go of them; `own()` turns them into real references first, before the stack
+// goes to code that keeps or pops its arguments (fallbacks, CPU's error path).
+struct BorrowedArgs {
+  torch::jit::Stack* stack;
+  size_t first;
+  uint32_t mask = 0;  // bit i: argument i is borrowed
+  void own() {
+    for (size_t i = 0; mask; ++i, mask >>= 1) {
+      if (!(mask & 1)) continue;
+      IValue& v = (*stack)[first + i];
+      at::Tensor copy = v.toTensor();  // a reference of its own
+      std::move(v).toTensor().unsafeReleaseTensorImpl();
+      v = IValue(std::move(copy));
+    }
+  }
+  void release() {
+    for (size_t i = 0; mask; ++i, mask >>= 1) {
+      if (!(mask & 1)) continue;
+      IValue& v = (*stack)[first + i];
+      std::move(v).toTensor().unsafeReleaseTensorImpl();
+      v = IValue();
+    }
+  }
+};
+
+void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                    BorrowedArgs* borrowed = nullptr);
 
 // An out= write into a small part of a storage outside DeferAndFuse (DDP's Reducer
 // divides each gradient into its view of a bucket): the op writes a fresh tensor, whose
@@ -1053,8 +1081,15 @@ bool computed_in_common_dtype(const OpInfo& info, torch::jit::Stack* stack) {
   return true;
 }
 
-void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
+void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                    BorrowedArgs* borrowed) {
   guarded([] { runtime::Client::check_not_forked(); return 0; });  // before any graph lock
+  // Unboxed calls only come for functional ops with Tensor and Scalar arguments
+  // (register_unboxed): none of these early paths, which rewrite the stack, is theirs.
+  TORCH_INTERNAL_ASSERT(!borrowed || (info.cpu_indices_arg < 0 && !info.host_fill && !info.is_out));
+  auto own = [&] {
+    if (borrowed) borrowed->own();
+  };
   if (info.cpu_indices_arg >= 0) {
     size_t first = stack->size() - info.num_args;
     move_cpu_indices((*stack)[first + info.cpu_indices_arg], (*stack)[first].toTensor().device());
@@ -1112,9 +1147,11 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
         std::string w = e.what();
         if (w.find("NotImplementedError") == std::string::npos &&
             w.find("data-independent") == std::string::npos) {
+          own();
           raise_as_cpu_or_fallback(op, stack, info.num_args, e);
           return;
         }
+        own();
         if (redispatch_with_mask_coordinates(op, stack)) return;
         run_fallback(op, stack, "output shape depends on tensor values");
         return;
@@ -1135,6 +1172,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     g_plans.emplace(std::move(new_key), owned);
   }
   if (plan->fallback) {
+    own();
     run_fallback(op, stack, plan->fallback_reason);
     return;
   }
@@ -1218,6 +1256,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
       out_vals.push_back(std::move(fresh.at(next_fresh++)));
     }
   }
+  if (borrowed) borrowed->release();
   torch::jit::drop(*stack, info.num_args);
   for (auto& v : out_vals) stack->push_back(std::move(v));
 }
@@ -1251,6 +1290,76 @@ struct LoweredKernel final : c10::OperatorKernel {
   }
   const OpInfo* info;  // an element of infos(): nodes never move
 };
+
+// The kernel of a functional op with Tensor and Scalar arguments, called unboxed.
+// The boxed kernel gets copies of its tensor arguments, and copying a tensor that has a
+// Python object takes the GIL (PyObject preservation: its refcount going 1 -> 2, then
+// 2 -> 1 when the stack drops it). Here the stack borrows them from the caller, which
+// holds them for the call, and lets go of them without dropping a reference.
+void push_borrowed(torch::jit::Stack& stack, BorrowedArgs& b, const at::Tensor& t) {
+  if (t.defined()) {
+    b.mask |= 1u << (stack.size() - b.first);
+    stack.emplace_back(at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim(
+        t.unsafeGetTensorImpl())));
+  } else {
+    stack.emplace_back(at::Tensor());
+  }
+}
+void push_borrowed(torch::jit::Stack& stack, BorrowedArgs&, const c10::Scalar& s) { stack.emplace_back(s); }
+
+template <class... Args>
+at::Tensor call_unboxed(const c10::OperatorHandle& op, const OpInfo& info, const at::Tensor& self,
+                        const Args&... rest) {
+  if (g_dispatch_floor_probe.load(std::memory_order_relaxed)) return floor_probe_result(self);
+  torch::jit::Stack stack;
+  stack.reserve(1 + sizeof...(Args));
+  BorrowedArgs borrowed{&stack, 0};
+  push_borrowed(stack, borrowed, self);
+  (push_borrowed(stack, borrowed, rest), ...);
+  try {
+    lowered_kernel(op, info, &stack, &borrowed);
+  } catch (...) {
+    borrowed.release();
+    throw;
+  }
+  TORCH_INTERNAL_ASSERT(stack.size() == 1 && stack.back().isTensor(), info.name, ": expected one tensor result");
+  return std::move(stack.back()).toTensor();
+}
+
+// Registers `info`'s op with an unboxed kernel where its schema is one of the common
+// functional signatures below; false (the boxed kernel is registered) otherwise.
+bool register_unboxed(torch::Library& lib, const char* name, const c10::OperatorHandle& op,
+                      const OpInfo* info) {
+  const c10::FunctionSchema& schema = op.schema();
+  if (!info->mutated.empty() || info->is_out || info->cpu_indices_arg >= 0 || info->host_fill ||
+      schema.returns().size() != 1 || schema.returns()[0].type()->kind() != c10::TypeKind::TensorType ||
+      schema.returns()[0].alias_info() || schema.is_vararg() || schema.is_varret())
+    return false;
+  std::string sig;  // T: Tensor, S: Scalar
+  for (const auto& a : schema.arguments()) {
+    if (a.alias_info()) return false;
+    auto kind = a.type()->kind();
+    if (kind == c10::TypeKind::TensorType) sig += 'T';
+    else if (kind == c10::TypeKind::NumberType) sig += 'S';
+    else return false;
+  }
+  using T = const at::Tensor&;
+  using S = const c10::Scalar&;
+  if (sig == "T") {
+    lib.impl(name, [op, info](T a) { return call_unboxed(op, *info, a); });
+  } else if (sig == "TT") {
+    lib.impl(name, [op, info](T a, T b) { return call_unboxed(op, *info, a, b); });
+  } else if (sig == "TTS") {
+    lib.impl(name, [op, info](T a, T b, S c) { return call_unboxed(op, *info, a, b, c); });
+  } else if (sig == "TS") {
+    lib.impl(name, [op, info](T a, S b) { return call_unboxed(op, *info, a, b); });
+  } else if (sig == "TSS") {
+    lib.impl(name, [op, info](T a, S b, S c) { return call_unboxed(op, *info, a, b, c); });
+  } else {
+    return false;
+  }
+  return true;
+}
 
 // Per return of the schema: the written argument it aliases, or where its tensors come
 // from (computed once: comparing alias sets per call costs more than the op's lookup).
@@ -1389,7 +1498,9 @@ int register_lowered_kernels() {
     // torch::Library keeps the name pointer: give it storage that lives as long.
     static std::deque<std::string> names;
     names.push_back(name.overload_name.empty() ? name.name : name.name + "." + name.overload_name);
-    (ours ? own : lib)->impl(names.back().c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<LoweredKernel>(stored)));
+    torch::Library* target = ours ? own : lib;
+    if (!register_unboxed(*target, names.back().c_str(), *h, stored))
+      target->impl(names.back().c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<LoweredKernel>(stored)));
     ++n;
   }
   return n;
