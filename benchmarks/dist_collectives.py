@@ -33,13 +33,15 @@ BANDWIDTH_KIB, BANDWIDTH_MIN = 1024, 0.8  # tpu_dist / Gloo bus bandwidth at >= 
 
 
 def iterations(kib, iters):
-    """Fewer calls at the large sizes: the bench stays a few minutes."""
+    """Calls per size. Medians of a few calls moved by 10-30 % run to run on a 2-core host
+    (4 ranks share it): the judged sizes get more calls, the 1 KiB latency the most (a
+    call is ~1 ms, where scheduling decides it); the bench stays a few minutes."""
+    if kib == LATENCY_KIB:
+        return 5 * iters
     if kib >= 65536:
-        return max(3, iters // 8)
+        return max(3, iters // 3)
     if kib >= 16384:
-        return max(4, iters // 4)
-    if kib >= 1024:
-        return max(5, iters // 2)
+        return max(4, iters // 2)
     return iters
 
 
