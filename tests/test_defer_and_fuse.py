@@ -72,6 +72,58 @@ def test_materialization_points(trigger):
         assert torch_tpu._C.is_materialized(x)
 
 
+def expert_loop(route, x, w):
+    """A mixture-of-experts loop written as DBRX's and LongCat-Flash's are: the host reads
+    each hit expert's index (item()) and its tokens (torch.where), both computed before
+    the loop, while each expert's work is recorded."""
+    mask = torch.nn.functional.one_hot(route, w.shape[0]).T
+    hit = (mask.sum(1) > 0).nonzero()
+    out = torch.zeros_like(x)
+    for e in hit:
+        e = e[0]
+        (tokens,) = torch.where(mask[e])
+        out.index_add_(0, tokens, x[tokens] @ w[e])
+    return hit, out
+
+
+def test_reads_of_computed_values_do_not_cut_the_pending_graph():
+    g = torch.Generator().manual_seed(0)
+    route, x, w = torch.randint(0, 5, (40,), generator=g), torch.randn(40, 8, generator=g), torch.randn(5, 8, 8, generator=g)
+    route[route == 3] = 4  # an expert no token picks
+    want_hit, want = expert_loop(route, x, w)
+    with torch_tpu.set_eager_mode(FUSED):
+        hit, _ = expert_loop(*(t.to("tpu") for t in (route, x, w)))  # compiles the read programs
+        r, xt, wt = (t.to("tpu") for t in (route, x, w))
+        torch.tpu.synchronize()
+        m0 = m()
+        hit, out = expert_loop(r, xt, wt)
+        m1 = m()
+        # Only `hit` read a pending value (the mask's count): one cut. Each expert's
+        # index and tokens were read from computed values without cutting again.
+        assert m1["fused_graphs"] - m0["fused_graphs"] == 1
+        assert m1["flushes"]["value needed"] - m0["flushes"]["value needed"] == 1
+        assert len(hit) == 4 and not torch_tpu._C.is_materialized(out)
+        got = out.cpu()  # the four experts' work: one graph
+        m2 = m()
+    assert m2["fused_graphs"] - m1["fused_graphs"] == 1
+    torch.testing.assert_close(got, want)
+    # A read of a pending value still runs the graph before it (the values it needs).
+    with torch_tpu.set_eager_mode(FUSED):
+        y = xt * 2
+        m3 = m()
+        assert y[3, 1].item() == (x[3, 1] * 2).item()
+        assert m()["flushes"]["value needed"] - m3["flushes"]["value needed"] == 1
+        assert torch_tpu._C.is_materialized(y)
+    # A failed check (an index out of range) of work still pending is raised by the read
+    # that runs that work, not by a read of other, computed values; all stays usable.
+    with torch_tpu.set_eager_mode(FUSED):
+        bad = xt.index_select(0, torch.tensor([0, 99], device="tpu"))
+        assert hit[1, 0].item() == want_hit[1, 0].item()
+        with pytest.raises(IndexError):
+            bad.cpu()
+        assert xt[2, 3].item() == x[2, 3].item()
+
+
 def test_fallback_op_materializes_its_inputs_and_results_stay_right():
     # An op without a native rule (ldl_factor: LAPACK's Bunch-Kaufman) runs on the CPU:
     # pending inputs are produced first, and its results join later graphs.

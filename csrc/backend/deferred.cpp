@@ -81,8 +81,18 @@ FuseStats& fuse_stats() {
   return s;
 }
 
+namespace {
+thread_local int t_launch_now = 0;  // LaunchNow scopes alive on this thread
+}  // namespace
+
+LaunchNow::LaunchNow() { t_launch_now += 1; }
+LaunchNow::~LaunchNow() { t_launch_now -= 1; }
+
+bool launching_now() { return t_launch_now > 0 && eager_mode() == EagerMode::DeferAndFuse; }
+
 bool deferring() {
   EagerMode m = eager_mode();
+  if (t_launch_now > 0 && m == EagerMode::DeferAndFuse) return false;
   return m == EagerMode::DeferAndFuse || m == EagerMode::DeferAll;
 }
 
@@ -207,6 +217,12 @@ bool is_ready(const Operand& v) {
   if (v.buffer) return true;
   std::lock_guard<std::mutex> lock(g_slot_mu);
   return v.slot && v.slot->buffer;
+}
+
+bool pending(const Operand& v) {
+  if (!v.slot) return false;
+  auto lock = graph_lock();
+  return v.slot->producer != nullptr;
 }
 
 runtime::BufferPtr resolve(const Operand& v) {

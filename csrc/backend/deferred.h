@@ -110,6 +110,22 @@ std::vector<Operand> run_internal(const std::string& key,
 runtime::BufferPtr resolve(const Operand& v);
 // True when `v` has its buffer (does not wait).
 bool is_ready(const Operand& v);
+// True while `v` waits in the pending graph: reading it flushes that graph.
+bool pending(const Operand& v);
+
+// While one lives, this thread's programs launch at once instead of joining the pending
+// graph (DeferAndFuse only). For reads of values already computed (a view's values read
+// back, the count of selected entries): their small programs run beside the graph being
+// recorded instead of cutting it, as the same read of a computed value does on CUDA.
+class LaunchNow {
+ public:
+  LaunchNow();
+  ~LaunchNow();
+  LaunchNow(const LaunchNow&) = delete;
+  LaunchNow& operator=(const LaunchNow&) = delete;
+};
+// True on a thread inside a LaunchNow scope while DeferAndFuse is the mode.
+bool launching_now();
 
 // Hands the pending graph (if any) to the launcher thread, which compiles (once per
 // graph shape) and launches it as one program. `reason` is counted in the metrics.

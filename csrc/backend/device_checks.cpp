@@ -1,5 +1,8 @@
 #include "backend/device_checks.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include <c10/util/Exception.h>
 
 #include <mutex>
@@ -41,6 +44,14 @@ void verify_device_checks() {
     std::lock_guard<std::mutex> lock(g_mu);
     if (g_checks.empty()) return;
     checks.swap(g_checks);
+  }
+  if (launching_now()) {  // pending() takes the graph lock: not under g_mu
+    auto waits = std::stable_partition(checks.begin(), checks.end(),
+                                       [](const Check& c) { return !pending(c.ok); });
+    std::lock_guard<std::mutex> lock(g_mu);  // ahead of flags added since, in order
+    g_checks.insert(g_checks.begin(), std::make_move_iterator(waits),
+                    std::make_move_iterator(checks.end()));
+    checks.erase(waits, checks.end());
   }
   for (const Check& c : checks) {
     runtime::BufferPtr b = guarded([&] { return resolve(c.ok); });

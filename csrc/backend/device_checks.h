@@ -11,7 +11,9 @@ namespace tpu::backend {
 // `ok` is a bool scalar computed by an op; `message` is raised if it is false.
 void add_device_check(Operand ok, std::string message);
 // Reads every outstanding flag; raises IndexError with the first failed one's message
-// (RuntimeError when the message starts with "RuntimeError: ").
+// (RuntimeError when the message starts with "RuntimeError: "). Inside a LaunchNow scope
+// (a read of values the pending graph does not compute) flags still pending stay for
+// the read that runs their graph: reading them would run it.
 void verify_device_checks();
 
 }  // namespace tpu::backend

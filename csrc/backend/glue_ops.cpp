@@ -229,7 +229,8 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
       auto buf = runtime::Client::get().from_host(host.data_ptr(), st, dims, device_index(self));
       assign(self, buf);
     } else if (self.is_cpu() && src.is_privateuseone()) {
-      verify_device_checks();  // values read back must not come from a failed op
+      ReadOfComputed now({src});  // values already computed: read apart from pending work
+      verify_device_checks();     // values read back must not come from a failed op
       auto buf = dense_buffer(src);
       if (self.is_contiguous() && self.scalar_type() == src.scalar_type() && self.sizes() == src.sizes() &&
           !src.is_conj() && !src.is_neg() && !self.is_conj() && !self.is_neg()) {

@@ -56,6 +56,13 @@ StorageData& storage_of(const at::Tensor& t) {
   return s;
 }
 
+ReadOfComputed::ReadOfComputed(std::initializer_list<std::reference_wrapper<const at::Tensor>> ts) {
+  if (!deferring()) return;
+  for (const at::Tensor& t : ts)
+    if (t.defined() && t.is_privateuseone() && pending(storage_of(t).value)) return;
+  now_.emplace();
+}
+
 Operand ready_value(const StorageData& s) {
   if (!s.value.buffer && s.value.slot && is_ready(s.value)) return Operand(resolve(s.value));
   return s.value;

@@ -2,6 +2,9 @@
 // deferred graph, or nothing yet (memory from `empty` that no op has written). The
 // at::Storage's DataPtr carries it.
 #pragma once
+#include <functional>
+#include <initializer_list>
+#include <optional>
 #include <string>
 #include <ATen/Tensor.h>
 
@@ -52,6 +55,16 @@ StorageData& storage_of(const at::Tensor& t);
 // Its value as a buffer where its launch has run (Strict's queued launches, a flushed
 // graph), else as it is (the stored operand keeps its identity).
 Operand ready_value(const StorageData& s);
+// Where none of `ts`' storages waits in the pending graph (DeferAndFuse), reading them
+// launches its programs at once (LaunchNow): a read of computed values does not cut the
+// graph being recorded. Elsewhere it changes nothing.
+class ReadOfComputed {
+ public:
+  explicit ReadOfComputed(std::initializer_list<std::reference_wrapper<const at::Tensor>> ts);
+
+ private:
+  std::optional<LaunchNow> now_;
+};
 // The same without applying them (for code that queues or drops writes).
 StorageData& storage_data(const at::Tensor& t);
 // Runs `s`'s pending writes (one program) into its value, and its pending copy.

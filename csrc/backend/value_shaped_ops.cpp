@@ -44,6 +44,7 @@ Type type_of(const at::Tensor& t, const char* op) {
 
 at::Tensor nonzero_tpu(const at::Tensor& self) {
   return guarded([&] {
+    ReadOfComputed now({self});
     int64_t n = self.numel(), r = self.dim();
     int dev = device_index(self);
     if (n == 0) return at::empty({0, r}, self.options().dtype(at::kLong));
@@ -70,6 +71,7 @@ at::Tensor masked_select_tpu(const at::Tensor& self, const at::Tensor& mask) {
   TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_select: expected BoolTensor for mask, got ",
               mask.scalar_type());
   return guarded([&] {
+    ReadOfComputed now({self, mask});
     std::vector<int64_t> shape = at::infer_size(self.sizes(), mask.sizes());
     int64_t n = c10::multiply_integers(shape);
     int dev = device_index(self);
@@ -113,6 +115,7 @@ bool equal_tpu(const at::Tensor& self, const at::Tensor& other) {
   if (self.sizes() != other.sizes()) return false;
   if (self.numel() == 0) return true;
   return guarded([&] {
+    ReadOfComputed now({self, other});
     int dev = device_index(self);
     Type st = type_of(self, "equal"), ot = type_of(other, "equal");
     DType t = lowering::promote(st.dtype, ot.dtype);
@@ -139,6 +142,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_impl(const at::Tensor& sel
   if (n == 0)
     return {at::empty({0}, self.options()), want_inverse ? at::empty(self.sizes(), none.options()) : none,
             want_counts ? at::empty({0}, none.options()) : none};
+  ReadOfComputed now({self});
   int dev = device_index(self);
   Type it = type_of(self, "unique");
   auto res = run_internal(std::string(consecutive ? "unique_consecutive:" : "unique:") + it.str(),
@@ -204,6 +208,7 @@ at::Tensor repeat_interleave_tpu(const at::Tensor& repeats, std::optional<c10::S
   TORCH_CHECK(repeats.scalar_type() == at::kLong || repeats.scalar_type() == at::kInt,
               "repeats has to be Long or Int tensor");
   return guarded([&] {
+    ReadOfComputed now({repeats});
     int64_t n = repeats.numel();
     int dev = device_index(repeats);
     if (n == 0) return at::empty({0}, repeats.options());
