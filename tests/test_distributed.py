@@ -305,6 +305,79 @@ def inputs_read_in_place_or_copied(rank, world):
     _eq(recv, torch.tensor([[1.0, 2.0], [4.0, 5.0]]) * (prv + 1))
 
 
+@check("collectives", "modes")
+def all_reduce_in_place_or_staged(rank, world):
+    """On host-memory buffers, all_reduce writes into the tensor's own buffer where nothing
+    else holds it and the device is idle (no copy either way); otherwise it stages the
+    values. Either way only the tensor (and its views) change: a clone sharing its buffer,
+    the rest of a storage it is a part of, keep their values."""
+    import os
+    import torch
+    import torch.distributed as dist
+    import torch_tpu
+    count = torch_tpu._C._dist_writes_in_place
+    in_place = os.environ.get("TPU_DIST_HOST_ADDRESSES") != "0"
+    want = sum(r + 1.0 for r in range(world))
+    x = torch.full((2, 3), rank + 1.0, device="tpu")
+    flat = x.view(6)
+    torch.tpu.synchronize()
+    before = count()
+    dist.all_reduce(x)
+    assert count() == before + in_place, (count(), before)
+    _eq(x, [[want] * 3] * 2)
+    _eq(flat, [want] * 6)  # a view of the storage sees the result
+    y = torch.empty_like(x)
+    y.copy_(x)  # a whole-storage copy shares x's buffer (values never change): staged
+    before = count()
+    dist.all_reduce(x)
+    assert count() == before, (count(), before)
+    _eq(x, [[want * world] * 3] * 2)
+    _eq(y, [[want] * 3] * 2)
+    # Part of a storage: staged, the rest unchanged.
+    big = torch.full((8,), 1.0, device="tpu")
+    torch.tpu.synchronize()
+    before = count()
+    dist.all_reduce(big[2:6])
+    assert count() == before, (count(), before)
+    _eq(big, [1.0, 1.0] + [float(world)] * 4 + [1.0, 1.0])
+    # AVG divides in place; integers too. (Zeros would be a storage not written yet.)
+    z = torch.full((5,), rank + 0.5, device="tpu")
+    k = torch.full((3,), rank + 1, dtype=torch.int64, device="tpu")
+    torch.tpu.synchronize()
+    before = count()
+    dist.all_reduce(z, op=dist.ReduceOp.AVG)
+    dist.all_reduce(k, op=dist.ReduceOp.MAX)
+    assert count() == before + 2 * in_place, (count(), before)
+    _eq(z, [sum(range(world)) / world + 0.5] * 5)
+    _eq(k, [world] * 3)
+    # Reduced values feed later programs as any other.
+    _eq(z * 2 + k[:1], [2 * sum(range(world)) / world + 1 + world] * 5)
+
+
+@check("chunks")
+def ranks_in_place_and_staged_together(rank, world):
+    """Rank 0 stages its tensor (chunk by chunk: 4 KiB chunks here) while the others
+    reduce theirs in place: each makes the same transport calls, none hangs."""
+    import os
+    import torch
+    import torch.distributed as dist
+    import torch_tpu
+    n = 3 * CHUNK_BYTES // 4 + 5
+    x = torch.arange(n, device="tpu", dtype=torch.float32) + rank
+    keep = None
+    if rank == 0:  # a whole-storage copy shares x's buffer: staged
+        keep = torch.empty_like(x)
+        keep.copy_(x)
+    torch.tpu.synchronize()
+    before = torch_tpu._C._dist_writes_in_place()
+    dist.all_reduce(x)
+    in_place = rank != 0 and os.environ.get("TPU_DIST_HOST_ADDRESSES") != "0"
+    assert torch_tpu._C._dist_writes_in_place() == before + in_place
+    _eq(x, torch.arange(n, dtype=torch.float64) * world + sum(range(world)))
+    if keep is not None:
+        _eq(keep, torch.arange(n, dtype=torch.float64))
+
+
 @check("collectives", "chunks")
 def dtypes_gloo_lacks_are_refused(rank, world):
     import torch

@@ -403,16 +403,15 @@ struct FlushedGraph {
   std::vector<int> replaces;  // per result: the input it replaces in its storage, or -1
 };
 
-namespace {
-
-std::function<void(const FlushReport&)> g_flush_observer;  // guarded by g_mu
-
-// Whether nobody but `v` (and a finished graph's slot) holds the value.
 bool sole_holder(const Operand& v) {
   if (!v.slot) return v.buffer.use_count() == 1;
   std::lock_guard<std::mutex> l(g_slot_mu);
   return v.slot.use_count() == 1 && !v.slot->error && (!v.slot->buffer || v.slot->buffer.use_count() == 1);
 }
+
+namespace {
+
+std::function<void(const FlushReport&)> g_flush_observer;  // guarded by g_mu
 
 // Inputs nobody else holds are donated to an output of the same type: first to the
 // output that replaced the input in its storage (its own update: no copy needed), then

@@ -112,6 +112,9 @@ runtime::BufferPtr resolve(const Operand& v);
 bool is_ready(const Operand& v);
 // True while `v` waits in the pending graph: reading it flushes that graph.
 bool pending(const Operand& v);
+// Whether nobody but `v` holds its value (no other storage, pending op or collective;
+// a finished graph's slot counts as `v`'s own).
+bool sole_holder(const Operand& v);
 
 // While one lives, this thread's programs launch at once instead of joining the pending
 // graph (DeferAndFuse only). For reads of values already computed (a view's values read

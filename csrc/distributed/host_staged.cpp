@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -48,6 +49,36 @@ at::Tensor host_view(const at::Tensor& t, bool host_addresses) {
   const void* p = runtime::host_address(c, *buf);  // waits for the values
   if (!p) return {};
   return at::from_blob(const_cast<void*>(p), t.sizes(), [buf](void*) {},
+                       at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
+}
+
+std::atomic<int64_t> g_in_place{0};
+
+// The tpu tensor's own device memory as a CPU tensor that a collective writes its result
+// into, as NCCL writes into the tensor it is given: no copy to the host, none back.
+// Only where no one else can see the bytes change: the plugin's buffers are host memory,
+// the tensor is its whole storage, whose computed buffer nothing else holds (no other
+// storage, pending op, transfer or collective), and no launched program still runs on the
+// device (one could be reading it). Undefined otherwise: then the values are staged.
+at::Tensor in_place_view(const at::Tensor& t, bool host_addresses) {
+  if (!host_addresses || t.numel() == 0 || t.is_conj() || t.is_neg() || !t.is_contiguous() ||
+      t.storage_offset() != 0 || t.nbytes() != t.storage().nbytes())
+    return {};
+  runtime::Client& c = runtime::Client::get();
+  int device = backend::device_index(t);
+  if (!runtime::buffers_in_host_memory(c, device)) return {};
+  backend::verify_device_checks();  // values reduced must not come from a failed op
+  backend::StorageData& s = backend::storage_of(t);  // its queued writes run first
+  if (!s.value || !s.donated_to.empty() || s.copy_of || !s.pending.empty() ||
+      !backend::is_ready(s.value) || !backend::all_launched() || !c.is_idle(device) ||
+      !backend::sole_holder(s.value))
+    return {};
+  runtime::BufferPtr buf = backend::resolve(s.value);
+  if (buf->nbytes() != static_cast<int64_t>(t.nbytes())) return {};
+  void* p = runtime::writable_host_address(c, *buf);
+  if (!p) return {};
+  g_in_place += 1;
+  return at::from_blob(p, t.sizes(), [buf](void*) {},
                        at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
 }
 
@@ -124,15 +155,21 @@ struct HostStagedTransport::Staging {
     for (auto& t : ts) r.push_back(in_read_only(t));
     return r;
   }
-  // A host tensor whose values go back into `t` when the collective is done.
+  // A host tensor whose values go back into `t` when the collective is done: t's own
+  // memory where it may be written in place, else staging memory written back.
   at::Tensor out(const at::Tensor& t) {
     if (typed) check_host_dtype(what, t);
-    at::Tensor h = pool.take(t.sizes(), t.scalar_type());
+    at::Tensor h = in_place_view(t, host_addresses);
+    if (h.defined()) return h;
+    h = pool.take(t.sizes(), t.scalar_type());
     writes.push_back({t, h});
     return h;
   }
   at::Tensor inout(const at::Tensor& t) {
-    at::Tensor h = in(t);
+    if (typed) check_host_dtype(what, t);
+    at::Tensor h = in_place_view(t, host_addresses);
+    if (h.defined()) return h;
+    h = in(t);
     writes.push_back({t, h});
     return h;
   }
@@ -217,6 +254,23 @@ WorkPtr HostStagedTransport::broadcast(TensorList& tensors, const c10d::Broadcas
 
 WorkPtr HostStagedTransport::allreduce(TensorList& tensors, const c10d::AllreduceOptions& opts) {
   Staging s(pool_, host_addresses_, "all_reduce");
+  at::Tensor whole = tensors.size() == 1 ? in_place_view(tensors[0], host_addresses_) : at::Tensor();
+  if (whole.defined()) {  // reduced in place: no copies
+    check_host_dtype("all_reduce", tensors[0]);
+    c10d::AllreduceOptions o = opts;
+    o.reduceOp = s.op(opts.reduceOp, {whole});
+    // In the chunks the staged path below uses: every rank must make the same transport
+    // calls, and another rank may be staging its tensor.
+    at::Tensor flat = whole.view(-1);
+    int64_t n = flat.numel();
+    int64_t per = pipelined(tensors[0], chunk_bytes_)
+                      ? std::max<int64_t>(1, chunk_bytes_ / flat.element_size()) : n;
+    for (int64_t a = 0; a < n; a += per) {
+      TensorList chunk{flat.narrow(0, a, std::min(per, n - a))};
+      s.inner.push_back(host_->allreduce(chunk, o));
+    }
+    return finish(s, OpType::ALLREDUCE, "all_reduce", tensors);
+  }
   if (tensors.size() == 1 && pipelined(tensors[0], chunk_bytes_)) {
     // Copied to the host and reduced chunk by chunk: each chunk's Gloo all-reduce runs
     // while the next chunk is copied.
@@ -453,5 +507,7 @@ WorkPtr HostStagedTransport::barrier(const c10d::BarrierOptions& opts) {
   s.inner.push_back(host_->barrier(opts));
   return finish(s, OpType::BARRIER, "barrier", {});
 }
+
+int64_t collective_writes_in_place() { return g_in_place.load(); }
 
 }  // namespace tpu::distributed

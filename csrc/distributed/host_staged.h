@@ -6,7 +6,9 @@
 // reduce_scatter_tensor of 2 chunks or more go to the host chunk by chunk, where the
 // plugin copies byte ranges, so the copies overlap Gloo's work on earlier chunks. Where
 // the plugin reports that its buffers live in host memory (runtime/host_address.h), the
-// staging copies are plain memcpys and Gloo reads all_gather/send inputs in place.
+// staging copies are plain memcpys and Gloo reads all_gather/send inputs in place; a
+// result whose tensor's buffer nothing else holds, on an idle device, is written into
+// that buffer itself (all_reduce then copies nothing).
 #pragma once
 #include <memory>
 
@@ -90,5 +92,8 @@ class HostStagedTransport : public c10d::Backend {
   HostPool pool_;
   std::shared_ptr<Sequencer> sequencer_;
 };
+
+// How many tensors collectives wrote in place so far (this process).
+int64_t collective_writes_in_place();
 
 }  // namespace tpu::distributed

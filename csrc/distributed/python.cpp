@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "distributed/device_collectives.h"
+#include "distributed/host_staged.h"
 #include "distributed/staged_work.h"
 #include "distributed/tpu_backend.h"
 #include "runtime/host_address.h"
@@ -32,6 +33,7 @@ void bind(pybind11::module_& m) {
   m.def("_dist_host_addresses", [](int device) {
     return runtime::buffers_in_host_memory(runtime::Client::get(), device);
   });
+  m.def("_dist_writes_in_place", [] { return collective_writes_in_place(); });
   m.def("_dist_transport", [](const c10::intrusive_ptr<c10d::Backend>& b) {
     auto* tpu = dynamic_cast<TpuBackend*>(b.get());
     TORCH_CHECK_VALUE(tpu, "not a tpu_dist backend: ", b->getBackendName());

@@ -72,4 +72,8 @@ const void* host_address(Client& client, const Buffer& b) {
   return reinterpret_cast<const void*>(unsafe_pointer(client, b.raw()));
 }
 
+void* writable_host_address(Client& client, const Buffer& b) {
+  return const_cast<void*>(host_address(client, b));
+}
+
 }  // namespace tpu::runtime

@@ -16,4 +16,9 @@ bool buffers_in_host_memory(Client& client, int device);
 // the bytes must only be read (buffers are immutable: programs may alias or cache them).
 const void* host_address(Client& client, const Buffer& b);
 
+// The same address, for a caller that may write the bytes in place: one that holds `b`'s
+// only reference and knows that no launched program, transfer or other holder can read
+// them meanwhile (as a donation would consume the buffer). Null where host_address is.
+void* writable_host_address(Client& client, const Buffer& b);
+
 }  // namespace tpu::runtime
