@@ -486,6 +486,7 @@ def reduce_scatter_forms(rank, world):
     out = torch.empty(2, device="tpu")
     dist.reduce_scatter_tensor(out, big, op=dist.ReduceOp.AVG)
     _eq(out, [sum(r * 100 for r in range(world)) / world + 2 * rank + j for j in range(2)], 1e-5)
+    _eq(big, [float(rank * 100 + i) for i in range(2 * world)])  # read in place, unchanged
 
 
 @check("collectives", "modes", "four")

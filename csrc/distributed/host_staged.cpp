@@ -442,7 +442,8 @@ WorkPtr HostStagedTransport::_reduce_scatter_base(at::Tensor& output, at::Tensor
       return finish(s, OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output});
     }
   }
-  at::Tensor in = s.in(input).view(-1), out = s.out(output).view(-1);
+  // Gloo's reduce-scatter leaves its input as it was: read in place where it can be.
+  at::Tensor in = s.in_read_only(input).view(-1), out = s.out(output).view(-1);
   c10d::ReduceScatterOptions o = opts;
   o.reduceOp = s.op(opts.reduceOp, {out});
   s.inner.push_back(host_->_reduce_scatter_base(out, in, o));
@@ -455,7 +456,7 @@ WorkPtr HostStagedTransport::reduce_scatter_tensor_coalesced(
   s.check_dtypes(inputs);
   s.check_dtypes(outputs);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    at::Tensor in = s.in(inputs[i]).view(-1), out = s.out(outputs[i]).view(-1);
+    at::Tensor in = s.in_read_only(inputs[i]).view(-1), out = s.out(outputs[i]).view(-1);
     c10d::ReduceScatterOptions o = opts;
     o.reduceOp = s.op(opts.reduceOp, {out});
     s.inner.push_back(host_->_reduce_scatter_base(out, in, o));
