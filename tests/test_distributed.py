@@ -151,8 +151,9 @@ def all_reduce_dtypes(rank, world):
 
 @check("collectives", "modes", "four")
 def all_reduce_large_in_chunks(rank, world):
-    """Tensors of 8 MiB or more go to the host chunk by chunk (4 MiB, the last partial),
-    each chunk reduced while the next is copied; the result must be whole and in place."""
+    """Tensors of 8 MiB or more: where the plugin copies them to the host (the copying
+    launch), chunk by chunk (4 MiB, the last partial), each chunk reduced while the next
+    is copied; on host-memory buffers, in one call. The result must be whole and in place."""
     import torch
     import torch.distributed as dist
     n = (10 << 20) // 4 + 3
@@ -177,9 +178,11 @@ def all_reduce_large_in_chunks(rank, world):
     _eq(v, torch.full((n,), float(scale)))
 
 
-# The chunked paths, run with TPU_DIST_CHUNK_BYTES=4096 (the "chunks" launch) so that
-# sizes that do not divide into chunks cross many of them cheaply; every dtype the
-# collectives take (Gloo's: not int16 or the unsigned types wider than 8 bits), values checked against float64 / exact integer references.
+# Sizes that do not divide into chunks, with TPU_DIST_CHUNK_BYTES=4096 so that they cross
+# many chunks cheaply: chunked where the plugin copies (the "copying" launch), in one call
+# on host-memory buffers (the "chunks" launch). Every dtype the collectives take (Gloo's:
+# not int16 or the unsigned types wider than 8 bits), values checked against float64 /
+# exact integer references.
 CHUNK_BYTES = 4096
 
 
@@ -356,7 +359,7 @@ def all_reduce_in_place_or_staged(rank, world):
 
 @check("chunks")
 def ranks_in_place_and_staged_together(rank, world):
-    """Rank 0 stages its tensor (chunk by chunk: 4 KiB chunks here) while the others
+    """Rank 0 stages its tensor (a copy of several 4 KiB chunks' size) while the others
     reduce theirs in place: each makes the same transport calls, none hangs."""
     import os
     import torch

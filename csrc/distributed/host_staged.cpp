@@ -82,31 +82,20 @@ at::Tensor in_place_view(const at::Tensor& t, bool host_addresses) {
                        at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
 }
 
-// Byte ranges of a tpu tensor's values copied to the host, for the chunked paths: a
-// memcpy where its buffer lives in host memory, else the plugin's raw copy.
+// Byte ranges of a tpu tensor's values copied to the host by the plugin, for the
+// chunked paths (plugins whose buffers are not host memory).
 struct Ranges {
   runtime::BufferPtr buf;
-  at::Tensor view;  // host_view(), when defined
 
   // Opens `t` (pending work runs first) and copies its first range; false (nothing
-  // copied) where the plugin offers neither way or the buffer is not t's dense values.
-  bool open(const at::Tensor& t, bool host_addresses, void* dst, int64_t offset,
-            int64_t nbytes) {
-    view = host_view(t, host_addresses);
-    if (view.defined()) {
-      copy(dst, offset, nbytes, "");
-      return true;
-    }
+  // copied) where the plugin offers no raw copies or the buffer is not t's dense values.
+  bool open(const at::Tensor& t, void* dst, int64_t offset, int64_t nbytes) {
     backend::verify_device_checks();
     buf = backend::dense_buffer(t);
     if (buf->nbytes() != static_cast<int64_t>(t.nbytes())) return false;
     return runtime::Client::get().to_host_range(*buf, dst, offset, nbytes);
   }
   void copy(void* dst, int64_t offset, int64_t nbytes, const char* what) const {
-    if (view.defined()) {
-      std::memcpy(dst, static_cast<const char*>(view.data_ptr()) + offset, nbytes);
-      return;
-    }
     TORCH_CHECK(runtime::Client::get().to_host_range(*buf, dst, offset, nbytes), "tpu_dist ",
                 what, ": the plugin stopped offering raw copies");
   }
@@ -192,9 +181,16 @@ struct HostStagedTransport::Staging {
 };
 
 namespace {
-// Below this many bytes a collective is staged whole: its copy is short next to Gloo's
-// own per-call cost. From here on, chunks of chunk_bytes_ pipeline the copies.
-bool pipelined(const at::Tensor& t, int64_t chunk_bytes) {
+// Where the plugin copies device memory to the host, a tensor of 2 chunks or more goes
+// chunk by chunk, each chunk's transport call overlapping the next one's copy (below
+// that, the copy is short next to Gloo's own per-call cost). Where buffers are host
+// memory there is no transfer to overlap: values are read, or written, in place or by
+// one memcpy, and a collective makes one call (Gloo's per-call cost is the larger one
+// there: about 6 ms with 4 ranks on 2 cores). Decided by the plugin and the size only,
+// so every rank makes the same transport calls.
+bool pipelined(const at::Tensor& t, int64_t chunk_bytes, bool host_addresses) {
+  if (host_addresses && runtime::buffers_in_host_memory(runtime::Client::get(), backend::device_index(t)))
+    return false;
   return t.nbytes() >= static_cast<size_t>(2 * chunk_bytes) && !t.is_conj() && !t.is_neg();
 }
 
@@ -254,24 +250,7 @@ WorkPtr HostStagedTransport::broadcast(TensorList& tensors, const c10d::Broadcas
 
 WorkPtr HostStagedTransport::allreduce(TensorList& tensors, const c10d::AllreduceOptions& opts) {
   Staging s(pool_, host_addresses_, "all_reduce");
-  at::Tensor whole = tensors.size() == 1 ? in_place_view(tensors[0], host_addresses_) : at::Tensor();
-  if (whole.defined()) {  // reduced in place: no copies
-    check_host_dtype("all_reduce", tensors[0]);
-    c10d::AllreduceOptions o = opts;
-    o.reduceOp = s.op(opts.reduceOp, {whole});
-    // In the chunks the staged path below uses: every rank must make the same transport
-    // calls, and another rank may be staging its tensor.
-    at::Tensor flat = whole.view(-1);
-    int64_t n = flat.numel();
-    int64_t per = pipelined(tensors[0], chunk_bytes_)
-                      ? std::max<int64_t>(1, chunk_bytes_ / flat.element_size()) : n;
-    for (int64_t a = 0; a < n; a += per) {
-      TensorList chunk{flat.narrow(0, a, std::min(per, n - a))};
-      s.inner.push_back(host_->allreduce(chunk, o));
-    }
-    return finish(s, OpType::ALLREDUCE, "all_reduce", tensors);
-  }
-  if (tensors.size() == 1 && pipelined(tensors[0], chunk_bytes_)) {
+  if (tensors.size() == 1 && pipelined(tensors[0], chunk_bytes_, host_addresses_)) {
     // Copied to the host and reduced chunk by chunk: each chunk's Gloo all-reduce runs
     // while the next chunk is copied.
     at::Tensor& t = tensors[0];
@@ -281,7 +260,7 @@ WorkPtr HostStagedTransport::allreduce(TensorList& tensors, const c10d::Allreduc
     int64_t n = h.numel();
     char* base = static_cast<char*>(h.data_ptr());
     Ranges src;
-    if (src.open(t, host_addresses_, base, 0, std::min(per, n) * item)) {
+    if (src.open(t, base, 0, std::min(per, n) * item)) {
       s.writes.push_back({t, h});
       c10d::AllreduceOptions o = opts;
       o.reduceOp = s.op(opts.reduceOp, {h});
@@ -410,7 +389,7 @@ WorkPtr HostStagedTransport::reduce_scatter(TensorList& outputs, std::vector<Ten
 WorkPtr HostStagedTransport::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                   const c10d::ReduceScatterOptions& opts) {
   Staging s(pool_, host_addresses_, "reduce_scatter_tensor");
-  if (pipelined(input, chunk_bytes_) && output.numel() > 0) {
+  if (pipelined(input, chunk_bytes_, host_addresses_) && output.numel() > 0) {
     // Chunk by chunk, as all_reduce: chunk c takes elements [a, a + len) of every rank's
     // block. Its pieces are copied next to each other ([rank][len]), so each chunk is one
     // contiguous Gloo reduce-scatter whose output is [a, a + len) of this rank's result.
@@ -424,7 +403,7 @@ WorkPtr HostStagedTransport::_reduce_scatter_base(at::Tensor& output, at::Tensor
     char* base = static_cast<char*>(hin.data_ptr());
     int64_t len0 = std::min(per, m);
     Ranges src;
-    if (src.open(input, host_addresses_, base, 0, len0 * item)) {
+    if (src.open(input, base, 0, len0 * item)) {
       at::Tensor flat_out = hout.view(-1);
       c10d::ReduceScatterOptions o = opts;
       o.reduceOp = s.op(opts.reduceOp, {hout});

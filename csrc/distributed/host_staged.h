@@ -1,14 +1,15 @@
-// The host-staged transport: each collective copies its tpu inputs to host tensors
-// (a materialization point: pending deferred work runs first) from a pool of reused
-// staging memory, runs the same collective on the CPU backend (Gloo) asynchronously,
-// and the thread that finishes it writes the host results back into the tpu tensors
-// (zero-copy where the plugin can alias host memory; staged_work.h). all_reduce and
-// reduce_scatter_tensor of 2 chunks or more go to the host chunk by chunk, where the
-// plugin copies byte ranges, so the copies overlap Gloo's work on earlier chunks. Where
-// the plugin reports that its buffers live in host memory (runtime/host_address.h), the
-// staging copies are plain memcpys and Gloo reads all_gather/send inputs in place; a
-// result whose tensor's buffer nothing else holds, on an idle device, is written into
-// that buffer itself (all_reduce then copies nothing).
+// The host-staged transport: each collective runs on the CPU backend (Gloo)
+// asynchronously over host tensors, and the thread that finishes it puts the results into
+// the tpu tensors (reading a tpu tensor is a materialization point: pending deferred work
+// runs first).
+// - Where the plugin reports that its buffers live in host memory (runtime/host_address.h),
+//   Gloo reads inputs in place; a result whose tensor's buffer nothing else holds, on an
+//   idle device, is written into that buffer itself (all_reduce then copies nothing);
+//   other values are copied by one memcpy into reused staging memory and written back
+//   without a copy (the device buffer is made over the host memory; staged_work.h).
+// - Elsewhere the plugin copies values to and from the host. all_reduce and
+//   reduce_scatter_tensor of 2 chunks or more go chunk by chunk, so the copies overlap
+//   Gloo's work on earlier chunks.
 #pragma once
 #include <memory>
 
