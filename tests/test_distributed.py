@@ -324,9 +324,10 @@ def all_reduce_in_place_or_staged(rank, world):
     x = torch.full((2, 3), rank + 1.0, device="tpu")
     flat = x.view(6)
     torch.tpu.synchronize()
-    before = count()
+    before, version = count(), x._version
     dist.all_reduce(x)
     assert count() == before + in_place, (count(), before)
+    assert x._version > version  # written, in place or staged: autograd sees it
     _eq(x, [[want] * 3] * 2)
     _eq(flat, [want] * 6)  # a view of the storage sees the result
     y = torch.empty_like(x)

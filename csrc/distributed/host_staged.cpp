@@ -78,6 +78,8 @@ at::Tensor in_place_view(const at::Tensor& t, bool host_addresses) {
   void* p = runtime::writable_host_address(c, *buf);
   if (!p) return {};
   g_in_place += 1;
+  // A write, as the staged path's copy_ back is: autograd sees the tensor changed.
+  if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
   return at::from_blob(p, t.sizes(), [buf](void*) {},
                        at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
 }
