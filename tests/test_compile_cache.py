@@ -137,3 +137,23 @@ def test_graphs_are_found_again_by_a_process_with_another_history(tmp_path):
     # Only the prelude's own graph compiles: the others are the disk cache's.
     assert other["graph_compiles"] == 1
     assert other["v"] == first["v"] and other["w"] == first["w"]
+
+
+def test_entries_are_keyed_by_the_host_cpu(tmp_path):
+    """An executable from a machine with other instruction-set features (AVX-512 on one
+    x86-64, not on the next) must never load: every entry's key names this CPU's."""
+    import platform
+
+    import torch_tpu
+
+    sig = torch_tpu._C._host_cpu_signature()
+    run(tmp_path)
+    entries = [tmp_path / f for f in os.listdir(tmp_path) if f.endswith(".exe")]
+    assert entries and all(sig.encode() in e.read_bytes() for e in entries)
+    if platform.machine() in ("x86_64", "AMD64") and os.path.exists("/proc/cpuinfo"):
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+        leaf7_ebx = int(sig.split(" 7:")[1].split(".")[0], 16)
+        # CPUID.7.0:EBX bit 5 is AVX2, bit 16 AVX512F (the kernel lists AVX-512 only where
+        # it enables its register state, so only that direction holds for it).
+        assert bool(leaf7_ebx & (1 << 5)) == ("avx2" in flags)
+        assert not ("avx512f" in flags) or leaf7_ebx & (1 << 16)

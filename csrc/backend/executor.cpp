@@ -4,6 +4,7 @@
 #include "ir/contraction_size.h"
 #include "ir/fusion.h"
 #include "runtime/disk_cache.h"
+#include "runtime/host_cpu.h"
 
 #include <sys/stat.h>
 
@@ -35,12 +36,15 @@ Metrics& metrics() {
   return m;
 }
 
-// What makes a compiled executable reusable by another process: the plugin binary and
-// the API it speaks (compile options are fixed by runtime/compile_options.cpp).
+// What makes a compiled executable reusable by another process: the plugin binary, the
+// API it speaks and the host CPU's features (a plugin generating host code targets them;
+// a cache directory shared by machines must not hand one another's executables)
+// (compile options are fixed by runtime/compile_options.cpp).
 static const std::string& cache_identity() {
   static const std::string id = [] {
     auto& c = runtime::Client::get();
-    std::string s = "torch_tpu executable v1|" + c.plugin_path() + "|" + c.platform();
+    std::string s = "torch_tpu executable v1|" + c.plugin_path() + "|" + c.platform() + "|" +
+                    runtime::host_cpu_signature();
     struct stat st;
     if (::stat(c.plugin_path().c_str(), &st) == 0)
       s += "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtime);

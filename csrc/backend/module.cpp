@@ -11,6 +11,7 @@
 #include "backend/streams.h"
 #include "runtime/client.h"
 #include "runtime/disk_cache.h"
+#include "runtime/host_cpu.h"
 #include "runtime/launch_probe.h"
 #include "runtime/plugin_search.h"
 
@@ -64,6 +65,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("plugin_path", [] { return runtime::Client::resolve_plugin_path(); });
   m.def("platform", [] { return client().platform(); });
+  m.def("_host_cpu_signature", [] { return runtime::host_cpu_signature(); });
   m.def("api_version", [] { return client().api_version(); });
   m.def("device_count", [] { return device_count(); });
   m.def("current_device", [] { return current_device(); });
