@@ -621,9 +621,10 @@ COLD_START_BEFORE_S = {"strict": 4.6, "fused": 2.8}
 WARM_START_BEFORE_S = {"strict": 1.16, "fused": 1.12}
 
 
-def issue18_targets(rows, starts, bounds, probes, quick=False):
+def issue18_targets(rows, starts, bounds, probes, quick=False, cold_conformance=None):
     """Each of issue 18's targets: name (with its bound) -> value; None where this run
-    does not measure it (with --quick the GPT is smaller than the reference numbers')."""
+    does not measure it (with --quick the GPT is smaller than the reference numbers').
+    cold_conformance: benchmarks/conformance_cold.py's result, a run of its own."""
     by = {(r["workload"], r["mode"]): r for r in rows}
     out = {}
     floor = next((b for b in bounds if b.get("workload") == "gpt_train" and "floor_fused_s" in b), None)
@@ -662,7 +663,8 @@ def issue18_targets(rows, starts, bounds, probes, quick=False):
             r = st[which]
             out[f"gpt_train {m} {which} first step less importing torch._dynamo / {before[m]} s before "
                 f"(<= {bound})"] = (None if quick else (r["first_step_s"] - r.get("dynamo_import_s", 0.0)) / before[m])
-    out["cold full conformance run, minutes (<= 20)"] = None  # `make conformance`, not this run
+    full = cold_conformance and not cold_conformance.get("ops")
+    out["cold full conformance run, minutes (<= 20)"] = cold_conformance["minutes"] if full else None
     return out
 
 
@@ -678,7 +680,17 @@ def met(name, value):
     return None
 
 
-def markdown(rows, starts, checks, meta, bounds=(), issue18=None, probes=None):
+def load_cold_conformance(out_dir):
+    """The last full cold conformance run's result in out_dir, or None."""
+    try:
+        with open(os.path.join(out_dir, "conformance_cold.json")) as f:
+            r = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return None if r.get("ops") else r
+
+
+def markdown(rows, starts, checks, meta, bounds=(), issue18=None, probes=None, cold_conformance=None):
     lines = [f"# torch_tpu benchmarks ({meta['date']}, {meta['machine']})", "",
              f"Plugin: `{meta['plugin']}`; median of {meta['steps']} steps after {meta['warmup']} warm-up "
              f"steps{' (quick sizes)' if meta['quick'] else ''}.", "",
@@ -801,6 +813,12 @@ def markdown(rows, starts, checks, meta, bounds=(), issue18=None, probes=None):
             else:
                 ok = met(k, v)  # None: a floor reported beside the targets, not a target
                 lines.append(f"| {k} | {v:.3f} | {'-' if ok is None else 'yes' if ok else 'NO'} |")
+        if cold_conformance:
+            c = cold_conformance
+            lines += ["", f"The cold conformance run is benchmarks/conformance_cold.py's ({c['date']}, commit "
+                      f"{c['commit']}, {c['machine']}, {c['jobs']} jobs): {c['entries']} entries, "
+                      f"{c['fwd_value_verified_native']} forwards value-verified natively, "
+                      f"{c['cache_files_written']} cache files written from empty."]
     return "\n".join(lines) + "\n"
 
 
@@ -871,7 +889,8 @@ def main():
         probes["fused_split"] = fused_step_split()
     checks = targets(rows, starts)
     bounds = [] if a.no_ceilings else ceilings(rows, starts, a.quick, a.steps, a.warmup)
-    issue18 = issue18_targets(rows, starts, bounds, probes, a.quick)
+    cold_conformance = load_cold_conformance(a.out)
+    issue18 = issue18_targets(rows, starts, bounds, probes, a.quick, cold_conformance)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} CPUs",
             "plugin": torch_tpu._C.plugin_path(), "steps": a.steps, "warmup": a.warmup, "quick": a.quick,
             "torch": torch.__version__}
@@ -881,7 +900,7 @@ def main():
                    "targets": {k: {"value": v, "met": met(k, v)} for k, v in checks.items()},
                    "issue18_targets": {k: {"value": v, "met": met(k, v)} for k, v in issue18.items()}},
                   f, indent=1)
-    md = markdown(rows, starts, checks, meta, bounds, issue18, probes)
+    md = markdown(rows, starts, checks, meta, bounds, issue18, probes, cold_conformance)
     with open(os.path.join(a.out, "results.md"), "w") as f:
         f.write(md)
     chart(rows, os.path.join(a.out, "results.png"))

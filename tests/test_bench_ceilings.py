@@ -2,6 +2,7 @@
 workload's step really runs (if the recorded op names stopped matching, the floor would be
 empty and the ceiling infinite), timed the way the step is; fused gains are reported
 against the better of Strict and Debug."""
+import json
 import importlib.util
 import os
 
@@ -128,6 +129,28 @@ def test_issue18_targets_are_each_a_value_and_whether_it_is_met():
     assert "records it in 4.00 ms; its one program then runs 12.00 ms" in md
     assert "the whole step, timed in the same loop, 17.00 ms" in md
     assert "| tiny op: runtime launch floor / native CPU per op (Strict's floor) | 0.690 | - |" in md
+    # A full cold conformance run (benchmarks/conformance_cold.py's file) fills its row;
+    # a partial one (--ops) does not.
+    cold = {"minutes": 25.0, "ops": None, "date": "D", "commit": "C", "machine": "M", "jobs": 2,
+            "entries": 600, "fwd_value_verified_native": 500, "cache_files_written": 9}
+    name = "cold full conformance run, minutes (<= 20)"
+    t2 = bench.issue18_targets(rows, starts, bounds, probes, cold_conformance=cold)
+    assert t2[name] == 25.0 and bench.met(name, t2[name]) is False
+    assert bench.issue18_targets(rows, starts, bounds, probes, cold_conformance=dict(cold, ops="add"))[name] is None
+    md = bench.markdown([], [], {}, {"date": "d", "machine": "m", "plugin": "p", "steps": 1, "warmup": 1,
+                                       "quick": False}, (), t2, probes, cold)
+    assert "| cold full conformance run, minutes (<= 20) | 25.000 | NO |" in md
+    assert "conformance_cold.py's (D, commit C, M, 2 jobs): 600 entries, 500 forwards" in md
+
+
+def test_cold_conformance_result_is_read_only_when_full(tmp_path):
+    bench = load_bench()
+    assert bench.load_cold_conformance(str(tmp_path)) is None
+    path = tmp_path / "conformance_cold.json"
+    path.write_text(json.dumps({"minutes": 21.5, "ops": None}))
+    assert bench.load_cold_conformance(str(tmp_path))["minutes"] == 21.5
+    path.write_text(json.dumps({"minutes": 0.5, "ops": "add"}))
+    assert bench.load_cold_conformance(str(tmp_path)) is None
 
 
 def test_native_cpu_baseline_is_the_best_of_its_variants():

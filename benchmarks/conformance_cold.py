@@ -1,0 +1,84 @@
+"""Cold full conformance run: `python -m torch_tpu.conformance --jobs 2` over every op_db
+entry with an empty compile cache, timed by the wall clock, into
+benchmarks/results/conformance_cold.json (run.py quotes it in its issue-18 table, with its
+date, since it takes half an hour and is not part of run.py's own minutes).
+
+    python benchmarks/conformance_cold.py [--jobs 2] [--ops OPS] [--out DIR]
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def _git_commit():
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return r.stdout.strip() or None
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure(jobs, ops=None):
+    """Wall seconds of one conformance run whose processes start with an empty compile
+    cache, and the run's own summary."""
+    with tempfile.TemporaryDirectory(prefix="tpu_cold_cache_") as cache, \
+            tempfile.TemporaryDirectory(prefix="tpu_cold_conf_") as out:
+        env = dict(os.environ, TPU_COMPILE_CACHE_DIR=cache)
+        env.pop("TPU_COMPILE_CACHE", None)  # the cache on, as a user has it; empty, so cold
+        cmd = [sys.executable, "-m", "torch_tpu.conformance", "--jobs", str(jobs), "--out", out]
+        if ops:
+            cmd += ["--ops", ops]
+        t0 = time.perf_counter()
+        subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - t0
+        with open(os.path.join(out, "conformance.json")) as f:
+            summary = json.load(f)["summary"]
+        cached = sum(len(files) for _, _, files in os.walk(cache))
+    return wall, summary, cached
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--ops", help="a subset (a smoke run; the result then says it is partial)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = ap.parse_args()
+    wall, summary, cached = measure(args.jobs, args.ops)
+    result = {
+        "minutes": wall / 60.0,
+        "jobs": args.jobs,
+        "ops": args.ops,  # None: every op_db entry
+        "entries": summary["entries"],
+        "fwd_native": summary["fwd"]["native"],
+        "fwd_value_verified_native": summary["fwd"]["value_verified_native"],
+        "bwd_native": summary["bwd"]["native"],
+        "cache_files_written": cached,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "commit": _git_commit(),
+        "machine": f"{_cpu_model()}, {os.cpu_count()} cores",
+    }
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "conformance_cold.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
