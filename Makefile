@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 export CCACHE_BASEDIR := $(CURDIR)
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup build demo test test-cpp test-py test-modes test-avx2 clean conformance conformance-baseline conformance-compiled-baseline bench bench-quant \
+.PHONY: setup build demo test test-cpp test-py test-modes test-avx2 clean conformance conformance-baseline bench-conformance-cold conformance-compiled-baseline bench bench-quant \
   compat compat-baseline
 
 setup: $(VENV)/.ready
@@ -96,6 +96,11 @@ bench: build
 # Quantized GPT prefill (float32, bf16, torchao int8/fp8): benchmarks/results/quantized.{json,md}.
 bench-quant: build
 	$(PY) benchmarks/quantized.py $(QUANT_ARGS)
+
+# Issue 18's cold conformance run (every op_db entry, 2 jobs, an empty compile cache; about
+# half an hour): benchmarks/results/conformance_cold.json, which `make bench` then quotes.
+bench-conformance-cold: build
+	$(PY) benchmarks/conformance_cold.py $(ARGS)
 
 clean:
 	rm -rf build torch_tpu/_C*.so
