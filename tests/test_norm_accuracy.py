@@ -158,11 +158,12 @@ def _layer_norm_backward(x, grad, w, b, dtype, device):
 # Layer norm's backward sums its rows (dx) and its batch rows (dweight, dbias) compensated.
 # Plain sums gave dw 8.0 / 6.4, db 12.5 / 6.8 ulps (max, of the rms) on these shapes (CPU
 # 17.5 / 8.7, 18.3 / 6.0); the compensated ones 3.0 / 2.4, 1.8 / 1.2. dx's max is set by
-# its elementwise terms and by the forward's mean and rstd, whose rounding moves with the
-# code XLA emits for the host CPU: 8.2 on an AVX-512 host, 9.54 on an AVX2 EPYC while the
-# forward summed plainly (its mean 2.6 ulps off), 8.99 once compensated (mean 1.0, rstd
-# 1.2; CPU 7.7). So dx's max bound leaves an ulp for the instruction set, and its rms
-# (0.53 here, CPU 0.59) is bounded too, which no such tail moves.
+# its elementwise terms and by the forward's mean and rstd, summed plainly, whose rounding
+# follows the order XLA adds in for the host CPU's vector width: 8.2 on an AVX-512 host,
+# 9.54 on an AVX2 EPYC (its mean 2.6 ulps off; CPU 7.7). Summing the forward compensated
+# gives 8.99 there but costs 3.5x the forward on XLA:CPU (0.6 -> 2.1 ms on 8x256x256), so
+# dx's max bound leaves an ulp for the instruction set instead, and its rms (0.6 here,
+# CPU 0.59), which no single element's rounding moves, is bounded too.
 @pytest.mark.parametrize("shape", [(8, 128, 768), (4, 64, 256)])
 def test_layer_norm_backward_float64_accuracy(shape):
     g = _gen(0)
@@ -173,25 +174,10 @@ def test_layer_norm_backward_float64_accuracy(shape):
     ref = _layer_norm_backward(x, grad, w, b, torch.float64, "cpu")
     with no_fallbacks():
         got = _layer_norm_backward(x, grad, w, b, torch.float32, "tpu")
-    bounds = {"dx": (10.0, 0.65), "dw": (3.5, 1.0), "db": (2.0, 0.7)}
+    bounds = {"dx": (10.5, 0.7), "dw": (3.5, 1.0), "db": (2.0, 0.7)}
     errs = {k: tuple(round(e, 2) for e in _rel_err(got[k], ref[k])) for k in bounds}
     ok = all(errs[k][0] <= bounds[k][0] and errs[k][1] <= bounds[k][1] for k in bounds)
     assert ok, f"{shape}: ulps (max, rms) {errs} beyond {bounds}"
-
-
-def test_layer_norm_statistics_float64_accuracy():
-    """The forward's mean and rstd (saved for the backward) within about an ulp of the
-    float64 values of the same float32 input: summed compensated, in any order."""
-    g = _gen(2)
-    x = (torch.randn(64, 768, generator=g, dtype=torch.float64) * 2 + 1).float()
-    with no_fallbacks():
-        _, mean, rstd = torch.ops.aten.native_layer_norm(x.to("tpu"), [768], None, None, 1e-5)
-    xd = x.double()
-    ref_mean = xd.mean(-1, keepdim=True)
-    ref_rstd = (((xd - ref_mean) ** 2).mean(-1, keepdim=True) + 1e-5).rsqrt()
-    for name, got, ref in (("mean", mean, ref_mean), ("rstd", rstd, ref_rstd)):
-        ulps = ((got.cpu().double() - ref).abs() / (ref.abs() * EPS32)).max().item()
-        assert ulps <= 1.5, f"{name}: {ulps:.2f} ulps of each row's value"
 
 
 def test_layer_norm_backward_of_a_mean_is_rounding_only():
