@@ -180,11 +180,18 @@ def test_layer_norm_backward_float64_accuracy(shape):
     assert ok, f"{shape}: ulps (max, rms) {errs} beyond {bounds}"
 
 
-def test_layer_norm_backward_of_a_mean_is_rounding_only():
+# Rows of 32, 48, 256 and 768 are summed in 16 lanes, 24 and 40 in 8, 36 and 100 in one
+# variadic reduce. Known gap (factor 3): on rows of 30 and 96, dx is about twice CPU's
+# rounding, since the mean of n copies of a float, divided back by n, is not always that
+# float (shifting g by a row's element fixes it but rounds other rows worse: dx rms 0.59
+# -> 0.75 ulps on 8x128x768).
+@pytest.mark.parametrize("row, factor", [(32, 1), (40, 1), (24, 1), (36, 1), (48, 1), (100, 1), (256, 1),
+                                         (768, 1), (30, 3), (96, 3)])
+def test_layer_norm_backward_of_a_mean_is_rounding_only(row, factor):
     """A loss that takes the mean of a layer norm's output (the compat tool's loss for a
     model returning its last hidden state) gives dx = 0 exactly; float32's dx is rounding,
     which the backward upstream carries into every gradient: it must stay as small as CPU's."""
-    shape = (2, 5, 32)
+    shape = (2, 5, row)
     g = _gen(1)
     x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 1).float()
     w, b = torch.ones(shape[-1]), torch.zeros(shape[-1])
@@ -192,4 +199,4 @@ def test_layer_norm_backward_of_a_mean_is_rounding_only():
     cpu = _layer_norm_backward(x, grad, w, b, torch.float32, "cpu")["dx"].abs().max().item()
     with no_fallbacks():
         tpu = _layer_norm_backward(x, grad, w, b, torch.float32, "tpu")["dx"].abs().max().item()
-    assert tpu <= max(cpu, EPS32 * grad[0, 0, 0].item()), f"|dx| {tpu:.3g}, CPU {cpu:.3g}"
+    assert tpu <= factor * max(cpu, EPS32 * grad[0, 0, 0].item()), f"|dx| {tpu:.3g}, CPU {cpu:.3g}"

@@ -1,5 +1,7 @@
 #include "lowering/compensated_sum.h"
 
+#include <optional>
+
 #include "lowering/helpers.h"
 
 namespace tpu::lowering {
@@ -15,8 +17,31 @@ static std::vector<Value> two_sum(Builder& b, const std::vector<Value>& a) {
   return {s, add(b, add(b, c1, c2), e)};
 }
 
+// A row sum (the reduced dims trailing) in rows of 16 or 8 lanes: the (sum, error) pairs
+// run down the rows with the lanes side by side, then a last reduce folds the lanes'
+// pairs. Measured on XLA:CPU: a layer norm's backward over rows of 256 in half the time,
+// rows of 3,000 and more alike; a batch norm's sums over N, H and W (C kept between) took
+// twice the time this way, so they stay one variadic reduce. nullopt: rows too short.
+static std::optional<Value> row_sum_by_lanes(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
+  int64_t kept = x.rank() - static_cast<int64_t>(dims.size()), len = 1;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] != kept + static_cast<int64_t>(i)) return std::nullopt;
+    len *= x.shape()[dims[i]];
+  }
+  int64_t lanes = len % 16 == 0 ? 16 : len % 8 == 0 ? 8 : 0;
+  if (lanes == 0 || len < 2 * lanes) return std::nullopt;
+  Shape split(x.shape().begin(), x.shape().begin() + kept);
+  split.push_back(len / lanes);
+  split.push_back(lanes);
+  Value v = b.reshape(x, split), zero = b.constant(0, x.dtype());
+  auto by_lane = b.reduce({v, full_like(b, v, 0)}, {zero, zero}, {kept}, two_sum);
+  auto sc = b.reduce(by_lane, {zero, zero}, {kept}, two_sum);
+  return add(b, sc[0], sc[1]);
+}
+
 Value compensated_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
   if (!is_float(x.dtype()) || dims.empty()) return reduce_sum(b, x, dims);
+  if (auto rows = row_sum_by_lanes(b, x, dims)) return *rows;
   Value v = x;
   std::vector<int64_t> rest = dims;
   int64_t rest_count = 1;
