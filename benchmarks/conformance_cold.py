@@ -1,6 +1,7 @@
 """Cold full conformance run: `python -m torch_tpu.conformance --jobs 2` over every op_db
 entry with an empty compile cache, timed by the wall clock, into
-benchmarks/results/conformance_cold.json (run.py quotes it in its issue-18 table, with its
+benchmarks/results/conformance_cold.json, the run's own results beside it in
+conformance_cold/ (run.py quotes it in its issue-18 table, with its
 date, since it takes half an hour and is not part of run.py's own minutes).
 
     python benchmarks/conformance_cold.py [--jobs 2] [--ops OPS] [--out DIR]
@@ -35,11 +36,10 @@ def _cpu_model():
     return platform.processor() or platform.machine()
 
 
-def measure(jobs, ops=None):
+def measure(jobs, out, ops=None):
     """Wall seconds of one conformance run whose processes start with an empty compile
-    cache, and the run's own summary."""
-    with tempfile.TemporaryDirectory(prefix="tpu_cold_cache_") as cache, \
-            tempfile.TemporaryDirectory(prefix="tpu_cold_conf_") as out:
+    cache, and the run's own summary (its results stay in `out`)."""
+    with tempfile.TemporaryDirectory(prefix="tpu_cold_cache_") as cache:
         env = dict(os.environ, TPU_COMPILE_CACHE_DIR=cache)
         env.pop("TPU_COMPILE_CACHE", None)  # the cache on, as a user has it; empty, so cold
         cmd = [sys.executable, "-m", "torch_tpu.conformance", "--jobs", str(jobs), "--out", out]
@@ -60,7 +60,7 @@ def main():
     ap.add_argument("--ops", help="a subset (a smoke run; the result then says it is partial)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
-    wall, summary, cached = measure(args.jobs, args.ops)
+    wall, summary, cached = measure(args.jobs, os.path.join(args.out, "conformance_cold"), args.ops)
     result = {
         "minutes": wall / 60.0,
         "jobs": args.jobs,
@@ -70,6 +70,8 @@ def main():
         "fwd_value_verified_native": summary["fwd"]["value_verified_native"],
         "bwd_native": summary["bwd"]["native"],
         "cache_files_written": cached,
+        "fwd_error": summary["fwd"]["error"],
+        "fwd_mismatch": summary["fwd"]["mismatch"],
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "commit": _git_commit(),
         "machine": f"{_cpu_model()}, {os.cpu_count()} cores",
