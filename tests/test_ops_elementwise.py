@@ -654,3 +654,37 @@ def test_foreach_max_and_inf_norm_propagate_nan():
     torch.testing.assert_close(got, list(torch._foreach_max(xs)), equal_nan=True)
     got = [t.cpu() for t in torch._foreach_norm([x.to("tpu") for x in xs], float("inf"))]
     torch.testing.assert_close(got, list(torch._foreach_norm(xs, float("inf"))), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8, torch.bool, torch.complex64])
+def test_isclose_matches_cpu_in_one_program(dtype):
+    # Tolerances at and around the values' gaps, NaN and infinities on either side,
+    # integers whose difference a uint8 would wrap: every element as CPU's composite.
+    g = torch.Generator().manual_seed(1)
+    if dtype == torch.bool:
+        a, b = torch.randint(0, 2, (2, 40), generator=g).bool(), torch.randint(0, 2, (2, 40), generator=g).bool()
+    elif not (dtype.is_floating_point or dtype.is_complex):
+        a = torch.randint(0, 100, (2, 40), generator=g)
+        b = (a + torch.randint(-3, 4, (2, 40), generator=g)).clamp(0, 120)
+        a, b = a.to(dtype), b.to(dtype)
+    else:
+        a = torch.randn(2, 40, generator=g, dtype=torch.float64)
+        b = a + torch.randn(2, 40, generator=g, dtype=torch.float64) * 1e-3
+        if dtype.is_complex:
+            a = torch.complex(a, a.flip(1))
+            b = torch.complex(b, b.flip(1))
+        else:
+            a[0, :4], b[0, :2] = NAN, NAN
+            a[1, :2], b[1, :3] = INF, torch.tensor([INF, -INF, INF], dtype=torch.float64)
+        a, b = a.to(dtype), b.to(dtype)
+    da, db = a.to(DEV), b.to(DEV)
+    # (Each tolerance is a constant of its own program: a few keep the test short.)
+    for rtol, atol, equal_nan in [(0, 0, True), (1e-5, 1e-8, True), (1e-3, 0, False),
+                                  (0.03, 1e-3, False), (1.0, 2.5, True)]:
+        equal_nan = equal_nan and not dtype.is_complex  # CPU refuses it for complex
+        want = torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan)
+        before = torch_tpu.metrics()["executions"]
+        got = torch.isclose(da, db, rtol=rtol, atol=atol, equal_nan=equal_nan)
+        assert torch_tpu.metrics()["executions"] - before <= 1
+        assert torch.equal(got.cpu(), want), (rtol, atol, equal_nan)
+    assert torch.allclose(da, da, equal_nan=not dtype.is_complex) and not torch.allclose(da, db, 0, 0)

@@ -1441,6 +1441,10 @@ runtime::BufferPtr rng_state_buffer(const std::optional<at::Generator>& gen, int
   return guarded([&] { return runtime::Client::get().from_host(st, DType::I64, {2}, device); });
 }
 
+// CompositeImplicitAutograd ops whose results are bool, so no gradient flows through
+// them: one lowering rule replaces the composite's chain of programs.
+static bool composite_without_gradient(const std::string& name) { return name == "aten::isclose"; }
+
 int register_lowered_kernels() {
   static torch::Library* lib = new torch::Library(torch::Library::IMPL, "aten",
                                                   c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
@@ -1456,8 +1460,11 @@ int register_lowered_kernels() {
     if (name.name.rfind("aten::", 0) != 0 && !ours) continue;
     auto h = d.findOp(name);
     if (!h || !h->hasSchema()) continue;
-    // A backend kernel on a CompositeImplicitAutograd op would bypass its autograd.
-    if (h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+    // A backend kernel on a CompositeImplicitAutograd op would bypass its autograd, unless
+    // the op's results are never differentiable.
+    if (h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+        !composite_without_gradient(name.name))
+      continue;
     const c10::FunctionSchema& schema = h->schema();
     if (is_glue_op(op_key_name(name))) continue;
     const lowering::Rule* rule = rule_for(schema);

@@ -254,6 +254,26 @@ TPU_LOWER(c_ne, "complex:ne.Tensor", "complex:ne.Scalar") {
   return cmap(ctx, {0, 1}, compare_type(ctx), [](Builder& b, const Vs& x) { return op1(b, "not", equal(b, x[0], x[1])); });
 }
 
+// isclose: a == b, or a finite |a - b| <= atol + |rtol b| (equal_nan is refused for
+// complex before lowering, as on CPU). rtol b scales each part, as CPU's product with
+// (rtol, 0) does for the finite b that can matter.
+TPU_LOWER(c_isclose, "complex:isclose") {
+  Builder& b = ctx.b;
+  DType t = ctx.type_of(0).dtype;
+  Shape s = ctx.out(0).shape;
+  Value x = coerce(b, ctx.in(0), t, s), y = coerce(b, ctx.in(1), t, s);
+  double rtol = ctx.f(2), atol = ctx.f(3);
+  Value close = equal(b, x, y);
+  if (rtol == 0 && atol == 0) return {close};
+  Value yr = re(b, y), yi = im(b, y);
+  auto k = [&](double v) { return b.constant(v, yr.dtype(), s); };
+  Value scaled = cplx(b, op2(b, "multiply", k(rtol), yr), op2(b, "multiply", k(rtol), yi));
+  Value allowed = op2(b, "add", k(atol), cabs(b, scaled));
+  Value actual = cabs(b, op2(b, "subtract", x, y));
+  Value ok = op2(b, "and", b.compare(actual, k(INFINITY), Cmp::LT), b.compare(actual, allowed, Cmp::LE));
+  return {op2(b, "or", close, ok)};
+}
+
 // beta * self + alpha * (x . y); beta == 0 ignores self (NaN included), as PyTorch.
 static Value c_addmm_like(Ctx& ctx, const std::vector<int64_t>& bx, const std::vector<int64_t>& by,
                           const std::vector<int64_t>& cx, const std::vector<int64_t>& cy) {

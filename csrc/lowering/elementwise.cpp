@@ -535,6 +535,29 @@ TPU_LOWER(le_rule, "le.Tensor", "le.Scalar") { return compare_rule(ctx, Cmp::LE)
 TPU_LOWER(gt_rule, "gt.Tensor", "gt.Scalar") { return compare_rule(ctx, Cmp::GT); }
 TPU_LOWER(ge_rule, "ge.Tensor", "ge.Scalar") { return compare_rule(ctx, Cmp::GE); }
 
+// isclose in one program (PyTorch's composite is ~10 ops, each its own Strict program):
+// a == b, or both NaN with equal_nan, or a finite |a - b| <= atol + |rtol b|, in the
+// composite's dtypes and steps: reduced floats round each step; integers and bool
+// compute in the default float dtype, taken as float32 (a program does not see
+// torch.get_default_dtype()).
+TPU_LOWER(isclose_rule, "isclose") {
+  Builder& b = ctx.b;
+  Shape s = ctx.out(0).shape;
+  DType t = ctx.type_of(0).dtype;
+  double rtol = ctx.f(2), atol = ctx.f(3);
+  Value x = coerce(b, ctx.in(0), t, s), y = coerce(b, ctx.in(1), t, s);
+  Value close = cmp(b, x, y, Cmp::EQ);
+  if (ctx.flag(4) && flt(x)) close = or_(b, close, and_(b, isnan_(b, x), isnan_(b, y)));
+  if (rtol == 0 && atol == 0) return {close};
+  DType ft = is_float(t) ? t : DType::F32;  // the errors' dtype
+  auto R = [&](const Value& v) { return round_to(b, v, ft); };
+  Value xf = b.convert(x, acc_type(ft)), yf = b.convert(y, acc_type(ft));
+  Value allowed = R(add(b, cst(b, yf, atol), op1(b, "abs", R(mul(b, cst(b, yf, rtol), yf)))));
+  Value actual = op1(b, "abs", R(sub(b, xf, yf)));
+  Value finite = cmpk(b, actual, INFINITY, Cmp::LT);  // false for NaN
+  return {or_(b, close, and_(b, finite, cmp(b, actual, allowed, Cmp::LE)))};
+}
+
 TPU_LOWER(logical_and_rule, "logical_and") { return logical_rule(ctx, "and"); }
 TPU_LOWER(logical_or_rule, "logical_or") { return logical_rule(ctx, "or"); }
 TPU_LOWER(logical_xor_rule, "logical_xor") { return logical_rule(ctx, "xor"); }
