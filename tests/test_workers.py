@@ -17,3 +17,24 @@ def test_a_worker_gone_before_its_next_job_is_replaced(tmp_path):
     finally:
         pool.close()
     assert got == {"a": (1, ""), "bb": (2, ""), "ccc": (3, ""), "dddd": (4, "")}
+
+
+def job_mostly_compiling(key):
+    """Four steps of 0.5 s, each reported as compile time, as a cold-cache entry would."""
+    from torch_tpu import _workers
+    for step in range(1, 5):
+        time.sleep(0.5)
+        if key == "reports":
+            _workers.extend_deadline(0.5 * step)
+    return key
+
+
+def test_a_job_deadline_moves_past_the_time_it_reports_but_still_catches_a_hang(tmp_path):
+    # 2 s of work against a 1.2 s timeout: the job that reports its 0.5 s steps as
+    # compile time finishes; the same job without reports is killed at its deadline.
+    pool = Pool(1, ("test_workers", "job_mostly_compiling"), (), str(tmp_path / "workers.log"))
+    try:
+        got = {key: msg for key, _, msg in pool.map(["reports", "silent"], timeout=1.2)}
+    finally:
+        pool.close()
+    assert got == {"reports": "", "silent": "timeout"}

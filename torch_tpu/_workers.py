@@ -1,11 +1,24 @@
 """Spawned worker processes for the tools that run many independent jobs (the conformance
 tool's op entries, the compatibility pipeline's models): each job runs under a deadline in
-a worker, so a crash or a hang costs one job, not the run."""
+a worker, so a crash or a hang costs one job, not the run. A job's deadline counts its own work: time it
+reports with `extend_deadline` (XLA compiles, which a cold cache adds) moves the deadline on,
+so a cold run and a warm one reach the same verdicts."""
 import collections
 import importlib
 import os
 import time
 import traceback
+
+
+_conn = None  # this worker's pipe to the pool, while it runs a job
+
+
+def extend_deadline(seconds: float):
+    """Tells the pool that `seconds` of the running job so far were not the job's own
+    work (compiling): its deadline becomes its start + timeout + seconds. Only a job that
+    keeps reporting gets more time, so a hang is still caught. No-op outside a worker."""
+    if _conn is not None:
+        _conn.send(("extend", float(seconds)))
 
 
 def first_line(e: BaseException) -> str:
@@ -14,6 +27,7 @@ def first_line(e: BaseException) -> str:
 
 
 def _worker(conn, target, args, log_path, max_jobs):
+    global _conn
     # The plugin and the ops write to fd 2; keep it in a log, not in the progress lines.
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 2)
@@ -24,11 +38,14 @@ def _worker(conn, target, args, log_path, max_jobs):
     conn.send(("ready",))
     for _ in range(max_jobs):
         key = conn.recv()
+        _conn = conn
         try:
-            conn.send(("done", key, fn(key, *args), ""))
+            res, msg = fn(key, *args), ""
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
-            conn.send(("done", key, None, f"tool: {first_line(e)}"))
+            res, msg = None, f"tool: {first_line(e)}"
+        _conn = None
+        conn.send(("done", key, res, msg))
     conn.send(("bye",))
 
 
@@ -41,7 +58,7 @@ class Pool:
     def __init__(self, jobs, target, args, log_path, max_jobs=150):
         import multiprocessing as mp
         self.ctx, self.args = mp.get_context("spawn"), (target, args, log_path, max_jobs)
-        self.workers = {}  # conn -> [process, key or None, deadline, ready]
+        self.workers = {}  # conn -> [process, key or None, deadline, ready, start]
         for _ in range(jobs):
             self.start()
 
@@ -50,7 +67,7 @@ class Pool:
         p = self.ctx.Process(target=_worker, args=(child, *self.args), daemon=True)
         p.start()
         child.close()
-        self.workers[parent] = [p, None, None, False]
+        self.workers[parent] = [p, None, None, False, None]
 
     def stop(self, conn):
         p = self.workers.pop(conn)[0]
@@ -65,7 +82,8 @@ class Pool:
         while todo or any(w[1] for w in self.workers.values()):
             for conn, w in self.workers.items():
                 if w[3] is True and w[1] is None and todo:
-                    w[1], w[2] = todo.popleft(), time.monotonic() + timeout
+                    w[1], w[4] = todo.popleft(), time.monotonic()
+                    w[2] = w[4] + timeout
                     try:
                         conn.send(w[1])
                     except OSError:  # it retired or died since its last result
@@ -88,6 +106,9 @@ class Pool:
                     continue
                 if msg[0] == "ready":
                     w[3] = True
+                elif msg[0] == "extend":
+                    if w[1]:
+                        w[2] = w[4] + timeout + msg[1]
                 elif msg[0] == "done":
                     w[1] = None
                     yield msg[1], msg[2], msg[3]
