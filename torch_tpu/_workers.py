@@ -112,7 +112,7 @@ class Pool:
                 elif msg[0] == "done":
                     w[1] = None
                     yield msg[1], msg[2], msg[3]
-                else:  # "bye": the worker retires
+                elif msg[0] == "bye":  # the worker retires
                     if w[1]:
                         todo.appendleft(w[1])  # sent after its last job: not run
                     self.stop(conn)
