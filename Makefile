@@ -40,10 +40,11 @@ test-cpp: build
 test-py: build
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-# The device-semantics, op, training and mode tests again under the other eager modes.
+# The device-semantics, op, training and mode tests again under the other eager modes
+# (test_defer_and_fuse.py sets its modes itself: not again).
 MODE_TESTS := tests/test_semantics.py tests/test_device_api.py tests/test_rng.py \
   tests/test_training.py tests/test_modes.py tests/test_ops_elementwise.py tests/test_ops_nn.py \
-  tests/test_defer_and_fuse.py tests/test_op_semantics.py tests/test_tied_weights.py tests/test_edges.py \
+  tests/test_op_semantics.py tests/test_tied_weights.py tests/test_edges.py \
   tests/test_dlpack.py tests/test_quantized.py tests/test_first_op.py tests/test_dynamism.py \
   tests/test_grouped_mm.py tests/test_signature_cache.py tests/test_model_found.py \
   tests/test_host_path.py tests/test_layouts.py tests/test_fused_floor.py tests/test_norm_accuracy.py \
@@ -54,7 +55,11 @@ test-modes: build
 	  tests/test_device_api.py tests/test_rng.py tests/test_training.py tests/test_modes.py \
 	  tests/test_op_semantics.py tests/test_ddp_writes.py
 
-test: test-cpp test-py test-modes
+# One fresh compile cache for the whole run: the other modes' phases reuse the programs
+# the first phase compiled (Debug's are all Strict's), as a user's second run would.
+test: build
+	rm -rf build/test_compile_cache
+	TPU_COMPILE_CACHE_DIR=$(CURDIR)/build/test_compile_cache $(MAKE) --no-print-directory test-cpp test-py test-modes
 
 # The Python tests with CPU PyTorch's kernels, oneDNN and XLA:CPU held to AVX2, as on an
 # x86-64 without AVX-512 (about 35 min cold): tests must not depend on the instruction set.

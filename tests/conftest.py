@@ -11,7 +11,8 @@ import torch
 import torch_tpu
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# Hermetic runs: a fresh persistent compile cache per session (subprocesses share it).
+# Hermetic runs: a fresh persistent compile cache per session (subprocesses share it),
+# unless one is set (`make test` makes one for all its phases).
 os.environ.setdefault("TPU_COMPILE_CACHE_DIR", tempfile.mkdtemp(prefix="torch_tpu_compile_cache_"))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,5 +1,6 @@
 """DeferAndFuse: ops are recorded as promises and run as one fused program when a value
 is needed; results equal Strict's."""
+import functools
 import io
 import os
 import sys
@@ -244,6 +245,7 @@ REMAT_PROBE = (
     "print(torch.tpu.max_memory_allocated(), m['recomputed_values'], sum(m['fallbacks'].values()), *losses)\n")
 
 
+@functools.lru_cache(maxsize=None)  # each policy's run serves every test that asks for it
 def remat_probe(policy):
     """(peak bytes, recomputed values, losses, stderr) of REMAT_PROBE under a policy."""
     r = run_python(REMAT_PROBE, env={"TPU_FUSE_REMAT": policy, "TPU_COMPILE_CACHE": "0"})

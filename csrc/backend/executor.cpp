@@ -98,7 +98,9 @@ static runtime::ExecutablePtr compile_persistent(const std::string& process_text
   std::string key = cache_identity() + "options " + std::to_string(std::hash<std::string>()(options)) + "\n" + text;
   if (std::optional<std::string> bytes = disk->load(key)) {
     try {
-      return client.deserialize(*bytes, name);
+      runtime::ExecutablePtr exe = client.deserialize(*bytes, name);
+      if (is_graph(text)) metrics().graph_loads += 1;
+      return exe;
     } catch (const runtime::Error&) {
       disk->remove(key);  // the plugin rejected it: compile afresh
     }

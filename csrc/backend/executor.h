@@ -40,6 +40,7 @@ struct Metrics {
   std::atomic<int64_t> op_compile_us{0};
   std::atomic<int64_t> graph_compiles{0};
   std::atomic<int64_t> graph_compile_us{0};
+  std::atomic<int64_t> graph_loads{0};  // graphs another process compiled, from the disk cache
   // Strict launches queued behind a compile running ahead on the compile pool.
   std::atomic<int64_t> queued_launches{0};
 };

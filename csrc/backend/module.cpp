@@ -215,6 +215,7 @@ PYBIND11_MODULE(_C, m) {
     d["queued_launches"] = metrics().queued_launches.load();
     d["graph_compiles"] = metrics().graph_compiles.load();
     d["graph_compile_seconds"] = metrics().graph_compile_us.load() / 1e6;
+    d["graph_loads"] = metrics().graph_loads.load();
     if (runtime::Client::initialized()) {
       auto& c = runtime::Client::get().counters();
       d["compiles"] = c.compiles.load();
