@@ -13,7 +13,7 @@ setup: $(VENV)/.ready
 $(VENV)/.ready: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=23" setuptools wheel
-	$(PY) -m pip install -q torch==2.13.0 xla-cpu-pjrt numpy pytest pytest-timeout expecttest cmake ninja matplotlib
+	$(PY) -m pip install -q torch==2.13.0 xla-cpu-pjrt numpy pytest pytest-timeout pytest-xdist==3.8.0 expecttest cmake ninja matplotlib
 	$(PY) -m pip install -q transformers==5.18.0 accelerate==1.15.0 hypothesis==6.170.17
 	$(PY) -m pip install -q "jax[cpu]==0.10.2"  # jax_op (torch_tpu.pallas); its StableHLO, spliced in generic form, parses in the plugin
 	$(PY) -m pip install -q --no-deps torchao==0.18.0  # quantization (int8/fp8 configs); no required deps
@@ -37,8 +37,12 @@ demo: build
 test-cpp: build
 	cd build && $(CURDIR)/$(VENV)/bin/ctest --output-on-failure
 
+# Two pytest-xdist workers, whole files per worker (a file's fixtures and compiled programs
+# stay together): the machine's 2 cores are busy while one worker waits on a compile.
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+
 test-py: build
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PYTEST) tests
 
 # The device-semantics, op, training and mode tests again under the other eager modes
 # (test_defer_and_fuse.py sets its modes itself: not again).
@@ -50,8 +54,8 @@ MODE_TESTS := tests/test_semantics.py tests/test_device_api.py tests/test_rng.py
   tests/test_host_path.py tests/test_layouts.py tests/test_fused_floor.py tests/test_norm_accuracy.py \
   tests/test_conv_accuracy.py tests/test_ddp_writes.py tests/test_compile_ahead.py
 test-modes: build
-	TPU_DEFER_AND_FUSE=1 $(PY) -m pytest -q -p no:cacheprovider $(MODE_TESTS)
-	TPU_LAUNCH_BLOCKING=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_semantics.py \
+	TPU_DEFER_AND_FUSE=1 $(PYTEST) $(MODE_TESTS)
+	TPU_LAUNCH_BLOCKING=1 $(PYTEST) tests/test_semantics.py \
 	  tests/test_device_api.py tests/test_rng.py tests/test_training.py tests/test_modes.py \
 	  tests/test_op_semantics.py tests/test_ddp_writes.py
 
@@ -65,7 +69,7 @@ test: build
 # x86-64 without AVX-512 (about 35 min cold): tests must not depend on the instruction set.
 test-avx2: build
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 XLA_FLAGS=--xla_cpu_max_isa=AVX2 \
-	  TPU_COMPILE_CACHE_DIR=$(CURDIR)/build/avx2_cache $(PY) -m pytest -q -p no:cacheprovider tests
+	  TPU_COMPILE_CACHE_DIR=$(CURDIR)/build/avx2_cache $(PYTEST) tests
 
 # OpInfo conformance of every op_db entry, CPU vs tpu, into conformance_results/.
 # Options through ARGS, e.g. ARGS="--ops add,nn.functional.* --baseline old.json --check".
