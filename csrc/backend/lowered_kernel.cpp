@@ -1398,14 +1398,10 @@ const lowering::Rule* rule_for(const c10::FunctionSchema& schema, const std::str
   for (const auto& a : schema.arguments())
     if (!(a.kwarg_only() && a.alias_info() && a.alias_info()->isWrite()))
       want.push_back(a.name() + ":" + a.type()->str());
-  for (const std::string& full : lowering::rule_names()) {
-    if (full.compare(0, prefix.size(), prefix) != 0) continue;
+  for (const std::string& full : lowering::overloads_of(prefix + base)) {
     std::string name = full.substr(prefix.size());
-    if (name.find(':') != std::string::npos) continue;  // another family
-    std::string rb = name.substr(0, name.find('.'));
-    if (rb != base) continue;
     std::string rov = name.find('.') == std::string::npos ? "" : name.substr(name.find('.') + 1);
-    auto h = c10::Dispatcher::singleton().findSchema({"aten::" + rb, rov});
+    auto h = c10::Dispatcher::singleton().findSchema({"aten::" + base, rov});
     if (!h) continue;
     std::vector<std::string> have;
     for (const auto& a : h->schema().arguments()) have.push_back(a.name() + ":" + a.type()->str());

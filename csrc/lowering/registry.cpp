@@ -17,6 +17,17 @@ const Rule* find_rule(const std::string& op) {
   return it == table().end() ? nullptr : &it->second;
 }
 
+std::vector<std::string> overloads_of(const std::string& op) {
+  std::vector<std::string> out;
+  // Sorted names: `op`, then its "op.<overload>" ones, lie in one range from `op`.
+  for (auto it = table().lower_bound(op); it != table().end(); ++it) {
+    const std::string& k = it->first;
+    if (k.compare(0, op.size(), op) != 0) break;
+    if (k.size() == op.size() || k[op.size()] == '.') out.push_back(k);
+  }
+  return out;
+}
+
 std::vector<std::string> rule_names() {
   std::vector<std::string> out;
   for (auto& [k, v] : table()) out.push_back(k);

@@ -86,6 +86,8 @@ using Rule = std::vector<Value> (*)(Ctx&);
 void register_rule(const char* op, Rule rule);
 const Rule* find_rule(const std::string& op);
 std::vector<std::string> rule_names();
+// The names of `op`'s rules: `op` itself and its overloads ("op.<overload>").
+std::vector<std::string> overloads_of(const std::string& op);
 
 struct Registrar {
   Registrar(std::initializer_list<const char*> ops, Rule r) {
