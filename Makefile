@@ -52,7 +52,7 @@ MODE_TESTS := tests/test_semantics.py tests/test_device_api.py tests/test_rng.py
   tests/test_dlpack.py tests/test_quantized.py tests/test_first_op.py tests/test_dynamism.py \
   tests/test_grouped_mm.py tests/test_signature_cache.py tests/test_model_found.py \
   tests/test_host_path.py tests/test_layouts.py tests/test_fused_floor.py tests/test_norm_accuracy.py \
-  tests/test_conv_accuracy.py tests/test_ddp_writes.py tests/test_compile_ahead.py
+  tests/test_conv_accuracy.py tests/test_ddp_writes.py tests/test_compile_ahead.py tests/test_host_reads.py
 test-modes: build
 	TPU_DEFER_AND_FUSE=1 $(PYTEST) $(MODE_TESTS)
 	TPU_LAUNCH_BLOCKING=1 $(PYTEST) tests/test_semantics.py \

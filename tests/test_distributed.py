@@ -323,11 +323,13 @@ def all_reduce_in_place_or_staged(rank, world):
     want = sum(r + 1.0 for r in range(world))
     x = torch.full((2, 3), rank + 1.0, device="tpu")
     flat = x.view(6)
+    assert flat[4].item() == rank + 1.0  # a part read: the storage's host copy is made
     torch.tpu.synchronize()
     before, version = count(), x._version
     dist.all_reduce(x)
     assert count() == before + in_place, (count(), before)
     assert x._version > version  # written, in place or staged: autograd sees it
+    assert flat[4].item() == want  # an in-place write dropped that copy
     _eq(x, [[want] * 3] * 2)
     _eq(flat, [want] * 6)  # a view of the storage sees the result
     y = torch.empty_like(x)

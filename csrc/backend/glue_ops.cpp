@@ -9,6 +9,9 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <cstring>
+#include <optional>
+
 #include "backend/device.h"
 #include "backend/device_checks.h"
 #include "backend/dtypes.h"
@@ -210,6 +213,40 @@ Operand with_math_bits(const Operand& v, const at::Tensor& src, const at::Tensor
 }
 
 // copy_ across devices and dtypes; tpu->tpu runs one program.
+// A storage up to kHostCopyAtOnce bytes comes to the host whole when part of it is
+// read; one up to kHostCopyMax at the second read of part of the same value.
+constexpr size_t kHostCopyAtOnce = 64 << 10;
+constexpr size_t kHostCopyMax = 4 << 20;
+
+// `src`'s view of its storage's host copy (made now if due), where `src` is part of a
+// storage holding its plain computed values; else undefined. Printing a tensor reads each
+// shown element and row, `[v.item() for v in t]` each element: one transfer then serves
+// them all, not a program and a transfer each.
+at::Tensor view_of_host_copy(const at::Tensor& src) {
+  size_t storage_bytes = src.storage().nbytes();
+  if (storage_bytes > kHostCopyMax) return {};
+  StorageData& s = storage_of(src);
+  if (!s.value || s.copy_of || !s.donated_to.empty() || s.nbytes != storage_bytes) return {};
+  bool part = src.nbytes() < storage_bytes;
+  if (!part && s.host_copy_of.expired()) return {};  // a whole read keeps no copy
+  runtime::BufferPtr buf = materialized(src);
+  if (buf->dtype() != device_dtype(src.scalar_type(), "copy_") || buf->nbytes() != static_cast<int64_t>(storage_bytes))
+    return {};  // a view with another dtype than the stored values': the general path
+  if (s.host_copy_of.lock() != buf) {
+    if (!part) return {};
+    if (storage_bytes > kHostCopyAtOnce && s.part_read_of.lock() != buf) {
+      s.part_read_of = buf;  // a single read of a large storage copies only its part
+      return {};
+    }
+    s.host_copy.resize(storage_bytes);
+    runtime::Client::get().to_host(*buf, s.host_copy.data(), storage_bytes);
+    s.host_copy_of = buf;
+  }
+  int64_t n = static_cast<int64_t>(storage_bytes / src.element_size());
+  return at::from_blob(s.host_copy.data(), {n}, src.options().device(at::kCPU))
+      .as_strided(src.sizes(), src.strides(), src.storage_offset());
+}
+
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   if (self.numel() == 0 || self.is_same(src)) return self;
   if (self.is_privateuseone()) {  // as CPU's copy_ (a TensorIterator) checks
@@ -231,6 +268,13 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
     } else if (self.is_cpu() && src.is_privateuseone()) {
       ReadOfComputed now({src});  // values already computed: read apart from pending work
       verify_device_checks();     // values read back must not come from a failed op
+      at::Tensor host = view_of_host_copy(src);
+      if (host.defined()) {
+        if (src.is_conj()) host = host.conj();
+        if (src.is_neg()) host = at::_neg_view(host);
+        self.copy_(host);
+        return self;
+      }
       auto buf = dense_buffer(src);
       if (self.is_contiguous() && self.scalar_type() == src.scalar_type() && self.sizes() == src.sizes() &&
           !src.is_conj() && !src.is_neg() && !self.is_conj() && !self.is_neg()) {
@@ -239,7 +283,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
         runtime::Client::get().to_host(*buf, self.data_ptr(), self.nbytes());
         return self;
       }
-      at::Tensor host = at::empty(src.sizes(), src.options().device(at::kCPU));
+      host = at::empty(src.sizes(), src.options().device(at::kCPU));
       runtime::Client::get().to_host(*buf, host.data_ptr(), host.nbytes());
       // The buffer holds the stored values; lazy conjugate/negative bits apply on top.
       if (src.is_conj()) host = host.conj();

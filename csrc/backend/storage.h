@@ -2,10 +2,13 @@
 // deferred graph, or nothing yet (memory from `empty` that no op has written). The
 // at::Storage's DataPtr carries it.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 #include <ATen/Tensor.h>
 
 #include "backend/deferred.h"
@@ -44,6 +47,15 @@ struct StorageData {
   // program when any of their destinations is next used (DDP's copies of a bucket back
   // into the gradients: one program per bucket, not one per gradient).
   std::shared_ptr<ViewCopies> copy_of;
+  // The bytes of the computed buffer `host_copy_of`, brought to the host whole by reads
+  // of parts of the storage (copy_ to the CPU, item()): printing a tensor, or
+  // `[v.item() for v in t]`, reads every element, and each then costs a host copy, not a
+  // program and a transfer. Valid while the storage's value is that buffer (buffers are
+  // immutable; a write replaces the value; a collective writing into the buffer's
+  // memory clears it).
+  std::weak_ptr<runtime::Buffer> host_copy_of;
+  std::vector<uint8_t> host_copy;
+  std::weak_ptr<runtime::Buffer> part_read_of;  // the value a first read took part of
   ~StorageData();
 };
 
