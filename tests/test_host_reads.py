@@ -116,3 +116,27 @@ def test_whole_reads_keep_no_copy():
     assert t.cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     assert t.sum().item() == 15.0
     assert _delta(before)[1:] == (2, 28)  # each value once, straight into the result
+
+
+def test_threads_reading_one_storage():
+    import threading
+    cpu = torch.arange(4096, dtype=torch.int32)
+    t = cpu.to("tpu")
+    errors = []
+
+    def reader(offset):
+        try:
+            for round_ in range(20):
+                for i in range(offset, 4096, 257):
+                    assert t[i].item() == i
+        except Exception as e:  # reported below, with the thread's failure
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    t.add_(1)  # a write while the copy exists: later reads see it
+    assert [t[i].item() for i in (0, 4095)] == [1, 4096]

@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <cstring>
+#include <mutex>
 #include <optional>
 
 #include "backend/device.h"
@@ -222,28 +223,45 @@ constexpr size_t kHostCopyMax = 4 << 20;
 // storage holding its plain computed values; else undefined. Printing a tensor reads each
 // shown element and row, `[v.item() for v in t]` each element: one transfer then serves
 // them all, not a program and a transfer each.
+// Guards the host-copy fields: `item()` releases the GIL, so two threads may read one storage.
+std::mutex g_host_copy_mu;
+
 at::Tensor view_of_host_copy(const at::Tensor& src) {
   size_t storage_bytes = src.storage().nbytes();
   if (storage_bytes > kHostCopyMax) return {};
   StorageData& s = storage_of(src);
   if (!s.value || s.copy_of || !s.donated_to.empty() || s.nbytes != storage_bytes) return {};
   bool part = src.nbytes() < storage_bytes;
-  if (!part && s.host_copy_of.expired()) return {};  // a whole read keeps no copy
+  std::shared_ptr<const std::vector<uint8_t>> bytes;
+  {
+    std::lock_guard<std::mutex> lock(g_host_copy_mu);
+    if (!part && s.host_copy_of.expired()) return {};  // a whole read keeps no copy
+  }
   runtime::BufferPtr buf = materialized(src);
   if (buf->dtype() != device_dtype(src.scalar_type(), "copy_") || buf->nbytes() != static_cast<int64_t>(storage_bytes))
     return {};  // a view with another dtype than the stored values': the general path
-  if (s.host_copy_of.lock() != buf) {
-    if (!part) return {};
-    if (storage_bytes > kHostCopyAtOnce && s.part_read_of.lock() != buf) {
+  {
+    std::lock_guard<std::mutex> lock(g_host_copy_mu);
+    if (s.host_copy_of.lock() == buf) {
+      bytes = s.host_copy;
+    } else if (!part) {
+      return {};
+    } else if (storage_bytes > kHostCopyAtOnce && s.part_read_of.lock() != buf) {
       s.part_read_of = buf;  // a single read of a large storage copies only its part
       return {};
     }
-    s.host_copy.resize(storage_bytes);
-    runtime::Client::get().to_host(*buf, s.host_copy.data(), storage_bytes);
+  }
+  if (!bytes) {
+    auto fresh = std::make_shared<std::vector<uint8_t>>(storage_bytes);
+    runtime::Client::get().to_host(*buf, fresh->data(), storage_bytes);
+    std::lock_guard<std::mutex> lock(g_host_copy_mu);
+    s.host_copy = fresh;
     s.host_copy_of = buf;
+    bytes = std::move(fresh);
   }
   int64_t n = static_cast<int64_t>(storage_bytes / src.element_size());
-  return at::from_blob(s.host_copy.data(), {n}, src.options().device(at::kCPU))
+  void* data = const_cast<uint8_t*>(bytes->data());  // read only: copied from, never written
+  return at::from_blob(data, {n}, [bytes](void*) {}, src.options().device(at::kCPU))
       .as_strided(src.sizes(), src.strides(), src.storage_offset());
 }
 
@@ -414,6 +432,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("_fused_adam_", fused_adam_float_lr<false>);
   m.impl("_fused_adamw_", fused_adam_float_lr<true>);
+}
+
+void drop_host_copy(StorageData& s) {
+  std::lock_guard<std::mutex> lock(g_host_copy_mu);
+  s.host_copy_of.reset();
+  s.host_copy.reset();
+  s.part_read_of.reset();
 }
 
 }  // namespace tpu::backend

@@ -54,7 +54,7 @@ struct StorageData {
   // immutable; a write replaces the value; a collective writing into the buffer's
   // memory clears it).
   std::weak_ptr<runtime::Buffer> host_copy_of;
-  std::vector<uint8_t> host_copy;
+  std::shared_ptr<const std::vector<uint8_t>> host_copy;  // shared with the views read from it
   std::weak_ptr<runtime::Buffer> part_read_of;  // the value a first read took part of
   ~StorageData();
 };
@@ -79,6 +79,8 @@ class ReadOfComputed {
 };
 // The same without applying them (for code that queues or drops writes).
 StorageData& storage_data(const at::Tensor& t);
+// Forgets `s`'s host copy (glue_ops.cpp): for writes into its buffer's memory in place.
+void drop_host_copy(StorageData& s);
 // Runs `s`'s pending writes (one program) into its value, and its pending copy.
 void apply_pending(StorageData& s);
 // Queues `dst` (covering its whole storage, same device) to become `src`'s values, or

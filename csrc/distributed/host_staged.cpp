@@ -77,9 +77,7 @@ at::Tensor in_place_view(const at::Tensor& t, bool host_addresses) {
   if (buf->nbytes() != static_cast<int64_t>(t.nbytes())) return {};
   void* p = runtime::writable_host_address(c, *buf);
   if (!p) return {};
-  s.host_copy_of.reset();  // the collective changes the buffer's bytes in place
-  s.host_copy.clear();
-  s.part_read_of.reset();
+  backend::drop_host_copy(s);  // the collective changes the buffer's bytes in place
   g_in_place += 1;
   // A write, as the staged path's copy_ back is: autograd sees the tensor changed.
   if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
