@@ -561,6 +561,43 @@ def fused_step_split(steps=20, warmup=5):
             "whole_s": statistics.median(whole)}
 
 
+def strict_step_split(steps=20, warmup=5, top=6):
+    """The small GPT's Strict step beside its floor: one step's launches traced, then run
+    again by the runtime alone, back to back, with no PyTorch above them (each launch reads
+    the replay's own outputs and frees them after their last reader, as the step does).
+    Alternates a step and a replay, medians. Then, each launch of the trace waited for in
+    turn, the programs that take the most of it."""
+    torch.manual_seed(0)
+    with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER):
+        step, _, _ = small_gpt_train("tpu", False)
+        for _ in range(warmup):
+            step()
+        torch.tpu.synchronize()
+        torch_tpu._C._start_launch_trace()
+        step()
+        torch.tpu.synchronize()
+        launches = torch_tpu._C._stop_launch_trace()
+        try:
+            whole, replay = [], []
+            for _ in range(steps):
+                t = time.perf_counter()
+                step()
+                torch.tpu.synchronize()
+                whole.append(time.perf_counter() - t)
+                replay.append(torch_tpu._C._replay_launch_trace(1))
+            each = torch_tpu._C._replay_launch_trace_each(5)
+        finally:
+            torch_tpu._C._drop_launch_trace()
+    by_program = {}
+    for name, s in each:
+        n, total = by_program.get(name, (0, 0.0))
+        by_program[name] = (n + 1, total + s)
+    heaviest = sorted(by_program.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"whole_s": statistics.median(whole), "replay_s": statistics.median(replay), "launches": launches,
+            "waited_launches_s": sum(s for _, s in each),
+            "heaviest": [{"program": p, "launches": n, "waited_s": t} for p, (n, t) in heaviest]}
+
+
 def first_op_probe(runs=5):
     """Seconds from after `import torch` to the first tpu op's value in a fresh process
     (`torch.ones(4, device="tpu") + 1` and `.cpu()`), median of `runs` processes after one
@@ -653,6 +690,9 @@ def issue18_targets(rows, starts, bounds, probes, quick=False, cold_conformance=
         split["device_s"] / cpu["median_step_s"] if split and cpu else None)
     out["small_gpt_train fused, recording + device time / native CPU's best step (the floor of a step that reads its loss)"] = (
         (split["record_s"] + split["device_s"]) / cpu["median_step_s"] if split and cpu else None)
+    ssplit = probes.get("strict_split")
+    out["small_gpt_train strict: its launches alone, replayed by the runtime back to back / native CPU's best step (Strict's floor)"] = (
+        ssplit["replay_s"] / cpu["median_step_s"] if ssplit and cpu else None)
     first = probes.get("first_op")
     out["first tpu op of a fresh process, seconds (<= 0.3)"] = first["first_op_s"] if first else None
     for st in (st for st in starts if st["mode"] in COLD_START_BEFORE_S):
@@ -798,6 +838,14 @@ def markdown(rows, starts, checks, meta, bounds=(), issue18=None, probes=None, c
                   f"{t['record_s'] * 1e3:.2f} ms; its one program then runs {t['device_s'] * 1e3:.2f} ms from its "
                   f"launch to the loss's value, with the host idle; the whole step, timed in the same loop, "
                   f"{t['whole_s'] * 1e3:.2f} ms (medians)."]
+    if probes and probes.get("strict_split"):
+        t = probes["strict_split"]
+        lines += ["", f"Small GPT Strict step, split: its {t['launches']} launches, replayed by the runtime alone "
+                  f"(no PyTorch), take {t['replay_s'] * 1e3:.2f} ms; the whole step, alternated with the replay, "
+                  f"{t['whole_s'] * 1e3:.2f} ms (medians). Launched one at a time, each waited for "
+                  f"({t['waited_launches_s'] * 1e3:.2f} ms in all), the programs that take the most: " + "; ".join(
+                      f"{h['program'].split('(')[0]} x{h['launches']} {h['waited_s'] * 1e3:.2f} ms"
+                      for h in t["heaviest"]) + "."]
     if probes and probes.get("first_op"):
         lines += ["", "First tpu op of a fresh process, per process: " + ", ".join(
             f"{x:.3f} s" for x in probes["first_op"]["runs_s"]) + "."]
@@ -887,6 +935,7 @@ def main():
         probes["tiny_op"] = tiny_op_chain("tpu")
         probes["first_op"] = first_op_probe()
         probes["fused_split"] = fused_step_split()
+        probes["strict_split"] = strict_step_split()
     checks = targets(rows, starts)
     bounds = [] if a.no_ceilings else ceilings(rows, starts, a.quick, a.steps, a.warmup)
     cold_conformance = load_cold_conformance(a.out)

@@ -170,3 +170,34 @@ def test_unboxed_kernels_borrow_arguments_and_let_go_of_them():
     bc = torch.tensor([0.5, 4.0, -1.0], requires_grad=True)
     (ac.mul(bc).add(ac, alpha=3).exp().sum()).backward()
     assert torch.allclose(a.grad.cpu(), ac.grad, rtol=1e-5) and torch.allclose(b.grad.cpu(), bc.grad, rtol=1e-5)
+
+
+def test_launch_trace_replays_a_step_without_touching_its_tensors():
+    # The benchmarks' Strict floor: a traced sequence of launches is run again by the
+    # runtime alone. The replay launches what was traced, in order, no more, and leaves
+    # the user's tensors as they were.
+    with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_NEVER):
+        x = torch.arange(8.0, device="tpu")
+        w = torch.full((8,), 2.0, device="tpu")
+        torch.tpu.synchronize()
+        torch_tpu._C._start_launch_trace()
+        y = (x * w + 1).relu() - x
+        s = y.sum()
+        torch.tpu.synchronize()
+        n = torch_tpu._C._stop_launch_trace()
+        try:
+            assert n == 5  # mul, add, relu, sub, sum
+            before = torch_tpu.metrics()["executions"]
+            seconds = torch_tpu._C._replay_launch_trace(2)
+            each = torch_tpu._C._replay_launch_trace_each(1)
+            # One warm-up and `repeats` timed replays of the 5 launches, each time.
+            assert torch_tpu.metrics()["executions"] - before == 5 * 3 + 5 * 2
+        finally:
+            torch_tpu._C._drop_launch_trace()
+        assert seconds > 0 and len(each) == 5 and all(t > 0 for _, t in each)
+        assert [name.split("(")[0] for name, _ in each] == [
+            "aten::mul.Tensor", "aten::add.Tensor", "aten::relu", "aten::sub.Tensor", "aten::sum"]
+        assert torch.equal(y.cpu(), torch.arange(8.0) + 1) and s.item() == 36.0
+        assert torch.equal(x.cpu(), torch.arange(8.0))
+        # Tracing is off once stopped: later launches are not kept.
+        assert torch_tpu._C._stop_launch_trace() == 0

@@ -122,6 +122,24 @@ PYBIND11_MODULE(_C, m) {
   m.def("_launch_floor", [](int d, int n, int repeats) {
     return guarded([&] { return runtime::chained_launch_seconds(client(), d, n, repeats); });
   });
+  // Benchmarks' floor of a Strict step: its launches traced, then replayed by the runtime
+  // alone (runtime/launch_probe.h). The stopped trace is kept for replays until dropped.
+  // (Never destroyed: its buffers must not be freed after the client at exit.)
+  static auto* kept_trace = new std::vector<runtime::TracedLaunch>();
+  m.def("_start_launch_trace", [] { guarded([] { client().start_launch_trace(); return 0; }); });
+  m.def("_stop_launch_trace", [] {
+    return guarded([] {
+      *kept_trace = client().take_launch_trace();
+      return static_cast<int64_t>(kept_trace->size());
+    });
+  });
+  m.def("_replay_launch_trace", [](int repeats) {
+    return guarded([&] { return runtime::replayed_trace_seconds(client(), *kept_trace, repeats); });
+  });
+  m.def("_replay_launch_trace_each", [](int repeats) {
+    return guarded([&] { return runtime::replayed_launch_seconds(client(), *kept_trace, repeats); });
+  });
+  m.def("_drop_launch_trace", [] { guarded([] { kept_trace->clear(); return 0; }); });
   // Benchmarks' floor of recording: lowered ops hand back their first argument.
   m.def("_set_dispatch_floor_probe", &set_dispatch_floor_probe);
   m.def("set_memory_limit", [](int64_t bytes) { client().set_memory_limit(bytes); });

@@ -789,11 +789,32 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
     }
     exe.set_output_types(std::move(types));
   }
+  if (tracing_.load(std::memory_order_relaxed)) trace_launch(exe, args, result, device);
   if (done[0]) {
     if (wait) await_event(done[0], "executing " + name);
     else track_event(done[0], device, std::move(shared_name));
   }
   return result;
+}
+
+void Client::start_launch_trace() {
+  std::lock_guard<std::mutex> lock(trace_mu_);
+  trace_.clear();
+  tracing_ = true;
+}
+
+std::vector<TracedLaunch> Client::take_launch_trace() {
+  std::lock_guard<std::mutex> lock(trace_mu_);
+  tracing_ = false;
+  return std::move(trace_);
+}
+
+void Client::trace_launch(const Executable& exe, const std::vector<Buffer*>& args,
+                          const std::vector<BufferPtr>& outs, int device) {
+  TracedLaunch t{exe.shared_from_this(), {}, outs, device};
+  for (Buffer* a : args) t.args.push_back(a->shared_from_this());
+  std::lock_guard<std::mutex> lock(trace_mu_);
+  if (tracing_) trace_.push_back(std::move(t));
 }
 
 void Client::track_event(PJRT_Event* ev, int device, std::shared_ptr<const std::string> op) {

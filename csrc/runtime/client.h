@@ -58,8 +58,9 @@ struct Counters {
   std::atomic<int64_t> d2d_transfers{0};
 };
 
-// An owned device buffer. Destroying it frees device memory.
-class Buffer {
+// An owned device buffer. Destroying it frees device memory. Always held by a BufferPtr
+// (a launch trace keeps the ones it names alive).
+class Buffer : public std::enable_shared_from_this<Buffer> {
  public:
   Buffer(PJRT_Buffer* b, int device, DType dtype, std::vector<int64_t> dims);
   ~Buffer();
@@ -84,7 +85,7 @@ class Buffer {
 };
 using BufferPtr = std::shared_ptr<Buffer>;
 
-class Executable {
+class Executable : public std::enable_shared_from_this<Executable> {
  public:
   Executable(PJRT_LoadedExecutable* e, size_t num_outputs, int64_t temp_bytes, int64_t output_bytes);
   ~Executable();
@@ -114,6 +115,15 @@ class Executable {
   mutable std::atomic<bool> output_types_known_{false};
 };
 using ExecutablePtr = std::shared_ptr<Executable>;
+
+// One launch as execute() saw it, kept by a launch trace: its program, inputs and outputs
+// (held, so no buffer of the trace is freed and its address reused while it is kept).
+struct TracedLaunch {
+  std::shared_ptr<const Executable> exe;
+  std::vector<BufferPtr> args;
+  std::vector<BufferPtr> outs;
+  int device;
+};
 
 // A buffer whose contents arrive later (an asynchronous host-to-device upload).
 // Programs can consume `buffer()` at once; they run when the data lands, and fail
@@ -203,6 +213,11 @@ class Client {
   // True when every launched execution on `device` has finished (does not wait).
   bool is_idle(int device);
 
+  // Launch tracing, for benchmarks' floors: while on, every execute() is also kept (from
+  // any thread, in launch order); take_launch_trace() turns it off and hands them over.
+  void start_launch_trace();
+  std::vector<TracedLaunch> take_launch_trace();
+
   DeviceStats& stats(int device) { return *stats_.at(device); }
   Counters& counters() { return counters_; }
   // Device memory capacity in bytes: TPU_MEMORY_LIMIT, else the plugin's figure, else host RAM.
@@ -258,6 +273,12 @@ class Client {
   std::string deferred_error_;  // first asynchronous error not yet raised
   // Set with deferred_error_ (under pending_mu_): launches read it without the lock.
   std::atomic<bool> has_deferred_error_{false};
+
+  std::atomic<bool> tracing_{false};
+  std::mutex trace_mu_;
+  std::vector<TracedLaunch> trace_;
+  void trace_launch(const Executable& exe, const std::vector<Buffer*>& args,
+                    const std::vector<BufferPtr>& outs, int device);
 };
 
 }  // namespace tpu::runtime

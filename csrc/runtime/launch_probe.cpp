@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unordered_map>
 #include <vector>
 
 namespace tpu::runtime {
@@ -35,6 +36,79 @@ double chained_launch_seconds(Client& client, int device, int n, int repeats) {
   }
   std::sort(per_launch.begin(), per_launch.end());
   return per_launch[per_launch.size() / 2];
+}
+
+namespace {
+// Per launch, the traced outputs it is the last to read: the replay frees its copies of
+// them there, as the traced step freed its tensors (its peak memory, not the sum).
+std::vector<std::vector<const Buffer*>> last_reads(const std::vector<TracedLaunch>& trace) {
+  std::unordered_map<const Buffer*, size_t> produced_at, last;
+  for (size_t n = 0; n < trace.size(); ++n) {
+    for (const BufferPtr& a : trace[n].args)
+      if (produced_at.count(a.get())) last[a.get()] = n;
+    for (const BufferPtr& o : trace[n].outs) produced_at[o.get()] = n;
+  }
+  std::vector<std::vector<const Buffer*>> dead(trace.size());
+  for (const auto& [b, n] : last) dead[n].push_back(b);
+  return dead;
+}
+
+// Launches `l` with the replay's outputs standing in for the traced ones it read.
+void replay_one(Client& client, const TracedLaunch& l, std::unordered_map<const Buffer*, BufferPtr>& made,
+                std::vector<Buffer*>& raw, bool wait) {
+  raw.clear();
+  for (const BufferPtr& a : l.args) {
+    auto it = made.find(a.get());
+    raw.push_back(it != made.end() ? it->second.get() : a.get());
+  }
+  std::vector<BufferPtr> outs = client.execute(*l.exe, raw, l.device, wait);
+  for (size_t i = 0; i < outs.size() && i < l.outs.size(); ++i) made[l.outs[i].get()] = std::move(outs[i]);
+}
+}  // namespace
+
+double replayed_trace_seconds(Client& client, const std::vector<TracedLaunch>& trace, int repeats) {
+  std::vector<std::vector<const Buffer*>> dead = last_reads(trace);
+  std::vector<double> times;
+  for (int r = 0; r <= repeats; ++r) {
+    std::unordered_map<const Buffer*, BufferPtr> made;  // traced output -> replayed one
+    made.reserve(trace.size() * 2);
+    std::vector<Buffer*> raw;
+    client.synchronize();
+    auto t0 = std::chrono::steady_clock::now();
+    for (size_t n = 0; n < trace.size(); ++n) {
+      replay_one(client, trace[n], made, raw, false);
+      for (const Buffer* b : dead[n]) made.erase(b);
+    }
+    client.synchronize();
+    auto t1 = std::chrono::steady_clock::now();
+    if (r > 0) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times.empty() ? 0.0 : times[times.size() / 2];
+}
+
+std::vector<std::pair<std::string, double>> replayed_launch_seconds(
+    Client& client, const std::vector<TracedLaunch>& trace, int repeats) {
+  std::vector<std::vector<const Buffer*>> dead = last_reads(trace);
+  std::vector<std::vector<double>> times(trace.size());
+  for (int r = 0; r <= repeats; ++r) {
+    std::unordered_map<const Buffer*, BufferPtr> made;
+    std::vector<Buffer*> raw;
+    client.synchronize();
+    for (size_t n = 0; n < trace.size(); ++n) {
+      auto t0 = std::chrono::steady_clock::now();
+      replay_one(client, trace[n], made, raw, true);
+      auto t1 = std::chrono::steady_clock::now();
+      if (r > 0) times[n].push_back(std::chrono::duration<double>(t1 - t0).count());
+      for (const Buffer* b : dead[n]) made.erase(b);
+    }
+  }
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t n = 0; n < trace.size(); ++n) {
+    std::sort(times[n].begin(), times[n].end());
+    out.emplace_back(trace[n].exe->name, times[n].empty() ? 0.0 : times[n][times[n].size() / 2]);
+  }
+  return out;
 }
 
 }  // namespace tpu::runtime

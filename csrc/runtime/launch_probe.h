@@ -10,4 +10,16 @@ namespace tpu::runtime {
 // each chain ended by waiting for its last value.
 double chained_launch_seconds(Client& client, int device, int n, int repeats);
 
+// Seconds to run a traced sequence of launches again through the runtime alone, back to
+// back, to the last one's completion: the floor of the step it was traced from under its
+// host work. A launch reads the replay's own output where the traced one read an earlier
+// traced launch's output, else the traced input itself. Median of `repeats`, after one
+// warm-up; the replayed outputs are freed after each timing.
+double replayed_trace_seconds(Client& client, const std::vector<TracedLaunch>& trace, int repeats);
+
+// The same replay with each launch waited for: per launch, its program's name and its
+// median seconds (launch to completion) over `repeats`, after one warm-up.
+std::vector<std::pair<std::string, double>> replayed_launch_seconds(
+    Client& client, const std::vector<TracedLaunch>& trace, int repeats);
+
 }  // namespace tpu::runtime
