@@ -66,14 +66,16 @@ Value rows(Builder& b, const Value& x, int64_t from, int64_t to) {
 // the queries in blocks, each reading the keys up to its last query only; the backward
 // takes the keys in blocks, each reading the queries from its first key on. With n
 // blocks that is (n + 1) / 2n of the scores, exponentials and contractions. Measured on
-// XLA:CPU (B 2, H 4, E 64, sequence 1,024, 8 blocks): forward 2.2x and backward 1.6x
-// faster; at 256 (2 blocks) about 25 % and 7 %, for a little more compile time.
-// TPU_CAUSAL_BLOCK_ROWS: the rows per block (at most 8 blocks); 0 turns it off.
+// XLA:CPU (B 2, H 4, E 64, sequence 1,024): forward 2.2-2.5x and backward 1.5-1.7x
+// faster in 4 or 8 blocks. At 256 in 2 blocks the gain (a quarter of the forward, a
+// tenth of the backward) did not pay for the fused GPT step's longer compile (+0.55-0.9 s
+// of 3.2-3.9 s): shorter sequences stay one block.
+// TPU_CAUSAL_BLOCK_ROWS: the rows per block (default 256, at most 8 blocks); 0: off.
 // Returns the block boundaries (query and key index alike: the mask is top-left aligned).
 std::vector<int64_t> causal_blocks(int64_t len) {
   static const int64_t rows = [] {
     const char* e = std::getenv("TPU_CAUSAL_BLOCK_ROWS");
-    return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{128};
+    return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{256};
   }();
   int64_t n = rows > 0 ? std::max<int64_t>(1, std::min<int64_t>(8, len / rows)) : 1;
   std::vector<int64_t> at;
