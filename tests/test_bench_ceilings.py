@@ -89,7 +89,10 @@ def test_issue18_targets_are_each_a_value_and_whether_it_is_met():
                               "cpu_variants": {"defaults": 5e-6, "OMP_WAIT_POLICY=PASSIVE": 4e-6,
                                                "1 thread": 2.9e-6}},
               "first_op": {"first_op_s": 0.05, "runs_s": [0.05]},
-              "fused_split": {"record_s": 0.004, "device_s": 0.012, "whole_s": 0.017}}
+              "fused_split": {"record_s": 0.004, "device_s": 0.012, "whole_s": 0.017},
+              "strict_split": {"native_s": 0.008, "whole_s": 0.016, "replay_s": 0.010, "launches": 84,
+                               "waited_launches_s": 0.02,
+                               "heaviest": [{"program": "aten::mm(Float[2, 2])", "launches": 6, "waited_s": 0.003}]}}
     t = bench.issue18_targets(rows, starts, bounds, probes)
 
     def check(name, value, ok):
@@ -109,6 +112,11 @@ def test_issue18_targets_are_each_a_value_and_whether_it_is_met():
     name = ("small_gpt_train fused, recording + device time / native CPU's best step "
             "(the floor of a step that reads its loss)")
     assert t[name] == pytest.approx(1.6) and bench.met(name, t[name]) is None
+    # The Strict split is its own loop: its ratios are to the native step timed there.
+    name = ("small_gpt_train strict: its launches alone, replayed by the runtime back to back / native CPU's "
+            "step, both in one alternating loop (Strict's floor)")
+    assert t[name] == pytest.approx(1.25) and bench.met(name, t[name]) is None
+    assert t["small_gpt_train strict step / native CPU's step, in that loop"] == pytest.approx(2.0)
     check("first tpu op of a fresh process, seconds (<= 0.3)", 0.05, True)
     # The reference starts imported Dynamo before their first step: so is it left out here.
     check("gpt_train strict cold first step less importing torch._dynamo / 4.6 s before (<= 0.5)",
@@ -129,6 +137,8 @@ def test_issue18_targets_are_each_a_value_and_whether_it_is_met():
     assert "records it in 4.00 ms; its one program then runs 12.00 ms" in md
     assert "the whole step, timed in the same loop, 17.00 ms" in md
     assert "| tiny op: runtime launch floor / native CPU per op (Strict's floor) | 0.690 | - |" in md
+    assert "the Strict step 16.00 ms; its 84 launches, replayed by the runtime alone (no PyTorch), 10.00 ms" in md
+    assert "the programs that take the most: aten::mm x6 3.00 ms." in md
     # A full cold conformance run (benchmarks/conformance_cold.py's file) fills its row;
     # a partial one (--ops) does not.
     cold = {"minutes": 25.0, "ops": None, "date": "D", "commit": "C", "machine": "M", "jobs": 2,
