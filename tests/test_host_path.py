@@ -195,7 +195,10 @@ def test_launch_trace_replays_a_step_without_touching_its_tensors():
         finally:
             torch_tpu._C._drop_launch_trace()
         assert seconds > 0 and len(each) == 5 and all(t > 0 for _, t in each)
-        assert [name.split("(")[0] for name, _ in each] == [
+        # A program is named after the first op that compiled it, and `add_` and `add`
+        # share one, so an earlier test in this process may have named it `add_`.
+        names = [name.split("(")[0].replace("_.", ".") for name, _ in each]
+        assert names == [
             "aten::mul.Tensor", "aten::add.Tensor", "aten::relu", "aten::sub.Tensor", "aten::sum"]
         assert torch.equal(y.cpu(), torch.arange(8.0) + 1) and s.item() == 36.0
         assert torch.equal(x.cpu(), torch.arange(8.0))
