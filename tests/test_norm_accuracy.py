@@ -164,9 +164,8 @@ def _layer_norm_backward(x, grad, w, b, dtype, device):
 # gives 8.99 there but costs 3.5x the forward on XLA:CPU (0.6 -> 2.1 ms on 8x256x256), so
 # dx's max bound leaves an ulp for the instruction set instead, and its rms (0.6 here,
 # CPU 0.59), which no single element's rounding moves, is bounded too.
-# The weight and bias gradients' batch rows are summed as a tree of halves
-# (compensated_sum.cpp): the last shapes' rows (100 after the first dim, 74, 1,000, 315)
-# are padded up to a whole tree.
+# The last shapes sum the weight and bias gradients over 100 rows (after a first dim of 3
+# summed plainly), 74, 1,000 and 315 rows: counts that are neither small nor powers of two.
 @pytest.mark.parametrize("shape", [(8, 128, 768), (4, 64, 256), (3, 100, 64), (2, 37, 48), (1000, 32),
                                    (5, 7, 9, 40)])
 def test_layer_norm_backward_float64_accuracy(shape):
