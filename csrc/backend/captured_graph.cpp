@@ -198,6 +198,8 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
   FlushedGraphPtr graph_;
   ProgramPtr program_;  // graph_ as one call of a pending graph (made on first Defer)
   int device_ = 0;
+  // The recorded program's f32 matmuls took this precision; another setting records anew.
+  ir::DotPrecision matmul_precision_ = torch_matmul_precision();
   std::vector<Param> params_;
   std::vector<Output> outputs_;
   std::vector<std::pair<int, int>> writes_;  // input k's storage takes result j
@@ -334,6 +336,10 @@ void CapturedGraph::finish(const py::list& outs) {
 
 py::object CapturedGraph::replay(py::list args, int how_) {
   if (!graph_ || args.size() != inputs_.size()) return miss("count", -1);
+  if (torch_matmul_precision() != matmul_precision_) {
+    miss_ = "the float32 matmul precision";
+    return py::none();
+  }
   std::vector<at::Tensor> ins(inputs_.size());
   for (size_t k = 0; k < inputs_.size(); ++k) {
     const Input& in = inputs_[k];

@@ -31,4 +31,8 @@ void note_device_check(const Operand& ok, const std::string& message);
 // The state buffer for the next random op on `gen` (lowered_kernel.cpp).
 runtime::BufferPtr rng_state_buffer(const std::optional<at::Generator>& gen, int device);
 
+// torch.set_float32_matmul_precision as the precision of f32 matmuls and convolutions
+// (lowered_kernel.cpp): "highest" keeps f32, "high" three bf16 passes, "medium" one.
+ir::DotPrecision torch_matmul_precision();
+
 }  // namespace tpu::backend

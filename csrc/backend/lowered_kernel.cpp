@@ -115,6 +115,9 @@ struct Plan {
   bool fallback = false;        // the rule declined this signature
   std::string fallback_reason;
   std::vector<std::string> checks;  // messages of the check flags after the outputs
+  // Plans of f32 matmuls and convolutions hold the precision they were built with.
+  bool reads_matmul_precision = false;
+  ir::DotPrecision matmul_precision = ir::DotPrecision::Highest;
 };
 
 const at::Tensor* tensor_at(c10::ArrayRef<IValue> args, int arg, int elem, at::Tensor* tmp) {
@@ -824,6 +827,7 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
                                  std::vector<int64_t>(m.sizes().begin(), m.sizes().end())});
   }
   ir::Builder b;
+  b.set_matmul_precision(torch_matmul_precision());
   KernelCtx ctx(b, info, args, *plan, out_types, k.has_f64);
   std::vector<Value> results;
   const lowering::Rule* rule = info.complex_rule && involves_complex(args, out_types) ? info.complex_rule : info.rule;
@@ -927,6 +931,8 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
     }
   }
   for (const Value& c : ctx.checks()) program_results.push_back(c);
+  plan->reads_matmul_precision = b.reads_matmul_precision();
+  plan->matmul_precision = b.matmul_precision();
   plan->program = std::make_shared<Program>(b, program_results, describe(info, args));
   return plan;
 }
@@ -1128,6 +1134,18 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     std::lock_guard<std::mutex> lock(g_plans_mu);
     auto it = g_plans.find(key);
     if (it != g_plans.end()) plan = it->second.get();
+  }
+  if (plan && plan->reads_matmul_precision) {
+    // Only plans that read it pay for reading the setting; one built under another
+    // precision sends the lookup to the signature extended by the current one.
+    ir::DotPrecision now = torch_matmul_precision();
+    if (now != plan->matmul_precision) {
+      k.tag('P');
+      k.tag(static_cast<char>(now));
+      std::lock_guard<std::mutex> lock(g_plans_mu);
+      auto it = g_plans.find(key);
+      plan = it != g_plans.end() ? it->second.get() : nullptr;
+    }
   }
   if (plan) {
     metrics().signature_hits += 1;
@@ -1429,6 +1447,24 @@ std::optional<c10::OperatorHandle> functional_of(const c10::FunctionSchema& sche
 }
 
 }  // namespace
+
+ir::DotPrecision torch_matmul_precision() {
+  at::Float32MatmulPrecision p;
+  try {
+    p = at::globalContext().float32MatmulPrecision();
+  } catch (const c10::Error&) {
+    // PyTorch refuses to answer once the legacy and per-backend settings disagree; a
+    // program moved from CUDA then means the CUDA matmul setting.
+    switch (at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL)) {
+      case at::Float32Precision::TF32: return ir::DotPrecision::High;
+      case at::Float32Precision::BF16: return ir::DotPrecision::Default;
+      default: return ir::DotPrecision::Highest;
+    }
+  }
+  return p == at::Float32MatmulPrecision::HIGHEST ? ir::DotPrecision::Highest
+         : p == at::Float32MatmulPrecision::HIGH  ? ir::DotPrecision::High
+                                                  : ir::DotPrecision::Default;
+}
 
 runtime::BufferPtr rng_state_buffer(const std::optional<at::Generator>& gen, int device) {
   auto [seed, counter] = next_rng_state(gen, device);

@@ -407,7 +407,8 @@ std::vector<Value> Builder::sort(const std::vector<Value>& xs, int64_t dim, bool
 
 Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int64_t>& batch_a,
                            const std::vector<int64_t>& batch_b, const std::vector<int64_t>& contract_a,
-                           const std::vector<int64_t>& contract_b, DType out_t) {
+                           const std::vector<int64_t>& contract_b, DType out_t,
+                           std::optional<DotPrecision> fixed) {
   auto contains = [](const std::vector<int64_t>& v, int64_t x) {
     for (auto y : v) if (y == x) return true;
     return false;
@@ -421,8 +422,20 @@ Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int
   std::string attrs = "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [" +
                       ints(batch_a) + "], rhs_batching_dimensions = [" + ints(batch_b) +
                       "], lhs_contracting_dimensions = [" + ints(contract_a) +
-                      "], rhs_contracting_dimensions = [" + ints(contract_b) + "]>";
+                      "], rhs_contracting_dimensions = [" + ints(contract_b) + "]>" +
+                      precision_config(a, b, fixed);
   return raw("stablehlo.dot_general", {a, b}, attrs, Type{out_t, out});
+}
+
+std::string Builder::precision_config(const Value& a, const Value& b, std::optional<DotPrecision> fixed) {
+  // Narrower types are multiplied as they are; f64 has no narrower passes on any plugin.
+  auto wide = [](DType t) { return t == DType::F32 || t == DType::C64; };
+  if (!wide(a.dtype()) && !wide(b.dtype())) return "";
+  if (!fixed) reads_matmul_precision_ = true;
+  DotPrecision p = fixed.value_or(matmul_precision_);
+  const char* name = p == DotPrecision::Highest ? "HIGHEST" : p == DotPrecision::High ? "HIGH" : "DEFAULT";
+  std::string one = std::string("#stablehlo<precision ") + name + ">";
+  return ", precision_config = [" + one + ", " + one + "]";
 }
 
 Value Builder::gather(const Value& operand, const Value& indices,

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,6 +32,12 @@ struct Value {
 };
 
 enum class Cmp { EQ, NE, LT, LE, GT, GE };
+
+// How many bf16 passes an f32 contraction may take on hardware whose matrix units are
+// narrower (TPU MXU, GPU tensor cores): Default one, High three, Highest full f32.
+// XLA's own default is Default, so a dot that names none is not the f32 product
+// PyTorch computes by default.
+enum class DotPrecision : uint8_t { Default, High, Highest };
 
 class Builder;
 // Body of a region: takes the block arguments, returns the values to yield.
@@ -91,9 +98,21 @@ class Builder {
   std::vector<Value> sort(const std::vector<Value>& xs, int64_t dim, bool stable,
                           const RegionFn& comparator);
 
+  // f32 operands take the program's matmul precision (set_matmul_precision), unless
+  // `fixed` names one: products that spell out sums, pooling or linear algebra are
+  // not matmuls to the user and stay exact.
   Value dot_general(const Value& a, const Value& b, const std::vector<int64_t>& batch_a,
                     const std::vector<int64_t>& batch_b, const std::vector<int64_t>& contract_a,
-                    const std::vector<int64_t>& contract_b, DType out);
+                    const std::vector<int64_t>& contract_b, DType out,
+                    std::optional<DotPrecision> fixed = std::nullopt);
+  // The `precision_config` attribute (with its leading ", ") of a dot or convolution
+  // of a and b; empty where the operands are not f32.
+  std::string precision_config(const Value& a, const Value& b,
+                               std::optional<DotPrecision> fixed = std::nullopt);
+  void set_matmul_precision(DotPrecision p) { matmul_precision_ = p; }
+  DotPrecision matmul_precision() const { return matmul_precision_; }
+  // Whether the program so far depends on the matmul precision.
+  bool reads_matmul_precision() const { return reads_matmul_precision_; }
   Value gather(const Value& operand, const Value& indices, const std::vector<int64_t>& offset_dims,
                const std::vector<int64_t>& collapsed_dims, const std::vector<int64_t>& start_index_map,
                int64_t index_vector_dim, const Shape& slice_sizes, const Shape& out_shape);
@@ -135,6 +154,8 @@ class Builder {
   std::ostringstream body_;
   int next_ = 0;
   int depth_ = 1;
+  DotPrecision matmul_precision_ = DotPrecision::Highest;  // PyTorch's default
+  bool reads_matmul_precision_ = false;
 };
 
 // Helpers shared by rules.

@@ -203,7 +203,7 @@ Value div(Builder& b, const Value& x, const Value& y) { return b.binary("stableh
 
 Value matmul2d(Builder& b, const Value& x, const Value& y, DType out) {
   DType acc = acc_type(out);
-  Value r = b.dot_general(b.convert(x, out), b.convert(y, out), {}, {}, {1}, {0}, acc);
+  Value r = b.dot_general(b.convert(x, out), b.convert(y, out), {}, {}, {1}, {0}, acc, ir::DotPrecision::Highest);
   return b.convert(r, out);
 }
 

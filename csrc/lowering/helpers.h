@@ -50,7 +50,8 @@ Value add(Builder& b, const Value& x, const Value& y);
 Value sub(Builder& b, const Value& x, const Value& y);
 Value mul(Builder& b, const Value& x, const Value& y);
 Value div(Builder& b, const Value& x, const Value& y);
-// Matrix product of 2-D values with f32 accumulation for low-precision inputs.
+// Matrix product of 2-D values with f32 accumulation for low-precision inputs, exact
+// in f32 whatever the matmul precision (its users spell sums as products).
 Value matmul2d(Builder& b, const Value& x, const Value& y, DType out);
 
 }  // namespace tpu::lowering

@@ -34,7 +34,7 @@ static Value spread2(Builder& b, const Value& x, int64_t d) {
 static Value swap_last(Builder& b, const Value& x) { return b.transpose(x, {0, 2, 1}); }
 
 static Value matmul3(Builder& b, const Value& x, const Value& y) {
-  return b.dot_general(x, y, {0}, {0}, {2}, {1}, x.dtype());
+  return b.dot_general(x, y, {0}, {0}, {2}, {1}, x.dtype(), ir::DotPrecision::Highest);
 }
 
 // Per-row sums of x (B, n, n) where mask holds: (B, n).
@@ -341,12 +341,12 @@ TPU_LOWER(linalg_lstsq, "linalg_lstsq") {
                                 : b.compare(r.s, mul(b, smax, full_like(b, smax, rc)), Cmp::GT);
   Value zero = full_like(b, r.s, 0);
   Value inv = b.select(kept, div(b, full_like(b, r.s, 1), b.select(kept, r.s, full_like(b, r.s, 1))), zero);
-  Value c = b.dot_general(r.u, b3, {0}, {0}, {1}, {1}, xo.dtype);  // U^T B: (batch, k, nrhs)
+  Value c = b.dot_general(r.u, b3, {0}, {0}, {1}, {1}, xo.dtype, ir::DotPrecision::Highest);  // U^T B: (batch, k, nrhs)
   c = mul(b, c, b.broadcast_in_dim(inv, c.shape(), {0, 1}));
   Value x = matmul3(b, r.v, c);  // (batch, n, nrhs)
   Value res = b.constant(0, ro.dtype, ro.shape);
   if (ro.numel() > 0) {
-    Value e = sub(b, b.dot_general(a3, x, {0}, {0}, {2}, {1}, xo.dtype), b3);
+    Value e = sub(b, b.dot_general(a3, x, {0}, {0}, {2}, {1}, xo.dtype, ir::DotPrecision::Highest), b3);
     res = b.reshape(reduce_sum(b, mul(b, e, e), {1}), ro.shape);
   }
   Value rank = b.constant(0, ko.dtype, ko.shape);

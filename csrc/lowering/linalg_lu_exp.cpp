@@ -22,7 +22,7 @@ namespace {
 Value bmm(Builder& b, const Value& x, const Value& y) {
   std::vector<int64_t> batch;
   for (int64_t i = 0; i < x.rank() - 2; ++i) batch.push_back(i);
-  return b.dot_general(x, y, batch, batch, {x.rank() - 1}, {x.rank() - 2}, x.dtype());
+  return b.dot_general(x, y, batch, batch, {x.rank() - 1}, {x.rank() - 2}, x.dtype(), ir::DotPrecision::Highest);
 }
 
 // 2^-s exactly, built from the exponent bits (s integer in [0, max exponent)).

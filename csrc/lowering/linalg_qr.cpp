@@ -84,7 +84,7 @@ std::pair<Value, Value> householder_qr(Builder& b, const Value& a) {
         Value v = bb.select(at, full_like(bb, col, 1),
                             bb.select(below, mul(bb, col, broadcast_to(bb, scale, cs)), zero));
         // Columns right of j: x - tau v (v^T x).
-        Value w = bb.dot_general(v, x, {0}, {0}, {1}, {1}, t);  // (B, 1, n)
+        Value w = bb.dot_general(v, x, {0}, {0}, {1}, {1}, t, ir::DotPrecision::Highest);  // (B, 1, n)
         Shape full{batch, m, n};
         Value upd = sub(bb, x, mul(bb, broadcast_to(bb, mul(bb, v, broadcast_to(bb, tau, cs)), full),
                                    broadcast_to(bb, w, full)));
@@ -123,11 +123,11 @@ Value apply_householder(Builder& b, const Value& vs, const Value& tau, const Val
         Shape full = x.shape();
         Value y;
         if (left) {
-          Value w = bb.dot_general(v, x, {0}, {0}, {1}, {1}, x.dtype());  // (B, 1, n)
+          Value w = bb.dot_general(v, x, {0}, {0}, {1}, {1}, x.dtype(), ir::DotPrecision::Highest);  // (B, 1, n)
           Value tv = mul(bb, v, broadcast_to(bb, bb.reshape(ti, {full[0], 1, 1}), v.shape()));
           y = sub(bb, x, mul(bb, broadcast_to(bb, tv, full), broadcast_to(bb, w, full)));
         } else {
-          Value w = bb.dot_general(x, v, {0}, {0}, {2}, {1}, x.dtype());  // (B, m, 1)
+          Value w = bb.dot_general(x, v, {0}, {0}, {2}, {1}, x.dtype(), ir::DotPrecision::Highest);  // (B, m, 1)
           Value vt = bb.reshape(v, {full[0], 1, full[2]});
           Value tv = mul(bb, vt, broadcast_to(bb, bb.reshape(ti, {full[0], 1, 1}), vt.shape()));
           y = sub(bb, x, mul(bb, broadcast_to(bb, w, full), broadcast_to(bb, tv, full)));

@@ -630,7 +630,7 @@ static Value conv(Builder& b, const Value& lhs, const Value& rhs, const std::str
                       ">, feature_group_count = " + std::to_string(groups) +
                       " : i64, lhs_dilation = " + ir::i64_array(lhs_dil) + ", padding = " + pad +
                       ", rhs_dilation = " + ir::i64_array(rhs_dil) +
-                      ", window_strides = " + ir::i64_array(strides);
+                      ", window_strides = " + ir::i64_array(strides) + b.precision_config(lhs, rhs);
   return b.raw("stablehlo.convolution", {lhs, rhs}, attrs, out);
 }
 

@@ -35,7 +35,7 @@ static Value adaptive_apply(Builder& b, Value x, const Shape& in, const Shape& o
   int64_t k = static_cast<int64_t>(in.size()), lead = x.rank() - k;
   for (int64_t j = 0; j < k; ++j) {
     Value m = adaptive_matrix(b, in[j], out[j], x.dtype());
-    x = b.dot_general(x, m, {}, {}, {lead}, {fwd ? 1 : 0}, x.dtype());
+    x = b.dot_general(x, m, {}, {}, {lead}, {fwd ? 1 : 0}, x.dtype(), ir::DotPrecision::Highest);
   }
   return x;
 }

@@ -130,6 +130,29 @@ int main() {
     CHECK(fetch<float>(*out[1]) == std::vector<float>({14, 32, 32, 77}));
   });
 
+  run("f32 contractions name their precision; narrower ones and fixed ones do not read it", [] {
+    Builder b;
+    Value x = b.param(Type{DType::F32, {2, 3}}), y = b.param(Type{DType::F32, {3, 2}});
+    Value h = b.param(Type{DType::BF16, {2, 3}}), k = b.param(Type{DType::BF16, {3, 2}});
+    CHECK(!b.reads_matmul_precision());
+    b.dot_general(h, k, {}, {}, {1}, {0}, DType::F32);
+    CHECK(!b.reads_matmul_precision());
+    b.dot_general(x, y, {}, {}, {1}, {0}, DType::F32, ir::DotPrecision::Highest);
+    CHECK(!b.reads_matmul_precision());
+    b.set_matmul_precision(ir::DotPrecision::High);
+    Value d = b.dot_general(x, y, {}, {}, {1}, {0}, DType::F32);
+    CHECK(b.reads_matmul_precision());
+    std::string text = b.finish({d});
+    CHECK(text.find("precision_config = [#stablehlo<precision HIGH>, #stablehlo<precision HIGH>]") != std::string::npos);
+    CHECK(text.find("#stablehlo<precision HIGHEST>") != std::string::npos);  // the fixed one
+    CHECK(ir::largest_contraction_macs(text) == 2 * 2 * 3);
+    std::vector<float> a = {1, 2, 3, 4, 5, 6};
+    auto out = run_program(text, {C().from_host(a.data(), DType::F32, {2, 3}, 0), C().from_host(a.data(), DType::F32, {3, 2}, 0),
+                                  C().from_host(std::vector<uint16_t>(6, 0x3f80).data(), DType::BF16, {2, 3}, 0),
+                                  C().from_host(std::vector<uint16_t>(6, 0x3f80).data(), DType::BF16, {3, 2}, 0)});
+    CHECK(fetch<float>(*out[0]) == std::vector<float>({22, 28, 49, 64}));
+  });
+
   run("stable sort with a comparator region carries indices", [] {
     Builder b;
     Value x = b.param(Type{DType::F32, {5}});
