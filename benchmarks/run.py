@@ -100,6 +100,13 @@ def small_gpt_train(device, quick):
     return gpt_train_step(device, dict(vocab=256, d_model=64, n_heads=4, n_layers=2, seq=64), 4)
 
 
+def small_gpt_host_work(device):
+    """The small GPT's layers at sizes whose compute is nil (d_model 4, seq 2, batch 1):
+    natively, a step is then PyTorch's own Python, autograd and dispatch, and its kernels'
+    fixed costs, for the same ops."""
+    return gpt_train_step(device, dict(vocab=8, d_model=4, n_heads=4, n_layers=2, seq=2), 1)
+
+
 def gpt_train_step(device, cfg, batch):
     torch.manual_seed(0)
     model = GPT(**cfg).to(device)
@@ -566,14 +573,17 @@ def strict_step_split(steps=20, warmup=5, top=6):
     timed in one alternating loop (this machine's speed moves between minutes): one step's
     launches traced, then run again by the runtime alone, back to back, with no PyTorch
     above them (each launch reads the replay's own outputs and frees them after their last
-    reader, as the step does). Medians. Then, each launch of the trace waited for in turn,
-    the programs that take the most of it."""
+    reader, as the step does), and the native step at nil sizes (PyTorch's own host work:
+    Strict's launches plus it is the Strict step with nothing overlapped). Medians. Then, each launch of the trace
+    waited for in turn, the programs that take the most of it."""
     torch.manual_seed(0)
     native, _, _ = small_gpt_train("cpu", False)
+    host_work, _, _ = small_gpt_host_work("cpu")
     with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER):
         step, _, _ = small_gpt_train("tpu", False)
         for _ in range(warmup):
             native()
+            host_work()
             step()
         torch.tpu.synchronize()
         torch_tpu._C._start_launch_trace()
@@ -581,11 +591,14 @@ def strict_step_split(steps=20, warmup=5, top=6):
         torch.tpu.synchronize()
         launches = torch_tpu._C._stop_launch_trace()
         try:
-            cpu, whole, replay = [], [], []
+            cpu, whole, replay, host = [], [], [], []
             for _ in range(steps):
                 t = time.perf_counter()
                 native()
                 cpu.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                host_work()
+                host.append(time.perf_counter() - t)
                 t = time.perf_counter()
                 step()
                 torch.tpu.synchronize()
@@ -600,7 +613,8 @@ def strict_step_split(steps=20, warmup=5, top=6):
         by_program[name] = (n + 1, total + s)
     heaviest = sorted(by_program.items(), key=lambda kv: -kv[1][1])[:top]
     return {"native_s": statistics.median(cpu), "whole_s": statistics.median(whole),
-            "replay_s": statistics.median(replay), "launches": launches,
+            "replay_s": statistics.median(replay), "native_nil_sizes_s": statistics.median(host),
+            "launches": launches,
             "waited_launches_s": sum(s for _, s in each),
             "heaviest": [{"program": p, "launches": n, "waited_s": t} for p, (n, t) in heaviest]}
 
@@ -700,6 +714,9 @@ def issue18_targets(rows, starts, bounds, probes, quick=False, cold_conformance=
     ssplit = probes.get("strict_split")
     out["small_gpt_train strict: its launches alone, replayed by the runtime back to back / native CPU's step, both in one alternating loop (Strict's floor)"] = (
         ssplit["replay_s"] / ssplit["native_s"] if ssplit and "native_s" in ssplit else None)
+    out["small_gpt_train strict: those launches replayed + the native step at nil sizes (PyTorch's own host work), Strict if none of them overlapped / native CPU's step, same loop"] = (
+        (ssplit["replay_s"] + ssplit["native_nil_sizes_s"]) / ssplit["native_s"]
+        if ssplit and "native_nil_sizes_s" in ssplit else None)
     out["small_gpt_train strict step / native CPU's step, in that loop"] = (
         ssplit["whole_s"] / ssplit["native_s"] if ssplit and "native_s" in ssplit else None)
     first = probes.get("first_op")
@@ -851,7 +868,10 @@ def markdown(rows, starts, checks, meta, bounds=(), issue18=None, probes=None, c
         t = probes["strict_split"]
         lines += ["", f"Small GPT Strict step, split, in one alternating loop: native CPU's step (default threads) "
                   f"{t['native_s'] * 1e3:.2f} ms; the Strict step {t['whole_s'] * 1e3:.2f} ms; its {t['launches']} "
-                  f"launches, replayed by the runtime alone (no PyTorch), {t['replay_s'] * 1e3:.2f} ms (medians). Launched one at a time, each waited for "
+                  f"launches, replayed by the runtime alone (no PyTorch), {t['replay_s'] * 1e3:.2f} ms; "
+                  + (f"the native step at nil sizes (d_model 4, seq 2, batch 1: PyTorch's own host work) "
+                     f"{t['native_nil_sizes_s'] * 1e3:.2f} ms " if "native_nil_sizes_s" in t else "")
+                  + f"(medians). Launched one at a time, each waited for "
                   f"({t['waited_launches_s'] * 1e3:.2f} ms in all), the programs that take the most: " + "; ".join(
                       f"{h['program'].split('(')[0]} x{h['launches']} {h['waited_s'] * 1e3:.2f} ms"
                       for h in t["heaviest"]) + "."]

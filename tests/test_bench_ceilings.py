@@ -91,6 +91,7 @@ def test_issue18_targets_are_each_a_value_and_whether_it_is_met():
               "first_op": {"first_op_s": 0.05, "runs_s": [0.05]},
               "fused_split": {"record_s": 0.004, "device_s": 0.012, "whole_s": 0.017},
               "strict_split": {"native_s": 0.008, "whole_s": 0.016, "replay_s": 0.010, "launches": 84,
+                               "native_nil_sizes_s": 0.004,
                                "waited_launches_s": 0.02,
                                "heaviest": [{"program": "aten::mm(Float[2, 2])", "launches": 6, "waited_s": 0.003}]}}
     t = bench.issue18_targets(rows, starts, bounds, probes)
@@ -117,6 +118,9 @@ def test_issue18_targets_are_each_a_value_and_whether_it_is_met():
             "step, both in one alternating loop (Strict's floor)")
     assert t[name] == pytest.approx(1.25) and bench.met(name, t[name]) is None
     assert t["small_gpt_train strict step / native CPU's step, in that loop"] == pytest.approx(2.0)
+    name = ("small_gpt_train strict: those launches replayed + the native step at nil sizes (PyTorch's own "
+            "host work), Strict if none of them overlapped / native CPU's step, same loop")
+    assert t[name] == pytest.approx(1.75) and bench.met(name, t[name]) is None
     check("first tpu op of a fresh process, seconds (<= 0.3)", 0.05, True)
     # The reference starts imported Dynamo before their first step: so is it left out here.
     check("gpt_train strict cold first step less importing torch._dynamo / 4.6 s before (<= 0.5)",
@@ -138,6 +142,7 @@ def test_issue18_targets_are_each_a_value_and_whether_it_is_met():
     assert "the whole step, timed in the same loop, 17.00 ms" in md
     assert "| tiny op: runtime launch floor / native CPU per op (Strict's floor) | 0.690 | - |" in md
     assert "the Strict step 16.00 ms; its 84 launches, replayed by the runtime alone (no PyTorch), 10.00 ms" in md
+    assert "the native step at nil sizes (d_model 4, seq 2, batch 1: PyTorch's own host work) 4.00 ms" in md
     assert "the programs that take the most: aten::mm x6 3.00 ms." in md
     # A full cold conformance run (benchmarks/conformance_cold.py's file) fills its row;
     # a partial one (--ops) does not.
