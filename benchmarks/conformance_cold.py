@@ -49,9 +49,9 @@ def measure(jobs, out, ops=None):
         subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
         wall = time.perf_counter() - t0
         with open(os.path.join(out, "conformance.json")) as f:
-            summary = json.load(f)["summary"]
+            results = json.load(f)
         cached = sum(len(files) for _, _, files in os.walk(cache))
-    return wall, summary, cached
+    return wall, results["summary"], results.get("timing", {}), cached
 
 
 def main():
@@ -60,7 +60,7 @@ def main():
     ap.add_argument("--ops", help="a subset (a smoke run; the result then says it is partial)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
-    wall, summary, cached = measure(args.jobs, os.path.join(args.out, "conformance_cold"), args.ops)
+    wall, summary, timing, cached = measure(args.jobs, os.path.join(args.out, "conformance_cold"), args.ops)
     result = {
         "minutes": wall / 60.0,
         "jobs": args.jobs,
@@ -70,6 +70,12 @@ def main():
         "fwd_value_verified_native": summary["fwd"]["value_verified_native"],
         "bwd_native": summary["bwd"]["native"],
         "cache_files_written": cached,
+        # Entries' own wall time and the XLA compile time in it, summed over the workers:
+        # compiles over the jobs estimate the least a cold run can take (compiles on
+        # threads of their own overlap other work, so it is an estimate).
+        "entry_minutes": timing.get("entry_seconds", 0.0) / 60.0,
+        "compile_minutes": timing.get("compile_seconds", 0.0) / 60.0,
+        "slowest_entries": timing.get("slowest", []),
         "fwd_error": summary["fwd"]["error"],
         "fwd_mismatch": summary["fwd"]["mismatch"],
         "date": datetime.datetime.now().isoformat(timespec="seconds"),

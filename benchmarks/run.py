@@ -731,6 +731,9 @@ def issue18_targets(rows, starts, bounds, probes, quick=False, cold_conformance=
                 f"(<= {bound})"] = (None if quick else (r["first_step_s"] - r.get("dynamo_import_s", 0.0)) / before[m])
     full = cold_conformance and not cold_conformance.get("ops")
     out["cold full conformance run, minutes (<= 20)"] = cold_conformance["minutes"] if full else None
+    out["cold full conformance run: its XLA compiles over its jobs, minutes (an estimate of its floor)"] = (
+        cold_conformance["compile_minutes"] / cold_conformance["jobs"]
+        if full and cold_conformance.get("compile_minutes") else None)
     return out
 
 
@@ -896,6 +899,10 @@ def markdown(rows, starts, checks, meta, bounds=(), issue18=None, probes=None, c
                       f"{c['commit']}, {c['machine']}, {c['jobs']} jobs): {c['entries']} entries, "
                       f"{c['fwd_value_verified_native']} forwards value-verified natively, "
                       f"{c['cache_files_written']} cache files written from empty."]
+            if c.get("slowest_entries"):
+                lines[-1] += (f" Entries took {c['entry_minutes']:.1f} min in all, {c['compile_minutes']:.1f} of "
+                              "them compiling; the slowest: " + ", ".join(
+                                  f"{k} {s:.0f} s ({cs:.0f} s compiling)" for k, s, cs in c["slowest_entries"][:8]) + ".")
     return "\n".join(lines) + "\n"
 
 

@@ -87,3 +87,30 @@ def test_worker_pool_times_out_a_hanging_entry(tmp_path):
                           out=str(tmp_path), progress=False)
     rec = res["entries"]["add"]["float32"]["fwd"]
     assert rec["status"] == "error" and rec["message"] == "timeout"
+
+
+def test_the_run_says_where_its_time_went(report, tmp_path):
+    out, res = report
+    t = res["timing"]
+    # Every entry timed, in-process: its wall seconds, and the XLA compiles within them.
+    assert t["entries_timed"] == len(res["entries"])
+    assert t["entry_seconds"] > 0 and t["compile_seconds"] > 0
+    assert {k for k, _, _ in t["slowest"]} <= set(res["entries"]) and len(t["slowest"]) == min(15, len(res["entries"]))
+    assert all(s > 0 and c >= 0 for _, s, c in t["slowest"])
+    assert [s for _, s, _ in t["slowest"]] == sorted((s for _, s, _ in t["slowest"]), reverse=True)
+    assert "XLA compiles took" in open(os.path.join(out, "conformance.md")).read()
+    logged = [json.loads(line) for line in open(os.path.join(out, "entries.jsonl"))]
+    assert all(len(rec["seconds"]) == 2 for rec in logged)
+    # Through the worker pool (a compile cache of its own, so some programs compile there).
+    env = os.environ.get("TPU_COMPILE_CACHE_DIR")
+    os.environ["TPU_COMPILE_CACHE_DIR"] = str(tmp_path / "cache")
+    try:
+        pooled = conformance.run(["abs"], ("float32",), max_samples=2, jobs=1, out=str(tmp_path / "o"),
+                                 progress=False)["timing"]
+    finally:
+        if env is None:
+            os.environ.pop("TPU_COMPILE_CACHE_DIR")
+        else:
+            os.environ["TPU_COMPILE_CACHE_DIR"] = env
+    assert pooled["entries_timed"] == 1 and pooled["slowest"][0][0] == "abs"
+    assert pooled["entry_seconds"] > 0 and pooled["compile_seconds"] > 0

@@ -58,7 +58,9 @@ class Pool:
     def __init__(self, jobs, target, args, log_path, max_jobs=150):
         import multiprocessing as mp
         self.ctx, self.args = mp.get_context("spawn"), (target, args, log_path, max_jobs)
-        self.workers = {}  # conn -> [process, key or None, deadline, ready, start]
+        self.workers = {}  # conn -> [process, key or None, deadline, ready, start, reported]
+        # key -> (wall seconds, seconds it reported with extend_deadline) of each finished job
+        self.job_seconds = {}
         for _ in range(jobs):
             self.start()
 
@@ -67,7 +69,7 @@ class Pool:
         p = self.ctx.Process(target=_worker, args=(child, *self.args), daemon=True)
         p.start()
         child.close()
-        self.workers[parent] = [p, None, None, False, None]
+        self.workers[parent] = [p, None, None, False, None, 0.0]
 
     def stop(self, conn):
         p = self.workers.pop(conn)[0]
@@ -82,7 +84,7 @@ class Pool:
         while todo or any(w[1] for w in self.workers.values()):
             for conn, w in self.workers.items():
                 if w[3] is True and w[1] is None and todo:
-                    w[1], w[4] = todo.popleft(), time.monotonic()
+                    w[1], w[4], w[5] = todo.popleft(), time.monotonic(), 0.0
                     w[2] = w[4] + timeout
                     try:
                         conn.send(w[1])
@@ -100,6 +102,7 @@ class Pool:
                     self.stop(conn)
                     self.start()
                     if key:
+                        self.job_seconds[key] = (time.monotonic() - w[4], w[5])
                         yield key, None, f"worker died (exit {w[0].exitcode})"
                     elif not w[3] and (failures := failures + 1) > 3:
                         raise RuntimeError("workers fail to start; see the log")
@@ -108,9 +111,10 @@ class Pool:
                     w[3] = True
                 elif msg[0] == "extend":
                     if w[1]:
-                        w[2] = w[4] + timeout + msg[1]
+                        w[2], w[5] = w[4] + timeout + msg[1], msg[1]
                 elif msg[0] == "done":
                     w[1] = None
+                    self.job_seconds[msg[1]] = (time.monotonic() - w[4], w[5])
                     yield msg[1], msg[2], msg[3]
                 elif msg[0] == "bye":  # the worker retires
                     if w[1]:
@@ -121,6 +125,7 @@ class Pool:
             for conn, w in list(self.workers.items()):
                 if w[1] and now > w[2]:
                     key = w[1]
+                    self.job_seconds[key] = (now - w[4], w[5])
                     self.stop(conn)
                     self.start()
                     yield key, None, "timeout"

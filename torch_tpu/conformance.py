@@ -718,6 +718,17 @@ def summarize(entries: dict, wall_s: float) -> dict:
     return out
 
 
+def timing(seconds: dict, top: int = 15) -> dict:
+    """Where the run's time went, from each entry's [wall seconds, XLA compile seconds]
+    (compiles an entry reported, its error inputs' not; compiles off the entry's thread
+    overlap its wall time): totals, and the slowest."""
+    slow = sorted(seconds.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"entries_timed": len(seconds),
+            "entry_seconds": round(sum(s for s, _ in seconds.values()), 1),
+            "compile_seconds": round(sum(c for _, c in seconds.values()), 1),
+            "slowest": [[k, s, c] for k, (s, c) in slow]}
+
+
 def summary_table(s: dict) -> str:
     rows = [f"Entries: {s['entries']}    wall time: {s['wall_s']:.0f} s", "",
             "| float32 | entries | native | via fallback | mismatch | error | skipped |",
@@ -759,7 +770,14 @@ def markdown(results: dict) -> str:
     where = (f"Commit(s): {', '.join(meta['commits'])}; {meta.get('resumed_entries', 0)} entries "
              "taken from an earlier, interrupted run with the same settings (--resume)."
              if meta.get("commits") else "")
+    t = results.get("timing")
+    spent = (f"Entries' own time: {t['entry_seconds']:.0f} s over {t['entries_timed']} entries; XLA compiles "
+             f"took {t['compile_seconds']:.0f} s in them (a compile on a thread of its own may overlap the "
+             f"entry's other work). Slowest: " + ", ".join(
+                 f"{k} {s:.0f} s ({c:.0f} s compiling)" for k, s, c in t["slowest"][:10]) + "."
+             if t and t.get("entries_timed") else "")
     lines = ["# OpInfo conformance of torch_tpu", "", where, "", summary_table(results["summary"]), "",
+             spent, "",
              "| entry | float32 fwd | verified | float32 bwd | " + " | ".join(others)
              + " | error inputs | detail |",
              "|---|---|---|---|" + "---|" * len(others) + "---|---|"]
@@ -869,12 +887,15 @@ def _run(ops, dtypes, max_samples, jobs, timeout, out, progress, compiled, resum
             entries[key] = earlier[key]["result"]
     commits = sorted({earlier[k]["commit"] for k in entries} | {commit})
     todo = [k for k in keys if k not in entries]
-    def done(i, key, res, msg):
+    seconds = {k: earlier[k]["seconds"] for k in entries if earlier[k].get("seconds")}
+    def done(i, key, res, msg, took=None):
         entries[key] = res if res is not None else failed_entry(db[key], dtypes, msg)
+        if took is not None:
+            seconds[key] = [round(took[0], 3), round(took[1], 3)]
         if log_path:
             with open(log_path, "a") as f:
                 f.write(json.dumps({"key": key, "settings": settings, "commit": commit,
-                                    "result": entries[key]}) + "\n")
+                                    "result": entries[key], "seconds": seconds.get(key)}) + "\n")
         if progress:
             f32 = entries[key].get("float32", {})
             st = " ".join(f"{d} {r['status']}" for d, r in f32.items())
@@ -886,13 +907,15 @@ def _run(ops, dtypes, max_samples, jobs, timeout, out, progress, compiled, resum
         with warnings.catch_warnings():
             quiet()
             for i, key in enumerate(todo, 1):
-                done(i, key, run_entry(db[key], dtypes, max_samples), "")
+                t, c = time.monotonic(), compile_seconds()
+                res = run_entry(db[key], dtypes, max_samples)
+                done(i, key, res, "", (time.monotonic() - t, compile_seconds() - c))
     else:
         log = os.path.join(out or ".", "workers.log")
         pool = Pool(jobs, ("torch_tpu.conformance", "run_key"), (dtypes, max_samples, compiled), log)
         try:
             for i, (key, res, msg) in enumerate(pool.map(todo, timeout), 1):
-                done(i, key, res, msg)
+                done(i, key, res, msg, pool.job_seconds.get(key))
         finally:
             pool.close()
     entries = {k: entries[k] for k in keys}
@@ -900,7 +923,8 @@ def _run(ops, dtypes, max_samples, jobs, timeout, out, progress, compiled, resum
                         "max_samples": max_samples, "jobs": jobs, "timeout_s": timeout,
                         "compiled": compiled, "commits": commits,
                         "resumed_entries": len(keys) - len(todo)},
-               "summary": summarize(entries, time.monotonic() - t0), "entries": entries}
+               "summary": summarize(entries, time.monotonic() - t0), "entries": entries,
+               "timing": timing(seconds)}
     if out:
         with open(os.path.join(out, "conformance.json"), "w") as f:
             json.dump(results, f, indent=1, sort_keys=True)
