@@ -1,11 +1,17 @@
 """Spawned worker processes for the tools that run many independent jobs (the conformance
 tool's op entries, the compatibility pipeline's models): each job runs under a deadline in
-a worker, so a crash or a hang costs one job, not the run. A job's deadline counts its own work: time it
-reports with `extend_deadline` (XLA compiles, which a cold cache adds) moves the deadline on,
-so a cold run and a warm one reach the same verdicts."""
+a worker, so a crash or a hang costs one job, not the run. A job's deadline counts its own work:
+XLA compiles, which a cold cache adds, move it on, so a cold run and a warm one reach the same
+verdicts. Each worker's runtime keeps its compile time, a compile in flight included, in a
+file the pool reads (TPU_COMPILE_CLOCK_FILE, csrc/runtime/compile_clock.h): a job is not
+killed in the middle of a long compile. Time a job reports with `extend_deadline` counts
+as well."""
 import collections
 import importlib
 import os
+import shutil
+import struct
+import tempfile
 import time
 import traceback
 
@@ -26,8 +32,25 @@ def first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
 
 
-def _worker(conn, target, args, log_path, max_jobs):
+def compile_seconds_in(path: str) -> float:
+    """A worker's compile seconds so far, its compiles in flight counted to now (0 before
+    its first compile)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(24)
+    except OSError:
+        return 0.0
+    if len(data) < 24:
+        return 0.0
+    done_us, in_flight, start_sum_us = struct.unpack("<qqq", data)
+    now_us = int(time.monotonic() * 1e6)  # CLOCK_MONOTONIC, the runtime's clock
+    return max(0.0, (done_us + in_flight * now_us - start_sum_us) / 1e6)
+
+
+def _worker(conn, target, args, log_path, max_jobs, clock_path=None):
     global _conn
+    if clock_path:
+        os.environ["TPU_COMPILE_CLOCK_FILE"] = clock_path  # before the runtime starts
     # The plugin and the ops write to fd 2; keep it in a log, not in the progress lines.
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 2)
@@ -58,7 +81,11 @@ class Pool:
     def __init__(self, jobs, target, args, log_path, max_jobs=150):
         import multiprocessing as mp
         self.ctx, self.args = mp.get_context("spawn"), (target, args, log_path, max_jobs)
-        self.workers = {}  # conn -> [process, key or None, deadline, ready, start, reported]
+        self.clocks = tempfile.mkdtemp(prefix="tpu_worker_clocks_")
+        self.started = 0
+        # conn -> [process, key or None, deadline, ready, start, reported, clock file,
+        #          its compile seconds at the job's start]
+        self.workers = {}
         # key -> (wall seconds, seconds it reported with extend_deadline) of each finished job
         self.job_seconds = {}
         for _ in range(jobs):
@@ -66,10 +93,16 @@ class Pool:
 
     def start(self):
         parent, child = self.ctx.Pipe()
-        p = self.ctx.Process(target=_worker, args=(child, *self.args), daemon=True)
+        self.started += 1
+        clock = os.path.join(self.clocks, f"worker{self.started}")
+        p = self.ctx.Process(target=_worker, args=(child, *self.args, clock), daemon=True)
         p.start()
         child.close()
-        self.workers[parent] = [p, None, None, False, None, 0.0]
+        self.workers[parent] = [p, None, None, False, None, 0.0, clock, 0.0]
+
+    def compile_seconds(self, w) -> float:
+        """Compile seconds of w's running job: its runtime's clock, or what it reported."""
+        return max(w[5], compile_seconds_in(w[6]) - w[7])
 
     def stop(self, conn):
         p = self.workers.pop(conn)[0]
@@ -85,7 +118,7 @@ class Pool:
             for conn, w in self.workers.items():
                 if w[3] is True and w[1] is None and todo:
                     w[1], w[4], w[5] = todo.popleft(), time.monotonic(), 0.0
-                    w[2] = w[4] + timeout
+                    w[2], w[7] = w[4] + timeout, compile_seconds_in(w[6])
                     try:
                         conn.send(w[1])
                     except OSError:  # it retired or died since its last result
@@ -102,7 +135,7 @@ class Pool:
                     self.stop(conn)
                     self.start()
                     if key:
-                        self.job_seconds[key] = (time.monotonic() - w[4], w[5])
+                        self.job_seconds[key] = (time.monotonic() - w[4], self.compile_seconds(w))
                         yield key, None, f"worker died (exit {w[0].exitcode})"
                     elif not w[3] and (failures := failures + 1) > 3:
                         raise RuntimeError("workers fail to start; see the log")
@@ -114,7 +147,7 @@ class Pool:
                         w[2], w[5] = w[4] + timeout + msg[1], msg[1]
                 elif msg[0] == "done":
                     w[1] = None
-                    self.job_seconds[msg[1]] = (time.monotonic() - w[4], w[5])
+                    self.job_seconds[msg[1]] = (time.monotonic() - w[4], self.compile_seconds(w))
                     yield msg[1], msg[2], msg[3]
                 elif msg[0] == "bye":  # the worker retires
                     if w[1]:
@@ -124,8 +157,10 @@ class Pool:
             now = time.monotonic()
             for conn, w in list(self.workers.items()):
                 if w[1] and now > w[2]:
+                    w[2] = max(w[2], w[4] + timeout + self.compile_seconds(w))
+                if w[1] and now > w[2]:
                     key = w[1]
-                    self.job_seconds[key] = (now - w[4], w[5])
+                    self.job_seconds[key] = (now - w[4], self.compile_seconds(w))
                     self.stop(conn)
                     self.start()
                     yield key, None, "timeout"
@@ -133,3 +168,4 @@ class Pool:
     def close(self):
         for conn in list(self.workers):
             self.stop(conn)
+        shutil.rmtree(self.clocks, ignore_errors=True)

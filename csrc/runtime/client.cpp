@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "runtime/compile_clock.h"
 #include "runtime/compile_options.h"
 #include "runtime/plugin_search.h"
 
@@ -617,6 +618,7 @@ const std::string& Client::compile_options_for(CompileEffort effort, const Progr
 ExecutablePtr Client::compile(const std::string& mlir, const std::string& name,
                               CompileEffort effort, const ProgramTraits& traits) {
   auto t0 = std::chrono::steady_clock::now();
+  CompileClock::Span compiling;
   const std::string& full = compile_options_for(CompileEffort::Full, traits);
   const std::string& fast = compile_options_for(CompileEffort::Fast, traits);
   static const char kFormat[] = "mlir";
