@@ -80,7 +80,8 @@ Value Builder::binary(const std::string& op, const Value& a, const Value& b) {
 Value Builder::compare(const Value& a, const Value& b, Cmp dir) {
   static const char* kDir[] = {"EQ", "NE", "LT", "LE", "GT", "GE"};
   DType t = a.dtype();
-  const char* kind = is_float(t) ? "FLOAT" : (is_unsigned_int(t) || t == DType::Bool) ? "UNSIGNED"
+  // Complex operands compare as FLOAT (EQ/NE only), as the StableHLO verifier requires.
+  const char* kind = is_float(t) || is_complex(t) ? "FLOAT" : (is_unsigned_int(t) || t == DType::Bool) ? "UNSIGNED"
                                                                                      : "SIGNED";
   std::string attrs = std::string("comparison_direction = #stablehlo<comparison_direction ") +
                       kDir[static_cast<int>(dir)] + ">, compare_type = #stablehlo<comparison_type " +

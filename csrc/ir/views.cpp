@@ -232,8 +232,15 @@ Value read_view(Builder& b, const Value& storage, const Geometry& g) {
 }
 
 // Elementwise x != y by bits (a NaN equals itself, -0 differs from 0).
+// Complex values differ where either part does.
 static Value differs(Builder& b, const Value& x, const Value& y) {
   DType t = x.dtype();
+  if (is_complex(t)) {
+    Type part{t == DType::C128 ? DType::F64 : DType::F32, x.shape()};
+    auto re = [&](const Value& z) { return b.raw("stablehlo.real", {z}, "", part); };
+    auto im = [&](const Value& z) { return b.raw("stablehlo.imag", {z}, "", part); };
+    return b.binary("stablehlo.or", differs(b, re(x), re(y)), differs(b, im(x), im(y)));
+  }
   DType bits = itemsize(t) == 1   ? DType::I8
                : itemsize(t) == 2 ? DType::I16
                : itemsize(t) == 4 ? DType::I32
