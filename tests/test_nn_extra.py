@@ -69,6 +69,36 @@ def test_max_pool3d_backward():
     check(lambda x: F.max_pool3d(x, 2, stride=1, padding=1), randn(2, 2, 4, 5, 3))
 
 
+# Windows of up to 4 taps stack their taps; larger ones use one reduce_window: both
+# forms must keep CPU's first maximum (ties, NaN, -inf and padding) in 2-d and 3-d.
+@pytest.mark.parametrize("nd,args", [
+    (2, dict(kernel_size=2, stride=2)),
+    (2, dict(kernel_size=(1, 4), stride=(1, 3), padding=(0, 1), ceil_mode=True)),
+    (2, dict(kernel_size=3, stride=2, padding=1)),
+    (2, dict(kernel_size=(3, 2), stride=1, padding=1, dilation=(2, 1), ceil_mode=True)),
+    (2, dict(kernel_size=5, stride=3, padding=2, dilation=2)),
+    (3, dict(kernel_size=(1, 2, 2))),
+    (3, dict(kernel_size=2, stride=1, padding=1)),
+    (3, dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+])
+def test_max_pool_forms_keep_the_first_maximum(nd, args):
+    pool = F.max_pool2d if nd == 2 else F.max_pool3d
+    shape = (2, 3, 7, 8) if nd == 2 else (1, 2, 5, 6, 4)
+    x = torch.randint(-3, 3, shape).float()  # many ties
+    x.view(-1)[::7] = float("nan")
+    x.view(-1)[3::11] = float("-inf")
+    want = pool(x, return_indices=True, **args)
+    with native():
+        got = pool(dev(x), return_indices=True, **args)
+    torch.testing.assert_close(host(got[0]), want[0], equal_nan=True)
+    assert torch.equal(host(got[1]), want[1])
+    wi = pool(x.nan_to_num(0, 0, 0).long(), return_indices=True, **args)
+    with native():
+        gi = pool(dev(x.nan_to_num(0, 0, 0).long()), return_indices=True, **args)
+    assert torch.equal(host(gi[0]), wi[0]) and torch.equal(host(gi[1]), wi[1])
+    check(lambda v: pool(v, **args), randn(*shape))
+
+
 def test_pdist_few_rows():
     check(lambda x: F.pdist(x), randn(1, 5))
     check(lambda x: F.pdist(x, 3.0), randn(5, 4))

@@ -324,27 +324,45 @@ Value Builder::reduce_window(const Value& x, const Value& init, const Shape& win
                              const Shape& strides,
                              const std::vector<std::pair<int64_t, int64_t>>& padding,
                              const std::string& op) {
-  Shape out(x.shape().size());
+  return reduce_window({x}, {init}, window, strides, {}, padding,
+                       [&](Builder& b, const std::vector<Value>& a) {
+                         return std::vector<Value>{b.binary(op, a[0], a[1])};
+                       })[0];
+}
+
+std::vector<Value> Builder::reduce_window(const std::vector<Value>& xs, const std::vector<Value>& inits,
+                                          const Shape& window, const Shape& strides,
+                                          const Shape& dilations,
+                                          const std::vector<std::pair<int64_t, int64_t>>& padding,
+                                          const RegionFn& body) {
+  const Shape& in = xs[0].shape();
+  Shape out(in.size());
   std::string pads;
   for (size_t i = 0; i < out.size(); ++i) {
-    int64_t n = x.shape()[i] + padding[i].first + padding[i].second;
-    out[i] = n < window[i] ? 0 : (n - window[i]) / strides[i] + 1;
+    int64_t n = in[i] + padding[i].first + padding[i].second;
+    int64_t span = (window[i] - 1) * (dilations.empty() ? 1 : dilations[i]) + 1;
+    out[i] = n < span ? 0 : (n - span) / strides[i] + 1;
     pads += (i ? ", " : "") + std::string("[") + std::to_string(padding[i].first) + ", " +
             std::to_string(padding[i].second) + "]";
   }
+  std::vector<Type> region_types, result_types;
+  for (auto& x : xs) {
+    region_types.push_back(Type{x.dtype(), {}});
+    result_types.push_back(Type{x.dtype(), out});
+  }
+  for (auto& x : xs) region_types.push_back(Type{x.dtype(), {}});
+  std::vector<Value> operands = xs;
+  operands.insert(operands.end(), inits.begin(), inits.end());
   std::string name = fresh();
-  Type rt{x.dtype(), out};
-  body_ << std::string(depth_ * 2, ' ') << name << " = \"stablehlo.reduce_window\"(" << x.name
-        << ", " << init.name << ")";
-  emit_region({Type{x.dtype(), {}}, Type{x.dtype(), {}}},
-              [&](Builder& b, const std::vector<Value>& a) {
-                return std::vector<Value>{b.binary(op, a[0], a[1])};
-              });
-  body_ << " {window_dimensions = " << i64_array(window)
-        << ", window_strides = " << i64_array(strides) << ", padding = dense<["
-        << pads << "]> : tensor<" << out.size() << "x2xi64>} : " << sig({x, init}) << " -> "
-        << rt.str() << "\n";
-  return Value{name, rt};
+  body_ << std::string(depth_ * 2, ' ') << name
+        << (xs.size() > 1 ? ":" + std::to_string(xs.size()) : "") << " = \"stablehlo.reduce_window\"("
+        << names(operands) << ")";
+  emit_region(region_types, body);
+  body_ << " {window_dimensions = " << i64_array(window) << ", window_strides = " << i64_array(strides);
+  if (!dilations.empty()) body_ << ", window_dilations = " << i64_array(dilations);
+  body_ << ", padding = dense<[" << pads << "]> : tensor<" << out.size() << "x2xi64>} : "
+        << sig(operands) << " -> " << result_list(result_types) << "\n";
+  return multi(name, result_types);
 }
 
 std::vector<Value> Builder::while_loop(const std::vector<Value>& init, const RegionFn& cond,

@@ -83,6 +83,12 @@ class Builder {
   Value reduce_window(const Value& x, const Value& init, const Shape& window, const Shape& strides,
                       const std::vector<std::pair<int64_t, int64_t>>& padding,
                       const std::string& op);
+  // Several operands reduced together over each window (a value and its index, say);
+  // `dilations` spaces the window's taps (empty: 1); padding takes the init values.
+  std::vector<Value> reduce_window(const std::vector<Value>& xs, const std::vector<Value>& inits,
+                                   const Shape& window, const Shape& strides, const Shape& dilations,
+                                   const std::vector<std::pair<int64_t, int64_t>>& padding,
+                                   const RegionFn& body);
   // A loop over `init` (the carried state): `cond` returns a scalar i1 from the
   // state, `body` the next state. Returns the final state.
   std::vector<Value> while_loop(const std::vector<Value>& init, const RegionFn& cond,
