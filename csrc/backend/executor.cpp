@@ -70,6 +70,7 @@ static runtime::CompileEffort effort_of(const std::string& text) {
 static runtime::ProgramTraits traits_of(const std::string& text) {
   runtime::ProgramTraits t;
   t.largest_contraction_macs = ir::largest_contraction_macs(text);
+  t.largest_tensor_elements = ir::largest_tensor_elements(text);
   return t;
 }
 

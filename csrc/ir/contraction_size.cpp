@@ -138,4 +138,16 @@ int64_t largest_contraction_macs(const std::string& text) {
   return largest;
 }
 
+int64_t largest_tensor_elements(const std::string& text) {
+  int64_t most = 0;
+  Dims dims;
+  for (size_t pos = text.find("tensor<"); pos != std::string::npos; pos = text.find("tensor<", pos)) {
+    size_t at = pos;
+    if (!read_tensor(text, at, dims)) return -1;
+    most = std::max(most, product(dims));
+    pos = at;
+  }
+  return most;
+}
+
 }  // namespace tpu::ir

@@ -12,4 +12,9 @@ namespace tpu::ir {
 // external kernel's), so a caller treats the program as large.
 int64_t largest_contraction_macs(const std::string& text);
 
+// Elements of the largest tensor type anywhere in the program (arguments, results and
+// intermediates); -1 when one cannot be read (a dynamic dim), so a caller treats the
+// program as large.
+int64_t largest_tensor_elements(const std::string& text);
+
 }  // namespace tpu::ir

@@ -270,6 +270,15 @@ Client::Client() {
   }
   compile_options_ = portable_compile_options(CompileEffort::Full, overrides);
   compile_options_fast_ = portable_compile_options(CompileEffort::Fast, overrides);
+  if (platform_ == "cpu" && cpu_small_program_elements() > 0) {
+    auto small = overrides;
+    small.push_back({"xla_cpu_use_fusion_emitters", false});
+    compile_options_fast_small_ = portable_compile_options(CompileEffort::Fast, small);
+    if (cpu_threaded_macs() > 0) {
+      small.push_back({"xla_cpu_multi_thread_eigen", false});
+      compile_options_fast_small_one_thread_ = portable_compile_options(CompileEffort::Fast, small);
+    }
+  }
   if (platform_ == "cpu" && cpu_threaded_macs() > 0) {
     overrides.push_back({"xla_cpu_multi_thread_eigen", false});
     compile_options_one_thread_ = portable_compile_options(CompileEffort::Full, overrides);
@@ -611,6 +620,9 @@ const std::string& Client::compile_options_for(CompileEffort effort, const Progr
   bool one_thread = !compile_options_one_thread_.empty() && traits.largest_contraction_macs >= 0 &&
                     traits.largest_contraction_macs < cpu_threaded_macs();
   bool fast = effort == CompileEffort::Fast && !fast_rejected_;
+  bool small = fast && !compile_options_fast_small_.empty() && traits.largest_tensor_elements >= 0 &&
+               traits.largest_tensor_elements <= cpu_small_program_elements();
+  if (small) return one_thread ? compile_options_fast_small_one_thread_ : compile_options_fast_small_;
   if (one_thread) return fast ? compile_options_fast_one_thread_ : compile_options_one_thread_;
   return fast ? compile_options_fast_ : compile_options_;
 }

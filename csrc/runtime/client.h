@@ -255,6 +255,8 @@ class Client {
   std::string compile_options_, compile_options_fast_;  // CompileEffort Full, Fast
   // The same with single-threaded contractions (XLA CPU plugin, small programs); empty elsewhere.
   std::string compile_options_one_thread_, compile_options_fast_one_thread_;
+  // Fast compiles of small programs (cpu_small_program_elements), by one_thread; empty: none.
+  std::string compile_options_fast_small_, compile_options_fast_small_one_thread_;
   std::string plugin_path_;
   Counters counters_;
   std::atomic<bool> fast_rejected_{false};

@@ -11,6 +11,7 @@
 namespace tpu::runtime {
 namespace {
 
+constexpr int64_t kDefaultCpuSmallProgramElements = 4096;  // see benchmarks/RESULTS.md, session 33
 constexpr int64_t kDefaultCpuThreadedMacs = int64_t{1} << 25;  // 32M: a 320^3 matmul
 
 using proto_wire::put_bytes_field;
@@ -46,6 +47,14 @@ int fast_backend_level() {
     return s && *s ? std::atoi(s) : -1;
   }();
   return level;
+}
+
+int64_t cpu_small_program_elements() {
+  static const int64_t n = [] {
+    const char* s = std::getenv("TPU_CPU_SMALL_PROGRAM_ELEMENTS");
+    return s && *s ? std::max<int64_t>(0, std::atoll(s)) : kDefaultCpuSmallProgramElements;
+  }();
+  return n;
 }
 
 int64_t cpu_threaded_macs() {
