@@ -1,7 +1,9 @@
 // Regularized incomplete gamma functions P(a, x) (igamma) and Q(a, x) (igammac),
 // in float64 for every float dtype (CPU's bf16 results match float64's, rounded):
 // the power series of P where x < a + 1, else Lentz's continued fraction of Q, both
-// run in one while loop until every element has converged. Edge values (a or x
+// run in one while loop until every element has converged; for a >= 3e5, where the
+// series near x = a needs more terms than the loop allows, the leading term of Temme's
+// uniform asymptotic expansion (as CPU also uses for large a). Edge values (a or x
 // negative, zero or infinite) as the CPU kernel gives them.
 #include <cmath>
 
@@ -11,6 +13,28 @@ namespace tpu::lowering {
 namespace {
 
 using namespace sp;
+
+constexpr double kAsymptoticA = 3e5;
+
+// {P, Q} for large a: Q = erfc(eta sqrt(a/2)) / 2 + R and P = erfc(-eta sqrt(a/2)) / 2 - R,
+// R = exp(-a eta^2 / 2) / sqrt(2 pi a) * C0(eta), with eta^2 / 2 = mu - log1p(mu),
+// mu = (x - a) / a, eta of mu's sign, and C0 = 1/mu - 1/eta (its Taylor series near 0).
+// The next term is O(1/a) smaller: below 1e-11 of the result for a >= 3e5.
+std::pair<Value, Value> asymptotic_pq(Builder& b, const Value& a, const Value& x) {
+  Value mu = div(b, sub(b, x, a), a);
+  Value small = cmpk(b, abs_(b, mu), 1e-3, Cmp::LT);
+  Value h_series = mul(b, mul(b, mu, mu), horner(b, mu, {1.0 / 6, -0.2, 0.25, -1.0 / 3, 0.5}));
+  Value h = b.select(small, h_series, sub(b, mu, op1(b, "log_plus_one", mu)));  // eta^2 / 2
+  Value eta = mul(b, op1(b, "sign", mu), sqrt_(b, add(b, h, h)));
+  Value c0_series = horner(b, eta, {1.0 / 864, -2.0 / 135, 1.0 / 12, -1.0 / 3});
+  Value safe_mu = b.select(small, K(b, mu, 1), mu), safe_eta = b.select(small, K(b, eta, 1), eta);
+  Value c0 = b.select(small, c0_series, sub(b, div(b, K(b, mu, 1), safe_mu), div(b, K(b, eta, 1), safe_eta)));
+  Value r = mul(b, div(b, exp_(b, neg_(b, mul(b, a, h))), sqrt_(b, mul(b, K(b, a, 2 * M_PI), a))), c0);
+  Value z = mul(b, eta, sqrt_(b, mul(b, a, K(b, a, 0.5))));
+  auto erfc = [&](const Value& v) { return b.raw("chlo.erfc", {v}, "", v.type); };
+  Value half = K(b, a, 0.5);
+  return {sub(b, mul(b, half, erfc(neg_(b, z))), r), add(b, mul(b, half, erfc(z)), r)};
+}
 
 // {P, Q} for a, x > 0 finite.
 std::pair<Value, Value> incomplete_gamma(Builder& b, const Value& a, const Value& x) {
@@ -23,7 +47,8 @@ std::pair<Value, Value> incomplete_gamma(Builder& b, const Value& a, const Value
   Value bb0 = sub(b, add(b, x, K(b, x, 1)), a);
   Value d0 = div(b, K(b, a, 1), bb0);
   Value i0 = b.constant(1, DType::I32);
-  Value all_done = b.constant(0, DType::Bool, a.shape());
+  Value asym = cmpk(b, a, kAsymptoticA, Cmp::GE);
+  Value all_done = asym;  // the loop leaves these to the expansion
   auto st = b.while_loop(
       {i0, b.constant(1, DType::Bool), a, x, use_series, a, del0, del0, bb0, K(b, a, 1 / tiny), d0, d0,
        all_done},
@@ -66,7 +91,8 @@ std::pair<Value, Value> incomplete_gamma(Builder& b, const Value& a, const Value
   Value one = K(b, a, 1);
   Value p = b.select(use_series, p_ser, sub(b, one, q_cf));
   Value q = b.select(use_series, sub(b, one, p_ser), q_cf);
-  return {p, q};
+  auto big = asymptotic_pq(b, a, x);
+  return {b.select(asym, big.first, p), b.select(asym, big.second, q)};
 }
 
 // CPU's boundary values, for P (upper = false) or Q.
