@@ -95,6 +95,7 @@ torch.tpu.synchronize()
 r = {
     "small": options_of_next(lambda: (a * 0.375 + 2.5).cpu()),
     "large": options_of_next(lambda: (b * 0.375 + 2.5).cpu()),
+    "float8": options_of_next(lambda: a.to(torch.float8_e4m3fn).cpu()),
 }
 with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):
     r["fused_small"] = options_of_next(lambda: ((a * 0.625).exp() - 1.5).cpu())
@@ -111,5 +112,7 @@ def test_small_one_op_programs_compile_without_fusion_emitters(tmp_path):
                                              "DUMP": str(dump)})
     assert r["small"] and all(r["small"])
     assert r["large"] and not any(r["large"])
+    # Without the emitters XLA:CPU narrowed NaN to float8_e4m3fn as -448.
+    assert r["float8"] and not any(r["float8"])
     assert r["fused_small"] and not any(r["fused_small"])
     assert r["values"]

@@ -71,6 +71,7 @@ static runtime::ProgramTraits traits_of(const std::string& text) {
   runtime::ProgramTraits t;
   t.largest_contraction_macs = ir::largest_contraction_macs(text);
   t.largest_tensor_elements = ir::largest_tensor_elements(text);
+  t.uses_float8 = ir::uses_float8(text);
   return t;
 }
 

@@ -150,4 +150,6 @@ int64_t largest_tensor_elements(const std::string& text) {
   return most;
 }
 
+bool uses_float8(const std::string& text) { return text.find("f8E") != std::string::npos; }
+
 }  // namespace tpu::ir

@@ -17,4 +17,7 @@ int64_t largest_contraction_macs(const std::string& text);
 // program as large.
 int64_t largest_tensor_elements(const std::string& text);
 
+// Whether any tensor of the program has a float8 element type (f8E4M3FN, f8E5M2, ...).
+bool uses_float8(const std::string& text);
+
 }  // namespace tpu::ir

@@ -621,7 +621,7 @@ const std::string& Client::compile_options_for(CompileEffort effort, const Progr
                     traits.largest_contraction_macs < cpu_threaded_macs();
   bool fast = effort == CompileEffort::Fast && !fast_rejected_;
   bool small = fast && !compile_options_fast_small_.empty() && traits.largest_tensor_elements >= 0 &&
-               traits.largest_tensor_elements <= cpu_small_program_elements();
+               traits.largest_tensor_elements <= cpu_small_program_elements() && !traits.uses_float8;
   if (small) return one_thread ? compile_options_fast_small_one_thread_ : compile_options_fast_small_;
   if (one_thread) return fast ? compile_options_fast_one_thread_ : compile_options_one_thread_;
   return fast ? compile_options_fast_ : compile_options_;

@@ -27,13 +27,16 @@ struct CompileOverride {
 struct ProgramTraits {
   int64_t largest_contraction_macs = -1;  // multiply-adds of its largest dot/convolution; -1: unknown
   int64_t largest_tensor_elements = -1;   // elements of its largest tensor; -1: unknown
+  bool uses_float8 = false;               // any float8 element type
 };
 
 // TPU_CPU_SMALL_PROGRAM_ELEMENTS: on the XLA CPU plugin, a one-op (Fast) program whose
 // largest tensor has at most this many elements compiles without XLA:CPU's fusion
 // emitters (xla_cpu_use_fusion_emitters off): 35-50 % less compile time, and at these
 // sizes no measurable run time lost (larger programs ran 3-15 % slower without them).
-// 0 turns it off. Fused and compiled graphs always keep them.
+// 0 turns it off. Fused and compiled graphs always keep them, and so does a program with
+// float8 tensors: without the emitters XLA:CPU turned NaN into -448 when narrowing to
+// float8_e4m3fn (tests/test_quantized.py).
 int64_t cpu_small_program_elements();
 
 // TPU_CPU_THREADED_MACS: on the XLA CPU plugin, a program whose largest contraction has
