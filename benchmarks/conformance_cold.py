@@ -54,6 +54,29 @@ def measure(jobs, out, ops=None):
     return wall, results["summary"], results.get("timing", {}), cached
 
 
+# A fresh process compiles `x + 1` on 24 sizes, one program each, on its own thread with
+# the cache off: the median is XLA's fixed cost of one program, which every program the
+# run compiles pays at least.
+_FIXED_COST_PROBE = r"""
+import json, statistics, torch, torch_tpu
+each = []
+for n in range(3, 27):
+    x = torch.ones(n).to("tpu")
+    before = torch_tpu.metrics()["op_compile_seconds"]
+    (x + 1).cpu()
+    each.append(torch_tpu.metrics()["op_compile_seconds"] - before)
+print(json.dumps(statistics.median(each)))
+"""
+
+
+def fixed_compile_seconds():
+    """XLA's compile seconds for the simplest one-op program (median of 24)."""
+    env = dict(os.environ, TPU_COMPILE_CACHE="0", TPU_COMPILE_THREADS="0")
+    r = subprocess.run([sys.executable, "-c", _FIXED_COST_PROBE], cwd=ROOT, env=env, check=True,
+                       capture_output=True, text=True)
+    return float(r.stdout.strip().splitlines()[-1])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=2)
@@ -61,6 +84,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
     wall, summary, timing, cached = measure(args.jobs, os.path.join(args.out, "conformance_cold"), args.ops)
+    fixed = fixed_compile_seconds()
     result = {
         "minutes": wall / 60.0,
         "jobs": args.jobs,
@@ -76,6 +100,10 @@ def main():
         "entry_minutes": timing.get("entry_seconds", 0.0) / 60.0,
         "compile_minutes": timing.get("compile_seconds", 0.0) / 60.0,
         "slowest_entries": timing.get("slowest", []),
+        # Every program written pays at least the simplest program's compile: that, times
+        # the programs, over the jobs, is a floor of the run's wall set by XLA alone.
+        "simplest_program_compile_seconds": fixed,
+        "fixed_compile_floor_minutes": cached * fixed / args.jobs / 60.0,
         "fwd_error": summary["fwd"]["error"],
         "fwd_mismatch": summary["fwd"]["mismatch"],
         "date": datetime.datetime.now().isoformat(timespec="seconds"),

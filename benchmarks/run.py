@@ -734,6 +734,10 @@ def issue18_targets(rows, starts, bounds, probes, quick=False, cold_conformance=
     out["cold full conformance run: its XLA compiles over its jobs, minutes (an estimate of its floor)"] = (
         cold_conformance["compile_minutes"] / cold_conformance["jobs"]
         if full and cold_conformance.get("compile_minutes") else None)
+    out["cold full conformance run: its programs times the simplest program's compile, over its jobs, minutes "
+        "(XLA's fixed cost per program, a floor)"] = (
+        cold_conformance["fixed_compile_floor_minutes"]
+        if full and cold_conformance.get("fixed_compile_floor_minutes") else None)
     return out
 
 

@@ -157,10 +157,14 @@ def test_issue18_targets_are_each_a_value_and_whether_it_is_met():
     assert "| cold full conformance run, minutes (<= 20) | 25.000 | NO |" in md
     assert "conformance_cold.py's (D, commit C, M, 2 jobs): 600 entries, 500 forwards" in md
     assert t2["cold full conformance run: its XLA compiles over its jobs, minutes (an estimate of its floor)"] is None
-    timed = dict(cold, entry_minutes=40.0, compile_minutes=30.0, slowest_entries=[["isclose", 90.0, 70.0]])
+    timed = dict(cold, entry_minutes=40.0, compile_minutes=30.0, slowest_entries=[["isclose", 90.0, 70.0]],
+                 simplest_program_compile_seconds=0.02, fixed_compile_floor_minutes=7.5)
     t3 = bench.issue18_targets(rows, starts, bounds, probes, cold_conformance=timed)
     name = "cold full conformance run: its XLA compiles over its jobs, minutes (an estimate of its floor)"
     assert t3[name] == 15.0 and bench.met(name, t3[name]) is None
+    fixed = [k for k in t3 if "simplest program's compile" in k]
+    assert len(fixed) == 1 and t3[fixed[0]] == 7.5 and bench.met(fixed[0], 7.5) is None
+    assert t2[fixed[0]] is None
     md = bench.markdown([], [], {}, {"date": "d", "machine": "m", "plugin": "p", "steps": 1, "warmup": 1,
                                        "quick": False}, (), t3, probes, timed)
     assert "Entries took 40.0 min in all, 30.0 of them compiling; the slowest: isclose 90 s (70 s compiling)." in md
