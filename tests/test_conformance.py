@@ -114,3 +114,14 @@ def test_the_run_says_where_its_time_went(report, tmp_path):
             os.environ["TPU_COMPILE_CACHE_DIR"] = env
     assert pooled["entries_timed"] == 1 and pooled["slowest"][0][0] == "abs"
     assert pooled["entry_seconds"] > 0 and pooled["compile_seconds"] > 0
+
+
+def test_each_finished_sample_extends_its_entrys_deadline(monkeypatch):
+    # The timeout catches hangs: an entry with thousands of samples (max_pool2d's 7,200)
+    # earns time for each one it finishes, on top of its compiles.
+    reported = []
+    monkeypatch.setattr(conformance, "extend_deadline", reported.append)
+    conformance.run_entry(conformance.op_db()["add"], ("float32",), max_samples=3)
+    assert len(reported) == 3
+    assert all(b - a >= conformance.SAMPLE_ALLOWANCE_S - 1e-9 for a, b in zip(reported, reported[1:]))
+    assert reported[-1] >= 3 * conformance.SAMPLE_ALLOWANCE_S

@@ -35,7 +35,9 @@ and the summary counts value-verified entries apart from random ones; the backwa
 random op is skipped.
 Entries run in spawned worker processes with a per-entry timeout, so a crash or a hang
 costs one entry; the timeout counts the entry's run time, not its XLA compiles, so a run
-from an empty compile cache reaches the same verdicts as a warm one. `--baseline old.json
+from an empty compile cache reaches the same verdicts as a warm one, and each finished
+sample adds a little to it (SAMPLE_ALLOWANCE_S), so an entry with thousands of samples is
+not taken for a hang. `--baseline old.json
 --check` exits non-zero when an entry that was native in the baseline is not native now.
 """
 import argparse
@@ -69,6 +71,10 @@ DEFAULT_TOL = {torch.float32: (1e-4, 1e-4), torch.complex64: (1e-4, 1e-4),
                torch.bfloat16: (1e-2, 1.6e-2), torch.float16: (1e-3, 1e-3)}
 # Ops whose tensor arguments other than the input must stay on the CPU (as on CUDA).
 CPU_ARGS = {"tensor_split"}
+# Each finished sample adds this to its entry's deadline: the timeout is there to catch a
+# hang, and an entry with thousands of reference inputs (max_pool2d: 7,200 over its five
+# dtypes, about 9 ms of harness work each on one core) is not one.
+SAMPLE_ALLOWANCE_S = 0.02
 COMPILED = False  # --compiled: tpu samples run through torch.compile(backend="tpu")
 
 
@@ -593,7 +599,7 @@ def run_entry(op, dtypes=("float32",), max_samples=None) -> dict:
     of the OpInfo's reference inputs."""
     out = {}
     supported = op.supported_dtypes("cpu")
-    compiled_before = compile_seconds()
+    compiled_before, done = compile_seconds(), 0
     for name in dtypes:
         dtype = DTYPES[name]
         backward = name == "float32" and differentiable(op)
@@ -623,7 +629,8 @@ def run_entry(op, dtypes=("float32",), max_samples=None) -> dict:
             fwd.append(f)
             if b:
                 bwd.append(b)
-            extend_deadline(compile_seconds() - compiled_before)
+            done += 1
+            extend_deadline(compile_seconds() - compiled_before + done * SAMPLE_ALLOWANCE_S)
         out[name] = {"fwd": aggregate(fwd)}
         verify_random(op, out[name]["fwd"], name, fwd)
         if backward:
