@@ -2,6 +2,7 @@
 (DeferAndFuse, compiled mode); and the optional lower backend optimization for one-op
 programs (TPU_OP_OPT_LEVEL), which keeps values and has its own disk-cache entries."""
 
+import pytest
 import torch
 
 import torch_tpu
@@ -116,3 +117,29 @@ def test_small_one_op_programs_compile_without_fusion_emitters(tmp_path):
     assert r["float8"] and not any(r["float8"])
     assert r["fused_small"] and not any(r["fused_small"])
     assert r["values"]
+
+
+NAN_EDGES = [float("nan"), -4.0, -1.0, 0.25, 0.5, 2.0, 7.0, float("inf"), -float("inf")]
+CLAMPING = {
+    "hardsigmoid": torch.nn.functional.hardsigmoid,
+    "hardswish": torch.nn.functional.hardswish,
+    "relu6": torch.nn.functional.relu6,
+    "hardtanh": torch.nn.functional.hardtanh,
+    "logit_eps": lambda t: torch.logit(t, eps=0.1),
+    "max_then_min": lambda t: torch.minimum(torch.maximum(t, torch.zeros_like(t)), torch.ones_like(t)),
+}
+
+
+@pytest.mark.parametrize("mode", [torch_tpu.EagerMode.DEFER_NEVER, torch_tpu.EagerMode.DEFER_AND_FUSE], ids=str)
+@pytest.mark.parametrize("n", [9, 9 * 600], ids=["small", "large"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_nan_passes_through_max_min_and_the_clamps_xla_forms(mode, n, dtype):
+    # XLA folds max/min with constant bounds into a clamp; with the CPU plugin's default
+    # fast min/max, its own emitters (small one-op programs) turned NaN into the bound:
+    # hardsigmoid(NaN) gave 0 and logit(NaN, eps) gave logit(eps).
+    x = torch.tensor(NAN_EDGES, dtype=dtype).repeat(n // len(NAN_EDGES))
+    with torch_tpu.set_eager_mode(mode):
+        for name, f in CLAMPING.items():
+            want, got = f(x), f(x.to("tpu")).cpu()
+            assert torch.equal(got.isnan(), want.isnan()), f"{name}: {got[:9].tolist()} vs {want[:9].tolist()}"
+            torch.testing.assert_close(got, want, equal_nan=True, msg=name)
