@@ -310,3 +310,13 @@ def test_other_ops_still_refuse_cpu_index_tensors():
     with pytest.raises(RuntimeError, match="index_select: expected all tensors on the same device"):
         torch.index_select(x, 0, torch.tensor([1, 2]))
     assert x.sum().item() == 15.0  # still usable
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_hypot_of_nan_is_nan_unless_the_other_is_infinite(dtype):
+    # Its scaling takes max and min of |a| and |b|; a dropped NaN gave hypot(1, NaN) = sqrt 2.
+    n, i = float("nan"), float("inf")
+    a = torch.tensor([n, 1.0, n, i, -i, n, 0.0, 3.0, -0.0, 1e-30], dtype=dtype)
+    b = torch.tensor([1.0, n, n, n, n, i, n, 4.0, 0.0, 1e-30], dtype=dtype)
+    for x, y in ((a, b), (a.repeat(600), b.repeat(600))):
+        torch.testing.assert_close(torch.hypot(x.to("tpu"), y.to("tpu")).cpu(), torch.hypot(x, y), equal_nan=True)

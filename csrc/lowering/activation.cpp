@@ -67,7 +67,7 @@ TPU_LOWER(prelu_backward_rule, "_prelu_kernel_backward") {
 }
 TPU_LOWER(hardtanh_rule, "hardtanh") {
   return map_exact(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) {
-    return op2(b, "minimum", op2(b, "maximum", x[0], x[1]), x[2]);
+    return nan_minmax(b, nan_minmax(b, x[0], x[1], "maximum"), x[2], "minimum");
   });
 }
 TPU_LOWER(hardtanh_backward_rule, "hardtanh_backward") {  // zero at and beyond the bounds
@@ -166,8 +166,8 @@ TPU_LOWER(mish_rule, "mish") {
 }
 TPU_LOWER(hardsigmoid_rule, "hardsigmoid") {  // clamp(x + 3, 0, 6) / 6
   return map(ctx, {0}, [](Builder& b, const Vs& x) {
-    Value r = op2(b, "maximum", add(b, x[0], cst(b, x[0], 3)), zero(b, x[0]));
-    return div(b, op2(b, "minimum", r, cst(b, r, 6)), cst(b, r, 6));
+    Value r = nan_minmax(b, add(b, x[0], cst(b, x[0], 3)), zero(b, x[0]), "maximum");
+    return div(b, nan_minmax(b, r, cst(b, r, 6), "minimum"), cst(b, r, 6));
   });
 }
 TPU_LOWER(hardsigmoid_backward_rule, "hardsigmoid_backward") {  // grad / 6 inside (-3, 3)
@@ -180,8 +180,8 @@ TPU_LOWER(hardsigmoid_backward_rule, "hardsigmoid_backward") {  // grad / 6 insi
 TPU_LOWER(hardswish_rule, "hardswish") {  // x * clamp(x + 3, 0, 6) / 6
   require_float(ctx, 0, "hardswish");
   return map(ctx, {0}, [](Builder& b, const Vs& x) {
-    Value r = op2(b, "maximum", add(b, x[0], cst(b, x[0], 3)), zero(b, x[0]));
-    return div(b, mul(b, x[0], op2(b, "minimum", r, cst(b, r, 6))), cst(b, r, 6));
+    Value r = nan_minmax(b, add(b, x[0], cst(b, x[0], 3)), zero(b, x[0]), "maximum");
+    return div(b, mul(b, x[0], nan_minmax(b, r, cst(b, r, 6), "minimum")), cst(b, r, 6));
   });
 }
 TPU_LOWER(hardswish_backward_rule, "hardswish_backward") {  // 0 up to -3, x/3 + 1/2 below 3

@@ -19,6 +19,12 @@ Value op2(Builder& b, const char* op, const Value& x, const Value& y) {
 }
 Value cmp(Builder& b, const Value& x, const Value& y, Cmp c) { return b.compare(x, y, c); }
 Value cmpk(Builder& b, const Value& x, double k, Cmp c) { return b.compare(x, cst(b, x, k), c); }
+Value nan_minmax(Builder& b, const Value& x, const Value& y, const char* op) {
+  Value r = op2(b, op, x, y);
+  if (!is_float(r.dtype())) return r;
+  r = b.select(b.compare(y, y, Cmp::NE), y, r);
+  return b.select(b.compare(x, x, Cmp::NE), x, r);
+}
 
 // f16/bf16 do their math in f32; bool arithmetic runs on integers and is narrowed
 // back to bool (nonzero) by the final convert.
@@ -167,12 +173,6 @@ Value floor_div(Builder& b, const Value& a, const Value& d, DType t) {
 
 // max/min that propagate NaN from either side (XLA:CPU's maximum/minimum drop it),
 // as PyTorch's maximum, minimum and clamp.
-Value nan_minmax(Builder& b, const Value& x, const Value& y, const char* op) {
-  Value r = op2(b, op, x, y);
-  if (!flt(r)) return r;
-  r = b.select(isnan_(b, y), y, r);
-  return b.select(isnan_(b, x), x, r);
-}
 Value trunc_(Builder& b, const Value& x) {
   if (!flt(x)) return x;
   return b.select(cmpk(b, x, 0, Cmp::LT), op1(b, "ceil", x), op1(b, "floor", x));
@@ -341,7 +341,7 @@ TPU_LOWER(log10_rule, "log10") {
 TPU_LOWER(hypot_rule, "hypot") {
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
     Value a = op1(b, "abs", x[0]), c = op1(b, "abs", x[1]);
-    Value hi = op2(b, "maximum", a, c), lo = op2(b, "minimum", a, c);
+    Value hi = nan_minmax(b, a, c, "maximum"), lo = nan_minmax(b, a, c, "minimum");
     Value r = div(b, lo, hi);
     Value h = mul(b, hi, op1(b, "sqrt", add(b, cst(b, r, 1), mul(b, r, r))));
     h = b.select(cmpk(b, hi, 0, Cmp::EQ), hi, h);
@@ -380,7 +380,7 @@ TPU_LOWER(logit_rule, "logit") {
   return map(ctx, {0}, [eps, ot](Builder& b, const Vs& x) {
     Value z = x[0];
     auto bound = [&](double v) { return b.convert(b.convert(cst(b, z, v), ot), z.dtype()); };
-    if (eps >= 0) z = op2(b, "minimum", op2(b, "maximum", z, bound(eps)), bound(1 - eps));
+    if (eps >= 0) z = nan_minmax(b, nan_minmax(b, z, bound(eps), "maximum"), bound(1 - eps), "minimum");
     return op1(b, "log", div(b, z, sub(b, cst(b, z, 1), z)));
   });
 }

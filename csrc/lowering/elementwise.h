@@ -15,6 +15,9 @@ Value op1(Builder& b, const char* op, const Value& x);                     // "e
 Value op2(Builder& b, const char* op, const Value& x, const Value& y);     // "maximum" ...
 Value cmp(Builder& b, const Value& x, const Value& y, ir::Cmp c);
 Value cmpk(Builder& b, const Value& x, double k, ir::Cmp c);
+// "maximum"/"minimum" with a NaN operand giving NaN, whatever the backend's min/max does
+// with NaN (XLA:CPU's fast min/max, and the clamp XLA folds a max/min pair into, drop it).
+Value nan_minmax(Builder& b, const Value& x, const Value& y, const char* op);
 // f16/bf16 compute in f32; bool arithmetic in i32.
 DType math_type(DType t);
 // Argument i (Tensor or Scalar) as dtype t broadcast to `shape`.

@@ -264,11 +264,6 @@ Client::Client() {
   platform_.assign(pn.platform_name, pn.platform_name_size);
   std::vector<CompileOverride> overrides;
   if (platform_ == "cpu") {
-    // PyTorch's max, min and clamp propagate NaN. The plugin's default (fast min/max)
-    // does not where XLA's own emitters run (one-op programs without fusion emitters,
-    // see cpu_small_program_elements): a clamp XLA formed from max/min turned NaN into
-    // its bound (hardsigmoid(NaN) gave 0, logit(NaN, eps) gave logit(eps)).
-    overrides.push_back({"xla_cpu_enable_fast_min_max", false});
     const char* donate = std::getenv("TPU_FUSE_DONATE");
     donation_safe_ = donate != nullptr && std::string(donate) == "1";
     if (donation_safe_) overrides.push_back({"xla_cpu_use_xnnpack", false});
