@@ -124,6 +124,7 @@ CLAMPING = {
     "hardsigmoid": torch.nn.functional.hardsigmoid,
     "hardswish": torch.nn.functional.hardswish,
     "relu6": torch.nn.functional.relu6,
+    "relu_then_min": lambda t: torch.nn.functional.relu(t).clamp_max(1),
     "hardtanh": torch.nn.functional.hardtanh,
     "logit_eps": lambda t: torch.logit(t, eps=0.1),
     "max_then_min": lambda t: torch.minimum(torch.maximum(t, torch.zeros_like(t)), torch.ones_like(t)),

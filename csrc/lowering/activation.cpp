@@ -35,7 +35,7 @@ std::vector<Value> map_exact(Ctx& ctx, const std::vector<int>& idx, const MapFn&
 
 TPU_LOWER(relu_rule, "relu") {
   if (ctx.type_of(0).dtype == DType::Bool) throw std::invalid_argument("Boolean inputs not supported for relu");
-  return map(ctx, {0}, [](Builder& b, const Vs& x) { return op2(b, "maximum", x[0], zero(b, x[0])); });
+  return map(ctx, {0}, [](Builder& b, const Vs& x) { return nan_minmax(b, x[0], zero(b, x[0]), "maximum"); });
 }
 TPU_LOWER(threshold_rule, "threshold") {  // x <= threshold ? value : x
   return map_exact(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return when(b, x[0], Cmp::LE, x[1], x[2], x[0]); });
