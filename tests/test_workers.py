@@ -1,6 +1,8 @@
 """The tools' worker pool: a worker that exits between two jobs costs no job and no run."""
 import time
 
+import pytest
+
 from torch_tpu._workers import Pool
 
 
@@ -26,6 +28,8 @@ def job_mostly_compiling(key):
         time.sleep(0.5)
         if key == "reports":
             _workers.extend_deadline(0.5 * step)
+        elif key == "progress":  # no compiles, but progress earns time (conformance's samples)
+            _workers.extend_deadline(0.0, 0.5 * step)
     return key
 
 
@@ -34,10 +38,13 @@ def test_a_job_deadline_moves_past_the_time_it_reports_but_still_catches_a_hang(
     # compile time finishes; the same job without reports is killed at its deadline.
     pool = Pool(1, ("test_workers", "job_mostly_compiling"), (), str(tmp_path / "workers.log"))
     try:
-        got = {key: msg for key, _, msg in pool.map(["reports", "silent"], timeout=1.2)}
+        got = {key: msg for key, _, msg in pool.map(["reports", "silent", "progress"], timeout=1.2)}
+        seconds = dict(pool.job_seconds)
     finally:
         pool.close()
-    assert got == {"reports": "", "silent": "timeout"}
+    assert got == {"reports": "", "silent": "timeout", "progress": ""}
+    # The allowance moves the deadline but is not compile time.
+    assert seconds["reports"][1] == pytest.approx(2.0) and seconds["progress"][1] == 0.0
 
 
 def job_in_one_long_compile(key):

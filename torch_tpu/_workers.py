@@ -19,12 +19,14 @@ import traceback
 _conn = None  # this worker's pipe to the pool, while it runs a job
 
 
-def extend_deadline(seconds: float):
+def extend_deadline(seconds: float, allowance: float = 0.0):
     """Tells the pool that `seconds` of the running job so far were not the job's own
-    work (compiling): its deadline becomes its start + timeout + seconds. Only a job that
-    keeps reporting gets more time, so a hang is still caught. No-op outside a worker."""
+    work (compiling), and that its progress earned `allowance` more: its deadline becomes
+    its start + timeout + seconds + allowance (only `seconds` is recorded as compiling).
+    Only a job that keeps reporting gets more time, so a hang is still caught. No-op
+    outside a worker."""
     if _conn is not None:
-        _conn.send(("extend", float(seconds)))
+        _conn.send(("extend", float(seconds), float(allowance)))
 
 
 def first_line(e: BaseException) -> str:
@@ -144,7 +146,7 @@ class Pool:
                     w[3] = True
                 elif msg[0] == "extend":
                     if w[1]:
-                        w[2], w[5] = w[4] + timeout + msg[1], msg[1]
+                        w[2], w[5] = w[4] + timeout + msg[1] + (msg[2] if len(msg) > 2 else 0.0), msg[1]
                 elif msg[0] == "done":
                     w[1] = None
                     self.job_seconds[msg[1]] = (time.monotonic() - w[4], self.compile_seconds(w))
