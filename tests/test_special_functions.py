@@ -192,3 +192,13 @@ def test_subnormal_arguments():
                torch.special.modified_bessel_k0, torch.special.modified_bessel_k1,
                torch.special.scaled_modified_bessel_k0, torch.special.scaled_modified_bessel_k1):
         check(fn, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_digamma_pole_at_zero_takes_the_sign_of_minus_zero(dtype):
+    # CPU: copysign(inf, -x) at zero, so -inf at +0 and +inf at -0; NaN at negative integers.
+    x = torch.tensor([0.0, -0.0, -1.0, -2.0, 1e-30, -1e-30, 1.0, -0.5], dtype=dtype)
+    for f in (torch.digamma, lambda t: torch.polygamma(0, t)):
+        got, want = f(x.to("tpu")).cpu(), f(x)
+        assert torch.equal(torch.signbit(got[:2]), torch.signbit(want[:2]))
+        torch.testing.assert_close(got, want, equal_nan=True)

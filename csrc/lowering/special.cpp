@@ -15,7 +15,7 @@ TPU_LOWER(lgamma_rule, "lgamma") {
   return map(ctx, {0}, [](Builder& b, const Vs& x) { return chlo(b, "chlo.lgamma", {x[0]}); });
 }
 
-// digamma like PyTorch: -inf at 0, NaN at negative integers, and for other negative x
+// digamma like PyTorch: -inf at +0 (+inf at -0), NaN at negative integers, and for other negative x
 // the reflection psi(x) = psi(1 - x) - pi / tan(pi * frac(x)), whose tangent of the
 // fractional part stays accurate far from zero.
 static Value digamma(Builder& b, const Value& x) {
@@ -27,7 +27,9 @@ static Value digamma(Builder& b, const Value& x) {
   r = b.select(neg, op2(b, "subtract", r, refl), r);
   Value integer = cmp(b, op1(b, "floor", x), x, ir::Cmp::EQ);
   r = b.select(b.binary("stablehlo.and", neg, integer), cst(b, x, NAN), r);
-  return b.select(cmpk(b, x, 0, ir::Cmp::EQ), cst(b, x, -INFINITY), r);
+  // At zero -1/x: -inf at +0 and +inf at -0, as CPU's copysign(inf, -x).
+  Value pole = op1(b, "negate", op2(b, "divide", cst(b, x, 1), x));
+  return b.select(cmpk(b, x, 0, ir::Cmp::EQ), pole, r);
 }
 
 TPU_LOWER(digamma_rule, "digamma") {
