@@ -202,3 +202,14 @@ def test_digamma_pole_at_zero_takes_the_sign_of_minus_zero(dtype):
         got, want = f(x.to("tpu")).cpu(), f(x)
         assert torch.equal(torch.signbit(got[:2]), torch.signbit(want[:2]))
         torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_polygamma_far_left_of_zero(n):
+    # Past x = -24 the recurrence's shift stays negative; the reflection formula gives these
+    # (polygamma(4, -1001.2) was -6e-12 where CPU gives 74,912.6).
+    x = torch.tensor([-1001.2, -1001.7, -25.3, -30.5, -100.01, -24.5, -9999.63, -50.25, -40.001], dtype=torch.float64)
+    torch.testing.assert_close(torch.polygamma(n, x.to("tpu")).cpu(), torch.polygamma(n, x), rtol=1e-8, atol=0)
+    x32 = x.float()  # against float64 at the same (rounded) inputs
+    want = torch.polygamma(n, x32.double()).float()
+    torch.testing.assert_close(torch.polygamma(n, x32.to("tpu")).cpu(), want, rtol=5e-5, atol=0)

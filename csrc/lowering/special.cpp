@@ -47,6 +47,7 @@ TPU_LOWER(polygamma_rule, "polygamma") {
     // psi_n(x) = psi_n(x + K) + (-1)^(n+1) n! sum_{j<K} (x + j)^-(n+1).
     constexpr int K = 24;
     Value neg = cmpk(b, x[0], 0, ir::Cmp::LT);
+    Value far = cmpk(b, x[0], -K, ir::Cmp::LT);
     Value shifted = b.select(neg, op2(b, "add", x[0], cst(b, x[0], K)), x[0]);
     Value r = chlo(b, "chlo.polygamma", {cst(b, x[0], static_cast<double>(n)), shifted});
     Value sum = cst(b, x[0], 0);
@@ -56,6 +57,33 @@ TPU_LOWER(polygamma_rule, "polygamma") {
     for (int64_t k = 2; k <= n; ++k) fact *= static_cast<double>(k);
     Value corr = op2(b, "multiply", sum, cst(b, x[0], (n % 2 ? 1.0 : -1.0) * fact));
     r = b.select(neg, op2(b, "add", r, corr), r);
+    // Past -K the shift stays negative: the reflection
+    // psi_n(x) = (-1)^n psi_n(1 - x) - pi d^n/dx^n cot(pi x), the derivative a polynomial
+    // in c = cot(pi x) (d/dx c = -pi (1 + c^2)), with pi x reduced to its fractional part.
+    std::vector<double> poly = {0, 1};  // coefficients of c^0, c^1, ...
+    for (int64_t k = 0; k < n; ++k) {
+      std::vector<double> next(poly.size() + 2, 0.0);
+      for (size_t i = 1; i < poly.size(); ++i) {  // d/dc c^i = i c^(i-1), times -pi (1 + c^2)
+        next[i - 1] += -M_PI * i * poly[i];
+        next[i + 1] += -M_PI * i * poly[i];
+      }
+      poly = next;
+    }
+    Value frac = op2(b, "subtract", x[0], b.unary("stablehlo.round_nearest_afz", x[0]));
+    // cot(pi f) = 1 / tan(pi |f|) near 0, tan(pi (1/2 - |f|)) near 1/2 (exactly 0 at half
+    // integers, where an even n's term vanishes), signed as f.
+    Value af = op1(b, "abs", frac);
+    Value near0 = op2(b, "divide", cst(b, x[0], 1), op1(b, "tan", op2(b, "multiply", cst(b, x[0], M_PI), af)));
+    Value near_half = op1(b, "tan", op2(b, "multiply", cst(b, x[0], M_PI), op2(b, "subtract", cst(b, x[0], 0.5), af)));
+    Value c = b.select(cmpk(b, af, 0.25, ir::Cmp::LT), near0, near_half);
+    c = b.select(cmpk(b, frac, 0, ir::Cmp::LT), op1(b, "negate", c), c);
+    Value d = cst(b, x[0], poly.back());
+    for (size_t i = poly.size() - 1; i-- > 0;) d = op2(b, "add", op2(b, "multiply", d, c), cst(b, x[0], poly[i]));
+    Value mirror = chlo(b, "chlo.polygamma", {cst(b, x[0], static_cast<double>(n)),
+                                              op2(b, "subtract", cst(b, x[0], 1), x[0])});
+    Value refl = op2(b, "subtract", op2(b, "multiply", mirror, cst(b, x[0], n % 2 ? -1.0 : 1.0)),
+                     op2(b, "multiply", d, cst(b, x[0], M_PI)));
+    r = b.select(far, refl, r);
     Value pole = b.binary("stablehlo.and", cmpk(b, x[0], 0, ir::Cmp::LE),
                           cmp(b, op1(b, "floor", x[0]), x[0], ir::Cmp::EQ));
     r = b.select(pole, cst(b, x[0], n % 2 ? INFINITY : -INFINITY), r);
