@@ -107,6 +107,25 @@ def test_declined_or_recursing_decomposition_takes_a_counted_host_round_trip():
         assert _decompositions.fallbacks["aten::nansum"] == before + 1
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_reflect_and_replicate_padding_write_their_out_in_every_float_dtype(dtype, mode, dims):
+    # The functional pads reach their out= decomposition, whose upcasting wrapper
+    # computes into a float32 copy of `out`: in half precision `out` stayed as allocated
+    # (zeros) unless the kernel writes the result into it.
+    x = randn(2, *([3] * (dims + 1))).to(dtype)
+    pad = (1, 2) * dims
+    with native():
+        got = F.pad(dev(x), pad, mode=mode)
+        out = dev(torch.full([2, 3] + [6] * dims, 7.0, dtype=dtype))
+        name = ("reflection" if mode == "reflect" else "replication") + f"_pad{dims}d"
+        ret = getattr(torch.ops.aten, name).out(dev(x), list(pad), out=out)
+    assert ret is out
+    torch.testing.assert_close(host(got), F.pad(x, pad, mode=mode), rtol=0, atol=0)
+    torch.testing.assert_close(host(out), F.pad(x, pad, mode=mode), rtol=0, atol=0)
+
+
 def test_always_recursing_decompositions_are_not_registered():
     assert "aten::special_bessel_j0.out" not in _decompositions.registered
 

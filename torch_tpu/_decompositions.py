@@ -146,7 +146,50 @@ def _host(op, args, kwargs, why):
     return pytree.tree_map(up, out)
 
 
+def _written_returns(op) -> list:
+    """(return index, argument index, argument name) for each return that aliases an
+    argument the op writes (out=, in-place)."""
+    s = op._schema
+    pairs = []
+    for ri, r in enumerate(s.returns):
+        if r.alias_info is None or not r.alias_info.is_write:
+            continue
+        for ai, a in enumerate(s.arguments):
+            if (a.alias_info is not None and a.alias_info.is_write
+                    and set(a.alias_info.before_set) == set(r.alias_info.before_set)):
+                pairs.append((ri, ai, a.name))
+    return pairs
+
+
+def _same_memory(a, b) -> bool:
+    """is_set_to without its op call (which has no tpu kernel)."""
+    return (a.untyped_storage()._cdata == b.untyped_storage()._cdata
+            and a.storage_offset() == b.storage_offset() and a.shape == b.shape
+            and a.stride() == b.stride() and a.dtype == b.dtype)
+
+
+def _into_written(op, pairs, args, kwargs, r):
+    """Some decompositions return their result without writing the argument the op
+    writes: an upcasting wrapper around out= computes into a float32 copy of `out` and
+    returns that, cast back (reflection_pad1d.out in bfloat16 left `out` unwritten). The
+    result goes into the argument here, which is what the op returns."""
+    many = len(op._schema.returns) > 1
+    rs = list(r) if many else [r]
+    for ri, ai, name in pairs:
+        dest = kwargs[name] if name in kwargs else (args[ai] if ai < len(args) else None)
+        got = rs[ri]
+        if (isinstance(dest, torch.Tensor) and isinstance(got, torch.Tensor) and got is not dest
+                and not _same_memory(dest, got)):
+            if dest.shape != got.shape:
+                dest.resize_(got.shape)
+            dest.copy_(got)
+            rs[ri] = dest
+    return tuple(rs) if many else rs[0]
+
+
 def _kernel(op, decomp):
+    pairs = _written_returns(op)
+
     def kernel(*args, **kwargs):
         active = getattr(_state, "active", None)
         if active is None:
@@ -164,7 +207,7 @@ def _kernel(op, decomp):
             active.discard(op)
         if r is NotImplemented:
             return _host(op, args, kwargs, "its decomposition declined these arguments")
-        return r
+        return _into_written(op, pairs, args, kwargs, r) if pairs else r
     return untraced(kernel)
 
 
