@@ -320,3 +320,24 @@ def test_hypot_of_nan_is_nan_unless_the_other_is_infinite(dtype):
     b = torch.tensor([1.0, n, n, n, n, i, n, 4.0, 0.0, 1e-30], dtype=dtype)
     for x, y in ((a, b), (a.repeat(600), b.repeat(600))):
         torch.testing.assert_close(torch.hypot(x.to("tpu"), y.to("tpu")).cpu(), torch.hypot(x, y), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8], ids=str)
+def test_integer_pow_wraps_as_cpu_and_takes_negative_exponents_of_minus_one(dtype):
+    # XLA's integer power squares only a few times (1113 ** 1113 came out wrong) and gives
+    # 0 for (-1) ** -n; CPU squares over every exponent bit, wrapping, and gives +-1 there.
+    signed = dtype != torch.uint8
+    top = {torch.int8: 127, torch.uint8: 255}.get(dtype, 20000)
+    g = torch.Generator().manual_seed(0)
+    b = torch.randint(-30 if signed else 0, 30, (3000,), generator=g).to(dtype)
+    e = torch.randint(-5 if signed else 0, top, (3000,), generator=g).to(dtype)
+    if signed:
+        b[:6] = torch.tensor([-1, -1, 1, 0, -1, 2], dtype=dtype)
+        e[:6] = torch.tensor([-1, -2, -3, -4, -127, -1], dtype=dtype)
+    if dtype in (torch.int32, torch.int64):
+        b[6:10] = torch.tensor([-1113, 1113, -1113, 1113], dtype=dtype)
+        e[6:10] = torch.tensor([1113, 1113, 10701, 10701], dtype=dtype)
+    bt, et = b.to("tpu"), e.to("tpu")
+    assert torch.equal((bt ** et).cpu(), b ** e)
+    assert torch.equal((3 ** et).cpu(), 3 ** e)  # pow.Scalar
+    assert torch.equal((bt ** 100).cpu(), b ** 100)  # pow.Tensor_Scalar

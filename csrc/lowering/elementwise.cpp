@@ -277,13 +277,40 @@ TPU_LOWER(fmod_rule, "fmod.Tensor", "fmod.Scalar") {
   check_int_divisor(ctx);
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "remainder", x[0], x[1]); });
 }
+namespace {
+// Integer power as CPU computes it: by squaring over every bit of the exponent, wrapping
+// on overflow (XLA's integer power squares only a few times, so 1113^1113 came out
+// wrong), and for a negative exponent 1 from base 1, +-1 from base -1, else 0 (XLA gave
+// 0 for (-1)^-n).
+Value int_pow(Builder& b, const Value& base, const Value& e) {
+  DType t = base.dtype();
+  int bits = static_cast<int>(8 * itemsize(t));
+  if (is_signed_int(t)) bits -= 1;  // a negative exponent takes the select below
+  Value one = cst(b, base, 1);
+  Value acc = one, square = base;
+  for (int i = 0; i < bits; ++i) {
+    Value bit = op2(b, "and", op2(b, "shift_right_logical", e, cst(b, e, i)), one);
+    acc = b.select(cmpk(b, bit, 1, Cmp::EQ), mul(b, acc, square), acc);
+    if (i + 1 < bits) square = mul(b, square, square);
+  }
+  if (!is_signed_int(t)) return acc;
+  Value odd = cmpk(b, op2(b, "and", e, one), 1, Cmp::EQ);
+  Value minus_one_to_e = b.select(odd, cst(b, base, -1), one);
+  Value negative = b.select(cmpk(b, base, 1, Cmp::EQ), one,
+                            b.select(cmpk(b, base, -1, Cmp::EQ), minus_one_to_e, cst(b, base, 0)));
+  return b.select(cmpk(b, e, 0, Cmp::LT), negative, acc);
+}
+}  // namespace
+
 // pow_.Tensor is the in-place Tensor_Tensor (its overload name differs).
 TPU_LOWER(pow_rule, "pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", "pow_.Tensor") {
   // CPU rejects an integer tensor to a negative integer Scalar (a runtime operand: checked on the device).
   if (ctx.is_tensor(0) && !ctx.is_tensor(1) && is_integral(ctx.out(0).dtype) && !ctx.scalar_is_float(1))
     ctx.check(cmpk(ctx.b, ctx.scalar(1, DType::I64), 0, Cmp::GE),
               "RuntimeError: pow: Integers to negative integer powers are not allowed.");
-  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "power", x[0], x[1]); });
+  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
+    return is_integral(x[0].dtype()) ? int_pow(b, x[0], x[1]) : op2(b, "power", x[0], x[1]);
+  });
 }
 TPU_LOWER(neg_rule, "neg") { return map(ctx, {0}, [](Builder& b, const Vs& x) { return op1(b, "negate", x[0]); }); }
 TPU_LOWER(abs_rule, "abs") {
