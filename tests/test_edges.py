@@ -341,3 +341,32 @@ def test_integer_pow_wraps_as_cpu_and_takes_negative_exponents_of_minus_one(dtyp
     assert torch.equal((bt ** et).cpu(), b ** e)
     assert torch.equal((3 ** et).cpu(), 3 ** e)  # pow.Scalar
     assert torch.equal((bt ** 100).cpu(), b ** 100)  # pow.Tensor_Scalar
+
+
+ARGUMENT_ERRORS = {
+    "complex_of_two_dtypes": (lambda d: torch.complex(torch.ones(2, device=d),
+                                                      torch.ones(2, dtype=torch.float64, device=d)),
+                              "f64"),
+    "conv3d_negative_padding": (lambda d: F.conv3d(torch.ones(1, 1, 4, 4, 4, device=d),
+                                                   torch.ones(1, 1, 2, 2, 2, device=d), padding=-1),
+                                "negative padding"),
+    "conv_transpose2d_negative_padding": (lambda d: F.conv_transpose2d(torch.ones(1, 1, 4, 4, device=d),
+                                                                       torch.ones(1, 1, 2, 2, device=d),
+                                                                       padding=-1), "negative padding"),
+    "as_strided_scatter_outside": (lambda d: torch.as_strided_scatter(
+        torch.ones(16, device=d), torch.ones(2, 2, device=d), (2, 2), (200, 200)), "reaches element 400"),
+    "as_strided_scatter_offset_outside": (lambda d: torch.as_strided_scatter(
+        torch.ones(16, device=d), torch.ones(2, 2, device=d), (2, 2), (4, 1), 11), "offset 11"),
+    "as_strided_scatter_last_element": (lambda d: torch.as_strided_scatter(
+        torch.ones(16, device=d), 2 * torch.ones(2, 2, device=d), (2, 2), (4, 1), 10), None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ARGUMENT_ERRORS))
+def test_invalid_arguments_raise_as_cpu_and_leave_the_inputs_usable(case):
+    # These computed something on tpu (a promoted complex, a cropping convolution, a write
+    # outside self) where CPU raises.
+    fn, match = ARGUMENT_ERRORS[case]
+    _same_as_cpu(fn, match)
+    x = torch.arange(4.0, device="tpu")
+    assert (x + 1).cpu().tolist() == [1.0, 2.0, 3.0, 4.0]

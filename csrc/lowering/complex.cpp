@@ -85,6 +85,10 @@ Value real_angle(Builder& b, const Value& x) {
 // ---- ops of their own ---------------------------------------------------------------
 
 TPU_LOWER(complex_rule, "complex") {
+  DType re = ctx.type_of(0).dtype, im = ctx.type_of(1).dtype;
+  if (re != im)  // CPU does not promote the parts
+    throw std::invalid_argument("complex: real is " + std::string(mlir_name(re)) + " but imag is " +
+                                mlir_name(im) + ": the parts must have one dtype");
   Type o = ctx.out(0);
   DType p = part_of(o.dtype);
   return {cplx(ctx.b, coerce(ctx.b, ctx.in(0), p, o.shape), coerce(ctx.b, ctx.in(1), p, o.shape))};

@@ -578,6 +578,9 @@ static ConvArgs conv_args(Ctx& ctx, int64_t n, int first) {
   a.dil = fill(ctx.ints(first + 2), 1);
   a.out_pad = fill(ctx.ints(first + 4), 0);
   a.groups = ctx.i(first + 5);
+  // CPU's convolution rejects these before its meta kernel (which the shapes came from) can.
+  for (int64_t p : a.pad)
+    if (p < 0) throw std::invalid_argument(ctx.op() + ": negative padding is not supported");
   return a;
 }
 

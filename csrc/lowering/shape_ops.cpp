@@ -299,6 +299,23 @@ TPU_LOWER(as_strided_scatter, "as_strided_scatter") {
   Value self = ctx.in(0);
   Value flat = b.reshape(self, {self.type.numel()});
   ir::Geometry g{ctx.ints(2), ctx.ints(3), ctx.i_or(4, 0)};
+  // The view must lie inside self, as CPU's as_strided checks (a write outside went nowhere).
+  int64_t last = g.offset;
+  bool empty = false;
+  for (size_t i = 0; i < g.sizes.size(); ++i) {
+    if (g.sizes[i] == 0) empty = true;
+    else last += (g.sizes[i] - 1) * g.strides[i];
+  }
+  auto list = [](const Shape& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+  };
+  if (!empty && (g.offset < 0 || last >= self.type.numel()))
+    throw std::invalid_argument("as_strided_scatter: a view of sizes " + list(g.sizes) + ", strides " +
+                                list(g.strides) + " and offset " + std::to_string(g.offset) +
+                                " reaches element " + std::to_string(last) + " of self's " +
+                                std::to_string(self.type.numel()));
   Value out = ir::write_view(b, &flat, flat.type, g, ctx.in(1));
   return {b.reshape(out, self.shape())};
 }
