@@ -357,6 +357,14 @@ ARGUMENT_ERRORS = {
         torch.ones(16, device=d), torch.ones(2, 2, device=d), (2, 2), (200, 200)), "reaches element 400"),
     "as_strided_scatter_offset_outside": (lambda d: torch.as_strided_scatter(
         torch.ones(16, device=d), torch.ones(2, 2, device=d), (2, 2), (4, 1), 11), "offset 11"),
+    "complex_into_an_out_of_another_precision": (lambda d: torch.complex(
+        torch.ones(2, dtype=torch.float64, device=d), torch.ones(2, dtype=torch.float64, device=d),
+        out=torch.empty(2, dtype=torch.complex64, device=d)), "complex"),
+    "aminmax_into_an_out_of_another_dtype": (lambda d: torch.aminmax(
+        torch.ones(2, device=d), out=(torch.empty(0, dtype=torch.float64, device=d), torch.empty(0, device=d))),
+        "aminmax"),
+    "aminmax_into_outs_of_its_dtype": (lambda d: torch.aminmax(
+        torch.tensor([1.0, 3.0], device=d), out=(torch.empty(0, device=d), torch.empty(0, device=d))), None),
     "as_strided_scatter_last_element": (lambda d: torch.as_strided_scatter(
         torch.ones(16, device=d), 2 * torch.ones(2, 2, device=d), (2, 2), (4, 1), 10), None),
 }

@@ -68,6 +68,19 @@ def _batch_norm(op, decomp):
     return run
 
 
+def _aminmax_out_dtypes(args, kwargs):
+    """CPU's aminmax writes only out tensors of the input's dtype (the decomposition casts)."""
+    x = args[0] if args else kwargs.get("self")
+    for name in ("min", "max"):
+        o = kwargs.get(name)
+        if isinstance(o, torch.Tensor) and isinstance(x, torch.Tensor) and o.dtype != x.dtype:
+            raise RuntimeError(f"aminmax: out tensor {name} is {o.dtype}, expected {x.dtype} (the input's dtype)")
+
+
+# Argument checks CPU's kernel makes and the decomposition does not: op name -> check(args, kwargs),
+# run before the decomposition (whose own failures take the host round trip).
+_CHECKS = {"aten::aminmax.out": _aminmax_out_dtypes}
+
 # Ops whose decomposition is wrapped: op name -> (op, decomposition) -> function.
 _WRAPPERS = {"aten::_native_batch_norm_legit": _batch_norm, "aten::native_batch_norm": _batch_norm}
 
@@ -189,8 +202,11 @@ def _into_written(op, pairs, args, kwargs, r):
 
 def _kernel(op, decomp):
     pairs = _written_returns(op)
+    check = _CHECKS.get(_name(op))
 
     def kernel(*args, **kwargs):
+        if check is not None:
+            check(args, kwargs)
         active = getattr(_state, "active", None)
         if active is None:
             active = _state.active = set()

@@ -91,6 +91,9 @@ TPU_LOWER(complex_rule, "complex") {
                                 mlir_name(im) + ": the parts must have one dtype");
   Type o = ctx.out(0);
   DType p = part_of(o.dtype);
+  if (p != re)  // out= of another precision: CPU's kernel does not cast into it
+    throw std::invalid_argument("complex: out is " + std::string(mlir_name(o.dtype)) + " but the parts are " +
+                                mlir_name(re));
   return {cplx(ctx.b, coerce(ctx.b, ctx.in(0), p, o.shape), coerce(ctx.b, ctx.in(1), p, o.shape))};
 }
 
