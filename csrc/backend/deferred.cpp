@@ -10,6 +10,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <torch/csrc/autograd/graph_task.h>
+
 #include "backend/compile_ahead.h"
 #include "backend/executor.h"
 #include "backend/profiler.h"
@@ -109,6 +111,7 @@ struct Node {
   std::vector<Operand> inputs;
   std::vector<SlotPtr> outputs;
   int position = 0;
+  bool backward = false;  // recorded by an autograd backward
 };
 
 namespace {
@@ -162,7 +165,17 @@ static bool queue_in_strict(const Program& program, const std::vector<Operand>& 
   return false;
 }
 
-std::vector<Operand> run(const ProgramPtr& program, std::vector<Operand> args, int device) {
+std::atomic<bool>& split_at_backward_flag() {
+  static std::atomic<bool> on{[] {
+    const char* s = std::getenv("TPU_SPLIT_AT_BACKWARD");
+    return !(s && std::string(s) == "0");
+  }()};
+  return on;
+}
+bool split_at_backward() { return split_at_backward_flag().load(std::memory_order_relaxed); }
+void set_split_at_backward(bool on) { split_at_backward_flag().store(on); }
+
+std::vector<Operand> run(const ProgramPtr& program, std::vector<Operand> args, int device, bool eager) {
   if (!deferring() && queue_in_strict(*program, args)) return run_queued(program, std::move(args), device);
   if (!deferring()) {
     // Pending operands are resolved in place: `args` keeps their buffers alive.
@@ -188,6 +201,9 @@ std::vector<Operand> run(const ProgramPtr& program, std::vector<Operand> args, i
   for (const Operand& in : node->inputs)
     if (in.slot && in.slot->producer) in.slot->graph_uses += 1;
   node->position = static_cast<int>(g_graph.nodes.size());
+  // Ops an autograd backward records (eager ones: a compiled graph keeps its own cuts).
+  node->backward = eager && eager_mode() == EagerMode::DeferAndFuse && split_at_backward() &&
+                   torch::autograd::get_current_graph_task_id() != -1;
   std::vector<Operand> out;
   out.reserve(program->results().size());
   node->outputs.reserve(program->results().size());
@@ -300,10 +316,8 @@ RematPolicy remat_policy() {
 // Readers more than this many calls after a value's earlier readers get a recomputation.
 constexpr int kRematGap = 4;
 
-// Emits `calls` into `m` (functions they need go to `add(symbol, text)`); returns `results`.
-std::vector<ir::Value> emit_calls(ir::FusedModule& m, const std::vector<Call>& calls,
-                                  const std::vector<ir::Type>& param_types, const std::vector<Wire>& results,
-                                  const std::function<void(const std::string&, const std::string&)>& add) {
+// The calls of a graph in the order they run, with the recomputations rematerialization adds.
+ir::Rematerialized remat_plan(const std::vector<Call>& calls, const std::vector<ir::Type>& param_types) {
   auto bytes = [](const ir::Type& t) { return t.numel() * static_cast<int64_t>(itemsize(t.dtype)); };
   std::vector<ir::GraphCall> graph;
   for (size_t n = 0; n < calls.size(); ++n) {
@@ -330,7 +344,21 @@ std::vector<ir::Value> emit_calls(ir::FusedModule& m, const std::vector<Call>& c
   for (const ir::Type& t : param_types) param_bytes.push_back(bytes(t));
   ir::Rematerialized plan = ir::rematerialize(graph, param_bytes, kRematGap);
   fuse_stats().recomputed += plan.recomputed;
+  return plan;
+}
 
+void add_functions(const Program& p, std::unordered_set<int64_t>& added,
+                   const std::function<void(const std::string&, const std::string&)>& add) {
+  if (!added.insert(p.id()).second) return;
+  add(p.function_name(), p.function_text());
+  for (auto& [symbol, text] : p.functions()) add(symbol, text);  // imported modules
+}
+
+// Emits `calls` into `m` (functions they need go to `add(symbol, text)`); returns `results`.
+std::vector<ir::Value> emit_calls(ir::FusedModule& m, const std::vector<Call>& calls,
+                                  const std::vector<ir::Type>& param_types, const std::vector<Wire>& results,
+                                  const std::function<void(const std::string&, const std::string&)>& add) {
+  ir::Rematerialized plan = remat_plan(calls, param_types);
   std::vector<ir::Value> params;
   for (const ir::Type& t : param_types) params.push_back(m.param(t));
   std::unordered_set<int64_t> added;
@@ -338,10 +366,7 @@ std::vector<ir::Value> emit_calls(ir::FusedModule& m, const std::vector<Call>& c
   auto value = [&](const Wire& w) { return w.node < 0 ? params[w.index] : values[w.node][w.index]; };
   for (const ir::GraphCall& g : plan.calls) {
     const Program& p = *calls[g.fn].program;
-    if (added.insert(p.id()).second) {
-      add(p.function_name(), p.function_text());
-      for (auto& [symbol, text] : p.functions()) add(symbol, text);  // imported modules
-    }
+    add_functions(p, added, add);
     std::vector<ir::Value> args;
     for (const Wire& w : g.args) args.push_back(value(w));
     if (g.after_arg >= 0) args[g.after_arg] = m.after(args[g.after_arg], value(g.after));
@@ -361,6 +386,141 @@ std::string fused_text(const std::vector<Call>& calls, const std::vector<ir::Typ
   };
   std::vector<ir::Value> outs = emit_calls(m, calls, param_types, results, add);
   return m.finish(outs, aliases);
+}
+
+// A step's graph as two programs, cut where its backward starts, after rematerialization
+// (so what the backward recomputes is not kept from the forward). The first returns its
+// results and the values the second reads; the second takes the graph's parameters, then
+// those values. `first_results` / `second_results`: the graph results each returns, in order.
+struct SplitTexts {
+  std::string first, second;
+  std::vector<int> first_results, second_results;  // indexes into the graph's results
+  std::vector<int> crossing_from;  // per value the first hands the second: its result index there
+  int64_t crossing_bytes = 0;       // of those it returns for the second only
+};
+
+SplitTexts split_texts(const std::vector<Call>& calls, const std::vector<ir::Type>& param_types,
+                       const std::vector<Wire>& results, const std::vector<int>& aliases, int split) {
+  ir::Rematerialized plan = remat_plan(calls, param_types);
+  const int cut = plan.position[split];
+  const int total = static_cast<int>(plan.calls.size());
+  // The first program's values the second reads. A cheap one is made again in the second
+  // instead when what it is made from (parameters, values that cross anyway, or new ones
+  // that take fewer bytes than it) costs less memory to keep than it does.
+  std::set<std::pair<int, int>> read;
+  for (int n = cut; n < total; ++n) {
+    for (const Wire& w : plan.calls[n].args)
+      if (w.node >= 0 && w.node < cut) read.insert({w.node, w.index});
+    const ir::GraphCall& g = plan.calls[n];
+    if (g.after_arg >= 0 && g.after.node >= 0 && g.after.node < cut) read.insert({g.after.node, g.after.index});
+  }
+  std::vector<bool> again(cut, false);  // made again in the second program
+  for (int node = cut - 1; node >= 0; --node) {  // the later first: its inputs come earlier
+    const ir::GraphCall& g = plan.calls[node];
+    if (!g.recomputable || g.after_arg >= 0) continue;
+    int64_t saved = 0, added = 0;
+    for (size_t i = 0; i < g.out_bytes.size(); ++i)
+      if (read.count({node, static_cast<int>(i)})) saved += g.out_bytes[i];
+    std::set<std::pair<int, int>> fresh;
+    for (const Wire& w : g.args)
+      if (w.node >= 0 && !read.count({w.node, w.index}) && fresh.insert({w.node, w.index}).second)
+        added += plan.calls[w.node].out_bytes[w.index];
+    if (saved == 0 || added >= saved) continue;
+    again[node] = true;
+    for (size_t i = 0; i < g.out_bytes.size(); ++i) read.erase({node, static_cast<int>(i)});
+    read.insert(fresh.begin(), fresh.end());
+  }
+
+  ir::FusedModule a, b;
+  std::unordered_set<std::string> imported_a, imported_b;
+  std::unordered_set<int64_t> added_a, added_b;
+  using Add = std::function<void(const std::string&, const std::string&)>;
+  Add add_a = [&](const std::string& sym, const std::string& text) {
+    if (imported_a.insert(sym).second) a.add_function(text);
+  };
+  Add add_b = [&](const std::string& sym, const std::string& text) {
+    if (imported_b.insert(sym).second) b.add_function(text);
+  };
+  std::vector<ir::Value> params_a, params_b;
+  for (const ir::Type& t : param_types) params_a.push_back(a.param(t));
+  for (const ir::Type& t : param_types) params_b.push_back(b.param(t));
+  std::vector<std::vector<ir::Value>> values(total), remade(cut);
+  std::vector<std::pair<int, int>> crossing_out;         // in the first: (call, output)
+  std::map<std::pair<int, int>, ir::Value> crossing_in;  // the second's parameters for them
+  std::function<ir::Value(const Wire&)> in_b = [&](const Wire& w) -> ir::Value {
+    if (w.node < 0) return params_b[w.index];
+    if (w.node >= cut) return values[w.node][w.index];
+    if (again[w.node]) {
+      if (remade[w.node].empty()) {
+        const ir::GraphCall& g = plan.calls[w.node];
+        const Program& p = *calls[g.fn].program;
+        add_functions(p, added_b, add_b);
+        std::vector<ir::Value> args;
+        for (const Wire& x : g.args) args.push_back(in_b(x));
+        remade[w.node] = b.call(p.function_name(), args, p.results());
+      }
+      return remade[w.node][w.index];
+    }
+    auto [it, fresh] = crossing_in.try_emplace({w.node, w.index});
+    if (fresh) {
+      crossing_out.push_back({w.node, w.index});
+      it->second = b.param(values[w.node][w.index].type);
+    }
+    return it->second;
+  };
+  for (int n = 0; n < total; ++n) {
+    const ir::GraphCall& g = plan.calls[n];
+    const Program& p = *calls[g.fn].program;
+    const bool first = n < cut;
+    add_functions(p, first ? added_a : added_b, first ? add_a : add_b);
+    std::vector<ir::Value> args;
+    for (const Wire& w : g.args) args.push_back(first ? (w.node < 0 ? params_a[w.index] : values[w.node][w.index]) : in_b(w));
+    // A recomputation ordered after a value of the first program already runs after it.
+    if (g.after_arg >= 0 && (first || g.after.node < 0 || g.after.node >= cut))
+      args[g.after_arg] = (first ? a : b).after(args[g.after_arg], first ? values[g.after.node][g.after.index] : in_b(g.after));
+    values[n] = (first ? a : b).call(p.function_name(), args, p.results());
+  }
+  SplitTexts out;
+  std::vector<ir::Value> outs_a, outs_b;
+  std::vector<int> index_in(results.size(), -1);  // a graph result's index in its program's results
+  for (size_t j = 0; j < results.size(); ++j) {
+    int at = plan.position[results[j].node];
+    if (at < cut) {
+      index_in[j] = static_cast<int>(outs_a.size());
+      outs_a.push_back(values[at][results[j].index]);
+      out.first_results.push_back(static_cast<int>(j));
+    } else {
+      index_in[j] = static_cast<int>(outs_b.size());
+      outs_b.push_back(values[at][results[j].index]);
+      out.second_results.push_back(static_cast<int>(j));
+    }
+  }
+  // A value the second reads that the first returns anyway is handed over as that result.
+  std::map<std::pair<int, int>, int> returned;
+  for (size_t k = 0; k < out.first_results.size(); ++k) {
+    const Wire& r = results[out.first_results[k]];
+    returned.emplace(std::make_pair(plan.position[r.node], r.index), static_cast<int>(k));
+  }
+  for (const auto& c : crossing_out) {
+    auto it = returned.find(c);
+    if (it != returned.end()) {
+      out.crossing_from.push_back(it->second);
+      continue;
+    }
+    const ir::Value& v = values[c.first][c.second];
+    out.crossing_from.push_back(static_cast<int>(outs_a.size()));
+    outs_a.push_back(v);
+    out.crossing_bytes += v.type.numel() * static_cast<int64_t>(itemsize(v.dtype()));
+  }
+  // Donated parameters alias results of the second program only (the first reads them).
+  std::vector<int> aliases_b(param_types.size() + crossing_in.size(), -1);
+  for (size_t i = 0; i < aliases.size(); ++i) {
+    int j = aliases[i];
+    if (j >= 0 && plan.position[results[j].node] >= cut) aliases_b[i] = index_in[j];
+  }
+  out.first = a.finish(outs_a, std::vector<int>(param_types.size(), -1));
+  out.second = b.finish(outs_b, aliases_b);
+  return out;
 }
 
 // Whether graphs donate (TPU_FUSE_DONATE, read per graph: "0" off; otherwise on where the
@@ -390,6 +550,7 @@ struct Job {
   std::vector<int> aliases;
   std::vector<bool> donate;
   bool each_call = false;  // Strict's queued launches: each call its own program, no graph
+  int split = 0;  // > 0: the calls from here on (a backward) run as a second program
 };
 
 }  // namespace
@@ -467,6 +628,100 @@ void replay(const Job& job, const std::vector<runtime::BufferPtr>& params, bool 
   }
 }
 
+// A split graph's two executables and how their results map to the graph's.
+struct SplitPrograms {
+  bool split = false;  // false: the graph runs whole
+  std::weak_ptr<runtime::Executable> first, second;
+  std::vector<int> first_results, second_results;
+  std::vector<int> crossing_from;
+};
+
+// The split pays where recording bounds the step: small ops, whose forward leaves the
+// backward few bytes per op. Where the ops are large, the device bounds the step, and
+// the values handed over (in the plain layout, kept through the backward) cost more
+// than the overlap gains (benchmarks/RESULTS.md, session 36: a small CNN's step, 250 KiB
+// per op, ran 12 % slower split; the small GPT's, 2.4 KiB per op, 11 % faster).
+constexpr int64_t kSplitMaxBytesPerCall = 16 << 10;
+
+// Runs a job whose graph has a backward as its forward and the rest; false when the
+// graph is better run whole (the caller runs it).
+bool run_split(Job& job, const std::vector<runtime::BufferPtr>& params) {
+  static std::mutex cache_mu;
+  static std::unordered_map<std::string, SplitPrograms> cache;
+  const std::string name = describe_graph(job.calls);
+  runtime::ExecutablePtr first, second;
+  SplitPrograms layout;
+  bool known = false;
+  std::vector<runtime::BufferPtr> produced;
+  try {
+    {
+      std::lock_guard<std::mutex> l(cache_mu);
+      auto it = cache.find(job.key);
+      if (it != cache.end()) {
+        known = true;
+        layout = it->second;
+        first = layout.first.lock();
+        second = layout.second.lock();
+      }
+    }
+    if (known && !layout.split) return false;
+    if (first && second) {
+      fuse_stats().graph_hits += 2;
+    } else {
+      SplitTexts t = split_texts(job.calls, job.param_types, job.results, job.aliases, job.split);
+      if (t.crossing_bytes > kSplitMaxBytesPerCall * static_cast<int64_t>(job.calls.size())) {
+        std::lock_guard<std::mutex> l(cache_mu);
+        cache[job.key] = SplitPrograms{};
+        return false;
+      }
+      first = guarded([&] { return compile_cached(t.first, name + ", its forward"); });
+      second = guarded([&] { return compile_cached(t.second, name + ", after its forward"); });
+      layout = SplitPrograms{true, first, second, std::move(t.first_results), std::move(t.second_results),
+                             std::move(t.crossing_from)};
+      std::lock_guard<std::mutex> l(cache_mu);
+      cache[job.key] = layout;
+    }
+    std::vector<runtime::Buffer*> raw;
+    for (auto& p : params) raw.push_back(p.get());
+    ScopedMicros timed_execute(fuse_stats().execute_us);
+    produced = guarded([&] { return runtime::Client::get().execute(*first, raw, job.device, false, {}, name); });
+  } catch (...) {
+    replay(job, params);  // op by op (nothing launched, nothing donated)
+    return true;
+  }
+  note_launch(name + ", its forward", job.device, produced);
+  {
+    std::lock_guard<std::mutex> lock(g_slot_mu);
+    for (size_t k = 0; k < layout.first_results.size(); ++k)
+      job.result_slots[layout.first_results[k]]->buffer = produced[k];
+  }
+  g_slot_cv.notify_all();  // the forward's results (a loss) are readable now
+
+  try {
+    std::vector<runtime::Buffer*> raw;
+    for (auto& p : params) raw.push_back(p.get());
+    for (int k : layout.crossing_from) raw.push_back(produced[k].get());
+    std::vector<bool> in_second(job.results.size(), false);
+    for (int j : layout.second_results) in_second[j] = true;
+    std::vector<bool> donate(raw.size(), false);
+    for (size_t i = 0; i < job.donate.size(); ++i)
+      donate[i] = job.donate[i] && job.aliases[i] >= 0 && in_second[job.aliases[i]];
+    ScopedMicros timed_execute(fuse_stats().execute_us);
+    std::vector<runtime::BufferPtr> rest = guarded([&] {
+      return runtime::Client::get().execute(*second, raw, job.device, false, donate, name);
+    });
+    note_launch(name + ", after its forward", job.device, rest);
+    fuse_stats().graphs += 2;
+    std::lock_guard<std::mutex> lock(g_slot_mu);
+    for (size_t k = 0; k < layout.second_results.size(); ++k)
+      job.result_slots[layout.second_results[k]]->buffer = rest[k];
+  } catch (...) {
+    fail_slots(job.outs, 0, std::current_exception());  // the second's results (the first's are set)
+    throw;
+  }
+  return true;
+}
+
 void run_job(Job& job) {
   ScopedMicros timed(fuse_stats().launch_us);
   std::vector<runtime::BufferPtr> params;
@@ -490,6 +745,7 @@ void run_job(Job& job) {
     replay(job, params, false);
     return;
   }
+  if (job.split > 0 && run_split(job, params)) return;
 
   static std::mutex cache_mu;
   static std::unordered_map<std::string, std::weak_ptr<runtime::Executable>> cache;
@@ -742,6 +998,16 @@ void flush_prefix(const char* reason, size_t count) {
   }
   // A slot is an output when something besides the graph holds it (a storage, a caller):
   // more references than its node's and its readers' in this graph.
+  // A step's graph runs as two programs, its forward and the rest: a loss (a forward
+  // value) is read when the forward is done, while the backward and the update still run
+  // and the host records the next step.
+  for (size_t n = 1; n < g.nodes.size(); ++n) {
+    if (g.nodes[n]->backward) {
+      if (!g.nodes[n - 1]->backward) job.split = static_cast<int>(n);
+      break;
+    }
+  }
+  put(static_cast<int32_t>(job.split));
   key.push_back('>');
   for (const auto& node : g.nodes) {
     for (const SlotPtr& s : node->outputs) {

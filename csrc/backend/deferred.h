@@ -99,7 +99,8 @@ void note_replacement(const Operand& fresh, const Operand& old);
 
 // Runs `program` on `device` (launches, or records while deferring).
 // `args` is taken by value: callers done with their operands move them in.
-std::vector<Operand> run(const ProgramPtr& program, std::vector<Operand> args, int device);
+// `eager`: an op's call (not a compiled graph's replay, which keeps its own boundaries).
+std::vector<Operand> run(const ProgramPtr& program, std::vector<Operand> args, int device, bool eager = true);
 
 // A small internal program (zero fill, relayout...) made once per `key`, then run.
 std::vector<Operand> run_internal(const std::string& key,
@@ -133,6 +134,11 @@ bool launching_now();
 // Hands the pending graph (if any) to the launcher thread, which compiles (once per
 // graph shape) and launches it as one program. `reason` is counted in the metrics.
 void flush(const char* reason);
+
+// Whether DeferAndFuse runs a graph with a backward as two programs, its forward and the
+// rest (where its ops are small; default on, TPU_SPLIT_AT_BACKWARD=0 turns it off).
+bool split_at_backward();
+void set_split_at_backward(bool on);
 // Waits until every flushed graph has been launched; raises the first failure since the
 // last call.
 void wait_launched();

@@ -90,6 +90,8 @@ PYBIND11_MODULE(_C, m) {
     } catch (...) {
     }
   });
+  m.def("_split_at_backward", [] { return split_at_backward(); });
+  m.def("_set_split_at_backward", [](bool on) { set_split_at_backward(on); });
   // Runs the pending deferred graph without waiting for it (a training step's end).
   m.def("flush", [](const std::string& reason) {
     py::gil_scoped_release nogil;
