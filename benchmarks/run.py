@@ -480,13 +480,21 @@ def tiny_op_chain(device, n=2000, repeats=5):
     # The same `x + 1` calls reaching our kernel, which returns a new tensor over x's
     # storage and does nothing else: PyTorch's own cost of each call, under which
     # recording cannot go (recording's floor).
-    torch_tpu._C._set_dispatch_floor_probe(True)
+    torch_tpu._C._set_dispatch_floor_probe(1)
     try:
         dispatch = timed(chain)
     finally:
-        torch_tpu._C._set_dispatch_floor_probe(False)
+        torch_tpu._C._set_dispatch_floor_probe(0)
+    # Both in place: each call as above also makes one chained launch through the runtime
+    # alone, the chain ended by its value as Strict's is. Strict's floor, measured with the
+    # two costs interleaved as they run (each slows the other: caches, the launch's thread).
+    torch_tpu._C._set_dispatch_floor_probe(2)
+    try:
+        in_place = timed(lambda: (chain(), torch_tpu._C._wait_chain_probe()))
+    finally:
+        torch_tpu._C._set_dispatch_floor_probe(0)
     return {"strict_per_op_s": strict, "fused_record_per_op_s": rec, "launch_floor_per_op_s": floor,
-            "dispatch_floor_per_op_s": dispatch}
+            "dispatch_floor_per_op_s": dispatch, "dispatch_launch_floor_per_op_s": in_place}
 
 
 def cpu_probe(workload, steps, warmup, quick):
@@ -711,6 +719,9 @@ def issue18_targets(rows, starts, bounds, probes, quick=False, cold_conformance=
     out["tiny op: PyTorch's own cost of the x + 1 call on tpu (our kernel returning a new tensor over x's storage at once) / native CPU per op (recording's floor)"] = (
         tiny["dispatch_floor_per_op_s"] / tiny_cpu["per_op_s"]
         if tiny and tiny_cpu and "dispatch_floor_per_op_s" in tiny else None)
+    out["tiny op: that call with one runtime launch each, interleaved (Strict's floor in place) / native CPU per op"] = (
+        tiny["dispatch_launch_floor_per_op_s"] / tiny_cpu["per_op_s"]
+        if tiny and tiny_cpu and "dispatch_launch_floor_per_op_s" in tiny else None)
     split = probes.get("fused_split")
     out["small_gpt_train fused programs' device time alone / native CPU's best step (the fused floor)"] = (
         (split["device_s"] + split["rest_s"]) / cpu["median_step_s"] if split and cpu else None)
@@ -870,6 +881,9 @@ def markdown(rows, starts, checks, meta, bounds=(), issue18=None, probes=None, c
                   f"chain with no PyTorch above it (Strict's floor) {t['launch_floor_per_op_s'] * 1e6:.2f} us per op"
                   + (f"; PyTorch's own cost of each `x + 1` call, our kernel handing back x at once (recording's "
                      f"floor), {t['dispatch_floor_per_op_s'] * 1e6:.2f} us per op" if "dispatch_floor_per_op_s" in t else "")
+                  + (f"; that call with one chained launch by the runtime alone each, interleaved (Strict's floor "
+                     f"in place), {t['dispatch_launch_floor_per_op_s'] * 1e6:.2f} us per op"
+                     if "dispatch_launch_floor_per_op_s" in t else "")
                   + "."]
     if probes and probes.get("fused_split"):
         t = probes["fused_split"]

@@ -116,14 +116,35 @@ def test_dispatch_floor_probe_hands_back_the_argument_and_records_nothing():
     # ops compute as before.
     x = torch.arange(4.0, device="tpu")
     before = torch_tpu.metrics()["op_calls"]
-    torch_tpu._C._set_dispatch_floor_probe(True)
+    torch_tpu._C._set_dispatch_floor_probe(1)
     try:
         y = x + 1
     finally:
-        torch_tpu._C._set_dispatch_floor_probe(False)
+        torch_tpu._C._set_dispatch_floor_probe(0)
     assert torch_tpu.metrics()["op_calls"] == before
     assert y is not x and y.data_ptr() == x.data_ptr() and y.shape == x.shape
     assert torch.equal((x + 1).cpu(), torch.arange(1.0, 5.0))
+
+
+def test_launching_floor_probe_makes_one_chained_launch_per_call():
+    # Strict's floor in place: as above, and each call also launches the runtime's own
+    # `x + 1` on the previous launch's output (its chain counts the calls), outside our
+    # kernel (no op counted) and leaving the user's tensors as they were.
+    x = torch.arange(4.0, device="tpu")
+    torch_tpu._C._set_dispatch_floor_probe(2)
+    try:
+        start = torch_tpu._C._wait_chain_probe()
+        before = torch_tpu.metrics()
+        y = x
+        for _ in range(25):
+            y = y + 1
+        counted = torch_tpu._C._wait_chain_probe() - start
+    finally:
+        torch_tpu._C._set_dispatch_floor_probe(0)
+    after = torch_tpu.metrics()
+    assert counted == 25
+    assert after["op_calls"] == before["op_calls"] and after["executions"] - before["executions"] == 25
+    assert y.data_ptr() == x.data_ptr() and torch.equal(x.cpu(), torch.arange(4.0))
 
 
 def test_unboxed_kernels_borrow_arguments_and_let_go_of_them():

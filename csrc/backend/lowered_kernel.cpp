@@ -19,6 +19,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "runtime/launch_probe.h"
 #include "backend/device.h"
 #include "backend/captured_graph.h"
 #include "backend/device_checks.h"
@@ -1283,10 +1284,16 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
 // tensor returns a new tensor over its first argument's storage and does nothing else,
 // so timing `x + 1` then measures PyTorch's own cost of the call (Python binding,
 // argument parsing, autograd, boxing, the result's tensor and Python object, freeing
-// them) that recording one op cannot go below while each op is a PyTorch call.
-std::atomic<bool> g_dispatch_floor_probe{false};
+// them) that recording one op cannot go below while each op is a PyTorch call. With
+// the launching probe, each such call also makes one chained launch through the runtime
+// alone: Strict's floor measured in place, the two costs interleaved as they run.
+enum FloorProbe : int { kProbeOff = 0, kProbeDispatch = 1, kProbeDispatchAndLaunch = 2 };
+std::atomic<int> g_dispatch_floor_probe{kProbeOff};
+runtime::ChainProbe* g_chain_probe = nullptr;  // kept once made (its buffers outlive exit)
 
 at::Tensor floor_probe_result(const at::Tensor& t) {
+  if (g_dispatch_floor_probe.load(std::memory_order_relaxed) == kProbeDispatchAndLaunch)
+    guarded([] { g_chain_probe->step(); return 0; });
   at::Tensor r = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype());
   r.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   return r;
@@ -1551,6 +1558,12 @@ std::vector<std::string> lowered_op_names() {
   return out;
 }
 
-void set_dispatch_floor_probe(bool on) { g_dispatch_floor_probe.store(on); }
+void set_dispatch_floor_probe(int mode) {
+  if (mode == kProbeDispatchAndLaunch && !g_chain_probe)
+    g_chain_probe = guarded([] { return new runtime::ChainProbe(runtime::Client::get(), current_device()); });
+  g_dispatch_floor_probe.store(mode);
+}
+
+float wait_chain_probe() { return g_chain_probe ? guarded([] { return g_chain_probe->wait(); }) : 0.0f; }
 
 }  // namespace tpu::backend

@@ -19,7 +19,8 @@ namespace tpu::backend {
 int register_lowered_kernels();
 int64_t host_fill_count();  // constant_fill.cpp
 std::vector<std::string> lowered_op_names();
-void set_dispatch_floor_probe(bool on);  // lowered_kernel.cpp
+void set_dispatch_floor_probe(int mode);  // lowered_kernel.cpp
+float wait_chain_probe();                 // lowered_kernel.cpp
 int64_t import_stablehlo(const std::string& text, const std::string& what,
                          const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
                          const std::vector<std::pair<std::string, std::vector<int64_t>>>& results);
@@ -142,8 +143,13 @@ PYBIND11_MODULE(_C, m) {
     return guarded([&] { return runtime::replayed_launch_seconds(client(), *kept_trace, repeats); });
   });
   m.def("_drop_launch_trace", [] { guarded([] { kept_trace->clear(); return 0; }); });
-  // Benchmarks' floor of recording: lowered ops hand back their first argument.
-  m.def("_set_dispatch_floor_probe", &set_dispatch_floor_probe);
+  // Benchmarks' floor of recording: lowered ops hand back their first argument (1), and
+  // each also makes one chained launch through the runtime alone (2: Strict's in place).
+  m.def("_set_dispatch_floor_probe", [](int mode) { set_dispatch_floor_probe(mode); });
+  m.def("_wait_chain_probe", [] {
+    py::gil_scoped_release nogil;
+    return wait_chain_probe();
+  });
   m.def("set_memory_limit", [](int64_t bytes) { client().set_memory_limit(bytes); });
   m.def("manual_seed", [](int d, uint64_t seed) {
     at::Generator g = default_generator(d);

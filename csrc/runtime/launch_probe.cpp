@@ -38,6 +38,20 @@ double chained_launch_seconds(Client& client, int device, int n, int repeats) {
   return per_launch[per_launch.size() / 2];
 }
 
+ChainProbe::ChainProbe(Client& client, int device)
+    : client_(client), device_(device), exe_(client.compile(kAddOne, "launch probe")) {
+  std::vector<float> zeros(16, 0.0f);
+  x_ = client.from_host(zeros.data(), DType::F32, {16}, device);
+}
+
+void ChainProbe::step() { x_ = client_.execute(*exe_, {x_.get()}, device_, false).at(0); }
+
+float ChainProbe::wait() {
+  float last[16];
+  client_.to_host(*x_, last, sizeof(last));
+  return last[0];
+}
+
 namespace {
 // Per launch, the traced outputs it is the last to read: the replay frees its copies of
 // them there, as the traced step freed its tensors (its peak memory, not the sum).

@@ -10,6 +10,22 @@ namespace tpu::runtime {
 // each chain ended by waiting for its last value.
 double chained_launch_seconds(Client& client, int device, int n, int repeats);
 
+// The same chained launch one at a time, for a loop that does other work between launches
+// (the benchmarks' in-situ floor of Strict: each PyTorch call's own cost with one launch).
+class ChainProbe {
+ public:
+  ChainProbe(Client& client, int device);
+  void step();  // launches `x + 1` on the previous launch's output
+  // Waits for the last launch; returns its value's first element (the launches so far).
+  float wait();
+
+ private:
+  Client& client_;
+  int device_;
+  ExecutablePtr exe_;
+  BufferPtr x_;
+};
+
 // Seconds to run a traced sequence of launches again through the runtime alone, back to
 // back, to the last one's completion: the floor of the step it was traced from under its
 // host work. A launch reads the replay's own output where the traced one read an earlier
