@@ -112,6 +112,7 @@ struct Node {
   std::vector<SlotPtr> outputs;
   int position = 0;
   bool backward = false;  // recorded by an autograd backward
+  bool compiled = false;  // a compiled graph's replay
 };
 
 namespace {
@@ -204,6 +205,7 @@ std::vector<Operand> run(const ProgramPtr& program, std::vector<Operand> args, i
   // Ops an autograd backward records (eager ones: a compiled graph keeps its own cuts).
   node->backward = eager && eager_mode() == EagerMode::DeferAndFuse && split_at_backward() &&
                    torch::autograd::get_current_graph_task_id() != -1;
+  node->compiled = !eager;
   std::vector<Operand> out;
   out.reserve(program->results().size());
   node->outputs.reserve(program->results().size());
@@ -402,7 +404,8 @@ struct SplitTexts {
 SplitTexts split_texts(const std::vector<Call>& calls, const std::vector<ir::Type>& param_types,
                        const std::vector<Wire>& results, const std::vector<int>& aliases, int split) {
   ir::Rematerialized plan = remat_plan(calls, param_types);
-  const int cut = plan.position[split];
+  // Recomputations placed just before the backward's first op are the backward's.
+  const int cut = plan.position[split - 1] + 1;
   const int total = static_cast<int>(plan.calls.size());
   // The first program's values the second reads. A cheap one is made again in the second
   // instead when what it is made from (parameters, values that cross anyway, or new ones
@@ -1001,12 +1004,15 @@ void flush_prefix(const char* reason, size_t count) {
   // A step's graph runs as two programs, its forward and the rest: a loss (a forward
   // value) is read when the forward is done, while the backward and the update still run
   // and the host records the next step.
+  // (Not a graph with compiled graphs in it: their forward and backward join on purpose.)
   for (size_t n = 1; n < g.nodes.size(); ++n) {
     if (g.nodes[n]->backward) {
       if (!g.nodes[n - 1]->backward) job.split = static_cast<int>(n);
       break;
     }
   }
+  for (const auto& node : g.nodes)
+    if (node->compiled) job.split = 0;
   put(static_cast<int32_t>(job.split));
   key.push_back('>');
   for (const auto& node : g.nodes) {
