@@ -262,29 +262,6 @@ Client::Client() {
   pn.client = client_;
   check(api_->PJRT_Client_PlatformName(&pn), "PJRT_Client_PlatformName");
   platform_.assign(pn.platform_name, pn.platform_name_size);
-  std::vector<CompileOverride> overrides;
-  if (platform_ == "cpu") {
-    const char* donate = std::getenv("TPU_FUSE_DONATE");
-    donation_safe_ = donate != nullptr && std::string(donate) == "1";
-    if (donation_safe_) overrides.push_back({"xla_cpu_use_xnnpack", false});
-  }
-  compile_options_ = portable_compile_options(CompileEffort::Full, overrides);
-  compile_options_fast_ = portable_compile_options(CompileEffort::Fast, overrides);
-  if (platform_ == "cpu" && cpu_small_program_elements() > 0) {
-    auto small = overrides;
-    small.push_back({"xla_cpu_use_fusion_emitters", false});
-    compile_options_fast_small_ = portable_compile_options(CompileEffort::Fast, small);
-    if (cpu_threaded_macs() > 0) {
-      small.push_back({"xla_cpu_multi_thread_eigen", false});
-      compile_options_fast_small_one_thread_ = portable_compile_options(CompileEffort::Fast, small);
-    }
-  }
-  if (platform_ == "cpu" && cpu_threaded_macs() > 0) {
-    overrides.push_back({"xla_cpu_multi_thread_eigen", false});
-    compile_options_one_thread_ = portable_compile_options(CompileEffort::Full, overrides);
-    compile_options_fast_one_thread_ = portable_compile_options(CompileEffort::Fast, overrides);
-  }
-
   auto dev = ARGS(PJRT_Client_AddressableDevices_Args);
   dev.client = client_;
   check(api_->PJRT_Client_AddressableDevices(&dev), "PJRT_Client_AddressableDevices");
@@ -293,6 +270,33 @@ Client::Client() {
     stats_.push_back(std::make_unique<DeviceStats>());
   }
   if (devices_.empty()) throw Error("torch_tpu: the PJRT plugin exposes no devices", 5);
+  // With one device, programs are bound to it: an executable that may run on any device
+  // costs every launch a look at its compile options in the C API (about 8 % of a tiny
+  // launch's execute on the XLA CPU plugin).
+  portable_ = devices_.size() > 1;
+  std::vector<CompileOverride> overrides;
+  if (platform_ == "cpu") {
+    const char* donate = std::getenv("TPU_FUSE_DONATE");
+    donation_safe_ = donate != nullptr && std::string(donate) == "1";
+    if (donation_safe_) overrides.push_back({"xla_cpu_use_xnnpack", false});
+  }
+  compile_options_ = portable_compile_options(CompileEffort::Full, overrides, portable_);
+  compile_options_fast_ = portable_compile_options(CompileEffort::Fast, overrides, portable_);
+  if (platform_ == "cpu" && cpu_small_program_elements() > 0) {
+    auto small = overrides;
+    small.push_back({"xla_cpu_use_fusion_emitters", false});
+    compile_options_fast_small_ = portable_compile_options(CompileEffort::Fast, small, portable_);
+    if (cpu_threaded_macs() > 0) {
+      small.push_back({"xla_cpu_multi_thread_eigen", false});
+      compile_options_fast_small_one_thread_ = portable_compile_options(CompileEffort::Fast, small, portable_);
+    }
+  }
+  if (platform_ == "cpu" && cpu_threaded_macs() > 0) {
+    overrides.push_back({"xla_cpu_multi_thread_eigen", false});
+    compile_options_one_thread_ = portable_compile_options(CompileEffort::Full, overrides, portable_);
+    compile_options_fast_one_thread_ = portable_compile_options(CompileEffort::Fast, overrides, portable_);
+  }
+
   for (size_t i = 0; i < devices_.size(); ++i) capacity_.push_back(device_capacity(static_cast<int>(i)));
 }
 
@@ -769,7 +773,7 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
   a.num_args = raw.size();
   a.output_lists = out_lists;
   a.device_complete_events = done;
-  a.execute_device = devices_.at(device);
+  a.execute_device = portable_ ? devices_.at(device) : nullptr;
   // Messages are built only on failure: this is every op's path.
   if (PJRT_Error* e = api_->PJRT_LoadedExecutable_Execute(&a)) check(e, "executing " + name);
   counters_.executions += 1;

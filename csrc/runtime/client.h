@@ -252,6 +252,7 @@ class Client {
   std::vector<std::unique_ptr<DeviceStats>> stats_;
   std::string platform_;
   bool donation_safe_ = true;
+  bool portable_ = true;  // more than one device: executables choose theirs per launch
   std::string compile_options_, compile_options_fast_;  // CompileEffort Full, Fast
   // The same with single-threaded contractions (XLA CPU plugin, small programs); empty elsewhere.
   std::string compile_options_one_thread_, compile_options_fast_one_thread_;

@@ -65,14 +65,15 @@ int64_t cpu_threaded_macs() {
   return macs;
 }
 
-std::string portable_compile_options(CompileEffort effort, const std::vector<CompileOverride>& overrides) {
+std::string portable_compile_options(CompileEffort effort, const std::vector<CompileOverride>& overrides,
+                                     bool portable) {
   std::string build;                 // ExecutableBuildOptionsProto
   put_int_field(build, 1, -1);       // device_ordinal: unset
   put_int_field(build, 4, 1);        // num_replicas
   put_int_field(build, 5, 1);        // num_partitions
   std::string opts;                  // CompileOptionsProto
   put_bytes_field(opts, 3, build);   // executable_build_options
-  put_int_field(opts, 4, 1);         // compile_portable_executable
+  if (portable) put_int_field(opts, 4, 1);  // compile_portable_executable
   if (effort == CompileEffort::Fast && fast_backend_level() >= 0)
     put_bytes_field(opts, 7, int_override("xla_backend_optimization_level", fast_backend_level()));
   for (const CompileOverride& o : overrides) put_bytes_field(opts, 7, bool_override(o.name, o.value));

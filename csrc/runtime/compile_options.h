@@ -45,7 +45,9 @@ int64_t cpu_small_program_elements();
 // it gains. 0 turns it off. The default is from benchmarks/eigen_threads.py.
 int64_t cpu_threaded_macs();
 
+// `portable`: the executable may run on any of the client's devices (chosen per launch);
+// otherwise it is bound to the default assignment (device 0 of one).
 std::string portable_compile_options(CompileEffort effort = CompileEffort::Full,
-                                     const std::vector<CompileOverride>& overrides = {});
+                                     const std::vector<CompileOverride>& overrides = {}, bool portable = true);
 
 }  // namespace tpu::runtime

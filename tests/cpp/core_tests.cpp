@@ -275,6 +275,9 @@ int main() {
     if (C().platform() == "cpu")  // one-threaded contractions: the XLA CPU plugin's option
       CHECK(C().compile_options_for(runtime::CompileEffort::Full, small) !=
             C().compile_options_for(runtime::CompileEffort::Full, large));
+    // A portable executable (more than one device) differs only by that field: 2 bytes.
+    CHECK(runtime::portable_compile_options(runtime::CompileEffort::Full, {}, false).size() + 2 ==
+          runtime::portable_compile_options(runtime::CompileEffort::Full, {}, true).size());
     auto exe = C().compile(dot_text, "dot", runtime::CompileEffort::Full, small);
     std::vector<float> a(60, 1.0f), bb(90, 2.0f);
     auto out = C().execute(*exe, {C().from_host(a.data(), DType::F32, {3, 4, 5}, 0).get(),
