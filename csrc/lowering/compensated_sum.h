@@ -11,4 +11,12 @@ namespace tpu::lowering {
 // error grows with the count, where CPU PyTorch's norms accumulate in double.
 Value compensated_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims);
 
+// Float sum over leading dims (the kept dims trailing: a layer norm's weight and bias
+// gradients) in blocks of about sqrt(rows) rows: each block's sum a matmul with ones, then
+// a plain sum over the blocks. Each result is about 2 sqrt(rows) adds deep instead of rows,
+// below CPU's float error (tests/test_norm_accuracy.py), where XLA:CPU runs both a plain and
+// a compensated column sum as a slow loop down the columns. Other dims, or fewer than 256
+// rows: compensated_sum.
+Value blocked_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims);
+
 }  // namespace tpu::lowering

@@ -117,7 +117,7 @@ TPU_LOWER(native_layer_norm, "native_layer_norm") {
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = grad * weight;
-// dweight = sum(grad * xhat), dbias = sum(grad) over the batch dims.
+// dweight = sum(grad * xhat), dbias = sum(grad) over the batch dims (in blocks).
 TPU_LOWER(native_layer_norm_backward, "native_layer_norm_backward") {
   Builder& b = ctx.b;
   Value go = to_acc(b, ctx.in(0));
@@ -141,8 +141,8 @@ TPU_LOWER(native_layer_norm_backward, "native_layer_norm_backward") {
   } else {
     outs.push_back(placeholder(ctx));
   }
-  outs.push_back(wanted(ctx, 1) ? as_out(ctx, compensated_sum(b, mul(b, go, xhat), batch), 1) : placeholder(ctx));
-  outs.push_back(wanted(ctx, 2) ? as_out(ctx, compensated_sum(b, go, batch), 2) : placeholder(ctx));
+  outs.push_back(wanted(ctx, 1) ? as_out(ctx, blocked_sum(b, mul(b, go, xhat), batch), 1) : placeholder(ctx));
+  outs.push_back(wanted(ctx, 2) ? as_out(ctx, blocked_sum(b, go, batch), 2) : placeholder(ctx));
   return outs;
 }
 
