@@ -101,6 +101,23 @@ def test_issue18_targets_are_each_a_value_and_whether_it_is_met():
     check("gpt_train fused step / its measured contraction floor (<= 1.15)", 1.2, False)
     check("small_gpt_train fused step / native CPU's best step (<= 1.0)", 0.9, True)
     check("small_gpt_train strict step / native CPU's best step (<= 1.5)", 2.0, False)
+    name = "small_gpt_train fused step / native CPU's best step, the step rows (timed apart, --steps each)"
+    assert t[name] == pytest.approx(0.9) and bench.met(name, t[name]) is None
+    # Where the run timed the small GPT side by side, the targets take those ratios (over
+    # native's better thread setting) and the step rows' stay beside them.
+    side = {"native_s": 0.005, "native_1_thread_s": 0.004, "strict_s": 0.0056, "fused_s": 0.0042,
+            "native_best_s": 0.004, "steps_each": 50}
+    t_side = bench.issue18_targets(rows, starts, bounds, dict(probes, side_by_side=side))
+    assert t_side["small_gpt_train fused step / native CPU's best step (<= 1.0)"] == pytest.approx(1.05)
+    assert t_side["small_gpt_train strict step / native CPU's best step (<= 1.5)"] == pytest.approx(1.4)
+    assert t_side[name] == pytest.approx(0.9)
+    pools_row = ("small_gpt_train strict step with the XLA CPU plugin's thread pools at one thread (NPROC=1) / "
+                 "native CPU's best step, side by side in that process (what the pools' threads cost Strict here)")
+    assert t[pools_row] is None
+    pools = {"native_s": 0.005, "native_1_thread_s": 0.0045, "strict_s": 0.0054, "native_best_s": 0.0045,
+             "steps_each": 80}
+    t_pools = bench.issue18_targets(rows, starts, bounds, dict(probes, strict_one_thread_pools=pools))
+    assert t_pools[pools_row] == pytest.approx(1.2) and bench.met(pools_row, t_pools[pools_row]) is None
     check("tiny op (x + 1, 16 floats, chain of 2000): strict / native CPU per op (<= 1.2)", 3 / 2.9, True)
     check("tiny op: DeferAndFuse recording / native CPU per op (<= 0.5)", 1 / 2.9, True)
     name = "tiny op: runtime launch floor / native CPU per op (Strict's floor)"
@@ -139,6 +156,13 @@ def test_issue18_targets_are_each_a_value_and_whether_it_is_met():
     md = bench.markdown([], [], {}, {"date": "d", "machine": "m", "plugin": "p", "steps": 1, "warmup": 1,
                                        "quick": False}, (), t, probes)
     assert "| small_gpt_train fused step / native CPU's best step (<= 1.0) | 0.900 | yes |" in md
+    md_side = bench.markdown([], [], {}, {"date": "d", "machine": "m", "plugin": "p", "steps": 1, "warmup": 1,
+                                            "quick": False}, (), t_side,
+                            dict(probes, side_by_side=side, strict_one_thread_pools=pools))
+    assert "| small_gpt_train fused step / native CPU's best step (<= 1.0) | 1.050 | NO |" in md_side
+    assert ("native CPU 5.00 ms (default threads), 4.00 ms (one thread); Strict 5.60 ms; DeferAndFuse 4.20 ms"
+            in md_side)
+    assert "one-thread pools (NPROC=1), timed the same way: native 4.50 ms at best, Strict 5.40 ms." in md_side
     assert "| cold full conformance run, minutes (<= 20) | not measured" in md
     assert "| tiny op (per op) | 5.00 us | 4.00 us | 2.90 us | 1 thread |" in md
     assert "(Strict's floor) 2.00 us per op" in md
