@@ -99,10 +99,11 @@ Value blocked_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims) 
   }
   if (!is_float(x.dtype()) || !leading || rows < 256) return compensated_sum(b, x, dims);
   // The divisor of rows nearest below their square root: both sums about equally deep.
+  // (A small one, as for twice a prime, would leave the sum over the blocks long.)
   int64_t block = 1;
   for (int64_t d = 2; d * d <= rows; ++d)
     if (rows % d == 0) block = d;
-  if (block == 1) return compensated_sum(b, x, dims);  // rows prime
+  if (block < 8) return compensated_sum(b, x, dims);  // rows with no divisor to split them evenly
   Shape kept(x.shape().begin() + static_cast<int64_t>(dims.size()), x.shape().end());
   for (int64_t c : kept) cols *= c;
   // Each block's sum as a product with ones, its products exact (Highest precision on every

@@ -20,8 +20,8 @@ Value compensated_sum(Builder& b, const Value& x, const std::vector<int64_t>& di
 // gradients) in blocks of about sqrt(rows) rows: each block's sum a matmul with ones, then
 // a plain sum over the blocks. Each result is about 2 sqrt(rows) adds deep instead of rows,
 // below CPU's float error (tests/test_norm_accuracy.py), where XLA:CPU runs both a plain and
-// a compensated column sum as a slow loop down the columns. Other dims, or fewer than 256
-// rows: compensated_sum.
+// a compensated column sum as a slow loop down the columns. Other dims, fewer than 256
+// rows, or rows with no divisor from 8 to their square root: compensated_sum.
 Value blocked_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims);
 
 }  // namespace tpu::lowering
