@@ -634,14 +634,15 @@ def strict_step_split(steps=20, warmup=5, top=6):
             "heaviest": [{"program": p, "launches": n, "waited_s": t} for p, (n, t) in heaviest]}
 
 
-def small_gpt_side_by_side(rounds=16, block=5, warmup=5, settle_s=0.05, modes=("strict", "fused")):
+def small_gpt_side_by_side(rounds=8, block=10, warmup=5, settle_s=0.05, modes=("strict", "fused"), untimed=2):
     """Issue 18's small GPT step natively (default threads, and one thread) and on tpu in
     Strict and in DeferAndFuse, timed side by side: blocks of `block` steps that take turns,
     `rounds` times, in one process (this machine's speed moves between minutes, so steps
-    timed minutes apart do not make a ratio). Each tpu block first runs one step untimed (a
-    fused step then overlaps the previous one's backward, as in a training loop) and ends
-    by waiting for its device work; after every block the process rests `settle_s`, so
-    OpenMP's or the plugin's spinning threads do not run into the next one. Medians."""
+    timed minutes apart do not make a ratio). Each block first runs `untimed` steps (a fused
+    step then overlaps the previous one's backward, as in a training loop, and OpenMP's or
+    the plugin's threads are awake); a tpu block ends by waiting for its device work; after
+    every block the process rests `settle_s`, so OpenMP's or the plugin's spinning threads
+    do not run into the next one. Medians."""
     torch.manual_seed(0)
     native, _, _ = small_gpt_train("cpu", False)
     tpu_steps = {}
@@ -660,6 +661,8 @@ def small_gpt_side_by_side(rounds=16, block=5, warmup=5, settle_s=0.05, modes=("
             if name.startswith("native"):
                 torch.set_num_threads(1 if name == "native_1_thread" else threads)
                 try:
+                    for _ in range(untimed):
+                        native()
                     for _ in range(block):
                         t = time.perf_counter()
                         native()
@@ -668,7 +671,8 @@ def small_gpt_side_by_side(rounds=16, block=5, warmup=5, settle_s=0.05, modes=("
                     torch.set_num_threads(threads)
             else:
                 with torch_tpu.set_eager_mode(MODES[name]):
-                    tpu_steps[name]()
+                    for _ in range(untimed):
+                        tpu_steps[name]()
                     for _ in range(block):
                         t = time.perf_counter()
                         tpu_steps[name]()
