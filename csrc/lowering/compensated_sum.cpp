@@ -42,37 +42,9 @@ static std::optional<Value> row_sum_by_lanes(Builder& b, const Value& x, const s
   return add(b, sc[0], sc[1]);
 }
 
-// The reduced dims that end x, as one run of `count` elements starting at dim `first`.
-struct TrailingRun {
-  int64_t first, count;
-  size_t kept_dims;  // how many of dims precede the run
-};
-static TrailingRun trailing_run(const Value& x, const std::vector<int64_t>& dims) {
-  size_t t = dims.size();
-  int64_t d = x.rank() - 1, count = 1;
-  while (t > 0 && dims[t - 1] == d) count *= x.shape()[d--], --t;
-  return {d + 1, count, t};
-}
-
-Value compensated_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims, int64_t dot_block) {
+Value compensated_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
   if (!is_float(x.dtype()) || dims.empty()) return reduce_sum(b, x, dims);
   if (auto rows = row_sum_by_lanes(b, x, dims)) return *rows;
-  TrailingRun run = trailing_run(x, dims);
-  if (dot_block > 1 && run.kept_dims < dims.size() && run.count % dot_block == 0 && run.count >= 4 * dot_block) {
-    // The run in blocks of dot_block elements, each block's sum a product with ones (its
-    // products exact at Highest precision), then the blocks' sums compensated.
-    Shape split(x.shape().begin(), x.shape().begin() + run.first);
-    split.push_back(run.count / dot_block);
-    split.push_back(dot_block);
-    Value ones = b.constant(1, x.dtype(), Shape{dot_block});
-    Value blocks = b.dot_general(b.reshape(x, split), ones, {}, {}, {run.first + 1}, {0}, x.dtype(),
-                                 ir::DotPrecision::Highest);
-    std::vector<int64_t> rest(dims.begin(), dims.begin() + static_cast<int64_t>(run.kept_dims));
-    rest.push_back(run.first);
-    Value zero = b.constant(0, x.dtype());
-    auto sc = b.reduce({blocks, full_like(b, blocks, 0)}, {zero, zero}, rest, two_sum);
-    return add(b, sc[0], sc[1]);
-  }
   Value v = x;
   std::vector<int64_t> rest = dims;
   int64_t rest_count = 1;

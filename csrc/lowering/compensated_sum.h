@@ -9,12 +9,7 @@ namespace tpu::lowering {
 // (TwoSum), so it stays within about an ulp of the exact sum in whatever order the
 // compiler adds: XLA:CPU adds a reduce's elements one by one into one accumulator, whose
 // error grows with the count, where CPU PyTorch's norms accumulate in double.
-// dot_block > 1: the reduced dims that end x (a convolution's spatial dims) are first
-// summed in blocks of that many elements by a product with ones, which XLA:CPU runs at
-// memory speed, and only the blocks' sums compensated. Each block's rounding stays: with
-// blocks of 8 a convolution's bias gradient is still within an ulp (tests/
-// test_conv_accuracy.py), but batch norm's dx, held tighter, is not, so its sums don't.
-Value compensated_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims, int64_t dot_block = 0);
+Value compensated_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims);
 
 // Float sum over leading dims (the kept dims trailing: a layer norm's weight and bias
 // gradients) in blocks of about sqrt(rows) rows: each block's sum a matmul with ones, then

@@ -716,9 +716,8 @@ TPU_LOWER(convolution_backward, "convolution_backward") {
     std::vector<int64_t> dims{0};
     for (int64_t i = 0; i < a.n; ++i) dims.push_back(2 + i);
     // A plain sum over N x spatial (thousands of terms, added one by one on XLA:CPU)
-    // drifts tens of ulps where CPU's kernel stays within a few; compensated, about one,
-    // with the spatial dims first summed in blocks of 8 (at memory speed, within an ulp).
-    outs.push_back(as_out(ctx, compensated_sum(b, b.convert(g, acc), dims, 8), 2));
+    // drifts tens of ulps where CPU's kernel stays within a few; compensated, about one.
+    outs.push_back(as_out(ctx, compensated_sum(b, b.convert(g, acc), dims), 2));
   } else {
     outs.push_back(placeholder(ctx));
   }
