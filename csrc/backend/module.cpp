@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "backend/autograd_exit.h"
 #include "backend/device.h"
 #include "backend/device_checks.h"
 #include "backend/executor.h"
@@ -90,6 +91,7 @@ PYBIND11_MODULE(_C, m) {
       wait_launched();
     } catch (...) {
     }
+    settle_autograd_threads();
   });
   m.def("_split_at_backward", [] { return split_at_backward(); });
   m.def("_set_split_at_backward", [](bool on) { set_split_at_backward(on); });
