@@ -7,6 +7,8 @@
 #include <mutex>
 #include <thread>
 
+#include <pthread.h>
+
 namespace tpu::backend {
 
 int compile_threads() {
@@ -35,6 +37,7 @@ class CompilePool {
 
  private:
   void loop() {
+    pthread_setname_np(pthread_self(), "tpu-compile");  // for profilers and top -H
     for (;;) {
       ProgramPtr p;
       {

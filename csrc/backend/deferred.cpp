@@ -7,6 +7,8 @@
 #include <limits>
 #include <deque>
 #include <thread>
+
+#include <pthread.h>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -836,6 +838,7 @@ class Launcher {
 
  private:
   void loop() {
+    pthread_setname_np(pthread_self(), "tpu-launcher");  // for profilers and top -H
     for (;;) {
       Job job;
       {

@@ -5,6 +5,8 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
 #include <set>
 
 #include "backend/dtypes.h"
@@ -244,6 +246,7 @@ void Sequencer::drain_all() {
 }
 
 void Sequencer::helper_loop() {
+  pthread_setname_np(pthread_self(), "tpu-dist-wait");  // for profilers and top -H
   for (;;) {
     std::pair<c10::intrusive_ptr<c10d::Work>, StagedWork*> item;
     {
