@@ -3,6 +3,7 @@
 #include <ATen/EmptyTensor.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/accumulate.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <memory>
@@ -275,12 +276,18 @@ Operand dense_value(const at::Tensor& t) {
 runtime::BufferPtr dense_buffer(const at::Tensor& t) { return resolve(dense_value(t)); }
 
 at::Tensor wrap_value(Operand value, c10::ScalarType dtype, at::IntArrayRef sizes, int device) {
-  // The allocator places the storage on the current device: switch only if it differs.
-  std::optional<c10::DeviceGuard> guard;
-  if (current_device() != device) guard.emplace(c10::Device(c10::DeviceType::PrivateUse1, device));
+  // Every op's result comes here: the storage is made directly on `device`, holding the
+  // value from the start (no device switch, allocator call or lookup of what it made).
+  caffe2::TypeMeta meta = c10::scalarTypeToTypeMeta(dtype);
+  size_t nbytes = static_cast<size_t>(c10::multiply_integers(sizes)) * meta.itemsize();
+  c10::Device dev(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
+  auto* s = new StorageData{device, nbytes, std::move(value)};
+  auto storage = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes, c10::DataPtr(s, s, &delete_storage, dev), &g_allocator,
+      /*resizable=*/true);
   constexpr c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
-  at::Tensor t = at::detail::empty_generic(sizes, &g_allocator, ks, dtype, std::nullopt);
-  storage_of(t).value = std::move(value);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), ks, meta);
+  if (sizes.size() != 1 || sizes[0] != 0) t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
   return t;
 }
 
