@@ -378,3 +378,13 @@ def test_invalid_arguments_raise_as_cpu_and_leave_the_inputs_usable(case):
     _same_as_cpu(fn, match)
     x = torch.arange(4.0, device="tpu")
     assert (x + 1).cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1, 5, -7])
+def test_cat_skips_legacy_empty_inputs_as_cpu_does(dim):
+    # CPU skips 1-D empty inputs; with every input skipped it checks no dim (found by fuzzing)
+    e = lambda d, dt=torch.float32: torch.zeros(0, dtype=dt, device=d)  # noqa: E731
+    m = lambda d: torch.arange(6.0, device=d).reshape(2, 3)  # noqa: E731
+    _same_as_cpu(lambda d: torch.cat([e(d), e(d)], dim))
+    _same_as_cpu(lambda d: torch.cat([e(d, torch.int64), e(d)], dim))  # promoted dtype
+    _same_as_cpu(lambda d: torch.cat([e(d), m(d), e(d)], dim))  # dim checked on m alone

@@ -60,16 +60,16 @@ static std::vector<Value> accumulate(Builder& b, const std::vector<Value>& a) {
 // ---- cat / stack ----
 
 // Inputs join in the promoted dtype; legacy empty 1-D inputs (shape [0]) are skipped.
+// With every input skipped, CPU checks no dim: cat([empty(0)] * 2, 1) is an empty(0).
 TPU_LOWER(cat, "cat") {
   Type out = ctx.out(0);
-  int64_t dim = wrap_dim(ctx.i(1), out.rank());
   std::vector<Value> xs;
   for (auto& x : ctx.list(0)) {
-    if (x.rank() != out.rank()) continue;  // the shape-[0] case
+    if (x.rank() == 1 && x.shape()[0] == 0) continue;  // the shape-[0] case
     xs.push_back(ctx.b.convert(x, out.dtype));
   }
   if (xs.empty()) return {ctx.b.constant(0, out.dtype, out.shape)};
-  return {ctx.b.concatenate(xs, dim)};
+  return {ctx.b.concatenate(xs, wrap_dim(ctx.i(1), out.rank()))};
 }
 
 TPU_LOWER(stack, "stack") {
