@@ -388,3 +388,22 @@ def test_cat_skips_legacy_empty_inputs_as_cpu_does(dim):
     _same_as_cpu(lambda d: torch.cat([e(d), e(d)], dim))
     _same_as_cpu(lambda d: torch.cat([e(d, torch.int64), e(d)], dim))  # promoted dtype
     _same_as_cpu(lambda d: torch.cat([e(d), m(d), e(d)], dim))  # dim checked on m alone
+
+
+@pytest.mark.parametrize("src_device", ["tpu", "cpu"])
+@pytest.mark.parametrize("dst_shape,src_shape", [((4, 6), (3, 2, 2)), ((6,), (1, 6)), ((2, 3), (3, 2)),
+                                                 ((0, 3), (2, 3)), ((4, 6), (4, 1))])
+def test_copy_checks_that_the_source_broadcasts_at_once(dst_shape, src_shape, src_device):
+    # A copy_ of the wrong shape was queued and failed only at the next read, taking the
+    # destination's values with it (found by tests/test_fuzz_programs.py).
+    def fn(d):
+        dst = torch.arange(float(torch.Size(dst_shape).numel()), device=d).reshape(dst_shape)
+        try:
+            dst.copy_(torch.ones(src_shape, device=src_device if d == "tpu" else "cpu"))
+        except RuntimeError as e:
+            return str(e), dst * 1  # the destination stays as it was, and usable
+        return "ok", dst * 1
+    want_msg, want = fn("cpu")
+    got_msg, got = fn("tpu")
+    assert got_msg == want_msg
+    torch.testing.assert_close(got.cpu(), want)

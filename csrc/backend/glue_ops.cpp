@@ -2,6 +2,7 @@
 // resize, copies across devices, reading a scalar back.
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/native/Resize.h>
 #include <ATen/CPUFunctions.h>
@@ -266,6 +267,13 @@ at::Tensor view_of_host_copy(const at::Tensor& src) {
 }
 
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  // src must broadcast to self, as CPU's copy_ checks (with its messages), before anything
+  // is queued: a write of the wrong shape would only fail when the storage is next read.
+  if (self.sizes() != src.sizes()) {
+    std::vector<int64_t> shape = at::infer_size(self.sizes(), src.sizes());
+    TORCH_CHECK(c10::IntArrayRef(shape) == self.sizes(), "output with shape ", self.sizes(),
+                " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+  }
   if (self.numel() == 0 || self.is_same(src)) return self;
   if (self.is_privateuseone()) {  // as CPU's copy_ (a TensorIterator) checks
     at::assert_no_internal_overlap(self);
