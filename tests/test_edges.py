@@ -407,3 +407,34 @@ def test_copy_checks_that_the_source_broadcasts_at_once(dst_shape, src_shape, sr
     got_msg, got = fn("tpu")
     assert got_msg == want_msg
     torch.testing.assert_close(got.cpu(), want)
+
+
+@pytest.mark.parametrize("self_shape,src_shape", [((4, 6), (1,)), ((4, 6), (1, 4)), ((3, 2, 2), (1, 4)),
+                                                  ((4,), ()), ((), (1,)), ((4, 6), (1, 1, 6)),
+                                                  ((4, 6), (1, 6)), ((), ())])
+def test_index_add_checks_the_source_slices_as_cpu(self_shape, src_shape):
+    # CPU checks them in its kernel, not in the meta function: a mismatched source was
+    # read with self's slice shape, or failed to compile (found by test_fuzz_programs.py)
+    _same_as_cpu(lambda d: torch.zeros(self_shape, device=d).index_add_(
+        0, torch.tensor([0], device=d), torch.ones(src_shape, device=d)))
+
+
+@pytest.mark.parametrize("name", ["mul_scalar", "mul_tensor", "mul_zero_dim", "mul_bool", "addcmul_", "addcdiv_",
+                                  "mul_float_ok", "addcmul_bf16_ok"])
+def test_in_place_ops_refuse_a_result_dtype_self_cannot_hold(name):
+    # PyTorch's meta kernels of mul_, addcmul_ and addcdiv_ do not check this, CPU does:
+    # int.mul_(2.5) was silently truncated on tpu (found by test_fuzz_programs.py)
+    cases = {
+        "mul_scalar": lambda d: torch.tensor([1, 2, 3], dtype=torch.int32, device=d).mul_(2.5),
+        "mul_tensor": lambda d: torch.tensor([1, 2, 3], device=d).mul_(torch.full((3,), 2.5, device=d)),
+        "mul_zero_dim": lambda d: torch.tensor([1, 2, 3], device=d).mul_(torch.tensor(2.5, device=d)),
+        "mul_bool": lambda d: torch.tensor([True, False], device=d).mul_(2),
+        "addcmul_": lambda d: torch.tensor([1, 2], device=d).addcmul_(torch.ones(2, device=d),
+                                                                      torch.ones(2, device=d), value=0.5),
+        "addcdiv_": lambda d: torch.tensor([1, 2], device=d).addcdiv_(torch.ones(2, device=d), torch.ones(2, device=d)),
+        "mul_float_ok": lambda d: torch.tensor([1.0, 2.0], device=d).mul_(torch.tensor(2, device=d)),
+        "addcmul_bf16_ok": lambda d: torch.ones(2, dtype=torch.bfloat16, device=d).addcmul_(
+            torch.ones(2, device=d), torch.full((2,), 3.0, device=d)),
+    }
+    err = _same_as_cpu(cases[name], match="can't be cast to the desired output type")
+    assert (err is None) == name.endswith("_ok")

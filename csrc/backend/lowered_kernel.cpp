@@ -60,6 +60,9 @@ struct OpInfo {
   // A pointwise out= op with one out (mul.out): its functional op (mul.Tensor), which
   // computes in the inputs' common dtype when `out` has another.
   std::optional<c10::OperatorHandle> functional;
+  // A pointwise in-place op (mul_.Tensor): its functional op (mul.Tensor), whose result
+  // dtype must cast to self's, as CPU's TensorIterator checks (some meta kernels do not).
+  std::optional<c10::OperatorHandle> inplace_functional;
 };
 
 // Ops whose CPU kernels accept a written tensor with internal overlap (fills, which
@@ -1088,6 +1091,24 @@ bool computed_in_common_dtype(const OpInfo& info, torch::jit::Stack* stack) {
   return true;
 }
 
+// CPU's in-place pointwise ops refuse a result dtype that cannot cast to self's
+// (int.mul_(2.5)); PyTorch's meta kernels of mul_, addcmul_ and addcdiv_ do not check it,
+// and the value would be silently cast. Runs where a plan is made: the key holds every
+// argument's dtype (and a Python number's kind), so a plan's signature always passed.
+void check_inplace_result_type(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  if (!args[0].isTensor()) return;
+  c10::ScalarType self = args[0].toTensor().scalar_type();
+  std::vector<IValue> mrets;
+  try {
+    mrets = run_meta(*info.inplace_functional, args).second;
+  } catch (const std::exception&) {
+    return;  // the in-place op's own meta kernel accepted the call: nothing to add
+  }
+  if (mrets.size() != 1 || !mrets[0].isTensor()) return;
+  c10::ScalarType result = mrets[0].toTensor().scalar_type();
+  TORCH_CHECK(c10::canCast(result, self), "result type ", result, " can't be cast to the desired output type ", self);
+}
+
 void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
                     BorrowedArgs* borrowed) {
   guarded([] { runtime::Client::check_not_forked(); return 0; });  // before any graph lock
@@ -1175,6 +1196,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
         run_fallback(op, stack, "output shape depends on tensor values");
         return;
       }
+      if (info.inplace_functional) check_inplace_result_type(info, args);
       if (info.mutated.empty()) {
         for (auto& r : mrets) {
           append_outs(r, meta_outs);
@@ -1539,6 +1561,10 @@ int register_lowered_kernels() {
     if (info.is_out && info.mutated.size() == 1 && info.mutated[0] == info.num_args - 1 &&
         h->hasTag(at::Tag::pointwise))
       info.functional = functional_of(schema, overloads[name.name]);
+    if (!info.is_out && info.mutated.size() == 1 && info.mutated[0] == 0 && name.name.back() == '_' &&
+        h->hasTag(at::Tag::pointwise))
+      info.inplace_functional = c10::Dispatcher::singleton().findOp(
+          {name.name.substr(0, name.name.size() - 1), name.overload_name});
     // Rules index the functional op's arguments: out= args come last, so they line up.
     const OpInfo* stored = &infos().emplace(name, std::move(info)).first->second;
     // torch::Library keeps the name pointer: give it storage that lives as long.

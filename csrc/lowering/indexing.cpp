@@ -276,9 +276,26 @@ static Value index_scatter(Builder& b, const Value& self, int64_t dim, const Val
 
 // index_add / index_copy: args (self, dim, index, source[, alpha]); `scale` multiplies
 // the source slices (index_add's alpha) before they are combined by `fn`.
+static std::string shape_text(const Shape& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
 static std::vector<Value> index_write(Ctx& ctx, const ir::RegionFn& fn, bool scale) {
   Builder& b = ctx.b;
   Value self = ctx.in(0), index = ctx.in(2);
+  if (scale) {
+    // CPU's index_add checks this in its kernel, not in the meta function PyTorch plans
+    // with: a source of other slices would be read as if it had self's.
+    Shape ss = self.shape(), rs = ctx.in(3).shape();
+    int64_t d = ss.empty() ? 0 : wrap_dim(ctx.i(1), self.rank());
+    bool ok = ss.size() == rs.size();
+    for (size_t i = 0; ok && i < ss.size(); ++i) ok = static_cast<int64_t>(i) == d || ss[i] == rs[i];
+    if (!ok)
+      throw std::runtime_error("source tensor shape must match self tensor shape, excluding the specified "
+                               "dimension. Got self.shape = " + shape_text(ss) + " source.shape = " + shape_text(rs));
+  }
   if (self.rank() == 0) self = b.reshape(self, {1});
   int64_t dim = wrap_dim(ctx.i(1), self.rank());
   check_bounds(ctx, index, dim, self.shape()[dim], false);
