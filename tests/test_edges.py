@@ -438,3 +438,16 @@ def test_in_place_ops_refuse_a_result_dtype_self_cannot_hold(name):
     }
     err = _same_as_cpu(cases[name], match="can't be cast to the desired output type")
     assert (err is None) == name.endswith("_ok")
+
+
+def test_a_resized_out_takes_the_inputs_layout_as_cpu():
+    # TensorIterator restrides a resized out to its inputs' order: a view of the out's
+    # storage reads the values in that order (found by test_fuzz_programs.py)
+    def fn(d):
+        out = torch.arange(24.0, device=d).reshape(4, 6)
+        seen = out.t()  # the storage's first 12 values, as the program leaves them
+        src = torch.arange(12.0, device=d).reshape(3, 2, 2).transpose(0, 2)
+        with pytest.warns(UserWarning):
+            torch.add(src, 1.0, out=out)
+        return out, seen, torch.tensor(out.stride())
+    _same_as_cpu(fn)

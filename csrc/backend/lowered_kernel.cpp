@@ -1138,7 +1138,12 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
       if (margs[a].isTensor()) {
         const at::Tensor& m = margs[a].toTensor();
         at::Tensor real = args[a].toTensor();
-        if (real.sizes() != m.sizes()) real.resize_(m.sizes());
+        if (real.sizes() != m.sizes()) {
+          real.resize_(m.sizes());
+          // A resized out takes the layout the meta kernel gave it (TensorIterator's
+          // follows its inputs' order), as CPU's does: views of its storage see it.
+          if (real.strides() != m.strides()) real.as_strided_(m.sizes(), m.strides(), real.storage_offset());
+        }
         meta_outs.push_back(m);
       } else {
         append_outs(margs[a], meta_outs);
