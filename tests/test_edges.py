@@ -137,6 +137,21 @@ OVERLAP = {
     "foreach_add_": lambda d: (lambda a: (torch._foreach_add_([a[1:], a[:2]], [a[:-1], a[4:6]]), a)[1])(_ar(8, d)),
     "expand_uniform_": lambda d: _ar(4, d).expand(3, 4).uniform_(),
     "expand_index_add_": lambda d: _ar(4, d).expand(3, 4).index_add_(1, torch.tensor([0], device=d), torch.ones(3, 1, device=d)),
+    # These refuse the same view too (found by test_fuzz_programs.py).
+    "index_add_self": lambda d: (lambda t: t.index_add_(0, torch.tensor([0], device=d), t))(_ar(3, d).view(1, 3)),
+    "index_copy_self": lambda d: (lambda t: t.index_copy_(0, torch.tensor([0], device=d), t))(_ar(3, d).view(1, 3)),
+    "scatter_add_self": lambda d: (lambda t: t.scatter_add_(0, torch.zeros(1, 3, dtype=torch.long, device=d), t))(
+        _ar(3, d).view(1, 3)),
+    "put_self": lambda d: (lambda t: t.put_(torch.tensor([0, 1, 2], device=d), t))(_ar(3, d)),
+    "index_put_self": lambda d: (lambda t: t.index_put_((torch.tensor([0, 1, 2], device=d),), t))(_ar(3, d)),
+    "setitem_row": lambda d: (lambda t: t.__setitem__(torch.tensor([0], device=d), t[1]))(_ar(6, d).view(3, 2)),
+    "index_put_indices": lambda d: (lambda t: t.index_put_((t[:1],), torch.tensor(5, device=d)))(
+        torch.zeros(3, dtype=torch.long, device=d)),
+    "gather_out_self": lambda d: (lambda t: torch.gather(t, 0, torch.zeros(1, 3, dtype=torch.long, device=d), out=t))(
+        _ar(3, d).view(1, 3)),
+    "index_select_out_self": lambda d: (lambda t: torch.index_select(t, 0, torch.tensor([0], device=d), out=t))(
+        _ar(3, d).view(1, 3)),
+    "take_out_self": lambda d: (lambda t: torch.take(t, torch.tensor([0, 1, 2], device=d), out=t))(_ar(3, d)),
 }
 
 ALLOWED = {  # CPU accepts these: same result

@@ -52,6 +52,7 @@ struct OpInfo {
   bool is_out = false;
   bool check_internal_overlap = true;  // of a written arg (CPU's TensorIterator check)
   bool check_input_overlap = true;     // between a written arg and a read one
+  bool check_any_input_overlap = false;  // the same view too (index_add_(0, i, self))
   bool host_fill = false;              // fill_.Scalar, zero_: may run no program
   int cpu_indices_arg = -1;            // advanced indexing's Tensor?[]: cpu ones move over
   // Per return: the argument index it aliases, or one of these.
@@ -80,6 +81,15 @@ bool cpu_allows_input_overlap(const std::string& base) {
       "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul",
       "_softmax", "_log_softmax", "masked_fill", "index_fill", "fill", "zero"};
   return cpu_allows_internal_overlap(base) || ops.count(base) > 0;
+}
+
+// Ops whose CPU kernels refuse any element shared by the written tensor and an input,
+// the same view included (index_add_(0, i, self)): the others refuse partial overlap only.
+bool cpu_forbids_any_input_overlap(const std::string& base) {
+  static const std::set<std::string> ops = {
+      "index_add", "index_copy", "scatter", "scatter_add", "scatter_reduce", "put", "index_put",
+      "_index_put_impl", "gather", "index_select", "take"};
+  return ops.count(base) > 0;
 }
 
 std::string op_key_name(const c10::OperatorName& n) {
@@ -977,7 +987,10 @@ void check_overlaps(const OpInfo& info, c10::ArrayRef<IValue> args) {
         std::vector<at::Tensor> ins = tensors_of(args[i]);
         bool paired = args[a].isList() && ins.size() == outs.size();
         for (size_t k = 0; k < ins.size(); ++k)
-          if ((!paired || k == e) && on_tpu(ins[k])) at::assert_no_partial_overlap(outs[e], ins[k]);
+          if ((!paired || k == e) && on_tpu(ins[k])) {
+            if (info.check_any_input_overlap) at::assert_no_overlap(outs[e], ins[k]);
+            else at::assert_no_partial_overlap(outs[e], ins[k]);
+          }
       }
     }
   }
@@ -1560,7 +1573,8 @@ int register_lowered_kernels() {
     if (!base.empty() && base.back() == '_') base.pop_back();
     if (!moves_cpu_indices(base)) info.cpu_indices_arg = -1;
     info.check_internal_overlap = !cpu_allows_internal_overlap(base);
-    info.check_input_overlap = !cpu_allows_input_overlap(base);
+    info.check_any_input_overlap = cpu_forbids_any_input_overlap(base);
+    info.check_input_overlap = info.check_any_input_overlap || !cpu_allows_input_overlap(base);
     info.host_fill = info.name == "fill_.Scalar" || info.name == "zero_";
     info.ret_alias = return_aliases(schema);
     if (info.is_out && info.mutated.size() == 1 && info.mutated[0] == info.num_args - 1 &&
