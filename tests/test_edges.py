@@ -466,3 +466,24 @@ def test_a_resized_out_takes_the_inputs_layout_as_cpu():
             torch.add(src, 1.0, out=out)
         return out, seen, torch.tensor(out.stride())
     _same_as_cpu(fn)
+
+
+def test_index_put_takes_values_of_self_dtype_only_as_cpu():
+    # CPU's and CUDA's kernels write values without a cast (found by test_fuzz_programs.py)
+    idx = lambda d: torch.tensor([0, 1], device=d)  # noqa: E731
+
+    def put(value_dtype, accumulate=False):
+        return lambda d: torch.zeros(4, device=d).index_put_(
+            (idx(d),), torch.tensor(2, dtype=value_dtype, device=d), accumulate=accumulate)
+    for dt in (torch.int64, torch.float64, torch.bool):
+        for acc in (False, True):
+            assert _same_as_cpu(put(dt, acc), match="Index put requires the source and destination dtypes match") \
+                is RuntimeError
+    assert _same_as_cpu(put(torch.float32)) is None
+    # One value on the CPU through one boolean mask: CPU and CUDA fill with masked_fill_ (a cast)
+    _same_as_cpu(lambda d: (lambda x: (x.__setitem__(x >= 0, torch.tensor(2)), x)[1])(torch.zeros(4, device=d)))
+    # ... but not a value on the device (CUDA's kernel then checks the dtype, as here)
+    x = torch.zeros(4, device="tpu")
+    with pytest.raises(RuntimeError, match="got Float for the destination and Long for the source"):
+        x[x >= 0] = torch.tensor(2, device="tpu")
+    assert x.cpu().tolist() == [0.0] * 4

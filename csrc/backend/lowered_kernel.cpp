@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "runtime/launch_probe.h"
+#include "backend/kernel_checks.h"
 #include "backend/device.h"
 #include "backend/captured_graph.h"
 #include "backend/device_checks.h"
@@ -64,6 +65,7 @@ struct OpInfo {
   // A pointwise in-place op (mul_.Tensor): its functional op (mul.Tensor), whose result
   // dtype must cast to self's, as CPU's TensorIterator checks (some meta kernels do not).
   std::optional<c10::OperatorHandle> inplace_functional;
+  KernelCheck kernel_check = nullptr;  // what CPU's kernel checks and the meta function not
 };
 
 // Ops whose CPU kernels accept a written tensor with internal overlap (fills, which
@@ -1215,6 +1217,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
         return;
       }
       if (info.inplace_functional) check_inplace_result_type(info, args);
+      if (info.kernel_check) info.kernel_check(args);
       if (info.mutated.empty()) {
         for (auto& r : mrets) {
           append_outs(r, meta_outs);
@@ -1573,6 +1576,7 @@ int register_lowered_kernels() {
     if (!base.empty() && base.back() == '_') base.pop_back();
     if (!moves_cpu_indices(base)) info.cpu_indices_arg = -1;
     info.check_internal_overlap = !cpu_allows_internal_overlap(base);
+    info.kernel_check = kernel_check_for(base);
     info.check_any_input_overlap = cpu_forbids_any_input_overlap(base);
     info.check_input_overlap = info.check_any_input_overlap || !cpu_allows_input_overlap(base);
     info.host_fill = info.name == "fill_.Scalar" || info.name == "zero_";

@@ -1,0 +1,16 @@
+// Checks CPU's kernels make that PyTorch's meta functions skip: without them a call CPU
+// refuses would run on tpu (and cast or read its arguments as it pleases).
+#pragma once
+#include <ATen/core/ivalue.h>
+
+#include <string>
+
+namespace tpu::backend {
+
+using KernelCheck = void (*)(c10::ArrayRef<c10::IValue> args);
+
+// The check of an op by its base name (index_put for index_put_ and index_put.out), or
+// nullptr. Runs where a plan is made: the plan key holds what these checks read.
+KernelCheck kernel_check_for(const std::string& base);
+
+}  // namespace tpu::backend
