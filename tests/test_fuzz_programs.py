@@ -171,11 +171,15 @@ def _step_compute(ts, a, b, c):
     if kind == 0:
         return t * 2 + 1
     if kind == 1:
-        return t.abs().sqrt()
+        # exact ops only: a bitcast view would show a last-bit difference as another integer
+        # (XLA:CPU's f32 sqrt is off by an ulp on about a fifth of inputs; CPU's is exact)
+        return t.abs() - 1
     if kind == 2 and t.dim() >= 1:
         return t.sum(dim=c % t.dim())
     if kind == 3:
-        return t.clone()
+        return t.to((torch.float32, torch.int64, torch.bfloat16, torch.bool)[c % 4])
+    if c % 2:
+        return torch.where(t > 0, t, ts[(a + c) % len(ts)])  # promotes, broadcasts or raises
     return t + ts[c % len(ts)]  # broadcasts, or raises as CPU does
 
 
@@ -193,7 +197,9 @@ def run(program, device):
     g = torch.Generator().manual_seed(program[0])
     ts = [(torch.randint(-4, 5, (4, 6), generator=g).float()).to(device),
           (torch.randint(-4, 5, (6,), generator=g).float()).to(device),
-          (torch.randint(-4, 5, (3, 2, 2), generator=g).float()).to(device)]
+          (torch.randint(-4, 5, (3, 2, 2), generator=g).float()).to(device),
+          torch.randint(-4, 5, (2, 3), generator=g).to(device),  # int64: promotions, refusals
+          torch.randint(-4, 5, (5,), generator=g).to(torch.bfloat16).to(device)]
     trace = []
     for step, a, b, c in program[1]:
         try:
