@@ -496,3 +496,16 @@ def test_copy_between_two_views_of_the_same_elements_does_nothing_as_cpu():
         x.expand(3, 4).copy_(x.expand(3, 4))
         return x
     assert _same_as_cpu(fn) is None
+
+
+def test_resize_to_the_same_sizes_keeps_the_view_as_cpu():
+    # CPU's resize_ returns at once when the sizes do not change: a strided view stays one
+    # and a fill through it writes its own elements (found by test_fuzz_programs.py)
+    def fn(d):
+        x = torch.zeros(3, 2, 2, device=d)
+        v = x.diagonal(offset=-1, dim1=-2, dim2=-1)
+        v.resize_((3, 1)).fill_(2.0)
+        w = x[:, 0, :].t()
+        w.resize_(w.shape, memory_format=torch.contiguous_format)  # a memory format restrides
+        return x, torch.tensor(v.stride()), torch.tensor(w.stride())
+    assert _same_as_cpu(fn) is None

@@ -39,6 +39,12 @@ def _unordered_overlap(dst, src):
     return bool(set(a) & set(b)) and (a != b or dst.dtype != src.dtype)
 
 
+def _bits_of_another_dtype(t):
+    """A view writing another dtype's bits: it can make subnormal floats (XLA:CPU flushes
+    them to zero, as TPUs do; CPU keeps them) and NaNs whose payload differs. Read only."""
+    return t._base is not None and t._base.dtype != t.dtype
+
+
 def _dim(t, k):
     return k % t.dim() if t.dim() else None
 
@@ -90,7 +96,7 @@ def _step_view_more(ts, a, b, c):
 
 def _step_indexed_inplace(ts, a, b, c):
     t = ts[a % len(ts)]
-    if t.dim() == 0 or t.shape[0] == 0:
+    if t.dim() == 0 or t.shape[0] == 0 or _bits_of_another_dtype(t):
         return None
     idx = torch.tensor([c % t.shape[0], (c + b) % t.shape[0]], device=t.device)
     kind = b % 3
@@ -108,6 +114,8 @@ def _step_indexed_inplace(ts, a, b, c):
 
 def _step_out(ts, a, b, c):
     out, x = ts[a % len(ts)], ts[b % len(ts)]
+    if _bits_of_another_dtype(out):
+        return None
     if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() and out.shape != x.shape:
         return None  # a resize can make out overlap x any which way
     torch.add(x, float(c % 3), out=out)  # resizes, raises or writes as CPU does
@@ -132,6 +140,8 @@ def _step_metadata_inplace(ts, a, b, c):
 
 def _step_inplace(ts, a, b, c):
     t = ts[a % len(ts)]
+    if _bits_of_another_dtype(t):
+        return None
     kind = b % 7
     s = float(c % 5 - 2)
     if kind == 0:
@@ -153,6 +163,8 @@ def _step_inplace(ts, a, b, c):
 
 def _step_binary_inplace(ts, a, b, c):
     dst, src = ts[a % len(ts)], ts[b % len(ts)]
+    if _bits_of_another_dtype(dst):
+        return None
     if _unordered_overlap(dst, src):
         return None  # CPU raises where the overlap is simple enough to find (tests/test_edges.py)
     kind = c % 3
@@ -184,12 +196,27 @@ def _step_compute(ts, a, b, c):
 
 
 def _step_read(ts, a, b, c):
-    return ("read", ts[a % len(ts)])
+    t = ts[a % len(ts)]
+    if b % 3 == 0 and t.numel():  # one element, as a Python number read back
+        return ("read", torch.tensor(t.reshape(-1)[c % t.numel()].item()))
+    return ("read", t)
+
+
+def _step_resize(ts, a, b, c):
+    t = ts[a % len(ts)]  # shrinks or grows its storage; views of it keep the old one's size
+    if _bits_of_another_dtype(t):
+        return None
+    t.resize_((b % 4 + 1, c % 5 + 1))
+    if t.numel() and t.is_floating_point():
+        t.fill_(float(b))  # grown elements are uninitialized: written before any read
+    elif t.numel():
+        t.fill_(b)
+    return None
 
 
 STEPS = [_step_view, _step_view, _step_inplace, _step_inplace, _step_binary_inplace,
          _step_compute, _step_read, _step_view_more, _step_indexed_inplace, _step_out,
-         _step_metadata_inplace]
+         _step_metadata_inplace, _step_resize]
 
 
 def run(program, device):

@@ -153,6 +153,12 @@ at::Tensor unfold(const at::Tensor& self, int64_t dim, int64_t size, int64_t ste
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<c10::MemoryFormat> mf) {
+  TORCH_CHECK(!mf.has_value() || *mf != c10::MemoryFormat::Preserve, "Unsupported memory format", *mf);
+  // The same sizes keep the view's strides, as CPU's resize_ does (a memory format still restrides).
+  if (self.sizes() == size) {
+    if (mf.has_value()) self.unsafeGetTensorImpl()->empty_tensor_restride(*mf);
+    return self;
+  }
   int64_t numel = c10::multiply_integers(size);
   size_t isz = self.dtype().itemsize();
   size_t need = static_cast<size_t>(self.storage_offset() + numel) * isz;
@@ -181,7 +187,7 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   }
   std::vector<int64_t> sizes(size.begin(), size.end());
   self.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
-  if (mf.has_value() && *mf != c10::MemoryFormat::Contiguous && *mf != c10::MemoryFormat::Preserve)
+  if (mf.has_value() && *mf != c10::MemoryFormat::Contiguous)
     self.unsafeGetTensorImpl()->empty_tensor_restride(*mf);
   return self;
 }
