@@ -39,10 +39,14 @@ def _unordered_overlap(dst, src):
     return bool(set(a) & set(b)) and (a != b or dst.dtype != src.dtype)
 
 
-def _bits_of_another_dtype(t):
-    """A view writing another dtype's bits: it can make subnormal floats (XLA:CPU flushes
-    them to zero, as TPUs do; CPU keeps them) and NaNs whose payload differs. Read only."""
-    return t._base is not None and t._base.dtype != t.dtype
+def _bits_of_another_dtype(t, ts):
+    """An integer view of a float tensor's bytes (view(torch.int32): autograd does not
+    track it as a view): its writes can make subnormal floats (XLA:CPU flushes them to
+    zero, as TPUs do; CPU keeps them) and NaNs whose payload differs. Read only."""
+    if t.is_floating_point():
+        return False
+    mine = t.untyped_storage().data_ptr()
+    return any(u.is_floating_point() and u.untyped_storage().data_ptr() == mine for u in ts)
 
 
 def _dim(t, k):
@@ -96,7 +100,7 @@ def _step_view_more(ts, a, b, c):
 
 def _step_indexed_inplace(ts, a, b, c):
     t = ts[a % len(ts)]
-    if t.dim() == 0 or t.shape[0] == 0 or _bits_of_another_dtype(t):
+    if t.dim() == 0 or t.shape[0] == 0 or _bits_of_another_dtype(t, ts):
         return None
     idx = torch.tensor([c % t.shape[0], (c + b) % t.shape[0]], device=t.device)
     kind = b % 3
@@ -114,7 +118,7 @@ def _step_indexed_inplace(ts, a, b, c):
 
 def _step_out(ts, a, b, c):
     out, x = ts[a % len(ts)], ts[b % len(ts)]
-    if _bits_of_another_dtype(out):
+    if _bits_of_another_dtype(out, ts):
         return None
     if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() and out.shape != x.shape:
         return None  # a resize can make out overlap x any which way
@@ -140,7 +144,7 @@ def _step_metadata_inplace(ts, a, b, c):
 
 def _step_inplace(ts, a, b, c):
     t = ts[a % len(ts)]
-    if _bits_of_another_dtype(t):
+    if _bits_of_another_dtype(t, ts):
         return None
     kind = b % 7
     s = float(c % 5 - 2)
@@ -163,7 +167,7 @@ def _step_inplace(ts, a, b, c):
 
 def _step_binary_inplace(ts, a, b, c):
     dst, src = ts[a % len(ts)], ts[b % len(ts)]
-    if _bits_of_another_dtype(dst):
+    if _bits_of_another_dtype(dst, ts):
         return None
     if _unordered_overlap(dst, src):
         return None  # CPU raises where the overlap is simple enough to find (tests/test_edges.py)
@@ -204,7 +208,7 @@ def _step_read(ts, a, b, c):
 
 def _step_resize(ts, a, b, c):
     t = ts[a % len(ts)]  # shrinks or grows its storage; views of it keep the old one's size
-    if _bits_of_another_dtype(t):
+    if _bits_of_another_dtype(t, ts):
         return None
     t.resize_((b % 4 + 1, c % 5 + 1))
     if t.numel() and t.is_floating_point():
