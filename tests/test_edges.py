@@ -509,3 +509,51 @@ def test_resize_to_the_same_sizes_keeps_the_view_as_cpu():
         w.resize_(w.shape, memory_format=torch.contiguous_format)  # a memory format restrides
         return x, torch.tensor(v.stride()), torch.tensor(w.stride())
     assert _same_as_cpu(fn) is None
+
+
+def test_scalar_values_are_checked_at_every_call_as_cpu():
+    # CPU checks these Scalars at each call; the plan of the same signature made for an
+    # accepted value must not skip them (found by test_fuzz_semantics.py)
+    x = torch.arange(4.0, device="tpu")
+    cases = [  # (accepted, refused, message)
+        (lambda d, v: torch.arange(3, device=d) ** v, (2, -2), "Integers to negative integer powers"),
+        (lambda d, v: torch.arange(0, device=d) ** v, (2, -2), "Integers to negative integer powers"),
+        (lambda d, v: torch.arange(3, device=d).pow_(v), (2, -2), "Integers to negative integer powers"),
+        (lambda d, v: F.softshrink(torch.arange(4.0, device=d), v), (0.5, -0.5), "lambda must be in range [0, 3.40282e+38]"),
+        (lambda d, v: F.softshrink(torch.arange(4.0, device=d).bfloat16(), v), (0.5, 1e39), "for input dtype BFloat16"),
+        (lambda d, v: F.celu(torch.arange(4.0, device=d) - 2, v), (1.0, 0.0), "alpha cannot be 0 for CELU"),
+    ]
+    for fn, (ok, bad), message in cases:
+        assert _same_as_cpu(lambda d: fn(d, ok)) is None
+        before = torch_tpu.metrics()["signature_hits"]
+        with pytest.raises(RuntimeError, match=message.replace("[", r"\[").replace("+", r"\+")):
+            fn("tpu", bad)  # at the call, not at a later read
+        assert _same_as_cpu(lambda d: fn(d, bad), match=message) is RuntimeError
+        assert torch_tpu.metrics()["signature_hits"] >= before
+    assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_bucketize_and_searchsorted_edges_as_cpu():
+    # bucketize ran PyTorch's reference, which returns the input's dtype for empty
+    # boundaries (found by test_fuzz_semantics.py); it now lowers as searchsorted does
+    from conftest import no_fallbacks
+    with no_fallbacks():
+        for dt in (torch.int32, torch.float32, torch.bfloat16):
+            for bd in ([], [1, 2, 2, 3], [float("nan"), 1.0] if dt.is_floating_point else [0, 5]):
+                for right in (False, True):
+                    for out_int32 in (False, True):
+                        assert _same_as_cpu(lambda d: torch.bucketize(
+                            torch.tensor([[1, 3], [2, 0]], dtype=dt, device=d), torch.tensor(bd, dtype=dt, device=d),
+                            right=right, out_int32=out_int32)) is None
+                assert _same_as_cpu(lambda d: torch.bucketize(2, torch.tensor(bd, dtype=dt, device=d))) is None
+    assert _same_as_cpu(lambda d: torch.bucketize(torch.ones(2, device=d), torch.ones(2, 2, device=d)),
+                        match="boundaries tensor must be 1 dimension") is RuntimeError
+
+
+def test_cummax_dim_of_scalars_and_empty_tensors_as_cpu():
+    # A 0-dim tensor takes dim -1 or 0 only; an empty one any dim (CPU checks none then)
+    for f in ("cummax", "cummin"):
+        assert _same_as_cpu(lambda d: getattr(torch.tensor(1.0, device=d), f)(1)[0],
+                            match="Expected reduction dim -1 or 0 for scalar but got 1") is IndexError
+        assert _same_as_cpu(lambda d: getattr(torch.tensor(1.0, device=d), f)(-1)) is None
+        assert _same_as_cpu(lambda d: getattr(torch.empty(0, device=d), f)(3)) is None

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <limits>
 #include <unordered_map>
 
 namespace tpu::backend {
@@ -32,7 +33,45 @@ void index_put_values_dtype(c10::ArrayRef<c10::IValue> args) {
               " for the destination and ", values, " for the source.");
 }
 
+// pow(Tensor self, Scalar exponent): an integer tensor to a negative integer power.
+void pow_exponent(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 2 || !args[0].isTensor() || !args[1].isScalar()) return;
+  const c10::Scalar e = args[1].toScalar();
+  TORCH_CHECK(!(c10::isIntegralType(args[0].toTensor().scalar_type(), /*includeBool=*/true) &&
+                e.isIntegral(/*includeBool=*/true) && e.toLong() < 0),
+              "Integers to negative integer powers are not allowed.");
+}
+
+// softshrink(self, lambd): lambd in [0, the largest finite value of self's dtype].
+void softshrink_lambda(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 2 || !args[0].isTensor() || !args[1].isScalar()) return;
+  c10::ScalarType t = args[0].toTensor().scalar_type();
+  double upper = std::numeric_limits<double>::max();
+  if (t == at::kFloat) upper = std::numeric_limits<float>::max();
+  if (t == at::kBFloat16) upper = std::numeric_limits<c10::BFloat16>::max();
+  if (t == at::kHalf) upper = std::numeric_limits<c10::Half>::max();
+  double lambd = args[1].toScalar().toDouble();
+  TORCH_CHECK(lambd >= 0 && lambd <= upper, "lambda must be in range [0, ", upper, "] for input dtype ", t,
+              ", but found ", lambd);
+}
+
+// celu(self, alpha): the kernel divides by alpha.
+void celu_alpha(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 2 || !args[1].isScalar()) return;
+  TORCH_CHECK(args[1].toScalar().toDouble() != 0, "ZeroDivisionError: alpha cannot be 0 for CELU");
+}
+
 }  // namespace
+
+KernelCheck value_check_for(const std::string& base) {
+  static const std::unordered_map<std::string, KernelCheck> checks = {
+      {"pow", &pow_exponent},
+      {"softshrink", &softshrink_lambda},
+      {"celu", &celu_alpha},
+  };
+  auto it = checks.find(base);
+  return it == checks.end() ? nullptr : it->second;
+}
 
 KernelCheck kernel_check_for(const std::string& base) {
   static const std::unordered_map<std::string, KernelCheck> checks = {

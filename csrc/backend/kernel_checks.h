@@ -13,4 +13,9 @@ using KernelCheck = void (*)(c10::ArrayRef<c10::IValue> args);
 // nullptr. Runs where a plan is made: the plan key holds what these checks read.
 KernelCheck kernel_check_for(const std::string& base);
 
+// Checks of an op's Scalar values, which CPU makes at every call (in its meta function or
+// kernel) and the plan key leaves out (Scalars are runtime operands), or nullptr. Run at
+// every call, before anything is queued: CPU raises at the call, not at a later read.
+KernelCheck value_check_for(const std::string& base);
+
 }  // namespace tpu::backend

@@ -66,6 +66,7 @@ struct OpInfo {
   // dtype must cast to self's, as CPU's TensorIterator checks (some meta kernels do not).
   std::optional<c10::OperatorHandle> inplace_functional;
   KernelCheck kernel_check = nullptr;  // what CPU's kernel checks and the meta function not
+  KernelCheck value_check = nullptr;   // what CPU checks of Scalar values at every call
 };
 
 // Ops whose CPU kernels accept a written tensor with internal overlap (fills, which
@@ -1139,6 +1140,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   }
   auto args = torch::jit::last(*stack, info.num_args);
   metrics().op_calls += 1;
+  if (info.value_check) info.value_check(args);
   if (!info.mutated.empty()) check_overlaps(info, args);
   if (info.host_fill && try_host_fill(args[0].toTensor(), info.num_args > 1 ? args[1].toScalar() : c10::Scalar(0))) {
     torch::jit::drop(*stack, info.num_args - 1);  // self stays on the stack: the op returns it
@@ -1577,6 +1579,7 @@ int register_lowered_kernels() {
     if (!moves_cpu_indices(base)) info.cpu_indices_arg = -1;
     info.check_internal_overlap = !cpu_allows_internal_overlap(base);
     info.kernel_check = kernel_check_for(base);
+    info.value_check = value_check_for(base);
     info.check_any_input_overlap = cpu_forbids_any_input_overlap(base);
     info.check_input_overlap = info.check_any_input_overlap || !cpu_allows_input_overlap(base);
     info.host_fill = info.name == "fill_.Scalar" || info.name == "zero_";

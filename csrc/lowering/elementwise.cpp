@@ -304,12 +304,18 @@ Value int_pow(Builder& b, const Value& base, const Value& e) {
 
 // pow_.Tensor is the in-place Tensor_Tensor (its overload name differs).
 TPU_LOWER(pow_rule, "pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", "pow_.Tensor") {
-  // CPU rejects an integer tensor to a negative integer Scalar (a runtime operand: checked on the device).
-  if (ctx.is_tensor(0) && !ctx.is_tensor(1) && is_integral(ctx.out(0).dtype) && !ctx.scalar_is_float(1))
-    ctx.check(cmpk(ctx.b, ctx.scalar(1, DType::I64), 0, Cmp::GE),
-              "RuntimeError: pow: Integers to negative integer powers are not allowed.");
-  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
-    return is_integral(x[0].dtype()) ? int_pow(b, x[0], x[1]) : op2(b, "power", x[0], x[1]);
+  // An integer tensor to a negative integer Scalar is refused on the host at each call
+  // (backend/kernel_checks.cpp): the Scalar is a runtime operand.
+  bool scalar_exponent = ctx.is_tensor(0) && !ctx.is_tensor(1);
+  return map(ctx, {0, 1}, [scalar_exponent](Builder& b, const Vs& x) {
+    if (is_integral(x[0].dtype())) return int_pow(b, x[0], x[1]);
+    Value p = op2(b, "power", x[0], x[1]);
+    if (!scalar_exponent) return p;
+    // CPU's and CUDA's kernels take sqrt for a Scalar exponent of 0.5 and 1 / sqrt for
+    // -0.5, which part from pow at -0 and -inf (-0 and NaN for 0.5).
+    Value root = op1(b, "sqrt", x[0]);
+    p = b.select(cmpk(b, x[1], 0.5, Cmp::EQ), root, p);
+    return b.select(cmpk(b, x[1], -0.5, Cmp::EQ), op2(b, "divide", cst(b, root, 1), root), p);
   });
 }
 TPU_LOWER(neg_rule, "neg") { return map(ctx, {0}, [](Builder& b, const Vs& x) { return op1(b, "negate", x[0]); }); }

@@ -37,7 +37,13 @@ static std::vector<Value> scan(Builder& b, std::vector<Value> xs, const std::vec
 static std::vector<Value> cum_extreme(Ctx& ctx, bool is_max) {
   Builder& b = ctx.b;
   Value x = ctx.in(0);
-  if (x.rank() == 0) return {x, b.constant(0, DType::I64)};
+  if (x.type.numel() == 0) return {x, b.constant(0, DType::I64, x.shape())};  // CPU checks no dim then
+  if (x.rank() == 0) {
+    int64_t d = ctx.i(1);
+    if (d != 0 && d != -1)  // out_of_range: raised as an IndexError, as CPU's
+      throw std::out_of_range("Expected reduction dim -1 or 0 for scalar but got " + std::to_string(d));
+    return {x, b.constant(0, DType::I64)};
+  }
   int64_t dim = wrap_dim(ctx.i(1), x.rank());
   DType t = x.dtype();
   Value v = t == DType::Bool ? b.convert(x, DType::U8) : x;

@@ -13,21 +13,26 @@ using namespace search;
 // values lands where CPU puts it), unrolled floor(log2 n) + 1 times over all values.
 // Left side moves right while !(mid >= v), right side while !(mid > v). Both compare
 // in the result type of boundaries and values (a Python scalar counts as wrapped).
-static std::vector<Value> searchsorted(Ctx& ctx, bool scalar) {
+// bucketize is the same search with its arguments the other way round.
+struct SearchArgs {
+  int boundaries, values;
+  bool scalar;  // values is a Scalar
+  int sorter;   // -1: none
+};
+
+static std::vector<Value> binary_search(Ctx& ctx, const SearchArgs& a, bool right) {
   Builder& b = ctx.b;
-  Value bd = ctx.in(0);
+  Value bd = ctx.in(a.boundaries);
   DType t;
   Value v;
-  if (scalar) {
+  if (a.scalar) {
     t = bd.dtype();
-    if (!is_float(t) && ctx.scalar_is_float(1)) t = DType::F32;
-    v = ctx.scalar(1, t);
+    if (!is_float(t) && ctx.scalar_is_float(a.values)) t = DType::F32;
+    v = ctx.scalar(a.values, t);
   } else {
-    v = ctx.in(1);
+    v = ctx.in(a.values);
     t = result_type({bd, v});
   }
-  bool right = ctx.flag_or(3, false);
-  if (!ctx.is_none(4)) right = ctx.str(4) == "right";
   Type out = ctx.out(0);
   int64_t n = bd.shape().back(), total = v.type.numel();
   if (n == 0 || total == 0) return {b.constant(0, out.dtype, out.shape)};
@@ -36,13 +41,13 @@ static std::vector<Value> searchsorted(Ctx& ctx, bool scalar) {
   Type it{DType::I64, {total}};
   auto c = [&](double x) { return b.constant(x, DType::I64, {total}); };
   Value base = c(0);
-  if (ctx.type_of(0).rank() > 1) {  // one row of boundaries per row of values
-    int64_t m = ctx.type_of(1).shape.back();
+  if (ctx.type_of(a.boundaries).rank() > 1) {  // one row of boundaries per row of values
+    int64_t m = ctx.type_of(a.values).shape.back();
     base = mul(b, b.binary("stablehlo.divide", b.iota(it, 0), c(double(m))), c(double(n)));
   }
   std::optional<Value> sorter;
-  if (!ctx.is_none(5)) {
-    Value s = ctx.in(5);
+  if (a.sorter >= 0 && !ctx.is_none(a.sorter)) {
+    Value s = ctx.in(a.sorter);
     ctx.check(all_in_range(b, s, 0, n), "RuntimeError: searchsorted(): sorter index out of range");
     sorter = b.reshape(b.convert(s, DType::I64), {s.type.numel()});
   }
@@ -60,8 +65,26 @@ static std::vector<Value> searchsorted(Ctx& ctx, bool scalar) {
   return {b.reshape(b.convert(lo, out.dtype), out.shape)};
 }
 
+// searchsorted(sorted_sequence, self, *, out_int32, right, side, sorter): `side` wins.
+static std::vector<Value> searchsorted(Ctx& ctx, bool scalar) {
+  bool right = ctx.flag_or(3, false);
+  if (!ctx.is_none(4)) right = ctx.str(4) == "right";
+  return binary_search(ctx, SearchArgs{0, 1, scalar, 5}, right);
+}
+
 TPU_LOWER(searchsorted_tensor, "searchsorted.Tensor") { return searchsorted(ctx, false); }
 TPU_LOWER(searchsorted_scalar, "searchsorted.Scalar") { return searchsorted(ctx, true); }
+
+// bucketize(self, boundaries, *, out_int32, right): 1-D boundaries only.
+static std::vector<Value> bucketize(Ctx& ctx, bool scalar) {
+  int64_t rank = ctx.type_of(1).rank();
+  if (rank != 1)
+    throw std::invalid_argument("boundaries tensor must be 1 dimension, but got dim(" + std::to_string(rank) + ")");
+  return binary_search(ctx, SearchArgs{1, 0, scalar, -1}, ctx.flag_or(3, false));
+}
+
+TPU_LOWER(bucketize_tensor, "bucketize.Tensor") { return bucketize(ctx, false); }
+TPU_LOWER(bucketize_scalar, "bucketize.Scalar") { return bucketize(ctx, true); }
 
 // ---- median / nanmedian ----
 
