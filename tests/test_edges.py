@@ -557,3 +557,110 @@ def test_cummax_dim_of_scalars_and_empty_tensors_as_cpu():
                             match="Expected reduction dim -1 or 0 for scalar but got 1") is IndexError
         assert _same_as_cpu(lambda d: getattr(torch.tensor(1.0, device=d), f)(-1)) is None
         assert _same_as_cpu(lambda d: getattr(torch.empty(0, device=d), f)(3)) is None
+
+
+def test_norm_orders_without_identity_refuse_empty_dims_at_every_call_as_cpu():
+    # Negative and infinite orders cannot reduce an empty dim; the order is a Scalar, so
+    # a plan made for order 2 must not let -1 through (found by test_fuzz_semantics.py)
+    x = lambda d: torch.empty(0, 3, device=d)  # noqa: E731
+    for fn in (lambda d, p: x(d).norm(p, dim=0), lambda d, p: torch.linalg.vector_norm(x(d), p, dim=0),
+               lambda d, p: torch.ops.aten.norm.ScalarOpt_dim(x(d), p, [0])):
+        for p in (2.0, -1.0, float("inf"), 1.0, -2.5):
+            err = _same_as_cpu(lambda d: fn(d, p), match="norm on the dimension 0because this dimension is empty")
+            assert (err is RuntimeError) == (p < 0 or p == float("inf"))
+    assert _same_as_cpu(lambda d: torch.linalg.vector_norm(x(d), -1.0), match="norm on an empty tensor") is RuntimeError
+    assert _same_as_cpu(lambda d: torch.linalg.vector_norm(x(d), -1.0, dim=1)) is None
+
+
+def test_index_writes_into_an_empty_dim_refuse_any_index_as_cpu():
+    # No index fits a dim of size 0: the call fails whatever the values (the empty result's
+    # device check used to be skipped, so these returned quietly)
+    i = lambda d: torch.tensor([0], device=d)  # noqa: E731
+    cases = {
+        "index_put_": lambda d: torch.empty(0, dtype=torch.long, device=d).index_put_(
+            (torch.tensor(0, device=d),), torch.tensor(1, device=d), accumulate=True),
+        "scatter_": lambda d: torch.empty(0, device=d).scatter_(0, i(d), torch.ones(1, device=d)),
+        "scatter_add": lambda d: torch.empty(0, 2, device=d).scatter_add(0, i(d).view(1, 1), torch.ones(1, 1, device=d)),
+        "index_add_": lambda d: torch.empty(0, device=d).index_add_(0, i(d), torch.ones(1, device=d)),
+        "index_fill_": lambda d: torch.empty(2, 0, device=d).index_fill_(1, i(d), 1.0),
+        "index_copy_": lambda d: torch.empty(2, 0, device=d).index_copy_(1, i(d), torch.ones(2, 1, device=d)),
+        "gather": lambda d: torch.empty(0, device=d).gather(0, i(d)),
+        "index": lambda d: torch.empty(0, device=d)[i(d)],
+        "index_select": lambda d: torch.empty(0, device=d).index_select(0, i(d)),
+        "embedding": lambda d: F.embedding(i(d), torch.empty(0, 3, device=d)),
+        "take": lambda d: torch.empty(0, device=d).take(i(d)),
+    }
+    for name, fn in cases.items():
+        assert _same_as_cpu(fn) in (IndexError, RuntimeError), name
+    # Empty indices into an empty dim are fine
+    assert _same_as_cpu(lambda d: torch.empty(0, device=d).index_add_(0, i(d)[:0], torch.ones(0, device=d))) is None
+
+
+def test_index_reduce_counts_indices_against_source_slices_as_cpu():
+    def fn(d):
+        return torch.zeros(1, 0, dtype=torch.long, device=d).index_reduce(
+            0, torch.empty(0, dtype=torch.long, device=d), torch.zeros(1, 0, dtype=torch.long, device=d), "amin")
+    assert _same_as_cpu(fn, match="Number of indices (0) should be equal to source.size(dim): (1)") is RuntimeError
+
+
+def test_softmax_checks_its_dim_before_its_dtype_as_cpu():
+    for f in ("softmax", "log_softmax"):
+        assert _same_as_cpu(lambda d: getattr(torch.tensor(1, device=d), f)(1)) is IndexError
+        assert _same_as_cpu(lambda d: getattr(torch.ones(2, dtype=torch.long, device=d), f)(0)) is NotImplementedError
+        assert _same_as_cpu(lambda d: getattr(torch.ones(0, dtype=torch.long, device=d), f)(0)) is None
+
+
+def test_norm_of_one_element_is_its_absolute_value_as_cpu():
+    # CPU's norm over a single element returns |x| for every order but 0, NaN included
+    # (the general (|x|^p)^(1/p) is NaN there, and 2.0000000004 for p=0.5)
+    x = lambda d: torch.tensor([[2.0, -3.0, 0.0, float("nan")]], device=d)  # noqa: E731
+    for p in (float("nan"), 0.5, 3.0, 0.0, -1.0, -0.5, 7.3, 2.0, float("inf")):
+        assert _same_as_cpu(lambda d: (x(d).norm(p=p, dim=0), torch.linalg.vector_norm(x(d).t(), p, dim=1),
+                                       torch.tensor(-2.0, device=d).norm(p))) is None
+    # Nothing to reduce: zeros for every order CPU accepts
+    assert _same_as_cpu(lambda d: torch.empty(0, 2, device=d).norm(float("nan"), dim=0)) is None
+
+
+def test_index_values_of_an_empty_result_are_checked_as_cpu():
+    # Indices into a dim that has elements, while the result has none (a zero-size other
+    # dim): the program has nothing to compute, so CPU's kernel checks them (a counted fallback)
+    from conftest import all_fallbacks
+    for bad in (True, False):
+        i = lambda d: torch.tensor([5 if bad else 1], device=d)  # noqa: E731
+        cases = [
+            lambda d: torch.zeros(2, 0, device=d).index_add_(0, i(d), torch.ones(1, 0, device=d)),
+            lambda d: torch.zeros(2, 0, dtype=torch.long, device=d).index_reduce_(
+                0, i(d), torch.ones(1, 0, dtype=torch.long, device=d), "amin"),
+            lambda d: torch.zeros(2, 0, device=d).index_fill_(0, i(d), 1.0),
+        ]
+        for n, fn in enumerate(cases):
+            before = sum(all_fallbacks().values())
+            err = _same_as_cpu(fn)  # CPU's index_add_ and index_fill_ check nothing here
+            assert err is (IndexError if bad and n == 1 else None)
+            assert sum(all_fallbacks().values()) > before
+
+
+def test_gcd_and_lcm_run_natively_as_cpu():
+    # They ran on the CPU fallback before; CPU's own arithmetic (|min| stays min in gcd,
+    # lcm's product wraps at 32 bits for narrow integers) is matched value for value
+    from conftest import no_fallbacks
+    with no_fallbacks():
+        for dt in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
+            info = torch.iinfo(dt)
+            pool = [v for v in (-12, -3, -1, 0, 1, 2, 8, 18, 35) if info.min <= v <= info.max]
+            pool += [info.max, info.max - 1] + ([info.min] if dt in (torch.int8, torch.int16) else [])
+            x = torch.tensor(pool, dtype=dt)
+            for f in (torch.gcd, torch.lcm):
+                assert _same_as_cpu(lambda d: f(x.repeat_interleave(len(pool)).to(d), x.repeat(len(pool)).to(d))) is None
+    assert _same_as_cpu(lambda d: torch.gcd(torch.ones(2, device=d), torch.ones(2, device=d))) is NotImplementedError
+
+
+def test_isin_with_nan_among_the_test_elements_as_cpu():
+    # The decomposition searched sorted test elements, which a NaN (sorted last) sent
+    # astray: inf was reported absent (found by test_fuzz_semantics.py)
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([-0.0, -0.5, -1.0, -inf, 0.0, inf, 2.0, nan, -2.5, 0.5, 1.5, 3.0] * 2)
+    for test in (x, torch.tensor([nan, inf, 1.5]), torch.full((30,), nan), torch.cat([x, torch.arange(40.0)])):
+        for invert in (False, True):
+            assert _same_as_cpu(lambda d: torch.isin(x.to(d), test.to(d), invert=invert)) is None
+        assert _same_as_cpu(lambda d: torch.isin(inf, test.to(d))) is None

@@ -53,11 +53,22 @@ def _int_scalar(dtype):
     return dtype in I
 
 
+def _no_min(t):
+    """An integer tensor without its dtype's minimum: CPU's own kernels trap (SIGFPE) on
+    min / -1 (div trunc) and on lcm(min, n), so CPU has no answer to compare with."""
+    return t.clamp(min=torch.iinfo(t.dtype).min + 1) if t.dtype in I else t
+
+
+def _setitem(x, index, value):
+    x[index] = value
+    return x
+
+
 # name -> (fn(x, y, s, d), number of tensor args, dtypes of x, dtypes of y or None: x's)
 # s: a Python number (an int for integer x); d: a dim (may be out of range: CPU's error).
 OPS = {
     "div_floor": (lambda x, y, s, d: torch.div(x, y, rounding_mode="floor"), 2, IF, None),
-    "div_trunc": (lambda x, y, s, d: torch.div(x, y, rounding_mode="trunc"), 2, IF, None),
+    "div_trunc": (lambda x, y, s, d: torch.div(_no_min(x), y, rounding_mode="trunc"), 2, IF, None),
     "div_true": (lambda x, y, s, d: x / y, 2, IF, None),
     "div_scalar_floor": (lambda x, y, s, d: torch.div(x, s, rounding_mode="floor"), 1, IF, None),
     "floor_divide": (lambda x, y, s, d: torch.floor_divide(x, y), 2, IF, None),
@@ -129,6 +140,59 @@ OPS = {
     "hypot": (lambda x, y, s, d: torch.hypot(x, y), 2, F, None),
     "logaddexp": (lambda x, y, s, d: torch.logaddexp(x, y), 2, F, None),
     "xlogy": (lambda x, y, s, d: torch.xlogy(x, y), 2, F, None),
+    # Reductions: dtypes, corrections, empty inputs.
+    "sum_dtype": (lambda x, y, s, d: x.sum(d, dtype=torch.float64), 1, IF + (torch.bool,), None),
+    "mean_all": (lambda x, y, s, d: x.mean(), 1, IF, None),
+    "var_correction": (lambda x, y, s, d: x.var(d, correction=abs(int(s)) % 3), 1, F, None),
+    # (finite: CPU's mean here is Welford's, NaN or infinite by the order it meets an infinity)
+    "std_mean": (lambda x, y, s, d: torch.std_mean(x.nan_to_num(posinf=7.0, neginf=-7.0), d), 1, F, None),
+    "nansum": (lambda x, y, s, d: x.nansum(d), 1, IF, None),
+    "nanmean": (lambda x, y, s, d: x.nanmean(d), 1, F, None),
+    "aminmax": (lambda x, y, s, d: torch.aminmax(x, dim=d), 1, IF, None),
+    "logsumexp": (lambda x, y, s, d: x.logsumexp(d), 1, IF, None),
+    # (no NaN order: CPU's result then depends on how its reduction is laid out)
+    "norm_p": (lambda x, y, s, d: x.norm(p=s if s == s else 3.0, dim=d), 1, F, None),
+    "count_nonzero": (lambda x, y, s, d: x.count_nonzero(d), 1, IF + (torch.bool,), None),
+    "cumprod": (lambda x, y, s, d: x.cumprod(d), 1, IF, None),
+    "softmax": (lambda x, y, s, d: x.softmax(d), 1, IF, None),
+    "log_softmax_dtype": (lambda x, y, s, d: x.log_softmax(d, dtype=torch.float64), 1, IF, None),
+    # Promotion across mixed arguments.
+    "cat_mixed": (lambda x, y, s, d: torch.cat([x, y], d), 2, IF + (torch.bool,), IF + (torch.bool,)),
+    "where_scalar": (lambda x, y, s, d: torch.where(x > 0, x, s), 1, IF, None),
+    "clamp_float_bound": (lambda x, y, s, d: x.clamp(min=0.5), 1, IF, None),
+    "add_inplace_mixed": (lambda x, y, s, d: x.clone().add_(y), 2, IF + (torch.bool,), IF + (torch.bool,)),
+    "float_power": (lambda x, y, s, d: torch.float_power(x, y), 2, IF, None),
+    "true_divide_int": (lambda x, y, s, d: torch.true_divide(x, y), 2, I, None),
+    "gcd": (lambda x, y, s, d: torch.gcd(_no_min(x), _no_min(y)), 2, I, None),
+    "lcm": (lambda x, y, s, d: torch.lcm(_no_min(x), _no_min(y)), 2, I, None),
+    "heaviside": (lambda x, y, s, d: torch.heaviside(x, y), 2, IF, None),
+    "logical_xor": (lambda x, y, s, d: torch.logical_xor(x, y), 2, IF, IF),
+    "bitwise_and_mixed": (lambda x, y, s, d: x & y, 2, I + (torch.bool,), I + (torch.bool,)),
+    "isin": (lambda x, y, s, d: torch.isin(x, y), 2, IF, None),
+    # Indexing: negative indices, masks, duplicates, reductions into places.
+    "index_negative": (lambda x, y, s, d: x[y.clamp(-x.shape[0], x.shape[0] - 1) if x.dim() and x.shape[0]
+                                           else y], 2, IF, (torch.int64,)),
+    "mask_index": (lambda x, y, s, d: x[x > 0], 1, IF, None),
+    "mask_setitem": (lambda x, y, s, d: _setitem(x.clone(), x > 0, s), 1, IF, None),
+    "index_put_accumulate": (lambda x, y, s, d: x.clone().index_put_((y.reshape(-1).abs() % max(1, x.shape[0]),),
+                                                                      x.new_ones(()), accumulate=True)
+                             if x.dim() else x, 2, IF, (torch.int64,)),
+    "scatter_reduce_amax": (lambda x, y, s, d: x.scatter_reduce(d, y.abs(), x, "amax", include_self=bool(s)),
+                            2, IF, (torch.int64,)),
+    "scatter_reduce_mean": (lambda x, y, s, d: x.scatter_reduce(d, y.abs(), x, "mean", include_self=bool(s)),
+                            2, IF, (torch.int64,)),
+    "scatter_reduce_prod": (lambda x, y, s, d: x.scatter_reduce(d, y.abs(), x, "prod", include_self=bool(s)),
+                            2, IF, (torch.int64,)),
+    "index_reduce_amin": (lambda x, y, s, d: x.index_reduce(0, y.reshape(-1)[: x.shape[0] if x.dim() else 1].abs(),
+                                                            x, "amin", include_self=bool(s)), 2, IF, (torch.int64,)),
+    "bincount": (lambda x, y, s, d: torch.bincount(x.reshape(-1).clamp(0, 50)), 1, (torch.int64, torch.int32, torch.uint8),
+                 None),
+    "repeat_interleave": (lambda x, y, s, d: x.repeat_interleave(abs(int(s)) % 3, dim=d), 1, IF, None),
+    "diff": (lambda x, y, s, d: x.diff(dim=d), 1, IF + (torch.bool,), None),
+    "unique_consecutive": (lambda x, y, s, d: torch.unique_consecutive(x, return_counts=True), 1, IF, None),
+    "histc": (lambda x, y, s, d: torch.histc(x, bins=4, min=-1, max=2), 1, F, None),
+    "topk_smallest": (lambda x, y, s, d: x.topk(min(2, x.shape[d] if x.dim() else 1), d, largest=False).values,
+                      1, IF, None),
 }
 
 
@@ -145,12 +209,13 @@ def cases(draw, name):
               "other": tuple(s + 1 for s in shape)}[other]
     x = _tensor(draw(st.integers(0, 2**16)), shape, xd, extreme)
     y = _tensor(draw(st.integers(0, 2**16)), oshape, yd, extreme) if nargs == 2 else None
-    if name in ("gather", "take", "scatter_add", "index_add"):
+    if name in ("gather", "take", "scatter_add", "index_add", "index_negative", "index_put_accumulate",
+                "scatter_reduce_amax", "scatter_reduce_mean", "scatter_reduce_prod", "index_reduce_amin"):
         # Indices mostly in range (a few past it: CPU's error).
         hi = max(1, min(x.shape) if x.dim() else 1) + draw(st.sampled_from([0, 0, 0, 1]))
         g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
-        y = torch.randint(-1 if draw(st.booleans()) else 0, hi, oshape if name != "gather" else shape,
-                          generator=g)
+        y = torch.randint(-1 if draw(st.booleans()) else 0, hi, shape if name == "gather" or
+                          name.startswith("scatter_reduce") else oshape, generator=g)
     pool = [0, 1, -2, 3, 7, 40, 70] if _int_scalar(xd) or xd == torch.bool else [0.0, 1.0, -2.5, 0.5, NAN]
     s = draw(st.sampled_from(pool))
     d = draw(st.integers(-3, 3))
@@ -189,7 +254,7 @@ def _same(got, want, what):
 @pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_fuzz_semantics_match_cpu(name, mode):
-    assert len(OPS) >= 60
+    assert len(OPS) >= 100
 
     @SETTINGS
     @given(cases(name))

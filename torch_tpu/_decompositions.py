@@ -82,7 +82,29 @@ def _aminmax_out_dtypes(args, kwargs):
 _CHECKS = {"aten::aminmax.out": _aminmax_out_dtypes}
 
 # Ops whose decomposition is wrapped: op name -> (op, decomposition) -> function.
-_WRAPPERS = {"aten::_native_batch_norm_legit": _batch_norm, "aten::native_batch_norm": _batch_norm}
+def _isin(op, decomp):
+    """The decomposition searches sorted test elements, which a NaN among them (sorted
+    last) sends astray: a present value was reported absent. A NaN is in no set, so each
+    becomes the smallest test element, which changes no answer (CPU's kernel sorts and
+    compares neighbours instead)."""
+    def run(*args, **kwargs):
+        args = list(args)
+        at = 1 if len(args) > 1 else None
+        test = args[at] if at is not None else kwargs.get("test_elements")
+        if isinstance(test, torch.Tensor) and test.is_floating_point() and test.numel() > 1:
+            flat = test.reshape(-1)
+            test = torch.where(flat.isnan(), flat.sort().values[:1], flat).reshape(test.shape)
+            if at is not None:
+                args[at] = test
+            else:
+                kwargs["test_elements"] = test
+        return decomp(*args, **kwargs)
+    return run
+
+
+_WRAPPERS = {"aten::_native_batch_norm_legit": _batch_norm, "aten::native_batch_norm": _batch_norm,
+             "aten::isin.Tensor_Tensor": _isin, "aten::isin.Tensor_Tensor_out": _isin,
+             "aten::isin.Scalar_Tensor": _isin, "aten::isin.Scalar_Tensor_out": _isin}
 
 
 def _name(op) -> str:

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <limits>
 #include <unordered_map>
 
@@ -61,6 +62,24 @@ void celu_alpha(c10::ArrayRef<c10::IValue> args) {
   TORCH_CHECK(args[1].toScalar().toDouble() != 0, "ZeroDivisionError: alpha cannot be 0 for CELU");
 }
 
+// linalg_vector_norm and norm (self, ord, dim...): an order without an identity (negative
+// or infinite) cannot reduce an empty tensor, nor an empty dim.
+void norm_order(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 2 || !args[0].isTensor() || args[0].toTensor().numel() != 0 || !args[1].isScalar()) return;
+  const c10::Scalar ord = args[1].toScalar();
+  double o = ord.toDouble();
+  if (!(o < 0 || o == std::numeric_limits<double>::infinity())) return;
+  const at::Tensor& self = args[0].toTensor();
+  bool has_dims = args.size() > 2 && args[2].isIntList() && !args[2].toIntList().empty();
+  TORCH_CHECK(has_dims, "linalg.vector_norm cannot compute the ", ord,
+              " norm on an empty tensor because the operation does not have an identity");
+  for (int64_t d : args[2].toIntList()) {
+    if (d < -self.dim() || d >= std::max<int64_t>(self.dim(), 1)) continue;  // the meta kernel's error
+    TORCH_CHECK(self.size(d) != 0, "linalg.vector_norm cannot compute the ", ord, " norm on the dimension ", d,
+                "because this dimension is empty and the operation does not have an identity");
+  }
+}
+
 }  // namespace
 
 KernelCheck value_check_for(const std::string& base) {
@@ -68,6 +87,8 @@ KernelCheck value_check_for(const std::string& base) {
       {"pow", &pow_exponent},
       {"softshrink", &softshrink_lambda},
       {"celu", &celu_alpha},
+      {"linalg_vector_norm", &norm_order},
+      {"norm", &norm_order},
   };
   auto it = checks.find(base);
   return it == checks.end() ? nullptr : it->second;

@@ -132,6 +132,7 @@ struct Plan {
   bool fallback = false;        // the rule declined this signature
   std::string fallback_reason;
   std::vector<std::string> checks;  // messages of the check flags after the outputs
+  bool checks_indices = false;       // some of them check index values
   // Plans of f32 matmuls and convolutions hold the precision they were built with.
   bool reads_matmul_precision = false;
   ir::DotPrecision matmul_precision = ir::DotPrecision::Highest;
@@ -598,6 +599,10 @@ class KernelCtx final : public lowering::Ctx {
     checks_.push_back(b.reshape(b.convert(ok, DType::Bool), {}));
     plan_.checks.push_back(message);
   }
+  void check_indices(const Value& ok, const std::string& message) override {
+    plan_.checks_indices = true;
+    check(ok, message);
+  }
   const std::vector<Value>& checks() const { return checks_; }
 
   Value random_bits(const ir::Type& t) override {
@@ -863,6 +868,9 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
       Plan scratch_plan;
       KernelCtx scratch(scratch_b, info, args, scratch_plan, out_types, k.has_f64);
       (void)(*rule)(scratch);
+      // Indices into a dim that has elements, while the result has none, would go
+      // unchecked with no program run: CPU's kernel looks at them instead.
+      if (scratch_plan.checks_indices) throw lowering::Unsupported("indices to check for an empty result");
       for (const ir::Type& t : out_types)
         results.push_back(t.dtype == DType::Invalid ? b.constant(0, DType::F32) : lowering::constant_any(b, 0, t.dtype, t.shape));
     } else {
@@ -879,6 +887,11 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
     return plan;
   } catch (const std::out_of_range& e) {
     TORCH_CHECK_INDEX(false, info.name, ": ", e.what());  // a dim out of range: IndexError, as CPU
+  } catch (const lowering::CheckFailed& e) {
+    // As a device check's message says (device_checks.cpp): RuntimeError or IndexError.
+    const std::string message = e.what(), tag = "RuntimeError: ";
+    if (message.rfind(tag, 0) == 0) TORCH_CHECK(false, message.substr(tag.size()));
+    TORCH_CHECK_INDEX(false, message);
   }
   TORCH_CHECK(results.size() == out_types.size(), "internal: lowering of ", describe(info, args),
               " made ", results.size(), " outputs, PyTorch expects ", out_types.size());

@@ -21,7 +21,7 @@ TPU_LOWER(embedding_bag, "_embedding_bag", "_embedding_bag_forward_only") {
   const bool last = ctx.flag_or(7, false);
   const int64_t n = idx.type.numel(), v = w.shape()[0], d = w.shape()[1], nb = ctx.out(0).shape[0];
   if (n == 0 || nb == 0 || mode < 0 || mode > 2) throw Unsupported("embedding_bag: empty bags or mode");
-  ctx.check(all_in_range(b, idx, 0, v), "RuntimeError: aten::_embedding_bag: index out of range: valid indices are 0 to " +
+  check_in_range(ctx, idx, 0, v, "RuntimeError: aten::_embedding_bag: index out of range: valid indices are 0 to " +
                                             std::to_string(v - 1));
   DType acc = acc_type(w.dtype());
   const Type i64n{DType::I64, {n}};

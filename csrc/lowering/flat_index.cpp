@@ -11,7 +11,7 @@ using namespace search;
 // are an error (an IndexError at the next synchronization), never a clamped access.
 static Value flat_positions(Ctx& ctx, const Value& index, int64_t n) {
   Builder& b = ctx.b;
-  ctx.check(all_in_range(b, index, -n, n),
+  check_in_range(ctx, index, -n, n,
             "aten::" + ctx.op() + ": out of range: index out of bounds for a tensor of " +
                 std::to_string(n) + " elements");
   Value x = b.convert(index, DType::I64);

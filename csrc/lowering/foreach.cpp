@@ -74,6 +74,7 @@ class ElementCtx : public Ctx {
   Type out(int) const override { return f_.out(k_); }
   Value random_bits(const Type& t) override { return f_.random_bits(t); }
   void check(const Value& ok, const std::string& message) override { f_.check(ok, message); }
+  void check_indices(const Value& ok, const std::string& message) override { f_.check_indices(ok, message); }
 
  private:
   char kind(int i) const { return i < num_args() ? kinds_[i] : 'x'; }

@@ -219,6 +219,14 @@ Value all_in_range(Builder& b, const Value& idx, int64_t lo, int64_t hi) {
   return b.compare(m, b.constant(1, DType::I32), ir::Cmp::EQ);
 }
 
+void check_in_range(Ctx& ctx, const Value& idx, int64_t lo, int64_t hi, const std::string& message) {
+  if (idx.type.numel() == 0) return;
+  // No index fits an empty range (a dim of size 0): the call fails whatever the values,
+  // and an empty result's program, which is not run, would not say so.
+  if (hi <= lo) throw CheckFailed(message);
+  ctx.check_indices(all_in_range(ctx.b, idx, lo, hi), message);
+}
+
 void require_float(Ctx& ctx, int arg, const char* what) {
   DType t = ctx.type_of(arg).dtype;
   if (!is_float(t) && !is_complex(t)) throw DtypeNotImplemented(what);

@@ -35,6 +35,8 @@ Value reduce_max(Builder& b, const Value& x, const std::vector<int64_t>& dims);
 Value reduce_min(Builder& b, const Value& x, const std::vector<int64_t>& dims);
 // True (a bool scalar) when every element of integer `idx` lies in [lo, hi).
 Value all_in_range(Builder& b, const Value& idx, int64_t lo, int64_t hi);
+// ctx.check(all_in_range(...), message), failed at once where no index fits (hi <= lo).
+void check_in_range(Ctx& ctx, const Value& idx, int64_t lo, int64_t hi, const std::string& message);
 // True (a bool scalar) when every element of bool `pred` is true (NaN tests fail).
 Value all_true(Builder& b, const Value& pred);
 // Rejects (NotImplementedError, as CPU's kernels) a tensor argument that is not float

@@ -51,7 +51,12 @@ TPU_LOWER(index_reduce, "index_reduce") {
   if (self.rank() == 0) self = b.reshape(self, {1});
   int64_t dim = wrap_dim(ctx.i(1), self.rank()), m = index.type.numel();
   int64_t size = self.shape()[dim];
-  ctx.check(all_in_range(b, index, 0, size),
+  int64_t slices = ctx.type_of(3).rank() == 0 ? 1 : ctx.type_of(3).shape[dim];
+  if (m != slices)
+    throw std::invalid_argument("index_reduce_(): Number of indices (" + std::to_string(m) +
+                                ") should be equal to source.size(dim): (" + std::to_string(slices) +
+                                "), for dim: " + std::to_string(dim));
+  check_in_range(ctx, index, 0, size,
             "index_reduce(): index out of bounds for dimension " + std::to_string(dim) + " with size " +
                 std::to_string(size));
   DType t = self.dtype();

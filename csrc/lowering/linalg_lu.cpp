@@ -265,7 +265,7 @@ TPU_LOWER(lu_unpack, "lu_unpack") {
   bool data = ctx.flag(2), pivs = ctx.flag(3);
   if (pivs) {
     int64_t m = lu.shape()[lu.rank() - 2];
-    ctx.check(all_in_range(ctx.b, piv, 1, m + 1),
+    check_in_range(ctx, piv, 1, m + 1,
               "RuntimeError: pivots passed to lu_unpack must be between 1 and LU.size(-2) inclusive."
               "Did you properly pass the result of lu_factor?");
   }

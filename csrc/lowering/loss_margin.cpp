@@ -32,7 +32,7 @@ TPU_LOWER(multi_margin_loss, "multi_margin_loss") {
   int64_t c = x.rank() == 0 ? 1 : x.shape().back(), n = x.rank() == 2 ? x.shape()[0] : 1;
   x = b.reshape(x, {n, c});
   Value y = b.reshape(b.convert(ctx.in(1), DType::I64), {n});
-  ctx.check(all_in_range(b, y, 0, c), "RuntimeError: multi_margin_loss: target out of range");
+  check_in_range(ctx, y, 0, c, "RuntimeError: multi_margin_loss: target out of range");
   Shape nc{n, c};
   Value p = b.broadcast_in_dim(ctx.scalar(2, t), nc, {});
   Value margin = b.broadcast_in_dim(ctx.scalar(3, t), nc, {});
@@ -71,7 +71,7 @@ TPU_LOWER(multi_margin_loss_backward, "multi_margin_loss_backward") {
   Value p = b.broadcast_in_dim(ctx.scalar(3, t), nc, {});
   Value margin = b.broadcast_in_dim(ctx.scalar(4, t), nc, {});
   int64_t red = ctx.i(6);
-  ctx.check(all_in_range(b, y, 0, c), "RuntimeError: multi_margin_loss: target out of range");
+  check_in_range(ctx, y, 0, c, "RuntimeError: multi_margin_loss: target out of range");
   Value cls = b.iota(Type{DType::I64, nc}, 1);
   Value is_y = b.compare(cls, b.broadcast_in_dim(y, nc, {0}), Cmp::EQ);
   Value xy = reduce_sum(b, b.select(is_y, x, b.constant(0, t, nc)), {1});  // x[y]

@@ -67,11 +67,14 @@ static Value softmax(Ctx& ctx, bool log) {
 }
 
 TPU_LOWER(softmax_, "_softmax") {
-  require_float(ctx, 0, "softmax");
+  wrap_dim(ctx.i(1), ctx.type_of(0).rank());  // CPU checks the dim before the dtype,
+  if (ctx.type_of(0).numel() > 0) require_float(ctx, 0, "softmax");  // which it checks where there are values
+
   return {softmax(ctx, false)};
 }
 TPU_LOWER(log_softmax_, "_log_softmax") {
-  require_float(ctx, 0, "log_softmax");
+  wrap_dim(ctx.i(1), ctx.type_of(0).rank());
+  if (ctx.type_of(0).numel() > 0) require_float(ctx, 0, "log_softmax");
   return {softmax(ctx, true)};
 }
 
@@ -202,8 +205,10 @@ TPU_LOWER(embedding, "embedding") {
   Builder& b = ctx.b;
   Value w = ctx.in(0), idx = b.convert(ctx.in(1), DType::I64);
   int64_t n = idx.type.numel(), d = w.shape()[1];
-  ctx.check(all_in_range(b, idx, 0, w.shape()[0]),
-            "aten::embedding: index out of range: valid indices are 0 to " + std::to_string(w.shape()[0] - 1));
+  check_in_range(ctx, idx, 0, w.shape()[0],
+                 w.shape()[0] == 0  // CPU's index_select refuses an empty weight first
+                     ? std::string("RuntimeError: aten::embedding: index_select(): self indexing axis dim should be positive")
+                     : "aten::embedding: index out of range: valid indices are 0 to " + std::to_string(w.shape()[0] - 1));
   Value r = b.gather(w, b.reshape(idx, {n, 1}), {1}, {0}, {0}, 1, {1, d}, {n, d});
   return {b.reshape(r, ctx.out(0).shape)};
 }

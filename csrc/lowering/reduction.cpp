@@ -258,7 +258,17 @@ static Value vector_norm(Ctx& ctx, int p_idx, const std::vector<int64_t>& dims) 
   Value x = b.convert(ctx.in(0), acc_type(ctx.out(0).dtype));
   DType t = x.dtype();
   Value a = b.unary("stablehlo.abs", x);
+  // Nothing to reduce: zeros, as CPU gives for any order it accepts here (NaN too).
+  if (x.type.numel() == 0) return fit(ctx, reduce_sum(b, a, dims));
   Value p = ctx.is_none(p_idx) ? b.constant(2, t) : ctx.scalar(p_idx, t);
+  int64_t reduced = 1;
+  for (int64_t d : dims) reduced *= x.shape()[d];
+  if (reduced == 1) {  // CPU's norm of one element is |x| for every order but 0 (NaN too)
+    Value nonzero = reduce_sum(b, b.convert(b.convert(x, DType::Bool), t), dims);
+    Value one = reduce_sum(b, a, dims);
+    return fit(ctx, b.select(b.compare(broadcast_to(b, p, one.shape()), b.constant(0, t, one.shape()), Cmp::EQ),
+                             nonzero, one));
+  }
   Value gen = reduce_sum(b, b.binary("stablehlo.power", a, broadcast_to(b, p, a.shape())), dims);
   const Shape& s = gen.shape();
   Value ps = broadcast_to(b, p, s);

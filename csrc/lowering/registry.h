@@ -28,6 +28,11 @@ struct Unsupported : std::runtime_error {
 struct DtypeNotImplemented : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// A check (Ctx::check) the arguments' shapes alone fail: raised when the call is planned,
+// as its message asks (IndexError, or RuntimeError for a "RuntimeError: " prefix).
+struct CheckFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // What a rule can ask of the op being lowered. Argument indices follow the ATen
 // schema of the functional op (`add.Tensor`: 0 self, 1 other, 2 alpha).
@@ -74,6 +79,9 @@ class Ctx {
   // is raised at the next synchronization (at once in Debug mode): an IndexError, or a
   // RuntimeError when `message` starts with "RuntimeError: ".
   virtual void check(const Value& ok, const std::string& message) = 0;
+  // check() of index values: CPU's kernels look at those even where the result is empty
+  // (a dim of size 0 elsewhere), and so must the backend.
+  virtual void check_indices(const Value& ok, const std::string& message) { check(ok, message); }
 
   // Helpers over the above.
   int64_t i_or(int idx, int64_t dflt) const { return is_none(idx) ? dflt : i(idx); }

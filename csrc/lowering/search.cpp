@@ -48,7 +48,7 @@ static std::vector<Value> binary_search(Ctx& ctx, const SearchArgs& a, bool righ
   std::optional<Value> sorter;
   if (a.sorter >= 0 && !ctx.is_none(a.sorter)) {
     Value s = ctx.in(a.sorter);
-    ctx.check(all_in_range(b, s, 0, n), "RuntimeError: searchsorted(): sorter index out of range");
+    check_in_range(ctx, s, 0, n, "RuntimeError: searchsorted(): sorter index out of range");
     sorter = b.reshape(b.convert(s, DType::I64), {s.type.numel()});
   }
   Value lo = c(0), hi = c(double(n));
