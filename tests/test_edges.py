@@ -664,3 +664,11 @@ def test_isin_with_nan_among_the_test_elements_as_cpu():
         for invert in (False, True):
             assert _same_as_cpu(lambda d: torch.isin(x.to(d), test.to(d), invert=invert)) is None
         assert _same_as_cpu(lambda d: torch.isin(inf, test.to(d))) is None
+
+
+def test_index_select_of_a_scalar_takes_one_index_as_cpu():
+    # Other counts made a program XLA refused to compile (found by test_fuzz_gradients.py)
+    for idx in ([0], [0, 0, 0], []):
+        err = _same_as_cpu(lambda d: torch.tensor(2.0, device=d).index_select(0, torch.tensor(idx, dtype=torch.long, device=d)),
+                           match="Index to scalar can have only 1 value")
+        assert err is (None if len(idx) == 1 else RuntimeError)

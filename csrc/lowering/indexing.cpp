@@ -103,6 +103,10 @@ static Value take_along(Builder& b, const Value& x, int64_t dim, const Value& in
 
 TPU_LOWER(index_select, "index_select") {
   Value x = ctx.in(0);
+  int64_t picks = ctx.type_of(2).numel();
+  if (x.rank() == 0 && picks != 1)  // a scalar's result is a scalar: one index exactly
+    throw std::invalid_argument("index_select(): Index to scalar can have only 1 value, got " +
+                                std::to_string(picks) + " value(s)");
   if (x.rank() == 0) x = ctx.b.reshape(x, {1});
   int64_t dim = wrap_dim(ctx.i(1), x.rank());
   check_bounds(ctx, ctx.in(2), dim, x.shape()[dim], false);
