@@ -672,3 +672,29 @@ def test_index_select_of_a_scalar_takes_one_index_as_cpu():
         err = _same_as_cpu(lambda d: torch.tensor(2.0, device=d).index_select(0, torch.tensor(idx, dtype=torch.long, device=d)),
                            match="Index to scalar can have only 1 value")
         assert err is (None if len(idx) == 1 else RuntimeError)
+
+
+def test_foreach_in_place_over_lists_sharing_memory_runs_in_order_as_cpu():
+    # The same tensor twice (or views of one) in a written list: CPU's per-tensor path runs
+    # the elements in order, each reading the earlier writes; one program read them all
+    # first, and the last write won (a + 1 for [a, a] += 1)
+    cases = [
+        lambda d: (lambda a, b: (torch._foreach_add_([a, a, b], 1.0), a, b)[1:])(
+            torch.ones(3, device=d), torch.ones(4, device=d)),
+        lambda d: (lambda a: (torch._foreach_mul_([a, a[:2]], [2.0, 3.0]), a)[1:])(torch.ones(3, device=d)),
+        lambda d: (lambda a: (torch._foreach_addcmul_([a, a], [a, a], [a, a], 1.0), a)[1:])(torch.arange(4.0, device=d)),
+        lambda d: (lambda x, y: (torch._foreach_copy_([y, y], [x, x * 2]), y)[1:])(
+            torch.arange(4.0, device=d), torch.zeros(4, device=d)),
+        lambda d: (lambda x: (torch._foreach_lerp_([x, x], [x * 0 + 10, x * 0 + 20], 0.5), x)[1:])(torch.arange(4.0, device=d)),
+        lambda d: (lambda a, b: (torch._foreach_add_([a, b], [b, a]), a, b)[1:])(
+            torch.arange(4.0, device=d), torch.arange(4.0, device=d) + 1),
+        lambda d: (lambda a: (torch._foreach_div_([a[0], a[1], a], 2.0), a)[1:])(torch.arange(6.0, device=d).view(2, 3)),
+        lambda d: (lambda a: (torch._foreach_clamp_min_([a, a], [1.0, 2.0]), a)[1:])(torch.arange(4.0, device=d)),
+    ]
+    for mode in (torch_tpu.EagerMode.DEFER_NEVER, torch_tpu.EagerMode.DEFER_AND_FUSE):
+        with torch_tpu.set_eager_mode(mode):
+            for fn in cases:
+                assert _same_as_cpu(fn) is None
+            # A partial overlap between an element's own input and output is still refused
+            assert _same_as_cpu(lambda d: (lambda x: torch._foreach_copy_([x[1:], x[:3]], [x[:3], x[1:]]))(
+                torch.arange(4.0, device=d))) is RuntimeError

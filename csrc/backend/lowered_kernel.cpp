@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "runtime/launch_probe.h"
+#include "backend/foreach_order.h"
 #include "backend/kernel_checks.h"
 #include "backend/device.h"
 #include "backend/captured_graph.h"
@@ -67,6 +68,7 @@ struct OpInfo {
   std::optional<c10::OperatorHandle> inplace_functional;
   KernelCheck kernel_check = nullptr;  // what CPU's kernel checks and the meta function not
   KernelCheck value_check = nullptr;   // what CPU checks of Scalar values at every call
+  bool foreach_in_place = false;       // _foreach_add_ & co: writes its first list
 };
 
 // Ops whose CPU kernels accept a written tensor with internal overlap (fills, which
@@ -1154,6 +1156,11 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   auto args = torch::jit::last(*stack, info.num_args);
   metrics().op_calls += 1;
   if (info.value_check) info.value_check(args);
+  if (info.foreach_in_place && foreach_elements_share_memory(args, 0)) {
+    own();
+    run_foreach_per_element(op, stack, info.num_args);
+    return;
+  }
   if (!info.mutated.empty()) check_overlaps(info, args);
   if (info.host_fill && try_host_fill(args[0].toTensor(), info.num_args > 1 ? args[1].toScalar() : c10::Scalar(0))) {
     torch::jit::drop(*stack, info.num_args - 1);  // self stays on the stack: the op returns it
@@ -1593,6 +1600,8 @@ int register_lowered_kernels() {
     info.check_internal_overlap = !cpu_allows_internal_overlap(base);
     info.kernel_check = kernel_check_for(base);
     info.value_check = value_check_for(base);
+    info.foreach_in_place = base.rfind("_foreach_", 0) == 0 && name.name.back() == '_' &&
+                            info.mutated.size() == 1 && info.mutated[0] == 0;
     info.check_any_input_overlap = cpu_forbids_any_input_overlap(base);
     info.check_input_overlap = info.check_any_input_overlap || !cpu_allows_input_overlap(base);
     info.host_fill = info.name == "fill_.Scalar" || info.name == "zero_";
