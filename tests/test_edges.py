@@ -698,3 +698,29 @@ def test_foreach_in_place_over_lists_sharing_memory_runs_in_order_as_cpu():
             # A partial overlap between an element's own input and output is still refused
             assert _same_as_cpu(lambda d: (lambda x: torch._foreach_copy_([x[1:], x[:3]], [x[:3], x[1:]]))(
                 torch.arange(4.0, device=d))) is RuntimeError
+
+
+def test_foreach_in_place_result_types_and_exponents_as_cpu():
+    # CPU's per-tensor path makes each element's checks: a result type that cannot cast to
+    # the written tensor's, an integer tensor to a negative integer power
+    T = lambda d, *v: torch.tensor(list(v), device=d)  # noqa: E731
+
+    def inplace(op, lst, *rest):
+        return lambda d: (lambda l: (op(l, *[r(d) if callable(r) else r for r in rest]), tuple(l))[1])(lst(d))
+    refused = [
+        inplace(torch._foreach_mul_, lambda d: [T(d, 1, 2)], lambda d: [T(d, 1.5, 2.5)]),
+        inplace(torch._foreach_div_, lambda d: [T(d, 1, 2)], lambda d: [T(d, 2, 2)]),
+        inplace(torch._foreach_add_, lambda d: [T(d, True, False)], 1),
+        inplace(torch._foreach_pow_, lambda d: [T(d, 1, 2), T(d, 3, 4)], [2, -1]),
+        lambda d: tuple(torch._foreach_pow([T(d, 3, 4), T(d, 1, 2)], -1)),
+    ]
+    for fn in refused:
+        assert _same_as_cpu(fn) is RuntimeError
+    accepted = [
+        inplace(torch._foreach_mul_, lambda d: [T(d, 1.5, 2.0)], lambda d: [T(d, 2, 3)]),
+        inplace(torch._foreach_copy_, lambda d: [T(d, 0, 0)], lambda d: [T(d, 1.7, 2.2)]),
+        inplace(torch._foreach_zero_, lambda d: [T(d, 1, 2)]),
+        lambda d: tuple(torch._foreach_pow([T(d, 1.0, 2.0)], -1)),
+    ]
+    for fn in accepted:
+        assert _same_as_cpu(fn) is None

@@ -43,6 +43,20 @@ void pow_exponent(c10::ArrayRef<c10::IValue> args) {
               "Integers to negative integer powers are not allowed.");
 }
 
+// _foreach_pow(Tensor[] self, Scalar or Scalar[] exponent): pow's check, element by element.
+void foreach_pow_exponent(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 2 || !args[0].isTensorList()) return;
+  auto selves = args[0].toTensorList();
+  bool scalars = args[1].isList() && !args[1].isTensorList();
+  for (size_t k = 0; k < selves.size(); ++k) {
+    if (args[1].isScalar()) {
+      pow_exponent({c10::IValue(selves.get(k)), args[1]});
+    } else if (scalars && k < args[1].toListRef().size()) {
+      pow_exponent({c10::IValue(selves.get(k)), args[1].toListRef()[k]});
+    }
+  }
+}
+
 // softshrink(self, lambd): lambd in [0, the largest finite value of self's dtype].
 void softshrink_lambda(c10::ArrayRef<c10::IValue> args) {
   if (args.size() < 2 || !args[0].isTensor() || !args[1].isScalar()) return;
@@ -85,6 +99,7 @@ void norm_order(c10::ArrayRef<c10::IValue> args) {
 KernelCheck value_check_for(const std::string& base) {
   static const std::unordered_map<std::string, KernelCheck> checks = {
       {"pow", &pow_exponent},
+      {"_foreach_pow", &foreach_pow_exponent},
       {"softshrink", &softshrink_lambda},
       {"celu", &celu_alpha},
       {"linalg_vector_norm", &norm_order},

@@ -1127,17 +1127,25 @@ bool computed_in_common_dtype(const OpInfo& info, torch::jit::Stack* stack) {
 // and the value would be silently cast. Runs where a plan is made: the key holds every
 // argument's dtype (and a Python number's kind), so a plan's signature always passed.
 void check_inplace_result_type(const OpInfo& info, c10::ArrayRef<IValue> args) {
-  if (!args[0].isTensor()) return;
-  c10::ScalarType self = args[0].toTensor().scalar_type();
+  if (!args[0].isTensor() && !args[0].isTensorList()) return;
   std::vector<IValue> mrets;
   try {
     mrets = run_meta(*info.inplace_functional, args).second;
   } catch (const std::exception&) {
     return;  // the in-place op's own meta kernel accepted the call: nothing to add
   }
-  if (mrets.size() != 1 || !mrets[0].isTensor()) return;
-  c10::ScalarType result = mrets[0].toTensor().scalar_type();
-  TORCH_CHECK(c10::canCast(result, self), "result type ", result, " can't be cast to the desired output type ", self);
+  if (mrets.size() != 1) return;
+  auto check = [](c10::ScalarType result, c10::ScalarType self) {
+    TORCH_CHECK(c10::canCast(result, self), "result type ", result, " can't be cast to the desired output type ", self);
+  };
+  if (args[0].isTensor() && mrets[0].isTensor()) {
+    check(mrets[0].toTensor().scalar_type(), args[0].toTensor().scalar_type());
+  } else if (args[0].isTensorList() && mrets[0].isTensorList()) {  // a foreach op: element by element
+    auto selves = args[0].toTensorList();
+    auto results = mrets[0].toTensorList();
+    for (size_t k = 0; k < selves.size() && k < results.size(); ++k)
+      check(results.get(k).scalar_type(), selves.get(k).scalar_type());
+  }
 }
 
 void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
@@ -1609,8 +1617,10 @@ int register_lowered_kernels() {
     if (info.is_out && info.mutated.size() == 1 && info.mutated[0] == info.num_args - 1 &&
         h->hasTag(at::Tag::pointwise))
       info.functional = functional_of(schema, overloads[name.name]);
+    // (copy_ and zero_ cast by design: they have no result type to check)
+    bool foreach_checked = info.foreach_in_place && base != "_foreach_copy" && base != "_foreach_zero";
     if (!info.is_out && info.mutated.size() == 1 && info.mutated[0] == 0 && name.name.back() == '_' &&
-        h->hasTag(at::Tag::pointwise))
+        (h->hasTag(at::Tag::pointwise) || foreach_checked))
       info.inplace_functional = c10::Dispatcher::singleton().findOp(
           {name.name.substr(0, name.name.size() - 1), name.overload_name});
     // Rules index the functional op's arguments: out= args come last, so they line up.
