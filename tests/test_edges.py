@@ -724,3 +724,25 @@ def test_foreach_in_place_result_types_and_exponents_as_cpu():
     ]
     for fn in accepted:
         assert _same_as_cpu(fn) is None
+
+
+def test_nn_argument_checks_cpu_makes_in_its_kernels():
+    # Checks PyTorch's meta functions skip (found by probing nn ops against CPU)
+    w = torch.randn(4, 3)
+    bag = lambda off: lambda d: F.embedding_bag(torch.tensor([0, 2, 0, 3], device=d), w.to(d),  # noqa: E731
+                                                torch.tensor(off, device=d), mode="sum")
+    assert _same_as_cpu(bag([1, 2]), match="offsets[0] has to be 0") is RuntimeError
+    assert _same_as_cpu(bag([0, 2, 9]), match="offsets[-1] can not be greater than input's length 4") is RuntimeError
+    assert _same_as_cpu(bag([0, 4])) is None and _same_as_cpu(bag([0, 2, 2])) is None
+    x1, x2 = torch.randn(4, 5).log_softmax(1), torch.randn(2, 5, 3)
+    for dt, ok1d, ok2d in ((torch.int32, False, False), (torch.uint8, True, False), (torch.int64, True, True)):
+        err = _same_as_cpu(lambda d: F.nll_loss(x1.to(d), torch.tensor([0, 1, 2, 3], dtype=dt, device=d)))
+        assert err is (None if ok1d else RuntimeError)
+        err = _same_as_cpu(lambda d: F.cross_entropy(x2.to(d), torch.tensor([[0, 1, 2], [1, 2, 3]], dtype=dt, device=d)))
+        assert err is (None if ok2d else RuntimeError)
+    xi, wi = torch.randn(1, 2, 3, 3), torch.randn(2, 3, 3, 3)
+    ct = lambda stride, dilation, op: lambda d: F.conv_transpose2d(  # noqa: E731
+        xi.to(d), wi.to(d), stride=stride, dilation=dilation, output_padding=op)
+    assert _same_as_cpu(ct((2, 1), 1, (1, 1)), match="output padding must be smaller than either stride or dilation") \
+        is RuntimeError
+    assert _same_as_cpu(ct((2, 2), 1, (1, 1))) is None and _same_as_cpu(ct(1, 3, 2)) is None

@@ -94,6 +94,18 @@ void norm_order(c10::ArrayRef<c10::IValue> args) {
   }
 }
 
+// nll_loss_forward / nll_loss2d_forward(self, target, ...): CPU's kernels take class
+// indices as int64 (uint8 too, but for the 2-d loss).
+void nll_target_dtype(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 2 || !args[1].isTensor()) return;
+  c10::ScalarType t = args[1].toTensor().scalar_type();
+  TORCH_CHECK(t == at::kLong || t == at::kByte, "expected target dtype to be Long or Byte, but got ", t);
+}
+void nll2d_target_dtype(c10::ArrayRef<c10::IValue> args) {
+  nll_target_dtype(args);
+  TORCH_CHECK(args[1].toTensor().scalar_type() == at::kLong, "expected scalar type Long but found Byte");
+}
+
 }  // namespace
 
 KernelCheck value_check_for(const std::string& base) {
@@ -113,6 +125,8 @@ KernelCheck kernel_check_for(const std::string& base) {
   static const std::unordered_map<std::string, KernelCheck> checks = {
       {"index_put", &index_put_values_dtype},
       {"_index_put_impl", &index_put_values_dtype},
+      {"nll_loss_forward", &nll_target_dtype},
+      {"nll_loss2d_forward", &nll2d_target_dtype},
   };
   auto it = checks.find(base);
   return it == checks.end() ? nullptr : it->second;

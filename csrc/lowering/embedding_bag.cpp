@@ -23,6 +23,16 @@ TPU_LOWER(embedding_bag, "_embedding_bag", "_embedding_bag_forward_only") {
   if (n == 0 || nb == 0 || mode < 0 || mode > 2) throw Unsupported("embedding_bag: empty bags or mode");
   check_in_range(ctx, idx, 0, v, "RuntimeError: aten::_embedding_bag: index out of range: valid indices are 0 to " +
                                             std::to_string(v - 1));
+  // CPU's checks of the offsets: bags start at 0 and end within the indices.
+  const int64_t no = off.type.numel();
+  if (no > 0) {
+    Value first = b.reshape(b.slice(off, {0}, {1}, {1}), {}), lastv = b.reshape(b.slice(off, {no - 1}, {no}, {1}), {});
+    ctx.check(b.compare(first, b.constant(0, DType::I64), Cmp::EQ),
+              "RuntimeError: offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from "
+              "position 0");
+    ctx.check(b.compare(lastv, b.constant(static_cast<double>(n), DType::I64), Cmp::LE),
+              "RuntimeError: offsets[-1] can not be greater than input's length " + std::to_string(n));
+  }
   DType acc = acc_type(w.dtype());
   const Type i64n{DType::I64, {n}};
 

@@ -625,6 +625,14 @@ TPU_LOWER(convolution, "convolution") {
   Type rt{acc, out.shape};
   Value y;
   if (ctx.flag(6)) {  // transposed: the input gradient of the mirror convolution
+    std::vector<int64_t> op = ctx.ints(7), st = ctx.ints(3), dl = ctx.ints(5);
+    for (size_t d = 0; d < op.size(); ++d) {
+      int64_t s = st.size() == 1 ? st[0] : st.at(d), l = dl.size() == 1 ? dl[0] : dl.at(d);
+      if (op[d] >= s && op[d] >= l)  // as CPU checks (its shapes would not add up otherwise)
+        throw std::invalid_argument("output padding must be smaller than either stride or dilation, but got "
+                                    "output_padding " + std::to_string(op[d]) + ", stride " + std::to_string(s) +
+                                    " and dilation " + std::to_string(l) + " in spatial dim " + std::to_string(d));
+    }
     Shape sp(out.shape.begin() + 2, out.shape.end());
     // output_padding only grows the high side; the conv sees the full output size.
     y = conv_input_grad(b, x, w, a, sp, rt);
