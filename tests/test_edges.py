@@ -746,3 +746,34 @@ def test_nn_argument_checks_cpu_makes_in_its_kernels():
     assert _same_as_cpu(ct((2, 1), 1, (1, 1)), match="output padding must be smaller than either stride or dilation") \
         is RuntimeError
     assert _same_as_cpu(ct((2, 2), 1, (1, 1))) is None and _same_as_cpu(ct(1, 3, 2)) is None
+
+
+def test_matrix_products_refuse_mixed_dtypes_and_ignore_a_zero_alpha_as_cpu():
+    # Checks CPU's kernels make (the meta functions do not), and BLAS's alpha == 0, which
+    # leaves the product out (NaN in it included), as beta == 0 leaves self out (CPU's
+    # baddbmm skips it only where its sizes take BLAS: not compared)
+    f, dd, v = torch.randn(2, 2), torch.randn(2, 2).double(), torch.randn(2)
+    calls = [lambda d: torch.mm(f.to(d), dd.to(d)), lambda d: torch.bmm(f[None].to(d), dd[None].to(d)),
+             lambda d: torch.addmm(dd.to(d), f.to(d), f.to(d)), lambda d: torch.addmm(f.to(d), dd.to(d), f.to(d)),
+             lambda d: torch.baddbmm(f[None].to(d), f[None].to(d), dd[None].to(d)),
+             lambda d: torch.addbmm(f.to(d), f[None].to(d), dd[None].to(d)),
+             lambda d: torch.mv(f.to(d), v.double().to(d)), lambda d: torch.addmv(v.to(d), f.to(d), v.double().to(d)),
+             lambda d: torch.dot(v.to(d), v.double().to(d)), lambda d: torch.matmul(f.to(d), dd.to(d)),
+             lambda d: torch.mm(f.bfloat16().to(d), f.to(d))]
+    for fn in calls:
+        assert _same_as_cpu(fn) is RuntimeError
+    assert _same_as_cpu(lambda d: torch.addr(f.to(d), v.to(d), v.double().to(d))) is None  # addr promotes
+    nan = torch.full((2, 2), float("nan"))
+    for fn in (lambda d: torch.addmm(f.to(d), nan.to(d), f.to(d), alpha=0),
+               lambda d: torch.addmm(nan.to(d), f.to(d), f.to(d), beta=0),
+               lambda d: torch.addbmm(f.to(d), nan[None].to(d), f[None].to(d), alpha=0),
+               lambda d: torch.addmv(v.to(d), nan.to(d), v.to(d), alpha=0)):
+        assert _same_as_cpu(fn) is None
+
+
+def test_masked_scatter_needs_a_source_element_per_mask_one_as_cpu():
+    x = torch.randn(3, 4)
+    assert _same_as_cpu(lambda d: x.to(d).masked_scatter(x.to(d) > -10, torch.arange(5.0, device=d)),
+                        match="Number of elements of source < number of ones in mask") is RuntimeError
+    assert _same_as_cpu(lambda d: x.to(d).masked_scatter(x.to(d) > 10, torch.empty(0, device=d))) is None
+    assert _same_as_cpu(lambda d: x.to(d).masked_scatter(x.to(d) > 0, torch.arange(12.0, device=d))) is None

@@ -106,6 +106,50 @@ void nll2d_target_dtype(c10::ArrayRef<c10::IValue> args) {
   TORCH_CHECK(args[1].toTensor().scalar_type() == at::kLong, "expected scalar type Long but found Byte");
 }
 
+// Matrix products take operands of one dtype on CPU (addr and matmul's outer products
+// promote); each kernel words it its own way.
+c10::ScalarType dtype_at(c10::ArrayRef<c10::IValue> args, size_t i) { return args[i].toTensor().scalar_type(); }
+bool tensors_at(c10::ArrayRef<c10::IValue> args, std::initializer_list<size_t> is) {
+  for (size_t i : is)
+    if (i >= args.size() || !args[i].isTensor() || !args[i].toTensor().defined()) return false;
+  return true;
+}
+void mm_dtypes(c10::ArrayRef<c10::IValue> args) {  // mm(self, mat2)
+  if (!tensors_at(args, {0, 1})) return;
+  c10::ScalarType a = dtype_at(args, 0), b = dtype_at(args, 1);
+  TORCH_CHECK(a == b, "expected m1 and m2 to have the same dtype, but got: ", c10::scalarTypeToTypeMeta(a).name(),
+              " != ", c10::scalarTypeToTypeMeta(b).name());
+}
+void bmm_dtypes(c10::ArrayRef<c10::IValue> args) {  // bmm(self, mat2), baddbmm(self, b1, b2)
+  size_t first = args.size() > 2 && args[2].isTensor() ? 1 : 0;
+  if (!tensors_at(args, {first, first + 1})) return;
+  for (size_t i : {first + 1, size_t{0}})
+    TORCH_CHECK(dtype_at(args, i) == dtype_at(args, first), "expected scalar type ", dtype_at(args, first),
+                " but found ", dtype_at(args, i));
+}
+void addmm_dtypes(c10::ArrayRef<c10::IValue> args) {  // addmm / addbmm(self, m1, m2)
+  if (!tensors_at(args, {0, 1, 2})) return;
+  TORCH_CHECK(dtype_at(args, 0) == dtype_at(args, 2), "self and mat2 must have the same dtype, but got ",
+              dtype_at(args, 0), " and ", dtype_at(args, 2));
+  TORCH_CHECK(dtype_at(args, 1) == dtype_at(args, 2), "mat1 and mat2 must have the same dtype, but got ",
+              dtype_at(args, 1), " and ", dtype_at(args, 2));
+}
+void addmv_dtypes(c10::ArrayRef<c10::IValue> args) {  // addmv(self, mat, vec)
+  if (!tensors_at(args, {0, 1, 2})) return;
+  c10::ScalarType s = dtype_at(args, 0), m = dtype_at(args, 1), v = dtype_at(args, 2);
+  TORCH_CHECK(s == m && m == v, "addmv input tensors must have the same dtype, but got ", s, ", ", m, ", and ", v);
+}
+void mv_dtypes(c10::ArrayRef<c10::IValue> args) {  // mv(self, vec): the result takes vec's dtype
+  if (!tensors_at(args, {0, 1})) return;
+  c10::ScalarType m = dtype_at(args, 0), v = dtype_at(args, 1);
+  TORCH_CHECK(m == v, "addmv input tensors must have the same dtype, but got ", v, ", ", m, ", and ", v);
+}
+void dot_dtypes(c10::ArrayRef<c10::IValue> args) {  // dot / vdot(self, other)
+  if (!tensors_at(args, {0, 1})) return;
+  TORCH_CHECK(dtype_at(args, 0) == dtype_at(args, 1), "dot : expected both vectors to have same dtype, but found ",
+              dtype_at(args, 0), " and ", dtype_at(args, 1));
+}
+
 }  // namespace
 
 KernelCheck value_check_for(const std::string& base) {
@@ -126,6 +170,15 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"index_put", &index_put_values_dtype},
       {"_index_put_impl", &index_put_values_dtype},
       {"nll_loss_forward", &nll_target_dtype},
+      {"mm", &mm_dtypes},
+      {"bmm", &bmm_dtypes},
+      {"baddbmm", &bmm_dtypes},
+      {"addmm", &addmm_dtypes},
+      {"addbmm", &addmm_dtypes},
+      {"addmv", &addmv_dtypes},
+      {"mv", &mv_dtypes},
+      {"dot", &dot_dtypes},
+      {"vdot", &dot_dtypes},
       {"nll_loss2d_forward", &nll2d_target_dtype},
   };
   auto it = checks.find(base);

@@ -584,7 +584,11 @@ TPU_LOWER(masked_scatter, "masked_scatter") {
   Value mask = broadcast_to(b, b.convert(ctx.in(1), DType::Bool), shape);
   Value src = b.convert(ctx.in(2), self.dtype());
   int64_t n = self.type.numel(), m = src.type.numel();
-  if (n == 0 || m == 0) return {self};
+  if (n == 0) return {self};
+  Value ones = reduce_sum(b, b.convert(b.reshape(mask, {n}), DType::I64), {0});
+  ctx.check(b.compare(ones, b.constant(static_cast<double>(m), DType::I64), Cmp::LE),
+            "RuntimeError: Number of elements of source < number of ones in mask");
+  if (m == 0) return {self};
   Value k = b.convert(b.reshape(mask, {n}), DType::I64);
   Value zero = b.constant(0, DType::I64);
   for (int64_t s = 1; s < n; s *= 2)

@@ -13,8 +13,9 @@ static Value contract(Builder& b, const Value& x, const Value& y, DType out,
   return b.dot_general(b.convert(x, out), b.convert(y, out), ba, bb, ca, cb, acc_type(out));
 }
 
-// beta * self + alpha * prod, where beta == 0 ignores self (NaN/inf included), as
-// PyTorch. The scalars are runtime operands, so that test is a select.
+// beta * self + alpha * prod, where beta == 0 ignores self and alpha == 0 the product
+// (NaN/inf included), as BLAS and PyTorch. The scalars are runtime operands, so those
+// tests are selects.
 static Value epilogue(Ctx& ctx, const Value& prod, int self_i, int beta_i, int alpha_i) {
   Builder& b = ctx.b;
   DType t = prod.dtype();
@@ -24,7 +25,8 @@ static Value epilogue(Ctx& ctx, const Value& prod, int self_i, int beta_i, int a
   Value alpha = broadcast_to(b, ctx.scalar(alpha_i, t), s);
   Value zero = b.constant(0, t, s);
   Value scaled = b.select(b.compare(beta, zero, Cmp::EQ), zero, mul(b, beta, self));
-  return b.convert(add(b, scaled, mul(b, alpha, prod)), ctx.out(0).dtype);
+  Value product = b.select(b.compare(alpha, zero, Cmp::EQ), zero, mul(b, alpha, prod));
+  return b.convert(add(b, scaled, product), ctx.out(0).dtype);
 }
 
 static Value out_of(Ctx& ctx, const Value& v) { return ctx.b.convert(v, ctx.out(0).dtype); }
