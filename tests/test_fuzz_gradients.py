@@ -6,22 +6,17 @@ duplicate indices (gather, index_add, embedding). Inputs come from a small pool 
 values, so ties and boundaries are frequent. The loss and every input's gradient match
 CPU's in Strict and DeferAndFuse (float32). Deterministic (derandomized) in CI;
 TPU_FUZZ_EXAMPLES=N runs N random cases per op and mode instead (a campaign)."""
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import torch_tpu
-from torch_tpu import EagerMode
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import given, strategies as st  # noqa: E402
+from fuzzing import MODES, check_outcomes_alike, fuzz_settings  # noqa: E402
 
-_CAMPAIGN = int(os.environ.get("TPU_FUZZ_EXAMPLES", "0"))
-SETTINGS = settings(max_examples=_CAMPAIGN or 6, deadline=None, derandomize=not _CAMPAIGN, database=None,
-                    suppress_health_check=list(HealthCheck))
-MODES = {"strict": EagerMode.DEFER_NEVER, "fused": EagerMode.DEFER_AND_FUSE}
+SETTINGS = fuzz_settings(6)
 POOL = [-3.0, -1.0, -0.5, 0.0, 0.0, 0.5, 1.0, 1.0, 2.0, 3.0, 6.0]
 
 
@@ -163,12 +158,7 @@ def test_fuzz_gradient_semantics_match_cpu(name, mode):
         with torch_tpu.set_eager_mode(MODES[mode]):
             got = _run(OPS[name], x, y, d, i, "tpu")
         what = f"{name}[{mode}] x={x.tolist()} y={y.tolist()} d={d} i={i}"
-        if isinstance(want, Exception):
-            assert isinstance(got, Exception) and (isinstance(got, type(want)) or isinstance(want, type(got))), \
-                f"{what}: CPU raised {want!r}, tpu gave {got!r}"
-            return
-        assert not isinstance(got, Exception), f"{what}: tpu raised {got!r}"
-        if want is None:
+        if check_outcomes_alike(want, got, what) or want is None:
             return
         for n, (g, w) in enumerate(zip(got, want)):
             assert (g is None) == (w is None), f"{what}: gradient {n} defined on one side only"

@@ -11,14 +11,12 @@ import pytest
 import torch
 
 import torch_tpu
-from torch_tpu import EagerMode
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import given, strategies as st  # noqa: E402
+from fuzzing import MODES, fuzz_settings  # noqa: E402
 
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))
-MODES = {"strict": EagerMode.DEFER_NEVER, "fused": EagerMode.DEFER_AND_FUSE}
+SETTINGS = fuzz_settings(40)
 
 
 def _cells(t):

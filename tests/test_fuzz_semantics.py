@@ -7,21 +7,16 @@ halves. Values come from small pools (duplicates, zeros, extremes), so these cas
 frequent. Every case matches CPU exactly (integers, indices) or within rounding
 (floats), or raises the same kind of exception. Deterministic (derandomized) in CI;
 TPU_FUZZ_EXAMPLES=N runs N random cases per op and mode instead (a campaign)."""
-import os
-
 import pytest
 import torch
 
 import torch_tpu
-from torch_tpu import EagerMode
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import given, strategies as st  # noqa: E402
+from fuzzing import MODES, check_outcomes_alike, fuzz_settings  # noqa: E402
 
-_CAMPAIGN = int(os.environ.get("TPU_FUZZ_EXAMPLES", "0"))
-SETTINGS = settings(max_examples=_CAMPAIGN or 10, deadline=None, derandomize=not _CAMPAIGN, database=None,
-                    suppress_health_check=list(HealthCheck))
-MODES = {"strict": EagerMode.DEFER_NEVER, "fused": EagerMode.DEFER_AND_FUSE}
+SETTINGS = fuzz_settings(10)
 
 I = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 F = (torch.float32, torch.bfloat16, torch.float64)
@@ -265,12 +260,7 @@ def test_fuzz_semantics_match_cpu(name, mode):
             got = _outcome(fn, x, y, s, d, "tpu")
         what = (f"{name}[{mode}] x={x.dtype}{tuple(x.shape)}={x.flatten()[:8].tolist()} "
                 f"y={None if y is None else (y.dtype, tuple(y.shape), y.flatten()[:8].tolist())} s={s} d={d}")
-        if isinstance(want, Exception):
-            assert isinstance(got, Exception), f"{what}: CPU raised {want!r}, tpu returned {got}"
-            assert isinstance(got, type(want)) or isinstance(want, type(got)), \
-                f"{what}: CPU raised {type(want).__name__}, tpu {type(got).__name__}: {got}"
-            return
-        assert not isinstance(got, Exception), f"{what}: tpu raised {got!r}, CPU worked: {want}"
-        _same(got, want, what)
+        if not check_outcomes_alike(want, got, what):
+            _same(got, want, what)
 
     check()
