@@ -778,3 +778,15 @@ def test_masked_scatter_needs_a_source_element_per_mask_one_as_cpu():
                         match="Number of elements of source < number of ones in mask") is RuntimeError
     assert _same_as_cpu(lambda d: x.to(d).masked_scatter(x.to(d) > 10, torch.empty(0, device=d))) is None
     assert _same_as_cpu(lambda d: x.to(d).masked_scatter(x.to(d) > 0, torch.arange(12.0, device=d))) is None
+
+
+def test_pow_by_a_scalar_half_is_a_square_root_as_cpu():
+    # CPU's and CUDA's kernels take sqrt for a Scalar exponent of 0.5 and 1 / sqrt for
+    # -0.5: at -0 and -inf these differ from IEEE pow (found by test_fuzz_semantics.py)
+    x = torch.tensor([-0.0, -0.5, 0.0, -float("inf"), float("inf"), 4.0, 2.0])
+    for e in (0.5, -0.5, 2.0, 1.5):
+        c, t = torch.pow(x, e), torch.pow(x.to("tpu"), e).cpu()
+        assert torch.equal(c.isnan(), t.isnan()), e
+        finite = ~c.isnan()
+        torch.testing.assert_close(t[finite], c[finite], rtol=1e-6, atol=0)
+        assert torch.equal(t[finite].signbit(), c[finite].signbit()), e
