@@ -9,6 +9,8 @@
 #include <thread>
 
 #include <pthread.h>
+
+#include <c10/util/SmallVector.h>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -108,10 +110,13 @@ void note_replacement(const Operand& fresh, const Operand& old) {
 
 // ---- the pending graph -----------------------------------------------------------------
 
+// A call's outputs: most calls have one (inline, no allocation per recorded op).
+using SlotList = c10::SmallVector<SlotPtr, 1>;
+
 struct Node {
   ProgramPtr program;
   std::vector<Operand> inputs;
-  std::vector<SlotPtr> outputs;
+  SlotList outputs;
   int position = 0;
   bool backward = false;  // recorded by an autograd backward
   bool compiled = false;  // a compiled graph's replay
@@ -155,7 +160,7 @@ std::unique_lock<std::recursive_mutex> graph_lock() {
   return std::unique_lock<std::recursive_mutex>(g_mu);
 }
 
-std::vector<Operand> run_queued(const ProgramPtr& program, std::vector<Operand> args, int device);
+Results run_queued(const ProgramPtr& program, std::vector<Operand> args, int device);
 
 // Strict compiles a program it has not loaded yet ahead, on the compile pool, and queues
 // its launch (and that of any op reading a queued op's outputs) for the launcher thread,
@@ -178,7 +183,7 @@ std::atomic<bool>& split_at_backward_flag() {
 bool split_at_backward() { return split_at_backward_flag().load(std::memory_order_relaxed); }
 void set_split_at_backward(bool on) { split_at_backward_flag().store(on); }
 
-std::vector<Operand> run(const ProgramPtr& program, std::vector<Operand> args, int device, bool eager) {
+Results run(const ProgramPtr& program, std::vector<Operand> args, int device, bool eager) {
   if (!deferring() && queue_in_strict(*program, args)) return run_queued(program, std::move(args), device);
   if (!deferring()) {
     // Pending operands are resolved in place: `args` keeps their buffers alive.
@@ -189,8 +194,7 @@ std::vector<Operand> run(const ProgramPtr& program, std::vector<Operand> args, i
       raw.push_back(a.buffer.get());
     }
     std::vector<runtime::BufferPtr> outs = launch(*program->executable(), raw, device, program->name());
-    std::vector<Operand> results;
-    results.reserve(outs.size());
+    Results results;
     for (runtime::BufferPtr& b : outs) results.emplace_back(std::move(b));
     return results;
   }
@@ -208,8 +212,7 @@ std::vector<Operand> run(const ProgramPtr& program, std::vector<Operand> args, i
   node->backward = eager && eager_mode() == EagerMode::DeferAndFuse && split_at_backward() &&
                    torch::autograd::get_current_graph_task_id() != -1;
   node->compiled = !eager;
-  std::vector<Operand> out;
-  out.reserve(program->results().size());
+  Results out;
   node->outputs.reserve(program->results().size());
   for (size_t i = 0; i < program->results().size(); ++i) {
     auto s = std::make_shared<Slot>();
@@ -263,9 +266,9 @@ runtime::BufferPtr resolve(const Operand& v) {
   return v.slot->buffer;
 }
 
-std::vector<Operand> run_internal(const std::string& key,
-                                  const std::function<std::vector<ir::Value>(ir::Builder&)>& build,
-                                  const std::vector<Operand>& args, int device) {
+Results run_internal(const std::string& key,
+                     const std::function<std::vector<ir::Value>(ir::Builder&)>& build,
+                     const std::vector<Operand>& args, int device) {
   static std::mutex mu;
   static std::unordered_map<std::string, ProgramPtr> cache;
   ProgramPtr p;
@@ -551,7 +554,7 @@ struct Job {
   std::vector<ir::Type> param_types;
   std::vector<Wire> results;
   std::vector<SlotPtr> result_slots;
-  std::vector<std::vector<SlotPtr>> outs;  // every call's outputs
+  std::vector<SlotList> outs;  // every call's outputs
   std::vector<int> aliases;
   std::vector<bool> donate;
   bool each_call = false;  // Strict's queued launches: each call its own program, no graph
@@ -605,7 +608,7 @@ void assign_donations(Job& job, const std::vector<bool>& sole, const std::vector
 }
 
 // Recorded for the next sync before any reader can see it (a reader forgets it).
-void fail_slots(const std::vector<std::vector<SlotPtr>>& outs, size_t from, std::exception_ptr e) {
+void fail_slots(const std::vector<SlotList>& outs, size_t from, std::exception_ptr e) {
   record_launch_error(e);
   std::lock_guard<std::mutex> lock(g_slot_mu);
   for (size_t n = from; n < outs.size(); ++n)
@@ -883,7 +886,7 @@ void record_launch_error(const std::exception_ptr& e) { launcher().record(e); }
 
 }  // namespace
 
-std::vector<Operand> run_queued(const ProgramPtr& program, std::vector<Operand> args, int device) {
+Results run_queued(const ProgramPtr& program, std::vector<Operand> args, int device) {
   if (!program->loaded()) compile_ahead(program);
   metrics().queued_launches += 1;
   {
@@ -903,8 +906,8 @@ std::vector<Operand> run_queued(const ProgramPtr& program, std::vector<Operand> 
     job.param_types.push_back(args[i].type());
   }
   job.calls.push_back(std::move(call));
-  std::vector<SlotPtr> outs;
-  std::vector<Operand> results;
+  SlotList outs;
+  Results results;
   for (size_t i = 0; i < program->results().size(); ++i) {
     auto s = std::make_shared<Slot>();
     s->type = program->results()[i];
@@ -1131,7 +1134,7 @@ std::vector<SlotPtr> relaunch(const FlushedGraphPtr& graph, std::vector<Operand>
   job.param_types = graph->param_types;
   job.results = graph->results;
   for (const Call& c : job.calls) {
-    std::vector<SlotPtr> outs;
+    SlotList outs;
     for (size_t i = 0; i < c.program->results().size(); ++i) {
       auto s = std::make_shared<Slot>();
       s->type = c.program->results()[i];

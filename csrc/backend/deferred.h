@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/SmallVector.h>
+
 #include "ir/builder.h"
 #include "ir/remat.h"
 #include "backend/executor.h"
@@ -100,12 +102,14 @@ void note_replacement(const Operand& fresh, const Operand& old);
 // Runs `program` on `device` (launches, or records while deferring).
 // `args` is taken by value: callers done with their operands move them in.
 // `eager`: an op's call (not a compiled graph's replay, which keeps its own boundaries).
-std::vector<Operand> run(const ProgramPtr& program, std::vector<Operand> args, int device, bool eager = true);
+// Most programs have one or two results: they come back inline (no allocation per op).
+using Results = c10::SmallVector<Operand, 2>;
+Results run(const ProgramPtr& program, std::vector<Operand> args, int device, bool eager = true);
 
 // A small internal program (zero fill, relayout...) made once per `key`, then run.
-std::vector<Operand> run_internal(const std::string& key,
-                                  const std::function<std::vector<ir::Value>(ir::Builder&)>& build,
-                                  const std::vector<Operand>& args, int device);
+Results run_internal(const std::string& key,
+                     const std::function<std::vector<ir::Value>(ir::Builder&)>& build,
+                     const std::vector<Operand>& args, int device);
 
 // The buffer behind `v`, running the pending graph if it is still pending.
 runtime::BufferPtr resolve(const Operand& v);

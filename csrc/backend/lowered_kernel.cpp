@@ -15,8 +15,10 @@
 #include <deque>
 #include <list>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 
 #include "runtime/launch_probe.h"
@@ -127,6 +129,7 @@ struct OutSpec {
 };
 
 struct Plan {
+  std::string key;  // its signature: g_plans' key views it
   ProgramPtr program;
   std::vector<Source> sources;
   std::vector<OutSpec> outs;
@@ -159,23 +162,49 @@ const at::Tensor* tensor_at(c10::ArrayRef<IValue> args, int arg, int elem, at::T
 
 // The signature is a compact binary string: a tag byte per item, integers as raw
 // 8-byte words, lists and strings prefixed by their length, so no two signatures
-// encode alike. It is built in a per-thread buffer (no allocation once warm) and
-// copied only when a new plan is stored.
+// encode alike. It is built in a per-thread buffer whose appends are inline (no
+// allocation once warm, no call per byte) and copied only when a new plan is stored.
+class KeyBuffer {
+ public:
+  void clear() { size_ = 0; }
+  void put(const void* p, size_t n) {
+    if (size_ + n > cap_) grow(size_ + n);
+    std::memcpy(data_.get() + size_, p, n);
+    size_ += n;
+  }
+  void put(char c) {
+    if (size_ == cap_) grow(size_ + 1);
+    data_[size_++] = c;
+  }
+  std::string_view view() const { return {data_.get(), size_}; }
+
+ private:
+  void grow(size_t need) {
+    size_t cap = std::max<size_t>(need, 2 * cap_ + 256);
+    std::unique_ptr<char[]> bigger(new char[cap]);
+    if (size_) std::memcpy(bigger.get(), data_.get(), size_);
+    data_ = std::move(bigger);
+    cap_ = cap;
+  }
+  std::unique_ptr<char[]> data_;
+  size_t size_ = 0, cap_ = 0;
+};
+
 struct KeyState {
-  std::string& key;
+  KeyBuffer& key;
   int device = -1;
   bool has_f64 = false;
   const char* op = "";
-  explicit KeyState(std::string& buf) : key(buf) { key.clear(); }
-  void tag(char c) { key.push_back(c); }
-  void word(int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  explicit KeyState(KeyBuffer& buf) : key(buf) { key.clear(); }
+  void tag(char c) { key.put(c); }
+  void word(int64_t v) { key.put(&v, sizeof v); }
   void ints(c10::IntArrayRef v) {
     word(static_cast<int64_t>(v.size()));
-    key.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
+    key.put(v.data(), v.size() * sizeof(int64_t));
   }
   void text(std::string_view s) {
     word(static_cast<int64_t>(s.size()));
-    key.append(s.data(), s.size());
+    key.put(s.data(), s.size());
   }
 };
 
@@ -221,7 +250,7 @@ void key_tensor(KeyState& k, const at::Tensor& t) {
   k.tag('t');
   k.tag(static_cast<char>(dt));
   k.ints(t.sizes());
-  k.key.append(reinterpret_cast<const char*>(t.strides().data()), t.dim() * sizeof(int64_t));
+  k.key.put(t.strides().data(), t.dim() * sizeof(int64_t));
   k.word(t.storage_offset());
   // Writes queued on the storage stay queued (an out= write joins them): the storage
   // keys as the value they will make, of their type.
@@ -264,7 +293,7 @@ void key_scalar(KeyState& k, const c10::Scalar& s) {
   k.tag(s.isFloatingPoint() ? 'f' : s.isBoolean() ? 'b' : s.isIntegral(false) ? 'i' : 'x');
 }
 
-const std::string& build_key(const OpInfo& info, c10::ArrayRef<IValue> args, KeyState& k) {
+std::string_view build_key(const OpInfo& info, c10::ArrayRef<IValue> args, KeyState& k) {
   k.text(info.name);
   k.op = info.name.c_str();
   for (int i = 0; i < info.num_args; ++i) {
@@ -332,7 +361,7 @@ const std::string& build_key(const OpInfo& info, c10::ArrayRef<IValue> args, Key
   }
   if (info.mutated.size() > 1 || (info.mutated.size() == 1 && args[info.mutated[0]].isTensorList()))
     key_shared_outputs(k, info, args);
-  return k.key;
+  return k.key.view();
 }
 
 // ---- meta: what PyTorch expects the outputs to be ------------------------------------
@@ -975,7 +1004,7 @@ std::unordered_map<c10::OperatorName, OpInfo>& infos() {
   return m;
 }
 std::mutex g_plans_mu;
-std::unordered_map<std::string, std::shared_ptr<Plan>> g_plans;
+std::unordered_map<std::string_view, std::shared_ptr<Plan>> g_plans;  // keys view Plan::key
 
 // The tensors of a Tensor, Tensor[] or Tensor?[] argument, in list order.
 std::vector<at::Tensor> tensors_of(const IValue& v) {
@@ -1197,9 +1226,9 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     if (computed_in_common_dtype(info, stack)) return;
   }
 
-  thread_local std::string key_buffer;
+  thread_local KeyBuffer key_buffer;
   KeyState k(key_buffer);
-  const std::string& key = build_key(info, args, k);
+  std::string_view key = build_key(info, args, k);
   std::shared_ptr<Plan> owned;  // a new plan, until the map holds it
   const Plan* plan = nullptr;   // plans are never removed: the map keeps them alive
   {
@@ -1214,6 +1243,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     if (now != plan->matmul_precision) {
       k.tag('P');
       k.tag(static_cast<char>(now));
+      key = k.key.view();
       std::lock_guard<std::mutex> lock(g_plans_mu);
       auto it = g_plans.find(key);
       plan = it != g_plans.end() ? it->second.get() : nullptr;
@@ -1224,7 +1254,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   } else {
     metrics().signature_misses += 1;
     // Planning may run other tpu ops on this thread, which reuse the key buffer.
-    std::string new_key = key;
+    std::string new_key(key);
     std::vector<int> ret_counts;
     if (!info.is_out) {
       std::vector<IValue> margs, mrets;
@@ -1260,8 +1290,9 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     owned = build_plan(op, info, args, k, meta_outs);
     owned->ret_counts = std::move(ret_counts);
     plan = owned.get();
+    owned->key = std::move(new_key);
     std::lock_guard<std::mutex> lock(g_plans_mu);
-    g_plans.emplace(std::move(new_key), owned);
+    g_plans.emplace(std::string_view(owned->key), owned);
   }
   if (plan->fallback) {
     own();
@@ -1309,11 +1340,10 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
       }
     }
   }
-  std::vector<Operand> results = run(plan->program, std::move(keep), k.device);
+  Results results = run(plan->program, std::move(keep), k.device);
 
   // Commit results: new storage buffers for mutated args, new tensors otherwise.
-  std::vector<at::Tensor> fresh;
-  fresh.reserve(plan->outs.size());
+  c10::SmallVector<at::Tensor, 2> fresh;
   size_t next_result = 0;
   for (const OutSpec& o : plan->outs) {
     if (o.undefined) {
@@ -1409,8 +1439,17 @@ template <class... Args>
 at::Tensor call_unboxed(const c10::OperatorHandle& op, const OpInfo& info, const at::Tensor& self,
                         const Args&... rest) {
   if (g_dispatch_floor_probe.load(std::memory_order_relaxed)) return floor_probe_result(self);
-  torch::jit::Stack stack;
-  stack.reserve(1 + sizeof...(Args));
+  // Each nesting depth of these calls on a thread reuses one stack: no allocation per
+  // call once warm (an op's planning or fallback may call another op).
+  thread_local std::deque<torch::jit::Stack> stacks;
+  thread_local size_t depth = 0;
+  if (depth == stacks.size()) stacks.emplace_back().reserve(8);
+  torch::jit::Stack& stack = stacks[depth];
+  stack.clear();
+  struct Nest {
+    size_t& d;
+    ~Nest() { --d; }
+  } nest{++depth};
   BorrowedArgs borrowed{&stack, 0};
   push_borrowed(stack, borrowed, self);
   (push_borrowed(stack, borrowed, rest), ...);
@@ -1418,10 +1457,13 @@ at::Tensor call_unboxed(const c10::OperatorHandle& op, const OpInfo& info, const
     lowered_kernel(op, info, &stack, &borrowed);
   } catch (...) {
     borrowed.release();
+    stack.clear();  // what it holds belongs to the caller's failed call
     throw;
   }
   TORCH_INTERNAL_ASSERT(stack.size() == 1 && stack.back().isTensor(), info.name, ": expected one tensor result");
-  return std::move(stack.back()).toTensor();
+  at::Tensor result = std::move(stack.back()).toTensor();
+  stack.clear();
+  return result;
 }
 
 // Registers `info`'s op with an unboxed kernel where its schema is one of the common

@@ -45,8 +45,10 @@ c10::Allocator* tpu_allocator() { return &g_allocator; }
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator)
 
 StorageData& storage_data(const at::Tensor& t) {
-  void* ctx = t.storage().data_ptr().get_context();
-  TORCH_INTERNAL_ASSERT(ctx && t.storage().data_ptr().get_deleter() == &delete_storage,
+  // By reference: a copy of the Storage would count a reference up and down.
+  const c10::DataPtr& data = t.unsafeGetTensorImpl()->unsafe_storage().data_ptr();
+  void* ctx = data.get_context();
+  TORCH_INTERNAL_ASSERT(ctx && data.get_deleter() == &delete_storage,
                         "tensor storage is not a tpu storage");
   return *static_cast<StorageData*>(ctx);
 }
@@ -101,7 +103,7 @@ void run_copies(const std::shared_ptr<ViewCopies>& group) {
   for (const auto& c : live)
     key += ";" + std::string(mlir_name(c.src_dtype)) + c.view.key() + "->" + c.result.str() + "/" +
            mlir_name(c.dtype) + ir::Type{c.dtype, c.sizes}.str();
-  std::vector<Operand> outs = guarded([&] {
+  Results outs = guarded([&] {
     return run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
       ir::Value src = b.param(srct);
       std::vector<ir::Value> res;
