@@ -339,3 +339,82 @@ def test_complex_half_is_a_clear_error():
         dev(randn(3)).chalf()
     with pytest.raises(TypeError, match="ComplexHalf is not supported on tpu"):
         torch.zeros(2, dtype=torch.complex32, device="tpu")
+
+
+# ---- reductions whose math differs for complex values (they read the real part before)
+
+SPECIAL = torch.tensor([[1 + 2j, complex(math.nan, 1), 3j], [complex(math.inf, 0), 1, 2],
+                        [complex(1, math.inf), 0, 0], [0, 0, 0], [-2 - 1j, 0.5j, 4]], dtype=torch.complex64)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("call", [
+    lambda z: torch.linalg.vector_norm(z),
+    lambda z: torch.linalg.vector_norm(z, 1, dim=1),
+    lambda z: torch.linalg.vector_norm(z, 3, dim=0),
+    lambda z: torch.linalg.vector_norm(z, math.inf, dim=1),
+    lambda z: torch.linalg.vector_norm(z, 0, dim=1),
+    lambda z: torch.linalg.vector_norm(z[:, :1], dim=1),
+    lambda z: z.norm(),
+    lambda z: torch.dist(z, z.flip(0), 3),
+    lambda z: torch.nn.functional.normalize(z),
+    lambda z: torch.linalg.matrix_norm(z, 1),
+    lambda z: torch.var(z),
+    lambda z: torch.std(z, 1, correction=0, keepdim=True),
+    lambda z: torch.var_mean(z, 0),
+    lambda z: torch.std_mean(z, 1),
+    lambda z: torch.logsumexp(z, 1),
+    lambda z: torch.logsumexp(z * 40, (0, 1)),
+], ids=["norm2", "norm1", "norm3", "norminf", "norm0", "norm_one", "norm_method", "dist3", "normalize",
+        "matrix_norm1", "var", "std", "var_mean", "std_mean", "logsumexp", "logsumexp_large"])
+def test_complex_reductions_use_magnitudes_as_cpu(call, dtype):
+    z = crandn(4, 5, dtype=dtype)
+    with native():
+        same(call(dev(z)), call(z))
+
+
+@pytest.mark.parametrize("call", [
+    lambda z: torch.linalg.vector_norm(z, dim=1),
+    lambda z: torch.linalg.vector_norm(z, 1, dim=1),
+    lambda z: torch.var(z, 1),
+    lambda z: torch.logsumexp(z, 1),
+], ids=["norm2", "norm1", "var", "logsumexp"])
+def test_complex_reductions_of_special_values_as_cpu(call):
+    with native():
+        same(call(dev(SPECIAL)), call(SPECIAL))
+
+
+def test_complex_norm_gradient_as_cpu():
+    z = crandn(3, 4)
+    zt = dev(z).requires_grad_()
+    zc = z.clone().requires_grad_()
+    (torch.linalg.vector_norm(zt) + torch.var(zt, 1).sum()).backward()
+    (torch.linalg.vector_norm(zc) + torch.var(zc, 1).sum()).backward()
+    same(zt.grad, zc.grad)
+
+
+# ---- ops whose CPU kernels refuse complex values: an error of CPU's type, not a value
+
+@pytest.mark.parametrize("call", [
+    lambda z: z < z, lambda z: z >= 1, lambda z: z.max(), lambda z: z.max(1), lambda z: z.amin(0),
+    lambda z: z.argmax(), lambda z: z.aminmax(), lambda z: z.median(), lambda z: z.mode(), lambda z: z.kthvalue(1),
+    lambda z: z.cummax(0), lambda z: z.sort(), lambda z: z.topk(2), lambda z: torch.unique(z), lambda z: z.signbit(),
+    lambda z: torch.bitwise_not(z), lambda z: torch.bitwise_and(z, z), lambda z: z.nansum(), lambda z: z.nanmean(), lambda z: torch.softmax(z, 1),
+    lambda z: torch.log_softmax(z, 0), lambda z: torch.nn.functional.mse_loss(z, z), lambda z: torch.nn.functional.huber_loss(z, z),
+    lambda z: torch.nn.functional.avg_pool1d(z[None], 2), lambda z: torch.nn.functional.max_pool1d(z[None], 2),
+    lambda z: torch.nn.functional.interpolate(z[None], scale_factor=2.0), lambda z: torch.histc(z),
+    lambda z: torch.bucketize(z, z[0]), lambda z: torch.nn.functional.group_norm(z[None], 1),
+    lambda z: torch.nn.functional.batch_norm(z, None, None, training=True),
+    lambda z: torch.arange(0, 4, dtype=z.dtype, device=z.device),
+], ids=["lt", "ge", "max", "max_dim", "amin", "argmax", "aminmax", "median", "mode", "kthvalue", "cummax", "sort",
+        "topk", "unique", "signbit", "bitwise_not", "bitwise_and", "nansum", "nanmean", "softmax", "log_softmax", "mse",
+        "huber", "avg_pool1d", "max_pool1d", "interpolate", "histc", "bucketize", "group_norm", "batch_norm", "arange"])
+def test_ops_cpu_refuses_for_complex_raise_its_error(call):
+    z = crandn(3, 4)
+    with pytest.raises(Exception) as want:
+        call(z)
+    zt = dev(z)
+    with pytest.raises(type(want.value)) as got:
+        host(call(zt))
+    assert "ComplexFloat" in str(got.value) or "complex" in str(got.value).lower()
+    same(zt, z)  # the operand is intact and usable

@@ -222,13 +222,29 @@ def _into_written(op, pairs, args, kwargs, r):
     return tuple(rs) if many else rs[0]
 
 
+def _complex_refusal(op):
+    """The error CPU's kernel of `op` raises for complex values (the lowered kernels'
+    table), or None where it takes them."""
+    from . import _C
+    s = op._schema
+    base = s.name.split("::", 1)[1].rstrip("_")
+    kind = _C._complex_refusal(base + ("." + s.overload_name if s.overload_name else ""), base)
+    return {1: NotImplementedError, 2: RuntimeError}.get(kind)
+
+
 def _kernel(op, decomp):
     pairs = _written_returns(op)
     check = _CHECKS.get(_name(op))
+    refusal = _complex_refusal(op)
 
     def kernel(*args, **kwargs):
         if check is not None:
             check(args, kwargs)
+        if refusal is not None:
+            for t in pytree.tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor) and t.is_complex():
+                    raise refusal(f"{_name(op)}: not implemented for '{t.dtype}' "
+                                  "(CPU refuses complex values too)")
         active = getattr(_state, "active", None)
         if active is None:
             active = _state.active = set()

@@ -185,4 +185,46 @@ KernelCheck kernel_check_for(const std::string& base) {
   return it == checks.end() ? nullptr : it->second;
 }
 
+ComplexRefusal complex_refusal_for(const std::string& name, const std::string& base) {
+  using R = ComplexRefusal;
+  // Overloads that differ from their base's kind first.
+  static const std::unordered_map<std::string, R> by_name = {
+      {"max.dim", R::Runtime}, {"min.dim", R::Runtime}, {"max.dim_max", R::Runtime}, {"min.dim_min", R::Runtime},
+  };
+  static const std::unordered_map<std::string, R> by_base = {
+      // comparisons and bit operations
+      {"lt", R::NotImplemented}, {"le", R::NotImplemented}, {"gt", R::NotImplemented}, {"ge", R::NotImplemented},
+      {"signbit", R::NotImplemented}, {"bitwise_not", R::NotImplemented}, {"bitwise_and", R::NotImplemented},
+      {"bitwise_or", R::NotImplemented}, {"bitwise_xor", R::NotImplemented},
+      // orderings and selections
+      {"max", R::NotImplemented}, {"min", R::NotImplemented}, {"amax", R::NotImplemented},
+      {"amin", R::NotImplemented}, {"aminmax", R::NotImplemented}, {"argmax", R::Runtime}, {"argmin", R::Runtime},
+      {"median", R::NotImplemented}, {"nanmedian", R::NotImplemented}, {"mode", R::NotImplemented},
+      {"kthvalue", R::NotImplemented}, {"cummax", R::NotImplemented}, {"cummin", R::NotImplemented},
+      {"sort", R::Runtime}, {"topk", R::Runtime}, {"_unique2", R::NotImplemented}, {"unique_dim", R::NotImplemented},
+      {"unique_consecutive", R::NotImplemented}, {"histc", R::NotImplemented}, {"bincount", R::NotImplemented},
+      {"bucketize", R::NotImplemented}, {"searchsorted", R::NotImplemented}, {"nansum", R::Runtime},
+      // nn
+      {"_softmax", R::NotImplemented}, {"_log_softmax", R::NotImplemented}, {"mse_loss", R::NotImplemented},
+      {"smooth_l1_loss", R::NotImplemented}, {"huber_loss", R::NotImplemented},
+      {"binary_cross_entropy", R::NotImplemented}, {"nll_loss_forward", R::NotImplemented},
+      {"nll_loss2d_forward", R::NotImplemented}, {"avg_pool2d", R::NotImplemented}, {"avg_pool3d", R::NotImplemented},
+      {"max_pool2d_with_indices", R::NotImplemented}, {"max_pool3d_with_indices", R::NotImplemented},
+      {"_adaptive_avg_pool2d", R::NotImplemented}, {"_adaptive_avg_pool3d", R::NotImplemented},
+      {"adaptive_max_pool2d", R::NotImplemented}, {"adaptive_max_pool3d", R::NotImplemented},
+      {"upsample_nearest1d", R::NotImplemented}, {"upsample_nearest2d", R::NotImplemented},
+      {"upsample_nearest3d", R::NotImplemented}, {"upsample_linear1d", R::NotImplemented},
+      {"upsample_bilinear2d", R::NotImplemented}, {"upsample_bicubic2d", R::NotImplemented},
+      {"upsample_trilinear3d", R::NotImplemented}, {"native_group_norm", R::NotImplemented},
+      {"native_batch_norm", R::NotImplemented}, {"_native_batch_norm_legit", R::NotImplemented},
+      {"_native_batch_norm_legit_no_training", R::NotImplemented},
+      // factories
+      {"arange", R::NotImplemented},
+  };
+  auto it = by_name.find(name);
+  if (it != by_name.end()) return it->second;
+  auto jt = by_base.find(base);
+  return jt == by_base.end() ? R::None : jt->second;
+}
+
 }  // namespace tpu::backend

@@ -18,4 +18,11 @@ KernelCheck kernel_check_for(const std::string& base);
 // every call, before anything is queued: CPU raises at the call, not at a later read.
 KernelCheck value_check_for(const std::string& base);
 
+// Ops whose CPU kernels refuse complex values (their dtype dispatch, which meta functions
+// do not check), where our general rules would compute something: the error CPU raises
+// (NotImplementedError, or RuntimeError for those CPU checks by hand). `name` is the op's
+// name with its overload (max.dim), `base` without it and without a trailing _.
+enum class ComplexRefusal { None, NotImplemented, Runtime };
+ComplexRefusal complex_refusal_for(const std::string& name, const std::string& base);
+
 }  // namespace tpu::backend

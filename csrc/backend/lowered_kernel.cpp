@@ -70,6 +70,7 @@ struct OpInfo {
   std::optional<c10::OperatorHandle> inplace_functional;
   KernelCheck kernel_check = nullptr;  // what CPU's kernel checks and the meta function not
   KernelCheck value_check = nullptr;   // what CPU checks of Scalar values at every call
+  ComplexRefusal complex_refusal = ComplexRefusal::None;  // CPU refuses complex values
   bool foreach_in_place = false;       // _foreach_add_ & co: writes its first list
 };
 
@@ -853,6 +854,24 @@ bool involves_complex(c10::ArrayRef<IValue> args, const std::vector<ir::Type>& o
   return false;
 }
 
+// Raises as CPU does where the call involves a complex tensor (an argument or a result).
+void refuse_complex(const OpInfo& info, c10::ArrayRef<IValue> args, const std::vector<at::Tensor>& outs) {
+  std::optional<c10::ScalarType> found;
+  auto see = [&](const at::Tensor& t) {
+    if (!found && t.defined() && t.is_complex()) found = t.scalar_type();
+  };
+  for (const at::Tensor& t : outs) see(t);
+  for (const IValue& v : args) {
+    if (v.isTensor()) see(v.toTensor());
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList()) see(t);
+  }
+  if (!found) return;
+  std::string what = c10::str(info.name, ": not implemented for '", *found, "' (CPU refuses complex values too)");
+  if (info.complex_refusal == ComplexRefusal::Runtime) TORCH_CHECK(false, what);
+  TORCH_CHECK_NOT_IMPLEMENTED(false, what);
+}
+
 // The memory format of an op whose meta kernel always answers contiguous while CPU's
 // and CUDA's kernels follow their inputs: convolutions are channels_last when the input
 // or the weight is (their outputs of the input's rank take it).
@@ -1287,6 +1306,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
         for (int a : info.mutated) append_outs(margs[a], meta_outs);
       }
     }
+    if (info.complex_refusal != ComplexRefusal::None) refuse_complex(info, args, meta_outs);
     owned = build_plan(op, info, args, k, meta_outs);
     owned->ret_counts = std::move(ret_counts);
     plan = owned.get();
@@ -1650,6 +1670,7 @@ int register_lowered_kernels() {
     info.check_internal_overlap = !cpu_allows_internal_overlap(base);
     info.kernel_check = kernel_check_for(base);
     info.value_check = value_check_for(base);
+    info.complex_refusal = complex_refusal_for(name.overload_name.empty() ? base : base + "." + name.overload_name, base);
     info.foreach_in_place = base.rfind("_foreach_", 0) == 0 && name.name.back() == '_' &&
                             info.mutated.size() == 1 && info.mutated[0] == 0;
     info.check_any_input_overlap = cpu_forbids_any_input_overlap(base);

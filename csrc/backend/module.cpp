@@ -8,6 +8,7 @@
 #include "backend/device.h"
 #include "backend/device_checks.h"
 #include "backend/executor.h"
+#include "backend/kernel_checks.h"
 #include "backend/storage.h"
 #include "backend/streams.h"
 #include "runtime/client.h"
@@ -145,6 +146,11 @@ PYBIND11_MODULE(_C, m) {
     return guarded([&] { return runtime::replayed_launch_seconds(client(), *kept_trace, repeats); });
   });
   m.def("_drop_launch_trace", [] { guarded([] { kept_trace->clear(); return 0; }); });
+  // Whether CPU's kernel of an op refuses complex values: 0 no, 1 NotImplementedError,
+  // 2 RuntimeError (the decomposition kernels raise as the lowered ones do).
+  m.def("_complex_refusal", [](const std::string& name, const std::string& base) {
+    return static_cast<int>(complex_refusal_for(name, base));
+  });
   // Benchmarks' floor of recording: lowered ops hand back their first argument (1), and
   // each also makes one chained launch through the runtime alone (2: Strict's in place).
   m.def("_set_dispatch_floor_probe", [](int mode) { set_dispatch_floor_probe(mode); });

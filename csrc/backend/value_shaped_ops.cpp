@@ -137,6 +137,9 @@ bool equal_tpu(const at::Tensor& self, const at::Tensor& other) {
 // the counts, each cut to the number of groups.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_impl(const at::Tensor& self, bool consecutive,
                                                            bool want_inverse, bool want_counts) {
+  // CPU's kernels refuse complex values (an order is needed).
+  TORCH_CHECK_NOT_IMPLEMENTED(!self.is_complex(), consecutive ? "unique_consecutive" : "unique",
+                              ": not implemented for '", self.scalar_type(), "' (CPU refuses complex values too)");
   at::Tensor none = at::empty({0}, self.options().dtype(at::kLong));
   int64_t n = self.numel();
   if (n == 0)

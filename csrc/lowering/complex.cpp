@@ -160,14 +160,7 @@ TPU_COMPLEX_UNARY(c_tanh, "tanh", "tanh")
 TPU_COMPLEX_UNARY(c_tan, "tan", "tan")
 #undef TPU_COMPLEX_UNARY
 
-// |z| like C's hypot: inf if a part is infinite, else NaN if a part is NaN (XLA's
-// complex abs drops a NaN part).
-static Value cabs(Builder& b, const Value& z) {
-  Value r = b.raw("stablehlo.abs", {z}, "", re(b, z).type);
-  Value k_inf = b.constant(INFINITY, r.dtype(), r.shape()), k_nan = b.constant(NAN, r.dtype(), r.shape());
-  r = b.select(either(b, z, [&](const Value& p) { return is_nan(b, p); }), k_nan, r);
-  return b.select(either(b, z, [&](const Value& p) { return is_inf(b, p); }), k_inf, r);
-}
+static Value cabs(Builder& b, const Value& z) { return complex_magnitude(b, z); }
 static Value sign_bit(Builder& b, const Value& x) {
   DType it = x.dtype() == DType::F64 ? DType::I64 : DType::I32;
   Value bits = b.bitcast(x, it);

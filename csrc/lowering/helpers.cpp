@@ -1,6 +1,7 @@
 #include "lowering/helpers.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace tpu::lowering {
@@ -238,6 +239,31 @@ Value all_true(Builder& b, const Value& pred) {
   std::vector<int64_t> all;
   for (int64_t d = 0; d < pred.rank(); ++d) all.push_back(d);
   return b.reduce(pred, b.constant(1, DType::Bool), all, "stablehlo.and");
+}
+
+static Type part_type(const Value& z) {
+  return Type{z.dtype() == DType::C128 ? DType::F64 : DType::F32, z.shape()};
+}
+
+Value complex_magnitude(Builder& b, const Value& z) {
+  Type part = part_type(z);
+  Value re = b.raw("stablehlo.real", {z}, "", part), im = b.raw("stablehlo.imag", {z}, "", part);
+  Value r = b.raw("stablehlo.abs", {z}, "", part);
+  auto either = [&](ir::Cmp dir, double v) {
+    auto test = [&](const Value& p) {
+      Value x = dir == ir::Cmp::NE ? p : b.unary("stablehlo.abs", p);
+      return b.compare(x, dir == ir::Cmp::NE ? p : b.constant(v, p.dtype(), p.shape()), dir);
+    };
+    return b.binary("stablehlo.or", test(re), test(im));
+  };
+  r = b.select(either(ir::Cmp::NE, 0), b.constant(NAN, part.dtype, part.shape), r);
+  return b.select(either(ir::Cmp::EQ, INFINITY), b.constant(INFINITY, part.dtype, part.shape), r);
+}
+
+Value complex_abs_squared(Builder& b, const Value& z) {
+  Type part = part_type(z);
+  Value re = b.raw("stablehlo.real", {z}, "", part), im = b.raw("stablehlo.imag", {z}, "", part);
+  return add(b, mul(b, re, re), mul(b, im, im));
 }
 
 }  // namespace tpu::lowering

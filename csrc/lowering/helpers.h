@@ -55,5 +55,10 @@ Value div(Builder& b, const Value& x, const Value& y);
 // Matrix product of 2-D values with f32 accumulation for low-precision inputs, exact
 // in f32 whatever the matmul precision (its users spell sums as products).
 Value matmul2d(Builder& b, const Value& x, const Value& y, DType out);
+// |z| of complex z (a real value) like C's hypot: inf if a part is infinite, else NaN
+// if a part is NaN (XLA's complex abs drops a NaN part).
+Value complex_magnitude(Builder& b, const Value& z);
+// |z|^2 = re^2 + im^2 of complex z, real.
+Value complex_abs_squared(Builder& b, const Value& z);
 
 }  // namespace tpu::lowering

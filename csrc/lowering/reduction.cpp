@@ -161,18 +161,22 @@ TPU_LOWER(argmin, "argmin") { return {arg_of(ctx, false)}; }
 
 // {var, mean} over dims in the accumulation type, two-pass for accuracy. The
 // divisor is max(N - correction, 0), as PyTorch (0 gives inf/NaN).
+// Complex values: the mean is complex, the variance the mean of |x - mean|^2 (real).
 static std::pair<Value, Value> var_and_mean(Ctx& ctx) {
   Builder& b = ctx.b;
-  Value x = acc_in(ctx);
+  DType in = ctx.type_of(0).dtype;
+  Value x = is_complex(in) ? ctx.b.convert(ctx.in(0), acc_type(in)) : acc_in(ctx);
   auto dims = dims_arg(ctx, 1, x.rank());
   double n = static_cast<double>(count(x.shape(), dims));
   Value s = reduce_sum(b, x, dims);
   Value mean = div(b, s, b.constant(n, s.dtype(), s.shape()));
   Value d = sub(b, x, broadcast_to(b, keep_dims(b, mean, x.shape(), dims), x.shape()));
-  Value ss = reduce_sum(b, mul(b, d, d), dims);
-  Value corr = ctx.is_none(2) ? b.constant(1, x.dtype()) : ctx.scalar(2, x.dtype());
-  Value denom = sub(b, b.constant(n, x.dtype()), corr);
-  denom = b.binary("stablehlo.maximum", denom, b.constant(0, x.dtype()));
+  Value sq = is_complex(in) ? complex_abs_squared(b, d) : mul(b, d, d);
+  Value ss = reduce_sum(b, sq, dims);
+  DType rt = ss.dtype();
+  Value corr = ctx.is_none(2) ? b.constant(1, rt) : ctx.scalar(2, rt);
+  Value denom = sub(b, b.constant(n, rt), corr);
+  denom = b.binary("stablehlo.maximum", denom, b.constant(0, rt));
   Value var = div(b, ss, broadcast_to(b, denom, ss.shape()));
   return {var, mean};
 }
@@ -221,9 +225,13 @@ TPU_LOWER(logsumexp, "logsumexp") {
   DType t = ctx.out(0).dtype;
   auto R = [&](const Value& v) { return t == v.dtype() ? v : b.convert(b.convert(v, t), v.dtype()); };
   auto dims = dims_arg(ctx, 1, x.rank());
-  Value m = extremum(b, x, dims, true);
+  // Complex values shift by the largest real part (exp(z - m) stays bounded).
+  bool cplx = is_complex(x.dtype());
+  Type part{x.dtype() == DType::C128 ? DType::F64 : DType::F32, x.shape()};
+  Value m = extremum(b, cplx ? b.raw("stablehlo.real", {x}, "", part) : x, dims, true);
   Value finite = b.raw("stablehlo.is_finite", {m}, "", Type{DType::Bool, m.shape()});
   m = b.select(finite, m, full_like(b, m, 0));
+  if (cplx) m = b.convert(m, x.dtype());
   Value mk = broadcast_to(b, keep_dims(b, m, x.shape(), dims), x.shape());
   Value s = R(reduce_sum(b, R(b.unary("stablehlo.exponential", R(sub(b, x, mk)))), dims));
   return {fit(ctx, add(b, R(b.unary("stablehlo.log", s)), m))};
@@ -255,7 +263,10 @@ TPU_LOWER(cumprod, "cumprod") { return {scan(ctx, "stablehlo.multiply", 1)}; }
 // |x|, 0 counts nonzeros, 1 and 2 keep their exact forms, others (sum |x|^p)^(1/p).
 static Value vector_norm(Ctx& ctx, int p_idx, const std::vector<int64_t>& dims) {
   Builder& b = ctx.b;
-  Value x = b.convert(ctx.in(0), acc_type(ctx.out(0).dtype));
+  // A complex vector's norm is its magnitudes' norm.
+  Value in = ctx.in(0);
+  if (is_complex(in.dtype())) in = complex_magnitude(b, in);
+  Value x = b.convert(in, acc_type(ctx.out(0).dtype));
   DType t = x.dtype();
   Value a = b.unary("stablehlo.abs", x);
   // Nothing to reduce: zeros, as CPU gives for any order it accepts here (NaN too).
