@@ -790,3 +790,30 @@ def test_pow_by_a_scalar_half_is_a_square_root_as_cpu():
         finite = ~c.isnan()
         torch.testing.assert_close(t[finite], c[finite], rtol=1e-6, atol=0)
         assert torch.equal(t[finite].signbit(), c[finite].signbit()), e
+
+
+def test_a_reduction_given_a_dtype_writes_only_an_out_of_it_as_cpu():
+    # CPU's kernels check these; PyTorch's meta functions do not (found by an out= probe)
+    a = torch.randn(3, 4)
+
+    def out(shape, dtype, d):
+        return torch.empty(shape, dtype=dtype, device=d)
+    refused = [
+        lambda d: torch.mean(a.to(d), 1, out=out(3, torch.long, d)),  # its division is floating
+        lambda d: torch.mean(a.to(d), 1, out=out(3, torch.bool, d)),
+        lambda d: torch.mean(a.double().to(d), (0, 1), out=out((), torch.int32, d)),
+        lambda d: torch.mean(a.to(d), 1, dtype=torch.double, out=out(3, torch.float, d)),
+        lambda d: torch.mean(a.to(d), dtype=torch.double, out=out((), torch.float, d)),
+        lambda d: torch.nansum(a.to(d), 1, dtype=torch.double, out=out(3, torch.float, d)),
+    ]
+    for fn in refused:
+        assert _same_as_cpu(fn) is RuntimeError
+    taken = [
+        lambda d: torch.mean(a.to(d), 1, out=out(3, torch.double, d)),
+        lambda d: torch.mean(a.bfloat16().to(d), 1, out=out(3, torch.float, d)),
+        lambda d: torch.mean(a.to(d), 1, dtype=torch.double, out=out(3, torch.double, d)),
+        lambda d: torch.nansum(a.to(d), 1, dtype=torch.double, out=out(3, torch.double, d)),
+        lambda d: torch.sum(a.to(d), 1, out=out(3, torch.long, d)),
+    ]
+    for fn in taken:
+        assert _same_as_cpu(fn) is None

@@ -232,14 +232,25 @@ def _complex_refusal(op):
     return {1: NotImplementedError, 2: RuntimeError}.get(kind)
 
 
+def _check_out_dtype(op, args, kwargs):
+    """An out= op told its dtype writes an out of that dtype (CPU's kernels check it)."""
+    dtype, out = kwargs.get("dtype"), kwargs.get("out")
+    if dtype is not None and isinstance(out, torch.Tensor) and out.dtype != dtype:
+        raise RuntimeError(f"{_name(op)}: expected out tensor to have dtype {dtype}, but got {out.dtype} instead")
+
+
 def _kernel(op, decomp):
     pairs = _written_returns(op)
+    names = [a.name for a in op._schema.arguments]
+    dtype_out = "dtype" in names and "out" in names
     check = _CHECKS.get(_name(op))
     refusal = _complex_refusal(op)
 
     def kernel(*args, **kwargs):
         if check is not None:
             check(args, kwargs)
+        if dtype_out:
+            _check_out_dtype(op, args, kwargs)
         if refusal is not None:
             for t in pytree.tree_leaves((args, kwargs)):
                 if isinstance(t, torch.Tensor) and t.is_complex():

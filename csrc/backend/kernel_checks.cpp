@@ -150,6 +150,15 @@ void dot_dtypes(c10::ArrayRef<c10::IValue> args) {  // dot / vdot(self, other)
               dtype_at(args, 0), " and ", dtype_at(args, 1));
 }
 
+// mean's out= forms: CPU divides the sum in place in `out`, whose integral (or bool)
+// dtype refuses the division's floating result.
+void mean_out_dtype(c10::ArrayRef<c10::IValue> args) {
+  if (args.empty() || !args.back().isTensor()) return;  // the functional forms
+  c10::ScalarType out = args.back().toTensor().scalar_type();
+  TORCH_CHECK(!c10::isIntegralType(out, /*includeBool=*/true), "result type ",
+              c10::typeMetaToScalarType(c10::get_default_dtype()), " can't be cast to the desired output type ", out);
+}
+
 }  // namespace
 
 KernelCheck value_check_for(const std::string& base) {
@@ -180,6 +189,7 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"dot", &dot_dtypes},
       {"vdot", &dot_dtypes},
       {"nll_loss2d_forward", &nll2d_target_dtype},
+      {"mean", &mean_out_dtype},
   };
   auto it = checks.find(base);
   return it == checks.end() ? nullptr : it->second;

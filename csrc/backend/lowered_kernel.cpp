@@ -71,6 +71,7 @@ struct OpInfo {
   KernelCheck kernel_check = nullptr;  // what CPU's kernel checks and the meta function not
   KernelCheck value_check = nullptr;   // what CPU checks of Scalar values at every call
   ComplexRefusal complex_refusal = ComplexRefusal::None;  // CPU refuses complex values
+  int dtype_arg = -1;  // an out= op's `ScalarType? dtype`: a given one must be out's
   bool foreach_in_place = false;       // _foreach_add_ & co: writes its first list
 };
 
@@ -1225,6 +1226,13 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
 
   // out=: PyTorch's meta kernel decides the out shapes; resize ours to match first.
   std::vector<at::Tensor> meta_outs;
+  if (info.dtype_arg >= 0 && !args[info.dtype_arg].isNone() && args[info.mutated[0]].isTensor()) {
+    // A reduction told its dtype writes an out of that dtype (CPU's kernels check it).
+    c10::ScalarType want = args[info.dtype_arg].toScalarType();
+    c10::ScalarType got = args[info.mutated[0]].toTensor().scalar_type();
+    TORCH_CHECK(want == got, "Expected out tensor to have dtype ", c10::scalarTypeToTypeMeta(want).name(),
+                ", but got ", c10::scalarTypeToTypeMeta(got).name(), " instead");
+  }
   if (info.is_out) {
     auto [margs, mrets] = run_meta(op, args);
     for (int a : info.mutated) {
@@ -1296,7 +1304,6 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
         return;
       }
       if (info.inplace_functional) check_inplace_result_type(info, args);
-      if (info.kernel_check) info.kernel_check(args);
       if (info.mutated.empty()) {
         for (auto& r : mrets) {
           append_outs(r, meta_outs);
@@ -1306,6 +1313,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
         for (int a : info.mutated) append_outs(margs[a], meta_outs);
       }
     }
+    if (info.kernel_check) info.kernel_check(args);  // out= forms too (their arguments lead alike)
     if (info.complex_refusal != ComplexRefusal::None) refuse_complex(info, args, meta_outs);
     owned = build_plan(op, info, args, k, meta_outs);
     owned->ret_counts = std::move(ret_counts);
@@ -1663,6 +1671,16 @@ int register_lowered_kernels() {
       if (a.type()->kind() == c10::TypeKind::ListType &&
           a.type()->cast<c10::ListType>()->getElementType()->kind() == c10::TypeKind::OptionalType)
         info.cpu_indices_arg = static_cast<int>(i);
+    }
+    if (info.is_out && info.mutated.size() == 1) {
+      for (size_t i = 0; i < schema.arguments().size(); ++i) {
+        // A ScalarType is an int to the schema's types: the name tells it.
+        const auto& a = schema.arguments()[i];
+        auto opt = a.type()->cast<c10::OptionalType>();
+        auto kind = (opt ? opt->getElementType() : a.type())->kind();
+        if (a.name() == "dtype" && (kind == c10::TypeKind::ScalarTypeType || kind == c10::TypeKind::IntType))
+          info.dtype_arg = static_cast<int>(i);
+      }
     }
     std::string base = name.name.substr(6);
     if (!base.empty() && base.back() == '_') base.pop_back();
