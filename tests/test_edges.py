@@ -817,3 +817,31 @@ def test_a_reduction_given_a_dtype_writes_only_an_out_of_it_as_cpu():
     ]
     for fn in taken:
         assert _same_as_cpu(fn) is None
+
+
+def test_random_integers_must_fit_their_dtype_as_cpu():
+    # CPU's kernels refuse ends an integral dtype cannot hold (these drew wrapped values)
+    refused = {
+        lambda d: torch.randint(0, 300, (3,), dtype=torch.uint8, device=d): "to - 1 is out of bounds for unsigned char",
+        lambda d: torch.randint(-1, 5, (3,), dtype=torch.uint8, device=d): "from is out of bounds for unsigned char",
+        lambda d: torch.randint(-129, 5, (3,), dtype=torch.int8, device=d): "from is out of bounds for signed char",
+        lambda d: torch.randint(0, 3, (3,), dtype=torch.bool, device=d): "to - 1 is out of bounds for bool",
+        lambda d: torch.empty(3, dtype=torch.int32, device=d).random_(-2**31 - 1, 0): "from is out of bounds for int",
+        lambda d: torch.empty(3, dtype=torch.uint8, device=d).random_(300, None): "from is out of bounds",
+        lambda d: torch.randperm(2050, dtype=torch.half, device=d): "n cannot be greater than 2049 for Half type.",
+        lambda d: torch.randperm(257, dtype=torch.uint8, device=d): "without overflow",
+        lambda d: torch.randperm(2**24 + 2, dtype=torch.float, device=d): "n cannot be greater than 2^24+1",
+    }
+    for fn, message in refused.items():
+        assert _same_as_cpu(fn, match=message) is RuntimeError
+    assert _same_as_cpu(lambda d: torch.randperm(3, dtype=torch.bool, device=d)) is NotImplementedError
+    for fn in (lambda d: torch.randint(0, 256, (3,), dtype=torch.uint8, device=d),
+               lambda d: torch.randint(-32768, 32768, (3,), dtype=torch.int16, device=d),
+               lambda d: torch.randint(0, 2, (3,), dtype=torch.bool, device=d),
+               lambda d: torch.randperm(256, dtype=torch.uint8, device=d),
+               lambda d: torch.randperm(2049, dtype=torch.half, device=d)):
+        for d in ("cpu", "tpu"):
+            r = fn(d).cpu()
+            assert r.dtype == fn("cpu").dtype and r.shape == fn("cpu").shape
+    x = torch.randint(0, 256, (2000,), dtype=torch.uint8, device="tpu").cpu()
+    assert x.min() == 0 and x.max() == 255  # the whole range is drawn

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <unordered_map>
 
 namespace tpu::backend {
@@ -159,6 +160,54 @@ void mean_out_dtype(c10::ArrayRef<c10::IValue> args) {
               c10::typeMetaToScalarType(c10::get_default_dtype()), " can't be cast to the desired output type ", out);
 }
 
+// The integers an integral dtype holds (bool: 0 and 1).
+std::pair<int64_t, int64_t> integral_range(c10::ScalarType t) {
+  switch (t) {
+    case c10::kBool: return {0, 1};
+    case c10::kByte: return {0, 255};
+    case c10::kChar: return {-128, 127};
+    case c10::kShort: return {-32768, 32767};
+    case c10::kInt: return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
+    default: return {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
+  }
+}
+
+// random_(from, to) / random_(to) into an integral dtype: both ends must be values of it
+// (CPU's kernel checks; for floating dtypes it only warns).
+void random_range(c10::ArrayRef<c10::IValue> args) {
+  c10::ScalarType t = args[0].toTensor().scalar_type();
+  if (!c10::isIntegralType(t, /*includeBool=*/true) || args.size() < 3) return;
+  auto [lo, hi] = integral_range(t);
+  const char* name = c10::scalarTypeToTypeMeta(t).name().data();
+  std::optional<int64_t> from, to;
+  if (args.size() >= 4) {  // (self, from, to?, generator?)
+    from = args[1].toInt();
+    if (!args[2].isNone()) to = args[2].toInt();
+  } else {  // (self, to, generator?)
+    to = args[1].toInt();
+  }
+  TORCH_CHECK(!from || (*from >= lo && *from <= hi), "from is out of bounds for ", name);
+  TORCH_CHECK(!to || *to == std::numeric_limits<int64_t>::min() || (*to - 1 >= lo && *to - 1 <= hi),
+              "to - 1 is out of bounds for ", name);
+}
+
+// randperm(n, generator, out): out's dtype must hold 0..n-1 exactly.
+void randperm_size(c10::ArrayRef<c10::IValue> args) {
+  int64_t n = args[0].toInt();
+  c10::ScalarType t = args.back().toTensor().scalar_type();
+  TORCH_CHECK_NOT_IMPLEMENTED(t != c10::kBool, "\"randperm\" not implemented for '", t, "'");
+  if (t == c10::kHalf) TORCH_CHECK(n <= 2049, "n cannot be greater than 2049 for Half type.");
+  if (t == c10::kFloat) TORCH_CHECK(n <= (int64_t{1} << 24) + 1, "n cannot be greater than 2^24+1 for Float type.");
+  if (t == c10::kDouble) TORCH_CHECK(n <= (int64_t{1} << 53) + 1, "n cannot be greater than 2^53+1 for Double type.");
+  static const std::unordered_map<int, const char*> names = {
+      {static_cast<int>(c10::kByte), "uint8_t"}, {static_cast<int>(c10::kChar), "int8_t"},
+      {static_cast<int>(c10::kShort), "int16_t"}, {static_cast<int>(c10::kInt), "int32_t"}};
+  auto it = names.find(static_cast<int>(t));
+  if (it != names.end() && n > 0)
+    TORCH_CHECK(n - 1 <= integral_range(t).second, "value cannot be converted to type ", it->second,
+                " without overflow");
+}
+
 }  // namespace
 
 KernelCheck value_check_for(const std::string& base) {
@@ -190,6 +239,8 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"vdot", &dot_dtypes},
       {"nll_loss2d_forward", &nll2d_target_dtype},
       {"mean", &mean_out_dtype},
+      {"random", &random_range},
+      {"randperm", &randperm_size},
   };
   auto it = checks.find(base);
   return it == checks.end() ? nullptr : it->second;
