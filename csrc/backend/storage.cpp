@@ -47,10 +47,12 @@ REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator)
 StorageData& storage_data(const at::Tensor& t) {
   // By reference: a copy of the Storage would count a reference up and down.
   const c10::DataPtr& data = t.unsafeGetTensorImpl()->unsafe_storage().data_ptr();
-  void* ctx = data.get_context();
-  TORCH_INTERNAL_ASSERT(ctx && data.get_deleter() == &delete_storage,
-                        "tensor storage is not a tpu storage");
-  return *static_cast<StorageData*>(ctx);
+  if (data.get_deleter() == &delete_storage) return *static_cast<StorageData*>(data.get_context());
+  // A storage PyTorch made over a tpu storage's data pointer (at::from_blob) points at
+  // that storage's record.
+  auto* s = static_cast<StorageData*>(data.get());
+  TORCH_INTERNAL_ASSERT(s && s->tag == StorageData::kTag, "tensor storage is not a tpu storage");
+  return *s;
 }
 
 StorageData& storage_of(const at::Tensor& t) {
@@ -121,6 +123,7 @@ void run_copies(const std::shared_ptr<ViewCopies>& group) {
 }  // namespace
 
 StorageData::~StorageData() {
+  tag = 0;  // no longer a record
   if (!copy_of) return;
   std::lock_guard<std::recursive_mutex> lock(g_copies_mu);
   for (auto& c : copy_of->copies)

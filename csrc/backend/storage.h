@@ -56,6 +56,10 @@ struct StorageData {
   std::weak_ptr<runtime::Buffer> host_copy_of;
   std::shared_ptr<const std::vector<uint8_t>> host_copy;  // shared with the views read from it
   std::weak_ptr<runtime::Buffer> part_read_of;  // the value a first read took part of
+  // Marks a live record: a storage's data pointer is its record, and PyTorch may make a
+  // tensor over that pointer (at::from_blob, as pickling a storage does to copy it).
+  static constexpr uint64_t kTag = 0x7470752d73746f72;  // "tpu-stor"
+  uint64_t tag = kTag;
   ~StorageData();
 };
 
