@@ -83,6 +83,37 @@ def test_out_of_memory_is_torch_oom_and_keeps_tensors():
     assert keep.sum().item() == 45.0
 
 
+def test_per_process_memory_fraction_caps_allocations_as_on_cuda():
+    keep = torch.arange(10.0, device="tpu")
+    capacity = torch.tpu.mem_get_info()[1]
+    try:
+        fraction = (torch.tpu.memory_allocated() + 4000) / capacity
+        torch.tpu.set_per_process_memory_fraction(fraction)
+        assert torch.tpu.get_per_process_memory_fraction() == pytest.approx(fraction)
+        assert torch.tpu.mem_get_info()[1] == int(fraction * capacity)
+        with pytest.raises(torch.OutOfMemoryError, match="out of device memory"):
+            (torch.ones(1000, 1000, device="tpu") + 1).cpu()
+        assert (keep + 1).sum().item() == 55.0  # small work still fits
+    finally:
+        torch.tpu.set_per_process_memory_fraction(1.0)
+    assert torch.tpu.get_per_process_memory_fraction() == 1.0
+    assert (torch.ones(1000, 1000, device="tpu") + 1).sum().item() == 2e6
+    with pytest.raises(ValueError, match="Allowed range"):
+        torch.tpu.set_per_process_memory_fraction(1.5)
+    with pytest.raises(TypeError):
+        torch.tpu.set_per_process_memory_fraction(1)
+
+
+def test_bf16_support_and_memory_summary():
+    assert torch.tpu.is_bf16_supported() is True
+    t = torch.ones(1024, 256, device="tpu")
+    summary = torch.tpu.memory_summary()
+    assert "allocated" in summary and "limit" in summary
+    mib = torch.tpu.memory_allocated() / 2**20
+    assert f"{mib:.1f} MiB" in summary
+    del t
+
+
 def test_missing_device_index_is_a_clear_error():
     with pytest.raises(RuntimeError, match=r"tpu:7 does not exist"):
         torch.zeros(3, device="tpu:7")

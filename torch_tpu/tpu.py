@@ -149,6 +149,39 @@ def mem_get_info(device=None):
     return (max(total - _C.memory_allocated(d), 0), total)
 
 
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    """Caps this process's allocations on `device` at `fraction` of its capacity: past it,
+    an allocation raises torch.OutOfMemoryError (as on CUDA)."""
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    d = _index(device)
+    _C.set_device_memory_limit(d, max(int(fraction * _C.memory_capacity(d)), 1))
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    d = _index(device)
+    return _C.memory_limit(d) / _C.memory_capacity(d)
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A short table of memory_stats() (the allocator keeps no segment or block pools)."""
+    stats = memory_stats(device)
+    mib = 1024 * 1024
+    rows = [f"tpu:{_index(device)} memory summary",
+            f"  allocated: {stats['allocated_bytes.all.current'] / mib:.1f} MiB "
+            f"(peak {stats['allocated_bytes.all.peak'] / mib:.1f} MiB)",
+            f"  allocations: {stats['num_alloc.all']}",
+            f"  limit: {stats['bytes_limit'] / mib:.1f} MiB"]
+    return "\n".join(rows) + "\n"
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 is a native dtype of every XLA backend (TPU's training dtype)."""
+    return is_available()
+
+
 def empty_cache() -> None:
     """Buffers are freed when their last tensor goes; nothing is held back."""
     import gc

@@ -124,6 +124,8 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("num_allocs", [](int d) { return client().stats(d).num_allocs.load(); });
   m.def("memory_limit", [](int d) { return client().memory_limit(d); });
+  m.def("memory_capacity", [](int d) { return client().memory_capacity(d); });
+  m.def("set_device_memory_limit", [](int d, int64_t bytes) { client().set_device_memory_limit(d, bytes); });
   // Seconds per launch of a chained tiny program, PyTorch left out (benchmarks' floor).
   m.def("_launch_floor", [](int d, int n, int repeats) {
     return guarded([&] { return runtime::chained_launch_seconds(client(), d, n, repeats); });

@@ -298,6 +298,7 @@ Client::Client() {
   }
 
   for (size_t i = 0; i < devices_.size(); ++i) capacity_.push_back(device_capacity(static_cast<int>(i)));
+  device_limit_.assign(devices_.size(), 0);
 }
 
 int Client::global_device_count() const {
@@ -331,6 +332,7 @@ int64_t Client::device_capacity(int device) const {
 
 int64_t Client::memory_limit(int device) {
   if (memory_limit_override_ > 0) return memory_limit_override_;
+  if (device_limit_.at(device) > 0) return device_limit_[device];
   return capacity_.at(device);
 }
 

@@ -221,8 +221,12 @@ class Client {
   DeviceStats& stats(int device) { return *stats_.at(device); }
   Counters& counters() { return counters_; }
   // Device memory capacity in bytes: TPU_MEMORY_LIMIT, else the plugin's figure, else host RAM.
+  int64_t memory_capacity(int device) const { return capacity_.at(device); }
+  // The limit allocations are checked against: a process-wide override, else the device's
+  // own (a fraction of its capacity), else its capacity. 0 clears an override.
   int64_t memory_limit(int device);
   void set_memory_limit(int64_t bytes) { memory_limit_override_ = bytes; }
+  void set_device_memory_limit(int device, int64_t bytes) { device_limit_.at(device) = bytes; }
 
   // Raises Error carrying the plugin's message if `err` is non-null (and frees it).
   void check(PJRT_Error* err, const std::string& what) const;
@@ -264,6 +268,7 @@ class Client {
   std::atomic<bool> raw_copy_unsupported_{false};
   int64_t memory_limit_override_ = 0;
   std::vector<int64_t> capacity_;  // per device
+  std::vector<int64_t> device_limit_;  // per device, 0: none
 
   struct Pending {
     PJRT_Event* event;
