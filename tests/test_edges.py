@@ -871,3 +871,21 @@ def test_pickle_round_trips_tpu_tensors_views_and_modules():
     buf.seek(0)
     torch.testing.assert_close(torch.load(buf).cpu(), a)
     torch.testing.assert_close(t.cpu(), a)  # the original is intact
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64], ids=str)
+def test_wide_unsigned_tensors_support_what_cpu_does(dtype):
+    # uint16 had no tpu dtype (any tensor of it raised); min/max of uint32/64 failed to compile
+    x = torch.tensor([5, 3, 2**15 + 7, 9, 0, 65535], dtype=dtype)
+    y = torch.tensor([65535, 0, 9, 2**15 + 7, 3, 5], dtype=dtype)
+    calls = [lambda d: x.to(d), lambda d: x.to(d) == y.to(d), lambda d: x.to(d).sum(),
+             lambda d: x.to(d).float(), lambda d: x.to(d).view(2, 3).t().contiguous(),
+             lambda d: torch.cat([x.to(d), x.to(d)]), lambda d: x.to(d) * 2, lambda d: x.to(d) & y.to(d),
+             lambda d: x.to(d)[torch.tensor([0, 5], device=d)], lambda d: torch.full((3,), 7, dtype=dtype, device=d),
+             lambda d: torch.where(torch.tensor([True, False] * 3, device=d), x.to(d), y.to(d)),
+             lambda d: x.to(d).sort().values, lambda d: x.to(d).to(torch.int64)]
+    for fn in calls:
+        want, got = fn("cpu"), fn("tpu").cpu()
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    t = x.to("tpu")  # beyond CPU's kernels (which raise): values as the integers say
+    assert t.min().item() == 0 and t.max().item() == 65535 and t.amin().item() == 0

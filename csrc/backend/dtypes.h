@@ -15,6 +15,7 @@ inline DType to_dtype(c10::ScalarType t) {
     case c10::kInt: return DType::I32;
     case c10::kLong: return DType::I64;
     case c10::kByte: return DType::U8;
+    case c10::kUInt16: return DType::U16;
     case c10::kUInt32: return DType::U32;
     case c10::kUInt64: return DType::U64;
     case c10::kHalf: return DType::F16;
@@ -39,6 +40,7 @@ inline c10::ScalarType to_scalar_type(DType t) {
     case DType::I32: return c10::kInt;
     case DType::I64: return c10::kLong;
     case DType::U8: return c10::kByte;
+    case DType::U16: return c10::kUInt16;
     case DType::U32: return c10::kUInt32;
     case DType::U64: return c10::kUInt64;
     case DType::F16: return c10::kHalf;

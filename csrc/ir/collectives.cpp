@@ -81,6 +81,7 @@ std::string bitwise_identity(ReduceKind r, DType t) {
   if (r != ReduceKind::BitAnd) return "0";
   switch (t) {
     case DType::U8: return "255";
+    case DType::U16: return "65535";
     case DType::U32: return "4294967295";
     case DType::U64: return "18446744073709551615";
     default: return "-1";

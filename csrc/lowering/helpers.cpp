@@ -151,7 +151,7 @@ Value keep_dims(Builder& b, const Value& reduced, const Shape& in_shape,
 double lowest(DType t) {
   switch (t) {
     case DType::Bool: return 0;
-    case DType::U8: return 0;
+    case DType::U8: case DType::U16: case DType::U32: case DType::U64: return 0;
     case DType::I8: return -128;
     case DType::I16: return -32768;
     case DType::I32: return -2147483648.0;
@@ -164,6 +164,8 @@ double highest(DType t) {
   switch (t) {
     case DType::Bool: return 1;
     case DType::U8: return 255;
+    case DType::U16: return 65535;
+    case DType::U32: return 4294967295.0;
     case DType::I8: return 127;
     case DType::I16: return 32767;
     case DType::I32: return 2147483647.0;

@@ -70,6 +70,7 @@ TPU_LOWER(prod_dim, "prod.dim_int") {
 static Value bound(Builder& b, DType t, bool high) {
   if (high && t == DType::I64)
     return b.binary("stablehlo.shift_right_logical", b.constant(-1, t), b.constant(1, t));
+  if (high && t == DType::U64) return b.unary("stablehlo.not", b.constant(0, t));  // no double holds it
   return b.constant(high ? highest(t) : lowest(t), t);
 }
 

@@ -49,6 +49,7 @@ PJRT_Buffer_Type to_pjrt(DType t) {
     case DType::I32: return PJRT_Buffer_Type_S32;
     case DType::I64: return PJRT_Buffer_Type_S64;
     case DType::U8: return PJRT_Buffer_Type_U8;
+    case DType::U16: return PJRT_Buffer_Type_U16;
     case DType::U32: return PJRT_Buffer_Type_U32;
     case DType::U64: return PJRT_Buffer_Type_U64;
     case DType::F16: return PJRT_Buffer_Type_F16;
@@ -73,6 +74,7 @@ DType from_pjrt(PJRT_Buffer_Type t) {
     case PJRT_Buffer_Type_S32: return DType::I32;
     case PJRT_Buffer_Type_S64: return DType::I64;
     case PJRT_Buffer_Type_U8: return DType::U8;
+    case PJRT_Buffer_Type_U16: return DType::U16;
     case PJRT_Buffer_Type_U32: return DType::U32;
     case PJRT_Buffer_Type_U64: return DType::U64;
     case PJRT_Buffer_Type_F16: return DType::F16;

@@ -9,6 +9,7 @@ enum class DType : uint8_t {
   Bool, I8, I16, I32, I64, U8, U32, U64, F16, BF16, F32, F64, C64, C128,
   // 8-bit floats (OCP fp8 and the fnuz variants: no -0 or inf, one NaN).
   F8E4M3FN, F8E5M2, F8E4M3FNUZ, F8E5M2FNUZ,
+  U16,  // appended: the values above keep their numbers
   Invalid
 };
 
@@ -16,7 +17,7 @@ inline int64_t itemsize(DType t) {
   switch (t) {
     case DType::Bool: case DType::I8: case DType::U8: return 1;
     case DType::F8E4M3FN: case DType::F8E5M2: case DType::F8E4M3FNUZ: case DType::F8E5M2FNUZ: return 1;
-    case DType::I16: case DType::F16: case DType::BF16: return 2;
+    case DType::I16: case DType::U16: case DType::F16: case DType::BF16: return 2;
     case DType::I32: case DType::U32: case DType::F32: return 4;
     case DType::I64: case DType::U64: case DType::F64: case DType::C64: return 8;
     case DType::C128: return 16;
@@ -33,6 +34,7 @@ inline const char* mlir_name(DType t) {
     case DType::I32: return "i32";
     case DType::I64: return "i64";
     case DType::U8: return "ui8";
+    case DType::U16: return "ui16";
     case DType::U32: return "ui32";
     case DType::U64: return "ui64";
     case DType::F16: return "f16";
@@ -60,7 +62,7 @@ inline bool is_signed_int(DType t) {
   return t == DType::I8 || t == DType::I16 || t == DType::I32 || t == DType::I64;
 }
 inline bool is_unsigned_int(DType t) {
-  return t == DType::U8 || t == DType::U32 || t == DType::U64;
+  return t == DType::U8 || t == DType::U16 || t == DType::U32 || t == DType::U64;
 }
 inline bool is_integral(DType t) { return is_signed_int(t) || is_unsigned_int(t); }
 
