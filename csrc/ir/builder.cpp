@@ -103,6 +103,9 @@ Value Builder::convert(const Value& x, DType to) {
     Value zero = constant(0, x.dtype(), x.shape());
     return compare(x, zero, Cmp::NE);
   }
+  // PyTorch defines a floating value's uint8 as the low byte of its int64 (-1.0 -> 255,
+  // 300.0 -> 44) on every platform; a direct conversion would saturate instead.
+  if (to == DType::U8 && (is_float(x.dtype()) || is_complex(x.dtype()))) return convert(convert(x, DType::I64), to);
   return raw("stablehlo.convert", {x}, "", Type{to, x.shape()});
 }
 
