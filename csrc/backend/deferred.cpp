@@ -115,7 +115,7 @@ using SlotList = c10::SmallVector<SlotPtr, 1>;
 
 struct Node {
   ProgramPtr program;
-  std::vector<Operand> inputs;
+  c10::SmallVector<Operand, 3> inputs;  // most calls read at most three values
   SlotList outputs;
   int position = 0;
   bool backward = false;  // recorded by an autograd backward
@@ -131,6 +131,90 @@ struct Graph {
 
 std::recursive_mutex g_mu;
 Graph g_graph;
+
+// Slots outlive their graph (storages hold them) and are mostly freed on the launcher
+// thread, so the recording thread's allocations never find them cached: freed slots'
+// memory is kept on a free list for the next slots.
+class SlotMemory {
+ public:
+  // Neither waits: while another thread holds the list, memory comes from (and goes
+  // to) the allocator instead, so nothing can block here (not even a forked child whose
+  // parent held the list).
+  void* take(size_t n) {
+    if (n == kSize && try_lock()) {
+      Free* f = free_;
+      if (f) {
+        free_ = f->next;
+        --count_;
+      }
+      unlock();
+      if (f) return f;
+    }
+    return ::operator new(n);
+  }
+  void give(void* p, size_t n) {
+    if (n == kSize && try_lock()) {
+      bool kept = count_ < kMax;
+      if (kept) {
+        static_cast<Free*>(p)->next = free_;
+        free_ = static_cast<Free*>(p);
+        ++count_;
+      }
+      unlock();
+      if (kept) return;
+    }
+    ::operator delete(p);
+  }
+  static constexpr size_t kSize = 128;  // a slot with its reference counts (checked below)
+
+ private:
+  struct Free {
+    Free* next;
+  };
+  bool try_lock() { return !busy_.test_and_set(std::memory_order_acquire); }
+  void unlock() { busy_.clear(std::memory_order_release); }
+  static constexpr size_t kMax = 1 << 16;
+  std::atomic_flag busy_ = ATOMIC_FLAG_INIT;
+  Free* free_ = nullptr;
+  size_t count_ = 0;
+};
+
+SlotMemory& slot_memory() {
+  static SlotMemory* m = new SlotMemory;  // never destroyed: slots may be freed at exit
+  return *m;
+}
+
+template <class T>
+struct SlotAllocator {
+  using value_type = T;
+  SlotAllocator() = default;
+  template <class U>
+  SlotAllocator(const SlotAllocator<U>&) {}  // NOLINT
+  T* allocate(size_t n) {
+    return static_cast<T*>(slot_memory().take(std::max(n * sizeof(T), SlotMemory::kSize)));
+  }
+  void deallocate(T* p, size_t n) { slot_memory().give(p, std::max(n * sizeof(T), SlotMemory::kSize)); }
+  template <class U>
+  bool operator==(const SlotAllocator<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const SlotAllocator<U>&) const { return false; }
+};
+
+// The shared block holds the slot and two reference counts beside a vtable pointer.
+static_assert(sizeof(Slot) + 24 <= SlotMemory::kSize, "a slot's block no longer fits the pooled size");
+
+SlotPtr new_slot() { return std::allocate_shared<Slot>(SlotAllocator<Slot>()); }
+
+// Nodes of flushed graphs, emptied, for the next ones to reuse (under g_mu): a graph
+// records thousands of nodes and frees them together, which the allocator serves slowly.
+std::vector<std::unique_ptr<Node>> g_spare_nodes;
+
+std::unique_ptr<Node> new_node() {
+  if (g_spare_nodes.empty()) return std::make_unique<Node>();
+  std::unique_ptr<Node> n = std::move(g_spare_nodes.back());
+  g_spare_nodes.pop_back();
+  return n;
+}
 
 size_t max_graph_ops() {
   static const size_t n = [] {
@@ -202,9 +286,9 @@ Results run(const ProgramPtr& program, std::vector<Operand> args, int device, bo
   if (g_graph.device >= 0 && g_graph.device != device) flush("another device");
 
   if (g_graph.nodes.size() >= max_graph_ops() && eager_mode() != EagerMode::DeferAll) flush_bounded();
-  auto node = std::make_unique<Node>();
+  std::unique_ptr<Node> node = new_node();
   node->program = program;
-  node->inputs = std::move(args);
+  node->inputs.assign(std::make_move_iterator(args.begin()), std::make_move_iterator(args.end()));
   for (const Operand& in : node->inputs)
     if (in.slot && in.slot->producer) in.slot->graph_uses += 1;
   node->position = static_cast<int>(g_graph.nodes.size());
@@ -215,8 +299,8 @@ Results run(const ProgramPtr& program, std::vector<Operand> args, int device, bo
   Results out;
   node->outputs.reserve(program->results().size());
   for (size_t i = 0; i < program->results().size(); ++i) {
-    auto s = std::make_shared<Slot>();
-    s->type = program->results()[i];
+    auto s = new_slot();
+    s->set_type(program, i);
     s->device = device;
     s->producer = node.get();
     s->index = static_cast<int>(i);
@@ -595,7 +679,7 @@ void assign_donations(Job& job, const std::vector<bool>& sole, const std::vector
       const ir::Type& pt = job.param_types[i];
       for (size_t j = 0; j < job.results.size(); ++j) {
         const Slot& r = *job.result_slots[j];
-        if (taken[j] || r.type.dtype != pt.dtype || r.type.shape != pt.shape) continue;
+        if (taken[j] || r.type().dtype != pt.dtype || r.type().shape != pt.shape) continue;
         if (pass == 0 && replaces[j] != static_cast<int>(i)) continue;
         taken[j] = true;
         job.aliases[i] = static_cast<int>(j);
@@ -909,8 +993,8 @@ Results run_queued(const ProgramPtr& program, std::vector<Operand> args, int dev
   SlotList outs;
   Results results;
   for (size_t i = 0; i < program->results().size(); ++i) {
-    auto s = std::make_shared<Slot>();
-    s->type = program->results()[i];
+    auto s = new_slot();
+    s->set_type(program, i);
     s->device = device;
     s->index = static_cast<int>(i);
     job.results.push_back({0, static_cast<int>(i)});
@@ -960,6 +1044,7 @@ void flush_prefix(const char* reason, size_t count) {
   ScopedMicros timed(fuse_stats().flush_us);
   Graph g = std::move(g_graph);
   g_graph = Graph{};
+  g_graph.nodes.reserve(std::min(g.nodes.size(), max_graph_ops()));  // the next graph is alike, mostly
   if (count < g.nodes.size()) {  // the rest stays pending, as a graph of its own
     // Its reads of the flushed part's values become external: they keep those live.
     for (size_t i = count; i < g.nodes.size(); ++i)
@@ -1037,7 +1122,13 @@ void flush_prefix(const char* reason, size_t count) {
   int64_t total = 0;
   for (auto& o : job.outs) total += static_cast<int64_t>(o.size());
   fuse_stats().elided += total - static_cast<int64_t>(job.results.size());
-  g.nodes.clear();  // drops the graph's references to its inputs
+  // Drops the graph's references to its inputs; the emptied nodes are kept for reuse.
+  for (auto& node : g.nodes) {
+    if (g_spare_nodes.size() >= max_graph_ops()) break;
+    *node = Node{};
+    g_spare_nodes.push_back(std::move(node));
+  }
+  g.nodes.clear();
 
   // Inputs nobody else holds are donated (an optimizer's in-place update reuses the
   // parameter's memory). Reference counts are only the users' once earlier jobs are
@@ -1070,7 +1161,7 @@ void flush_prefix(const char* reason, size_t count) {
     FlushReport report{fg, job.device, ids, job.param_types, {}, {}};
     for (const SlotPtr& r : job.result_slots) {
       report.results.push_back(r.get());
-      report.result_types.push_back(r->type);
+      report.result_types.push_back(r->type());
     }
     g_flush_observer(report);
   }
@@ -1136,8 +1227,8 @@ std::vector<SlotPtr> relaunch(const FlushedGraphPtr& graph, std::vector<Operand>
   for (const Call& c : job.calls) {
     SlotList outs;
     for (size_t i = 0; i < c.program->results().size(); ++i) {
-      auto s = std::make_shared<Slot>();
-      s->type = c.program->results()[i];
+      auto s = new_slot();
+      s->set_type(c.program, i);
       s->device = job.device;
       s->index = static_cast<int>(i);
       outs.push_back(std::move(s));

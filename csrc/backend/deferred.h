@@ -66,7 +66,12 @@ struct Node;
 
 // One output of a recorded program: pending until its graph runs.
 struct Slot {
-  ir::Type type;
+  // Its type, shared with the program that makes it (one reference, no copy per op).
+  std::shared_ptr<const ir::Type> type_of;
+  const ir::Type& type() const { return *type_of; }
+  void set_type(const ProgramPtr& program, size_t result) {
+    type_of = std::shared_ptr<const ir::Type>(program, &program->results()[result]);
+  }
   int device = 0;
   Node* producer = nullptr;  // while pending: the node, owned by the pending graph
   int index = 0;             // which output of the producer
@@ -90,7 +95,7 @@ struct Operand {
   Operand(SlotPtr s) : slot(std::move(s)) {}               // NOLINT
   explicit operator bool() const { return buffer || slot; }
   ir::Type type() const {
-    return buffer ? ir::Type{buffer->dtype(), buffer->dims()} : slot->type;
+    return buffer ? ir::Type{buffer->dtype(), buffer->dims()} : slot->type();
   }
 };
 

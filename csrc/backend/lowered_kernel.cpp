@@ -169,19 +169,26 @@ const at::Tensor* tensor_at(c10::ArrayRef<IValue> args, int arg, int elem, at::T
 class KeyBuffer {
  public:
   void clear() { size_ = 0; }
-  void put(const void* p, size_t n) {
+  // Inline at every use: a signature is dozens of appends per call.
+  __attribute__((always_inline)) void put(const void* p, size_t n) {
     if (size_ + n > cap_) grow(size_ + n);
     std::memcpy(data_.get() + size_, p, n);
     size_ += n;
   }
-  void put(char c) {
+  __attribute__((always_inline)) void put(char c) {
     if (size_ == cap_) grow(size_ + 1);
     data_[size_++] = c;
+  }
+  // Shapes and strides, word by word (a few words: no call to memcpy).
+  __attribute__((always_inline)) void put_words(const int64_t* p, size_t n) {
+    if (size_ + 8 * n > cap_) grow(size_ + 8 * n);
+    for (size_t i = 0; i < n; ++i) std::memcpy(data_.get() + size_ + 8 * i, p + i, 8);
+    size_ += 8 * n;
   }
   std::string_view view() const { return {data_.get(), size_}; }
 
  private:
-  void grow(size_t need) {
+  __attribute__((noinline, cold)) void grow(size_t need) {
     size_t cap = std::max<size_t>(need, 2 * cap_ + 256);
     std::unique_ptr<char[]> bigger(new char[cap]);
     if (size_) std::memcpy(bigger.get(), data_.get(), size_);
@@ -202,7 +209,7 @@ struct KeyState {
   void word(int64_t v) { key.put(&v, sizeof v); }
   void ints(c10::IntArrayRef v) {
     word(static_cast<int64_t>(v.size()));
-    key.put(v.data(), v.size() * sizeof(int64_t));
+    key.put_words(v.data(), v.size());
   }
   void text(std::string_view s) {
     word(static_cast<int64_t>(s.size()));
@@ -216,8 +223,8 @@ void key_storage(KeyState& k, const at::Tensor& t, const StorageData& s) {
     k.tag(static_cast<char>(s.value.buffer->dtype()));
     k.ints(s.value.buffer->dims());
   } else if (s.value.slot) {
-    k.tag(static_cast<char>(s.value.slot->type.dtype));
-    k.ints(s.value.slot->type.shape);
+    k.tag(static_cast<char>(s.value.slot->type().dtype));
+    k.ints(s.value.slot->type().shape);
   } else {
     ir::Type st = storage_type(t);
     k.tag('z');
@@ -252,7 +259,7 @@ void key_tensor(KeyState& k, const at::Tensor& t) {
   k.tag('t');
   k.tag(static_cast<char>(dt));
   k.ints(t.sizes());
-  k.key.put(t.strides().data(), t.dim() * sizeof(int64_t));
+  k.key.put_words(t.strides().data(), t.strides().size());
   k.word(t.storage_offset());
   // Writes queued on the storage stay queued (an out= write joins them): the storage
   // keys as the value they will make, of their type.
