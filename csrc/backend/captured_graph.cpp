@@ -392,7 +392,7 @@ py::object CapturedGraph::replay(py::list args, int how_) {
     } else {
       if (!program_) program_ = graph_program(graph_);
       TORCH_INTERNAL_ASSERT(deferring(), "a deferred compiled graph outside a deferring mode");
-      for (Operand& o : run(program_, std::move(params), device, /*eager=*/false)) results.push_back(std::move(o.slot));
+      for (Operand& o : run(program_, params, device, /*eager=*/false)) results.push_back(std::move(o.slot));
       bind(results);
     }
   }

@@ -249,7 +249,7 @@ Results run_queued(const ProgramPtr& program, std::vector<Operand> args, int dev
 // Strict compiles a program it has not loaded yet ahead, on the compile pool, and queues
 // its launch (and that of any op reading a queued op's outputs) for the launcher thread,
 // which runs them in order: the caller goes on to the next op with pending outputs.
-static bool queue_in_strict(const Program& program, const std::vector<Operand>& args) {
+static bool queue_in_strict(const Program& program, Operands args) {
   if (eager_mode() != EagerMode::Strict || compile_threads() == 0) return false;
   if (!const_cast<Program&>(program).loaded()) return true;
   for (const Operand& a : args)
@@ -267,8 +267,9 @@ std::atomic<bool>& split_at_backward_flag() {
 bool split_at_backward() { return split_at_backward_flag().load(std::memory_order_relaxed); }
 void set_split_at_backward(bool on) { split_at_backward_flag().store(on); }
 
-Results run(const ProgramPtr& program, std::vector<Operand> args, int device, bool eager) {
-  if (!deferring() && queue_in_strict(*program, args)) return run_queued(program, std::move(args), device);
+Results run(const ProgramPtr& program, Operands args, int device, bool eager) {
+  if (!deferring() && queue_in_strict(*program, args))
+    return run_queued(program, std::vector<Operand>(std::make_move_iterator(args.begin()), std::make_move_iterator(args.end())), device);
   if (!deferring()) {
     // Pending operands are resolved in place: `args` keeps their buffers alive.
     std::vector<runtime::Buffer*> raw;
@@ -368,7 +369,8 @@ Results run_internal(const std::string& key,
     std::lock_guard<std::mutex> lock(mu);
     cache.emplace(key, p);
   }
-  return run(p, args, device);
+  std::vector<Operand> operands = args;
+  return run(p, operands, device);
 }
 
 // ---- flushing: one program per graph -------------------------------------------------------

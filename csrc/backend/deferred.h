@@ -105,11 +105,22 @@ bool deferring();  // DeferAndFuse is the current mode
 void note_replacement(const Operand& fresh, const Operand& old);
 
 // Runs `program` on `device` (launches, or records while deferring).
-// `args` is taken by value: callers done with their operands move them in.
+// `args` are consumed (moved from): callers pass operands they are done with, from a
+// list of their own (inline on the stack for an op's few operands).
 // `eager`: an op's call (not a compiled graph's replay, which keeps its own boundaries).
 // Most programs have one or two results: they come back inline (no allocation per op).
 using Results = c10::SmallVector<Operand, 2>;
-Results run(const ProgramPtr& program, std::vector<Operand> args, int device, bool eager = true);
+// A view of a caller's operands, which the call may move from.
+struct Operands {
+  Operand* first;
+  size_t count;
+  Operands(std::vector<Operand>& v) : first(v.data()), count(v.size()) {}           // NOLINT
+  Operands(c10::SmallVectorImpl<Operand>& v) : first(v.data()), count(v.size()) {}  // NOLINT
+  Operand* begin() const { return first; }
+  Operand* end() const { return first + count; }
+  size_t size() const { return count; }
+};
+Results run(const ProgramPtr& program, Operands args, int device, bool eager = true);
 
 // A small internal program (zero fill, relayout...) made once per `key`, then run.
 Results run_internal(const std::string& key,

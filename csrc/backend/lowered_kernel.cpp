@@ -1341,8 +1341,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   // reading the operands and recording the call.
   std::unique_lock<std::recursive_mutex> recording;
   if (deferring()) recording = graph_lock();
-  std::vector<Operand> keep;
-  keep.reserve(plan->sources.size());
+  c10::SmallVector<Operand, 4> keep;
   for (const Source& s : plan->sources) {
     at::Tensor tmp;
     switch (s.kind) {
@@ -1375,7 +1374,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
       }
     }
   }
-  Results results = run(plan->program, std::move(keep), k.device);
+  Results results = run(plan->program, keep, k.device);
 
   // Commit results: new storage buffers for mutated args, new tensors otherwise.
   c10::SmallVector<at::Tensor, 2> fresh;
