@@ -907,3 +907,16 @@ def test_floating_to_uint8_takes_the_int64_low_byte(src):
         assert torch.equal(got, want), (name, got)
     with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):
         assert torch.equal((v.to("tpu") * 1).to(torch.uint8).cpu(), want)
+
+
+@pytest.mark.parametrize("call", [lambda x: x.argmax(), lambda x: x.argmin(0), lambda x: x.view(1, 3).argmax(1, keepdim=True),
+                                  lambda x: torch.argmax(x, 0, out=torch.empty(0, dtype=torch.long, device=x.device))],
+                         ids=["argmax", "argmin_dim", "argmax_keepdim", "argmax_out"])
+def test_argmax_argmin_of_bool_raise_like_cpu(call):
+    # CPU's kernels refuse bool (so do CUDA's); tpu computed an index
+    err = _same_as_cpu(lambda d: call(torch.tensor([False, True, True], device=d)), match="does not support bool input")
+    assert err is RuntimeError
+    x = torch.tensor([False, True, True], device="tpu")
+    with pytest.raises(RuntimeError):
+        call(x)
+    assert x.int().argmax().item() == 1  # the tensor stays usable

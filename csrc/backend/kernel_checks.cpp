@@ -160,6 +160,14 @@ void mean_out_dtype(c10::ArrayRef<c10::IValue> args) {
               c10::typeMetaToScalarType(c10::get_default_dtype()), " can't be cast to the desired output type ", out);
 }
 
+// argmax/argmin of bool: CPU's kernels refuse it (CUDA's have no bool kernel either).
+void no_bool_input(c10::ArrayRef<c10::IValue> args, const char* op) {
+  TORCH_CHECK(args.empty() || !args[0].isTensor() || args[0].toTensor().scalar_type() != c10::kBool, op,
+              "(): does not support bool input");
+}
+void argmax_input(c10::ArrayRef<c10::IValue> args) { no_bool_input(args, "argmax"); }
+void argmin_input(c10::ArrayRef<c10::IValue> args) { no_bool_input(args, "argmin"); }
+
 // The integers an integral dtype holds (bool: 0 and 1).
 std::pair<int64_t, int64_t> integral_range(c10::ScalarType t) {
   switch (t) {
@@ -241,6 +249,8 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"mean", &mean_out_dtype},
       {"random", &random_range},
       {"randperm", &randperm_size},
+      {"argmax", &argmax_input},
+      {"argmin", &argmin_input},
   };
   auto it = checks.find(base);
   return it == checks.end() ? nullptr : it->second;
