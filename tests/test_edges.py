@@ -920,3 +920,47 @@ def test_argmax_argmin_of_bool_raise_like_cpu(call):
     with pytest.raises(RuntimeError):
         call(x)
     assert x.int().argmax().item() == 1  # the tensor stays usable
+
+
+_INTEGRAL_REFUSED = {  # op: the dtypes of its first tensor CPU's kernel refuses (each computed on tpu before)
+    "topk": (lambda x: x.flatten().topk(2), [torch.bool]),
+    "kthvalue": (lambda x: x.flatten().kthvalue(1), [torch.bool]),
+    "median": (lambda x: x.median(), [torch.bool]),
+    "median_dim": (lambda x: x.flatten().median(0), [torch.bool]),
+    "abs": (lambda x: x.abs(), [torch.bool]),
+    "floor": (lambda x: x.floor(), [torch.bool]),
+    "round": (lambda x: x.round(), [torch.bool]),
+    "round_decimals": (lambda x: x.round(decimals=1), [torch.bool, torch.int8, torch.int64]),
+    "frac": (lambda x: x.frac(), [torch.bool, torch.uint8, torch.int32]),
+    "remainder": (lambda x: x % x, [torch.bool]),
+    "fmod": (lambda x: torch.fmod(x, x), [torch.bool]),
+    "leaky_relu": (lambda x: F.leaky_relu(x), [torch.bool, torch.int16, torch.int64]),
+    "hypot": (lambda x: torch.hypot(x, x), [torch.bool, torch.int32]),
+    "logaddexp": (lambda x: torch.logaddexp(x, x), [torch.int64]),
+    "bucketize": (lambda x: torch.bucketize(x.flatten(), x.flatten().sort().values), [torch.bool]),
+    "trace": (lambda x: x.view(2, 2).trace(), [torch.bool]),
+    "mse_loss": (lambda x: F.mse_loss(x, x), [torch.bool, torch.int32]),
+    "avg_pool": (lambda x: F.avg_pool1d(x, 2), [torch.bool, torch.int32]),
+    "nearest": (lambda x: F.interpolate(x, scale_factor=2), [torch.bool, torch.int64]),
+    "reflect": (lambda x: F.pad(x, (1, 1), mode="reflect"), [torch.bool]),
+    "rsub": (lambda x: 1 - x, [torch.bool]),
+    "threshold": (lambda x: F.threshold(x, 0, 0), [torch.bool]),
+    "mm": (lambda x: x.view(2, 2) @ x.view(2, 2), [torch.bool]),
+    "max_pool2d": (lambda x: F.max_pool2d(x.view(1, 1, 2, 2), 2), [torch.bool]),
+}
+
+
+@pytest.mark.parametrize("name,dtype", [(n, d) for n, (_, ds) in _INTEGRAL_REFUSED.items() for d in ds],
+                         ids=lambda v: str(v).replace("torch.", ""))
+def test_bool_and_integer_inputs_cpu_refuses_raise_alike(name, dtype):
+    fn = _INTEGRAL_REFUSED[name][0]
+    make = lambda d: torch.tensor([1, 0, 1, 1], dtype=dtype, device=d).view(1, 1, 4)  # noqa: E731
+    assert _same_as_cpu(lambda d: fn(make(d))) in (NotImplementedError, RuntimeError)
+
+
+@pytest.mark.parametrize("call", [lambda x: F.avg_pool1d(x, 2), lambda x: F.interpolate(x.to(torch.uint8), scale_factor=2),
+                                  lambda x: x.round(), lambda x: x % x.clamp(min=1), lambda x: F.pad(x, (1, 1), mode="reflect")],
+                         ids=["avg_pool_int64", "nearest_uint8", "round_int", "remainder_int", "reflect_int"])
+def test_integer_inputs_cpu_takes_still_compute(call):
+    _same_as_cpu(lambda d: call(torch.tensor([3, 0, 5, 2], device=d).view(1, 1, 4)))
+    assert _outcome(lambda d: call(torch.tensor([3, 0, 5, 2], device=d).view(1, 1, 4)), "tpu")[0] is None

@@ -232,6 +232,23 @@ def _complex_refusal(op):
     return {1: NotImplementedError, 2: RuntimeError}.get(kind)
 
 
+# c10's ScalarType numbers of the dtypes integral_refusal_for reads.
+_INTEGRAL_CODES = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.bool: 11}
+
+
+def _integral_refusal(op, t):
+    """The error CPU's kernel of `op` raises when its first tensor argument `t` is bool or
+    an integer dtype it leaves out (the lowered kernels' table), or None."""
+    from . import _C
+    code = _INTEGRAL_CODES.get(t.dtype)
+    if code is None:
+        return None
+    s = op._schema
+    base = s.name.split("::", 1)[1].rstrip("_")
+    kind = _C._integral_refusal(base + ("." + s.overload_name if s.overload_name else ""), base, code)
+    return {1: NotImplementedError, 2: RuntimeError}.get(kind)
+
+
 def _check_out_dtype(op, args, kwargs):
     """An out= op told its dtype writes an out of that dtype (CPU's kernels check it)."""
     dtype, out = kwargs.get("dtype"), kwargs.get("out")
@@ -256,6 +273,11 @@ def _kernel(op, decomp):
                 if isinstance(t, torch.Tensor) and t.is_complex():
                     raise refusal(f"{_name(op)}: not implemented for '{t.dtype}' "
                                   "(CPU refuses complex values too)")
+        first = next((t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), None)
+        if first is not None:
+            integral = _integral_refusal(op, first)
+            if integral is not None:
+                raise integral(f"{_name(op)}: not implemented for '{first.dtype}' (CPU's kernel refuses it too)")
         active = getattr(_state, "active", None)
         if active is None:
             active = _state.active = set()

@@ -298,4 +298,54 @@ ComplexRefusal complex_refusal_for(const std::string& name, const std::string& b
   return jt == by_base.end() ? R::None : jt->second;
 }
 
+ComplexRefusal integral_refusal_for(const std::string& name, const std::string& base, c10::ScalarType dtype) {
+  using R = ComplexRefusal;
+  // Which dtypes CPU's kernel leaves out: bool only, bool and every integer dtype, or all
+  // but uint8 (nearest upsampling) or int64 (average pooling).
+  enum Set { BoolOnly, Ints, IntsButByte, IntsButLong };
+  struct Refusal {
+    Set set;
+    R kind;
+  };
+  static const std::unordered_map<std::string, Refusal> by_name = {
+      {"round.decimals", {Ints, R::NotImplemented}}, {"round.decimals_out", {Ints, R::NotImplemented}},
+  };
+  static const std::unordered_map<std::string, Refusal> by_base = {
+      {"topk", {BoolOnly, R::Runtime}}, {"kthvalue", {BoolOnly, R::NotImplemented}},
+      {"median", {BoolOnly, R::NotImplemented}}, {"nanmedian", {BoolOnly, R::NotImplemented}},
+      {"abs", {BoolOnly, R::NotImplemented}}, {"floor", {BoolOnly, R::NotImplemented}},
+      {"ceil", {BoolOnly, R::NotImplemented}}, {"round", {BoolOnly, R::NotImplemented}},
+      {"trunc", {BoolOnly, R::NotImplemented}}, {"frac", {Ints, R::NotImplemented}},
+      {"remainder", {BoolOnly, R::NotImplemented}}, {"fmod", {BoolOnly, R::NotImplemented}},
+      {"leaky_relu", {Ints, R::NotImplemented}}, {"hypot", {Ints, R::NotImplemented}},
+      {"logaddexp", {Ints, R::NotImplemented}}, {"logaddexp2", {Ints, R::NotImplemented}},
+      {"bucketize", {BoolOnly, R::NotImplemented}}, {"searchsorted", {BoolOnly, R::NotImplemented}},
+      {"trace", {BoolOnly, R::NotImplemented}}, {"mse_loss", {Ints, R::NotImplemented}},
+      {"avg_pool2d", {IntsButLong, R::NotImplemented}},
+      {"upsample_nearest1d", {IntsButByte, R::NotImplemented}}, {"upsample_nearest2d", {IntsButByte, R::NotImplemented}},
+      {"upsample_nearest3d", {IntsButByte, R::NotImplemented}},
+      {"reflection_pad1d", {BoolOnly, R::NotImplemented}}, {"reflection_pad2d", {BoolOnly, R::NotImplemented}},
+      {"reflection_pad3d", {BoolOnly, R::NotImplemented}}, {"replication_pad1d", {BoolOnly, R::NotImplemented}},
+      {"replication_pad2d", {BoolOnly, R::NotImplemented}}, {"replication_pad3d", {BoolOnly, R::NotImplemented}},
+      {"rsub", {BoolOnly, R::Runtime}}, {"threshold", {BoolOnly, R::NotImplemented}},
+      {"dot", {BoolOnly, R::NotImplemented}}, {"mm", {BoolOnly, R::NotImplemented}},
+      {"addcmul", {BoolOnly, R::NotImplemented}}, {"max_pool2d_with_indices", {BoolOnly, R::NotImplemented}},
+      {"max_pool3d_with_indices", {BoolOnly, R::NotImplemented}},
+  };
+  bool is_bool = dtype == c10::kBool;
+  bool is_int = dtype == c10::kByte || dtype == c10::kChar || dtype == c10::kShort || dtype == c10::kInt ||
+                dtype == c10::kLong;
+  if (!is_bool && !is_int) return R::None;
+  auto it = by_name.find(name);
+  const Refusal* r = it != by_name.end() ? &it->second : nullptr;
+  if (!r) {
+    auto jt = by_base.find(base);
+    if (jt == by_base.end()) return R::None;
+    r = &jt->second;
+  }
+  bool refused = is_bool || (r->set == Ints) || (r->set == IntsButByte && dtype != c10::kByte) ||
+                 (r->set == IntsButLong && dtype != c10::kLong);
+  return refused ? r->kind : R::None;
+}
+
 }  // namespace tpu::backend

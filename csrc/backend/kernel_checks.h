@@ -25,4 +25,10 @@ KernelCheck value_check_for(const std::string& base);
 enum class ComplexRefusal { None, NotImplemented, Runtime };
 ComplexRefusal complex_refusal_for(const std::string& name, const std::string& base);
 
+// The same for bool and integer inputs: CPU's dtype dispatch of these ops leaves out bool,
+// or bool and the integer dtypes it names, where our rules would compute something (or
+// fail to compile). Read off the op's first tensor argument, the one CPU dispatches on.
+// (uint16/32/64, which CPU refuses almost everywhere, stay computed.)
+ComplexRefusal integral_refusal_for(const std::string& name, const std::string& base, c10::ScalarType dtype);
+
 }  // namespace tpu::backend

@@ -47,6 +47,7 @@ using lowering::Value;
 
 struct OpInfo {
   std::string name;  // add_.Tensor
+  std::string base, base_overload;  // add, add.Tensor (no trailing _): the refusal tables' keys
   const lowering::Rule* rule = nullptr;
   const lowering::Rule* complex_rule = nullptr;  // "complex:<op>": calls with complex values
   int num_args = 0;
@@ -880,6 +881,20 @@ void refuse_complex(const OpInfo& info, c10::ArrayRef<IValue> args, const std::v
   TORCH_CHECK_NOT_IMPLEMENTED(false, what);
 }
 
+// Bool and integer inputs CPU's kernel refuses (integral_refusal_for): its first tensor
+// argument's dtype decides, as CPU's dispatch does.
+void refuse_integral(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  for (const IValue& v : args) {
+    if (!v.isTensor()) continue;
+    c10::ScalarType t = v.toTensor().scalar_type();
+    ComplexRefusal r = integral_refusal_for(info.base_overload, info.base, t);
+    if (r == ComplexRefusal::None) return;
+    std::string what = c10::str(info.name, ": not implemented for '", t, "' (CPU's kernel refuses it too)");
+    if (r == ComplexRefusal::Runtime) TORCH_CHECK(false, what);
+    TORCH_CHECK_NOT_IMPLEMENTED(false, what);
+  }
+}
+
 // The memory format of an op whose meta kernel always answers contiguous while CPU's
 // and CUDA's kernels follow their inputs: convolutions are channels_last when the input
 // or the weight is (their outputs of the input's rank take it).
@@ -1322,6 +1337,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     }
     if (info.kernel_check) info.kernel_check(args);  // out= forms too (their arguments lead alike)
     if (info.complex_refusal != ComplexRefusal::None) refuse_complex(info, args, meta_outs);
+    refuse_integral(info, args);
     owned = build_plan(op, info, args, k, meta_outs);
     owned->ret_counts = std::move(ret_counts);
     plan = owned.get();
@@ -1694,7 +1710,9 @@ int register_lowered_kernels() {
     info.check_internal_overlap = !cpu_allows_internal_overlap(base);
     info.kernel_check = kernel_check_for(base);
     info.value_check = value_check_for(base);
-    info.complex_refusal = complex_refusal_for(name.overload_name.empty() ? base : base + "." + name.overload_name, base);
+    info.base = base;
+    info.base_overload = name.overload_name.empty() ? base : base + "." + name.overload_name;
+    info.complex_refusal = complex_refusal_for(info.base_overload, base);
     info.foreach_in_place = base.rfind("_foreach_", 0) == 0 && name.name.back() == '_' &&
                             info.mutated.size() == 1 && info.mutated[0] == 0;
     info.check_any_input_overlap = cpu_forbids_any_input_overlap(base);

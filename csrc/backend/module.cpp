@@ -153,6 +153,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_complex_refusal", [](const std::string& name, const std::string& base) {
     return static_cast<int>(complex_refusal_for(name, base));
   });
+  // The same for a first tensor argument of ScalarType `dtype` (c10's numbering).
+  m.def("_integral_refusal", [](const std::string& name, const std::string& base, int dtype) {
+    return static_cast<int>(integral_refusal_for(name, base, static_cast<c10::ScalarType>(dtype)));
+  });
   // Benchmarks' floor of recording: lowered ops hand back their first argument (1), and
   // each also makes one chained launch through the runtime alone (2: Strict's in place).
   m.def("_set_dispatch_floor_probe", [](int mode) { set_dispatch_floor_probe(mode); });
