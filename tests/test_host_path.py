@@ -1,5 +1,6 @@
 """Strict's per-op host path keeps shortcuts that must never return stale results: the
-per-thread cache of scalar operands (a Python number or alpha uploaded once), each
+cache of scalar operands (a Python number or alpha uploaded once, remembered by each
+plan and shared by all), each
 executable's output types read once from its first launch, and the pending-launch list
 that is scanned less often while launches run ahead of the device."""
 import threading
@@ -15,7 +16,7 @@ def _scalar_ops(dev):
     i = torch.arange(6, dtype=torch.int64, device=dev)
     b = torch.tensor([True, False, True, False, True, True], device=dev)
     out = []
-    # Values share cache slots (4 per thread), bit patterns and dtypes: int 1 and float
+    # Values share a plan's memo, bit patterns and dtypes: int 1 and float
     # 1.0, 0 and False, and alphas that alternate with the Python number on the same op.
     for v in [0, 1, 2, 3, 4, 5, 6, 7, 8, 1, 0, -1, 2**40, 1.0, 0.5, -0.0, 1e-30, 3.25, 1, 2]:
         out.append(x + v)
@@ -49,6 +50,28 @@ def test_scalar_operands_on_another_thread():
             errors.append(e)
 
     threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_threads_passing_different_numbers_to_one_plan_each_get_their_own():
+    # Every thread's `x + v` and `x.add(x, alpha=v)` share two plans, and so their memos.
+    x = torch.arange(4, dtype=torch.float32, device="tpu")
+    errors = []
+
+    def work(v):
+        try:
+            for _ in range(200):
+                got = (x + v).add(x, alpha=v).cpu()
+                want = torch.arange(4, dtype=torch.float32) * (1 + v) + v
+                assert torch.equal(got, want), (v, got, want)
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(v,)) for v in (1, 2, 3)]
     for t in threads:
         t.start()
     for t in threads:

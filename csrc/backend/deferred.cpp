@@ -267,10 +267,11 @@ std::atomic<bool>& split_at_backward_flag() {
 bool split_at_backward() { return split_at_backward_flag().load(std::memory_order_relaxed); }
 void set_split_at_backward(bool on) { split_at_backward_flag().store(on); }
 
-Results run(const ProgramPtr& program, Operands args, int device, bool eager) {
-  if (!deferring() && queue_in_strict(*program, args))
+Results run(const ProgramPtr& program, Operands args, int device, bool eager, bool graph_locked) {
+  const bool defer = deferring();
+  if (!defer && queue_in_strict(*program, args))
     return run_queued(program, std::vector<Operand>(std::make_move_iterator(args.begin()), std::make_move_iterator(args.end())), device);
-  if (!deferring()) {
+  if (!defer) {
     // Pending operands are resolved in place: `args` keeps their buffers alive.
     std::vector<runtime::Buffer*> raw;
     raw.reserve(args.size());
@@ -283,7 +284,8 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager) {
     for (runtime::BufferPtr& b : outs) results.emplace_back(std::move(b));
     return results;
   }
-  auto lock = graph_lock();
+  std::unique_lock<std::recursive_mutex> lock;
+  if (!graph_locked) lock = graph_lock();
   if (g_graph.device >= 0 && g_graph.device != device) flush("another device");
 
   if (g_graph.nodes.size() >= max_graph_ops() && eager_mode() != EagerMode::DeferAll) flush_bounded();

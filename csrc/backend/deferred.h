@@ -120,7 +120,9 @@ struct Operands {
   Operand* end() const { return first + count; }
   size_t size() const { return count; }
 };
-Results run(const ProgramPtr& program, Operands args, int device, bool eager = true);
+// `graph_locked`: the caller holds graph_lock() (it read the operands under it).
+Results run(const ProgramPtr& program, Operands args, int device, bool eager = true,
+            bool graph_locked = false);
 
 // A small internal program (zero fill, relayout...) made once per `key`, then run.
 Results run_internal(const std::string& key,

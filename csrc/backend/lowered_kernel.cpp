@@ -122,6 +122,23 @@ struct Source {
   DType dtype;  // Scalar: its operand type
 };
 
+struct ScalarKey {
+  uint64_t bytes[2];
+  int dtype, device;
+  bool operator==(const ScalarKey& o) const {
+    return bytes[0] == o.bytes[0] && bytes[1] == o.bytes[1] && dtype == o.dtype && device == o.device;
+  }
+};
+
+// The device buffer a Scalar or CpuTensor source last read, kept by its plan: most call
+// sites pass the same numbers every time (`x + 1`'s 1 and alpha). A thread finding it
+// busy goes to the shared cache instead of waiting.
+struct ScalarMemo {
+  std::atomic<bool> busy{false};
+  ScalarKey key{};
+  runtime::BufferPtr buffer;
+};
+
 struct OutSpec {
   bool write;  // into a mutated arg's storage (else a new tensor)
   int arg, elem;
@@ -144,6 +161,7 @@ struct Plan {
   // Plans of f32 matmuls and convolutions hold the precision they were built with.
   bool reads_matmul_precision = false;
   ir::DotPrecision matmul_precision = ir::DotPrecision::Highest;
+  std::unique_ptr<ScalarMemo[]> memos;  // one per source
 };
 
 const at::Tensor* tensor_at(c10::ArrayRef<IValue> args, int arg, int elem, at::Tensor* tmp) {
@@ -206,9 +224,9 @@ struct KeyState {
   bool has_f64 = false;
   const char* op = "";
   explicit KeyState(KeyBuffer& buf) : key(buf) { key.clear(); }
-  void tag(char c) { key.put(c); }
-  void word(int64_t v) { key.put(&v, sizeof v); }
-  void ints(c10::IntArrayRef v) {
+  __attribute__((always_inline)) void tag(char c) { key.put(c); }
+  __attribute__((always_inline)) void word(int64_t v) { key.put(&v, sizeof v); }
+  __attribute__((always_inline)) void ints(c10::IntArrayRef v) {
     word(static_cast<int64_t>(v.size()));
     key.put_words(v.data(), v.size());
   }
@@ -729,42 +747,28 @@ uint64_t splitmix64(uint64_t x) {
 // The value of a 0-dim CPU tensor (a wrapped Python number, mostly), read directly:
 // this runs on every op with a Python scalar operand.
 c10::Scalar cpu_scalar(const at::Tensor& t) {
+  const void* p = t.const_data_ptr();  // the dtype is switched on: no typed accessor's check
   switch (t.scalar_type()) {
-    case at::kDouble: return *t.const_data_ptr<double>();
-    case at::kFloat: return *t.const_data_ptr<float>();
-    case at::kLong: return *t.const_data_ptr<int64_t>();
-    case at::kInt: return *t.const_data_ptr<int32_t>();
-    case at::kBool: return *t.const_data_ptr<bool>();
+    case at::kDouble: return *static_cast<const double*>(p);
+    case at::kFloat: return *static_cast<const float*>(p);
+    case at::kLong: return *static_cast<const int64_t*>(p);
+    case at::kInt: return *static_cast<const int32_t*>(p);
+    case at::kBool: return *static_cast<const bool*>(p);
     default: return t.item();
   }
 }
 
 // ---- runtime operands -------------------------------------------------------------------
 
-// A cached scalar: its bytes on the device, by dtype and device (no string built).
-struct ScalarKey {
-  uint64_t bytes[2];
-  int dtype, device;
-  bool operator==(const ScalarKey& o) const {
-    return bytes[0] == o.bytes[0] && bytes[1] == o.bytes[1] && dtype == o.dtype && device == o.device;
-  }
-};
 struct ScalarKeyHash {
   size_t operator()(const ScalarKey& k) const {
     return splitmix64(k.bytes[0] ^ splitmix64(k.bytes[1] ^ (uint64_t(k.dtype) << 32 | uint32_t(k.device))));
   }
 };
 
-runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device) {
-  // Small host->device copies of the same value (lr, betas, eps) are cached. The
-  // cache is least-recently-used and small: values that change every step (Adam's bias
-  // corrections) would otherwise pile up as device memory that grows with the step count.
-  constexpr size_t kCapacity = 256;
-  static std::mutex mu;
-  static std::list<ScalarKey> order;  // most recently used first
-  static std::unordered_map<ScalarKey, std::pair<runtime::BufferPtr, std::list<ScalarKey>::iterator>,
-                            ScalarKeyHash> cache;
-  char bytes[16] = {0};
+ScalarKey scalar_key(const c10::Scalar& s, DType t, int device) {
+  ScalarKey key{{0, 0}, static_cast<int>(t), device};
+  char* bytes = reinterpret_cast<char*>(key.bytes);
   switch (t) {
     case DType::F32: { float v = static_cast<float>(s.toDouble()); std::memcpy(bytes, &v, 4); break; }
     case DType::F64: { double v = s.toDouble(); std::memcpy(bytes, &v, 8); break; }
@@ -776,42 +780,55 @@ runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device) {
       std::memcpy(bytes, tmp.data_ptr(), itemsize(t));
     }
   }
-  ScalarKey key;
-  std::memcpy(key.bytes, bytes, 16);
-  key.dtype = static_cast<int>(t);
-  key.device = device;
-  // A few recent values per thread answer without the lock (an op's alpha and its
-  // Python number alternate). They may outlive their place in the shared cache: at most
-  // kRecent small buffers per thread more.
-  constexpr size_t kRecent = 4;
-  thread_local std::pair<ScalarKey, runtime::BufferPtr> recent[kRecent];
-  std::pair<ScalarKey, runtime::BufferPtr>& slot = recent[ScalarKeyHash()(key) % kRecent];
-  if (slot.second && slot.first == key) return slot.second;
-  runtime::BufferPtr buf;
+  return key;
+}
+
+// A scalar's bytes on the device, from a cache shared by all plans.
+runtime::BufferPtr shared_scalar_buffer(const ScalarKey& key) {
+  // Small host->device copies of the same value (lr, betas, eps) are cached. The
+  // cache is least-recently-used and small: values that change every step (Adam's bias
+  // corrections) would otherwise pile up as device memory that grows with the step count.
+  constexpr size_t kCapacity = 256;
+  static std::mutex mu;
+  static std::list<ScalarKey> order;  // most recently used first
+  static std::unordered_map<ScalarKey, std::pair<runtime::BufferPtr, std::list<ScalarKey>::iterator>,
+                            ScalarKeyHash> cache;
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) {
       order.splice(order.begin(), order, it->second.second);
-      buf = it->second.first;
+      return it->second.first;
     }
   }
-  if (!buf) {
-    buf = guarded([&] { return runtime::Client::get().from_host(bytes, t, {}, device); });
-    std::lock_guard<std::mutex> lock(mu);
-    auto [it, fresh] = cache.try_emplace(key, buf, order.end());
-    if (fresh) {
-      order.push_front(key);
-      it->second.second = order.begin();
-      if (cache.size() > kCapacity) {
-        cache.erase(order.back());
-        order.pop_back();
-      }
-    } else {
-      buf = it->second.first;  // another thread made it meanwhile
-    }
+  DType t = static_cast<DType>(key.dtype);
+  runtime::BufferPtr buf =
+      guarded([&] { return runtime::Client::get().from_host(key.bytes, t, {}, key.device); });
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = cache.try_emplace(key, buf, order.end());
+  if (!fresh) return it->second.first;  // another thread made it meanwhile
+  order.push_front(key);
+  it->second.second = order.begin();
+  if (cache.size() > kCapacity) {
+    cache.erase(order.back());
+    order.pop_back();
   }
-  slot = {key, buf};
+  return buf;
+}
+
+runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device, ScalarMemo& memo) {
+  ScalarKey key = scalar_key(s, t, device);
+  if (!memo.busy.exchange(true, std::memory_order_acquire)) {
+    runtime::BufferPtr hit = memo.buffer && memo.key == key ? memo.buffer : nullptr;
+    memo.busy.store(false, std::memory_order_release);
+    if (hit) return hit;
+  }
+  runtime::BufferPtr buf = shared_scalar_buffer(key);
+  if (!memo.busy.exchange(true, std::memory_order_acquire)) {
+    memo.key = key;
+    memo.buffer = buf;
+    memo.busy.store(false, std::memory_order_release);
+  }
   return buf;
 }
 
@@ -1340,6 +1357,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     refuse_integral(info, args);
     owned = build_plan(op, info, args, k, meta_outs);
     owned->ret_counts = std::move(ret_counts);
+    owned->memos = std::make_unique<ScalarMemo[]>(owned->sources.size());
     plan = owned.get();
     owned->key = std::move(new_key);
     std::lock_guard<std::mutex> lock(g_plans_mu);
@@ -1358,7 +1376,8 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   std::unique_lock<std::recursive_mutex> recording;
   if (deferring()) recording = graph_lock();
   c10::SmallVector<Operand, 4> keep;
-  for (const Source& s : plan->sources) {
+  for (size_t i = 0; i < plan->sources.size(); ++i) {
+    const Source& s = plan->sources[i];
     at::Tensor tmp;
     switch (s.kind) {
       case Source::Storage:
@@ -1366,7 +1385,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
         break;
       case Source::CpuTensor: {
         const at::Tensor& cpu = *tensor_at(args, s.arg, s.elem, &tmp);
-        runtime::BufferPtr b = scalar_buffer(cpu_scalar(cpu), s.dtype, k.device);
+        runtime::BufferPtr b = scalar_buffer(cpu_scalar(cpu), s.dtype, k.device, plan->memos[i]);
         // A wrapped Python number is the graph's constant (or a number input, guarded).
         note_host_input(b, cpu.unsafeGetTensorImpl()->is_wrapped_number() ? HostInput::Constant : HostInput::Varying);
         keep.push_back(std::move(b));
@@ -1375,7 +1394,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
       case Source::Scalar: {
         const IValue& v = args[s.arg];
         c10::Scalar sc = s.elem < 0 ? v.toScalar() : v.toList().get(s.elem).toScalar();
-        runtime::BufferPtr b = scalar_buffer(sc, s.dtype, k.device);
+        runtime::BufferPtr b = scalar_buffer(sc, s.dtype, k.device, plan->memos[i]);
         note_host_input(b, HostInput::Constant);
         keep.push_back(std::move(b));
         break;
@@ -1390,7 +1409,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
       }
     }
   }
-  Results results = run(plan->program, keep, k.device);
+  Results results = run(plan->program, keep, k.device, true, recording.owns_lock());
 
   // Commit results: new storage buffers for mutated args, new tensors otherwise.
   c10::SmallVector<at::Tensor, 2> fresh;
