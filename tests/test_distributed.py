@@ -442,6 +442,66 @@ def broadcast_into_views(rank, world):
 
 
 @check(*ALL)
+def collective_waited_inside_a_future_callback(rank, world):
+    # DDP's PowerSGD hook issues and waits on collectives in a callback of another's
+    # future: that callback runs on the thread that completed the first one.
+    import torch.distributed as dist
+    ranks = sum(range(1, world + 1))
+    x, y, z = _t([rank + 1.0] * 3), _t([10.0 * (rank + 1)] * 2), _t([rank + 1.0])
+
+    def waits(fut):
+        return dist.all_reduce(y, async_op=True).get_future().wait()[0]
+
+    def synchronous(fut):
+        dist.all_reduce(z)
+        return z
+
+    _eq(dist.all_reduce(x, async_op=True).get_future().then(waits).wait(), [10.0 * ranks] * 2)
+    _eq(x, [ranks] * 3)
+    _eq(dist.all_reduce(x, async_op=True).get_future().then(synchronous).wait(), [ranks])
+    _eq(x, [ranks * world] * 3)
+
+
+@check(*ALL)
+def collectives_under_inference_mode(rank, world):
+    # Outputs made under torch.inference_mode() are inference tensors; the transport's
+    # threads write them (and their host staging) outside that mode.
+    import torch
+    import torch.distributed as dist
+    with torch.inference_mode():
+        out = torch.empty(2 * world, device="tpu")
+        dist.all_gather_into_tensor(out, _t([rank, rank + 0.5]))
+        _eq(out, [v for r in range(world) for v in (r, r + 0.5)])
+        pieces = [torch.empty(2, device="tpu") for _ in range(world)]
+        dist.all_gather(pieces, _t([rank, 1.0]))
+        for r, p in enumerate(pieces):
+            _eq(p, [r, 1.0])
+        rs = torch.empty(2, device="tpu")
+        dist.reduce_scatter_tensor(rs, torch.arange(2.0 * world, device="tpu") + rank)
+        _eq(rs, [world * (2 * rank + i) + sum(range(world)) for i in range(2)])
+        a2a = torch.empty(world, device="tpu")
+        dist.all_to_all_single(a2a, torch.arange(float(world), device="tpu") + 10 * rank)
+        _eq(a2a, [10 * r + rank for r in range(world)])
+        fresh = torch.empty(3, device="tpu")
+        if rank == 0:
+            fresh.fill_(7.0)
+        dist.broadcast(fresh, src=0)
+        _eq(fresh, [7.0] * 3)
+        big = torch.zeros(6, device="tpu")
+        view = big[2:5]
+        view.fill_(rank + 1.0)
+        dist.all_reduce(view)
+        _eq(big, [0, 0] + [sum(range(1, world + 1))] * 3 + [0])
+        if world == 2:
+            got = torch.empty(2, device="tpu")
+            if rank == 0:
+                dist.send(_t([3.0, 4.0]), dst=1)
+            else:
+                dist.recv(got, src=0)
+                _eq(got, [3.0, 4.0])
+
+
+@check(*ALL)
 def reduce_to_root(rank, world):
     import torch.distributed as dist
     for dst in (0, world - 1):

@@ -89,6 +89,40 @@ def ddp_matches_full_batch(rank, world):
 SUITES["ddp"].append(ddp_matches_full_batch)
 
 
+def ddp_powersgd_hook_matches_the_same_on_cpu(rank, world):
+    # PowerSGD issues and waits on collectives inside its futures' callbacks; its
+    # compression is lossy, so the reference is the same run on cpu tensors over Gloo.
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    x, y = _data()
+    n = BATCH // world
+    runs = {}
+    for dev in ("cpu", "tpu"):
+        model = _model(seed=0).to(dev)
+        ddp = DDP(model)
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                                   min_compression_rate=0.5, random_seed=0)
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+        xs, ys = x[rank * n:(rank + 1) * n].to(dev), y[rank * n:(rank + 1) * n].to(dev)
+        losses = []
+        for _ in range(STEPS):  # steps 3 on compress every matrix
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(xs), ys)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        runs[dev] = losses, [p.detach().cpu() for p in model.parameters()]
+    (lc, pc), (lt, pt) = runs["cpu"], runs["tpu"]
+    assert all(abs(a - b) <= 1e-5 * max(1.0, abs(a)) for a, b in zip(lc, lt)), (lc, lt)
+    for p, q in zip(pc, pt):
+        assert torch.allclose(p, q, atol=1e-5, rtol=1e-5), (p, q)
+
+
+SUITES["ddp"].append(ddp_powersgd_hook_matches_the_same_on_cpu)
+
+
 def fsdp2_matches_full_batch(rank, world):
     import torch
     from torch.distributed.fsdp import fully_shard
@@ -147,8 +181,8 @@ def trained():
     return launch("train", 2, script=HERE)
 
 
-@pytest.mark.parametrize("name", [f"{m}/{check}" for check in ("ddp_matches_full_batch", "fsdp2_matches_full_batch",
-                                                                 "dtensor_basics") for m in ("strict", "fused")])
+@pytest.mark.parametrize("name", [f"{m}/{check}" for check in ("ddp_matches_full_batch", "ddp_powersgd_hook_matches_the_same_on_cpu",
+                                                                 "fsdp2_matches_full_batch", "dtensor_basics") for m in ("strict", "fused")])
 def test_two_ranks_match_full_batch(trained, name):
     assert_check(trained, name)
 

@@ -1,5 +1,7 @@
 #include "distributed/host_staged.h"
 
+#include <optional>
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -109,7 +111,17 @@ struct Ranges {
 struct HostStagedTransport::Staging {
   // `typed`: Gloo's collective dispatches on the dtype (send/recv move raw bytes).
   Staging(HostPool& p, bool addresses, const char* w, bool typed = true)
-      : pool(p), what(w), typed(typed), host_addresses(addresses) {}
+      : pool(p), what(w), typed(typed), host_addresses(addresses) {
+    // The host tensors staged here are ordinary tensors even under torch.inference_mode():
+    // the transport's threads (outside that mode) write them in place. (Leaving the mode
+    // turns grad mode on: off again, as it was.)
+    if (c10::InferenceMode::is_enabled()) {
+      ordinary_tensors.emplace(false);
+      no_grad.emplace();
+    }
+  }
+  std::optional<c10::InferenceMode> ordinary_tensors;
+  std::optional<at::NoGradGuard> no_grad;
   HostPool& pool;
   const char* what;  // the collective, for errors
   bool typed;

@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 
+#include <optional>
 #include <set>
 
 #include "backend/dtypes.h"
@@ -64,7 +65,7 @@ bool StagedWork::transport_done(std::exception_ptr err) {
   return remaining_.fetch_sub(1) == 1;
 }
 
-void StagedWork::complete() {
+void StagedWork::write_results() {
   std::exception_ptr err;
   try {
     if (transport_error_) std::rethrow_exception(transport_error_);
@@ -74,7 +75,13 @@ void StagedWork::complete() {
     // A collective writes into the tensors it was given, as NCCL does, whatever their
     // autograd state (a pipeline stage receives into leaves that require grad).
     at::NoGradGuard no_grad;
-    for (auto& w : writes_) write_back(w);
+    for (auto& w : writes_) {
+      // Inference tensors take the values too, as NCCL's and Gloo's raw writes do,
+      // whatever mode the issuing thread was in (this is a transport thread).
+      std::optional<c10::InferenceMode> inference;
+      if (w.device.is_inference()) inference.emplace();
+      write_back(w);
+    }
   } catch (const std::exception& e) {
     try {
       TORCH_CHECK_WITH(DistBackendError, false, "tpu_dist ", what_, " failed: ", e.what());
@@ -93,6 +100,10 @@ void StagedWork::complete() {
     inner.swap(inner_);
   }
   inner.clear();
+}
+
+void StagedWork::publish() {
+  std::exception_ptr err = exception();
   // The future first: a caller woken by wait() may read it at once.
   if (err)
     future_->setError(err);
@@ -222,20 +233,32 @@ void Sequencer::on_transport_done(StagedWork* w, std::exception_ptr err) {
 }
 
 void Sequencer::complete_ready() {
-  std::lock_guard<std::mutex> run(run_mu_);
-  for (;;) {
-    c10::intrusive_ptr<StagedWork> w;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (queue_.empty() || !queue_.front()->transport_finished()) break;
-      w = queue_.front();
+  std::vector<c10::intrusive_ptr<StagedWork>> written;
+  {
+    std::lock_guard<std::mutex> run(run_mu_);
+    for (;;) {
+      c10::intrusive_ptr<StagedWork> w;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (queue_.empty() || !queue_.front()->transport_finished()) break;
+        w = queue_.front();
+      }
+      w->write_results();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        queue_.pop_front();
+        ++active_;  // publishing: drain_all() waits for it
+      }
+      written.push_back(std::move(w));
     }
-    w->complete();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.pop_front();
-    }
+  }
+  for (auto& w : written) {
+    w->publish();
     w.reset();  // before drain_all() can return
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --active_;
+    }
     cv_.notify_all();
   }
 }

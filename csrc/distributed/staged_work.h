@@ -46,8 +46,12 @@ class StagedWork : public c10d::Work {
   // One transport Work finished (with `err`, or none); true when it was the last.
   bool transport_done(std::exception_ptr err);
   bool transport_finished() const { return remaining_.load() == 0; }
-  // The write-backs, then the Work and its future complete (called in issue order).
-  void complete();
+  // The write-backs (called in issue order, one Work at a time).
+  void write_results();
+  // Then the Work and its future complete. Outside the sequencer's lock and after the
+  // Work left its queue: a future callback may issue and wait on another collective
+  // (DDP's PowerSGD hook does), which completes through the same queue.
+  void publish();
 
   std::string what_;  // the collective, for errors
   std::vector<c10::intrusive_ptr<c10d::Work>> inner_;
@@ -92,7 +96,7 @@ class Sequencer : public std::enable_shared_from_this<Sequencer> {
   // The StagedWork by plain pointer, as in the future callbacks (the queue keeps it alive).
   std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, StagedWork*>> unwatched_;
   bool stop_ = false;
-  int active_ = 0;  // transport threads inside on_transport_done (under mu_)
+  int active_ = 0;  // threads inside on_transport_done or publishing (under mu_)
   std::thread helper_;
 };
 
