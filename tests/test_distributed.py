@@ -502,6 +502,40 @@ def collectives_under_inference_mode(rank, world):
 
 
 @check(*ALL)
+def sync_batch_norm_matches_batch_norm_over_the_whole_batch(rank, world):
+    # Each rank normalizes its part of the batch with statistics of the whole batch:
+    # outputs, input gradients and running statistics equal BatchNorm2d's over all of it
+    # (float64 on the CPU); weight and bias gradients summed over the ranks equal its.
+    import torch
+    import torch.distributed as dist
+    g = torch.Generator().manual_seed(0)
+    full = torch.randn(2 * world, 3, 4, 5, generator=g, dtype=torch.float64) * 3 + 1
+    dy = torch.randn(full.shape, generator=g, dtype=torch.float64)
+    w, b = torch.rand(3, generator=g, dtype=torch.float64) + 0.5, torch.randn(3, generator=g, dtype=torch.float64)
+    ref = torch.nn.BatchNorm2d(3, momentum=0.3).double()
+    sync = torch.nn.SyncBatchNorm(3, momentum=0.3).to("tpu")
+    with torch.no_grad():
+        for m in (ref, sync):
+            m.weight.copy_(w)
+            m.bias.copy_(b)
+    xr = full.clone().requires_grad_()
+    yr = ref(xr)
+    yr.backward(dy)
+    part = slice(2 * rank, 2 * rank + 2)
+    x = full[part].float().to("tpu").requires_grad_()
+    y = sync(x)
+    y.backward(dy[part].float().to("tpu"))
+    _eq(y, yr[part].detach(), 1e-4)
+    _eq(x.grad, xr.grad[part], 1e-4)
+    _eq(sync.running_mean, ref.running_mean, 1e-5)
+    _eq(sync.running_var, ref.running_var, 1e-4)
+    for p, want in ((sync.weight, ref.weight), (sync.bias, ref.bias)):
+        grad = p.grad.clone()
+        dist.all_reduce(grad)
+        _eq(grad, want.grad, 1e-4)
+
+
+@check(*ALL)
 def reduce_to_root(rank, world):
     import torch.distributed as dist
     for dst in (0, world - 1):

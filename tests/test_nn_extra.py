@@ -239,3 +239,53 @@ def test_margin_losses_of_one_sample_have_cpus_shape(loss, reduction):
         got = fn(x.to("tpu"), y.to("tpu"), reduction=reduction)
         assert got.shape == want.shape, (tuple(x.shape), got.shape, want.shape)
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_sync_batch_norm_ops_combine_uneven_parts_like_the_whole_batch():
+    # torch.nn.SyncBatchNorm's ops, one process standing in for two ranks of 2 and 5
+    # samples: the combined statistics, running statistics, normalization and gradients
+    # equal BatchNorm's over the whole batch (float64 on the CPU).
+    g = torch.Generator().manual_seed(0)
+    parts = [torch.randn(n, 3, 4, generator=g, dtype=torch.float64) * 2 + 1 for n in (2, 5)]
+    whole = torch.cat(parts)
+    w = torch.rand(3, generator=g, dtype=torch.float64) + 0.5
+    b = torch.randn(3, generator=g, dtype=torch.float64)
+    eps, momentum = 1e-5, 0.1
+    with native():
+        stats = [torch.batch_norm_stats(p.float().to("tpu"), eps) for p in parts]
+        means = torch.stack([m for m, _ in stats])
+        invstds = torch.stack([s for _, s in stats])
+        counts = torch.tensor([2 * 4, 5 * 4], dtype=torch.float32, device="tpu")
+        rm, rv = torch.zeros(3, device="tpu"), torch.ones(3, device="tpu")
+        mean, invstd = torch.batch_norm_gather_stats_with_counts(
+            parts[0].float().to("tpu"), means, invstds, rm, rv, momentum, eps, counts)
+    var_b, mean_b = torch.var_mean(whole, (0, 2), correction=0)
+    torch.testing.assert_close(mean.cpu().double(), mean_b, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(invstd.cpu().double(), 1 / torch.sqrt(var_b + eps), rtol=1e-5, atol=1e-6)
+    # Updated in place, as CUDA's kernel does: the unbiased variance goes into running_var.
+    torch.testing.assert_close(rm.cpu().double(), momentum * mean_b, rtol=1e-5, atol=1e-6)
+    unbiased = torch.var(whole, (0, 2), correction=1)
+    torch.testing.assert_close(rv.cpu().double(), (1 - momentum) + momentum * unbiased, rtol=1e-5, atol=1e-6)
+
+    x = whole.clone().requires_grad_()
+    y = F.batch_norm(x, None, None, w, b, training=True, eps=eps)
+    dy = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    y.backward(dy)
+    xt, dyt, wt = whole.float().to("tpu"), dy.float().to("tpu"), w.float().to("tpu")
+    with native():
+        out = torch.batch_norm_elemt(xt, wt, b.float().to("tpu"), mean, invstd, eps)
+        sum_dy, sum_dy_xmu, gw, gb = torch.batch_norm_backward_reduce(dyt, xt, mean, invstd, wt, True, True, True)
+        dx = torch.batch_norm_backward_elemt(dyt, xt, mean, invstd, wt, sum_dy, sum_dy_xmu,
+                                             torch.tensor([8, 20], dtype=torch.int32, device="tpu"))
+    torch.testing.assert_close(out.cpu().double(), y.detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dx.cpu().double(), x.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gw.cpu().double(), (dy * (y.detach() - b.view(1, 3, 1)) / w.view(1, 3, 1)).sum((0, 2)),
+                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gb.cpu().double(), dy.sum((0, 2)), rtol=1e-5, atol=1e-5)
+    # Half-precision inputs get float32 statistics, and outputs of their own dtype.
+    with native():
+        m16, s16 = torch.batch_norm_stats(xt.bfloat16(), eps)
+        assert m16.dtype == s16.dtype == torch.float32
+        assert torch.batch_norm_elemt(xt.bfloat16(), None, None, m16, s16, eps).dtype == torch.bfloat16
+        none = torch.batch_norm_backward_reduce(dyt, xt, mean, invstd, None, False, False, False)
+        assert all(t.numel() == 0 for t in none)

@@ -63,6 +63,9 @@ _accelerate.install()
 
 if torch.distributed.is_available():
     from ._internal import distributed as _distributed  # noqa: E402,F401  (registers tpu_dist)
+from . import _sync_batch_norm  # noqa: E402  (torch.nn.SyncBatchNorm's ops)
+
+_sync_batch_norm.register()
 from . import _quantized  # noqa: E402  (torchao's int8 x int8 -> int32 mm on _int_mm)
 
 _quantized.register()
