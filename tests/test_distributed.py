@@ -587,6 +587,17 @@ def reduce_scatter_forms(rank, world):
     dist.reduce_scatter_tensor(out, big, op=dist.ReduceOp.AVG)
     _eq(out, [sum(r * 100 for r in range(world)) / world + 2 * rank + j for j in range(2)], 1e-5)
     _eq(big, [float(rank * 100 + i) for i in range(2 * world)])  # read in place, unchanged
+    # Ranks' pieces of different sizes (rank i gets i + 1 elements), as on Gloo and NCCL.
+    mine = torch.empty(rank + 1, device="tpu")
+    dist.reduce_scatter(mine, [_t([float(rank + 10 * i + j) for j in range(i + 1)]) for i in range(world)])
+    _eq(mine, [sum(range(world)) + world * (10 * rank + j) for j in range(rank + 1)])
+    # This rank's own piece must match its output: refused before anything is sent.
+    try:
+        dist.reduce_scatter(torch.empty(3, device="tpu"), [_t([1.0, 2.0]) for _ in range(world)])
+    except ValueError as e:
+        assert "reduce_scatter" in str(e) and "this rank's piece" in str(e), e
+    else:
+        raise AssertionError("a piece of the wrong size was accepted")
 
 
 @check("collectives", "modes", "four")

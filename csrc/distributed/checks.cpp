@@ -60,6 +60,18 @@ void check_same(const char* op, const std::vector<at::Tensor>& ts, const at::Ten
   }
 }
 
+void check_pieces(const char* op, const std::vector<at::Tensor>& ts, const at::Tensor& like, int rank,
+                  const char* which) {
+  for (size_t i = 0; i < ts.size(); ++i) {
+    bool own = static_cast<int>(i) == rank;
+    TORCH_CHECK_VALUE(ts[i].scalar_type() == like.scalar_type() && (!own || ts[i].sizes() == like.sizes()),
+                      "distributed.", op, "(): ", which, " tensor ", i, " is ", describe(ts[i]),
+                      own ? ", expected this rank's piece to have the shape and dtype of "
+                          : ", expected the dtype of ",
+                      describe(like));
+  }
+}
+
 void check_times(const char* op, const at::Tensor& big, const at::Tensor& small, int size,
                  const char* big_name, const char* small_name) {
   TORCH_CHECK_TYPE(big.scalar_type() == small.scalar_type(), "distributed.", op, "(): ",

@@ -16,6 +16,11 @@ void check_reduce_op(const char* op, const c10d::ReduceOp& r, const std::vector<
 // A list that must hold one tensor per process.
 void check_per_rank(const char* op, const std::vector<at::Tensor>& ts, int size,
                     const char* which);
+// Each rank's piece of a list (reduce_scatter's inputs): the dtype of `like` throughout,
+// and this rank's own piece its shape; other ranks' pieces may differ in size (as on Gloo
+// and NCCL).
+void check_pieces(const char* op, const std::vector<at::Tensor>& ts, const at::Tensor& like, int rank,
+                  const char* which);
 // Every tensor of `ts` has `like`'s shape and dtype.
 void check_same(const char* op, const std::vector<at::Tensor>& ts, const at::Tensor& like,
                 const char* which);

@@ -288,6 +288,8 @@ WorkPtr DeviceTransport::allgather_into_tensor_coalesced(TensorList& outputs, Te
 
 WorkPtr DeviceTransport::reduce_scatter(TensorList& outputs, std::vector<TensorList>& inputs,
                                         const c10d::ReduceScatterOptions& opts) {
+  for (const at::Tensor& piece : inputs[0])  // ranks' pieces of other sizes: staged
+    if (piece.numel() != outputs[0].numel()) return staged_->reduce_scatter(outputs, inputs, opts);
   std::vector<runtime::BufferPtr> produced;
   if (outputs[0].numel() > 0) {
     ir::CollectiveSpec s;

@@ -122,7 +122,7 @@ WorkPtr TpuBackend::reduce_scatter(TensorList& outputs, std::vector<TensorList>&
   check_tpu("reduce_scatter", outputs, "output ");
   check_tpu("reduce_scatter", inputs[0], "input ");
   check_per_rank("reduce_scatter", inputs[0], getSize(), "input");
-  check_same("reduce_scatter", inputs[0], outputs[0], "input");
+  check_pieces("reduce_scatter", inputs[0], outputs[0], getRank(), "input");
   check_reduce_op("reduce_scatter", opts.reduceOp, outputs);
   return transport_->reduce_scatter(outputs, inputs, opts);
 }
