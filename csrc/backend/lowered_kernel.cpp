@@ -130,13 +130,14 @@ struct ScalarKey {
   }
 };
 
-// The device buffer a Scalar or CpuTensor source last read, kept by its plan: most call
-// sites pass the same numbers every time (`x + 1`'s 1 and alpha). A thread finding it
+// The device buffer a Scalar or CpuTensor source last read, remembered by its plan: most
+// call sites pass the same numbers every time (`x + 1`'s 1 and alpha). Not owned: the
+// shared cache alone bounds the device memory scalars hold. A thread finding the memo
 // busy goes to the shared cache instead of waiting.
 struct ScalarMemo {
   std::atomic<bool> busy{false};
   ScalarKey key{};
-  runtime::BufferPtr buffer;
+  std::weak_ptr<runtime::Buffer> buffer;
 };
 
 struct OutSpec {
@@ -819,7 +820,7 @@ runtime::BufferPtr shared_scalar_buffer(const ScalarKey& key) {
 runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device, ScalarMemo& memo) {
   ScalarKey key = scalar_key(s, t, device);
   if (!memo.busy.exchange(true, std::memory_order_acquire)) {
-    runtime::BufferPtr hit = memo.buffer && memo.key == key ? memo.buffer : nullptr;
+    runtime::BufferPtr hit = memo.key == key ? memo.buffer.lock() : nullptr;
     memo.busy.store(false, std::memory_order_release);
     if (hit) return hit;
   }
