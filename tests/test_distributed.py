@@ -570,6 +570,11 @@ def all_gather_forms(rank, world):
     shard = torch.empty(2, 3, device="tpu")
     dist.reduce_scatter_tensor(shard, full)
     _eq(shard, [[float(world * rank)] * 3] * 2)
+    # Ranks' pieces of different sizes and shapes (rank i sends i + 1 rows of 2), as on NCCL.
+    pieces = [torch.empty(i + 1, 2, device="tpu") for i in range(world)]
+    dist.all_gather(pieces, torch.full((rank + 1, 2), rank + 0.5, device="tpu"))
+    for i, p in enumerate(pieces):
+        _eq(p, [[i + 0.5] * 2] * (i + 1))
 
 
 @check("collectives", "modes", "four")
@@ -746,6 +751,13 @@ def errors_name_the_collective(rank, world):
     raises(ValueError, ["all_to_all_single", "split sizes"],
            lambda: dist.all_to_all_single(torch.empty(2, device="tpu"), x,
                                           input_split_sizes=[5] * world))
+    # Written tensors whose elements alias each other (an expand()ed view).
+    wide = torch.full((1,), 2.0, device="tpu").expand(3)
+    raises(ValueError, ["all_reduce", "overlap", "clone"], lambda: dist.all_reduce(wide))
+    raises(ValueError, ["all_gather_into_tensor", "output", "overlap"],
+           lambda: dist.all_gather_into_tensor(torch.empty(1, device="tpu").expand(2 * world), x))
+    raises(ValueError, ["broadcast", "overlap"], lambda: dist.broadcast(wide, src=0))
+    _eq(wide, [2.0] * 3)
     # Nothing was sent: the group and the tensors still work.
     dist.all_reduce(x)
     _eq(x, [sum(range(world)), world])

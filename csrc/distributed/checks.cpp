@@ -1,5 +1,7 @@
 #include "distributed/checks.h"
 
+#include <ATen/MemoryOverlap.h>
+
 #include <numeric>
 #include <sstream>
 
@@ -23,6 +25,14 @@ void check_tpu(const char* op, const std::vector<at::Tensor>& ts, const char* wh
     TORCH_CHECK_VALUE(t.layout() == at::kStrided, "distributed.", op,
                       "(): tpu_dist needs dense tensors, ", which, "tensor ", i, " is ", t.layout());
   }
+}
+
+void check_writable(const char* op, const std::vector<at::Tensor>& ts, const char* which) {
+  for (size_t i = 0; i < ts.size(); ++i)
+    TORCH_CHECK_VALUE(at::has_internal_overlap(ts[i]) != at::MemOverlap::Yes, "distributed.", op, "(): ",
+                      which, "tensor ", i, " is ", describe(ts[i]),
+                      " whose elements overlap in memory (a view such as expand()'s): a collective "
+                      "cannot write it; pass a .clone()");
 }
 
 void check_reduce_op(const char* op, const c10d::ReduceOp& r, const std::vector<at::Tensor>& ts) {

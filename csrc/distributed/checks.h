@@ -12,11 +12,14 @@ namespace tpu::distributed {
 // Every tensor is a dense tpu tensor.
 void check_tpu(const char* op, const std::vector<at::Tensor>& ts, const char* which = "");
 // `op` may reduce tensors of this dtype (PREMUL_SUM never; bitwise ops on integers only).
+// Tensors a collective writes: no element of one may alias another (an expand()ed view),
+// refused before anything is sent.
+void check_writable(const char* op, const std::vector<at::Tensor>& ts, const char* which = "");
 void check_reduce_op(const char* op, const c10d::ReduceOp& r, const std::vector<at::Tensor>& ts);
 // A list that must hold one tensor per process.
 void check_per_rank(const char* op, const std::vector<at::Tensor>& ts, int size,
                     const char* which);
-// Each rank's piece of a list (reduce_scatter's inputs): the dtype of `like` throughout,
+// Each rank's piece of a list (all_gather's outputs, reduce_scatter's inputs): the dtype of `like` throughout,
 // and this rank's own piece its shape; other ranks' pieces may differ in size (as on Gloo
 // and NCCL).
 void check_pieces(const char* op, const std::vector<at::Tensor>& ts, const at::Tensor& like, int rank,

@@ -235,7 +235,9 @@ WorkPtr DeviceTransport::reduce(TensorList& tensors, const c10d::ReduceOptions& 
 }
 
 WorkPtr DeviceTransport::allgather(std::vector<TensorList>& outputs, TensorList& inputs,
-                                   const c10d::AllgatherOptions&) {
+                                   const c10d::AllgatherOptions& opts) {
+  for (const at::Tensor& piece : outputs[0])  // ranks' pieces of other sizes: staged
+    if (piece.numel() != inputs[0].numel()) return staged_->allgather(outputs, inputs, opts);
   std::vector<runtime::BufferPtr> produced;
   if (inputs[0].numel() > 0) {
     ir::CollectiveSpec s;

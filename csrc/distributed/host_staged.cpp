@@ -327,6 +327,28 @@ WorkPtr HostStagedTransport::reduce(TensorList& tensors, const c10d::ReduceOptio
 WorkPtr HostStagedTransport::allgather(std::vector<TensorList>& outputs, TensorList& inputs,
                                        const c10d::AllgatherOptions& opts) {
   Staging s(pool_, host_addresses_, "all_gather");
+  int64_t most = 0;
+  bool even = true;
+  for (const at::Tensor& o : outputs[0]) {
+    most = std::max<int64_t>(most, o.numel());
+    even = even && o.numel() == inputs[0].numel();
+  }
+  if (!even) {
+    // Ranks' pieces of different sizes (NCCL allows them; Gloo's all_gather does not):
+    // each rank's padded to the largest, gathered flat, each piece written back from
+    // its place.
+    at::Tensor mine = s.in(inputs[0]);
+    at::Tensor padded = pool_.take({most}, inputs[0].scalar_type());
+    padded.zero_();
+    std::memcpy(padded.data_ptr(), mine.data_ptr(), mine.nbytes());
+    at::Tensor flat = pool_.take({getSize() * most}, inputs[0].scalar_type());
+    s.inner.push_back(host_->_allgather_base(flat, padded, opts));
+    for (size_t i = 0; i < outputs[0].size(); ++i) {
+      const at::Tensor& o = outputs[0][i];
+      s.writes.push_back({o, flat.narrow(0, static_cast<int64_t>(i) * most, o.numel()).view(o.sizes())});
+    }
+    return finish(s, OpType::ALLGATHER, "all_gather", outputs[0]);
+  }
   TensorList in = s.in_read_only(inputs);
   std::vector<TensorList> out{s.out(outputs[0])};
   s.inner.push_back(host_->allgather(out, in, opts));

@@ -15,12 +15,14 @@ TpuBackend::TpuBackend(c10::intrusive_ptr<c10d::Backend> host, const std::string
 
 WorkPtr TpuBackend::broadcast(TensorList& tensors, const c10d::BroadcastOptions& opts) {
   check_tpu("broadcast", tensors);
+  check_writable("broadcast", tensors);
   check_rank("broadcast", static_cast<int>(opts.rootRank), getSize(), "source");
   return transport_->broadcast(tensors, opts);
 }
 
 WorkPtr TpuBackend::allreduce(TensorList& tensors, const c10d::AllreduceOptions& opts) {
   check_tpu("all_reduce", tensors);
+  check_writable("all_reduce", tensors);
   check_reduce_op("all_reduce", opts.reduceOp, tensors);
   return transport_->allreduce(tensors, opts);
 }
@@ -28,12 +30,14 @@ WorkPtr TpuBackend::allreduce(TensorList& tensors, const c10d::AllreduceOptions&
 WorkPtr TpuBackend::allreduce_coalesced(TensorList& tensors,
                                         const c10d::AllreduceCoalescedOptions& opts) {
   check_tpu("all_reduce_coalesced", tensors);
+  check_writable("all_reduce_coalesced", tensors);
   check_reduce_op("all_reduce_coalesced", opts.reduceOp, tensors);
   return transport_->allreduce_coalesced(tensors, opts);
 }
 
 WorkPtr TpuBackend::reduce(TensorList& tensors, const c10d::ReduceOptions& opts) {
   check_tpu("reduce", tensors);
+  check_writable("reduce", tensors);
   check_reduce_op("reduce", opts.reduceOp, tensors);
   check_rank("reduce", static_cast<int>(opts.rootRank), getSize(), "destination");
   return transport_->reduce(tensors, opts);
@@ -46,14 +50,16 @@ WorkPtr TpuBackend::allgather(std::vector<TensorList>& outputs, TensorList& inpu
                     inputs.size(), " inputs and ", outputs.size(), " output lists");
   check_tpu("all_gather", inputs, "input ");
   check_tpu("all_gather", outputs[0], "output ");
+  check_writable("all_gather", outputs[0], "output ");
   check_per_rank("all_gather", outputs[0], getSize(), "output");
-  check_same("all_gather", outputs[0], inputs[0], "output");
+  check_pieces("all_gather", outputs[0], inputs[0], getRank(), "output");
   return transport_->allgather(outputs, inputs, opts);
 }
 
 WorkPtr TpuBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                     const c10d::AllgatherOptions& opts) {
   check_tpu("all_gather_into_tensor", {output, input});
+  check_writable("all_gather_into_tensor", {output}, "output ");
   check_times("all_gather_into_tensor", output, input, getSize(), "output", "input");
   return transport_->_allgather_base(output, input, opts);
 }
@@ -65,6 +71,7 @@ WorkPtr TpuBackend::allgather_coalesced(std::vector<TensorList>& outputs, Tensor
   check_tpu("all_gather_coalesced", inputs, "input ");
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tpu("all_gather_coalesced", outputs[i], "output ");
+    check_writable("all_gather_coalesced", outputs[i], "output ");
     check_per_rank("all_gather_coalesced", outputs[i], getSize(), "output");
     check_same("all_gather_coalesced", outputs[i], inputs[i], "output");
   }
@@ -78,6 +85,7 @@ WorkPtr TpuBackend::allgather_into_tensor_coalesced(TensorList& outputs, TensorL
                     outputs.size(), " outputs for ", inputs.size(), " inputs");
   check_tpu(op, inputs, "input ");
   check_tpu(op, outputs, "output ");
+  check_writable(op, outputs, "output ");
   for (size_t i = 0; i < inputs.size(); ++i)
     check_times(op, outputs[i], inputs[i], getSize(), "output", "input");
   return transport_->allgather_into_tensor_coalesced(outputs, inputs, opts);
@@ -93,6 +101,7 @@ WorkPtr TpuBackend::gather(std::vector<TensorList>& outputs, TensorList& inputs,
     TORCH_CHECK_VALUE(outputs.size() == 1, "distributed.gather(): the destination needs one ",
                       "output list, got ", outputs.size());
     check_tpu("gather", outputs[0], "output ");
+    check_writable("gather", outputs[0], "output ");
     check_per_rank("gather", outputs[0], getSize(), "output");
     check_same("gather", outputs[0], inputs[0], "output");
   }
@@ -105,6 +114,7 @@ WorkPtr TpuBackend::scatter(TensorList& outputs, std::vector<TensorList>& inputs
   TORCH_CHECK_VALUE(outputs.size() == 1, "distributed.scatter(): tpu_dist takes one output ",
                     "tensor, got ", outputs.size());
   check_tpu("scatter", outputs, "output ");
+  check_writable("scatter", outputs, "output ");
   if (getRank() == opts.rootRank) {
     TORCH_CHECK_VALUE(inputs.size() == 1, "distributed.scatter(): the source needs one input ",
                       "list, got ", inputs.size());
@@ -120,6 +130,7 @@ WorkPtr TpuBackend::reduce_scatter(TensorList& outputs, std::vector<TensorList>&
   TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1, "distributed.reduce_scatter(): ",
                     "tpu_dist takes one output tensor and one input list per process");
   check_tpu("reduce_scatter", outputs, "output ");
+  check_writable("reduce_scatter", outputs, "output ");
   check_tpu("reduce_scatter", inputs[0], "input ");
   check_per_rank("reduce_scatter", inputs[0], getSize(), "input");
   check_pieces("reduce_scatter", inputs[0], outputs[0], getRank(), "input");
@@ -130,6 +141,7 @@ WorkPtr TpuBackend::reduce_scatter(TensorList& outputs, std::vector<TensorList>&
 WorkPtr TpuBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                          const c10d::ReduceScatterOptions& opts) {
   check_tpu("reduce_scatter_tensor", {output, input});
+  check_writable("reduce_scatter_tensor", {output}, "output ");
   check_times("reduce_scatter_tensor", input, output, getSize(), "input", "output");
   check_reduce_op("reduce_scatter_tensor", opts.reduceOp, {output});
   return transport_->_reduce_scatter_base(output, input, opts);
@@ -142,6 +154,7 @@ WorkPtr TpuBackend::reduce_scatter_tensor_coalesced(TensorList& outputs, TensorL
                     outputs.size(), " outputs for ", inputs.size(), " inputs");
   check_tpu(op, inputs, "input ");
   check_tpu(op, outputs, "output ");
+  check_writable(op, outputs, "output ");
   for (size_t i = 0; i < inputs.size(); ++i)
     check_times(op, inputs[i], outputs[i], getSize(), "input", "output");
   check_reduce_op(op, opts.reduceOp, outputs);
@@ -153,6 +166,7 @@ WorkPtr TpuBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                   std::vector<int64_t>& input_splits,
                                   const c10d::AllToAllOptions& opts) {
   check_tpu("all_to_all_single", {output, input});
+  check_writable("all_to_all_single", {output}, "output ");
   TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "distributed.all_to_all_single(): ",
                    "output ", describe(output), " and input ", describe(input), " differ in dtype");
   check_splits("all_to_all_single", input, input_splits, getSize(), "input");
@@ -164,6 +178,7 @@ WorkPtr TpuBackend::alltoall(TensorList& outputs, TensorList& inputs,
                              const c10d::AllToAllOptions& opts) {
   check_tpu("all_to_all", inputs, "input ");
   check_tpu("all_to_all", outputs, "output ");
+  check_writable("all_to_all", outputs, "output ");
   check_per_rank("all_to_all", inputs, getSize(), "input");
   check_per_rank("all_to_all", outputs, getSize(), "output");
   return transport_->alltoall(outputs, inputs, opts);
@@ -177,12 +192,14 @@ WorkPtr TpuBackend::send(TensorList& tensors, int dst, int tag) {
 
 WorkPtr TpuBackend::recv(TensorList& tensors, int src, int tag) {
   check_tpu("recv", tensors);
+  check_writable("recv", tensors);
   check_rank("recv", src, getSize(), "source", getRank());
   return transport_->recv(tensors, src, tag);
 }
 
 WorkPtr TpuBackend::recvAnysource(TensorList& tensors, int tag) {
   check_tpu("recv", tensors);
+  check_writable("recv", tensors);
   return transport_->recvAnysource(tensors, tag);
 }
 
