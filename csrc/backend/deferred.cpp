@@ -1,5 +1,6 @@
 #include "backend/deferred.h"
 
+#include <chrono>
 #include <algorithm>
 #include <ctime>
 #include <condition_variable>
@@ -17,6 +18,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 
 #include "backend/compile_ahead.h"
+#include "backend/shape_churn.h"
 #include "backend/executor.h"
 #include "backend/profiler.h"
 #include "ir/fusion.h"
@@ -852,23 +854,44 @@ void run_job(Job& job) {
     if (it != cache.end()) exe = it->second.lock();
   }
   std::vector<runtime::BufferPtr> produced;
+  bool op_by_op = false;
   try {
     if (exe) {
       fuse_stats().graph_hits += 1;
     } else {
       std::string text = fused_text(job.calls, job.param_types, job.results, job.aliases);
-      exe = guarded([&] { return compile_cached(text, describe_graph(job.calls)); });
-      std::lock_guard<std::mutex> l(cache_mu);
-      cache[job.key] = exe;
+      GraphStructure structure;
+      for (const Call& c : job.calls) structure.add(*c.program, c.args);
+      bool compiles = !compiled_before(text);
+      op_by_op = compiles && run_op_by_op(structure);
+      if (!op_by_op) {
+        auto t0 = std::chrono::steady_clock::now();
+        exe = guarded([&] { return compile_cached(text, describe_graph(job.calls)); });
+        std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+        if (compiles) note_graph_compiled(structure, took.count());
+        std::lock_guard<std::mutex> l(cache_mu);
+        cache[job.key] = exe;
+      }
     }
     std::vector<runtime::Buffer*> raw;
     for (auto& p : params) raw.push_back(p.get());
     ScopedMicros timed_execute(fuse_stats().execute_us);
-    produced = guarded([&] { return runtime::Client::get().execute(*exe, raw, job.device, false, job.donate,
-                                                        describe_graph(job.calls)); });
+    if (!op_by_op)
+      produced = guarded([&] { return runtime::Client::get().execute(*exe, raw, job.device, false, job.donate,
+                                                          describe_graph(job.calls)); });
   } catch (...) {
     // Run op by op instead (nothing was donated: the launch did not start).
     replay(job, params);
+    return;
+  }
+  if (op_by_op) {
+    // Its programs compile side by side on the compile pool while the first ones run.
+    std::unordered_set<const Program*> queued;
+    for (const Call& c : job.calls)
+      if (compile_threads() > 0 && queued.insert(c.program.get()).second && !c.program->loaded())
+        compile_ahead(c.program);
+    fuse_stats().op_by_op += 1;
+    replay(job, params, false);
     return;
   }
   note_launch(describe_graph(job.calls), job.device, produced);  // a device event for torch.profiler

@@ -181,6 +181,7 @@ struct FuseStats {
   std::atomic<int64_t> elided{0};        // values no one referenced: never materialized
   std::atomic<int64_t> donated{0};       // input buffers reused for outputs
   std::atomic<int64_t> replays{0};       // graphs re-run op by op after a failure
+  std::atomic<int64_t> op_by_op{0};      // new graphs run op by op: shapes churn (shape_churn.h)
   std::atomic<int64_t> recomputed{0};    // values compiled graphs compute again for late readers
   // Host cost of the flush path, microseconds of the working thread's CPU time: the
   // recording thread's flushes, and the launcher's work per graph (of which the plugin's

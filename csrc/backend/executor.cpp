@@ -87,6 +87,12 @@ static runtime::ExecutablePtr compile_by_kind(const std::string& text, const std
   return exe;
 }
 
+// The on-disk cache's key for a program's canonical text.
+static std::string disk_key(const std::string& text, const runtime::ProgramTraits& traits) {
+  const std::string& options = runtime::Client::get().compile_options_for(effort_of(text), traits);
+  return cache_identity() + "options " + std::to_string(std::hash<std::string>()(options)) + "\n" + text;
+}
+
 // Compiles, or loads what an earlier process compiled from the on-disk cache.
 static runtime::ExecutablePtr compile_persistent(const std::string& process_text, const std::string& name) {
   // A graph's functions keep the numbers its programs got in this process; the key (and
@@ -96,8 +102,7 @@ static runtime::ExecutablePtr compile_persistent(const std::string& process_text
   runtime::DiskCache* disk = runtime::DiskCache::get();
   runtime::ProgramTraits traits = traits_of(text);
   if (!disk) return compile_by_kind(text, name, traits);
-  const std::string& options = client.compile_options_for(effort_of(text), traits);
-  std::string key = cache_identity() + "options " + std::to_string(std::hash<std::string>()(options)) + "\n" + text;
+  std::string key = disk_key(text, traits);
   if (std::optional<std::string> bytes = disk->load(key)) {
     try {
       runtime::ExecutablePtr exe = client.deserialize(*bytes, name);
@@ -131,29 +136,43 @@ static size_t max_loaded_programs() {
   return n;
 }
 
-runtime::ExecutablePtr compile_cached(const std::string& text, const std::string& name) {
-  static std::mutex mu;
-  static std::list<const std::string*> order;  // front: most recent
-  static std::unordered_map<std::string, std::pair<runtime::ExecutablePtr, std::list<const std::string*>::iterator>>
-      by_text;
+namespace {
+// The loaded executables, by program text.
+std::mutex g_loaded_mu;
+std::list<const std::string*> g_loaded_order;  // front: most recent
+std::unordered_map<std::string, std::pair<runtime::ExecutablePtr, std::list<const std::string*>::iterator>> g_loaded;
+}  // namespace
+
+bool compiled_before(const std::string& process_text) {
   {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = by_text.find(text);
-    if (it != by_text.end()) {
+    std::lock_guard<std::mutex> lock(g_loaded_mu);
+    if (g_loaded.count(process_text)) return true;
+  }
+  runtime::DiskCache* disk = runtime::DiskCache::get();
+  if (!disk) return false;
+  const std::string text = ir::canonical_symbols(process_text, kProgramSymbolStem, "tpu_fn");
+  return disk->contains(disk_key(text, traits_of(text)));
+}
+
+runtime::ExecutablePtr compile_cached(const std::string& text, const std::string& name) {
+  {
+    std::lock_guard<std::mutex> lock(g_loaded_mu);
+    auto it = g_loaded.find(text);
+    if (it != g_loaded.end()) {
       metrics().program_hits += 1;
-      order.splice(order.begin(), order, it->second.second);
+      g_loaded_order.splice(g_loaded_order.begin(), g_loaded_order, it->second.second);
       return it->second.first;
     }
   }
   auto exe = compile_persistent(text, name);
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = by_text.try_emplace(text, exe, order.end());
+  std::lock_guard<std::mutex> lock(g_loaded_mu);
+  auto [it, fresh] = g_loaded.try_emplace(text, exe, g_loaded_order.end());
   if (!fresh) return it->second.first;  // another thread compiled it meanwhile
-  order.push_front(&it->first);
-  it->second.second = order.begin();
-  while (by_text.size() > max_loaded_programs()) {
-    by_text.erase(*order.back());
-    order.pop_back();
+  g_loaded_order.push_front(&it->first);
+  it->second.second = g_loaded_order.begin();
+  while (g_loaded.size() > max_loaded_programs()) {
+    g_loaded.erase(*g_loaded_order.back());
+    g_loaded_order.pop_back();
     metrics().programs_unloaded += 1;
   }
   return exe;

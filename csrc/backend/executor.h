@@ -50,6 +50,9 @@ Metrics& metrics();
 // TPU_MAX_LOADED_PROGRAMS); callers keep only weak references between uses.
 runtime::ExecutablePtr compile_cached(const std::string& text, const std::string& name);
 
+// Whether compile_cached(text) would find it loaded or on disk (not compile it).
+bool compiled_before(const std::string& text);
+
 // Launches `exe` on `device`; waits in Debug mode.
 // `what` names the op in errors (the executable may be shared with other ops).
 std::vector<runtime::BufferPtr> launch(const runtime::Executable& exe,

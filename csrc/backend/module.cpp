@@ -108,20 +108,13 @@ PYBIND11_MODULE(_C, m) {
     }
     guarded([&] { flush(r); return 0; });
   });
-  // Memory figures count buffers: pending deferred values run first.
-  m.def("memory_allocated", [](int d) {
-    guarded([&] { flush("memory query"); wait_launched(); return 0; });
-    return client().stats(d).live_bytes.load();
-  });
-  m.def("max_memory_allocated", [](int d) {
-    guarded([&] { flush("memory query"); wait_launched(); return 0; });
-    return client().stats(d).peak_bytes.load();
-  });
+  m.def("memory_allocated", [](int d) { return settled_memory_stats(d).live_bytes.load(); });
+  m.def("max_memory_allocated", [](int d) { return settled_memory_stats(d).peak_bytes.load(); });
   m.def("reset_peak_memory_stats", [](int d) {
-    guarded([&] { flush("memory query"); wait_launched(); return 0; });
-    auto& s = client().stats(d);
+    auto& s = settled_memory_stats(d);
     s.peak_bytes = s.live_bytes.load();
   });
+  m.def("reset_accumulated_memory_stats", [](int d) { settled_memory_stats(d).num_allocs = 0; });
   m.def("num_allocs", [](int d) { return client().stats(d).num_allocs.load(); });
   m.def("memory_limit", [](int d) { return client().memory_limit(d); });
   m.def("memory_capacity", [](int d) { return client().memory_capacity(d); });
@@ -234,6 +227,7 @@ PYBIND11_MODULE(_C, m) {
     d["elided_intermediates"] = fs.elided.load();
     d["donated_buffers"] = fs.donated.load();
     d["fused_replays"] = fs.replays.load();
+    d["fused_graphs_run_op_by_op"] = fs.op_by_op.load();
     d["recomputed_values"] = fs.recomputed.load();
     d["fused_flush_seconds"] = fs.flush_us.load() * 1e-6;
     d["fused_flush_wait_seconds"] = fs.flush_wait_us.load() * 1e-6;

@@ -71,6 +71,11 @@ std::string DiskCache::path_for(const std::string& key) const {
   return dir_ + "/" + hex(fnv1a(key, 0)) + hex(fnv1a(key, 0x9E3779B97F4A7C15ULL)) + ".exe";
 }
 
+bool DiskCache::contains(const std::string& key) const {
+  std::error_code ec;
+  return fs::exists(path_for(key), ec);
+}
+
 std::optional<std::string> DiskCache::load(const std::string& key) {
   std::string path = path_for(key);
   std::ifstream f(path, std::ios::binary);

@@ -24,6 +24,8 @@ class DiskCache {
   DiskCache(std::string dir, int64_t max_bytes) : dir_(std::move(dir)), max_bytes_(max_bytes) {}
 
   std::optional<std::string> load(const std::string& key);
+  // Whether an entry for `key` exists (not read or checked: a prediction of load's answer).
+  bool contains(const std::string& key) const;
   void store(const std::string& key, const std::string& payload);
   // Drops the entry (after the plugin rejected its bytes).
   void remove(const std::string& key);

@@ -1,0 +1,93 @@
+#include "backend/shape_churn.h"
+
+#include <algorithm>
+#include <cctype>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "backend/compile_ahead.h"
+#include "backend/executor.h"
+
+namespace tpu::backend {
+
+void GraphStructure::add(Program& program, const std::vector<ir::GraphRef>& args) {
+  for (char c : program.name())
+    if (!std::isdigit(static_cast<unsigned char>(c))) text_ += c;
+  text_ += '(';
+  for (const ir::GraphRef& a : args) {
+    text_ += std::to_string(a.node);
+    text_ += '.';
+    text_ += std::to_string(a.index);
+    text_ += ',';
+  }
+  text_ += ')';
+  programs_.push_back(&program);
+}
+
+uint64_t GraphStructure::hash() const { return std::hash<std::string>()(text_); }
+
+namespace {
+
+struct Variants {
+  int compiled = 0;             // graphs of this structure compiled (not loaded)
+  double compile_seconds = 0;   // ... their compiles' sum
+  int op_by_op = 0;             // variants run op by op instead
+  std::unordered_set<int64_t> last;  // the latest variant's programs
+};
+
+std::mutex g_mu;
+std::unordered_map<uint64_t, Variants> g_structures;
+
+std::unordered_set<int64_t> ids_of(const GraphStructure& g) {
+  std::unordered_set<int64_t> ids;
+  for (Program* p : g.programs()) ids.insert(p->id());
+  return ids;
+}
+
+// Seconds one op's program takes to compile: this process's mean once a few have
+// compiled; before that, an estimate of five times a fused graph's seconds per op (on
+// XLA CPU one-op programs took 31-41 ms, graphs 6-17 ms per op: session 43's notes).
+double op_compile_seconds(double graph_seconds_per_op) {
+  int64_t n = metrics().op_compiles.load();
+  if (n >= 4) return static_cast<double>(metrics().op_compile_us.load()) / 1e6 / static_cast<double>(n);
+  return 5 * graph_seconds_per_op;
+}
+
+}  // namespace
+
+bool run_op_by_op(const GraphStructure& graph) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_structures.find(graph.hash());
+  if (it == g_structures.end() || it->second.compiled < 2) return false;  // no churn seen yet
+  Variants& v = it->second;
+  // What running op by op would compile: the programs neither loaded nor on disk. Those
+  // the latest variant had too keep their shapes from step to step: compiled once, they
+  // serve the variants still to come (expected: as many as have been).
+  int growing = 0, steady = 0;
+  std::unordered_set<int64_t> seen;
+  for (Program* p : graph.programs()) {
+    if (!seen.insert(p->id()).second) continue;
+    if (p->loaded() || compiled_before(p->module_text())) continue;
+    (v.last.count(p->id()) ? steady : growing) += 1;
+  }
+  v.last = std::move(seen);
+  double graph_seconds = v.compile_seconds / v.compiled;
+  double per_op = op_compile_seconds(graph_seconds / static_cast<double>(graph.programs().size()));
+  int variants = v.compiled + v.op_by_op;
+  double predicted = (growing + static_cast<double>(steady) / variants) * per_op / std::max(1, compile_threads());
+  if (predicted >= graph_seconds) return false;
+  v.op_by_op += 1;
+  return true;
+}
+
+void note_graph_compiled(const GraphStructure& graph, double seconds) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Variants& v = g_structures[graph.hash()];
+  v.compiled += 1;
+  v.compile_seconds += seconds;
+  v.last = ids_of(graph);
+}
+
+}  // namespace tpu::backend
