@@ -1,4 +1,5 @@
 """Per-device random generators: torch.manual_seed makes tpu randomness reproducible."""
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -93,3 +94,54 @@ def test_multinomial_rejects_bad_probabilities_like_cpu():
     # drawn last once the others are exhausted.
     assert torch.multinomial(torch.tensor([0.0, 1.0], device="tpu"), 1).item() == 1
     assert torch.multinomial(torch.tensor([1.0, 0.0], device="tpu"), 2).tolist() == [0, 1]
+
+
+# Random ops without a lowering run on the CPU fallback; they draw from a CPU generator
+# seeded from the tpu one, so tpu seeding and states govern them as they do lowered ops.
+FALLBACK_DRAWS = {
+    "poisson": lambda g: torch.poisson(torch.full((32,), 3.0, device="tpu"), generator=g),
+    "binomial": lambda g: torch.binomial(torch.full((32,), 10.0, device="tpu"),
+                                         torch.full((32,), 0.5, device="tpu"), generator=g),
+    "_standard_gamma": lambda g: torch._standard_gamma(torch.full((32,), 2.0, device="tpu"), generator=g),
+    "rrelu": lambda g: torch.ops.aten.rrelu_with_noise(-torch.ones(32, device="tpu"), torch.zeros(32, device="tpu"),
+                                                       0.1, 0.3, True, g),
+}
+
+
+@pytest.mark.parametrize("op", sorted(FALLBACK_DRAWS))
+def test_random_ops_on_the_fallback_follow_the_tpu_generator(op):
+    import warnings
+    draw_once = FALLBACK_DRAWS[op]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's warning
+        torch.tpu.manual_seed(7)
+        a, b = draw_once(None).cpu(), draw_once(None).cpu()
+        torch.tpu.manual_seed(7)
+        assert torch.equal(draw_once(None).cpu(), a)   # seeded: the same values
+        assert not torch.equal(a, b)                   # and each call draws anew
+        state = torch.tpu.get_rng_state()
+        c = draw_once(None).cpu()
+        torch.tpu.set_rng_state(state)
+        assert torch.equal(draw_once(None).cpu(), c)
+        g = torch.Generator(device="tpu")
+        g.manual_seed(11)
+        d = draw_once(g).cpu()
+        g.manual_seed(11)
+        assert torch.equal(draw_once(g).cpu(), d)
+        cpu_g = torch.Generator().manual_seed(5)   # a CPU generator the user passes is used as is
+        e = draw_once(cpu_g).cpu()
+        assert torch.equal(draw_once(torch.Generator().manual_seed(5)).cpu(), e)
+
+
+@pytest.mark.parametrize("op", ["exponential_", "geometric_", "log_normal_", "cauchy_"])
+def test_lowered_random_ops_take_a_tpu_generator(op):
+    arg = 0.3 if op == "geometric_" else 1.0
+    g = torch.Generator(device="tpu")
+    with no_fallbacks():
+        g.manual_seed(3)
+        a = getattr(torch.empty(64, device="tpu"), op)(arg, generator=g).cpu()
+        b = getattr(torch.empty(64, device="tpu"), op)(arg, generator=g).cpu()
+        g.manual_seed(3)
+        c = getattr(torch.empty(64, device="tpu"), op)(arg, generator=g).cpu()
+    assert torch.equal(a, c) and not torch.equal(a, b)
+    assert torch.isfinite(a).all()

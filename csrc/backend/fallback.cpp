@@ -1,5 +1,6 @@
 #include "backend/fallback.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/native/CPUFallback.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -7,6 +8,7 @@
 #include <cstdlib>
 #include <set>
 
+#include "backend/device.h"
 #include "backend/executor.h"
 
 namespace tpu::backend {
@@ -14,6 +16,45 @@ namespace tpu::backend {
 static bool fallback_is_error() {
   const char* s = std::getenv("TPU_FALLBACK");
   return s && std::string(s) == "error";
+}
+
+// The device an op's arguments are on (the current one when none is a tpu tensor).
+static int tpu_device_of(const torch::jit::Stack& args) {
+  for (const c10::IValue& v : args) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_privateuseone())
+      return v.toTensor().device().index();
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList())
+        if (t.defined() && t.device().is_privateuseone()) return t.device().index();
+  }
+  return current_device();
+}
+
+// A random op on the fallback draws from a CPU generator seeded from the tpu generator
+// it was given (or the device's default), which advances as a lowered random op's draw
+// does: torch.tpu.manual_seed, get/set_rng_state and tpu Generators govern its values
+// too, and a tpu Generator is not refused by CPU's kernel.
+static void draw_from_tpu_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema_args = op.schema().arguments();
+  const size_t first = stack->size() - schema_args.size();
+  for (size_t i = 0; i < schema_args.size(); ++i) {
+    c10::TypePtr type = schema_args[i].type();
+    if (auto opt = type->cast<c10::OptionalType>()) type = opt->getElementType();
+    if (type->kind() != c10::TypeKind::GeneratorType) continue;
+    c10::IValue& v = (*stack)[first + i];
+    std::optional<at::Generator> given;
+    if (v.isGenerator()) {
+      given = v.toGenerator();
+      if (given->device().is_cpu()) continue;  // the user's own CPU generator
+    }
+    torch::jit::Stack args(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
+    auto [seed, counter] = next_rng_state(given, given ? given->device().index() : tpu_device_of(args));
+    // One CPU stream per (seed, draw): splitmix64 of the pair.
+    uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (counter + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    v = at::make_generator<at::CPUGeneratorImpl>(z ^ (z >> 31));
+  }
 }
 
 void run_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& reason) {
@@ -30,6 +71,7 @@ void run_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
     ++c;
   }
   if (first) TORCH_WARN("torch_tpu: ", n, " runs on the CPU fallback (", why, "); this copies its tensors through the host");
+  draw_from_tpu_generators(op, stack);
   at::native::cpu_fallback(op, stack);
 }
 

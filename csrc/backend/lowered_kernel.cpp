@@ -417,6 +417,9 @@ IValue map_tensors(const IValue& v, const F& fn) {
 }
 
 IValue to_meta(const IValue& v) {
+  // Shapes do not depend on a generator, and PyTorch's Python references for random
+  // ops refuse one ("generator is not supported in refs").
+  if (v.isGenerator()) return IValue();
   return map_tensors(v, [](const at::Tensor& t) {
     if (!t.defined() || t.device().is_cpu()) return t;
     return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
@@ -433,11 +436,17 @@ IValue to_meta(const IValue& v) {
 void raise_as_cpu_or_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                               size_t num_args, const std::exception& meta_error) {
   torch::jit::Stack s;
-  for (size_t i = stack->size() - num_args; i < stack->size(); ++i)
-    s.push_back(map_tensors((*stack)[i], [](const at::Tensor& t) {
+  for (size_t i = stack->size() - num_args; i < stack->size(); ++i) {
+    const IValue& v = (*stack)[i];
+    if (v.isGenerator() && !v.toGenerator().device().is_cpu()) {
+      s.emplace_back();  // CPU's kernel refuses a tpu generator; its checks do not read it
+      continue;
+    }
+    s.push_back(map_tensors(v, [](const at::Tensor& t) {
       if (!t.defined() || t.device().is_cpu()) return t;
       return at::zeros_like(at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kCPU)));
     }));
+  }
   op.callBoxed(&s);  // CPU's error, if it has one, propagates from here
   run_fallback(op, stack, std::string("its meta kernel refuses a call CPU accepts: ") + meta_error.what());
 }
