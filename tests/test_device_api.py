@@ -71,6 +71,47 @@ def test_memory_counts_live_device_bytes():
     assert torch.tpu.memory_allocated() - base <= 64
 
 
+def test_accelerator_memory_functions_read_the_tpu_allocator():
+    # torch.accelerator's memory functions ask the device allocator (as CUDA's do).
+    acc = torch.accelerator
+    t = torch.empty(1024, 256, device="tpu").fill_(1.0)
+    assert acc.memory_allocated() == torch.tpu.memory_allocated() >= 1024 * 256 * 4
+    assert acc.memory_reserved() == torch.tpu.memory_reserved()
+    acc.reset_peak_memory_stats()
+    assert acc.max_memory_allocated() == acc.memory_allocated()
+    u = t * 2
+    assert acc.max_memory_allocated() >= torch.tpu.memory_allocated() - 64
+    stats = acc.memory_stats()
+    assert stats["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+    assert stats["allocation.all.allocated"] == torch.tpu.memory_stats()["num_alloc.all"] > 0
+    acc.reset_accumulated_memory_stats()
+    assert acc.memory_stats()["allocation.all.allocated"] == 0
+    assert torch.tpu.memory_stats()["num_alloc.all"] == 0
+    free, total = acc.get_memory_info()
+    assert (free, total) == torch.tpu.mem_get_info()
+    acc.empty_cache()
+    del t, u
+
+
+def test_cuda_module_names_a_port_uses():
+    s = torch.tpu.Stream(priority=-1)
+    assert s.priority == -1 and torch.tpu.Stream().priority == 0
+    x = torch.ones(4, device="tpu")
+    with torch.tpu.StreamContext(s) as entered:
+        assert torch.tpu.current_stream() == s == entered
+        y = x + 1
+    assert torch.tpu.current_stream() == torch.tpu.default_stream()
+    with torch.tpu.device_of(y), torch.tpu.device_of(torch.ones(1)):
+        assert torch.tpu.current_device() == 0
+    gens = torch.tpu.default_generators
+    assert len(gens) == torch.tpu.device_count() and gens[0].device == torch.device("tpu", 0)
+    gens[0].manual_seed(5)
+    a = torch.rand(8, device="tpu").cpu()
+    torch.tpu.manual_seed(5)
+    assert torch.equal(torch.rand(8, device="tpu").cpu(), a)
+    assert torch.equal(y.cpu(), torch.full((4,), 2.0))
+
+
 def test_out_of_memory_is_torch_oom_and_keeps_tensors():
     keep = torch.arange(10.0, device="tpu")
     torch_tpu._C.set_memory_limit(torch.tpu.memory_allocated() + 1000)

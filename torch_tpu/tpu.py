@@ -129,6 +129,11 @@ def reset_max_memory_allocated(device=None) -> None:
     reset_peak_memory_stats(device)
 
 
+def reset_accumulated_memory_stats(device=None) -> None:
+    """Zeroes the accumulated counts (allocations); current and peak bytes stay."""
+    _C.reset_accumulated_memory_stats(_index(device))
+
+
 def memory_stats(device=None) -> dict:
     d = _index(device)
     cur, peak = _C.memory_allocated(d), _C.max_memory_allocated(d)
@@ -254,8 +259,17 @@ class Stream(torch.Stream):
 
     def __new__(cls, device=None, priority=0, **kwargs):
         if kwargs:  # (stream_id=, device_index=, device_type=): an existing stream
-            return super().__new__(cls, **kwargs)
-        return super().__new__(cls, device=torch.device("tpu", _index(device)), priority=priority)
+            s = super().__new__(cls, **kwargs)
+        else:
+            s = super().__new__(cls, device=torch.device("tpu", _index(device)), priority=priority)
+        s._priority = priority
+        return s
+
+    @property
+    def priority(self) -> int:
+        """The priority it was made with (a device's streams share one in-order queue, so
+        priorities order nothing)."""
+        return self._priority
 
 
 class Event(torch.Event):
@@ -283,6 +297,40 @@ def default_stream(device=None) -> Stream:
 def set_stream(stream) -> None:
     if stream is not None:
         torch.accelerator.set_stream(stream)
+
+
+class StreamContext:
+    """torch.cuda.StreamContext's shape: `with StreamContext(s):` is `with stream(s):`."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._entered = []
+
+    def __enter__(self):
+        cm = stream(self.stream)
+        self._entered.append(cm)
+        return cm.__enter__()
+
+    def __exit__(self, *exc):
+        return self._entered.pop().__exit__(*exc)
+
+
+@contextlib.contextmanager
+def device_of(obj):
+    """Makes the device of tensor `obj` current inside the block (no change for a tensor
+    that is not on tpu), as torch.cuda.device_of does."""
+    if isinstance(obj, torch.Tensor) and obj.device.type == "tpu":
+        with device(obj.device.index):
+            yield
+    else:
+        yield
+
+
+def __getattr__(name):
+    # Built on first use: listing the devices starts the runtime.
+    if name == "default_generators":
+        return tuple(_default_generator(i) for i in range(device_count()))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @contextlib.contextmanager

@@ -2,10 +2,12 @@
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/accumulate.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -21,8 +23,37 @@ namespace {
 
 void delete_storage(void* ctx) { delete static_cast<StorageData*>(ctx); }
 
-class TpuAllocator final : public c10::Allocator {
+
+// A DeviceAllocator, so torch.accelerator's memory functions reach it as torch.tpu's do.
+// Buffers are the runtime's: nothing is cached here, so there is no cache to empty and no
+// stream to record; the figures are the runtime's counts of live device buffers.
+class TpuAllocator final : public c10::DeviceAllocator {
  public:
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override {}
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex d) override {
+    runtime::DeviceStats& s = settled_memory_stats(d);
+    c10::CachingDeviceAllocator::DeviceStats out;
+    for (auto* bytes : {&out.allocated_bytes, &out.reserved_bytes, &out.active_bytes, &out.requested_bytes}) {
+      auto& all = (*bytes)[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+      all.current = s.live_bytes.load();
+      all.peak = s.peak_bytes.load();
+    }
+    out.allocation[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].allocated = s.num_allocs.load();
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex d) override { settled_memory_stats(d).num_allocs = 0; }
+  void resetPeakStats(c10::DeviceIndex d) override {
+    runtime::DeviceStats& s = settled_memory_stats(d);
+    s.peak_bytes = s.live_bytes.load();
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex d) override {
+    int64_t total = runtime::Client::get().memory_limit(d);
+    int64_t used = settled_memory_stats(d).live_bytes.load();
+    return {static_cast<size_t>(std::max<int64_t>(total - used, 0)), static_cast<size_t>(total)};
+  }
+
   c10::DataPtr allocate(size_t nbytes) override {
     // A forked child must fail here, before a deferred graph records anything.
     guarded([] { runtime::Client::check_not_forked(); return 0; });
@@ -40,6 +71,13 @@ class TpuAllocator final : public c10::Allocator {
 TpuAllocator g_allocator;
 
 }  // namespace
+
+// Memory figures count buffers: pending deferred values run first.
+runtime::DeviceStats& settled_memory_stats(int device) {
+  if (device < 0) device = current_device();
+  guarded([] { flush("memory query"); wait_launched(); return 0; });
+  return runtime::Client::get().stats(device);
+}
 
 c10::Allocator* tpu_allocator() { return &g_allocator; }
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator)

@@ -66,6 +66,10 @@ struct StorageData {
 // The allocator registered for PrivateUse1: it hands out promises, never host memory.
 c10::Allocator* tpu_allocator();
 
+// The runtime's buffer counts for `device` (-1: the current one), after pending deferred
+// values have run (memory figures count buffers).
+runtime::DeviceStats& settled_memory_stats(int device);
+
 // The tensor's storage, its pending writes applied first.
 StorageData& storage_of(const at::Tensor& t);
 // Its value as a buffer where its launch has run (Strict's queued launches, a flushed
