@@ -258,6 +258,19 @@ def test_plain_torch_compile_on_tpu_uses_the_tpu_backend_any_mode():
     assert torch_tpu.metrics()["compiled_graphs"] > before
 
 
+@pytest.mark.parametrize("kw", [{}, {"mode": "reduce-overhead"}])
+def test_plain_torch_compile_on_tpu_takes_new_sizes_as_new_graphs(kw):
+    # CUDA's Inductor makes a size met again dynamic; here, as with backend="tpu", each
+    # size is its own static graph (not an unbounded dynamic one, which is refused).
+    torch._dynamo.reset()
+    w = torch.randn(8, 8)
+    f = torch.compile(lambda x, w: torch.tanh(x @ w).sum(0), **kw)
+    for n in (4, 6, 7):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(f(x.to("tpu"), w.to("tpu")).cpu(), torch.tanh(x @ w).sum(0),
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_bounded_dynamism_one_graph_for_every_size_in_bounds():
     from torch_tpu import dynamism
     from torch_tpu._internal import dynamism as internal

@@ -579,6 +579,34 @@ def _tpu_backend_of(fn):
     return None
 
 
+def _is_inductor(fn) -> bool:
+    """Whether a Dynamo compiler function is torch.compile's default (Inductor) wrapper."""
+    for _ in range(8):
+        if isinstance(fn, torch._TorchCompileInductorWrapper):
+            return True
+        fn = getattr(fn, "_torchdynamo_orig_backend", None)
+        if fn is None:
+            return False
+    return False
+
+
+def _has_tpu_tensor(frame_locals) -> bool:
+    """Whether a frame's arguments hold a tpu tensor (directly, in a module's parameters,
+    or one level into a list, tuple or dict)."""
+    def tpu(v):
+        if isinstance(v, torch.Tensor):
+            return v.device.type == "tpu"
+        if isinstance(v, torch.nn.Module):
+            p = next(v.parameters(), None)
+            return p is not None and p.device.type == "tpu"
+        return False
+    for v in (frame_locals or {}).values():
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else (v,)
+        if any(tpu(x) for x in items):
+            return True
+    return False
+
+
 def _is_tpu_backend(fn) -> bool:
     return _tpu_backend_of(fn) is not None
 
@@ -602,6 +630,9 @@ def _no_guard_profiling_for_tpu_graphs() -> None:
     def _compile(*args, **kwargs):
         fn = args[5] if len(args) > 5 else kwargs.get("compiler_fn")
         backend = _tpu_backend_of(fn)
+        # torch.compile's default (Inductor) sends graphs on tpu here (_route_inductor_to_tpu).
+        if backend is None and _is_inductor(fn) and _has_tpu_tensor(args[2] if len(args) > 2 else kwargs.get("locals")):
+            backend = tpu_backend
         _frames_for_tpu.append(backend is not None)
         # Without dynamism a size Dynamo would make dynamic on its own (a frame met again
         # at another size: a new batch, or after a graph break the same layer code at the
