@@ -124,6 +124,17 @@ def test_out_of_memory_is_torch_oom_and_keeps_tensors():
     assert keep.sum().item() == 45.0
 
 
+def test_a_tensor_larger_than_the_device_is_refused_at_allocation():
+    # As on CUDA, at the allocation, not at a later launch (fills are recorded lazily).
+    keep = torch.arange(10.0, device="tpu")
+    limit = torch.tpu.mem_get_info()[1]
+    with pytest.raises(torch.OutOfMemoryError, match="tried to allocate"):
+        torch.empty(limit // 4 + 1, device="tpu")
+    with pytest.raises(torch.OutOfMemoryError, match="tried to allocate"):
+        torch.zeros(limit // 2 + 8, dtype=torch.float16, device="tpu")
+    assert keep.sum().item() == 45.0
+
+
 def test_per_process_memory_fraction_caps_allocations_as_on_cuda():
     keep = torch.arange(10.0, device="tpu")
     capacity = torch.tpu.mem_get_info()[1]

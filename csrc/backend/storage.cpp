@@ -58,6 +58,12 @@ class TpuAllocator final : public c10::DeviceAllocator {
     // A forked child must fail here, before a deferred graph records anything.
     guarded([] { runtime::Client::check_not_forked(); return 0; });
     c10::DeviceIndex dev = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index();
+    // More than the device can ever hold: raised here, where CUDA raises it, and not at
+    // the first launch that fills it (fills and factories are recorded lazily).
+    int64_t limit = runtime::Client::get().memory_limit(dev);
+    TORCH_CHECK_WITH(OutOfMemoryError, static_cast<int64_t>(nbytes) <= limit,
+                     "torch_tpu: out of device memory on tpu:", static_cast<int>(dev), ": tried to allocate ",
+                     nbytes, " bytes, more than its limit of ", limit, " bytes");
     auto* s = new StorageData{dev, nbytes, {}};
     // The data pointer is only an identity: device memory is never host-addressable.
     return c10::DataPtr(s, s, &delete_storage, c10::Device(c10::DeviceType::PrivateUse1, dev));
