@@ -117,6 +117,9 @@ def test_size_outside_the_bounds_raises_a_clear_error():
     (lambda t: (t * 2).softmax(0), lambda t: (t * 2).softmax(0)),
     (lambda t: t.amax(0) + t.log_softmax(1).sum(0), lambda t: t.amax(0) + t.log_softmax(1).sum(0)),
     (lambda t: t.t() @ t.exp(), lambda t: t.t() @ t.exp()),
+    # constants of the input's shape: summed over the true rows only
+    (lambda t: (torch.full_like(t, 2.0) * t).sum(0) + torch.ones_like(t).sum(0) + torch.zeros_like(t).amax(0),
+     lambda t: (2.0 * t).sum(0) + t.shape[0]),
 ])
 def test_reductions_across_the_dynamic_dimension_match_float64(fn, want):
     f = torch.compile(fn, backend=backend())

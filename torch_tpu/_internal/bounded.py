@@ -44,7 +44,10 @@ _SANITIZE_FILL = {aten.amax.default: float("-inf"), aten.amin.default: float("in
 _VIEW_LIKE = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
               aten.expand.default}
 _SAME_MASK = {aten.clone.default, aten.detach.default, aten.alias.default,
-              aten._to_copy.default, aten.contiguous.default}
+              aten._to_copy.default, aten.contiguous.default,
+              # constant tensors of their input's shape: its valid part is theirs
+              aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
+              aten.empty_like.default}
 _MOVES = {aten.t.default, aten.transpose.int, aten.permute.default, aten.unsqueeze.default,
           aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.select.int,
           aten.slice.Tensor}

@@ -22,6 +22,7 @@ _SHAPE_OPS = {
     aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format,
     aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
     aten.new_empty.default, aten.sym_size.int, aten.sym_numel.default,
+    aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty_like.default,
 }
 # Ops that reduce or contract across a dynamic dimension (inputs masked first), checked
 # against float64 references in tests/test_dynamism.py.
