@@ -67,6 +67,82 @@ def _fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias
     return torch.empty_like(cx), torch.empty_like(cx), torch.empty_like(input_gates)
 
 
+def _fq_refuse(ok, what):
+    """A Meta kernel's refusal: the backend then raises CPU's own error for the call."""
+    if not ok:
+        raise RuntimeError(what)
+
+
+_FQ_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _fq_outputs(self):
+    return torch.empty_like(self), torch.empty_like(self, dtype=torch.bool)
+
+
+def _fq_per_tensor_cachemask(self, scale, zero_point, quant_min, quant_max):
+    _fq_refuse(quant_min <= quant_max and quant_min <= zero_point <= quant_max, "fake_quantize: arguments")
+    _fq_refuse(self.dtype in _FQ_FLOATS, "fake_quantize: dtype")
+    return _fq_outputs(self)
+
+
+def _fq_per_tensor_cachemask_tq(self, scale, zero_point, fake_quant_enabled, quant_min, quant_max):
+    _fq_refuse(quant_min <= quant_max and self.dtype in _FQ_FLOATS, "fake_quantize: arguments")
+    _fq_refuse(scale.numel() == 1 and zero_point.numel() == 1 and fake_quant_enabled.numel() == 1,
+               "fake_quantize: item() of a tensor of other than one element")
+    _fq_refuse(not zero_point.dtype.is_complex and not scale.dtype.is_complex, "fake_quantize: complex")
+    return _fq_outputs(self)
+
+
+def _fq_per_channel_ok(self, scale, zero_point, axis, quant_min, quant_max, zero_point_dtypes):
+    _fq_refuse(self.dtype in _FQ_FLOATS and scale.dtype == torch.float32 and zero_point.dtype in zero_point_dtypes
+               and scale.dim() == 1 and zero_point.dim() == 1 and scale.numel() == zero_point.numel()
+               and 0 <= axis < self.dim() and scale.numel() == self.shape[axis] and quant_min <= quant_max,
+               "fake_quantize_per_channel: arguments")
+
+
+def _fq_per_channel_cachemask(self, scale, zero_point, axis, quant_min, quant_max):
+    _fq_per_channel_ok(self, scale, zero_point, axis, quant_min, quant_max,
+                       (torch.int32, torch.float32, torch.float16))
+    return _fq_outputs(self)
+
+
+def _fq_learnable_per_tensor(self, scale, zero_point, quant_min, quant_max, grad_factor=1.0):
+    _fq_refuse(scale.numel() >= 1 and zero_point.numel() >= 1 and quant_min <= quant_max
+               and self.dtype in _FQ_FLOATS and scale.dtype in _FQ_FLOATS and zero_point.dtype in _FQ_FLOATS,
+               "fake_quantize_learnable: arguments")
+    return torch.empty_like(self)
+
+
+def _fq_learnable_per_tensor_backward(grad, self, scale, zero_point, quant_min, quant_max, grad_factor=1.0):
+    f32 = torch.float32
+    _fq_refuse(scale.numel() >= 1 and zero_point.numel() >= 1 and grad.dtype == f32 and self.dtype == f32
+               and scale.dtype == f32 and zero_point.dtype == f32 and self.numel() == grad.numel()
+               and quant_min <= 0 <= quant_max, "fake_quantize_learnable_backward: arguments")
+    if self.numel() == 0:
+        return torch.empty_like(self), torch.empty_like(scale), torch.empty_like(zero_point)
+    return torch.empty_like(self), self.new_empty((1,)), self.new_empty((1,))
+
+
+def _fq_learnable_per_channel(self, scale, zero_point, axis, quant_min, quant_max, grad_factor=1.0):
+    _fq_refuse(zero_point.dtype in _FQ_FLOATS, "fake_quantize_learnable: zero point dtype")
+    _fq_per_channel_ok(self, scale, zero_point, axis, quant_min, quant_max, _FQ_FLOATS)
+    return torch.empty_like(self)
+
+
+def _fq_learnable_per_channel_backward(grad, self, scale, zero_point, axis, quant_min, quant_max, grad_factor=1.0):
+    bf16, f32 = torch.bfloat16, torch.float32
+    ok_dtype = (lambda t: t.dtype == f32) if self.dtype != bf16 else (lambda t: t.dtype in (f32, bf16))
+    _fq_refuse(all(ok_dtype(t) for t in (grad, self, scale, zero_point)) and grad.shape == self.shape
+               and quant_min <= 0 <= quant_max and scale.dim() == 1 and zero_point.dim() == 1
+               and scale.numel() == zero_point.numel() and 0 <= axis < self.dim()
+               and scale.numel() == self.shape[axis], "fake_quantize_learnable_backward: arguments")
+    if self.numel() == 0:
+        return torch.empty_like(self), torch.empty_like(scale), torch.empty_like(zero_point)
+    return (torch.empty_like(self, dtype=f32), scale.new_empty(scale.shape, dtype=f32),
+            scale.new_empty(scale.shape, dtype=f32))
+
+
 _KERNELS = {
     "_fused_adam_.tensor_lr": _in_place_step,
     "_fused_adamw_.tensor_lr": _in_place_step,
@@ -77,6 +153,14 @@ _KERNELS = {
     "multi_margin_loss_backward": _grad_like_input,
     "multilabel_margin_loss_backward": _grad_like_input,
     "_ctc_loss_backward": _grad_like_input,
+    # fake quantization (lowering/fake_quantize.cpp)
+    "fake_quantize_per_tensor_affine_cachemask": _fq_per_tensor_cachemask,
+    "_fake_quantize_per_tensor_affine_cachemask_tensor_qparams": _fq_per_tensor_cachemask_tq,
+    "fake_quantize_per_channel_affine_cachemask": _fq_per_channel_cachemask,
+    "_fake_quantize_learnable_per_tensor_affine": _fq_learnable_per_tensor,
+    "_fake_quantize_learnable_per_tensor_affine_backward": _fq_learnable_per_tensor_backward,
+    "_fake_quantize_learnable_per_channel_affine": _fq_learnable_per_channel,
+    "_fake_quantize_learnable_per_channel_affine_backward": _fq_learnable_per_channel_backward,
 }
 
 
