@@ -65,14 +65,19 @@ bool run_op_by_op(const GraphStructure& graph) {
   // What running op by op would compile: the programs neither loaded nor on disk. Those
   // the latest variant had too keep their shapes from step to step: compiled once, they
   // serve the variants still to come (expected: as many as have been).
-  int growing = 0, steady = 0;
+  int growing = 0, steady = 0, reshaped = 0;
   std::unordered_set<int64_t> seen;
   for (Program* p : graph.programs()) {
     if (!seen.insert(p->id()).second) continue;
+    bool kept = v.last.count(p->id()) > 0;
+    reshaped += kept ? 0 : 1;
     if (p->loaded() || compiled_before(p->module_text())) continue;
-    (v.last.count(p->id()) ? steady : growing) += 1;
+    (kept ? steady : growing) += 1;
   }
   v.last = std::move(seen);
+  // The same programs as the last variant: what changed is not a shape (which values
+  // are kept or donated), and such a graph settles and repeats.
+  if (reshaped == 0) return false;
   double graph_seconds = v.compile_seconds / v.compiled;
   double per_op = op_compile_seconds(graph_seconds / static_cast<double>(graph.programs().size()));
   int variants = v.compiled + v.op_by_op;
