@@ -297,7 +297,201 @@ def test_qat_flow_fake_quantize():
 def test_qat_flow_fused():
     import torch.ao.quantization as tq
     grown = _qat_train(tq.get_default_qat_qconfig("x86"))  # FusedMovingAvgObsFakeQuantize everywhere
-    # The observer/fake-quant step (an in-place op with results besides its written
-    # arguments) still runs on the CPU fallback: once per fake-quant module and step
-    # (5 modules x 3 steps); nothing else falls back.
-    assert grown == {"aten::_fused_moving_avg_obs_fq_helper": 15}, grown
+    # The observer/fake-quant step (5 modules x 3 steps) runs natively too.
+    assert grown == {}, grown
+
+
+# ---- the fused moving-average observer + fake quantization ---------------------------------
+
+INF = float("inf")
+
+
+def _fused_state(per_row, c, zp_dtype=torch.int32, fresh=True):
+    """running_min, running_max, scale, zero_point as torch.ao keeps them: uninitialized
+    stats are +inf / -inf (per channel: [C] of them)."""
+    n = c if per_row else 1
+    rmin = torch.full((n,), INF if fresh else -1.0)
+    rmax = torch.full((n,), -INF if fresh else 1.0)
+    return rmin, rmax, torch.ones(n), torch.zeros(n, dtype=zp_dtype)
+
+
+def _fused_calls(xs, state, flags, c, qmin, qmax, axis, per_row, sym):
+    """The in-place op called once per (x, observer_on, fake_quant_on), on CPU and on tpu
+    from the same state: every output and written argument equal after every call."""
+    cpu = [t.clone() for t in state]
+    dev = [t.clone().to(TPU) for t in state]
+    for x, (obs, fq) in zip(xs, flags):
+        on = (torch.tensor([obs]), torch.tensor([fq], dtype=torch.uint8))
+        want = A._fused_moving_avg_obs_fq_helper(x, *on, *cpu, c, qmin, qmax, axis, per_row, sym)
+        with no_fallbacks():
+            got = A._fused_moving_avg_obs_fq_helper(x.to(TPU), *(t.to(TPU) for t in on), *dev, c, qmin, qmax,
+                                                    axis, per_row, sym)
+            got = [g.cpu() for g in got]
+        same(tuple(want) + tuple(cpu), tuple(got) + tuple(t.cpu() for t in dev))
+
+
+def _fused_inputs(shape, n, seed, lo=-3.0, hi=3.0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.rand(shape, generator=g) * (hi - lo) * (1 + 0.3 * i) + lo for i in range(n)]
+
+
+QRANGES = [(0, 255), (-128, 127), (0, 127), (-64, 63), (0, 15), (-8, 7)]
+
+
+@pytest.mark.parametrize("qrange", QRANGES)
+@pytest.mark.parametrize("sym", [False, True])
+def test_fused_obs_fq_per_tensor(qrange, sym):
+    qmin, qmax = qrange
+    xs = _fused_inputs((6, 7), 5, seed=qmin + 300)
+    flags = [(1, 1), (1, 1), (0, 1), (1, 0), (1, 1)]
+    _fused_calls(xs, _fused_state(False, 1), flags, 0.01, qmin, qmax, 0, False, sym)
+
+
+@pytest.mark.parametrize("qrange", QRANGES)
+@pytest.mark.parametrize("sym", [False, True])
+def test_fused_obs_fq_per_channel(qrange, sym):
+    qmin, qmax = qrange
+    xs = _fused_inputs((5, 3, 4), 4, seed=qmin + 500)
+    xs[1][2] += 4.0  # a channel all positive
+    xs[2][3] -= 6.0  # one all negative
+    flags = [(1, 1), (1, 1), (1, 0), (1, 1)]
+    _fused_calls(xs, _fused_state(True, 5), flags, 0.1, qmin, qmax, 0, True, sym)
+
+
+def test_fused_obs_fq_per_channel_empty_stats():
+    """torch.ao's per-channel observer starts with empty stats: the op sizes them."""
+    xs = _fused_inputs((4, 6), 3, seed=7)
+    state = (torch.tensor([]), torch.tensor([]), torch.tensor([1.0]), torch.tensor([0], dtype=torch.int32))
+    _fused_calls(xs, state, [(1, 1)] * 3, 0.01, -128, 127, 0, True, True)
+
+
+@pytest.mark.parametrize("observe", [0, 1])
+def test_fused_obs_fq_per_channel_axis1(observe):
+    """Axis 1: CPU's observer refuses it (nothing is updated), the fake quantization works."""
+    xs = _fused_inputs((3, 4), 1, seed=8)
+    state = (torch.tensor([-1.0, -2.0, 0.5, -0.25]), torch.tensor([1.0, 0.5, 2.0, 3.0]), torch.ones(4),
+             torch.zeros(4, dtype=torch.int32))
+    if not observe:
+        _fused_calls(xs, state, [(0, 1), (0, 0)], 0.01, 0, 255, 1, True, False)
+        return
+    on = (torch.tensor([1]), torch.tensor([1]))
+    dev = [t.clone().to(TPU) for t in state]
+    _same_error(lambda x, o, f, *s: A._fused_moving_avg_obs_fq_helper(x, o, f, *s, 0.01, 0, 255, 1, True, False),
+                xs[0], *on, *state, match="only supported on axis == 0")
+    with pytest.raises(RuntimeError, match="only supported on axis == 0"):
+        r = A._fused_moving_avg_obs_fq_helper(xs[0].to(TPU), *(t.to(TPU) for t in on), *dev, 0.01, 0, 255, 1,
+                                              True, False)
+        r[0].cpu()
+    for want, got in zip(state, dev):
+        assert torch.equal(want, got.cpu())
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("sym", [False, True])
+def test_fused_obs_fq_special_inputs(per_row, sym):
+    """Constant input (min == max, 0 included), all positive, all negative, zeros (scale
+    0 -> 0.1), tiny ranges (the small-scale cut), huge ones."""
+    shape = (3, 8)
+    base = torch.randn(shape, generator=torch.Generator().manual_seed(9))
+    xs = [torch.full(shape, 0.75), torch.zeros(shape), base.abs() + 0.5, -base.abs() - 0.5,
+          base * 1e-6, base * 1e-6 + 1e-5, base.abs() * 1e-7, base * 1e30, torch.full(shape, -2.5)]
+    for x in xs:  # each from uninitialized stats, then two more calls
+        _fused_calls([x, x * 0.5, x + 1e-3], _fused_state(per_row, 3), [(1, 1)] * 3, 0.01, -128, 127, 0,
+                     per_row, sym)
+        _fused_calls([x], _fused_state(per_row, 3), [(1, 1)], 0.01, 0, 255, 0, per_row, sym)
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_fused_obs_fq_flags_off_from_fresh(per_row):
+    """Neither observer nor fake quantization, then fake quantization of +inf / -inf
+    stats (scale 0.1), then the observer alone."""
+    xs = _fused_inputs((3, 5), 3, seed=10)
+    _fused_calls(xs, _fused_state(per_row, 3), [(0, 0), (0, 1), (1, 0)], 0.01, 0, 255, 0, per_row, False)
+
+
+@pytest.mark.parametrize("c", [0.01, 1.0, 0.3333333333])
+def test_fused_obs_fq_averaging_const(c):
+    xs = _fused_inputs((16, 9), 6, seed=11, lo=-10, hi=7)
+    _fused_calls(xs, _fused_state(True, 16), [(1, 1)] * 6, c, -128, 127, 0, True, True)
+    _fused_calls(xs, _fused_state(False, 1), [(1, 1)] * 6, c, 0, 255, 0, False, False)
+
+
+def test_fused_obs_fq_zero_point_dtype_and_stats_set():
+    """Per tensor with an int64 zero point, from stats already set."""
+    xs = _fused_inputs((4, 4), 3, seed=12)
+    _fused_calls(xs, _fused_state(False, 1, torch.int64, fresh=False), [(1, 1)] * 3, 0.2, -8, 7, 0, False, False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_fused_obs_fq_low_precision_input(dtype, per_row):
+    """CPU fake-quantizes a bf16/f16/f64 input, but its observer reads the minima as float:
+    with the observer on it raises (nothing is updated)."""
+    x = _fused_inputs((3, 6), 1, seed=13)[0].to(dtype)
+    state = (torch.full((3 if per_row else 1,), -1.5), torch.full((3 if per_row else 1,), 2.0),
+             torch.ones(3 if per_row else 1), torch.zeros(3 if per_row else 1, dtype=torch.int32))
+    _fused_calls([x, x], state, [(0, 1), (0, 0)], 0.01, 0, 255, 0, per_row, False)
+    on = (torch.tensor([1]), torch.tensor([1]))
+    dev = [t.clone().to(TPU) for t in state]
+    name = {torch.bfloat16: "BFloat16", torch.float16: "Half", torch.float64: "Double"}[dtype]
+    with pytest.raises(RuntimeError, match="expected scalar type Float but found " + name):
+        A._fused_moving_avg_obs_fq_helper(x.clone(), *on, *(t.clone() for t in state), 0.01, 0, 255, 0, per_row,
+                                          False)
+    with pytest.raises(RuntimeError, match="expected scalar type Float but found " + name):
+        r = A._fused_moving_avg_obs_fq_helper(x.to(TPU), *(t.to(TPU) for t in on), *dev, 0.01, 0, 255, 0,
+                                              per_row, False)
+        r[0].cpu()
+    for want, got in zip(state, dev):
+        assert torch.equal(want, got.cpu())
+
+
+def test_fused_obs_fq_nan_stats():
+    """NaN stats: per tensor a NaN scale and INT32_MIN zero point (NaN output); per channel
+    CPU's zero-point check fails."""
+    x = torch.randn(3, 4)
+    nan = float("nan")
+    state = (torch.tensor([nan]), torch.tensor([1.0]), torch.ones(1), torch.zeros(1, dtype=torch.int32))
+    _fused_calls([x], state, [(0, 1)], 0.01, 0, 255, 0, False, False)
+    state = (torch.tensor([nan, -1, -1]), torch.tensor([1.0, 1, 1]), torch.ones(3), torch.zeros(3, dtype=torch.int32))
+    on = (torch.tensor([0]), torch.tensor([1]))
+    _same_error(lambda x, o, f, *s: A._fused_moving_avg_obs_fq_helper(x, o, f, *s, 0.01, 0, 255, 0, True, False),
+                x, *on, *state, match="zero_point")
+
+
+def test_fused_obs_fq_refused_calls_match_cpu():
+    """Calls the lowering leaves to CPU (f64 stats, an empty input with the observer on,
+    a 1-d per-channel input) still give CPU's results and errors."""
+    x = torch.randn(3, 4)
+    on = (torch.tensor([1]), torch.tensor([1]))
+    state = (torch.tensor([INF], dtype=torch.float64), torch.tensor([-INF], dtype=torch.float64), torch.ones(1),
+             torch.zeros(1, dtype=torch.int32))
+    _same_error(lambda *a: A._fused_moving_avg_obs_fq_helper(*a, 0.01, 0, 255, 0, False, False), x, *on, *state)
+    _same_error(lambda *a: A._fused_moving_avg_obs_fq_helper(*a, 0.01, 0, 255, 0, False, False),
+                torch.randn(0, 3), *on, *_fused_state(False, 1))
+    _same_error(lambda *a: A._fused_moving_avg_obs_fq_helper(*a, 0.01, 0, 255, 0, True, False),
+                torch.randn(5), *on, torch.tensor([]), torch.tensor([]), torch.ones(1),
+                torch.zeros(1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("backend", ["x86", "fbgemm", "qnnpack"])
+def test_fused_obs_fq_module(backend):
+    """torch.ao's FusedMovingAvgObsFakeQuantize modules of the default QAT qconfigs (forward
+    and backward), their buffers equal to CPU's."""
+    import torch.ao.quantization as tq
+    qc = tq.get_default_qat_qconfig(backend)
+    g = torch.Generator().manual_seed(14)
+    for make, shape in ((qc.activation, (8, 6)), (qc.weight, (6, 5))):
+        m_cpu = make()
+        m_dev = copy.deepcopy(m_cpu).to(TPU)
+        for step in range(4):
+            x = torch.randn(shape, generator=g) * (1 + step)
+            xc = x.clone().requires_grad_()
+            xd = x.to(TPU).requires_grad_()
+            yc = m_cpu(xc)
+            with no_fallbacks():
+                yd = m_dev(xd)
+                yd.sum().backward()
+            yc.sum().backward()
+            same((yc.detach(), xc.grad), (yd.detach().cpu(), xd.grad.cpu()))
+            for k, v in m_cpu.state_dict().items():
+                same(v, m_dev.state_dict()[k].cpu())

@@ -143,6 +143,31 @@ def _fq_learnable_per_channel_backward(grad, self, scale, zero_point, axis, quan
             scale.new_empty(scale.shape, dtype=f32))
 
 
+def _fq_fused_moving_avg_obs(self, observer_on, fake_quant_on, running_min, running_max, scale, zero_point,
+                             averaging_const, quant_min, quant_max, ch_axis, per_row_fake_quant=False,
+                             symmetric_quant=False):
+    """_fused_moving_avg_obs_fq_helper_functional: what the lowering handles (CPU's
+    arithmetic needs f32 running stats and scale, int32 zero points, a quant range below
+    2^24); anything else is refused, so CPU raises its error or computes it."""
+    f32, flags = torch.float32, (observer_on, fake_quant_on)
+    _fq_refuse(all(t.numel() == 1 and not t.dtype.is_floating_point and not t.dtype.is_complex for t in flags),
+               "fused_moving_avg_obs_fq: flags")
+    _fq_refuse(self.dtype in _FQ_FLOATS and self.numel() > 0 and running_min.dtype == f32
+               and running_max.dtype == f32 and scale.dtype == f32, "fused_moving_avg_obs_fq: dtypes")
+    _fq_refuse(-2 ** 31 <= quant_min < quant_max < 2 ** 31 and quant_max - quant_min < 2 ** 24,
+               "fused_moving_avg_obs_fq: quant range")
+    if per_row_fake_quant:
+        _fq_refuse(self.dim() >= 2 and 0 <= ch_axis < self.dim(), "fused_moving_avg_obs_fq: axis")
+        c = self.shape[ch_axis]
+        _fq_refuse(running_min.numel() == c and running_max.numel() == c and scale.dim() == 1
+                   and scale.numel() == c and zero_point.dim() == 1 and zero_point.numel() == c
+                   and zero_point.dtype == torch.int32, "fused_moving_avg_obs_fq: per-channel qparams")
+    else:
+        _fq_refuse(all(t.numel() == 1 for t in (running_min, running_max, scale, zero_point))
+                   and zero_point.dtype in (torch.int32, torch.int64), "fused_moving_avg_obs_fq: qparams")
+    return _fq_outputs(self) + tuple(torch.empty_like(t) for t in (running_min, running_max, scale, zero_point))
+
+
 _KERNELS = {
     "_fused_adam_.tensor_lr": _in_place_step,
     "_fused_adamw_.tensor_lr": _in_place_step,
@@ -161,6 +186,7 @@ _KERNELS = {
     "_fake_quantize_learnable_per_tensor_affine_backward": _fq_learnable_per_tensor_backward,
     "_fake_quantize_learnable_per_channel_affine": _fq_learnable_per_channel,
     "_fake_quantize_learnable_per_channel_affine_backward": _fq_learnable_per_channel_backward,
+    "_fused_moving_avg_obs_fq_helper_functional": _fq_fused_moving_avg_obs,
 }
 
 

@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <optional>
 
@@ -415,6 +416,32 @@ void fused_adam_float_lr(at::TensorList self, at::TensorList grads, at::TensorLi
                      beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf);
 }
 
+// torch.ao's fused observer / fake-quant step writes its running stats, scale and zero
+// point and returns new tensors: the functional op (lowering/fake_quantize.cpp) computes
+// all six, and the four written ones are copied back. The per-channel observer's first
+// call sizes its empty stats first, as CPU does (+inf / -inf minima and maxima).
+std::tuple<at::Tensor, at::Tensor> fused_moving_avg_obs_fq_helper(
+    const at::Tensor& self, const at::Tensor& observer_on, const at::Tensor& fake_quant_on, at::Tensor& running_min,
+    at::Tensor& running_max, at::Tensor& scale, at::Tensor& zero_point, double averaging_const, int64_t quant_min,
+    int64_t quant_max, int64_t ch_axis, bool per_row_fake_quant, bool symmetric_quant) {
+  if (per_row_fake_quant && running_min.numel() == 0 && self.dim() >= 2 && ch_axis >= 0 && ch_axis < self.dim()) {
+    int64_t size = self.size(ch_axis);
+    float inf = std::numeric_limits<float>::infinity();
+    running_min.resize_(size).fill_(inf);
+    running_max.resize_(size).fill_(-inf);
+    scale.resize_(size);
+    zero_point.resize_(size);
+  }
+  auto r = at::_fused_moving_avg_obs_fq_helper_functional(self, observer_on, fake_quant_on, running_min, running_max,
+                                                          scale, zero_point, averaging_const, quant_min, quant_max,
+                                                          ch_axis, per_row_fake_quant, symmetric_quant);
+  running_min.copy_(std::get<2>(r));
+  running_max.copy_(std::get<3>(r));
+  scale.copy_(std::get<4>(r));
+  zero_point.copy_(std::get<5>(r));
+  return {std::get<0>(r), std::get<1>(r)};
+}
+
 }  // namespace
 
 // Ops the generic lowered kernel must not claim: these are ours.
@@ -451,6 +478,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("_fused_adam_", fused_adam_float_lr<false>);
   m.impl("_fused_adamw_", fused_adam_float_lr<true>);
+  m.impl("_fused_moving_avg_obs_fq_helper", fused_moving_avg_obs_fq_helper);
 }
 
 void drop_host_copy(StorageData& s) {

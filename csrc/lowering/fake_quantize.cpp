@@ -284,4 +284,178 @@ TPU_LOWER(fq_learnable_per_channel_backward, "_fake_quantize_learnable_per_chann
   return {g.dx, compensated_sum(b, g.dscale, dims), compensated_sum(b, g.dzp, dims)};
 }
 
+
+// ---- the fused moving-average observer and fake quantization (torch.ao's
+// FusedMovingAvgObsFakeQuantize): the functional form of _fused_moving_avg_obs_fq_helper,
+// whose in-place op (backend/glue_ops.cpp) writes this rule's last four results back.
+namespace {
+
+// fbgemm::ChooseQuantizationParams (x86 builds of PyTorch use fbgemm's), elementwise over
+// the running minima and maxima (f32): {scale (f32), zero point (i32)}. Every step is
+// CPU's arithmetic in CPU's types: float steps in f32; the scale's quotient and the zero
+// point, double arithmetic CPU rounds in double, in f64.
+std::pair<Value, Value> choose_qparams(Builder& b, Value mn, Value mx, int64_t qmin, int64_t qmax, bool symmetric) {
+  const Shape& s = mn.shape();
+  const DType f = DType::F32, d = DType::F64;
+  auto fk = [&](double v) { return kon(b, v, f, s); };
+  auto dk = [&](double v) { return kon(b, v, d, s); };
+  auto straddles = [&](const Value& lo, const Value& hi) {  // min < 0 && max > 0
+    return band(b, cmp(b, lo, fk(0), Cmp::LT), cmp(b, hi, fk(0), Cmp::GT));
+  };
+  // XLA turns x / c of a constant c into x * (1 / c), which rounds differently (CPU
+  // divides), and removes optimization barriers before its last simplifications: the
+  // divisor is made a value, c, or 1 where x is NaN (the quotient NaN either way).
+  auto divide_by = [&](const Value& x, double c) {
+    DType t = x.dtype();
+    return div(b, x, b.select(isnan(b, x), kon(b, 1, t, s), kon(b, c, t, s)));
+  };
+  const int64_t range = qmax - qmin;  // below 2^24 (the Meta kernel): exact as float
+  if (symmetric) {
+    // max_scale = max(fabs(min / sym_qmin), fabs(max / sym_qmax)) in float; then
+    // float(max_scale * sym_q) in double, an exact product (24 by at most 24 bits), so one
+    // f32 rounding of it, as the f32 product is.
+    const int64_t sym_qmin = -(range / 2 + 1), sym_qmax = range / 2;
+    Value a = un(b, "stablehlo.abs", divide_by(mn, double(sym_qmin)));
+    Value c = un(b, "stablehlo.abs", divide_by(mx, double(sym_qmax)));
+    Value m = b.select(cmp(b, a, c, Cmp::LT), c, a);  // std::max(a, c)
+    Value st = straddles(mn, mx);
+    mn = b.select(st, mul(b, m, fk(double(sym_qmin))), mn);
+    mx = b.select(st, mul(b, m, fk(double(sym_qmax))), mx);
+  }
+  // std::min(min, 0.f), std::max(max, 0.f): NaN stays, as their comparisons leave it.
+  mn = b.select(cmp(b, fk(0), mn, Cmp::LT), fk(0), mn);
+  mx = b.select(cmp(b, mx, fk(0), Cmp::LT), fk(0), mx);
+  // float scale = (double(max) - min) / (qmax - qmin): a double quotient rounded to float.
+  Value sc = b.convert(divide_by(sub(b, b.convert(mx, d), b.convert(mn, d)), double(range)), f);
+  // 0, or so small that 1.0f / scale overflows: 0.1.
+  Value inv_inf = cmp(b, un(b, "stablehlo.abs", div(b, fk(1), sc)), fk(std::numeric_limits<double>::infinity()),
+                      Cmp::EQ);
+  sc = b.select(b.binary("stablehlo.or", cmp(b, sc, fk(0), Cmp::EQ), inv_inf), fk(double(0.1f)), sc);
+  // Below SMALL_SCALE_THRESHOLD: the threshold, and min / max widened to it (float math).
+  const float small = 6.1e-5f;
+  Value cut = cmp(b, sc, fk(double(small)), Cmp::LT);
+  Value amp = div(b, fk(double(small)), sc);
+  Value mn_zero = cmp(b, mn, fk(0), Cmp::EQ), mx_zero = cmp(b, mx, fk(0), Cmp::EQ);
+  const double span = double(small * static_cast<float>(range));
+  Value mn_cut = b.select(mn_zero, mn, b.select(mx_zero, fk(-span), mul(b, mn, amp)));
+  Value mx_cut = b.select(mn_zero, fk(span), b.select(mx_zero, mx, mul(b, mx, amp)));
+  mn = b.select(cut, mn_cut, mn);
+  mx = b.select(cut, mx_cut, mx);
+  sc = b.select(cut, fk(double(small)), sc);
+  // The zero point, in double: from the end whose terms are smaller.
+  Value sd = b.convert(sc, d);
+  Value q_lo = div(b, b.convert(mn, d), sd), q_hi = div(b, b.convert(mx, d), sd);
+  Value from_min = sub(b, dk(double(qmin)), q_lo), from_max = sub(b, dk(double(qmax)), q_hi);
+  Value err_min = add(b, dk(double(std::abs(qmin))), un(b, "stablehlo.abs", q_lo));
+  Value err_max = add(b, dk(double(std::abs(qmax))), un(b, "stablehlo.abs", q_hi));
+  Value z = b.select(cmp(b, err_min, err_max, Cmp::LT), from_min, from_max);
+  if (symmetric) z = b.select(straddles(mn, mx), dk(double(qmin + qmax) / 2), z);
+  // Nudged onto [qmin, qmax]: nearbyint inside; NaN converts to int32 as x86 does, INT32_MIN.
+  Value below = cmp(b, z, dk(double(qmin)), Cmp::LT), above = cmp(b, z, dk(double(qmax)), Cmp::GT);
+  Value inside = band(b, bnot(b, below), band(b, bnot(b, above), bnot(b, isnan(b, z))));
+  Value zi = b.convert(round_even(b, b.select(inside, z, dk(0))), DType::I32);
+  const Shape& zs = zi.shape();
+  zi = b.select(inside, zi, b.select(below, kon(b, double(qmin), DType::I32, zs),
+                                     b.select(above, kon(b, double(qmax), DType::I32, zs),
+                                              kon(b, -2147483648.0, DType::I32, zs))));
+  return {sc, zi};
+}
+
+// A flag tensor's `.item().toInt() != 0` (an integral or bool tensor of one element).
+Value flag_on(Builder& b, const Value& t) { return cmp(b, first(b, t, DType::I64), b.constant(0, DType::I64), Cmp::NE); }
+
+}  // namespace
+
+// _fused_moving_avg_obs_fq_helper_functional(self, observer_on, fake_quant_on, running_min,
+// running_max, scale, zero_point, averaging_const, quant_min, quant_max, ch_axis,
+// per_row_fake_quant, symmetric_quant) -> (output, mask, running_min, running_max, scale,
+// zero_point), CPU's fused_moving_avg_obs_fake_quant_cpu:
+//  - observer_on: running stats (f32) move toward the input's min / max (per row of axis
+//    0, or of the whole tensor): r + c * (cur - r) in float, or cur where r is infinite;
+//  - fake_quant_on: scale and zero point chosen from the running stats (fbgemm's
+//    ChooseQuantizationParams), then the per-channel / per-tensor fake quantization with
+//    them; off: the input and an all-true mask, scale and zero point as they were.
+// The flags are values: both branches are computed and selected. CPU's errors that depend
+// on them are device checks: the observer of a non-float input or of a channel axis other
+// than 0 (nothing is updated then), and a zero point outside the range (NaN stats).
+// Argument checks (dtypes, sizes, ranges) are the Meta kernel's (torch_tpu/_meta.py).
+TPU_LOWER(fused_moving_avg_obs_fq, "_fused_moving_avg_obs_fq_helper_functional") {
+  Builder& b = ctx.b;
+  Value x = ctx.in(0), rmin = ctx.in(3), rmax = ctx.in(4), scale = ctx.in(5), zp = ctx.in(6);
+  const float c = static_cast<float>(ctx.f(7));
+  int64_t qmin = ctx.i(8), qmax = ctx.i(9), axis = ctx.i(10);
+  bool per_row = ctx.flag(11), symmetric = ctx.flag(12);
+  const DType f = DType::F32;
+  const Shape& rs = rmin.shape();
+  Value observe = flag_on(b, ctx.in(1)), quantize = flag_on(b, ctx.in(2));
+
+  // The observer: CPU checks the axis, then reads the minima as float.
+  Value observe_ok = b.constant(1, DType::Bool);
+  auto refuse_observe = [&](const std::string& message) {
+    Value ok = bnot(b, observe);
+    ctx.check(ok, message);
+    observe_ok = band(b, observe_ok, ok);
+  };
+  bool can_observe = !per_row || axis == 0;
+  if (!can_observe)
+    refuse_observe("RuntimeError: Per-channel FakeQuant in fused_moving_avg_obs_fake_quant is only supported on axis == 0");
+  if (x.dtype() != f) {
+    static const char* names[] = {"Double", "Half", "BFloat16"};
+    const char* n = x.dtype() == DType::F64 ? names[0] : x.dtype() == DType::F16 ? names[1] : names[2];
+    refuse_observe(std::string("RuntimeError: expected scalar type Float but found ") + n);
+    can_observe = false;
+  }
+  Value new_min = rmin, new_max = rmax;
+  if (can_observe) {
+    std::vector<int64_t> dims = per_row ? all_but(x.rank(), 0) : all_but(x.rank(), -1);
+    Value cur_min = b.reshape(reduce_min(b, x, dims), rs), cur_max = b.reshape(reduce_max(b, x, dims), rs);
+    auto average = [&](const Value& r, const Value& cur) {
+      // r + c * (cur - r) in float, each step rounded: XLA:CPU contracts a product that
+      // feeds a sum into one fused multiply-add (rounded once), so the sum is given a
+      // select of the product instead, the difference where that is NaN (as the product
+      // then is), which it cannot contract.
+      Value diff = sub(b, cur, r);
+      Value prod = mul(b, kon(b, double(c), f, rs), diff);
+      Value moved = add(b, r, b.select(isnan(b, diff), diff, prod));
+      Value inf = cmp(b, un(b, "stablehlo.abs", r), kon(b, std::numeric_limits<double>::infinity(), f, rs), Cmp::EQ);
+      return b.select(broadcast_to(b, observe, rs), b.select(inf, cur, moved), r);
+    };
+    new_min = average(rmin, cur_min);
+    new_max = average(rmax, cur_max);
+  }
+  // An observer CPU refuses updates nothing (its error comes before any write).
+  Value keep = bnot(b, observe_ok);
+  new_min = b.select(broadcast_to(b, keep, rs), rmin, new_min);
+  new_max = b.select(broadcast_to(b, keep, rs), rmax, new_max);
+
+  auto [sc, zi] = choose_qparams(b, new_min, new_max, qmin, qmax, symmetric);
+  Value out, mask;
+  if (per_row) {
+    int64_t n = rmin.type.numel();
+    Value sc1 = b.reshape(sc, {n}), zp1 = b.reshape(zi, {n});
+    // CPU's per-channel kernel checks the zero points (only NaN stats give one outside).
+    ctx.check(b.binary("stablehlo.or", bnot(b, quantize),
+                       all_true(b, band(b, cmp(b, zp1, kon(b, double(qmin), DType::I32, {n}), Cmp::GE),
+                                        cmp(b, zp1, kon(b, double(qmax), DType::I32, {n}), Cmp::LE)))),
+              kZeroPointRange);
+    std::vector<Value> r = per_channel(b, x, sc1, zp1, axis, qmin, qmax);
+    Value on = broadcast_to(b, quantize, x.shape());
+    out = b.select(on, r[0], x);
+    mask = b.select(on, r[1], kon(b, 1, DType::Bool, x.shape()));
+  } else {
+    Value s0 = first(b, sc, f);
+    Value inv = div(b, b.constant(1, f), s0);
+    std::vector<Value> r = per_tensor(b, x, s0, inv, first(b, zi, DType::I64), qmin, qmax, &quantize);
+    out = r[0];
+    mask = r[1];
+  }
+  Value sc_out = b.select(broadcast_to(b, quantize, scale.shape()), b.convert(b.reshape(sc, scale.shape()), scale.dtype()),
+                          scale);
+  Value zp_out = b.select(broadcast_to(b, quantize, zp.shape()), b.convert(b.reshape(zi, zp.shape()), zp.dtype()), zp);
+  // (CPU writes scale and zero point even where their check then fails.)
+  sc_out = b.select(broadcast_to(b, keep, scale.shape()), scale, sc_out);
+  zp_out = b.select(broadcast_to(b, keep, zp.shape()), zp, zp_out);
+  return {out, mask, new_min, new_max, sc_out, zp_out};
+}
+
 }  // namespace tpu::lowering
