@@ -162,6 +162,44 @@ def test_mean_and_sizes_used_as_values_forward_and_backward_match_float64():
     assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 2
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_attention_without_a_causal_mask_ignores_padded_keys(with_bias):
+    # An encoder's attention over a dynamic length: padded keys get no weight, forward and
+    # backward, with and without an additive mask of the batch's own.
+    F = torch.nn.functional
+
+    def fn(x, w, bias):
+        q, k, v = ((x @ w[:, 8 * i:8 * i + 8]).view(2, x.shape[1], 2, 4).transpose(1, 2) for i in range(3))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).sum(1)
+
+    w64 = torch.randn(6, 24, dtype=torch.float64) / 2
+    w = w64.float().to("tpu").requires_grad_()
+    f = torch.compile(fn, backend=backend())
+    before = torch_tpu.metrics()
+    for n in (5, 11, 3, 16):
+        x64 = torch.randn(2, n, 6, dtype=torch.float64)
+        b64 = torch.zeros(2, 1, n, n, dtype=torch.float64)
+        b64[1, :, :, -2:] = float("-inf")  # the second row's last two keys are its padding
+        xt = x64.float().to("tpu")
+        dynamism.mark_dynamic(xt, 1, 2, 16)
+        bt = None
+        if with_bias:
+            bt = b64.float().to("tpu")
+            dynamism.mark_dynamic(bt, 2, 2, 16)
+            dynamism.mark_dynamic(bt, 3, 2, 16)
+        w.grad = None
+        got = f(xt, w, bt)
+        (got * got).sum().backward()
+        w_ref = w64.clone().requires_grad_()
+        want = fn(x64, w_ref, b64 if with_bias else None)
+        (want * want).sum().backward()
+        torch.testing.assert_close(got.detach().cpu().double(), want.detach(), rtol=1e-4, atol=1e-4)
+        # float32 against float64 at gradients of ~10-100: CPU's float32 is as far off
+        torch.testing.assert_close(w.grad.cpu().double(), w_ref.grad, rtol=1e-4, atol=1e-3)
+    torch_tpu.synchronize()
+    assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 2
+
+
 def test_an_op_not_known_right_across_a_dynamic_dimension_is_refused_by_name():
     f = torch.compile(lambda t: t.flip(0), backend=backend())
     x = torch.randn(5, 3).to("tpu")

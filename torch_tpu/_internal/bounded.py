@@ -28,8 +28,8 @@ import operator
 import sympy
 import torch
 
-from .bounded_ops import (_MASKED_OPS, _MEANS, _STATIC_DIM_OPS, _dyn_dims, _expr, _mean_dims,
-                          _refuse, _structural, _val, check_graph)
+from .bounded_ops import (_INDEX_SHAPED, _MASKED_OPS, _MEANS, _STATIC_DIM_OPS, _dyn_dims, _expr,
+                          _mean_dims, _refuse, _same_shape, _structural, _val, check_graph)
 
 aten = torch.ops.aten
 
@@ -253,6 +253,9 @@ def _compound_mask(b, n, m_of):
             if ma is not None and ma is not _UNKNOWN and _same_shape(_val(n), _val(a)):
                 return ma
         return _UNKNOWN
+    if n.target in _INDEX_SHAPED:
+        m = m_of(n.args[_INDEX_SHAPED[n.target]])
+        return _UNKNOWN if m is None else m
     x = n.args[0] if n.args else None
     m = m_of(x)
     if m is None or m is _UNKNOWN:
@@ -277,11 +280,6 @@ def _compound_mask(b, n, m_of):
     return _UNKNOWN
 
 
-def _same_shape(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and \
-        [str(s) for s in a.shape] == [str(s) for s in b.shape]
-
-
 def _sanitize(b, n, args, m_of):
     """Fills the invalid part of the tensor arguments of a reducing op."""
     op = n.target
@@ -293,14 +291,6 @@ def _sanitize(b, n, args, m_of):
         if (n.args[1] % x.dim()) in _dyn_dims(x):
             args[0] = _filled(b, n, 0, args[0], m_of(n.args[0]), float("-inf"))
         return args
-    if op in (aten._scaled_dot_product_fused_attention_overrideable.default,
-              aten._scaled_dot_product_fused_attention_overrideable_backward.default):
-        causal = n.args[5] if op is aten._scaled_dot_product_fused_attention_overrideable.default \
-            else n.args[13]
-        if not causal or (n.args[3] is not None and isinstance(n.args[3], torch.fx.Node)
-                          and op is aten._scaled_dot_product_fused_attention_overrideable.default):
-            _refuse(op, "needs is_causal=True without a mask across a dynamic dimension "
-                        "(padded keys would be attended)")
     fill_target = op in (aten.nll_loss_forward.default, aten.nll_loss_backward.default)
     for i, a in enumerate(n.args):
         if not isinstance(a, torch.fx.Node) or not isinstance(_val(a), torch.Tensor):
@@ -310,7 +300,37 @@ def _sanitize(b, n, args, m_of):
             args[i] = _filled(b, n, i, args[i], m_of(a), ignore)
         else:
             args[i] = _filled(b, n, i, args[i], m_of(a), _SANITIZE_FILL.get(op, 0))
+    if op in _ATTENTION:
+        _mask_padded_keys(b, n, args, m_of)
     return args
+
+
+# Attention ops: positions of (query, key, bias, is_causal) among their arguments.
+_ATTENTION = {aten._scaled_dot_product_fused_attention_overrideable.default: (0, 1, 3, 5),
+              aten._scaled_dot_product_fused_attention_overrideable_backward.default: (1, 2, 4, 13)}
+
+
+def _mask_padded_keys(b, n, args, m_of):
+    """Padded keys get no attention: the bias is -inf where a key is padding. (A causal
+    mask already keeps every valid query off them: they come after it.)"""
+    qi, ki, bi, ci = _ATTENTION[n.target]
+    causal = n.args[ci] if len(n.args) > ci else n.kwargs.get("is_causal", False)
+    key_mask = m_of(n.args[ki])
+    if causal or key_mask is None:
+        return
+    if key_mask is _UNKNOWN:
+        _refuse(n.target, "attends over keys whose valid part cannot be told")
+    dtype = _val(n.args[qi]).dtype
+    key_valid = b.call(aten.unsqueeze.default, b.call(aten.select.int, key_mask, -1, 0), -2)
+    neg = b.call(aten.scalar_tensor.default, float("-inf"), dtype=dtype, device=b.device)
+    bias = args[bi] if len(args) > bi and args[bi] is not None else \
+        b.call(aten.scalar_tensor.default, 0.0, dtype=dtype, device=b.device)
+    bias = b.call(aten.where.self, key_valid, bias, neg)
+    q, k = b.padded(_val(n.args[qi])), b.padded(_val(n.args[ki]))
+    bias = b.call(aten.expand.default, bias, list(k[:-2]) + [q[-2], k[-2]])
+    while len(args) <= bi:
+        args.append(None)
+    args[bi] = bias
 
 
 def _filled(b, n, i, x, m, value):

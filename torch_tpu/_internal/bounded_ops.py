@@ -37,12 +37,20 @@ _MASKED_OPS = {
 }
 # Their SymInt arguments are sizes (max_q, max_k), not values: the bounds are right.
 _SIZE_ARGS_OK = {aten._scaled_dot_product_fused_attention_overrideable_backward.default}
+# Ops whose output is shaped like an index argument (its position) and reads the data at
+# the index's values: its valid part is the index's, and valid indices read valid data.
+_INDEX_SHAPED = {aten.gather.default: 2}
 # Ops fine while they act on static dimensions only (their argument names them).
 _STATIC_DIM_OPS = {
     aten.native_layer_norm.default: "normalized", aten.native_layer_norm_backward.default: "normalized",
     aten.cat.default: "dim", aten.split.Tensor: "dim",
     aten.split_with_sizes.default: "dim", aten.select.int: "dim", aten.slice.Tensor: "dim",
 }
+
+
+def _same_shape(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and \
+        [str(s) for s in a.shape] == [str(s) for s in b.shape]
 
 
 def _val(n):
@@ -93,6 +101,10 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
         if not touches and not uses_size:
             continue
         op = n.target
+        if op in _INDEX_SHAPED:
+            if _same_shape(_val(n), _val(n.args[_INDEX_SHAPED[op]])):
+                continue
+            _refuse(op, "is not shaped like its index")
         if op in _SHAPE_OPS or op in _MASKED_OPS:
             if uses_size and op not in _SHAPE_OPS and op not in _SIZE_ARGS_OK:
                 _refuse(op, "takes a dynamic size as an argument")
@@ -135,7 +147,7 @@ def _refuse(op, why):
     raise NotImplementedError(
         f"torch_tpu bounded dynamism: {op} {why}; one program for every size cannot be built "
         f"for it. Supported across dynamic dimensions: pointwise ops, shape ops, sum/mean/amax/"
-        f"amin, softmax, mm/bmm/addmm, embedding, nll_loss, causal scaled_dot_product_attention;"
+        f"amin, softmax, mm/bmm/addmm, embedding, nll_loss, scaled_dot_product_attention;"
         f" layer_norm, cat, split, select over static dimensions. Mark fewer dimensions dynamic or "
         f"compile with dynamic=False.")
 
