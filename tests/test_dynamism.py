@@ -240,3 +240,26 @@ def test_integer_and_bool_tensors_across_the_dynamic_dimension_keep_their_dtype(
         assert cnt.dtype == torch.int64 and mx.dtype == torch.int64
         assert torch.equal(cnt.cpu(), (x > 0).long().sum(0))
         assert torch.equal(mx.cpu(), (-x.abs() - 1).long().amax(0))
+
+
+def test_a_stock_bert_encoder_is_one_graph_for_every_length():
+    # Hugging Face's BERT: gather of its token-type buffer and attention without a causal
+    # mask across the dynamic length.
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  vocab_size=96, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0)
+    model = transformers.BertForMaskedLM(cfg).eval()
+    f = torch.compile(copy.deepcopy(model).to("tpu"), backend=backend())
+    before = torch_tpu.metrics()
+    for n in (8, 12, 16, 9):
+        ids = torch.randint(3, 96, (2, n), generator=torch.Generator().manual_seed(n))
+        idt = ids.to("tpu")
+        dynamism.mark_dynamic(idt, 1, 2, 32)
+        with torch.no_grad():
+            got = f(input_ids=idt).logits.cpu()
+            want = model(input_ids=ids).logits
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch_tpu.synchronize()
+    assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 1
