@@ -189,6 +189,21 @@ def test_several_outputs_and_dtypes(mode):
     assert pos.cpu().tolist() == (x[idx] > 0).tolist()
 
 
+@jax_op("jaxop_test::arange_like")
+def arange_like(x: jax.Array) -> jax.Array:
+    return jnp.arange(x.shape[0], dtype=jnp.float32) + jnp.zeros_like(x)
+
+
+def test_a_function_of_its_inputs_shapes_only(mode):
+    # jax.export drops arguments whose values are never read: no tensor is left to
+    # dispatch on, and the call runs on the current device.
+    with no_fallbacks():
+        out = arange_like(torch.ones(4, device="tpu"))
+        assert out.device.type == "tpu"
+        assert torch.equal(out.cpu(), torch.arange(4.0))
+        assert torch.equal((out * 2).cpu(), torch.arange(4.0) * 2)
+
+
 def test_64_bit_inputs_keep_their_width():
     @jax_op("jaxop_test::wide")
     def wide(x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:

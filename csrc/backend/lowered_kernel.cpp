@@ -29,6 +29,7 @@
 #include "backend/device_checks.h"
 #include "backend/dtypes.h"
 #include "backend/executor.h"
+#include "ir/external.h"
 #include "backend/fallback.h"
 #include "backend/storage.h"
 #include "backend/structured_meta.h"
@@ -503,6 +504,14 @@ IValue grouped_mm_meta(c10::ArrayRef<IValue> args) {
 
 std::optional<IValue> device_free_meta(const c10::OperatorHandle& op, c10::ArrayRef<IValue> args) {
   if (!op.operator_name().overload_name.empty()) return {};
+  if (op.operator_name().name == "torch_tpu::call_stablehlo") {
+    // Its results are the imported module's; a call may have no tensor left to dispatch on
+    // (a JAX function of its inputs' shapes only).
+    std::vector<at::Tensor> out;
+    for (const ir::Type& t : ir::external_module(args[1].toInt()).results)
+      out.push_back(at::empty(t.shape, at::TensorOptions().dtype(to_scalar_type(t.dtype)).device(at::kMeta)));
+    return IValue(out);
+  }
   if (op.operator_name().name == "aten::_grouped_mm") return grouped_mm_meta(args);
   if (op.operator_name().name != "aten::_scaled_mm") return {};
   const at::Tensor& a = args[0].toTensor();
@@ -1378,6 +1387,9 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     run_fallback(op, stack, plan->fallback_reason);
     return;
   }
+  // An imported module may read no tensor (jax_op of its inputs' shapes only): it runs
+  // on the current device, where its caller's tensors are (pallas.py).
+  if (k.device < 0 && info.name == "call_stablehlo") k.device = current_device();
   TORCH_CHECK(k.device >= 0, info.name, ": no tpu tensor among the arguments");
   if (write_out_later(op, info, *plan, stack)) return;
 

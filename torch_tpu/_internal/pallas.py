@@ -72,6 +72,7 @@ def _freeze(v):
     return tuple(_freeze(x) for x in v) if isinstance(v, (list, tuple)) else v
 
 
+
 class _Entry:
     """One exported signature: the imported module and its outputs."""
 
@@ -184,7 +185,13 @@ class JaxOp:
                                        "expected a tpu tensor")
                 present.append(v)
         e = self._entry(values)
-        outs = torch.ops.torch_tpu.call_stablehlo([present[i] for i in e.kept], e.module_id)
+        if e.kept:
+            outs = torch.ops.torch_tpu.call_stablehlo([present[i] for i in e.kept], e.module_id)
+        else:
+            # A function of its inputs' shapes only (jax.export dropped every argument):
+            # no tensor is left to say the device, so the call goes to tpu by name.
+            with torch.tpu.device_of(present[0] if present else None):
+                outs = torch.ops.torch_tpu.call_stablehlo.default._op_dk(torch._C.DispatchKey.PrivateUse1, [], e.module_id)
         if self.donate:
             _donated(self, values)
         return outs[0] if self.n_outs is None else tuple(outs)
