@@ -763,6 +763,31 @@ def errors_name_the_collective(rank, world):
     _eq(x, [sum(range(world)), world])
 
 
+@check("collectives", "four", "modes")
+def all_to_all_pieces_of_different_sizes(rank, world):
+    """NCCL takes all_to_all pieces of different sizes (MoE token routing): rank r sends
+    (r + 1) * (j + 1) values to rank j."""
+    import torch
+    import torch.distributed as dist
+    ins = [torch.full(((rank + 1) * (j + 1),), float(10 * rank + j), device="tpu") for j in range(world)]
+    outs = [torch.full(((i + 1) * (rank + 1),), -1.0, device="tpu") for i in range(world)]
+    dist.all_to_all(outs, ins)
+    for i, o in enumerate(outs):
+        _eq(o, [10.0 * i + rank] * ((i + 1) * (rank + 1)))
+
+
+@check("collectives", "four", "modes")
+def gather_of_complex_values(rank, world):
+    import torch
+    import torch.distributed as dist
+    x = torch.tensor([complex(rank, 1), complex(2, -rank)], device="tpu")
+    outs = [torch.zeros(2, dtype=torch.complex64, device="tpu") for _ in range(world)] if rank == 0 else None
+    dist.gather(x, outs, dst=0)
+    if rank == 0:
+        for r, o in enumerate(outs):
+            assert torch.equal(o.cpu(), torch.tensor([complex(r, 1), complex(2, -r)])), (r, o)
+
+
 @check("collectives", "modes")
 def uneven_pending_work(rank, world):
     """Ranks record different work before a collective; none hangs."""

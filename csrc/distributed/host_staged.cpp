@@ -395,9 +395,16 @@ WorkPtr HostStagedTransport::allgather_into_tensor_coalesced(TensorList& outputs
 WorkPtr HostStagedTransport::gather(std::vector<TensorList>& outputs, TensorList& inputs,
                                     const c10d::GatherOptions& opts) {
   Staging s(pool_, host_addresses_, "gather");
-  TensorList in = s.in(inputs);
+  // Gloo's gather takes no complex dtype (its other collectives do): complex values
+  // travel as their (real, imaginary) pairs.
+  auto as_real = [](TensorList ts) {
+    for (at::Tensor& t : ts)
+      if (t.is_complex()) t = at::view_as_real(t);
+    return ts;
+  };
+  TensorList in = as_real(s.in(inputs));
   std::vector<TensorList> out;
-  if (getRank() == opts.rootRank) out.push_back(s.out(outputs[0]));
+  if (getRank() == opts.rootRank) out.push_back(as_real(s.out(outputs[0])));
   s.inner.push_back(host_->gather(out, in, opts));
   return finish(s, OpType::GATHER, "gather", outputs.empty() ? TensorList{} : outputs[0]);
 }
@@ -493,8 +500,39 @@ WorkPtr HostStagedTransport::alltoall_base(at::Tensor& output, at::Tensor& input
 WorkPtr HostStagedTransport::alltoall(TensorList& outputs, TensorList& inputs,
                                       const c10d::AllToAllOptions& opts) {
   Staging s(pool_, host_addresses_, "all_to_all");
-  TensorList in = s.in(inputs), out = s.out(outputs);
-  s.inner.push_back(host_->alltoall(out, in, opts));
+  bool even = true;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    even = even && inputs[i].numel() == inputs[0].numel() && outputs[i].numel() == inputs[0].numel();
+  if (even) {
+    TensorList in = s.in(inputs), out = s.out(outputs);
+    s.inner.push_back(host_->alltoall(out, in, opts));
+    return finish(s, OpType::ALLTOALL, "all_to_all", outputs);
+  }
+  // Pieces of different sizes (NCCL takes them, Gloo's list form does not): one flat
+  // exchange split by the pieces' element counts, each output piece written back from
+  // its part of the result.
+  for (const TensorList* ts : {&inputs, &outputs})
+    for (const at::Tensor& t : *ts)
+      TORCH_CHECK_TYPE(t.scalar_type() == inputs[0].scalar_type(), "distributed.all_to_all(): pieces of ",
+                       "different sizes must share one dtype, got ", inputs[0].scalar_type(), " and ",
+                       t.scalar_type());
+  s.check_dtypes(inputs);
+  std::vector<int64_t> in_splits, out_splits;
+  TensorList flat_in;
+  for (const at::Tensor& t : inputs) {
+    flat_in.push_back(s.in(t).reshape(-1));
+    in_splits.push_back(t.numel());
+  }
+  int64_t total = 0;
+  for (const at::Tensor& t : outputs) total += t.numel();
+  at::Tensor in = at::cat(flat_in), out = pool_.take({total}, outputs[0].scalar_type());
+  int64_t offset = 0;
+  for (const at::Tensor& t : outputs) {
+    s.writes.push_back({t, out.narrow(0, offset, t.numel()).view(t.sizes())});
+    out_splits.push_back(t.numel());
+    offset += t.numel();
+  }
+  s.inner.push_back(host_->alltoall_base(out, in, out_splits, in_splits, opts));
   return finish(s, OpType::ALLTOALL, "all_to_all", outputs);
 }
 
