@@ -330,6 +330,11 @@ def __getattr__(name):
     # Built on first use: listing the devices starts the runtime.
     if name == "default_generators":
         return tuple(_default_generator(i) for i in range(device_count()))
+    # torch.cuda's flag, which PyTorch reads of a device module: torch.utils.checkpoint
+    # saves and restores the device's random state only when it is set (without it a
+    # checkpointed dropout drew another mask when recomputed).
+    if name == "_initialized":
+        return is_initialized()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
