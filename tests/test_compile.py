@@ -271,6 +271,22 @@ def test_plain_torch_compile_on_tpu_takes_new_sizes_as_new_graphs(kw):
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_a_graph_with_a_jagged_nested_tensor_input_runs_eagerly_counted():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    parts = [torch.randn(n, 8) for n in (3, 5, 2)]
+    lin = torch.nn.Linear(8, 4)
+    want = [lin(p).relu() for p in parts]
+    lin_t = copy.deepcopy(lin).to("tpu")
+    nt = torch.nested.nested_tensor([p.to("tpu") for p in parts], layout=torch.jagged)
+    before = torch_tpu.metrics()["compiled_eager_graphs"]
+    with pytest.warns(UserWarning, match="nested tensor input runs eagerly"):
+        got = torch.compile(lambda n: lin_t(n).relu(), backend="tpu")(nt)
+    for g, w in zip(got.unbind(), want):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-5, atol=1e-5)
+    assert torch_tpu.metrics()["compiled_eager_graphs"] == before + 1
+
+
 def test_bounded_dynamism_one_graph_for_every_size_in_bounds():
     from torch_tpu import dynamism
     from torch_tpu._internal import dynamism as internal

@@ -38,6 +38,7 @@ import functools
 import operator
 import os
 import time
+import warnings
 
 import torch
 
@@ -58,6 +59,7 @@ counters = {
     "compiled_aot_seconds": 0.0,      # ... of which AOTAutograd (PyTorch's tracing and partition)
     "compiled_record_seconds": 0.0,   # ... of which first calls: recording, capture (ours)
     "compiled_call_seconds": 0.0,     # host time in graph calls: recording or replaying
+    "compiled_eager_graphs": 0,       # Dynamo graphs run eagerly instead (nested tensors)
 }
 
 
@@ -338,6 +340,11 @@ def _symbols(example_inputs):
             list(x.shape) + list(x.stride()) if isinstance(x, torch.Tensor) else [])
         for v in vals:
             if isinstance(v, torch.SymInt):
+                if not hasattr(v.node, "expr"):  # a jagged nested tensor's ragged size
+                    raise NotImplementedError(
+                        "torch_tpu compiled mode: an input is a jagged nested tensor, whose ragged "
+                        f"dimension ({v}) has no bound; run this function eagerly (nested tensors "
+                        "work there) or pad it to a dense tensor first (to_padded_tensor).")
                 syms.extend(s for s in v.node.expr.free_symbols if s not in syms)
     return syms
 
@@ -420,6 +427,13 @@ class TpuBackend:
         from torch._dynamo.backends.common import aot_autograd
         from torch._guards import CompileContext
 
+        if any(isinstance(x, torch.Tensor) and x.is_nested for x in example_inputs):
+            # A jagged nested tensor's ragged dimension has no bound to compile one program
+            # for: the graph runs eagerly (nested tensors work there), counted and warned.
+            counters["compiled_eager_graphs"] += 1
+            warnings.warn("torch_tpu compiled mode: a graph with a nested tensor input runs eagerly "
+                          "(its ragged dimension has no bound to compile for)", stacklevel=2)
+            return gm.forward
         _check_dynamism(example_inputs, self.dynamism)
         cid = CompileContext.current_compile_id()
         if cid is not None and (cid.frame_compile_id or 0) > 0:
