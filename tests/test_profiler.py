@@ -102,3 +102,15 @@ def test_training_step_profile_and_chrome_trace(tmp_path):
     names = {e.get("name") for e in events}
     assert "aten::addmm" in names
     assert all(e.get("dur", 0) >= 0 for e in events)
+
+
+def test_a_cpu_only_profile_after_a_tpu_one_records_no_device_events():
+    out = _run("""
+        def device_events(activities):
+            with profile(activities=activities) as prof:
+                (x @ w).relu().sum().item()
+            return sum(1 for e in prof.events() if e.device_type != torch.autograd.DeviceType.CPU)
+        both = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
+        print(json.dumps([device_events(both), device_events([ProfilerActivity.CPU]), device_events(both)]))
+    """)
+    assert out[0] > 0 and out[1] == 0 and out[2] > 0, out

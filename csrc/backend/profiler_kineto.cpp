@@ -71,7 +71,14 @@ void settle(std::vector<std::unique_ptr<Launch>>& launches) {
 
 class Session final : public libkineto::IActivityProfilerSession {
  public:
+  // Kineto configures registered child profilers for every session once one has asked
+  // for device activities: a session without them records nothing here.
+  explicit Session(bool device_activities) : record_(device_activities) {}
   void start() override {
+    if (!record_) {
+      status_ = libkineto::TraceStatus::RECORDING;
+      return;
+    }
     std::vector<std::unique_ptr<Launch>> stale;  // launched after an earlier session stopped
     {
       std::lock_guard<std::mutex> lock(g_mu);
@@ -83,6 +90,10 @@ class Session final : public libkineto::IActivityProfilerSession {
     status_ = libkineto::TraceStatus::RECORDING;
   }
   void stop() override {
+    if (!record_) {
+      status_ = libkineto::TraceStatus::PROCESSING;
+      return;
+    }
     g_device_tracing = false;
     end_ns_ = c10::getTime();
     {
@@ -131,6 +142,7 @@ class Session final : public libkineto::IActivityProfilerSession {
   }
 
  private:
+  bool record_;
   int64_t start_ns_ = 0, end_ns_ = 0;
   int64_t next_id_ = 0;
   std::vector<std::unique_ptr<Launch>> launches_;
@@ -141,9 +153,10 @@ class TpuActivityProfiler final : public libkineto::IActivityProfiler {
  public:
   const std::string& name() const override { return name_; }
   const std::set<libkineto::ActivityType>& availableActivities() const override { return activities_; }
-  std::unique_ptr<libkineto::IActivityProfilerSession> configure(const std::set<libkineto::ActivityType>&,
+  std::unique_ptr<libkineto::IActivityProfilerSession> configure(const std::set<libkineto::ActivityType>& types,
                                                                  const libkineto::Config&) override {
-    return std::make_unique<Session>();
+    // (A CPU-only session asks for the runtime activity too; device kernels it does not.)
+    return std::make_unique<Session>(types.count(libkineto::ActivityType::CONCURRENT_KERNEL) > 0);
   }
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(int64_t, int64_t,
                                                                  const std::set<libkineto::ActivityType>& types,
