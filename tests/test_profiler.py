@@ -114,3 +114,19 @@ def test_a_cpu_only_profile_after_a_tpu_one_records_no_device_events():
         print(json.dumps([device_events(both), device_events([ProfilerActivity.CPU]), device_events(both)]))
     """)
     assert out[0] > 0 and out[1] == 0 and out[2] > 0, out
+
+
+def test_ops_whose_launch_waits_for_their_compile_keep_their_device_time():
+    # Cold (no compile cache): Strict queues each launch behind its program's compile,
+    # and another thread launches it; the device time is still the op's, backward too.
+    out = _run("""
+        m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).to("tpu")
+        h = torch.randn(32, 64, device="tpu")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+            m(h).square().mean().backward()
+            torch.tpu.synchronize()
+        rows = {e.key: e.self_device_time_total for e in prof.key_averages()}
+        print(json.dumps({k: rows.get(k, 0.0) for k in ("aten::addmm", "aten::gelu", "aten::mm",
+                                                        "aten::gelu_backward")}))
+    """, env={"TPU_COMPILE_CACHE": "0"})
+    assert all(v > 0 for v in out.values()), out

@@ -648,6 +648,7 @@ struct Job {
   std::vector<int> aliases;
   std::vector<bool> donate;
   bool each_call = false;  // Strict's queued launches: each call its own program, no graph
+  uint64_t correlation = 0;  // ... the op that queued it, for torch.profiler
   int split = 0;  // > 0: the calls from here on (a backward) run as a second program
 };
 
@@ -840,6 +841,7 @@ void run_job(Job& job) {
   }
   job.params.clear();  // donated buffers are now held only by `params`
   if (job.each_call) {
+    CorrelationScope op(job.correlation);
     replay(job, params, false);
     return;
   }
@@ -1011,6 +1013,7 @@ Results run_queued(const ProgramPtr& program, std::vector<Operand> args, int dev
   Job job;
   job.device = device;
   job.each_call = true;
+  job.correlation = current_correlation();
   Call call{program, {}};
   for (size_t i = 0; i < args.size(); ++i) {
     call.args.push_back({-1, static_cast<int>(i)});

@@ -3,6 +3,7 @@
 // op that launched them.
 #pragma once
 #include <atomic>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,5 +16,21 @@ extern std::atomic<bool> g_device_tracing;  // a session is recording
 // Notes a program just launched on `device` producing `outputs` (times it until they
 // are ready). Cheap when no session records.
 void note_launch(const std::string& name, int device, const std::vector<runtime::BufferPtr>& outputs);
+
+// The op being dispatched on this thread, for a launch another thread makes for it (a
+// Strict launch queued behind its compile): 0 when none or no session records.
+uint64_t current_correlation();
+
+// Makes `correlation` this thread's op while alive (0: nothing).
+class CorrelationScope {
+ public:
+  explicit CorrelationScope(uint64_t correlation);
+  ~CorrelationScope();
+  CorrelationScope(const CorrelationScope&) = delete;
+  CorrelationScope& operator=(const CorrelationScope&) = delete;
+
+ private:
+  bool pushed_;
+};
 
 }  // namespace tpu::backend

@@ -174,6 +174,19 @@ REGISTER_PRIVATEUSE1_PROFILER(TpuActivityProfiler);
 
 }  // namespace
 
+uint64_t current_correlation() {
+  if (!g_device_tracing.load(std::memory_order_relaxed) || t_correlation.empty()) return 0;
+  return t_correlation.back();
+}
+
+CorrelationScope::CorrelationScope(uint64_t correlation) : pushed_(correlation != 0) {
+  if (pushed_) t_correlation.push_back(correlation);
+}
+
+CorrelationScope::~CorrelationScope() {
+  if (pushed_ && !t_correlation.empty()) t_correlation.pop_back();
+}
+
 void note_launch(const std::string& name, int device, const std::vector<runtime::BufferPtr>& outputs) {
   if (!g_device_tracing.load(std::memory_order_relaxed) || outputs.empty()) return;
   auto l = std::make_unique<Launch>();
