@@ -130,3 +130,16 @@ def test_ops_whose_launch_waits_for_their_compile_keep_their_device_time():
                                                         "aten::gelu_backward")}))
     """, env={"TPU_COMPILE_CACHE": "0"})
     assert all(v > 0 for v in out.values()), out
+
+
+def test_profile_memory_counts_tpu_storages_per_op():
+    out = _run("""
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], profile_memory=True) as prof:
+            y = torch.empty(1024, 1024, device="tpu").fill_(1.0)
+            z = y * 2
+            del y
+            z.sum().item()
+        rows = {e.key: e.self_device_memory_usage for e in prof.key_averages()}
+        print(json.dumps([rows["aten::empty"], rows["aten::mul"]]))
+    """)
+    assert out == [4 << 20, 4 << 20], out

@@ -14,6 +14,7 @@
 
 #include "backend/device.h"
 #include "backend/dtypes.h"
+#include "backend/profiler.h"
 #include "backend/executor.h"
 #include "lowering/helpers.h"
 #include "runtime/client.h"
@@ -21,7 +22,21 @@
 namespace tpu::backend {
 namespace {
 
-void delete_storage(void* ctx) { delete static_cast<StorageData*>(ctx); }
+// torch.profiler(profile_memory=True) with tpu activities: storages are the device's
+// allocations (a relaxed load when no session records).
+void report_to_profiler(const StorageData* s, int64_t bytes) {
+  if (!g_device_tracing.load(std::memory_order_relaxed) || !c10::memoryProfilingEnabled()) return;
+  const runtime::DeviceStats& st = runtime::Client::get().stats(s->device);
+  size_t live = static_cast<size_t>(std::max<int64_t>(st.live_bytes.load(), 0));
+  c10::reportMemoryUsageToProfiler(const_cast<StorageData*>(s), bytes, live, live,
+                                   c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(s->device)));
+}
+
+void delete_storage(void* ctx) {
+  auto* s = static_cast<StorageData*>(ctx);
+  report_to_profiler(s, -static_cast<int64_t>(s->nbytes));
+  delete s;
+}
 
 
 // A DeviceAllocator, so torch.accelerator's memory functions reach it as torch.tpu's do.
@@ -65,6 +80,7 @@ class TpuAllocator final : public c10::DeviceAllocator {
                      "torch_tpu: out of device memory on tpu:", static_cast<int>(dev), ": tried to allocate ",
                      nbytes, " bytes, more than its limit of ", limit, " bytes");
     auto* s = new StorageData{dev, nbytes, {}};
+    report_to_profiler(s, static_cast<int64_t>(nbytes));
     // The data pointer is only an identity: device memory is never host-addressable.
     return c10::DataPtr(s, s, &delete_storage, c10::Device(c10::DeviceType::PrivateUse1, dev));
   }
@@ -331,6 +347,7 @@ at::Tensor wrap_value(Operand value, c10::ScalarType dtype, at::IntArrayRef size
   size_t nbytes = static_cast<size_t>(c10::multiply_integers(sizes)) * meta.itemsize();
   c10::Device dev(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
   auto* s = new StorageData{device, nbytes, std::move(value)};
+  report_to_profiler(s, static_cast<int64_t>(nbytes));
   auto storage = c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), nbytes, c10::DataPtr(s, s, &delete_storage, dev), &g_allocator,
       /*resizable=*/true);
