@@ -308,12 +308,15 @@ def test_failed_graph_is_replayed_op_by_op_and_names_the_op():
     torch.tpu.synchronize()
     replays = m()["fused_replays"]
     with torch_tpu.set_eager_mode(FUSED):
-        torch_tpu._C.set_memory_limit(torch.tpu.memory_allocated() + 100_000)
+        # Room for one 4 MB tensor (an allocation past the limit raises at once), not the
+        # graph's two.
+        torch_tpu._C.set_memory_limit(torch.tpu.memory_allocated() + 6_000_000)
         try:
             small = keep * 2
             big = torch.ones(1000, 1000, device="tpu") + small.sum()
+            bigger = big * 2
             with pytest.raises(torch.OutOfMemoryError, match="out of device memory"):
-                big.cpu()
+                bigger.cpu()
         finally:
             torch_tpu._C.set_memory_limit(0)
         assert m()["fused_replays"] == replays + 1
