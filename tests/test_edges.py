@@ -964,3 +964,17 @@ def test_bool_and_integer_inputs_cpu_refuses_raise_alike(name, dtype):
 def test_integer_inputs_cpu_takes_still_compute(call):
     _same_as_cpu(lambda d: call(torch.tensor([3, 0, 5, 2], device=d).view(1, 1, 4)))
     assert _outcome(lambda d: call(torch.tensor([3, 0, 5, 2], device=d).view(1, 1, 4)), "tpu")[0] is None
+
+
+def test_strided_nested_tensor_ops_name_the_op_and_the_jagged_layout():
+    import warnings
+    parts = [torch.randn(2, 3), torch.randn(4, 3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyTorch's prototype warning for the strided layout
+        nt = torch.nested.nested_tensor([p.to("tpu") for p in parts])
+    for fn, op in ((lambda: nt.unbind(), "aten::unbind"), (lambda: nt + nt, "aten::add"),
+                   (lambda: nt.to("cpu"), "aten::_to_copy")):
+        with pytest.raises(NotImplementedError, match=op + r".*torch.strided.*layout=torch.jagged"):
+            fn()
+    jagged = torch.nested.nested_tensor([p.to("tpu") for p in parts], layout=torch.jagged)
+    assert torch.equal((jagged + jagged).unbind()[1].cpu(), parts[1] * 2)

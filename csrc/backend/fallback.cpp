@@ -83,4 +83,16 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&boxed_fallback>());
 }
 
+// Nested tensors of layout torch.strided: PyTorch has their kernels on CPU and CUDA only
+// (jagged ones are a Python subclass over ordinary tensors, and run on tpu).
+static void strided_nested_refusal(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_tpu: ", op.operator_name(), " on a nested tensor of layout ",
+                              "torch.strided: PyTorch has kernels for that layout on CPU and CUDA only; build it ",
+                              "with torch.nested.nested_tensor(..., layout=torch.jagged), which runs on tpu");
+}
+
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&strided_nested_refusal>());
+}
+
 }  // namespace tpu::backend
