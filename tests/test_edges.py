@@ -978,3 +978,46 @@ def test_strided_nested_tensor_ops_name_the_op_and_the_jagged_layout():
             fn()
     jagged = torch.nested.nested_tensor([p.to("tpu") for p in parts], layout=torch.jagged)
     assert torch.equal((jagged + jagged).unbind()[1].cpu(), parts[1] * 2)
+
+
+INDEX_DTYPE_CASES = {
+    "index_select": lambda a, i: a.index_select(0, i),
+    "index_add_": lambda a, i: a.clone().index_add_(0, i, torch.ones(2, 3, device=a.device)),
+    "index_copy_": lambda a, i: a.clone().index_copy_(0, i, torch.ones(2, 3, device=a.device)),
+    "index_fill_": lambda a, i: a.clone().index_fill_(0, i, 1.0),
+    "index_reduce_": lambda a, i: a.clone().index_reduce_(0, i, torch.ones(2, 3, device=a.device), "prod"),
+}
+
+
+@pytest.mark.parametrize("op", sorted(INDEX_DTYPE_CASES))
+@pytest.mark.parametrize("index_dtype", [torch.float32, torch.int32])
+def test_index_ops_refuse_the_index_dtypes_cpu_refuses(op, index_dtype):
+    # A float index was read as integers (silently), an int32 one where CPU takes int64 only.
+    fn = INDEX_DTYPE_CASES[op]
+    a, i = torch.randn(4, 3), torch.tensor([0, 2]).to(index_dtype)
+    try:
+        want = fn(a, i)
+    except Exception as e:
+        with pytest.raises(type(e)) as got:
+            fn(a.to("tpu"), i.to("tpu")).cpu()
+        assert str(got.value).split("\n")[0] == str(e).split("\n")[0]
+    else:
+        assert torch.equal(fn(a.to("tpu"), i.to("tpu")).cpu(), want)
+    assert (a.to("tpu") * 2).sum().item() == pytest.approx((a * 2).sum().item(), rel=1e-5)
+
+
+def test_multinomial_without_replacement_refuses_more_samples_than_categories_at_the_call():
+    p = torch.tensor([0.2, 0.3, 0.5])
+    with pytest.raises(RuntimeError, match=r"cannot sample n_sample > prob_dist.size\(-1\) samples without"):
+        p.to("tpu").multinomial(5, replacement=False)
+    assert p.to("tpu").multinomial(3).sort().values.cpu().tolist() == [0, 1, 2]
+
+
+def test_resize_to_a_negative_size_raises_cpus_error_and_queues_nothing():
+    v = torch.randn(5)
+    t = v.to("tpu")
+    with pytest.raises(RuntimeError, match="numel: integer multiplication overflow"):
+        t.resize_(-1)
+    torch.tpu.synchronize()  # nothing left behind to fail later
+    assert torch.equal(t.cpu(), v)
+    assert (torch.ones(3, device="tpu") * 2).sum().item() == 6.0

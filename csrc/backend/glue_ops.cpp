@@ -160,6 +160,8 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
     if (mf.has_value()) self.unsafeGetTensorImpl()->empty_tensor_restride(*mf);
     return self;
   }
+  // CPU's check (and message), before anything is allocated or queued.
+  for (int64_t d : size) TORCH_CHECK(d >= 0, "numel: integer multiplication overflow");
   int64_t numel = c10::multiply_integers(size);
   size_t isz = self.dtype().itemsize();
   size_t need = static_cast<size_t>(self.storage_offset() + numel) * isz;

@@ -231,6 +231,39 @@ KernelCheck value_check_for(const std::string& base) {
   return it == checks.end() ? nullptr : it->second;
 }
 
+// The index of index_select / index_add / index_copy / index_fill / index_reduce
+// (self, dim, index, ...): CPU's kernels check its dtype (a float index would otherwise be
+// read as integers).
+c10::ScalarType index_dtype(c10::ArrayRef<c10::IValue> args) {
+  return args.size() > 2 && args[2].isTensor() ? args[2].toTensor().scalar_type() : c10::kLong;
+}
+bool int_index(c10::ScalarType t) { return t == c10::kLong || t == c10::kInt; }
+void index_select_index(c10::ArrayRef<c10::IValue> args) {
+  TORCH_CHECK(int_index(index_dtype(args)), "index_select(): Expected dtype int32 or int64 for index");
+}
+void index_add_index(c10::ArrayRef<c10::IValue> args) {
+  TORCH_CHECK(int_index(index_dtype(args)), "index_add_(): Expected dtype int32/int64 for index but got: ",
+              index_dtype(args));
+}
+void index_reduce_index(c10::ArrayRef<c10::IValue> args) {
+  TORCH_CHECK(int_index(index_dtype(args)), "index_reduce_(): Expected dtype int32/int64 for index but got: ",
+              index_dtype(args));
+}
+void index_copy_index(c10::ArrayRef<c10::IValue> args) {
+  TORCH_CHECK(index_dtype(args) == c10::kLong, "index_copy_(): Expected a long tensor for index, but got ",
+              index_dtype(args));
+}
+void index_fill_index(c10::ArrayRef<c10::IValue> args) {
+  TORCH_CHECK_INDEX(index_dtype(args) == c10::kLong, "index_fill_(): Expected dtype int64 for index.");
+}
+// multinomial(self, num_samples, replacement, generator): a shape check CPU makes.
+void multinomial_samples(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 3 || !args[0].isTensor() || args[2].toBool()) return;
+  const at::Tensor& p = args[0].toTensor();
+  TORCH_CHECK(p.dim() == 0 || args[1].toInt() <= p.size(-1),
+              "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+}
+
 KernelCheck kernel_check_for(const std::string& base) {
   static const std::unordered_map<std::string, KernelCheck> checks = {
       {"index_put", &index_put_values_dtype},
@@ -251,6 +284,12 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"randperm", &randperm_size},
       {"argmax", &argmax_input},
       {"argmin", &argmin_input},
+      {"index_select", &index_select_index},
+      {"index_add", &index_add_index},
+      {"index_reduce", &index_reduce_index},
+      {"index_copy", &index_copy_index},
+      {"index_fill", &index_fill_index},
+      {"multinomial", &multinomial_samples},
   };
   auto it = checks.find(base);
   return it == checks.end() ? nullptr : it->second;

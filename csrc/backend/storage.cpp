@@ -76,7 +76,7 @@ class TpuAllocator final : public c10::DeviceAllocator {
     // More than the device can ever hold: raised here, where CUDA raises it, and not at
     // the first launch that fills it (fills and factories are recorded lazily).
     int64_t limit = runtime::Client::get().memory_limit(dev);
-    TORCH_CHECK_WITH(OutOfMemoryError, static_cast<int64_t>(nbytes) <= limit,
+    TORCH_CHECK_WITH(OutOfMemoryError, nbytes <= static_cast<size_t>(limit),
                      "torch_tpu: out of device memory on tpu:", static_cast<int>(dev), ": tried to allocate ",
                      nbytes, " bytes, more than its limit of ", limit, " bytes");
     auto* s = new StorageData{dev, nbytes, {}};
