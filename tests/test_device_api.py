@@ -236,3 +236,29 @@ def test_metrics_report_lists_counters():
         assert key in m
     assert m["executions"] > 0 and m["lowered_ops"] > 100
     assert "compiles" in torch_tpu.metrics_report()
+
+
+def test_data_parallel_over_tpu_devices_matches_cpu():
+    # torch.nn.DataParallel scatters the batch, replicates the module, gathers outputs and
+    # sums the replicas' gradients: device-to-device copies between tpu devices.
+    r = run_python(
+        "import torch, torch_tpu\n"
+        "torch.manual_seed(0)\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))\n"
+        "x = torch.randn(6, 4)\n"
+        "want = m(x); want.square().sum().backward(); grads = [p.grad.clone() for p in m.parameters()]\n"
+        "m.to('tpu:0')\n"
+        "for ids in ([0, 1], None, [0]):\n"
+        "    for p in m.parameters(): p.grad = None\n"
+        "    dp = torch.nn.DataParallel(m, device_ids=ids) if ids else torch.nn.DataParallel(m)\n"
+        "    out = dp(x.to('tpu:0'))\n"
+        "    out.square().sum().backward()\n"
+        "    assert out.device == torch.device('tpu', 0)\n"
+        "    torch.testing.assert_close(out.cpu(), want, rtol=1e-5, atol=1e-5)\n"
+        "    for p, g in zip(m.parameters(), grads):\n"
+        "        assert p.grad.device == torch.device('tpu', 0)\n"
+        "        torch.testing.assert_close(p.grad.cpu(), g, rtol=1e-5, atol=1e-5)\n"
+        "print('ok', len(torch.nn.DataParallel(m).device_ids))\n",
+        env={"TPU_NUM_DEVICES": "4"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok", "4"]

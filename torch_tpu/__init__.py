@@ -66,6 +66,9 @@ if torch.distributed.is_available():
 from . import _sync_batch_norm  # noqa: E402  (torch.nn.SyncBatchNorm's ops)
 
 _sync_batch_norm.register()
+from . import _data_parallel  # noqa: E402  (torch.nn.DataParallel's copies between tpu devices)
+
+_data_parallel.install()
 from . import _quantized  # noqa: E402  (torchao's int8 x int8 -> int32 mm on _int_mm)
 
 _quantized.register()
