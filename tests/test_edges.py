@@ -1021,3 +1021,52 @@ def test_resize_to_a_negative_size_raises_cpus_error_and_queues_nothing():
     torch.tpu.synchronize()  # nothing left behind to fail later
     assert torch.equal(t.cpu(), v)
     assert (torch.ones(3, device="tpu") * 2).sum().item() == 6.0
+
+
+# ---- a failed device-side check taints what its op computed -------------------------
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_failed_index_check_leaves_no_readable_garbage(mode):
+    # Strict and DeferAndFuse raise an out-of-range index at the next sync, as CUDA's
+    # device asserts do; the op's results (read with clamped indices) then raise at
+    # every use instead of reading as values. Debug raises at the call and writes nothing.
+    x = torch.arange(12.0, device="tpu").view(4, 3)
+    bad = torch.tensor([0, 9], device="tpu")
+    ones = torch.ones(2, 3, device="tpu")
+    with torch_tpu.set_eager_mode(MODES[mode]):
+        y = x.clone()
+        if mode == "debug":
+            with pytest.raises(IndexError, match="out of (range|bounds)"):
+                x.index_select(0, bad)
+            with pytest.raises(RuntimeError, match="out of (range|bounds)"):  # as CPU's type
+                y.index_add_(0, bad, ones)
+            assert torch.equal(y.cpu(), x.cpu())  # the failed index_add_ wrote nothing
+        else:
+            z = x.index_select(0, bad)
+            y.index_add_(0, bad, ones)
+            kept = x.index_select(0, bad)
+            kept.copy_(torch.full((2, 3), 5.0, device="tpu"))  # overwritten whole before the sync
+            with pytest.raises((IndexError, RuntimeError), match="out of (range|bounds)"):
+                torch_tpu.synchronize()
+            torch_tpu.synchronize()  # raised once
+            for t in (z, y):  # both failed checks taint their results, not only the first
+                for use in (lambda t: t.cpu(), lambda t: (t + 1).cpu(), lambda t: t.sum().item()):
+                    with pytest.raises(RuntimeError, match=r"device-side check failed \(.*out of (range|bounds)"):
+                        use(t)
+            assert torch.equal(kept.cpu(), torch.full((2, 3), 5.0))
+        # Everything else stays usable.
+        assert torch.equal(x.cpu(), torch.arange(12.0).view(4, 3))
+        assert x.index_select(0, torch.tensor([3, 0], device="tpu")).sum().item() == 33.0
+
+
+def test_a_failed_index_check_taints_a_compiled_graphs_results():
+    cf = torch.compile(lambda x, i: x.index_select(0, i) * 2, backend="tpu")
+    x = torch.arange(12.0, device="tpu").view(4, 3)
+    good = torch.tensor([0, 1], device="tpu")
+    assert cf(x, good).sum().item() == 30.0
+    r = cf(x, torch.tensor([0, 9], device="tpu"))
+    with pytest.raises(IndexError, match="index_select.*out of bounds"):
+        r.cpu()
+    with pytest.raises(RuntimeError, match=r"device-side check failed \(aten::index_select"):
+        r.cpu()
+    assert cf(x, good).sum().item() == 30.0 and x.sum().item() == 66.0

@@ -99,8 +99,8 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
           return;
         }
         StorageData& sd = storage_of(t);
-        if (!sd.donated_to.empty()) {
-          decline("input " + std::to_string(k) + " was donated");
+        if (!sd.unreadable.empty()) {
+          decline("input " + std::to_string(k) + " holds nothing to read");
           return;
         }
         if (!sd.value && std::find(mutated.begin(), mutated.end(), static_cast<int>(k)) != mutated.end()) {
@@ -350,7 +350,7 @@ py::object CapturedGraph::replay(py::list args, int how_) {
     }
     if (!plain_tpu_tensor(h, &ins[k]) || !in.spec.matches(ins[k])) return miss("layout", k);
     const StorageData& sd = storage_of(ins[k]);
-    if (!sd.donated_to.empty() || static_cast<bool>(sd.value) != (in.entry != nullptr)) return miss("written", k);
+    if (!sd.unreadable.empty() || static_cast<bool>(sd.value) != (in.entry != nullptr)) return miss("written", k);
     if (sd.value && !same_type(sd.value.type(), in.type)) return miss("storage type", k);
     int shares = -1;  // the same storages shared, no others
     for (size_t e = 0; e < k && shares < 0; ++e)
@@ -396,7 +396,6 @@ py::object CapturedGraph::replay(py::list args, int how_) {
       bind(results);
     }
   }
-  for (auto& [j, message] : result_checks_) add_device_check(results[j], message);
   if (how == How::Join) flush("compiled step");
 
   py::list outs;
@@ -421,6 +420,13 @@ py::object CapturedGraph::replay(py::list args, int how_) {
         outs.append(tensor_on(made[o.group], o.spec));
         continue;
     }
+  }
+  if (!result_checks_.empty()) {  // a failed check taints the whole step's results
+    std::vector<c10::Storage> checked;
+    for (const c10::Storage& st : made)
+      if (st) checked.push_back(st);
+    for (auto& [k, j] : writes_) checked.push_back(kept[k]);
+    for (auto& [j, message] : result_checks_) add_device_check(results[j], message, checked);
   }
   return outs;
 }

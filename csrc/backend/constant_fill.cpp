@@ -64,7 +64,7 @@ int64_t host_fill_count() { return g_host_fills.load(); }
 bool try_host_fill(const at::Tensor& self, const c10::Scalar& value) {
   if (deferring() || !self.is_privateuseone() || self.is_conj() || self.is_neg()) return false;
   StorageData& sd = storage_of(self);
-  if (!sd.donated_to.empty() || sd.nbytes == 0) return false;
+  if (!sd.unreadable.empty() || sd.nbytes == 0) return false;
   ir::Type st = storage_type(self);
   if (st.dtype != to_dtype(self.scalar_type()) || !geometry_of(self).covers(st.shape)) return false;
   if (is_positive_zero(value)) {

@@ -10,14 +10,49 @@
 
 #include "backend/captured_graph.h"
 #include "backend/executor.h"
+#include "backend/storage.h"
 
 namespace tpu::backend {
 namespace {
 
+// An output of the checked op, held weakly (checks wait for a sync; memory must not).
+struct Output {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  std::weak_ptr<runtime::Buffer> buffer;  // the value the op gave it
+  std::weak_ptr<Slot> slot;
+};
+
 struct Check {
   Operand ok;
   std::string message;
+  std::vector<Output> outputs;
 };
+
+// A message asks for PyTorch's generic RuntimeError with this prefix (IndexError without).
+const std::string kRuntimeTag = "RuntimeError: ";
+std::string without_tag(const std::string& m) {
+  return m.rfind(kRuntimeTag, 0) == 0 ? m.substr(kRuntimeTag.size()) : m;
+}
+
+bool holds(const Operand& v, const Output& o) {
+  if (v.buffer) {
+    if (v.buffer == o.buffer.lock()) return true;
+    SlotPtr slot = o.slot.lock();  // the slot's buffer, once it ran
+    return slot && guarded([&] { return resolve(slot); }) == v.buffer;
+  }
+  return v.slot && v.slot == o.slot.lock();
+}
+
+// The failed op's outputs that still hold its values: reading them raises from now on.
+void poison(const Check& c) {
+  for (const Output& o : c.outputs) {
+    c10::intrusive_ptr<c10::StorageImpl> impl = o.storage.lock();
+    StorageData* s = impl ? storage_record(*impl) : nullptr;
+    if (s && holds(s->value, o))
+      make_unreadable(*s, "this tpu tensor holds the result of an op whose device-side check failed (" +
+                              without_tag(c.message) + "); its values are not defined");
+  }
+}
 
 std::mutex g_mu;
 std::vector<Check> g_checks;
@@ -27,12 +62,19 @@ constexpr size_t kMaxOutstanding = 256;
 
 }  // namespace
 
-void add_device_check(Operand ok, std::string message) {
+void add_device_check(Operand ok, std::string message, const std::vector<c10::Storage>& outputs) {
   note_device_check(ok, message);
+  std::vector<Output> held;
+  for (const c10::Storage& st : outputs) {
+    StorageData* s = st ? storage_record(*st.unsafeGetStorageImpl()) : nullptr;
+    if (!s || !s->value) continue;
+    held.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(st.getWeakStorageImpl()), s->value.buffer,
+                    s->value.slot});
+  }
   size_t n;
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    g_checks.push_back({std::move(ok), std::move(message)});
+    g_checks.push_back({std::move(ok), std::move(message), std::move(held)});
     n = g_checks.size();
   }
   if (eager_mode() == EagerMode::Debug || n > kMaxOutstanding) verify_device_checks();
@@ -53,6 +95,9 @@ void verify_device_checks() {
                     std::make_move_iterator(checks.end()));
     checks.erase(waits, checks.end());
   }
+  // Every flag is read (each failed one taints its op's outputs); the first failed
+  // one is raised.
+  const Check* failed = nullptr;
   for (const Check& c : checks) {
     runtime::BufferPtr b = guarded([&] { return resolve(c.ok); });
     bool ok = true;
@@ -60,12 +105,13 @@ void verify_device_checks() {
       runtime::Client::get().to_host(*b, &ok, 1);
       return 0;
     });
-    // IndexError by default (out-of-range indices); a "RuntimeError: " prefix asks for
-    // PyTorch's generic error instead (invalid values, like CPU's TORCH_CHECK).
-    const std::string tag = "RuntimeError: ";
-    if (c.message.rfind(tag, 0) == 0) TORCH_CHECK(ok, c.message.substr(tag.size()));
-    TORCH_CHECK_INDEX(ok, c.message);
+    if (ok) continue;
+    poison(c);
+    if (!failed) failed = &c;
   }
+  if (!failed) return;
+  if (failed->message.rfind(kRuntimeTag, 0) == 0) TORCH_CHECK(false, without_tag(failed->message));
+  TORCH_CHECK_INDEX(false, failed->message);
 }
 
 }  // namespace tpu::backend

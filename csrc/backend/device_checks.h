@@ -3,13 +3,18 @@
 // (at once in Debug mode), so checking costs no host round trip per op.
 #pragma once
 #include <string>
+#include <vector>
+
+#include <c10/core/Storage.h>
 
 #include "backend/deferred.h"
 
 namespace tpu::backend {
 
-// `ok` is a bool scalar computed by an op; `message` is raised if it is false.
-void add_device_check(Operand ok, std::string message);
+// `ok` is a bool scalar computed by an op; `message` is raised if it is false. The
+// op's `outputs` that still hold what it computed then become unreadable: their
+// values are garbage, and every later read or use names the failed check.
+void add_device_check(Operand ok, std::string message, const std::vector<c10::Storage>& outputs = {});
 // Reads every outstanding flag; raises IndexError with the first failed one's message
 // (RuntimeError when the message starts with "RuntimeError: "). Inside a LaunchNow scope
 // (a read of values the pending graph does not compute) flags still pending stay for

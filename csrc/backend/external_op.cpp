@@ -46,9 +46,7 @@ int64_t import_stablehlo(const std::string& text, const std::string& what,
 // Python: _C._donate(tensor, what): the storage gives up its value (its memory returns
 // once the programs reading it have run); later reads raise, naming `what`.
 void donate_storage(const at::Tensor& t, const std::string& what) {
-  StorageData& s = storage_of(t);
-  s.value = Operand();
-  s.donated_to = what;
+  make_unreadable(storage_of(t), "this tpu tensor was donated to " + what + " and can no longer be used");
 }
 
 }  // namespace tpu::backend

@@ -72,7 +72,7 @@ void assign(const at::Tensor& dst, Operand value, const at::Tensor* src = nullpt
     }, {value}, s.device)[0];
     return;
   }
-  if (!s.value && s.pending.empty()) check_not_donated(s);
+  if (!s.value && s.pending.empty()) check_readable(s);
   if (deferring()) {
     // The pending graph already joins the writes into one program.
     Operand cur = storage_value(dst);
@@ -240,7 +240,7 @@ at::Tensor view_of_host_copy(const at::Tensor& src) {
   size_t storage_bytes = src.storage().nbytes();
   if (storage_bytes > kHostCopyMax) return {};
   StorageData& s = storage_of(src);
-  if (!s.value || s.copy_of || !s.donated_to.empty() || s.nbytes != storage_bytes) return {};
+  if (!s.value || s.copy_of || !s.unreadable.empty() || s.nbytes != storage_bytes) return {};
   bool part = src.nbytes() < storage_bytes;
   std::shared_ptr<const std::vector<uint8_t>> bytes;
   {

@@ -132,11 +132,15 @@ std::pair<at::Tensor, std::vector<at::Tensor>> run_histogramdd(const at::Tensor&
     if (ok) out.push_back(*ok);
     return out;
   }, args, dev);
-  if (data_range) add_device_check(res.back(), "RuntimeError: torch.histogramdd: the range of the input is not finite");
   at::Tensor h = wrap_value(res[0], self.scalar_type(), counts, dev);
   std::vector<at::Tensor> edges;
   for (int64_t j = 0; j < d; ++j)
     edges.push_back(given ? spec.edges[j].clone() : wrap_value(res[1 + j], self.scalar_type(), {counts[j] + 1}, dev));
+  if (data_range) {
+    std::vector<c10::Storage> outputs{h.storage()};
+    for (const at::Tensor& e : edges) outputs.push_back(e.storage());
+    add_device_check(res.back(), "RuntimeError: torch.histogramdd: the range of the input is not finite", outputs);
+  }
   return {h, edges};
 }
 

@@ -290,7 +290,7 @@ void key_tensor(KeyState& k, const at::Tensor& t) {
     k.tag(static_cast<char>(s.pending_type.dtype));
     k.ints(s.pending_type.shape);
   } else {
-    if (!s.value) check_not_donated(s);  // a consumed tensor reads (and writes) nothing
+    if (!s.value) check_readable(s);  // a consumed tensor reads (and writes) nothing
     key_storage(k, t, s);
   }
   k.tag(static_cast<char>((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0)));
@@ -1433,17 +1433,28 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   }
   Results results = run(plan->program, keep, k.device, true, recording.owns_lock());
 
+  // Debug mode reads each check at once: before the results are committed, so a failed
+  // op leaves the tensors it would have written as they were.
+  bool checks_read = !plan->checks.empty() && eager_mode() == EagerMode::Debug;
+  if (checks_read) {
+    size_t first_check = results.size() - plan->checks.size();
+    for (size_t c = 0; c < plan->checks.size(); ++c) add_device_check(results[first_check + c], plan->checks[c]);
+  }
+
   // Commit results: new storage buffers for mutated args, new tensors otherwise.
   c10::SmallVector<at::Tensor, 2> fresh;
+  std::vector<c10::Storage> checked;  // outputs a failed device check makes unreadable
   size_t next_result = 0;
   for (const OutSpec& o : plan->outs) {
     if (o.undefined) {
       fresh.emplace_back();
     } else if (o.write) {
       at::Tensor tmp;
-      StorageData& sd = storage_of(*tensor_at(args, o.arg, o.elem, &tmp));
+      const at::Tensor& dst = *tensor_at(args, o.arg, o.elem, &tmp);
+      StorageData& sd = storage_of(dst);
       note_replacement(results[next_result], sd.value);
       sd.value = std::move(results[next_result++]);
+      if (!plan->checks.empty()) checked.push_back(dst.storage());
     } else {
       Operand v = std::move(results[next_result++]);
       fresh.push_back(o.strides.empty() ? wrap_value(std::move(v), o.dtype, o.sizes, k.device)
@@ -1451,7 +1462,11 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     }
   }
 
-  for (const std::string& message : plan->checks) add_device_check(results[next_result++], message);
+  if (!plan->checks.empty())
+    for (const at::Tensor& t : fresh)
+      if (t.defined()) checked.push_back(t.storage());
+  if (!checks_read)
+    for (const std::string& message : plan->checks) add_device_check(results[next_result++], message, checked);
 
   c10::SmallVector<IValue, 4> out_vals;
   size_t next_fresh = 0;

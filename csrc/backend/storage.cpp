@@ -104,14 +104,23 @@ runtime::DeviceStats& settled_memory_stats(int device) {
 c10::Allocator* tpu_allocator() { return &g_allocator; }
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator)
 
-StorageData& storage_data(const at::Tensor& t) {
-  // By reference: a copy of the Storage would count a reference up and down.
-  const c10::DataPtr& data = t.unsafeGetTensorImpl()->unsafe_storage().data_ptr();
-  if (data.get_deleter() == &delete_storage) return *static_cast<StorageData*>(data.get_context());
+StorageData* storage_record(const c10::StorageImpl& impl) {
+  const c10::DataPtr& data = impl.data_ptr();
+  if (data.get_deleter() == &delete_storage) return static_cast<StorageData*>(data.get_context());
   // A storage PyTorch made over a tpu storage's data pointer (at::from_blob) points at
   // that storage's record.
   auto* s = static_cast<StorageData*>(data.get());
-  TORCH_INTERNAL_ASSERT(s && s->tag == StorageData::kTag, "tensor storage is not a tpu storage");
+  if (impl.device_type() != c10::DeviceType::PrivateUse1 || !s || s->tag != StorageData::kTag) return nullptr;
+  return s;
+}
+
+StorageData& storage_data(const at::Tensor& t) {
+  // By reference: a copy of the Storage would count a reference up and down.
+  const c10::StorageImpl* impl = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  const c10::DataPtr& data = impl->data_ptr();
+  if (data.get_deleter() == &delete_storage) return *static_cast<StorageData*>(data.get_context());
+  StorageData* s = storage_record(*impl);
+  TORCH_INTERNAL_ASSERT(s, "tensor storage is not a tpu storage");
   return *s;
 }
 
@@ -292,15 +301,19 @@ ir::Type storage_type(const at::Tensor& t) {
   return ir::Type{d, {n}};
 }
 
-void check_not_donated(const StorageData& s) {
-  TORCH_CHECK(s.donated_to.empty(), "this tpu tensor was donated to ", s.donated_to,
-              " and can no longer be used");
+void check_readable(const StorageData& s) { TORCH_CHECK(s.unreadable.empty(), s.unreadable); }
+
+void make_unreadable(StorageData& s, std::string why) {
+  if (!s.pending.empty() || s.copy_of) apply_pending(s);  // queued copies may name it
+  s.value = Operand();
+  s.host_copy.reset();
+  s.unreadable = std::move(why);
 }
 
 Operand storage_value(const at::Tensor& t) {
   StorageData& s = storage_of(t);
   if (s.value) return s.value;
-  check_not_donated(s);
+  check_readable(s);
   ir::Type ty = storage_type(t);
   s.value = run_internal("zeros:" + ty.str(), [&](ir::Builder& b) -> std::vector<ir::Value> {
     return {lowering::constant_any(b, 0, ty.dtype, ty.shape)};
@@ -323,7 +336,7 @@ std::string view_key(const at::Tensor& t) {
 // A dense value holding exactly `t`'s values (its own storage's value when that fits).
 Operand dense_value(const at::Tensor& t) {
   StorageData& s = storage_of(t);
-  check_not_donated(s);
+  check_readable(s);
   DType dt = device_dtype(t.scalar_type(), "read");
   ir::Geometry g = geometry_of(t);
   ir::Type st = storage_type(t);

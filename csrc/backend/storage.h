@@ -35,7 +35,10 @@ struct StorageData {
   int device = 0;
   size_t nbytes = 0;
   Operand value;  // empty: not written yet (reads see zeros)
-  std::string donated_to;  // consumed by this op (jax_op donate_argnums): reads raise
+  // Why the storage holds nothing to read, raised by every read and write: it was
+  // donated (consumed by a jax_op's donate_argnums), or the op that computed it failed
+  // its device-side check (its values are garbage, as CUDA's after a device assert).
+  std::string unreadable;
   // Writes into views of this storage that follow `value`, in order, when not deferring:
   // run as one program by the next storage_of() (every read and write of the storage
   // asks for it), so N copies into one bucket cost one program, not N rewrites of it.
@@ -100,8 +103,12 @@ bool copy_view_later(const at::Tensor& dst, const at::Tensor& src);
 void write_value(const at::Tensor& dst, Operand value);
 // Whether dst's view covers its storage (as the storage will be once its writes ran).
 bool covers_storage(const at::Tensor& dst);
-// Raises when the storage was donated (consumed by an op): it holds nothing to read.
-void check_not_donated(const StorageData& s);
+// Raises when the storage holds nothing to read (StorageData::unreadable).
+void check_readable(const StorageData& s);
+// Drops the storage's value; its reads and writes raise `why` from now on.
+void make_unreadable(StorageData& s, std::string why);
+// The record of a tpu storage (nullptr for another device's).
+StorageData* storage_record(const c10::StorageImpl& s);
 // The tensor's view of its storage, in elements of its dtype.
 ir::Geometry geometry_of(const at::Tensor& t);
 // The value's type, or (when not written yet) a flat type of the tensor's dtype.

@@ -71,7 +71,7 @@ at::Tensor in_place_view(const at::Tensor& t, bool host_addresses) {
   if (!runtime::buffers_in_host_memory(c, device)) return {};
   backend::verify_device_checks();  // values reduced must not come from a failed op
   backend::StorageData& s = backend::storage_of(t);  // its queued writes run first
-  if (!s.value || !s.donated_to.empty() || s.copy_of || !s.pending.empty() ||
+  if (!s.value || !s.unreadable.empty() || s.copy_of || !s.pending.empty() ||
       !backend::is_ready(s.value) || !backend::all_launched() || !c.is_idle(device) ||
       !backend::sole_holder(s.value))
     return {};
