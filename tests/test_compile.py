@@ -947,6 +947,49 @@ def test_the_backward_uses_the_forwards_random_draws():
     torch.testing.assert_close(x.grad.cpu(), kept.float() * 6.0, rtol=0, atol=0)
 
 
+def _dropout_block(x):
+    return torch.nn.functional.dropout(x * 1.0, 0.5, training=True).relu() + 0
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_the_backward_reuses_a_dropout_mask_between_other_ops(checkpointed):
+    # Dropout between other ops (and inside a checkpointed region, which asks for its
+    # recompute): the partition recomputed native_dropout in the backward, drawing
+    # another mask (a silently wrong gradient), or, checkpointed, raised "Backend not
+    # supported for tpu". The mask is saved; the rest of the region is recomputed.
+    from torch.utils.checkpoint import checkpoint
+
+    def f(x):
+        y = checkpoint(_dropout_block, x, use_reentrant=False) if checkpointed else _dropout_block(x)
+        return y, (y * 3).sum()
+    x = (torch.rand(64, device="tpu") + 0.5).requires_grad_()
+    y, loss = torch.compile(f, backend="tpu")(x)
+    loss.backward()
+    kept = y.detach().cpu() != 0
+    assert 0 < int(kept.sum()) < 64
+    torch.testing.assert_close(x.grad.cpu(), kept.float() * 6.0, rtol=0, atol=0)
+
+
+def test_a_checkpointed_compiled_model_with_dropout_has_the_uncheckpointed_gradients():
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8).to("tpu")
+
+    def block(x):
+        return torch.nn.functional.dropout(lin(x), 0.5, training=True).relu()
+    x = torch.randn(4, 8, device="tpu")
+    grads = []
+    for ck in (False, True):
+        step = torch.compile(lambda x: (checkpoint(block, x, use_reentrant=False) if ck else block(x)).sum(),
+                             backend="tpu")
+        torch.tpu.manual_seed(1)
+        lin.zero_grad()
+        step(x).backward()
+        grads.append(lin.weight.grad.cpu())
+    assert grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+
+
 def _batch_norm_where_dynamo_gave_up(x, w, b, mean, var):
     # A data-dependent branch inside a loop: Dynamo leaves this frame to eager, so the
     # batch norm below reaches the dispatcher and its tpu kernel (a Python decomposition).

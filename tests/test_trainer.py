@@ -127,6 +127,30 @@ def test_bf16_trainer_uses_autocast_on_tpu_like_cpu(tmp_path):
     assert tpu_losses != f32
 
 
+def test_fp16_trainer_uses_autocast_and_a_tpu_grad_scaler(tmp_path):
+    """TrainingArguments(fp16=True), as a CUDA script has it: accelerate refused any device
+    outside its fixed list; now autocast("tpu", float16) runs the forward and a tpu
+    GradScaler scales the loss (accelerate's fallback scaler is CUDA's, which disables
+    itself without CUDA). Losses close to the float32 run's, and not equal to them."""
+    kw = dict(save_strategy="no")
+    with no_fallbacks():
+        trainer, model, fp16 = run(gpt2, lm_data(), tmp_path / "fp16", False, fp16=True, **kw)
+    scaler = trainer.accelerator.scaler
+    assert isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled() and scaler._device == "tpu"
+    assert scaler._scale.device.type == "tpu" and scaler.get_scale() > 1
+    assert {p.device.type for p in model.parameters()} == {"tpu"}
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    _, _, f32 = run(gpt2, lm_data(), tmp_path / "f32", False, **kw)
+    torch.testing.assert_close(fp16, f32, rtol=1e-2, atol=1e-2)
+    assert fp16 != f32
+    # A script importing accelerate before torch (torch_tpu loads while accelerate's
+    # module is still executing): patched once it has run.
+    r = run_python("from accelerate import Accelerator\n"
+                   "a = Accelerator(mixed_precision='fp16'); print(a.device.type, a.scaler._device)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["tpu", "tpu"]
+
+
 DDP_SCRIPT = '''
 import json, os, sys, torch
 from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments

@@ -275,11 +275,46 @@ def _must_save(joint: torch.fx.GraphModule) -> int:
             tagged.extend(u for u in n.users if u.target is operator.getitem and u not in backward)
         else:
             tagged.append(n)
+
+    def save_dropout(n):
+        # The partition never saves a getitem as such (its tag is not read), and may
+        # recompute a random op's tuple in the backward: a dropout mask drawn again.
+        # Here the mask is read through a copy saved instead (a value, never a tuple),
+        # and the dropped-out values are computed from it (native_dropout_backward of x
+        # is x * mask * scale, the same arithmetic), so nothing reads the random op's
+        # tuple in the backward and the mask crosses as bool.
+        x, p = n.args[0], n.args[1]
+        outs = {u.args[1]: u for u in n.users if u.target is operator.getitem}
+        if 1 not in outs:
+            return save(n)
+        with joint.graph.inserting_after(n):  # ahead of every reader of either result
+            mask = joint.graph.call_function(operator.getitem, (n, 1))
+        with joint.graph.inserting_after(mask):
+            kept = joint.graph.call_function(torch.ops.aten.clone.default, (mask,))
+        with joint.graph.inserting_after(kept):
+            scale = 1.0 / (1.0 - p) if p < 1 else 0.0
+            values = joint.graph.call_function(torch.ops.aten.native_dropout_backward.default, (x, kept, scale))
+        for new, old in ((mask, outs[1]), (kept, outs[1]), (values, outs.get(0))):
+            if old is not None:
+                new.meta.update({k: v for k, v in old.meta.items() if k in ("val", "tensor_meta", "ac_graph_id")})
+        outs[1].replace_all_uses_with(kept)
+        joint.graph.erase_node(outs[1])
+        if 0 in outs:
+            values.meta["recompute"] = outs[0].meta.get("recompute")
+            outs[0].replace_all_uses_with(values)
+            joint.graph.erase_node(outs[0])
+        else:
+            values.meta.update({k: v for k, v in x.meta.items() if k in ("val", "tensor_meta")})
+        tagged.append(kept)
+
     copy_ = torch.ops.aten.copy_.default
-    for n in joint.graph.nodes:
+    for n in list(joint.graph.nodes):
         if (n.op == "call_function" and n not in backward
                 and torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())):
-            save(n)
+            if n.target is torch.ops.aten.native_dropout.default and n.args[2] is not False:
+                save_dropout(n)
+            else:
+                save(n)
     written = [n.args[0] for n in joint.graph.nodes
                if n.op == "call_function" and n.target is copy_ and n.args[0].op == "placeholder"]
     # A mutation AOTAutograd applies after the graph (the input requires grad): the joint
@@ -305,10 +340,27 @@ def _must_save(joint: torch.fx.GraphModule) -> int:
     return len(tagged)
 
 
+def _save_checkpointed_random_ops(joint: torch.fx.GraphModule) -> None:
+    """A random op inside a checkpointed region is saved, not recomputed (_must_save
+    tags its results). Tagged for recompute, PyTorch would rerun it between two
+    higher-order operators that save and restore the device generator's state, whose
+    device choice is a fixed cuda/cpu/hpu/xpu map; and a replayed graph draws fresh
+    states, so a recompute could not repeat the forward's draw. Saved, dropout's mask
+    is the forward's in both passes; the rest of the region is still recomputed."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    recompute = (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
+    for n in joint.graph.nodes:
+        if n.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()):
+            for m in [n, *(u for u in n.users if u.target is operator.getitem)]:
+                if m.meta.get("recompute") in recompute:
+                    del m.meta["recompute"]
+
+
 def _partition(recompute: str):
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     def partition(joint, joint_inputs, **kwargs):
+        _save_checkpointed_random_ops(joint)
         if recompute == "cheap":
             _recompute_cheap_ops(joint)
         budget = torch._functorch.config.activation_memory_budget
