@@ -1070,3 +1070,25 @@ def test_a_failed_index_check_taints_a_compiled_graphs_results():
     with pytest.raises(RuntimeError, match=r"device-side check failed \(aten::index_select"):
         r.cpu()
     assert cf(x, good).sum().item() == 30.0 and x.sum().item() == 66.0
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("spatial", [False, True])
+def test_a_batch_of_only_ignored_targets_has_zero_gradients_as_cpu(reduction, spatial):
+    # ignore_index inside the class range (a pad id) and a padding-only batch: the mean's
+    # total weight is 0. CPU's loss is NaN but its gradient 0; tpu's was NaN in the
+    # ignored class's column, and one optimizer step made every weight NaN.
+    shape, tshape = ((2, 3, 2, 2), (2, 2, 2)) if spatial else ((4, 3), (4,))
+    x = torch.randn(shape)
+    t = torch.zeros(tshape, dtype=torch.long)
+    w = torch.tensor([0.5, 2.0, 1.0])
+    for kw in ({}, {"weight": w}):
+        grads = []
+        for d in ("cpu", "tpu"):
+            xd = x.detach().to(d).requires_grad_()
+            kwd = {k: v.to(d) for k, v in kw.items()}
+            loss = F.cross_entropy(xd, t.to(d), ignore_index=0, reduction=reduction, **kwd)
+            loss.sum().backward()
+            grads.append(xd.grad.cpu())
+        assert not grads[1].isnan().any()
+        torch.testing.assert_close(grads[1], grads[0])

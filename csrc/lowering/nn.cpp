@@ -261,6 +261,7 @@ static Value loss_grad(Ctx& ctx, const Value& go, const Shape& shape, int64_t re
 // ignore_index. Works for nll_loss and nll_loss2d alike.
 struct NllParts {
   Value onehot, w;  // onehot: self-shaped bool; w: target-shaped
+  Value valid;      // target-shaped: target != ignore_index
   int64_t cdim;
 };
 
@@ -283,8 +284,8 @@ static NllParts nll_parts(Ctx& ctx, const Value& self, const Value& target, int 
     Value wb = b.broadcast_in_dim(b.convert(ctx.in(w_idx), ft), s, {p.cdim});
     p.w = reduce_sum(b, b.select(p.onehot, wb, zero), {p.cdim});
   }
-  Value valid = b.compare(t, b.constant(static_cast<double>(ignore), DType::I64, t.shape()), Cmp::NE);
-  p.w = b.select(valid, p.w, full_like(b, p.w, 0));
+  p.valid = b.compare(t, b.constant(static_cast<double>(ignore), DType::I64, t.shape()), Cmp::NE);
+  p.w = b.select(p.valid, p.w, full_like(b, p.w, 0));
   return p;
 }
 
@@ -327,7 +328,9 @@ static Value nll_backward(Ctx& ctx) {
   if (reduction != 0) g = broadcast_to(b, b.reshape(g, {}), p.w.shape());
   if (reduction == 1)
     g = div(b, g, broadcast_to(b, b.reshape(b.convert(ctx.in(6), x.dtype()), {}), p.w.shape()));
-  Value gt = b.unary("stablehlo.negate", mul(b, g, p.w));
+  // An ignored target contributes nothing, not 0 * (grad / total): when every target
+  // is ignored the total weight is 0 and that product is NaN (CPU skips them).
+  Value gt = b.select(p.valid, b.unary("stablehlo.negate", mul(b, g, p.w)), full_like(b, p.w, 0));
   std::vector<int64_t> tdims;
   for (int64_t d = 0; d < x.rank(); ++d)
     if (d != p.cdim) tdims.push_back(d);
