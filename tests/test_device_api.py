@@ -262,3 +262,18 @@ def test_data_parallel_over_tpu_devices_matches_cpu():
         env={"TPU_NUM_DEVICES": "4"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["ok", "4"]
+
+
+def test_safetensors_loads_onto_a_tpu_device(tmp_path):
+    # safetensors checks device strings against its own list (Rust) and refused "tpu".
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+    path = str(tmp_path / "w.safetensors")
+    save_file({"w": torch.arange(6.0).view(2, 3), "i": torch.arange(3)}, path)
+    for device in ("tpu", "tpu:0", torch.device("tpu"), torch.device("tpu", 0), 0):
+        got = load_file(path, device=device)
+        assert {t.device for t in got.values()} == {torch.device("tpu", 0)}, device
+        assert torch.equal(got["w"].cpu(), torch.arange(6.0).view(2, 3)) and torch.equal(got["i"].cpu(), torch.arange(3))
+    with safe_open(path, framework="pt", device="tpu") as f:
+        assert f.get_slice("w")[1:].device.type == "tpu"
+    assert load_file(path)["w"].device.type == "cpu"

@@ -111,6 +111,20 @@ print(Accelerator(cpu=True).device.type)
     assert r.stdout.split() == ["cpu"]
 
 
+def test_device_map_auto_places_a_pretrained_model_on_tpu(tmp_path):
+    """from_pretrained(device_map="auto"), as CUDA scripts load models: accelerate's memory
+    inventory found no accelerator of its list and put every weight on the CPU."""
+    gpt2().save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, device_map="auto")
+    assert {p.device for p in model.parameters()} == {torch.device("tpu", 0)}
+    from accelerate.utils import get_max_memory
+    inventory = get_max_memory()
+    assert inventory[0] == torch.tpu.mem_get_info(0)[0] and "cpu" in inventory
+    ids = torch.randint(1, 64, (1, 8))
+    want = AutoModelForCausalLM.from_pretrained(tmp_path)(ids).logits
+    torch.testing.assert_close(model(ids.to("tpu")).logits.cpu(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_bf16_trainer_uses_autocast_on_tpu_like_cpu(tmp_path):
     """TrainingArguments(bf16=True): autocast("tpu", bfloat16) around the forward, as CUDA's
     run would be; losses close to the same bf16 autocast run on the CPU."""

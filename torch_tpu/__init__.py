@@ -60,6 +60,8 @@ from . import _serialization  # noqa: E402  (torch.load gives tpu storages their
 _serialization.install()
 
 _accelerate.install()
+from . import _safetensors  # noqa: E402  (safetensors loads onto device="tpu")
+_safetensors.install()
 
 if torch.distributed.is_available():
     from ._internal import distributed as _distributed  # noqa: E402,F401  (registers tpu_dist)

@@ -15,14 +15,17 @@ it on any device outside a fixed tuple in `Accelerator.__init__`, which gains "t
 its gradient scaler is `torch.amp.GradScaler("tpu")` (accelerate's fallback is CUDA's,
 which disables itself where CUDA is absent: fp16 gradients would underflow unscaled).
 
+`device_map="auto"` (`from_pretrained`, `infer_auto_device_map`) places a model on tpu as
+on CUDA: accelerate's memory inventory (`get_max_memory`) asks each accelerator of its list
+for free memory and finds none, so everything went to the CPU; tpu devices now report
+theirs (`torch.tpu.mem_get_info`), under the integer indices CUDA devices would have.
+
 The patches are applied when accelerate is imported, never by importing it here: `import torch`
 must stay fast. `TPU_ACCELERATE=0` leaves accelerate alone.
 """
-import importlib.abc
-import importlib.util
 import os
-import sys
-import types
+
+from . import _on_import
 
 
 
@@ -92,65 +95,30 @@ def _patch_accelerator(module) -> None:
     module.get_grad_scaler = tpu_grad_scaler
 
 
-_PATCHES = {"accelerate.state": _patch_state, "accelerate.accelerator": _patch_accelerator}
-_DEFINES = {"accelerate.state": "PartialState", "accelerate.accelerator": "Accelerator"}  # once executed
+def _patch_modeling(module) -> None:
+    get_max_memory = module.get_max_memory
+    if getattr(get_max_memory, "_torch_tpu", False):
+        return
+
+    def tpu_max_memory(max_memory=None):
+        import torch
+        found = get_max_memory(max_memory)
+        if max_memory is None and not any(isinstance(k, int) for k in found) and torch.tpu.is_available():
+            for i in range(torch.tpu.device_count()):
+                found[i] = torch.tpu.mem_get_info(i)[0]
+        return found
+
+    tpu_max_memory._torch_tpu = True
+    module.get_max_memory = tpu_max_memory
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader, patch):
-        self._loader = loader
-        self._patch = patch
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        self._patch(module)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Wraps the loaders of the patched modules so each patch runs right after its module executes."""
-
-    def find_spec(self, name, path, target=None):
-        if name not in _PATCHES:
-            return None
-        sys.meta_path.remove(self)  # find the real spec below us, once
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _PatchingLoader(spec.loader, _PATCHES[name])
-        return spec
-
-
-class _PatchOnceLoaded(types.ModuleType):
-    """The `accelerate` package while one of its patched modules is still executing (it
-    imported torch, whose start-up loaded torch_tpu): importlib sets each finished
-    submodule as an attribute of its package, and that is when the patch applies."""
-
-    def __setattr__(self, name, value):
-        super().__setattr__(name, value)
-        full = f"{self.__name__}.{name}"
-        if full in _PATCHES and _loaded(full, value):
-            _PATCHES[full](value)
-        if all(_loaded(n, sys.modules.get(n)) for n in _PATCHES):
-            object.__setattr__(self, "__class__", types.ModuleType)
-
-
-def _loaded(name, module) -> bool:
-    return module is not None and hasattr(module, _DEFINES[name])
+_PATCHES = {"accelerate.state": ("PartialState", _patch_state),
+            "accelerate.accelerator": ("Accelerator", _patch_accelerator),
+            "accelerate.utils.modeling": ("get_max_memory", _patch_modeling)}
 
 
 def install() -> None:
     if os.environ.get("TPU_ACCELERATE", "1") == "0":
         return
-    for name, patch in _PATCHES.items():
-        module = sys.modules.get(name)
-        if _loaded(name, module):
-            patch(module)
-        elif module is not None and type(sys.modules.get("accelerate")) is types.ModuleType:
-            sys.modules["accelerate"].__class__ = _PatchOnceLoaded
-    if not all(name in sys.modules for name in _PATCHES) and not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    for name, (defines, patch) in _PATCHES.items():
+        _on_import.patch_when_imported(name, defines, patch)
