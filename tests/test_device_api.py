@@ -277,3 +277,32 @@ def test_safetensors_loads_onto_a_tpu_device(tmp_path):
     with safe_open(path, framework="pt", device="tpu") as f:
         assert f.get_slice("w")[1:].device.type == "tpu"
     assert load_file(path)["w"].device.type == "cpu"
+
+
+def test_cuda_spellings_of_amp_memory_and_errors_exist_for_tpu():
+    # torch.cuda.amp.autocast() / GradScaler(), torch.cuda.memory.*, `except
+    # torch.cuda.OutOfMemoryError`: what scripts say after "cuda" becomes "tpu".
+    from torch.tpu.amp import GradScaler, autocast
+    import torch.tpu.memory
+    assert torch.tpu.memory.memory_allocated() == torch.tpu.memory_allocated()
+    assert torch.tpu.OutOfMemoryError is torch.OutOfMemoryError
+    torch.tpu.ipc_collect()
+    lin = torch.nn.Linear(4, 4).to("tpu")
+    x = torch.randn(2, 4, device="tpu")
+    with autocast():
+        assert lin(x).dtype == torch.float16
+    with torch.tpu.amp.autocast(dtype=torch.bfloat16):
+        assert lin(x).dtype == torch.bfloat16
+    with autocast(enabled=False):
+        assert lin(x).dtype == torch.float32
+    scaler = GradScaler(init_scale=4.0)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    before = lin.weight.detach().cpu()
+    scaler.scale(lin(x).sum()).backward()
+    torch.testing.assert_close(lin.weight.grad.cpu(), 4.0 * x.cpu().sum(0).expand(4, 4))
+    scaler.step(opt)
+    scaler.update()
+    torch.testing.assert_close(lin.weight.detach().cpu(), before - 0.1 * x.cpu().sum(0).expand(4, 4))
+    assert scaler.get_scale() == 4.0 and scaler._scale.device.type == "tpu"
+    with pytest.raises(torch.tpu.OutOfMemoryError):
+        torch.empty(1 << 50, device="tpu")

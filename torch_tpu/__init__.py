@@ -4,6 +4,7 @@ Importing it (or just `import torch`, through the `torch.backends` entry point)
 registers the device. Move code from GPU by writing "tpu" where it said "cuda".
 """
 import os
+import sys
 
 
 def _autoload():
@@ -39,6 +40,7 @@ _decompositions.register()
 from . import tpu as _tpu_module  # noqa: E402
 
 torch._register_device_module("tpu", _tpu_module)
+sys.modules["torch.tpu.amp"], sys.modules["torch.tpu.memory"] = _tpu_module.amp, _tpu_module.memory
 torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
 )

@@ -3,7 +3,7 @@ import contextlib
 
 import torch
 
-from . import _C
+from .. import _C
 
 
 def is_available() -> bool:
@@ -326,6 +326,19 @@ def device_of(obj):
         yield
 
 
+# torch.cuda's error type, caught by scripts as `except torch.cuda.OutOfMemoryError`.
+OutOfMemoryError = torch.OutOfMemoryError
+
+
+def ipc_collect() -> None:
+    """Nothing to collect: a tpu storage shared with another process (torch.multiprocessing)
+    is freed when both sides have released it."""
+
+
+def get_arch_list() -> list:
+    return []
+
+
 def __getattr__(name):
     # Built on first use: listing the devices starts the runtime.
     if name == "default_generators":
@@ -356,3 +369,6 @@ def stream(s):
         torch.accelerator.set_stream(prev_dst)
         torch.accelerator.set_stream(prev_src)
         _C.set_device(prev_device)
+
+
+from . import amp, memory  # noqa: E402  (torch.tpu.amp, torch.tpu.memory)
