@@ -306,3 +306,30 @@ def test_cuda_spellings_of_amp_memory_and_errors_exist_for_tpu():
     assert scaler.get_scale() == 4.0 and scaler._scale.device.type == "tpu"
     with pytest.raises(torch.tpu.OutOfMemoryError):
         torch.empty(1 << 50, device="tpu")
+
+
+def test_memory_history_snapshot_names_the_python_code_that_made_each_storage(tmp_path):
+    import pickle
+
+    def make_weights():
+        return torch.randn(64, 64, device="tpu")
+    torch.tpu.memory._record_memory_history(max_entries=100)
+    try:
+        w = make_weights()
+        y = w @ w
+        del w
+        snap = torch.tpu.memory._snapshot()
+        torch.tpu.memory._dump_snapshot(str(tmp_path / "snap.pickle"))
+    finally:
+        torch.tpu.memory._record_memory_history(enabled=None)
+    trace = snap["device_traces"][0]
+    assert [(e["action"], e["size"]) for e in trace] == [("alloc", 16384), ("alloc", 16384), ("free_completed", 16384)]
+    assert any(f["name"] == "make_weights" for f in trace[0]["frames"])
+    assert trace[2]["addr"] == trace[0]["addr"]  # the freed storage is the first one made
+    (seg,) = snap["segments"]  # only y is still live
+    assert seg["total_size"] == 16384 and seg["blocks"][0]["state"] == "active_allocated"
+    assert pickle.load(open(tmp_path / "snap.pickle", "rb"))["device_traces"][0][0]["size"] == 16384
+    from torch.cuda import _memory_viz
+    assert "16.0KiB" in _memory_viz.segsum(snap)  # PyTorch's reader takes it
+    assert torch.tpu.memory._snapshot()["segments"] == [] and torch.tpu.memory_snapshot() == []
+    del y

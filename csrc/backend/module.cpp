@@ -9,6 +9,7 @@
 #include "backend/device_checks.h"
 #include "backend/executor.h"
 #include "backend/kernel_checks.h"
+#include "backend/memory_history.h"
 #include "backend/storage.h"
 #include "backend/streams.h"
 #include "runtime/client.h"
@@ -48,6 +49,7 @@ PYBIND11_MODULE(_C, m) {
   bind_dlpack(m);
   bind_serialization(m);
   bind_captured_graph(m);
+  bind_memory_history(m);
   m.def("_init", [](std::vector<std::pair<std::string, std::string>> candidates) {
     runtime::set_plugin_candidates(std::move(candidates));
     register_device_hooks();

@@ -1,4 +1,5 @@
 #include "backend/storage.h"
+#include "backend/memory_history.h"
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/Allocator.h>
@@ -25,6 +26,7 @@ namespace {
 // torch.profiler(profile_memory=True) with tpu activities: storages are the device's
 // allocations (a relaxed load when no session records).
 void report_to_profiler(const StorageData* s, int64_t bytes) {
+  if (g_memory_history_on.load(std::memory_order_relaxed)) record_storage_event(s, bytes);
   if (!g_device_tracing.load(std::memory_order_relaxed) || !c10::memoryProfilingEnabled()) return;
   const runtime::DeviceStats& st = runtime::Client::get().stats(s->device);
   size_t live = static_cast<size_t>(std::max<int64_t>(st.live_bytes.load(), 0));

@@ -372,3 +372,4 @@ def stream(s):
 
 
 from . import amp, memory  # noqa: E402  (torch.tpu.amp, torch.tpu.memory)
+from .memory import memory_snapshot  # noqa: E402,F401
