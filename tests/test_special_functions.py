@@ -79,6 +79,45 @@ def test_i0_and_kaiser_window():
     torch.testing.assert_close(w.cpu(), torch.signal.windows.kaiser(12, beta=8.0))
 
 
+KAISER_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("mode", ["DEFER_NEVER", "DEFER_NEVER_AND_LAUNCH_BLOCKING", "DEFER_AND_FUSE"])
+def test_kaiser_window_is_native_in_every_eager_mode(mode):
+    """torch.kaiser_window's composite reaches a DispatchStub with no tpu kernel; it is
+    one lowered program (kaiser_window.beta_out) instead."""
+    import torch_tpu
+    with torch_tpu.set_eager_mode(getattr(torch_tpu.EagerMode, mode)), native():
+        got = {(dt, n, per, beta): torch.kaiser_window(n, periodic=per, beta=beta, dtype=dt, device="tpu")
+               for dt in KAISER_DTYPES for n in (0, 1, 2, 7, 64) for per in (True, False)
+               for beta in (12.0, 0.0, 5.5)}
+        default = torch.kaiser_window(8, device="tpu")
+        periodic_only = torch.kaiser_window(9, False, device="tpu")
+        grad = torch.kaiser_window(5, device="tpu", requires_grad=True)
+    for (dt, n, per, beta), w in got.items():
+        assert w.device.type == "tpu" and w.dtype == dt
+        want = torch.kaiser_window(n, periodic=per, beta=beta, dtype=dt)
+        tol = dict(rtol=1e-6, atol=1e-7) if dt == torch.float32 else dict(rtol=1e-13, atol=1e-15) \
+            if dt == torch.float64 else dict(rtol=0, atol=0)  # f16/bf16 round to CPU's bits
+        torch.testing.assert_close(w.cpu(), want, **tol)
+    torch.testing.assert_close(default.cpu(), torch.kaiser_window(8), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(periodic_only.cpu(), torch.kaiser_window(9, False), rtol=1e-6, atol=1e-7)
+    assert grad.requires_grad and grad.is_leaf
+
+
+@pytest.mark.parametrize("kw", [dict(window_length=-1), dict(window_length=4, dtype=torch.int64),
+                                dict(window_length=4, dtype=torch.bool),
+                                dict(window_length=4, dtype=torch.complex64),
+                                dict(window_length=4, layout=torch.sparse_coo)])
+def test_kaiser_window_refuses_what_cpu_refuses(kw):
+    with pytest.raises(Exception) as cpu:
+        torch.kaiser_window(**kw)
+    with pytest.raises(type(cpu.value)) as tpu:
+        torch.kaiser_window(**kw, device="tpu")
+    # (a sparse layout never reaches the tpu kernel: PyTorch's composite names the device)
+    assert str(tpu.value).replace("device=tpu", "device=cpu") == str(cpu.value)
+
+
 def test_i1_backward_uses_native_i0():
     for fn in (torch.special.i1, torch.special.i1e):
         x = torch.linspace(-9, 9, 19)

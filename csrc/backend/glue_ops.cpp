@@ -418,6 +418,39 @@ void fused_adam_float_lr(at::TensorList self, at::TensorList grads, at::TensorLi
                      beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf);
 }
 
+// torch.kaiser_window: PyTorch's composite computes the window through a DispatchStub
+// (kaiser_window_stub) that has no tpu kernel. Here the window is allocated on the
+// device and written by the lowered kaiser_window.beta_out. Arguments CPU refuses
+// (negative length, a non-floating or complex dtype, a sparse layout) are refused by
+// CPU's own composite, which raises its error before computing anything.
+at::Tensor kaiser_window_beta(int64_t window_length, bool periodic, double beta,
+                              std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                              std::optional<c10::Device> device, std::optional<bool> pin_memory) {
+  c10::ScalarType t = dtype.value_or(c10::get_default_dtype_as_scalartype());
+  bool ok = window_length >= 0 && layout.value_or(c10::kStrided) == c10::kStrided &&
+            (t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf);
+  if (!ok) {
+    at::kaiser_window(window_length, periodic, beta, dtype, layout, at::kCPU, pin_memory);
+    TORCH_CHECK(false, "kaiser_window: unsupported arguments (window_length=", window_length, ", dtype=", t, ")");
+  }
+  at::Tensor out = at::empty({window_length}, at::TensorOptions().dtype(t).layout(layout).device(device)
+                                                  .pinned_memory(pin_memory));
+  if (window_length > 0) at::kaiser_window_out(out, window_length, periodic, beta);
+  return out;
+}
+
+at::Tensor kaiser_window_periodic(int64_t window_length, bool periodic, std::optional<c10::ScalarType> dtype,
+                                  std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                                  std::optional<bool> pin_memory) {
+  return kaiser_window_beta(window_length, periodic, 12.0, dtype, layout, device, pin_memory);
+}
+
+at::Tensor kaiser_window_default(int64_t window_length, std::optional<c10::ScalarType> dtype,
+                                 std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                                 std::optional<bool> pin_memory) {
+  return kaiser_window_beta(window_length, true, 12.0, dtype, layout, device, pin_memory);
+}
+
 // torch.ao's fused observer / fake-quant step writes its running stats, scale and zero
 // point and returns new tensors: the functional op (lowering/fake_quantize.cpp) computes
 // all six, and the four written ones are copied back. The per-channel observer's first
@@ -481,6 +514,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_fused_adam_", fused_adam_float_lr<false>);
   m.impl("_fused_adamw_", fused_adam_float_lr<true>);
   m.impl("_fused_moving_avg_obs_fq_helper", fused_moving_avg_obs_fq_helper);
+  m.impl("kaiser_window", kaiser_window_default);
+  m.impl("kaiser_window.periodic", kaiser_window_periodic);
+  m.impl("kaiser_window.beta", kaiser_window_beta);
 }
 
 void drop_host_copy(StorageData& s) {

@@ -143,6 +143,33 @@ std::vector<Value> unary(Ctx& ctx, Value (*fn)(Builder&, const Value&), bool low
   return map(ctx, {0}, [fn](Builder& b, const Vs& v) { return fn(b, v[0]); });
 }
 
+// kaiser_window(window_length, periodic, beta) as CPU's kernel computes it: over
+// arange(N) in the window's dtype (N = window_length + 1 when periodic, the last value
+// then dropped), i0(beta * sqrt(|1 - ((a - alpha) / alpha)^2|)) / i0(beta) with
+// alpha = (N - 1) / 2, in float32 for f16/bf16/f32 (its opmath type) and float64 for f64.
+// A length-1 window is [1] (periodic too), as CPU's composite returns.
+TPU_LOWER(kaiser_window_rule, "kaiser_window.beta_out") {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  DType t = o.dtype;
+  if (t != DType::F32 && t != DType::F64 && t != DType::BF16 && t != DType::F16)
+    throw Unsupported("kaiser_window: unsupported dtype");
+  int64_t len = ctx.i(0);
+  if (o.shape.size() != 1 || o.shape[0] != len) throw Unsupported("kaiser_window: out shape");
+  if (len <= 1) return {b.constant(1, t, o.shape)};
+  int64_t n = len + (ctx.flag(1) ? 1 : 0);
+  DType m = t == DType::F64 ? DType::F64 : DType::F32;
+  Value a = b.iota(Type{m, o.shape}, 0);
+  if (t != m) a = b.convert(b.convert(a, t), m);  // arange's values rounded to the dtype
+  // alpha and beta are rounded to the opmath type first, as CPU's kernel does.
+  Value alpha = K(b, a, static_cast<double>(m == DType::F64 ? (n - 1) / 2.0 : static_cast<float>((n - 1) / 2.0)));
+  double beta_d = ctx.f(2);
+  Value beta = K(b, a, m == DType::F64 ? beta_d : static_cast<double>(static_cast<float>(beta_d)));
+  Value x = div(b, sub(b, a, alpha), alpha);
+  Value r = mul(b, beta, sqrt_(b, abs_(b, sub(b, K(b, a, 1), mul(b, x, x)))));
+  return {b.convert(div(b, i0(b, r), i0(b, beta)), t)};
+}
+
 TPU_LOWER(i0_rule, "i0") { return unary(ctx, i0, true); }
 TPU_LOWER(i0e_rule, "special_i0e") { return unary(ctx, i0e, true); }
 TPU_LOWER(mod_i0_rule, "special_modified_bessel_i0") { return unary(ctx, i0, false); }
