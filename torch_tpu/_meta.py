@@ -171,6 +171,8 @@ def _fq_fused_moving_avg_obs(self, observer_on, fake_quant_on, running_min, runn
 _KERNELS = {
     "_fused_adam_.tensor_lr": _in_place_step,
     "_fused_adamw_.tensor_lr": _in_place_step,
+    "_fused_sgd_.tensor_lr": _in_place_step,
+    "_fused_adagrad_.tensor_lr": _in_place_step,
     "_thnn_fused_gru_cell": _fused_gru_cell,
     "_thnn_fused_gru_cell_backward": _fused_gru_cell_backward,
     "geqrf": _geqrf,

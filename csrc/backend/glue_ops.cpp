@@ -451,6 +451,32 @@ at::Tensor kaiser_window_default(int64_t window_length, std::optional<c10::Scala
   return kaiser_window_beta(window_length, true, 12.0, dtype, layout, device, pin_memory);
 }
 
+// Fused SGD and Adagrad likewise: the lowered tensor_lr overloads take the rate as a 0-dim
+// operand (float32, or float64 when a parameter is float64, which CPU's kernel then reads
+// in full). Adagrad's float overload marks state_steps as written; its kernel, like the
+// tensor_lr one, leaves them as they are.
+at::Tensor lr_operand(double lr, at::TensorList params) {
+  bool f64 = false;
+  for (const at::Tensor& p : params) f64 = f64 || p.scalar_type() == at::kDouble;
+  return at::scalar_tensor(lr, at::TensorOptions().dtype(f64 ? at::kDouble : at::kFloat));
+}
+
+void fused_sgd_float_lr(at::TensorList self, at::TensorList grads, at::TensorList momentum_buffer_list,
+                        double weight_decay, double momentum, double lr, double dampening, bool nesterov,
+                        bool maximize, bool is_first_step, const std::optional<at::Tensor>& grad_scale,
+                        const std::optional<at::Tensor>& found_inf) {
+  at::_fused_sgd_(self, grads, momentum_buffer_list, weight_decay, momentum, lr_operand(lr, self), dampening,
+                  nesterov, maximize, is_first_step, grad_scale, found_inf);
+}
+
+void fused_adagrad_float_lr(at::TensorList self, at::TensorList grads, at::TensorList state_sums,
+                            at::TensorList state_steps, double lr, double lr_decay, double weight_decay, double eps,
+                            bool maximize, const std::optional<at::Tensor>& grad_scale,
+                            const std::optional<at::Tensor>& found_inf) {
+  at::_fused_adagrad_(self, grads, state_sums, state_steps, lr_operand(lr, self), lr_decay, weight_decay, eps,
+                      maximize, grad_scale, found_inf);
+}
+
 // torch.ao's fused observer / fake-quant step writes its running stats, scale and zero
 // point and returns new tensors: the functional op (lowering/fake_quantize.cpp) computes
 // all six, and the four written ones are copied back. The per-channel observer's first
@@ -513,6 +539,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("_fused_adam_", fused_adam_float_lr<false>);
   m.impl("_fused_adamw_", fused_adam_float_lr<true>);
+  m.impl("_fused_sgd_", fused_sgd_float_lr);
+  m.impl("_fused_adagrad_", fused_adagrad_float_lr);
   m.impl("_fused_moving_avg_obs_fq_helper", fused_moving_avg_obs_fq_helper);
   m.impl("kaiser_window", kaiser_window_default);
   m.impl("kaiser_window.periodic", kaiser_window_periodic);
