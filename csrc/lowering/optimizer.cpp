@@ -87,15 +87,11 @@ Value tensor_hyper(Builder& b, const Value& x, DType param, DType t, const Shape
   return broadcast_to(b, b.convert(b.convert(b.reshape(x, {}), param), t), s);
 }
 
-// x + y * z as CPU's fused kernels compute it: their compiler contracts these into one
-// fused multiply-add (one rounding). In float32 that is the exact f64 product plus x,
-// rounded to float32 (an explicit form, so XLA's own contraction cannot change it);
-// other types keep two roundings.
-Value madd(Builder& b, const Value& x, const Value& y, const Value& z) {
-  if (x.dtype() != DType::F32) return add(b, x, mul(b, y, z));
-  auto w = [&](const Value& v) { return b.convert(v, DType::F64); };
-  return b.convert(add(b, mul(b, w(y), w(z)), w(x)), DType::F32);
-}
+// x + y * z in the step's type. (CPU's kernels let the compiler contract it into one
+// fused multiply-add, differently in their vector and scalar loops and per instruction
+// set; XLA may contract it too: results agree to an ulp, never in float64 emulation,
+// which TPUs lack.)
+Value madd(Builder& b, const Value& x, const Value& y, const Value& z) { return add(b, x, mul(b, y, z)); }
 
 void require_fused_dtype(DType t, const char* what) {
   if (t != DType::F32 && t != DType::F64 && t != DType::BF16 && t != DType::F16)
@@ -146,8 +142,8 @@ std::vector<Value> sgd_step(Ctx& ctx) {
 
 // self[], grads[], state_sums[], state_steps[], lr, lr_decay, weight_decay, eps, maximize,
 // grad_scale?, found_inf? -> new params, grads and state sums. The steps were already
-// counted by torch.optim; each parameter's rate is CPU's double
-// lr / (1 + (float(step) - 1) * lr_decay), then scalar_t of it.
+// counted by torch.optim; each parameter's rate is lr / (1 + (step - 1) * lr_decay),
+// then scalar_t of it.
 std::vector<Value> adagrad_step(Ctx& ctx) {
   Builder& b = ctx.b;
   auto params = ctx.list(0), grads = ctx.list(1), sums = ctx.list(2), steps = ctx.list(3);
@@ -162,14 +158,10 @@ std::vector<Value> adagrad_step(Ctx& ctx) {
     require_fused_dtype(pt, "_fused_adagrad_");
     const Shape& s = params[k].shape();
     auto c = [&](double v) { return hyper(b, v, pt, t, s); };
-    Value clr;  // a 0-dim value of the step's double arithmetic
-    if (lr_decay == 0) {
-      clr = b.convert(b.reshape(ctx.in(4), {}), DType::F64);  // lr / 1.0 for any finite step
-    } else {
-      Value step = b.convert(b.convert(b.reshape(steps[k], {}), DType::F32), DType::F64);
-      Value one = b.constant(1, DType::F64);
-      Value denom = add(b, one, mul(b, sub(b, step, one), b.constant(lr_decay, DType::F64)));
-      clr = div(b, b.convert(b.reshape(ctx.in(4), {}), DType::F64), denom);
+    Value clr = b.reshape(ctx.in(4), {});  // lr / (1 + (step - 1) lr_decay), in the step's type
+    if (lr_decay != 0) {
+      Value step = b.convert(b.reshape(steps[k], {}), t), one = b.constant(1, t);
+      clr = div(b, b.convert(clr, t), add(b, one, mul(b, sub(b, step, one), b.constant(lr_decay, t))));
     }
     clr = tensor_hyper(b, clr, pt, t, s);
     Value p = b.convert(params[k], t), g = b.convert(grads[k], t);
