@@ -277,6 +277,23 @@ def test_embedding_sparse_grad():
         close(wt.grad, wc.grad)
 
 
+@pytest.mark.parametrize("kw", [dict(mode="sum"), dict(mode="mean", padding_idx=4), dict(mode="sum", psw=True)])
+def test_embedding_bag_sparse_grad(kw):
+    kw = dict(kw)
+    psw = kw.pop("psw", False)
+    grads = {}
+    with no_fallbacks():
+        for dev in ("cpu", "tpu"):
+            torch.manual_seed(0)
+            eb = nn.EmbeddingBag(10, 3, sparse=True, **kw).to(dev)
+            args = (torch.tensor([1, 2, 4, 5, 4], device=dev), torch.tensor([0, 2], device=dev))
+            w = torch.arange(1.0, 6.0, device=dev) if psw else None
+            eb(*args, per_sample_weights=w).pow(2).sum().backward()
+            grads[dev] = eb.weight.grad
+    assert grads["tpu"].is_sparse
+    close(grads["tpu"], grads["cpu"])
+
+
 def _train(dev, make_opt, steps=3, padding_idx=None):
     torch.manual_seed(0)
     emb = nn.Embedding(12, 5, sparse=True, padding_idx=padding_idx).to(dev)

@@ -40,6 +40,8 @@
 namespace tpu::backend {
 bool is_glue_op(const std::string& name);  // glue_ops.cpp
 bool redispatch_with_mask_coordinates(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+bool wants_sparse_variant(const c10::OperatorHandle& op, const torch::jit::Stack& stack);  // sparse_ops.cpp
+void run_sparse_variant(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 bool try_host_fill(const at::Tensor& self, const c10::Scalar& value);  // constant_fill.cpp
 namespace {
 
@@ -1342,6 +1344,11 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     std::string new_key(key);
     std::vector<int> ret_counts;
     if (!info.is_out) {
+      if (wants_sparse_variant(op, *stack)) {  // never planned: a sparse result is not a lowering's
+        own();
+        run_sparse_variant(op, stack);
+        return;
+      }
       std::vector<IValue> margs, mrets;
       try {
         std::tie(margs, mrets) = run_meta(op, args);

@@ -482,6 +482,29 @@ void refuse_compressed_constructors(torch::Library& m) {
 
 }  // namespace
 
+// An op whose lowering covers its dense form only and whose sparse form PyTorch composes
+// from other ops, as its CPU and CUDA kernels do: _embedding_bag_backward with sparse=True
+// (EmbeddingBag(sparse=True)) becomes _embedding_bag_sparse_backward, which builds the COO
+// gradient with ops that run here.
+bool wants_sparse_variant(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto& name = op.operator_name();
+  if (name.name != "aten::_embedding_bag_backward" || !name.overload_name.empty()) return false;
+  return stack[stack.size() - op.schema().arguments().size() + 9].toBool();
+}
+
+void run_sparse_variant(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t first = stack->size() - op.schema().arguments().size();
+  auto a = [&](size_t i) -> c10::IValue& { return (*stack)[first + i]; };
+  // (grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+  //  scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)
+  std::optional<at::Tensor> psw = a(10).toOptional<at::Tensor>();
+  at::Tensor r = at::_embedding_bag_sparse_backward_symint(
+      a(0).toTensor(), a(1).toTensor(), a(2).toTensor(), a(3).toTensor(), a(4).toTensor(), a(6).toSymInt(),
+      a(7).toBool(), a(8).toInt(), psw, a(11).toInt());
+  torch::jit::drop(*stack, op.schema().arguments().size());
+  stack->emplace_back(std::move(r));
+}
+
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) { refuse_compressed_constructors(m); }
 
 TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
