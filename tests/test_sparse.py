@@ -360,3 +360,17 @@ def test_unsupported_coo_op_named():
         torch.mm(t, t.t())
     with pytest.raises(RuntimeError, match="divides by a scalar only"):
         t / torch.ones(3, 4, device="tpu")
+
+
+def test_grads_of_a_sparse_leaf():
+    m = torch.randn(4, 2)
+    for f in (lambda s, m: s.to_dense().pow(2).sum(),
+              lambda s, m: torch.sparse.mm(s, m).pow(2).sum(),
+              lambda s, m: torch.sparse.addmm(torch.ones(3, 2, device=m.device), s, m).sum()):
+        grads = {}
+        with no_fallbacks():
+            for dev in ("cpu", "tpu"):
+                s = coo("cpu").coalesce().to(dev).requires_grad_()
+                f(s, m.to(dev)).backward()
+                grads[dev] = s.grad
+        close(grads["tpu"], grads["cpu"])
