@@ -1092,3 +1092,30 @@ def test_a_batch_of_only_ignored_targets_has_zero_gradients_as_cpu(reduction, sp
             grads.append(xd.grad.cpu())
         assert not grads[1].isnan().any()
         torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_out_into_an_empty_tensor_and_is_set_to_as_cpu():
+    # out= into an empty 2-D tensor (or an empty slice) recursed without end in Strict
+    # and Debug (a segfault); is_set_to ran on the CPU fallback, comparing two host copies.
+    for mode in MODES.values():
+        with torch_tpu.set_eager_mode(mode):
+            o = torch.empty(2, 0, device="tpu")
+            assert torch.add(torch.zeros(2, 0, device="tpu"), 1, out=o) is o and o.shape == (2, 0)
+            x = torch.arange(8.0, device="tpu").view(2, 4)
+            v = x[:, 4:]
+            torch.sub(v, v, out=v)
+            torch.neg(torch.zeros(3, 0, 2, device="tpu"), out=torch.empty(3, 0, 2, device="tpu"))
+            assert torch.equal(x.cpu(), torch.arange(8.0).view(2, 4))
+    x = torch.arange(6.0, device="tpu")
+    y = torch.empty(0, device="tpu").set_(x.untyped_storage(), 0, (6,), (1,))
+    assert x.is_set_to(y) and y.is_set_to(x)
+    assert not x.is_set_to(x[1:]) and not x.is_set_to(x.clone()) and not x.view(2, 3).is_set_to(x)
+
+
+def test_a_copy_to_cpu_of_a_non_dense_view_keeps_its_dimension_order_as_cpu():
+    for make in (lambda d: torch.arange(12.0, device=d).as_strided((3, 2), (2, 4)),
+                 lambda d: torch.randn(2, 3, 4, 5, device=d)[:, :, ::2].permute(0, 2, 3, 1),
+                 lambda d: torch.randn(2, 3, 4, 5, device=d).to(memory_format=torch.channels_last)[:, :, 1:]):
+        want = make("cpu").to(torch.float64).stride()  # CPU's _to_copy of the same view
+        assert make("tpu").to("cpu").stride() == want
+        assert make("tpu").to("cpu", torch.float64).stride() == want

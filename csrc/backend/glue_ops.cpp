@@ -366,14 +366,16 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
   c10::Device dev = device.value_or(self.device());
   at::TensorOptions opts = self.options().dtype(dtype.value_or(self.scalar_type())).device(dev);
   // The layout as CPU/CUDA keep it: preserve_format copies the strides of a
-  // non-overlapping and dense tensor, else the suggested (or asked) memory format.
+  // non-overlapping and dense tensor, else dense strides in the same order of dimensions
+  // (a permuted slice stays permuted); another format is taken as asked.
   c10::MemoryFormat format = mf.value_or(c10::MemoryFormat::Preserve);
   at::Tensor out;
-  if (format == c10::MemoryFormat::Preserve && self.is_non_overlapping_and_dense())
-    out = at::empty_strided(self.sizes(), self.strides(), opts);
+  if (format == c10::MemoryFormat::Preserve)
+    out = at::empty_strided(self.sizes(), self.is_non_overlapping_and_dense()
+                                              ? self.strides().vec()
+                                              : at::infer_dense_strides(self.sizes(), self.strides()), opts);
   else
-    out = at::empty(self.sizes(), opts.memory_format(format == c10::MemoryFormat::Preserve
-                                                         ? self.suggest_memory_format() : format));
+    out = at::empty(self.sizes(), opts.memory_format(format));
   out.copy_(self, non_blocking);
   return out;
 }
@@ -542,6 +544,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_fused_sgd_", fused_sgd_float_lr);
   m.impl("_fused_adagrad_", fused_adagrad_float_lr);
   m.impl("_fused_moving_avg_obs_fq_helper", fused_moving_avg_obs_fq_helper);
+  // Metadata only (same storage, offset, sizes and strides): PyTorch's device-generic
+  // kernel. The CPU fallback compared two host copies, never the same storage.
+  m.impl("is_set_to", at::native::is_set_to);
   m.impl("kaiser_window", kaiser_window_default);
   m.impl("kaiser_window.periodic", kaiser_window_periodic);
   m.impl("kaiser_window.beta", kaiser_window_beta);

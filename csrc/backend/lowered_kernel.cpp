@@ -1192,7 +1192,9 @@ bool write_out_later(const c10::OperatorHandle& op, const OpInfo& info, const Pl
   IValue& slot = (*stack)[first + info.mutated[0]];
   if (!slot.isTensor()) return false;
   at::Tensor out = slot.toTensor();
-  if (out.is_conj() || out.is_neg() || covers_storage(out)) return false;
+  // (An empty out is written by no program: an empty fresh tensor would not cover its
+  // storage either, and the call would come back here without end.)
+  if (out.is_conj() || out.is_neg() || out.numel() == 0 || covers_storage(out)) return false;
   // A view of most of its storage: rewriting the storage at once costs less than a
   // value of the view's size and its write.
   if (2 * out.numel() * static_cast<int64_t>(out.element_size()) > static_cast<int64_t>(out.storage().nbytes()))
