@@ -65,6 +65,8 @@ def test_variable_length_gpt_one_compile_per_graph_and_exact_values():
         torch_tpu.synchronize()
         d = delta(before, torch_tpu.metrics(), "graph_compiles", "graph_loads")
         graph_compiles += d["graph_compiles"] + d["graph_loads"]  # (an earlier run's, from the disk cache)
+        if t != LENGTHS[0]:
+            assert d["graph_compiles"] + d["graph_loads"] == 0, (t, d)  # none per size
 
         ref.zero_grad()
         want_logits, want_loss = ref(idx, tgt)
@@ -76,7 +78,10 @@ def test_variable_length_gpt_one_compile_per_graph_and_exact_values():
             torch.testing.assert_close(p.grad.cpu().double(), pr.grad, rtol=1e-5, atol=1e-5,
                                        msg=lambda m: f"length {t}, grad of {name}: {m}")
     m = torch_tpu.metrics()
-    assert graph_compiles == 2, graph_compiles  # one forward and one backward program
+    # One forward and one backward program. (Since the (2, t, 64) -> (2*t, 64) flattening
+    # gathers its rows to their true order, the first step builds one more fused program
+    # under pytest's fresh cache, once, not per length: see /work/notes/s44/bounded/REPORT.md.)
+    assert graph_compiles in (2, 3), graph_compiles
     assert m["compiled_recompiles"] == recompiles_before
 
 
@@ -87,11 +92,10 @@ def test_size_outside_the_bounds_raises_a_clear_error():
     f(x)
     with pytest.raises(ValueError, match="outside"):
         dynamism.mark_dynamic(torch.randn(9, 3).to("tpu"), 0, 2, 8)
-    # Called with a size past the bound, the graph is traced again without bounds.
-    with pytest.raises(Exception) as e:
-        f(torch.randn(9, 3).to("tpu"))
-    err = not_implemented(e.value)
-    assert "outside the bounds" in str(err) and "mark_dynamic" in str(err)
+    # Called unmarked with a size past the bound, the graph is traced again and compiled
+    # for that size (a size Dynamo makes dynamic on its own has no bound: specialized).
+    x9 = torch.randn(9, 3)
+    torch.testing.assert_close(f(x9.to("tpu")).cpu(), x9.softmax(0))
     # The program itself refuses a size past its bound.
     from torch_tpu._internal.bounded import BoundedGraph
     graphs = []
@@ -210,12 +214,149 @@ def test_an_op_not_known_right_across_a_dynamic_dimension_is_refused_by_name():
     assert "aten.flip.default" in str(err) and "dynamic dimension" in str(err)
 
 
-def test_unbounded_symint_error_still_names_the_fixes():
-    f = torch.compile(lambda t: t * 2, backend="tpu", dynamic=True)
+def test_unbounded_mark_dynamic_error_names_the_fixes():
+    f = torch.compile(lambda t: t * 2, backend="tpu")
+    x = torch.ones(4, 3, device="tpu")
+    torch._dynamo.mark_dynamic(x, 0)
     with pytest.raises(Exception) as e:
-        f(torch.ones(4, 3, device="tpu"))
-    err = not_implemented(e.value)
-    assert "dynamic=False" in str(err) and "mark_dynamic" in str(err)
+        f(x)
+    err = str(not_implemented(e.value))
+    assert "torch._dynamo.mark_dynamic" in err and "torch_tpu.dynamism.mark_dynamic" in err
+    assert "maybe_mark_dynamic" in err and "dynamic=False" in err
+
+
+@pytest.mark.parametrize("how", ["dynamic=True", "maybe_mark_dynamic", "default"])
+def test_dynamic_hints_without_bounds_compile_per_size(how):
+    # maybe_mark_dynamic and dynamic=True ask for dynamic sizes only where possible:
+    # without a bound each size is specialized (compiled per size), as Inductor would
+    # when a size cannot stay dynamic. Values as CPU eager's.
+    def fn(x):
+        return x.sin().sum(0) + x.shape[0]
+    kw = {"dynamic": True} if how == "dynamic=True" else {}
+    f = torch.compile(fn, **kw) if how == "default" else torch.compile(fn, backend="tpu", **kw)
+    for n in (3, 5, 3, 8):
+        x = torch.randn(n, 4)
+        xt = x.to("tpu")
+        if how != "dynamic=True":
+            torch._dynamo.maybe_mark_dynamic(xt, 0)
+        torch.testing.assert_close(f(xt).cpu(), fn(x), rtol=1e-5, atol=1e-5)
+
+
+def test_bounded_marks_under_plain_torch_compile_one_graph():
+    # torch.compile(model) (Inductor's entry, routed to tpu) and backend="tpu" honor the
+    # bounds of torch_tpu.dynamism.mark_dynamic: one graph for every size.
+    def fn(x, w):
+        return (x @ w).relu().sum() + x.mean(0)
+    w64 = torch.randn(4, 4, dtype=torch.float64)
+    w = w64.float().to("tpu").requires_grad_()
+    for compile_ in (lambda f: torch.compile(f), lambda f: torch.compile(f, backend="tpu")):
+        torch._dynamo.reset()
+        f = compile_(fn)
+        before = torch_tpu.metrics()
+        for n in (3, 9, 16, 2, 7):
+            x = torch.randn(n, 4, dtype=torch.float64)
+            xt = x.float().to("tpu")
+            dynamism.mark_dynamic(xt, 0, 2, 16)
+            w.grad = None
+            got = f(xt, w)
+            got.sum().backward()
+            w_ref = w64.clone().requires_grad_()
+            want = fn(x, w_ref)
+            want.sum().backward()
+            torch.testing.assert_close(got.detach().cpu().double(), want.detach(), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(w.grad.cpu().double(), w_ref.grad, rtol=1e-5, atol=1e-5)
+        torch_tpu.synchronize()
+        d = delta(before, torch_tpu.metrics(), "compiled_graphs", "compiled_recompiles")
+        assert d == {"compiled_graphs": 2, "compiled_recompiles": 0}, d
+
+
+def test_tpu_backend_with_dynamism_false_refuses_bounded_marks_clearly():
+    f = torch.compile(lambda t: t * 2, backend=torch_tpu.TpuBackend(dynamism=False))
+    x = torch.ones(4, 3, device="tpu")
+    dynamism.mark_dynamic(x, 0, 2, 16)
+    with pytest.raises(Exception) as e:
+        f(x)
+    assert "dynamism=False" in str(not_implemented(e.value))
+
+
+F = torch.nn.functional
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("sum", lambda t, y: t.sum()),
+    ("flat_sum", lambda t, y: (t * 2).reshape(-1).sum()),
+    ("mean", lambda t, y: t.exp().mean()),
+    ("inner_flat_mean", lambda t, y: t.t().reshape(-1).mean() + t.t().reshape(-1).sum()),
+    ("mse_loss", lambda t, y: F.mse_loss(t.tanh(), y)),
+    ("l1_loss", lambda t, y: F.l1_loss(t, y)),
+    ("smooth_l1_loss", lambda t, y: F.smooth_l1_loss(t, y, beta=0.5)),
+    ("huber_loss", lambda t, y: F.huber_loss(t, y, delta=0.3)),
+    ("mse_loss_sum", lambda t, y: F.mse_loss(t, y, reduction="sum")),
+    ("cross_entropy", lambda t, y: F.cross_entropy(t, (y[:, :4] > 0).long().sum(1))),
+])
+def test_full_reductions_and_losses_match_float64_one_graph(name, fn):
+    # Reductions over every dimension (the padding masked, means over the true count),
+    # forward and backward.
+    f = torch.compile(fn, backend=backend())
+    before = torch_tpu.metrics()
+    for n in (3, 7, 16, 2, 11):
+        x = torch.randn(n, 5, dtype=torch.float64, requires_grad=True)
+        y = torch.randn(n, 5, dtype=torch.float64)
+        xt = x.detach().float().to("tpu").requires_grad_()
+        yt = y.float().to("tpu")
+        dynamism.mark_dynamic(xt, 0, 2, 16)
+        dynamism.mark_dynamic(yt, 0, 2, 16)
+        got = f(xt, yt)
+        got.backward()
+        want = fn(x, y)
+        want.backward()
+        torch.testing.assert_close(got.detach().cpu().double(), want.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(xt.grad.cpu().double(), x.grad, rtol=1e-5, atol=1e-5)
+    torch_tpu.synchronize()
+    assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 2
+
+
+@pytest.mark.parametrize("fn", [
+    # (3, s) -> (3*s): the padded rows' order is not the true one (row 1 starts at the
+    # bound, not at s); mixed with a (s, 3) flattening, element by element.
+    lambda t: (t.reshape(-1) * t.t().reshape(-1).exp()).sum(),
+    lambda t: (t.t().reshape(-1).exp().reshape(3, -1).t() * t).sum(0),
+    lambda t: t.t().reshape(1, -1) @ t.t().reshape(-1, 1).cos(),
+    lambda t: (t.reshape(1, -1, 3).exp().reshape(-1, 3) * 2).sum(0),
+])
+def test_flattening_an_inner_dynamic_dimension_keeps_the_element_order(fn):
+    f = torch.compile(fn, backend=backend())
+    before = torch_tpu.metrics()
+    for n in (4, 6, 16, 9):
+        x = torch.randn(n, 3, dtype=torch.float64)
+        xt = x.float().to("tpu")
+        dynamism.mark_dynamic(xt, 0, 2, 16)
+        torch.testing.assert_close(f(xt).cpu().double(), fn(x), rtol=1e-5, atol=1e-5)
+    torch_tpu.synchronize()
+    assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 1
+
+
+def test_outputs_have_the_strides_eager_gives():
+    # A dynamic inner dimension: the prefix of the padded output is strided; the caller
+    # gets eager's layout (contiguous here), so .view works.
+    def fn(x, y):
+        return x * 2, (x + 1).t(), y.exp(), (y * 3).transpose(0, 1)
+    f = torch.compile(fn, backend=backend())
+    before = torch_tpu.metrics()
+    for n, m in ((3, 5), (10, 2), (16, 16), (7, 9)):
+        x = torch.randn(6, n)
+        y = torch.randn(m, n)
+        xt, yt = x.to("tpu"), y.to("tpu")
+        dynamism.mark_dynamic(xt, 1, 2, 16)
+        dynamism.mark_dynamic(yt, 0, 2, 16)
+        dynamism.mark_dynamic(yt, 1, 2, 16)
+        for got, want in zip(f(xt, yt), fn(x, y)):
+            assert got.shape == want.shape and got.stride() == want.stride(), (got.stride(), want.stride())
+            assert got.is_contiguous() == want.is_contiguous()
+            torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(f(xt, yt)[0].view(-1).cpu(), (x * 2).view(-1))
+    torch_tpu.synchronize()
+    assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 1
 
 
 def test_returning_a_flattened_dynamic_dimension_is_refused_clearly():

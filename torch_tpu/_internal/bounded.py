@@ -29,7 +29,8 @@ import sympy
 import torch
 
 from .bounded_ops import (_INDEX_SHAPED, _MASKED_OPS, _MEANS, _STATIC_DIM_OPS, _dyn_dims, _expr,
-                          _mean_dims, _refuse, _same_shape, _structural, _val, check_graph)
+                          _mean_dims, _polynomial, _refuse, _same_shape, _structural, _val,
+                          check_graph)
 
 aten = torch.ops.aten
 
@@ -93,6 +94,36 @@ class _Builder:
                 acc = self.call(aten.mul.Scalar if isinstance(p, int) else aten.mul.Tensor, acc, p)
         return acc
 
+    def arith(self, op, a, c):
+        """`a op c` for ints and 0-d (or broadcast) int64 tensor nodes."""
+        if isinstance(a, int) and isinstance(c, int):
+            return {"add": a + c, "mul": a * c, "floordiv": a // c, "mod": a % c}[op]
+        if op == "floordiv":
+            return self.call(aten.div.Tensor_mode, a, c, rounding_mode="floor")
+        if op == "mod":
+            return self.call(aten.remainder.Tensor if not isinstance(c, int) else
+                             aten.remainder.Scalar, a, c) if not isinstance(a, int) else \
+                self.call(aten.remainder.Tensor, self.call(aten.scalar_tensor.default, a,
+                                                           dtype=torch.int64, device=self.device), c)
+        if isinstance(a, int):
+            a, c = c, a
+        tensor_op = {"add": aten.add, "mul": aten.mul}[op]
+        return self.call(tensor_op.Scalar if isinstance(c, int) else tensor_op.Tensor, a, c)
+
+    def prefix_mask(self, v):
+        """Validity of a tensor whose valid data sits at the start of every dimension (each
+        index below its true size, a polynomial of the sizes): None when all are static."""
+        shape = self.padded(v)
+        m = None
+        for d, s in enumerate(v.shape):
+            if not isinstance(s, torch.SymInt):
+                continue
+            r = self.call(aten.arange.default, shape[d], dtype=torch.int64, device=self.device)
+            c = self.call(aten.lt.Tensor, r, self.size_value(_expr(s)))
+            c = self.call(aten.view.default, c, [shape[d] if i == d else 1 for i in range(len(shape))])
+            m = c if m is None else self.call(aten.logical_and.default, m, c)
+        return None if m is None else self.call(aten.expand.default, m, shape)
+
     def structural_mask(self, v):
         """Validity of a tensor whose dynamic dimensions are bare symbols."""
         shape = self.padded(v)
@@ -129,7 +160,10 @@ def _mean(b, n, args, kwargs, m_of):
     count = 1
     for d in dyn:
         count *= padded[d]
-    true = b.size_value(sympy.Mul(*[_expr(x.shape[d]) for d in dyn]))
+    true_count = sympy.expand(sympy.Mul(*[_expr(x.shape[d]) for d in dyn]))
+    if not _polynomial(true_count):
+        _refuse(n.target, f"averages over the dynamic size {true_count}")
+    true = b.size_value(true_count)
     return b.call(aten.div.Tensor, b.call(aten.mul.Scalar, out, count), true)
 
 
@@ -196,6 +230,13 @@ def _rewrite(gm, b, mask_inputs):
                 args = [b.size_value(_expr(_val(a))) if z else e
                         for a, e, z in zip(n.args, args, sized)]
                 op = _tensor_overload(op)
+        if op in _RESHAPES and _scrambles(n):
+            # The padded data read in row-major order is not the true data's order:
+            # gathered so that each valid element sits at its own index.
+            env[n] = _exact_reshape(b, n, args[0])
+            env[n].meta = dict(n.meta)
+            masks[n] = b.prefix_mask(_val(n))
+            continue
         if op in _MEANS:
             env[n] = _mean(b, n, args, kwargs, m_of)
         else:
@@ -218,6 +259,88 @@ def _rewrite(gm, b, mask_inputs):
     vals = out.args[0]
     return [env[o] if isinstance(o, torch.fx.Node) else o for o in vals], \
         [masks.get(o) if isinstance(o, torch.fx.Node) else None for o in vals]
+
+
+_RESHAPES = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+
+
+def _scrambles(n) -> bool:
+    """Whether a reshape of padded data puts valid elements at other indices than the
+    reshape of the true data: a dynamic size that is not the outermost (non-1) dimension
+    of its group of merged or split dimensions ((3, s) -> (3*s) reads row 1 at index 16,
+    not s). (s, 3) -> (3*s) and (2*s, 4) -> (s, 8) keep every index."""
+    src, dst = _val(n.args[0]), _val(n)
+    if not isinstance(src, torch.Tensor) or not (_dyn_dims(src) or _dyn_dims(dst)):
+        return False
+    A, B = [_expr(s) for s in src.shape], [_expr(s) for s in dst.shape]
+    if A == B:
+        return False
+    ranges = {}
+    for s in list(src.shape) + list(dst.shape):
+        if isinstance(s, torch.SymInt):
+            env = s.node.shape_env
+            for sym in s.node.expr.free_symbols:
+                ranges[sym] = sympy.Integer(int(env.var_to_range[sym].upper))
+    pad = lambda e: int(e.xreplace(ranges))  # noqa: E731
+    groups, i, j = [], 0, 0
+    while i < len(A) and j < len(B):
+        gi, gj, pa, pb = [i], [j], A[i], B[j]
+        i, j = i + 1, j + 1
+        while sympy.expand(pa - pb) != 0:
+            if pad(pa) < pad(pb):
+                if i >= len(A):
+                    return True  # (not told apart: gathered, which is always right)
+                gi.append(i); pa *= A[i]; i += 1  # noqa: E702
+            else:
+                if j >= len(B):
+                    return True
+                gj.append(j); pb *= B[j]; j += 1  # noqa: E702
+        groups.append((gi, gj))
+    if any(e != 1 for e in A[i:] + B[j:]):
+        return True
+    for gi, gj in groups:
+        for dims, ex in ((gi, A), (gj, B)):
+            inner = [ex[d] for d in dims if ex[d] != 1][1:]
+            if any(e.free_symbols for e in inner):
+                return True
+    return False
+
+
+def _exact_reshape(b, n, x):
+    """A reshape that gathers each valid element to its true index (padding: anything)."""
+    src, dst = _val(n.args[0]), _val(n)
+    A, B = [_expr(s) for s in src.shape], [_expr(s) for s in dst.shape]
+    for e in A + B:
+        if not _polynomial(e):
+            _refuse(n.target, f"reshapes across the dynamic size {e}")
+    P, Q = b.padded(src), b.padded(dst)
+    # The true row-major index of each position of the output.
+    lin, stride = 0, sympy.Integer(1)
+    for d in reversed(range(len(Q))):
+        if Q[d] == 1:
+            continue
+        r = b.call(aten.arange.default, Q[d], dtype=torch.int64, device=b.device)
+        r = b.call(aten.view.default, r, [Q[d] if i == d else 1 for i in range(len(Q))])
+        lin = b.arith("add", lin, b.arith("mul", r, b.size_value(sympy.expand(stride))))
+        stride = stride * B[d]
+    # Its index in the input (true sizes), then the input's padded row-major index.
+    pos, t_stride, p_stride = 0, sympy.Integer(1), 1
+    for d in reversed(range(len(A))):
+        if P[d] != 1:
+            a = b.arith("floordiv", lin, b.size_value(sympy.expand(t_stride)))
+            if d > 0:
+                a = b.arith("mod", a, b.size_value(A[d]))
+            pos = b.arith("add", pos, b.arith("mul", a, p_stride))
+        t_stride, p_stride = t_stride * A[d], p_stride * P[d]
+    if isinstance(pos, int):  # no dimension but 1s: nothing moves
+        return b.call(aten.reshape.default, x, Q)
+    m = b.prefix_mask(dst)
+    if m is not None:  # padding positions read element 0
+        pos = b.call(aten.where.self, m, b.call(aten.expand.default, pos, Q),
+                     b.call(aten.scalar_tensor.default, 0, dtype=torch.int64, device=b.device))
+    pos = b.call(aten.reshape.default, b.call(aten.expand.default, pos, Q), [-1])
+    flat = b.call(aten.reshape.default, x, [-1])
+    return b.call(aten.reshape.default, b.call(aten.index_select.default, flat, 0, pos), Q)
 
 
 def _fix_structural(b, n, masks):
@@ -393,7 +516,11 @@ class BoundedGraph:
             elif isinstance(v, torch.Tensor) and _dyn_dims(v):
                 exprs = [_expr(s) for s in v.shape]
                 if _structural(v):
-                    self._outs.append(("tensor", exprs))
+                    # A user's output gets the strides eager's op gives (a prefix view
+                    # of the padded buffer is strided across a dynamic inner dimension);
+                    # one saved for the backward stays a view (found padded again there).
+                    strides = [_expr(st) for st in v.stride()] if i < n_user else None
+                    self._outs.append(("tensor", (exprs, strides)))
                 elif i >= n_user and m is not _UNKNOWN and m is not None:
                     # Saved for the backward: stays padded, its mask travels beside it.
                     self._outs.append(("masked", len(extra)))
@@ -469,9 +596,12 @@ class BoundedGraph:
                 res.append(_eval(info, values))
             elif kind == "tensor":
                 _keep(o)
-                for d, e in enumerate(info):
+                exprs, strides = info
+                for d, e in enumerate(exprs):
                     if e.free_symbols:
                         o = o.narrow(d, 0, _eval(e, values))
+                if strides is not None:
+                    o = _restrided(o, [_eval(st, values) for st in strides])
                 res.append(o)
             elif kind == "masked":
                 _keep(o, extra[info])
@@ -479,6 +609,27 @@ class BoundedGraph:
             else:
                 res.append(o)
         return res
+
+
+def _restrided(o, strides):
+    """`o` (a prefix view of a padded output) with the given strides: itself when its
+    layout already is that (dimensions of size 1 aside), else a copy laid out so."""
+    if all(n <= 1 or a == b for n, a, b in zip(o.shape, o.stride(), strides)):
+        return o
+    with _strict():  # per size: a small program of its own, like the padding
+        if list(strides) == _contiguous_strides(o.shape):
+            return o.contiguous()
+        out = torch.empty_strided(o.shape, strides, dtype=o.dtype, device=o.device)
+        out.copy_(o)
+        return out
+
+
+def _contiguous_strides(shape):
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return out[::-1]
 
 
 # Padded outputs of bounded programs (and the masks of those saved for the backward),

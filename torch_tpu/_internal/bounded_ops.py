@@ -27,7 +27,7 @@ _SHAPE_OPS = {
 # Ops that reduce or contract across a dynamic dimension (inputs masked first), checked
 # against float64 references in tests/test_dynamism.py.
 _MASKED_OPS = {
-    aten.sum.dim_IntList, aten.amax.default, aten.amin.default,
+    aten.sum.dim_IntList, aten.sum.default, aten.amax.default, aten.amin.default,
     aten._softmax.default, aten._log_softmax.default, aten._softmax_backward_data.default,
     aten._log_softmax_backward_data.default, aten.mm.default, aten.bmm.default,
     aten.addmm.default, aten.embedding.default, aten.embedding_dense_backward.default,
@@ -114,10 +114,7 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
                 continue
             _refuse(op, "acts on a dynamic dimension")
         if op in _MEANS:
-            x = _val(n.args[0])
-            if _structural(x) or not set(_mean_dims(n)) & set(_dyn_dims(x)):
-                continue  # the divisor is corrected with the true sizes
-            _refuse(op, "averages over a flattened dynamic dimension")
+            continue  # masked, and the divisor is corrected with the true sizes (bounded._mean)
         if torch.Tag.pointwise in op.tags:
             for a in ins:
                 if isinstance(_val(a), torch.SymInt) and not _polynomial(_expr(_val(a))):
@@ -160,3 +157,34 @@ def _expr(s):
 def _structural(v) -> bool:
     return isinstance(v, torch.Tensor) and all(
         not isinstance(s, torch.SymInt) or isinstance(s.node.expr, sympy.Symbol) for s in v.shape)
+
+
+def decompositions() -> dict:
+    """Decompositions for graphs with bounded dynamic sizes: losses whose mean would
+    divide by the padded count become masked sums over the true count (PyTorch's own
+    backward decompositions compute 1/numel as a float of the size, which the padded
+    program cannot take from its size operands)."""
+    from torch._decomp import decomposition_table
+
+    def mse_loss_backward(grad_output, input, target, reduction):
+        g = 2 * (input - target) * grad_output
+        return g / input.numel() if reduction == 1 else g
+
+    def smooth_l1_loss_backward(grad_output, input, target, reduction, beta):
+        x = input - target
+        g = torch.where(x.abs() < beta, grad_output * x / beta, grad_output * torch.sign(x))
+        return g / input.numel() if reduction == 1 else g
+
+    def huber_loss_backward(grad_output, input, target, reduction, delta):
+        x = input - target
+        g = torch.where(x < -delta, -grad_output * delta,
+                        torch.where(x > delta, grad_output * delta, x * grad_output))
+        return g / input.numel() if reduction == 1 else g
+
+    out = {op: decomposition_table[op] for op in (
+        aten.mse_loss.default, aten.smooth_l1_loss.default, aten.huber_loss.default)
+        if op in decomposition_table}
+    out[aten.mse_loss_backward.default] = mse_loss_backward
+    out[aten.smooth_l1_loss_backward.default] = smooth_l1_loss_backward
+    out[aten.huber_loss_backward.default] = huber_loss_backward
+    return out

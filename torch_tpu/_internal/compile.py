@@ -401,27 +401,75 @@ def _symbols(example_inputs):
     return syms
 
 
-def _check_dynamism(example_inputs, dynamism: bool) -> None:
-    """Dynamic sizes compile only when bounded (mark_dynamic with min and max)."""
+def _check_dynamism(example_inputs, dynamism) -> bool:
+    """Dynamic sizes compile only when bounded (mark_dynamic with min and max); returns
+    whether the graph keeps bounded dynamic sizes (one program for every size).
+
+    A size Dynamo made dynamic without a bound only as a hint (maybe_mark_dynamic,
+    dynamic=True, automatic dynamic shapes) is specialized here: a guard on its value,
+    so the graph compiles static for it and Dynamo compiles again for another size, as
+    for a graph with no dynamism. A size marked dynamic without bounds by
+    torch._dynamo.mark_dynamic (which must not be specialized) is refused."""
     syms = _symbols(example_inputs)
     if not syms:
-        return
+        return False
     from torch.utils._sympy.numbers import int_oo
     env = _shape_env(example_inputs)
     unbounded = []
     for s in syms:
         r = env.var_to_range.get(s) if env is not None else None
         if r is None or r.upper == int_oo or not r.upper.is_number:
-            unbounded.append(str(s))
-    if unbounded or not dynamism:
-        why = (f"dynamic sizes without bounds ({', '.join(unbounded)})" if unbounded
-               else "dynamic sizes, but TpuBackend(dynamism=False)")
+            unbounded.append(s)
+    strict = _strictly_dynamic()
+    refused = [s for s in unbounded if s in strict]
+    if refused:
         raise NotImplementedError(
-            f"torch_tpu compiled mode: the graph has {why}. Compile with "
-            "torch.compile(..., dynamic=False), or bound each dynamic dimension with "
-            "torch_tpu.dynamism.mark_dynamic(tensor, dim, min, max) and use "
-            "TpuBackend(dynamism=True). A size outside the bounds [min, max] of an earlier "
-            "mark_dynamic lands here too: the graph is traced again without bounds.")
+            f"torch_tpu compiled mode: the graph has dynamic sizes without bounds "
+            f"({', '.join(map(str, refused))}), marked by torch._dynamo.mark_dynamic, which "
+            "forbids compiling them per size. torch_tpu compiles one program for every size up "
+            "to a bound: bound each dynamic dimension with torch_tpu.dynamism.mark_dynamic(tensor, "
+            "dim, min, max) (or torch._dynamo.mark_dynamic(tensor, dim, min=..., max=...)); or use "
+            "torch._dynamo.maybe_mark_dynamic, or no mark and torch.compile(..., dynamic=False), "
+            "to compile per size.")
+    if unbounded and env is not None:
+        from torch.fx.experimental.symbolic_shapes import guard_int
+        for s in unbounded:  # Dynamo adds these guards to the frame's
+            hint = getattr(env, "backed_var_to_val", None)
+            hint = (hint if hint is not None else env.var_to_val).get(s)
+            if hint is None:
+                raise NotImplementedError(
+                    f"torch_tpu compiled mode: the graph has a data-dependent size ({s}) without "
+                    "a bound; compile with torch.compile(..., dynamic=False) or mark it with "
+                    "torch_tpu.dynamism.mark_dynamic(tensor, dim, min, max).")
+            guard_int(env.create_symintnode(s, hint=int(hint)))
+        if not _symbols(example_inputs):
+            return False
+    if dynamism is False:
+        raise NotImplementedError(
+            "torch_tpu compiled mode: the graph has dynamic sizes bounded by mark_dynamic, but "
+            "TpuBackend(dynamism=False). Use TpuBackend() (or backend='tpu', or plain "
+            "torch.compile) to compile one program for every size up to the bounds, or drop the "
+            "marks to compile per size.")
+    return True
+
+
+def _strictly_dynamic() -> set:
+    """Symbols of the sizes the frame being compiled marked with torch._dynamo.mark_dynamic
+    (Dynamo raises if they are specialized), when Dynamo is compiling one."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+        tx = InstructionTranslator.current_tx()
+        tracked = tx.output.tracked_fakes if tx is not None else []
+    except Exception:  # not under Dynamo (an AOT or test call): nothing marked
+        return set()
+    out = set()
+    for tf in tracked:
+        sizes = getattr(tf.symbolic_context, "constraint_sizes", None) or []
+        shape = getattr(tf.fake, "shape", ())
+        for c, n in zip(sizes, shape):
+            if c is not None and not getattr(c, "warn_only", True) and isinstance(n, torch.SymInt):
+                out |= n.node.expr.free_symbols
+    return out
 
 
 def _shape_env(example_inputs):
@@ -438,8 +486,12 @@ def _shape_env(example_inputs):
 class TpuBackend:
     """The compiler function Dynamo calls with each captured graph.
 
-    `debug` prints each ATen graph as it is lowered; `dynamism` allows dynamic sizes
-    bounded by `mark_dynamic`. `memory_budget` is AOTAutograd's activation memory budget
+    `debug` prints each ATen graph as it is lowered. Dynamic sizes bounded by
+    `torch_tpu.dynamism.mark_dynamic` compile to one program for every size up to the
+    bound (bounded.py) unless `dynamism=False`; `dynamism=True` also keeps Dynamo's
+    automatic dynamic shapes on (a size it makes dynamic on its own has no bound and is
+    compiled per size) and fuse_steps off by default. Sizes dynamic only as a hint
+    (maybe_mark_dynamic, dynamic=True) are compiled per size. `memory_budget` is AOTAutograd's activation memory budget
     for the forward/backward partition: 0.0 (the default) saves only what cannot be
     recomputed, and the backward program recomputes the rest inside itself, as
     DeferAndFuse's one program per step does: a compiled GPT step then peaks below
@@ -454,13 +506,14 @@ class TpuBackend:
     _CompiledGraph). On the 4-layer GPT with the budget of 0 that is about DeferAndFuse's
     throughput and CPU time per step at 0.99x its peak memory; with the budget of 1.0
     (nothing recomputed) one loaded run was 3 % faster but at 1.4x the peak.
-    Not with `dynamism` (eager padding between its graphs would join the program).
+    Off by default with `dynamism=True`; graphs with bounded sizes keep a program each
+    (eager padding between them would join the program: see _lower).
     Options of Google's TorchTPU this backend has no use for
     (`enable_serialization`, `precompile_steps`, ...) are accepted and ignored: the
     executable caches already persist compiled programs.
     """
 
-    def __init__(self, debug: bool = False, dynamism: bool = False, memory_budget: float = 0.0,
+    def __init__(self, debug: bool = False, dynamism: bool | None = None, memory_budget: float = 0.0,
                  recompute: str = "budget", fuse_steps: bool | None = None, **ignored):
         if recompute not in ("budget", "cheap"):
             raise ValueError(f"TpuBackend(recompute={recompute!r}): expected 'cheap' or 'budget'")
@@ -486,7 +539,7 @@ class TpuBackend:
             warnings.warn("torch_tpu compiled mode: a graph with a nested tensor input runs eagerly "
                           "(its ragged dimension has no bound to compile for)", stacklevel=2)
             return gm.forward
-        _check_dynamism(example_inputs, self.dynamism)
+        bounded = _check_dynamism(example_inputs, self.dynamism)
         cid = CompileContext.current_compile_id()
         if cid is not None and (cid.frame_compile_id or 0) > 0:
             counters["compiled_recompiles"] += 1
@@ -494,12 +547,16 @@ class TpuBackend:
         lower = functools.partial(self._lower, role="forward")
         lower_bw = functools.partial(self._lower, role="backward")
         lower_inf = functools.partial(self._lower, role="inference")
+        decompositions = _decompositions()
+        if bounded:
+            from .bounded_ops import decompositions as bounded_decompositions
+            decompositions.update(bounded_decompositions())
         try:
             budget = self.memory_budget if self.recompute == "budget" else 1.0
             with torch._functorch.config.patch(activation_memory_budget=budget, cse=CSE):
                 fn = aot_autograd(fw_compiler=lower, bw_compiler=lower_bw, inference_compiler=lower_inf,
                                   partition_fn=_partition(self.recompute),
-                                  decompositions=_decompositions(),
+                                  decompositions=decompositions,
                                   keep_inference_input_mutations=True)(gm, example_inputs)
             from .bounded_eager import outside_eager_bounds
             return outside_eager_bounds(fn)
