@@ -289,3 +289,24 @@ def test_sync_batch_norm_ops_combine_uneven_parts_like_the_whole_batch():
         assert torch.batch_norm_elemt(xt.bfloat16(), None, None, m16, s16, eps).dtype == torch.bfloat16
         none = torch.batch_norm_backward_reduce(dyt, xt, mean, invstd, None, False, False, False)
         assert all(t.numel() == 0 for t in none)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("final_norm", [False, True])
+def test_transformer_encoder_inference_with_a_padding_mask_as_cpu(batch_first, final_norm):
+    # Eval + no grad + src_key_padding_mask: PyTorch's fast path packs the batch into a
+    # strided nested tensor, which tpu refused (NotImplementedError); the same values now
+    # come from the dense batch, padded positions zeroed as the nested path leaves them.
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=batch_first)
+    enc = torch.nn.TransformerEncoder(layer, 2, norm=torch.nn.LayerNorm(16) if final_norm else None).eval()
+    x = torch.randn(2, 6, 16) if batch_first else torch.randn(6, 2, 16)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, -3:] = True
+    with torch.inference_mode():
+        want = enc(x, src_key_padding_mask=pad)
+        enc.to("tpu")
+        got = enc(x.to("tpu"), src_key_padding_mask=pad.to("tpu"))
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(NotImplementedError, match="strided nested tensors are not supported on tpu"):
+        torch._nested_tensor_from_mask(x.to("tpu"), pad.to("tpu"))

@@ -70,6 +70,9 @@ if torch.distributed.is_available():
 from . import _sync_batch_norm  # noqa: E402  (torch.nn.SyncBatchNorm's ops)
 
 _sync_batch_norm.register()
+from . import _transformer  # noqa: E402  (nn.TransformerEncoder's nested fast path on tpu)
+
+_transformer.install()
 from . import _data_parallel  # noqa: E402  (torch.nn.DataParallel's copies between tpu devices)
 
 _data_parallel.install()
