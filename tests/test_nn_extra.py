@@ -310,3 +310,43 @@ def test_transformer_encoder_inference_with_a_padding_mask_as_cpu(batch_first, f
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(NotImplementedError, match="strided nested tensors are not supported on tpu"):
         torch._nested_tensor_from_mask(x.to("tpu"), pad.to("tpu"))
+
+
+def _attention_cases():
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, -3:] = True
+    all_pad = torch.zeros(2, 6, dtype=torch.bool)
+    all_pad[0] = True  # a sequence of padding only: its rows attend to nothing
+    causal = torch.triu(torch.ones(6, 6, dtype=torch.bool), 1)
+    on = lambda m, d: None if m is None else m.to(d)  # noqa: E731
+    return {
+        "mha": lambda l, a, x, d: a(x, x, x),
+        "mha_padding": lambda l, a, x, d: a(x, x, x, key_padding_mask=on(pad, d)),
+        "mha_all_padding": lambda l, a, x, d: a(x, x, x, key_padding_mask=on(all_pad, d)),
+        "mha_causal_per_head": lambda l, a, x, d: a(x, x, x, attn_mask=on(causal, d), average_attn_weights=False),
+        "mha_both_no_weights": lambda l, a, x, d: a(x, x, x, attn_mask=on(causal, d), key_padding_mask=on(pad, d),
+                                                      need_weights=False)[0],
+        "layer": lambda l, a, x, d: l(x),
+        "layer_padding": lambda l, a, x, d: l(x, src_key_padding_mask=on(pad, d)),
+        "layer_causal": lambda l, a, x, d: l(x, src_mask=on(causal, d)),
+    }
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("case", sorted(_attention_cases()))
+def test_attention_inference_fast_paths_run_natively_as_cpu(case, norm_first):
+    # Eval + no grad: nn.MultiheadAttention and nn.TransformerEncoderLayer call fused
+    # native kernels that only CPU and CUDA implement; on tpu they ran on the CPU fallback.
+    from conftest import no_fallbacks
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, norm_first=norm_first,
+                                             activation="gelu" if norm_first else "relu").eval()
+    mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 6, 16)
+    fn = _attention_cases()[case]
+    with torch.inference_mode():
+        want = fn(layer, mha, x, "cpu")
+        with no_fallbacks():
+            got = fn(layer.to("tpu"), mha.to("tpu"), x.to("tpu"), "tpu")
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-5, atol=1e-5, equal_nan=True)
