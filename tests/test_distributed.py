@@ -740,6 +740,9 @@ def errors_name_the_collective(rank, world):
     raises(ValueError, ["all_reduce", "PREMUL_SUM"], lambda: dist.all_reduce(x, op=premul))
     raises(TypeError, ["all_reduce", "BAND", "Float"],
            lambda: dist.all_reduce(x, op=dist.ReduceOp.BAND))
+    flags = torch.tensor([True, rank == 0], device="tpu")
+    raises(TypeError, ["all_reduce", "AVG", "boolean"], lambda: dist.all_reduce(flags, op=dist.ReduceOp.AVG))
+    _eq(flags, [True, rank == 0])  # refused before anything ran
     raises(ValueError, ["all_gather", "world size", f"{world + 1} output", f"{world} processes"],
            lambda: dist.all_gather([torch.empty(2, device="tpu")] * (world + 1), x))
     raises(ValueError, ["all_gather", "cpu", "tpu_dist"],

@@ -46,6 +46,9 @@ void check_reduce_op(const char* op, const c10d::ReduceOp& r, const std::vector<
     if (!bitwise) {
       TORCH_CHECK_TYPE(!(t.is_complex() && (r == R::MIN || r == R::MAX)), "distributed.", op,
                        "(): MIN/MAX are not defined for complex tensors, got ", describe(t));
+      // (NCCL's refusal; integer AVG truncates, as NCCL's does.)
+      TORCH_CHECK_TYPE(!(r == R::AVG && t.scalar_type() == at::kBool), "distributed.", op,
+                       "(): cannot use ReduceOp.AVG with boolean inputs, got ", describe(t));
       continue;
     }
     TORCH_CHECK_TYPE(at::isIntegralType(t.scalar_type(), /*includeBool=*/true), "distributed.",
