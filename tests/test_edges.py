@@ -1028,8 +1028,9 @@ def test_resize_to_a_negative_size_raises_cpus_error_and_queues_nothing():
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_a_failed_index_check_leaves_no_readable_garbage(mode):
     # Strict and DeferAndFuse raise an out-of-range index at the next sync, as CUDA's
-    # device asserts do; the op's results (read with clamped indices) then raise at
-    # every use instead of reading as values. Debug raises at the call and writes nothing.
+    # device asserts do; the op's new results (read with clamped indices) then raise at
+    # every use instead of reading as values, and a failed in-place write leaves its
+    # tensor as it was. Debug raises at the call and writes nothing.
     x = torch.arange(12.0, device="tpu").view(4, 3)
     bad = torch.tensor([0, 9], device="tpu")
     ones = torch.ones(2, 3, device="tpu")
@@ -1049,10 +1050,10 @@ def test_a_failed_index_check_leaves_no_readable_garbage(mode):
             with pytest.raises((IndexError, RuntimeError), match="out of (range|bounds)"):
                 torch_tpu.synchronize()
             torch_tpu.synchronize()  # raised once
-            for t in (z, y):  # both failed checks taint their results, not only the first
-                for use in (lambda t: t.cpu(), lambda t: (t + 1).cpu(), lambda t: t.sum().item()):
-                    with pytest.raises(RuntimeError, match=r"device-side check failed \(.*out of (range|bounds)"):
-                        use(t)
+            for use in (lambda t: t.cpu(), lambda t: (t + 1).cpu(), lambda t: t.sum().item()):
+                with pytest.raises(RuntimeError, match=r"device-side check failed \(.*out of (range|bounds)"):
+                    use(z)
+            assert torch.equal(y.cpu(), x.cpu())  # the failed in-place write left y as it was
             assert torch.equal(kept.cpu(), torch.full((2, 3), 5.0))
         # Everything else stays usable.
         assert torch.equal(x.cpu(), torch.arange(12.0).view(4, 3))
@@ -1064,11 +1065,12 @@ def test_a_failed_index_check_taints_a_compiled_graphs_results():
     x = torch.arange(12.0, device="tpu").view(4, 3)
     good = torch.tensor([0, 1], device="tpu")
     assert cf(x, good).sum().item() == 30.0
-    r = cf(x, torch.tensor([0, 9], device="tpu"))
-    with pytest.raises(IndexError, match="index_select.*out of bounds"):
-        r.cpu()
-    with pytest.raises(RuntimeError, match=r"device-side check failed \(aten::index_select"):
-        r.cpu()
+    with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_NEVER):  # (Debug raises at the call)
+        r = cf(x, torch.tensor([0, 9], device="tpu"))
+        with pytest.raises(IndexError, match="index_select.*out of bounds"):
+            r.cpu()
+        with pytest.raises(RuntimeError, match=r"device-side check failed \(aten::index_select"):
+            r.cpu()
     assert cf(x, good).sum().item() == 30.0 and x.sum().item() == 66.0
 
 

@@ -421,11 +421,10 @@ py::object CapturedGraph::replay(py::list args, int how_) {
         continue;
     }
   }
-  if (!result_checks_.empty()) {  // a failed check taints the whole step's results
+  if (!result_checks_.empty()) {  // a failed check taints the step's new results
     std::vector<c10::Storage> checked;
     for (const c10::Storage& st : made)
       if (st) checked.push_back(st);
-    for (auto& [k, j] : writes_) checked.push_back(kept[k]);
     for (auto& [j, message] : result_checks_) add_device_check(results[j], message, checked);
   }
   return outs;

@@ -1452,18 +1452,18 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
 
   // Commit results: new storage buffers for mutated args, new tensors otherwise.
   c10::SmallVector<at::Tensor, 2> fresh;
-  std::vector<c10::Storage> checked;  // outputs a failed device check makes unreadable
+  // New tensors a failed device check makes unreadable. (A written argument keeps its
+  // values: the rules of checked in-place ops leave it as it was when the check fails.)
+  std::vector<c10::Storage> checked;
   size_t next_result = 0;
   for (const OutSpec& o : plan->outs) {
     if (o.undefined) {
       fresh.emplace_back();
     } else if (o.write) {
       at::Tensor tmp;
-      const at::Tensor& dst = *tensor_at(args, o.arg, o.elem, &tmp);
-      StorageData& sd = storage_of(dst);
+      StorageData& sd = storage_of(*tensor_at(args, o.arg, o.elem, &tmp));
       note_replacement(results[next_result], sd.value);
       sd.value = std::move(results[next_result++]);
-      if (!plan->checks.empty()) checked.push_back(dst.storage());
     } else {
       Operand v = std::move(results[next_result++]);
       fresh.push_back(o.strides.empty() ? wrap_value(std::move(v), o.dtype, o.sizes, k.device)
