@@ -721,6 +721,28 @@ def subgroups(rank, world):
     _eq(z, [world - 1])
 
 
+@check("collectives", "four")
+def coalescing_manager_with_a_device(rank, world):
+    # c10d's _coalescing_manager(group, device): NCCL's way; tpu_dist raised "does not
+    # implement startCoalescing". All-reduces inside run as one coalesced call; other
+    # collectives run as issued and the manager's work waits for them.
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _coalescing_manager
+    a, b = _t([rank, 1.0]), _t([2.0 * rank])
+    with _coalescing_manager(device=torch.device("tpu")):
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    total = sum(range(world))
+    _eq(a, [total, world])
+    _eq(b, [2.0 * total])
+    c = _t([rank + 1.0])
+    with _coalescing_manager(device=torch.device("tpu"), async_ops=True) as cm:
+        dist.broadcast(c, src=world - 1)
+    cm.wait()
+    _eq(c, [float(world)])
+
+
 @check("collectives", "four", "modes")
 def errors_name_the_collective(rank, world):
     import torch

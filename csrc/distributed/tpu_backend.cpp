@@ -8,6 +8,54 @@ namespace tpu::distributed {
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 using TensorList = std::vector<at::Tensor>;
 
+namespace {
+
+// The works of the collectives issued between startCoalescing and endCoalescing (c10d's
+// _coalescing_manager with a device), waited for as one.
+class CoalescedWork final : public c10d::Work {
+ public:
+  explicit CoalescedWork(std::vector<WorkPtr> works) : works_(std::move(works)) {}
+  bool isCompleted() override {
+    for (auto& w : works_)
+      if (!w->isCompleted()) return false;
+    return true;
+  }
+  bool isSuccess() const override {
+    for (auto& w : works_)
+      if (!w->isSuccess()) return false;
+    return true;
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    for (auto& w : works_) w->wait(timeout);
+    return true;
+  }
+  void synchronize() override {
+    for (auto& w : works_) w->synchronize();
+  }
+
+ private:
+  std::vector<WorkPtr> works_;
+};
+
+}  // namespace
+
+void TpuBackend::startCoalescing() {
+  TORCH_CHECK(!coalescing_, "tpu_dist: startCoalescing() while already coalescing");
+  coalescing_.emplace();
+}
+
+WorkPtr TpuBackend::endCoalescing() {
+  TORCH_CHECK(coalescing_, "tpu_dist: endCoalescing() without startCoalescing()");
+  std::vector<WorkPtr> works = std::move(*coalescing_);
+  coalescing_.reset();
+  return c10::make_intrusive<CoalescedWork>(std::move(works));
+}
+
+WorkPtr TpuBackend::issued(WorkPtr work) {
+  if (coalescing_ && work) coalescing_->push_back(work);
+  return work;
+}
+
 TpuBackend::TpuBackend(c10::intrusive_ptr<c10d::Backend> host, const std::string& transport)
     : c10d::Backend(host->getRank(), host->getSize()) {
   transport_ = choose_transport(std::move(host), transport, &transport_name_);
@@ -17,14 +65,14 @@ WorkPtr TpuBackend::broadcast(TensorList& tensors, const c10d::BroadcastOptions&
   check_tpu("broadcast", tensors);
   check_writable("broadcast", tensors);
   check_rank("broadcast", static_cast<int>(opts.rootRank), getSize(), "source");
-  return transport_->broadcast(tensors, opts);
+  return issued(transport_->broadcast(tensors, opts));
 }
 
 WorkPtr TpuBackend::allreduce(TensorList& tensors, const c10d::AllreduceOptions& opts) {
   check_tpu("all_reduce", tensors);
   check_writable("all_reduce", tensors);
   check_reduce_op("all_reduce", opts.reduceOp, tensors);
-  return transport_->allreduce(tensors, opts);
+  return issued(transport_->allreduce(tensors, opts));
 }
 
 WorkPtr TpuBackend::allreduce_coalesced(TensorList& tensors,
@@ -32,7 +80,7 @@ WorkPtr TpuBackend::allreduce_coalesced(TensorList& tensors,
   check_tpu("all_reduce_coalesced", tensors);
   check_writable("all_reduce_coalesced", tensors);
   check_reduce_op("all_reduce_coalesced", opts.reduceOp, tensors);
-  return transport_->allreduce_coalesced(tensors, opts);
+  return issued(transport_->allreduce_coalesced(tensors, opts));
 }
 
 WorkPtr TpuBackend::reduce(TensorList& tensors, const c10d::ReduceOptions& opts) {
@@ -40,7 +88,7 @@ WorkPtr TpuBackend::reduce(TensorList& tensors, const c10d::ReduceOptions& opts)
   check_writable("reduce", tensors);
   check_reduce_op("reduce", opts.reduceOp, tensors);
   check_rank("reduce", static_cast<int>(opts.rootRank), getSize(), "destination");
-  return transport_->reduce(tensors, opts);
+  return issued(transport_->reduce(tensors, opts));
 }
 
 WorkPtr TpuBackend::allgather(std::vector<TensorList>& outputs, TensorList& inputs,
@@ -53,7 +101,7 @@ WorkPtr TpuBackend::allgather(std::vector<TensorList>& outputs, TensorList& inpu
   check_writable("all_gather", outputs[0], "output ");
   check_per_rank("all_gather", outputs[0], getSize(), "output");
   check_pieces("all_gather", outputs[0], inputs[0], getRank(), "output");
-  return transport_->allgather(outputs, inputs, opts);
+  return issued(transport_->allgather(outputs, inputs, opts));
 }
 
 WorkPtr TpuBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -61,7 +109,7 @@ WorkPtr TpuBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
   check_tpu("all_gather_into_tensor", {output, input});
   check_writable("all_gather_into_tensor", {output}, "output ");
   check_times("all_gather_into_tensor", output, input, getSize(), "output", "input");
-  return transport_->_allgather_base(output, input, opts);
+  return issued(transport_->_allgather_base(output, input, opts));
 }
 
 WorkPtr TpuBackend::allgather_coalesced(std::vector<TensorList>& outputs, TensorList& inputs,
@@ -75,7 +123,7 @@ WorkPtr TpuBackend::allgather_coalesced(std::vector<TensorList>& outputs, Tensor
     check_per_rank("all_gather_coalesced", outputs[i], getSize(), "output");
     check_same("all_gather_coalesced", outputs[i], inputs[i], "output");
   }
-  return transport_->allgather_coalesced(outputs, inputs, opts);
+  return issued(transport_->allgather_coalesced(outputs, inputs, opts));
 }
 
 WorkPtr TpuBackend::allgather_into_tensor_coalesced(TensorList& outputs, TensorList& inputs,
@@ -88,7 +136,7 @@ WorkPtr TpuBackend::allgather_into_tensor_coalesced(TensorList& outputs, TensorL
   check_writable(op, outputs, "output ");
   for (size_t i = 0; i < inputs.size(); ++i)
     check_times(op, outputs[i], inputs[i], getSize(), "output", "input");
-  return transport_->allgather_into_tensor_coalesced(outputs, inputs, opts);
+  return issued(transport_->allgather_into_tensor_coalesced(outputs, inputs, opts));
 }
 
 WorkPtr TpuBackend::gather(std::vector<TensorList>& outputs, TensorList& inputs,
@@ -105,7 +153,7 @@ WorkPtr TpuBackend::gather(std::vector<TensorList>& outputs, TensorList& inputs,
     check_per_rank("gather", outputs[0], getSize(), "output");
     check_same("gather", outputs[0], inputs[0], "output");
   }
-  return transport_->gather(outputs, inputs, opts);
+  return issued(transport_->gather(outputs, inputs, opts));
 }
 
 WorkPtr TpuBackend::scatter(TensorList& outputs, std::vector<TensorList>& inputs,
@@ -122,7 +170,7 @@ WorkPtr TpuBackend::scatter(TensorList& outputs, std::vector<TensorList>& inputs
     check_per_rank("scatter", inputs[0], getSize(), "input");
     check_same("scatter", inputs[0], outputs[0], "input");
   }
-  return transport_->scatter(outputs, inputs, opts);
+  return issued(transport_->scatter(outputs, inputs, opts));
 }
 
 WorkPtr TpuBackend::reduce_scatter(TensorList& outputs, std::vector<TensorList>& inputs,
@@ -135,7 +183,7 @@ WorkPtr TpuBackend::reduce_scatter(TensorList& outputs, std::vector<TensorList>&
   check_per_rank("reduce_scatter", inputs[0], getSize(), "input");
   check_pieces("reduce_scatter", inputs[0], outputs[0], getRank(), "input");
   check_reduce_op("reduce_scatter", opts.reduceOp, outputs);
-  return transport_->reduce_scatter(outputs, inputs, opts);
+  return issued(transport_->reduce_scatter(outputs, inputs, opts));
 }
 
 WorkPtr TpuBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -144,7 +192,7 @@ WorkPtr TpuBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
   check_writable("reduce_scatter_tensor", {output}, "output ");
   check_times("reduce_scatter_tensor", input, output, getSize(), "input", "output");
   check_reduce_op("reduce_scatter_tensor", opts.reduceOp, {output});
-  return transport_->_reduce_scatter_base(output, input, opts);
+  return issued(transport_->_reduce_scatter_base(output, input, opts));
 }
 
 WorkPtr TpuBackend::reduce_scatter_tensor_coalesced(TensorList& outputs, TensorList& inputs,
@@ -158,7 +206,7 @@ WorkPtr TpuBackend::reduce_scatter_tensor_coalesced(TensorList& outputs, TensorL
   for (size_t i = 0; i < inputs.size(); ++i)
     check_times(op, inputs[i], outputs[i], getSize(), "input", "output");
   check_reduce_op(op, opts.reduceOp, outputs);
-  return transport_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  return issued(transport_->reduce_scatter_tensor_coalesced(outputs, inputs, opts));
 }
 
 WorkPtr TpuBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -171,7 +219,7 @@ WorkPtr TpuBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                    "output ", describe(output), " and input ", describe(input), " differ in dtype");
   check_splits("all_to_all_single", input, input_splits, getSize(), "input");
   check_splits("all_to_all_single", output, output_splits, getSize(), "output");
-  return transport_->alltoall_base(output, input, output_splits, input_splits, opts);
+  return issued(transport_->alltoall_base(output, input, output_splits, input_splits, opts));
 }
 
 WorkPtr TpuBackend::alltoall(TensorList& outputs, TensorList& inputs,
@@ -181,28 +229,28 @@ WorkPtr TpuBackend::alltoall(TensorList& outputs, TensorList& inputs,
   check_writable("all_to_all", outputs, "output ");
   check_per_rank("all_to_all", inputs, getSize(), "input");
   check_per_rank("all_to_all", outputs, getSize(), "output");
-  return transport_->alltoall(outputs, inputs, opts);
+  return issued(transport_->alltoall(outputs, inputs, opts));
 }
 
 WorkPtr TpuBackend::send(TensorList& tensors, int dst, int tag) {
   check_tpu("send", tensors);
   check_rank("send", dst, getSize(), "destination", getRank());
-  return transport_->send(tensors, dst, tag);
+  return issued(transport_->send(tensors, dst, tag));
 }
 
 WorkPtr TpuBackend::recv(TensorList& tensors, int src, int tag) {
   check_tpu("recv", tensors);
   check_writable("recv", tensors);
   check_rank("recv", src, getSize(), "source", getRank());
-  return transport_->recv(tensors, src, tag);
+  return issued(transport_->recv(tensors, src, tag));
 }
 
 WorkPtr TpuBackend::recvAnysource(TensorList& tensors, int tag) {
   check_tpu("recv", tensors);
   check_writable("recv", tensors);
-  return transport_->recvAnysource(tensors, tag);
+  return issued(transport_->recvAnysource(tensors, tag));
 }
 
-WorkPtr TpuBackend::barrier(const c10d::BarrierOptions& opts) { return transport_->barrier(opts); }
+WorkPtr TpuBackend::barrier(const c10d::BarrierOptions& opts) { return issued(transport_->barrier(opts)); }
 
 }  // namespace tpu::distributed

@@ -4,6 +4,9 @@
 #pragma once
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <optional>
+#include <vector>
+
 namespace tpu::distributed {
 
 class TpuBackend : public c10d::Backend {
@@ -67,8 +70,14 @@ class TpuBackend : public c10d::Backend {
   // (c10d's ProcessGroupWrapper and flight recorder ask for it).
   void setSequenceNumberForGroup() override { transport_->setSequenceNumberForGroup(); }
   uint64_t getSequenceNumberForGroup() override { return transport_->getSequenceNumberForGroup(); }
+  // c10d's _coalescing_manager(group, device): the collectives issued in between run as
+  // they are issued; endCoalescing's work waits for all of them.
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
  private:
+  c10::intrusive_ptr<c10d::Work> issued(c10::intrusive_ptr<c10d::Work> work);
+  std::optional<std::vector<c10::intrusive_ptr<c10d::Work>>> coalescing_;
   c10::intrusive_ptr<c10d::Backend> transport_;
   std::string transport_name_;
 };
