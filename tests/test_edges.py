@@ -1121,3 +1121,36 @@ def test_a_copy_to_cpu_of_a_non_dense_view_keeps_its_dimension_order_as_cpu():
         want = make("cpu").to(torch.float64).stride()  # CPU's _to_copy of the same view
         assert make("tpu").to("cpu").stride() == want
         assert make("tpu").to("cpu", torch.float64).stride() == want
+
+
+SCALAR_FITS = {
+    "int8_fill": lambda d: torch.zeros(2, dtype=torch.int8, device=d).fill_(1000),
+    "uint8_fill": lambda d: torch.zeros(2, dtype=torch.uint8, device=d).fill_(1e10),
+    "half_fill": lambda d: torch.zeros(2, dtype=torch.float16, device=d).fill_(1e5),
+    "f32_fill": lambda d: torch.zeros(3, device=d).fill_(1e40),
+    "half_one_element_fill": lambda d: torch.zeros(1, dtype=torch.float16, device=d).fill_(1e5),
+    "full_int8": lambda d: torch.full((2,), 1000, dtype=torch.int8, device=d),
+    "full_like_int32": lambda d: torch.full_like(torch.zeros(2, dtype=torch.int32, device=d), 1e10),
+    "where_int8": lambda d: torch.where(torch.tensor([True, False], device=d), torch.ones(2, dtype=torch.int8, device=d), 1000),
+    "where_half": lambda d: torch.where(torch.tensor([True, False], device=d), torch.ones(2, dtype=torch.float16, device=d), 7e4),
+    "where_bf16": lambda d: torch.where(torch.tensor([True, False], device=d), torch.ones(2, dtype=torch.bfloat16, device=d), 1e300),
+    "masked_fill_int8": lambda d: torch.zeros(2, dtype=torch.int8, device=d).masked_fill(torch.tensor([True, False], device=d), 1000),
+    "index_fill_int8": lambda d: torch.zeros(2, dtype=torch.int8, device=d).index_fill(0, torch.tensor([0], device=d), 1000),
+    "scatter_int8": lambda d: torch.zeros(2, dtype=torch.int8, device=d).scatter(0, torch.tensor([0], device=d), 1000),
+    "clamp_int8": lambda d: torch.ones(2, dtype=torch.int8, device=d).clamp(max=1000),
+    "clamp_f32_big": lambda d: torch.ones(2, device=d).clamp(max=1e40),
+    "complex_fill": lambda d: torch.zeros(2, device=d).fill_(1 + 2j),
+    "complex_full_like": lambda d: torch.full_like(torch.zeros(2, dtype=torch.int32, device=d), 1 + 2j),
+    "add_int8_wraps": lambda d: torch.ones(2, dtype=torch.int8, device=d) + 1000,
+    "half_plus_big": lambda d: torch.ones(2, dtype=torch.float16, device=d) + 7e4,
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("name", sorted(SCALAR_FITS))
+def test_a_number_written_into_a_narrower_dtype_raises_or_converts_as_cpu(name, mode):
+    # CPU's fill-like kernels convert the number checked ("value cannot be converted to
+    # type int8_t without overflow"); arithmetic wraps or overflows to inf. DeferAndFuse
+    # wrapped silently where Strict raised, and Strict raised where CPU gives inf.
+    with torch_tpu.set_eager_mode(MODES[mode]):
+        _same_as_cpu(SCALAR_FITS[name], match="without overflow")

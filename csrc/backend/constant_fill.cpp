@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "backend/dtypes.h"
@@ -29,7 +30,23 @@ std::atomic<int64_t> g_host_fills{0};
 
 // One element of `type` holding `value`, as CPU's fill converts it; false for a type
 // with no conversion here (the lowered kernel then decides).
-bool element_bytes(const c10::Scalar& value, c10::ScalarType type, char* out) {
+bool element_bytes(const c10::Scalar& value, c10::ScalarType type, char* out, bool one_element) {
+  // A one-element tensor of a half type is filled unchecked (kernel_checks.cpp's
+  // fill_value): past the type's range, inf.
+  if (one_element && (type == c10::kHalf || type == c10::kBFloat16) && !value.isComplex()) {
+    double d = value.toDouble();
+    float f = std::isfinite(d) && std::abs(d) > std::numeric_limits<float>::max()
+                  ? std::copysign(std::numeric_limits<float>::infinity(), d)
+                  : static_cast<float>(d);
+    if (type == c10::kHalf) {
+      c10::Half h(f);
+      std::memcpy(out, &h, sizeof(h));
+    } else {
+      c10::BFloat16 h(f);
+      std::memcpy(out, &h, sizeof(h));
+    }
+    return true;
+  }
   switch (type) {
 #define TPU_ELEMENT_BYTES(T, name)          \
   case c10::ScalarType::name: {            \
@@ -77,7 +94,7 @@ bool try_host_fill(const at::Tensor& self, const c10::Scalar& value) {
   if (sd.nbytes > kMaxHostFillBytes) return false;
   if (value.isComplex() && !self.is_complex()) return false;  // the lowered kernel's error
   char element[16];
-  if (!element_bytes(value, self.scalar_type(), element)) return false;
+  if (!element_bytes(value, self.scalar_type(), element, self.numel() == 1)) return false;
   const size_t item = self.element_size();
   int64_t n = 1;
   for (int64_t d : st.shape) n *= d;

@@ -1,6 +1,7 @@
 #include "backend/kernel_checks.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -216,6 +217,58 @@ void randperm_size(c10::ArrayRef<c10::IValue> args) {
                 " without overflow");
 }
 
+// A value written into a tensor of dtype `t` as CPU's fill-like kernels convert it
+// (Scalar::to<scalar_t>, which raises "value cannot be converted to type ... without
+// overflow", also for a complex value with an imaginary part into a real type).
+void check_fits(const c10::Scalar& v, c10::ScalarType t) {
+  if (t == c10::kUInt16 || t == c10::kUInt32 || t == c10::kUInt64 || c10::isFloat8Type(t)) return;
+  AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(c10::kHalf, c10::kBFloat16, c10::kBool, t, "fill",
+                                         [&] { (void)v.to<scalar_t>(); });
+}
+
+// fill_(self, value), masked_fill(self, mask, value), index_fill(self, dim, index, value),
+// scatter(self, dim, index, value[, reduce]): the Scalar `value` into self's dtype
+// (full, full_like and new_full fill through fill_).
+template <int kValue>
+void fill_value(c10::ArrayRef<c10::IValue> args) {
+  if (static_cast<int>(args.size()) <= kValue || !args[0].isTensor() || !args[kValue].isScalar()) return;
+  const at::Tensor& self = args[0].toTensor();
+  c10::ScalarType t = self.scalar_type();
+  // CPU fills a one-element tensor of a half type (scalar_tensor: a Python number meeting
+  // a half tensor in where) unchecked: a value past its range becomes inf.
+  if (kValue == 1 && self.numel() == 1 && (t == c10::kHalf || t == c10::kBFloat16)) return;
+  check_fits(args[kValue].toScalar(), t);
+}
+
+// clamp(self, min?, max?) with Scalars: each bound into self's dtype, where it stays
+// self's (an integer tensor clamped by a float bound computes in float).
+void clamp_bounds(c10::ArrayRef<c10::IValue> args) {
+  if (args.empty() || !args[0].isTensor()) return;
+  c10::ScalarType t = args[0].toTensor().scalar_type();
+  for (size_t i = 1; i < args.size() && i < 3; ++i) {
+    if (!args[i].isScalar()) continue;
+    c10::Scalar v = args[i].toScalar();
+    if (c10::isIntegralType(t, /*includeBool=*/true) && (v.isFloatingPoint() || v.isComplex())) continue;
+    if (v.isComplex() && c10::isFloatingType(t)) check_fits(v, c10::kDouble);  // CPU's first conversion
+    check_fits(v, t);
+  }
+}
+
+// where(condition, self, other) where a Python number (a wrapped 0-d tensor) meets an
+// integer tensor: CPU converts the number into the integer type, checked.
+void where_number(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 3 || !args[1].isTensor() || !args[2].isTensor()) return;
+  const at::Tensor& a = args[1].toTensor();
+  const at::Tensor& b = args[2].toTensor();
+  auto wrapped = [](const at::Tensor& x) { return x.unsafeGetTensorImpl()->is_wrapped_number(); };
+  for (auto [num, other] : {std::pair{&a, &b}, std::pair{&b, &a}}) {
+    if (!wrapped(*num) || wrapped(*other) || !c10::isIntegralType(other->scalar_type(), /*includeBool=*/false) ||
+        !c10::isIntegralType(num->scalar_type(), /*includeBool=*/false))
+      continue;
+    check_fits(num->item(), other->scalar_type());
+  }
+}
+
 }  // namespace
 
 KernelCheck value_check_for(const std::string& base) {
@@ -226,6 +279,14 @@ KernelCheck value_check_for(const std::string& base) {
       {"celu", &celu_alpha},
       {"linalg_vector_norm", &norm_order},
       {"norm", &norm_order},
+      {"fill", &fill_value<1>},
+      {"masked_fill", &fill_value<2>},
+      {"index_fill", &fill_value<3>},
+      {"scatter", &fill_value<3>},
+      {"clamp", &clamp_bounds},
+      {"clamp_min", &clamp_bounds},
+      {"clamp_max", &clamp_bounds},
+      {"where", &where_number},
   };
   auto it = checks.find(base);
   return it == checks.end() ? nullptr : it->second;
