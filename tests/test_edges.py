@@ -1154,3 +1154,18 @@ def test_a_number_written_into_a_narrower_dtype_raises_or_converts_as_cpu(name, 
     # wrapped silently where Strict raised, and Strict raised where CPU gives inf.
     with torch_tpu.set_eager_mode(MODES[mode]):
         _same_as_cpu(SCALAR_FITS[name], match="without overflow")
+
+
+@pytest.mark.parametrize("name", ["bool_minus_int", "true_minus_uint8", "int_minus_true", "bool_minus_bool", "rsub_bool"])
+def test_subtraction_with_bool_raises_as_cpu(name):
+    cases = {
+        "bool_minus_int": lambda d: torch.tensor([True], device=d) - torch.tensor([1], device=d),
+        "true_minus_uint8": lambda d: True - torch.tensor([1, 2], dtype=torch.uint8, device=d),
+        "int_minus_true": lambda d: torch.tensor([1, 2], device=d) - True,
+        "bool_minus_bool": lambda d: torch.tensor([True], device=d) - torch.tensor([False], device=d),
+        "rsub_bool": lambda d: torch.rsub(torch.tensor([True], device=d), 1),
+    }
+    (torch.tensor([1, 2], device="tpu") - 1).cpu()  # a plan for int - int exists first
+    for mode in ("strict", "fused"):
+        with torch_tpu.set_eager_mode(MODES[mode]):
+            assert _same_as_cpu(cases[name], match="Subtraction") is RuntimeError

@@ -269,6 +269,20 @@ void where_number(c10::ArrayRef<c10::IValue> args) {
   }
 }
 
+// sub / rsub (self, other, alpha): CPU refuses bool operands (the error names what to
+// use instead); a Python bool is a bool operand too.
+void sub_bool(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 2) return;
+  auto is_bool = [](const c10::IValue& v) {
+    return v.isTensor() ? v.toTensor().scalar_type() == c10::kBool : v.isScalar() && v.toScalar().isBoolean();
+  };
+  bool a = is_bool(args[0]), b = is_bool(args[1]);
+  TORCH_CHECK(!(a && b), "Subtraction, the `-` operator, with two bool tensors is not supported. "
+                         "Use the `^` or `logical_xor()` operator instead.");
+  TORCH_CHECK(!a && !b, "Subtraction, the `-` operator, with a bool tensor is not supported. "
+                        "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
+}
+
 }  // namespace
 
 KernelCheck value_check_for(const std::string& base) {
@@ -351,6 +365,8 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"index_copy", &index_copy_index},
       {"index_fill", &index_fill_index},
       {"multinomial", &multinomial_samples},
+      {"sub", &sub_bool},
+      {"rsub", &sub_bool},
   };
   auto it = checks.find(base);
   return it == checks.end() ? nullptr : it->second;
