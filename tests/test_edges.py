@@ -1169,3 +1169,15 @@ def test_subtraction_with_bool_raises_as_cpu(name):
     for mode in ("strict", "fused"):
         with torch_tpu.set_eager_mode(MODES[mode]):
             assert _same_as_cpu(cases[name], match="Subtraction") is RuntimeError
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_pow_by_half_at_negative_zero_and_infinity_as_cpu(dtype):
+    # CPU takes sqrt for a Scalar exponent of +-0.5 except in its float16 kernel, which
+    # computes pow: -inf ** 0.5 is inf there (NaN through sqrt), -0 ** 0.5 is +0.
+    x = torch.tensor([float("-inf"), -0.0, 0.0, 4.0, float("inf")], dtype=dtype)
+    for e in (0.5, -0.5):
+        want, got = x ** e, (x.to("tpu") ** e).cpu()
+        assert torch.equal(got.isnan(), want.isnan()), (e, got, want)
+        keep = ~want.isnan()
+        assert torch.equal(got[keep], want[keep]) and torch.equal(got[keep].signbit(), want[keep].signbit()), (e, got, want)

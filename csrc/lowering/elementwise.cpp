@@ -307,12 +307,14 @@ TPU_LOWER(pow_rule, "pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", "pow
   // An integer tensor to a negative integer Scalar is refused on the host at each call
   // (backend/kernel_checks.cpp): the Scalar is a runtime operand.
   bool scalar_exponent = ctx.is_tensor(0) && !ctx.is_tensor(1);
-  return map(ctx, {0, 1}, [scalar_exponent](Builder& b, const Vs& x) {
+  bool half = ctx.out(0).dtype == DType::F16;
+  return map(ctx, {0, 1}, [scalar_exponent, half](Builder& b, const Vs& x) {
     if (is_integral(x[0].dtype())) return int_pow(b, x[0], x[1]);
     Value p = op2(b, "power", x[0], x[1]);
-    if (!scalar_exponent) return p;
     // CPU's and CUDA's kernels take sqrt for a Scalar exponent of 0.5 and 1 / sqrt for
-    // -0.5, which part from pow at -0 and -inf (-0 and NaN for 0.5).
+    // -0.5, which part from pow at -0 and -inf (-0 and NaN for 0.5); CPU's float16
+    // kernel computes pow itself (+0 and inf there).
+    if (!scalar_exponent || half) return p;
     Value root = op1(b, "sqrt", x[0]);
     p = b.select(cmpk(b, x[1], 0.5, Cmp::EQ), root, p);
     return b.select(cmpk(b, x[1], -0.5, Cmp::EQ), op2(b, "divide", cst(b, root, 1), root), p);
