@@ -125,17 +125,9 @@ class _Builder:
         return None if m is None else self.call(aten.expand.default, m, shape)
 
     def structural_mask(self, v):
-        """Validity of a tensor whose dynamic dimensions are bare symbols."""
-        shape = self.padded(v)
-        m = None
-        for d, s in enumerate(v.shape):
-            if not isinstance(s, torch.SymInt):
-                continue
-            r = self.call(aten.arange.default, shape[d], dtype=torch.int64, device=self.device)
-            c = self.call(aten.lt.Tensor, r, self.sizes[s.node.expr])
-            c = self.call(aten.view.default, c, [shape[d] if i == d else 1 for i in range(len(shape))])
-            m = c if m is None else self.call(aten.logical_and.default, m, c)
-        return None if m is None else self.call(aten.expand.default, m, shape)
+        """Validity of a tensor whose dynamic dimensions are bare symbols (a prefix in
+        each, below its size)."""
+        return self.prefix_mask(v)
 
 
 def _tensor_overload(op):
