@@ -1181,3 +1181,18 @@ def test_pow_by_half_at_negative_zero_and_infinity_as_cpu(dtype):
         assert torch.equal(got.isnan(), want.isnan()), (e, got, want)
         keep = ~want.isnan()
         assert torch.equal(got[keep], want[keep]) and torch.equal(got[keep].signbit(), want[keep].signbit()), (e, got, want)
+
+
+@pytest.mark.parametrize("name", ["add_float_into_int", "mul_int_by_float_into_int", "div_into_long",
+                                  "add_into_wider", "lt_into_float"])
+def test_out_of_a_dtype_the_result_cannot_cast_to_raises_cpus_error(name):
+    cases = {
+        "add_float_into_int": lambda d: torch.add(torch.arange(4.0, device=d), 0.5,
+                                                  out=torch.zeros(4, dtype=torch.int32, device=d)),
+        "mul_int_by_float_into_int": lambda d: torch.mul(torch.arange(4, device=d), 1.5,
+                                                         out=torch.zeros(4, dtype=torch.int64, device=d)),
+        "div_into_long": lambda d: torch.div(torch.arange(4, device=d), 2, out=torch.zeros(4, dtype=torch.int64, device=d)),
+        "add_into_wider": lambda d: torch.add(torch.arange(4.0, device=d), 1, out=torch.zeros(4, dtype=torch.float64, device=d)),
+        "lt_into_float": lambda d: torch.lt(torch.arange(4.0, device=d), 2, out=torch.zeros(4, device=d)),
+    }
+    _same_as_cpu(cases[name], match="can't be cast to the desired output type")

@@ -1233,6 +1233,28 @@ bool computed_in_common_dtype(const OpInfo& info, torch::jit::Stack* stack) {
   return true;
 }
 
+// A pointwise out= op whose result dtype cannot cast to out's: CPU's TensorIterator
+// message, ahead of the out= meta kernel's (PyTorch's Python reference words it otherwise).
+void check_out_result_type(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  if (!info.functional || info.mutated.size() != 1 || !args[info.num_args - 1].isTensor()) return;
+  c10::ScalarType out = args[info.num_args - 1].toTensor().scalar_type();
+  // Only an integer (or bool) out, or a real out of complex inputs, can refuse a result
+  // (true division of integers gives float): a float out (DDP's buckets) costs nothing.
+  bool complex_in = false;
+  for (int i = 0; i + 1 < info.num_args; ++i)
+    if (args[i].isTensor() && args[i].toTensor().is_complex()) complex_in = true;
+  if (!c10::isIntegralType(out, /*includeBool=*/true) && !(complex_in && !c10::isComplexType(out))) return;
+  std::vector<IValue> mrets;
+  try {
+    mrets = run_meta(*info.functional, torch::jit::Stack(args.begin(), args.end() - 1)).second;
+  } catch (const std::exception&) {
+    return;  // the out= op's own checks decide
+  }
+  if (mrets.size() != 1 || !mrets[0].isTensor()) return;
+  c10::ScalarType result = mrets[0].toTensor().scalar_type();
+  TORCH_CHECK(c10::canCast(result, out), "result type ", result, " can't be cast to the desired output type ", out);
+}
+
 // CPU's in-place pointwise ops refuse a result dtype that cannot cast to self's
 // (int.mul_(2.5)); PyTorch's meta kernels of mul_, addcmul_ and addcdiv_ do not check it,
 // and the value would be silently cast. Runs where a plan is made: the key holds every
@@ -1296,6 +1318,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
                 ", but got ", c10::scalarTypeToTypeMeta(got).name(), " instead");
   }
   if (info.is_out) {
+    check_out_result_type(info, args);
     auto [margs, mrets] = run_meta(op, args);
     for (int a : info.mutated) {
       if (margs[a].isTensor()) {
