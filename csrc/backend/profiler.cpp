@@ -8,7 +8,9 @@
 // one waits for the device (profiling by events is synchronous, as with
 // CUDA_LAUNCH_BLOCKING), so an op's device time is its launch plus its execution. In
 // DeferAndFuse nothing runs until a graph is cut, and waiting would cut one per op, so
-// events there only take the time (device time then shows where graphs run).
+// events there only take the time. Between two events that saw no program run and no
+// transfer the device time is 0, not the host's time: a deferred op or a view did no
+// device work (and PyTorch lists an op's calls with and without device time as two rows).
 #include <c10/util/ApproximateClock.h>
 #include <torch/csrc/profiler/stubs/base.h>
 
@@ -27,7 +29,14 @@ using torch::profiler::impl::ProfilerVoidEventStub;
 
 struct StubEvent {
   std::chrono::steady_clock::time_point when;
+  int64_t device_work;  // programs run and transfers made before `when`
 };
+
+int64_t device_work() {
+  if (!runtime::Client::initialized()) return 0;
+  auto& c = runtime::Client::get().counters();
+  return c.executions.load() + c.h2d_transfers.load() + c.d2h_transfers.load() + c.d2d_transfers.load();
+}
 
 void wait_for_device(int d) {
   guarded([&] {
@@ -44,6 +53,7 @@ struct TpuProfilerStubs final : torch::profiler::impl::ProfilerStubs {
     if (!deferring() && runtime::Client::initialized()) wait_for_device(d);
     auto e = std::make_shared<StubEvent>();
     e->when = std::chrono::steady_clock::now();
+    e->device_work = device_work();
     if (cpu_ns) *cpu_ns = c10::getTime();
     *event = std::static_pointer_cast<void>(e);
   }
@@ -51,6 +61,7 @@ struct TpuProfilerStubs final : torch::profiler::impl::ProfilerStubs {
     auto* x = static_cast<const StubEvent*>(a->get());
     auto* y = static_cast<const StubEvent*>(b->get());
     TORCH_CHECK(x && y, "tpu profiler: elapsed time of an event that was never recorded");
+    if (x->device_work == y->device_work) return 0.f;
     return std::chrono::duration<float, std::micro>(y->when - x->when).count();  // µs, as PyTorch reads it
   }
   // Markers and ranges are for external tools (NVTX on CUDA): none here.
