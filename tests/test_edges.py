@@ -1196,3 +1196,33 @@ def test_out_of_a_dtype_the_result_cannot_cast_to_raises_cpus_error(name):
         "lt_into_float": lambda d: torch.lt(torch.arange(4.0, device=d), 2, out=torch.zeros(4, device=d)),
     }
     _same_as_cpu(cases[name], match="can't be cast to the desired output type")
+
+
+MASKS = {"short_rows": (4, 4), "short_dim": (3,), "one_col": (4, 1), "one_row": (1, 5), "one": (1,),
+         "too_many_dims": (4, 5, 6)}
+MASK_USES = {
+    "get": lambda x, m: x[m],
+    "get_after_none": lambda x, m: torch.ops.aten.index(x, [None, m.reshape(-1)[:4]]),
+    "set_scalar": lambda x, m: x.__setitem__(m, 2.0),
+    "set_values": lambda x, m: x.index_put_((m,), torch.ones(int(m.sum()), device=x.device)),
+    "accumulate": lambda x, m: x.index_put_((m,), torch.ones((), device=x.device), accumulate=True),
+}
+
+
+@pytest.mark.parametrize("use", sorted(MASK_USES))
+@pytest.mark.parametrize("mask", sorted(MASKS))
+def test_a_mask_whose_shape_differs_from_the_indexed_dims_raises_as_cpu(mask, use):
+    """A smaller mask's coordinates would read or write the wrong elements, and a size-1
+    mask would broadcast: CPU raises IndexError naming both shapes, and the tensor stays."""
+    def run(d):
+        x = torch.arange(20.0, device=d).view(4, 5)
+        m = torch.zeros(MASKS[mask], dtype=torch.bool, device=d)
+        m.view(-1)[0] = True
+        try:
+            MASK_USES[use](x, m)
+            return None, x.cpu()
+        except Exception as e:  # noqa: BLE001 - the type and message are compared
+            return type(e), str(e), x.cpu()
+    cpu, tpu = run("cpu"), run("tpu")
+    assert cpu[0] is IndexError and tpu[0] is IndexError and tpu[1] == cpu[1], (cpu, tpu)
+    assert torch.equal(tpu[-1], cpu[-1])

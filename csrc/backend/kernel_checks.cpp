@@ -36,6 +36,37 @@ void index_put_values_dtype(c10::ArrayRef<c10::IValue> args) {
               " for the destination and ", values, " for the source.");
 }
 
+// index / index_put_(self, indices, ...): each boolean mask among the indices covers as
+// many of self's dimensions as it has, and must match their sizes (CPU's check; a smaller
+// mask's coordinates would index the larger tensor, and a size-1 mask would broadcast).
+void index_mask_shapes(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 2 || !args[0].isTensor() || !args[1].isList()) return;
+  const at::Tensor& self = args[0].toTensor();
+  int64_t dim = 0;  // self's dimension the next index starts at
+  for (const c10::IValue& i : args[1].toListRef()) {
+    if (!i.isTensor() || !i.toTensor().defined()) {
+      ++dim;
+      continue;
+    }
+    const at::Tensor& t = i.toTensor();
+    if (t.scalar_type() != at::kBool && t.scalar_type() != at::kByte) {
+      ++dim;
+      continue;
+    }
+    for (int64_t j = 0; j < t.dim(); ++j, ++dim) {
+      TORCH_CHECK_INDEX(dim < self.dim(), "Dimension out of range (expected to be in range of [", -self.dim(),
+                        ", ", self.dim() - 1, "], but got ", dim, ")");
+      TORCH_CHECK_INDEX(t.size(j) == self.size(dim), "The shape of the mask ", t.sizes(), " at index ", j,
+                        " does not match the shape of the indexed tensor ", self.sizes(), " at index ", dim);
+    }
+  }
+}
+
+void index_put_checks(c10::ArrayRef<c10::IValue> args) {
+  index_mask_shapes(args);
+  index_put_values_dtype(args);
+}
+
 // pow(Tensor self, Scalar exponent): an integer tensor to a negative integer power.
 void pow_exponent(c10::ArrayRef<c10::IValue> args) {
   if (args.size() < 2 || !args[0].isTensor() || !args[1].isScalar()) return;
@@ -341,8 +372,9 @@ void multinomial_samples(c10::ArrayRef<c10::IValue> args) {
 
 KernelCheck kernel_check_for(const std::string& base) {
   static const std::unordered_map<std::string, KernelCheck> checks = {
-      {"index_put", &index_put_values_dtype},
-      {"_index_put_impl", &index_put_values_dtype},
+      {"index", &index_mask_shapes},
+      {"index_put", &index_put_checks},
+      {"_index_put_impl", &index_put_checks},
       {"nll_loss_forward", &nll_target_dtype},
       {"mm", &mm_dtypes},
       {"bmm", &bmm_dtypes},

@@ -1388,6 +1388,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
           raise_as_cpu_or_fallback(op, stack, info.num_args, e);
           return;
         }
+        if (info.kernel_check) info.kernel_check(args);  // a mask's shape, before its coordinates
         own();
         if (redispatch_with_mask_coordinates(op, stack)) return;
         run_fallback(op, stack, "output shape depends on tensor values");
