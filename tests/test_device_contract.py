@@ -235,9 +235,13 @@ def test_wait_stream_and_record_stream_behave_as_on_cuda():
     del x
     assert y.cpu().tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     ev = side.record_event()
+    assert isinstance(ev, torch.tpu.Event)
     main.wait_event(ev)
     ev.synchronize()
     assert ev.query() and side.query()
+    timed = main.record_event(torch.tpu.Event(enable_timing=True))  # as torch.cuda's, a given event
+    timed.synchronize()
+    assert timed.query()
     side.synchronize()
     assert torch_tpu.metrics()["fallbacks"].get("aten::record_stream", 0) == 0
 
@@ -311,3 +315,11 @@ def test_autograd_across_streams():
     ref = w0.clone().requires_grad_()
     (ref @ ref).tanh().sum().backward()
     torch.testing.assert_close(w.grad.cpu(), ref.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_a_storage_slice_past_byte_zero_is_refused_clearly_and_one_from_zero_works():
+    t = torch.arange(4.0, device="tpu")
+    assert t.untyped_storage()[0:8].tolist() == torch.arange(4.0).untyped_storage()[0:8].tolist()
+    with pytest.raises(NotImplementedError, match="must start at byte 0"):
+        t.untyped_storage()[4:8].tolist()
+    assert (t + 1).tolist() == [1.0, 2.0, 3.0, 4.0]

@@ -122,7 +122,10 @@ StorageData& storage_data(const at::Tensor& t) {
   const c10::DataPtr& data = impl->data_ptr();
   if (data.get_deleter() == &delete_storage) return *static_cast<StorageData*>(data.get_context());
   StorageData* s = storage_record(*impl);
-  TORCH_INTERNAL_ASSERT(s, "tensor storage is not a tpu storage");
+  // PyTorch slices an UntypedStorage into a new storage whose data pointer is offset into
+  // the old one's; ours point at their record, so only slices from byte 0 are recognized.
+  TORCH_CHECK_NOT_IMPLEMENTED(s, "tpu: this storage is not one the tpu backend made; a slice of a tpu "
+                              "UntypedStorage must start at byte 0 (storage[0:n]), or use a tensor view");
   return *s;
 }
 

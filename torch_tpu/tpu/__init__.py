@@ -271,6 +271,14 @@ class Stream(torch.Stream):
         priorities order nothing)."""
         return self._priority
 
+    def record_event(self, event=None):
+        """Records `event` (a new torch.tpu.Event when None) on this stream and returns it
+        (torch.Stream's own accepts only its exact Event type, not torch.tpu.Event)."""
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
 
 class Event(torch.Event):
     """torch.cuda.Event's shape: `torch.tpu.Event(enable_timing=False)`."""
