@@ -495,3 +495,30 @@ def test_fused_obs_fq_module(backend):
             same((yc.detach(), xc.grad), (yd.detach().cpu(), xd.grad.cpu()))
             for k, v in m_cpu.state_dict().items():
                 same(v, m_dev.state_dict()[k].cpu())
+
+
+QUANTIZED_TENSOR_MAKERS = {
+    "quantize_per_tensor": lambda x: torch.quantize_per_tensor(x.to("tpu"), 0.1, 3, torch.quint8),
+    "quantize_per_tensor_qparams": lambda x: torch.quantize_per_tensor(
+        x.to("tpu"), torch.tensor(0.1, device="tpu"), torch.tensor(3, device="tpu"), torch.qint8),
+    "quantize_per_channel": lambda x: torch.quantize_per_channel(
+        x.to("tpu"), torch.full((4,), 0.1, device="tpu"), torch.zeros(4, dtype=torch.long, device="tpu"), 0,
+        torch.qint8),
+    "quantize_per_tensor_dynamic": lambda x: torch.quantize_per_tensor_dynamic(x.to("tpu"), torch.quint8, False),
+    "cpu_quantized_to_tpu": lambda x: torch.quantize_per_tensor(x, 0.1, 3, torch.quint8).to("tpu"),
+    "empty_affine_quantized": lambda x: torch._empty_affine_quantized(
+        (2,), scale=0.1, zero_point=0, dtype=torch.quint8, device="tpu"),
+    "quantize_dynamic_model": lambda x: torch.ao.quantization.quantize_dynamic(
+        torch.nn.Sequential(torch.nn.Linear(6, 3)).to("tpu"), {torch.nn.Linear}, dtype=torch.qint8)(x.to("tpu")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(QUANTIZED_TENSOR_MAKERS))
+def test_pytorch_quantized_tensors_on_tpu_are_refused_at_the_call_pointing_to_torchao(name):
+    """quint8/qint8 tensors have no tpu kernels: refused, naming the op, before any work
+    (it was the CPU fallback, then an error about a 'Quantizedtpu' backend), and the
+    process stays usable."""
+    x = torch.randn(4, 6)
+    with pytest.raises(NotImplementedError, match=r"torch_tpu: aten::\w+: quantized tensors .* torchao"):
+        QUANTIZED_TENSOR_MAKERS[name](x)
+    assert torch.allclose((x.to("tpu") + 1).cpu(), x + 1)
