@@ -1226,3 +1226,31 @@ def test_a_mask_whose_shape_differs_from_the_indexed_dims_raises_as_cpu(mask, us
     cpu, tpu = run("cpu"), run("tpu")
     assert cpu[0] is IndexError and tpu[0] is IndexError and tpu[1] == cpu[1], (cpu, tpu)
     assert torch.equal(tpu[-1], cpu[-1])
+
+
+BOOL_PRODUCTS = {
+    "x_times_mask": lambda a, m: a * m,
+    "mask_times_x": lambda a, m: m * a,
+    "x_times_float_mask": lambda a, m: a * m.float(),
+    "mul_": lambda a, m: a.clone().mul_(m),
+    "half": lambda a, m: a.half() * m,
+    "amax_grad": lambda a, m: _amax_grad(a),
+    "dropout_backward": lambda a, m: torch.ops.aten.native_dropout_backward(a, m, 2.0),
+}
+
+
+def _amax_grad(a):
+    x = torch.stack([a[3], a[1], a[3]]).detach().requires_grad_()  # [2, nan, 2]
+    x.amax().backward()
+    return x.grad
+
+
+@pytest.mark.parametrize("name", sorted(BOOL_PRODUCTS))
+def test_inf_and_nan_times_a_false_mask_stay_nan_as_cpu(name):
+    """inf * 0 and NaN * 0 are NaN: XLA rewrites `y * convert(mask)` to a select that gave 0,
+    hiding NaN gradients (amax's, dropout's) that CPU and CUDA show."""
+    def run(d):
+        a = torch.tensor([float("inf"), float("nan"), -float("inf"), 2.0], device=d)
+        m = torch.tensor([False, False, False, True], device=d)
+        return BOOL_PRODUCTS[name](a, m).cpu()
+    torch.testing.assert_close(run("tpu"), run("cpu"), equal_nan=True)

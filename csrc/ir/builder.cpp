@@ -106,6 +106,11 @@ Value Builder::convert(const Value& x, DType to) {
   // PyTorch defines a floating value's uint8 as the low byte of its int64 (-1.0 -> 255,
   // 300.0 -> 44) on every platform; a direct conversion would saturate instead.
   if (to == DType::U8 && (is_float(x.dtype()) || is_complex(x.dtype()))) return convert(convert(x, DType::I64), to);
+  // A bool as 1.0/0.0 by select: XLA rewrites `y * convert(mask)` to `select(mask, y, 0)`,
+  // which drops the NaN that inf * 0 and NaN * 0 give (PyTorch's x * mask, amax's gradient).
+  if (x.dtype() == DType::Bool &&
+      (to == DType::F32 || to == DType::F16 || to == DType::BF16 || to == DType::F64))
+    return select(x, constant(1, to, x.shape()), constant(0, to, x.shape()));
   return raw("stablehlo.convert", {x}, "", Type{to, x.shape()});
 }
 
