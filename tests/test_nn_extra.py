@@ -148,6 +148,20 @@ def test_grid_sample_3d(mode, pad):
           rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("pad", ["border", "reflection"])
+@pytest.mark.parametrize("align", [False, True])
+def test_grid_sample_reads_a_nan_or_infinite_coordinate_as_cpu(mode, pad, align):
+    """A NaN coordinate reads as coordinate 0, and a reflected inf is NaN, in CPU's and
+    CUDA's kernels (they gave 0 here)."""
+    nan, inf = float("nan"), float("inf")
+    x = torch.arange(1.0, 31.0).reshape(1, 1, 5, 6)
+    g = torch.tensor([[[[nan, 0.0], [0.0, nan], [inf, 0.0], [-inf, 0.0], [nan, nan], [0.1, 0.2]]]])
+    want = F.grid_sample(x, g, mode=mode, padding_mode=pad, align_corners=align)
+    got = F.grid_sample(x.to("tpu"), g.to("tpu"), mode=mode, padding_mode=pad, align_corners=align)
+    torch.testing.assert_close(got.cpu(), want, equal_nan=True)
+
+
 # ---- padding.cpp
 
 @pytest.mark.parametrize("mode,pad,shape", [

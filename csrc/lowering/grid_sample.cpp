@@ -35,8 +35,9 @@ struct Sampler {
     Value lo = b.compare(x, k(0), Cmp::LE), hi = b.compare(x, k(static_cast<double>(sz - 1)), Cmp::GE);
     Value r = b.select(lo, k(0), b.select(hi, k(static_cast<double>(sz - 1)), x));
     Value g = b.select(b.binary("stablehlo.or", lo, hi), k(0), k(1));
-    // NaN stays NaN (min/max with NaN in CPU's clip keep it).
-    r = b.select(b.compare(x, x, Cmp::NE), x, r);
+    // NaN reads as coordinate 0, as CPU's and CUDA's kernels end up doing (a reflected
+    // inf is NaN too).
+    r = b.select(b.compare(x, x, Cmp::NE), k(0), r);
     return {r, g};
   }
   std::pair<Value, Value> reflect(const Value& x, int64_t twice_lo, int64_t twice_hi) const {
