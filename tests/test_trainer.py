@@ -19,10 +19,10 @@ def single_process(monkeypatch):
         monkeypatch.delenv(k, raising=False)
 
 
-def gpt2():
+def gpt2(dropout=0.0):
     cfg = AutoConfig.for_model("gpt2", vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=32,
-                               bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
-                               attn_pdrop=0.0)
+                               bos_token_id=0, eos_token_id=0, resid_pdrop=dropout, embd_pdrop=dropout,
+                               attn_pdrop=dropout)
     return AutoModelForCausalLM.from_config(cfg)
 
 
@@ -74,11 +74,15 @@ def test_trainer_trains_on_tpu_like_cpu(tmp_path, make_model, data):
 
 
 def test_checkpoint_resume_continues_with_identical_losses(tmp_path):
+    """With dropout: the checkpoint keeps tpu's random state (Trainer saves only the devices
+    of its list), so the resumed steps draw the uninterrupted run's masks."""
     kw = dict(save_strategy="steps", save_steps=3)
-    _, _, full = run(gpt2, lm_data(), tmp_path / "full", False, **kw)
+    _, _, full = run(lambda: gpt2(dropout=0.1), lm_data(), tmp_path / "full", False, **kw)
     ckpt = tmp_path / "full" / "checkpoint-3"
     assert (ckpt / "model.safetensors").exists() and (ckpt / "optimizer.pt").exists()
-    trainer, model, resumed = run(gpt2, lm_data(), tmp_path / "resumed", False, resume=str(ckpt), **kw)
+    assert (ckpt / "tpu_rng_state.pth").exists()
+    trainer, model, resumed = run(lambda: gpt2(dropout=0.1), lm_data(), tmp_path / "resumed", False,
+                                  resume=str(ckpt), **kw)
     assert {p.device.type for p in model.parameters()} == {"tpu"}
     # The resumed state's log keeps the first three losses; the last three are new.
     assert len(resumed) == 6
@@ -88,6 +92,18 @@ def test_checkpoint_resume_continues_with_identical_losses(tmp_path):
     back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "saved"))
     for p, q in zip(back.parameters(), model.parameters()):
         torch.testing.assert_close(p, q.detach().cpu())
+
+
+def test_accelerate_save_state_and_load_state_restore_tpu_random_state(tmp_path):
+    from accelerate import Accelerator
+    acc = Accelerator()
+    torch.manual_seed(3)
+    torch.rand(4, device="tpu")
+    acc.save_state(str(tmp_path / "state"))
+    want = torch.rand(8, device="tpu").cpu()
+    torch.rand(100, device="tpu")
+    acc.load_state(str(tmp_path / "state"))
+    assert torch.equal(torch.rand(8, device="tpu").cpu(), want)
 
 
 def test_accelerate_defaults_to_tpu_but_explicit_choices_win():

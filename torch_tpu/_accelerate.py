@@ -20,6 +20,11 @@ on CUDA: accelerate's memory inventory (`get_max_memory`) asks each accelerator 
 for free memory and finds none, so everything went to the CPU; tpu devices now report
 theirs (`torch.tpu.mem_get_info`), under the integer indices CUDA devices would have.
 
+Checkpoints keep tpu's random state: `Trainer` (`rng_state.pth`) and accelerate's
+`save_state` (`random_states_N.pkl`) save the states of a fixed list of devices, so a
+resumed run drew other dropout masks than the uninterrupted one. Each also writes
+`tpu_rng_state[_N].pth` (one state per tpu device) beside its own file and restores it.
+
 The patches are applied when accelerate is imported, never by importing it here: `import torch`
 must stay fast. `TPU_ACCELERATE=0` leaves accelerate alone.
 """
@@ -93,6 +98,63 @@ def _patch_accelerator(module) -> None:
         return get_grad_scaler(distributed_type, **kwargs)
 
     module.get_grad_scaler = tpu_grad_scaler
+    save_state, load_state = module.save_accelerator_state, module.load_accelerator_state
+
+    def tpu_save_state(output_dir, *args, **kwargs):
+        location = save_state(output_dir, *args, **kwargs)
+        _save_tpu_rng(os.path.join(output_dir, f"tpu_rng_state_{_process_index(args, kwargs, 4)}.pth"))
+        return location
+
+    def tpu_load_state(input_dir, *args, **kwargs):
+        found = load_state(input_dir, *args, **kwargs)
+        _load_tpu_rng(os.path.join(input_dir, f"tpu_rng_state_{_process_index(args, kwargs, 4)}.pth"))
+        return found
+
+    module.save_accelerator_state, module.load_accelerator_state = tpu_save_state, tpu_load_state
+
+
+def _process_index(args, kwargs, at):
+    """The `process_index` argument of accelerate's save/load_accelerator_state."""
+    return kwargs["process_index"] if "process_index" in kwargs else args[at]
+
+
+def _save_tpu_rng(path) -> None:
+    import torch
+    if torch.tpu.is_available():
+        torch.save(torch.tpu.get_rng_state_all(), path)
+
+
+def _load_tpu_rng(path) -> None:
+    import torch
+    if not (torch.tpu.is_available() and os.path.isfile(path)):
+        return
+    states = torch.load(path, weights_only=True)
+    if len(states) == torch.tpu.device_count():
+        torch.tpu.set_rng_state_all(states)
+    else:  # another number of devices: this process's own
+        torch.tpu.set_rng_state(states[min(torch.tpu.current_device(), len(states) - 1)])
+
+
+def _patch_trainer(module) -> None:
+    cls = module.Trainer
+    if getattr(cls, "_torch_tpu", False):
+        return
+    cls._torch_tpu = True
+    save, load = cls._save_rng_state, cls._load_rng_state
+
+    def name(self):
+        return "tpu_rng_state.pth" if self.args.world_size <= 1 else f"tpu_rng_state_{self.args.process_index}.pth"
+
+    def tpu_save_rng_state(self, output_dir):
+        save(self, output_dir)
+        _save_tpu_rng(os.path.join(output_dir, name(self)))
+
+    def tpu_load_rng_state(self, checkpoint):
+        load(self, checkpoint)
+        if checkpoint is not None:
+            _load_tpu_rng(os.path.join(checkpoint, name(self)))
+
+    cls._save_rng_state, cls._load_rng_state = tpu_save_rng_state, tpu_load_rng_state
 
 
 def _patch_modeling(module) -> None:
@@ -114,7 +176,8 @@ def _patch_modeling(module) -> None:
 
 _PATCHES = {"accelerate.state": ("PartialState", _patch_state),
             "accelerate.accelerator": ("Accelerator", _patch_accelerator),
-            "accelerate.utils.modeling": ("get_max_memory", _patch_modeling)}
+            "accelerate.utils.modeling": ("get_max_memory", _patch_modeling),
+            "transformers.trainer": ("Trainer", _patch_trainer)}
 
 
 def install() -> None:
