@@ -225,6 +225,23 @@ def test_repeat_interleave_and_equal():
         assert not torch.equal(dev(torch.ones(3)), dev(torch.ones(2)))
 
 
+def test_bincount_counts_and_weights_natively():
+    x = torch.tensor([0, 1, 1, 3, 7, 2])
+    same(torch.bincount, x)
+    same(lambda a: torch.bincount(a, minlength=10), x.int())
+    same(lambda a: torch.bincount(a, minlength=3), torch.tensor([], dtype=torch.uint8))
+    for w in (torch.arange(6.0), torch.arange(6.0).half(), torch.arange(6), torch.rand(6, dtype=torch.float64)):
+        same(torch.bincount, x, w)  # float weights sum as float, the others as double (CPU's types)
+    same(torch.bincount, torch.randint(0, 1000, (50_000,), generator=gen()))
+    for bad, w, ml, err in [(torch.tensor([[0, 1]]), None, 0, RuntimeError), (torch.tensor([-1, 2]), None, 0, RuntimeError),
+                            (x, torch.ones(3), 0, RuntimeError), (x, None, -1, RuntimeError),
+                            (torch.tensor([0.5]), None, 0, NotImplementedError)]:
+        with pytest.raises(err):
+            torch.bincount(bad, w, ml)
+        with native(), pytest.raises(err):
+            torch.bincount(dev(bad), dev(w), ml)
+
+
 def test_histc_range_errors_are_runtime_errors_like_cpu():
     bad = torch.tensor([0.0, float("inf")])
     with pytest.raises(RuntimeError):

@@ -1,5 +1,5 @@
 // Ops whose output shape depends on tensor values (nonzero, masked_select, indexing
-// with boolean masks, unique, repeat_interleave; equal returns a host bool). One program per input signature packs the selected entries
+// with boolean masks, unique, repeat_interleave, bincount; equal returns a host bool). One program per input signature packs the selected entries
 // first and counts them; the host reads the count (a sync, as on CUDA) and returns a
 // view of that prefix, so every count shares the same compiled program.
 #include <ATen/ATen.h>
@@ -240,6 +240,53 @@ at::Tensor repeat_interleave_tpu(const at::Tensor& repeats, std::optional<c10::S
   });
 }
 
+// bincount(self, weights, minlength): the length (largest value + 1, at least minlength)
+// and the check that no value is negative are read from the device first; a second
+// program, one per length, adds each entry's weight (or 1) at its value.
+at::Tensor bincount_tpu(const at::Tensor& self, const std::optional<at::Tensor>& weights_opt, int64_t minlength) {
+  TORCH_CHECK(minlength >= 0, "minlength should be >= 0");
+  TORCH_CHECK_NOT_IMPLEMENTED(c10::isIntegralType(self.scalar_type(), /*includeBool=*/false),
+                              "\"bincount\" not implemented for '", self.scalar_type(), "'");
+  TORCH_CHECK(self.dim() == 1, "bincount only supports 1-d non-negative integral inputs.");
+  const at::Tensor* weights = weights_opt.has_value() && weights_opt->defined() ? &*weights_opt : nullptr;
+  TORCH_CHECK(!weights || (weights->dim() == 1 && weights->numel() == self.numel()),
+              "weights should be 1-d and have the same length as input");
+  // CPU's and CUDA's result types: counts, float weights summed as float, others as double.
+  at::ScalarType out = !weights ? at::kLong : weights->scalar_type() == at::kFloat ? at::kFloat : at::kDouble;
+  return guarded([&] {
+    ReadOfComputed now(weights ? std::initializer_list<std::reference_wrapper<const at::Tensor>>{self, *weights}
+                               : std::initializer_list<std::reference_wrapper<const at::Tensor>>{self});
+    int64_t n = self.numel();
+    int dev = device_index(self);
+    if (n == 0) return at::zeros({minlength}, self.options().dtype(out));
+    Type it = type_of(self, "bincount");
+    auto stats = run_internal("bincount_range:" + it.str(), [&](Builder& b) {
+      Value x = b.convert(b.param(it), DType::I64);
+      Value hi = lowering::reduce_max(b, x, {0}), lo = lowering::reduce_min(b, x, {0});
+      return std::vector<Value>{b.concatenate({b.reshape(hi, {1}), b.reshape(lo, {1})}, 0)};
+    }, {dense_value(self)}, dev);
+    int64_t st[2] = {0, 0};
+    runtime::Client::get().to_host(*resolve(stats[0]), st, sizeof(st));
+    TORCH_CHECK(st[1] >= 0, "bincount only supports 1-d non-negative integral inputs.");
+    int64_t len = std::max(st[0] + 1, minlength);
+    DType od = device_dtype(out, "bincount");
+    std::vector<Operand> args{dense_value(self)};
+    std::string key = "bincount:" + it.str() + ":" + std::to_string(len);
+    Type wt;
+    if (weights) {
+      wt = type_of(*weights, "bincount");
+      args.push_back(dense_value(*weights));
+      key += ":" + wt.str();
+    }
+    auto res = run_internal(key, [&](Builder& b) {
+      Value at = b.convert(b.param(it), DType::I64);
+      Value upd = weights ? b.convert(b.param(wt), od) : b.constant(1, od, {n});
+      return std::vector<Value>{scatter_1d(b, b.constant(0, od, {len}), at, upd, true)};
+    }, args, dev);
+    return wrap_value(res[0], out, {len}, dev);
+  });
+}
+
 }  // namespace
 
 // Boolean masks among an op's Tensor?[] indices become the long coordinates of their
@@ -277,6 +324,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_unique", unique_tpu);
   m.impl("unique_consecutive", torch::CppFunction::makeFromBoxedFunction<&unique_consecutive_tpu>());
   m.impl("repeat_interleave.Tensor", repeat_interleave_tpu);
+  m.impl("bincount", bincount_tpu);
 }
 
 }  // namespace tpu::backend
