@@ -472,6 +472,20 @@ def test_embedding():
     check_grad(lambda w_: F.embedding(idx.to(w_.device), w_, scale_grad_by_freq=True), w, **F32)
 
 
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, 3.0])
+def test_embedding_max_norm_renormalizes_the_looked_up_rows_in_place(norm_type):
+    """embedding_renorm_ (Embedding's max_norm) is native: the rows looked up, and only
+    those, are scaled to max_norm, a repeated index once."""
+    idx = torch.tensor([[1, 2, 2], [0, 9, 1]])
+    w = randn(10, 4) * 3
+    w_tpu = dev(w)
+    out = F.embedding(dev(idx), w_tpu, max_norm=1.5, norm_type=norm_type)
+    want = F.embedding(idx, w, max_norm=1.5, norm_type=norm_type)  # renormalizes w in place
+    torch.testing.assert_close(host(w_tpu), w, **F32)
+    torch.testing.assert_close(host(out), want, **F32)
+    assert not torch.equal(w, randn(10, 4) * 3)  # rows were scaled
+
+
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 def test_nll_and_cross_entropy(reduction):
     logits = randn(6, 5)

@@ -213,6 +213,40 @@ TPU_LOWER(embedding, "embedding") {
   return {b.reshape(r, ctx.out(0).shape)};
 }
 
+// embedding_renorm_(weight, indices, max_norm, norm_type): each row at `indices` whose
+// norm exceeds max_norm is scaled to max_norm / (norm + 1e-7), as CPU's kernel does; a
+// repeated index writes its row's one new value again.
+TPU_LOWER(embedding_renorm, "embedding_renorm") {
+  Builder& b = ctx.b;
+  Value w = ctx.in(0), idx = b.convert(ctx.in(1), DType::I64);
+  int64_t n = idx.type.numel(), d = w.shape()[1];
+  double max_norm = ctx.f(2), p = ctx.f(3);
+  check_in_range(ctx, idx, 0, w.shape()[0],
+                 "aten::embedding_renorm_: index out of range: valid indices are 0 to " +
+                     std::to_string(w.shape()[0] - 1));
+  if (n == 0) return {as_out(ctx, w)};
+  Value flat = b.reshape(idx, {n, 1});
+  Value rows = to_acc(b, b.gather(w, flat, {1}, {0}, {0}, 1, {1, d}, {n, d}));
+  DType t = rows.dtype();
+  Value a = b.unary("stablehlo.abs", rows), norm;
+  if (p == 2) {
+    norm = b.unary("stablehlo.sqrt", reduce_sum(b, mul(b, rows, rows), {1}));
+  } else if (p == 1) {
+    norm = reduce_sum(b, a, {1});
+  } else if (std::isinf(p) && p > 0) {
+    norm = reduce_max(b, a, {1});
+  } else {
+    Value sum = reduce_sum(b, b.binary("stablehlo.power", a, b.constant(p, t, {n, d})), {1});
+    norm = b.binary("stablehlo.power", sum, b.constant(1 / p, t, {n}));
+  }
+  Value scale = b.select(b.compare(norm, b.constant(max_norm, t, {n}), Cmp::GT),
+                         div(b, b.constant(max_norm, t, {n}), add(b, norm, b.constant(1e-7, t, {n}))),
+                         b.constant(1, t, {n}));
+  Value scaled = b.convert(mul(b, rows, b.broadcast_in_dim(scale, {n, d}, {0})), w.dtype());
+  auto take_new = [](Builder&, const std::vector<Value>& v) { return std::vector<Value>{v[1]}; };
+  return {as_out(ctx, b.scatter(w, flat, scaled, {1}, {0}, {0}, 1, take_new))};
+}
+
 // Rows of grad summed into their index's row, padding_idx's row left zero; with
 // scale_grad_by_freq each row is divided by how often its index occurs.
 TPU_LOWER(embedding_dense_backward, "embedding_dense_backward") {
