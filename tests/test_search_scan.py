@@ -242,6 +242,17 @@ def test_bincount_counts_and_weights_natively():
             torch.bincount(dev(bad), dev(w), ml)
 
 
+def test_nonzero_and_masked_select_out_forms_natively():
+    x = torch.tensor([[1.0, 0.0], [2.0, 0.0]])
+    same(lambda a: torch.nonzero(a, out=torch.empty(0, dtype=torch.long, device=a.device)), x)
+    same(lambda a: torch.masked_select(a, a > 0, out=torch.empty(0, device=a.device)), x)
+    with native():
+        for fn in (lambda a: torch.nonzero(a, out=torch.empty(0, dtype=torch.int32, device=a.device)),
+                   lambda a: torch.masked_select(a, a > 0, out=torch.empty(0, dtype=torch.long, device=a.device))):
+            with pytest.raises(RuntimeError, match="scalar type"):
+                fn(dev(x))
+
+
 def test_histc_range_errors_are_runtime_errors_like_cpu():
     bad = torch.tensor([0.0, float("inf")])
     with pytest.raises(RuntimeError):

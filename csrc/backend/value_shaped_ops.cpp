@@ -4,6 +4,7 @@
 // view of that prefix, so every count shares the same compiled program.
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/native/Resize.h>
 #include <torch/library.h>
 
 #include "backend/dtypes.h"
@@ -240,6 +241,23 @@ at::Tensor repeat_interleave_tpu(const at::Tensor& repeats, std::optional<c10::S
   });
 }
 
+// The out= forms: the result made as above, then written into `out` (resized, with CPU's
+// warning when it had other elements), after CPU's dtype checks.
+at::Tensor& nonzero_out_tpu(const at::Tensor& self, at::Tensor& out) {
+  TORCH_CHECK(out.scalar_type() == at::kLong, "nonzero: Expected out tensor to have scalar type Long but got scalar type",
+              out.scalar_type());
+  at::Tensor r = nonzero_tpu(self);
+  at::native::resize_output(out, r.sizes());
+  return out.copy_(r);
+}
+
+at::Tensor& masked_select_out_tpu(const at::Tensor& self, const at::Tensor& mask, at::Tensor& out) {
+  TORCH_CHECK(out.scalar_type() == self.scalar_type(), "masked_select(): self and result must have the same scalar type");
+  at::Tensor r = masked_select_tpu(self, mask);
+  at::native::resize_output(out, r.sizes());
+  return out.copy_(r);
+}
+
 // bincount(self, weights, minlength): the length (largest value + 1, at least minlength)
 // and the check that no value is negative are read from the device first; a second
 // program, one per length, adds each entry's weight (or 1) at its value.
@@ -325,6 +343,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("unique_consecutive", torch::CppFunction::makeFromBoxedFunction<&unique_consecutive_tpu>());
   m.impl("repeat_interleave.Tensor", repeat_interleave_tpu);
   m.impl("bincount", bincount_tpu);
+  m.impl("nonzero.out", nonzero_out_tpu);
+  m.impl("masked_select.out", masked_select_out_tpu);
 }
 
 }  // namespace tpu::backend
