@@ -323,3 +323,39 @@ def test_a_storage_slice_past_byte_zero_is_refused_clearly_and_one_from_zero_wor
     with pytest.raises(NotImplementedError, match="must start at byte 0"):
         t.untyped_storage()[4:8].tolist()
     assert (t + 1).tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_device_indices_as_cuda_takes_them_and_ops_across_devices_raise():
+    """A negative index to set_device/device() changes nothing, an index past the last
+    device is refused by every torch.tpu call, and kernels that run their own programs
+    refuse operands on two devices with PyTorch's error (they reached PJRT)."""
+    r = run_python(textwrap.dedent("""
+        import torch, torch_tpu
+        torch.tpu.set_device(-1)
+        with torch.tpu.device(-1):
+            assert torch.tpu.current_device() == 0
+        assert torch.zeros(2, device="tpu").device == torch.device("tpu:0")
+        calls = [lambda: torch.tpu.synchronize(3), lambda: torch.tpu.synchronize("tpu:3"),
+                 lambda: torch.tpu.memory_allocated(3), lambda: torch.tpu.memory_stats(3),
+                 lambda: torch.tpu.mem_get_info(3), lambda: torch.tpu.reset_peak_memory_stats(3),
+                 lambda: torch.tpu.current_stream(3), lambda: torch.Generator(device="tpu:3")]
+        for c in calls:
+            try:
+                c()
+                raise AssertionError("no error")
+            except RuntimeError as e:
+                assert "tpu:3" in str(e), e
+        a, b = torch.arange(4.0, device="tpu:0"), torch.arange(4.0, device="tpu:1")
+        i = torch.tensor([0, 1, 1], device="tpu:0")
+        for c in [lambda: torch.masked_select(a, b > 1), lambda: torch.bincount(i, torch.ones(3, device="tpu:1")),
+                  lambda: torch.histogramdd(a.view(2, 2), bins=[2, 2], weight=b[:2]),
+                  lambda: torch.masked_select(a, torch.ones(4, dtype=torch.bool))]:
+            try:
+                c()
+                raise AssertionError("no error")
+            except RuntimeError as e:
+                assert "Expected all tensors to be on the same device" in str(e), e
+        assert torch.masked_select(b, b > 1).tolist() == [2.0, 3.0]
+        print("ok")
+    """), env={"TPU_NUM_DEVICES": "2"}, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr

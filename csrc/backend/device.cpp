@@ -174,6 +174,7 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
     return default_generator(d < 0 ? t_device : d);
   }
   at::Generator getNewGenerator(c10::DeviceIndex d) const override {
+    if (d >= 0) check_device(d);
     return at::make_generator<TpuGenerator>(d < 0 ? static_cast<c10::DeviceIndex>(t_device) : d);
   }
   at::Device getDeviceFromPtr(void* data) const override {

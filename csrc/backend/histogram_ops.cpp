@@ -37,6 +37,8 @@ struct BinSpec {
 std::pair<at::Tensor, std::vector<at::Tensor>> run_histogramdd(const at::Tensor& self, const BinSpec& spec,
                                                                const std::optional<at::Tensor>& weight,
                                                                bool density, bool local_search) {
+  if (weight.has_value()) check_same_device({self, *weight});
+  for (const at::Tensor& e : spec.edges) check_same_device({self, e});
   TORCH_CHECK(self.dim() >= 2, "torch.histogramdd: input tensor should have at least 2 dimensions, but got ",
               self.dim());
   TORCH_CHECK(at::isFloatingType(self.scalar_type()), "torch.histogram: input tensor must be floating point");

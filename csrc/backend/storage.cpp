@@ -287,6 +287,22 @@ void apply_pending(StorageData& s) {
 
 int device_index(const at::Tensor& t) { return t.device().has_index() ? t.device().index() : 0; }
 
+void check_same_device(std::initializer_list<std::reference_wrapper<const at::Tensor>> ts) {
+  std::optional<at::Device> tpu, other;
+  for (const at::Tensor& t : ts) {
+    if (!t.defined()) continue;
+    if (t.device().type() != c10::DeviceType::PrivateUse1) {
+      if (!other) other = t.device();
+      continue;
+    }
+    at::Device d(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device_index(t)));
+    if (!tpu) tpu = d;
+    else if (d != *tpu && !other) other = d;
+  }
+  TORCH_CHECK(!tpu || !other, "Expected all tensors to be on the same device, but found at least two devices, ",
+              *tpu, " and ", *other, "!");
+}
+
 ir::Geometry geometry_of(const at::Tensor& t) {
   ir::Geometry g;
   g.sizes.assign(t.sizes().begin(), t.sizes().end());

@@ -132,6 +132,9 @@ at::Tensor wrap_value(Operand value, c10::ScalarType dtype, at::IntArrayRef size
 // is the identity (a contiguous layout).
 std::vector<int64_t> physical_order(at::IntArrayRef sizes, at::IntArrayRef strides);
 int device_index(const at::Tensor& t);
+// For kernels that run their own programs (not through a lowering's plan, which checks):
+// every defined tensor of `ts` is on one tpu device, else PyTorch's device error.
+void check_same_device(std::initializer_list<std::reference_wrapper<const at::Tensor>> ts);
 // ir::reinterpret that also crosses between complex and real dtypes (StableHLO's
 // bitcast_convert refuses complex): a complex element is its (re, im) pair of parts.
 // Bytes that do not fill a last element of `to` are padded with zeros (a float storage

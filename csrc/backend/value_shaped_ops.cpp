@@ -69,6 +69,7 @@ at::Tensor nonzero_tpu(const at::Tensor& self) {
 }
 
 at::Tensor masked_select_tpu(const at::Tensor& self, const at::Tensor& mask) {
+  check_same_device({self, mask});
   TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_select: expected BoolTensor for mask, got ",
               mask.scalar_type());
   return guarded([&] {
@@ -267,6 +268,7 @@ at::Tensor bincount_tpu(const at::Tensor& self, const std::optional<at::Tensor>&
                               "\"bincount\" not implemented for '", self.scalar_type(), "'");
   TORCH_CHECK(self.dim() == 1, "bincount only supports 1-d non-negative integral inputs.");
   const at::Tensor* weights = weights_opt.has_value() && weights_opt->defined() ? &*weights_opt : nullptr;
+  if (weights) check_same_device({self, *weights});
   TORCH_CHECK(!weights || (weights->dim() == 1 && weights->numel() == self.numel()),
               "weights should be 1-d and have the same length as input");
   // CPU's and CUDA's result types: counts, float weights summed as float, others as double.

@@ -40,25 +40,39 @@ def current_device() -> int:
     return _C.current_device()
 
 
-def _index(device=None) -> int:
+def _index(device=None, check=True) -> int:
+    """The device index `device` names; with `check`, one that exists (as CUDA's calls
+    refuse an invalid ordinal)."""
     if device is None:
         return _C.current_device()
     if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    if device.type != "tpu":
-        raise ValueError(f"expected a tpu device, got {device}")
-    return _C.current_device() if device.index is None else device.index
+        i = device
+    else:
+        device = torch.device(device)
+        if device.type != "tpu":
+            raise ValueError(f"expected a tpu device, got {device}")
+        i = _C.current_device() if device.index is None else device.index
+    if check and not 0 <= i < _C.device_count():
+        raise RuntimeError(f"Invalid device argument: tpu:{i} does not exist ({_C.device_count()} tpu devices)")
+    return i
 
 
 def set_device(device) -> None:
-    _C.set_device(_index(device))
+    """As torch.cuda.set_device: a negative index changes nothing."""
+    i = _index(device, check=False)
+    if i >= 0:
+        _C.set_device(i)
 
 
 @contextlib.contextmanager
 def device(dev):
+    """As torch.cuda.device: None or a negative index changes nothing."""
+    i = -1 if dev is None else _index(dev, check=False)
+    if i < 0:
+        yield
+        return
     prev = _C.current_device()
-    _C.set_device(_index(dev))
+    _C.set_device(i)
     try:
         yield
     finally:
@@ -231,7 +245,7 @@ def _capability(kind: str):
 
 def get_device_properties(device=None) -> _TpuDeviceProperties:
     _lazy_init()
-    d = _index(device)
+    d = _index(device, check=False)  # CUDA raises an AssertionError here
     if not 0 <= d < device_count():
         raise AssertionError(f"Invalid device id: tpu:{d} (this process has {device_count()})")
     return _TpuDeviceProperties(d)
