@@ -75,6 +75,7 @@ def test_launch_floor_runs_the_chain_below_pytorch():
     # The probe checks its chain's value itself (it raises on a wrong sum) and counts
     # launches as executions; its time is the floor benchmarks put under Strict's per-op time.
     from torch_tpu import _C
+    torch.ones(1, device="tpu").cpu()  # the runtime's counters exist once it has started
     before = torch_tpu.metrics()["executions"]
     per_launch = _C._launch_floor(0, 50, 2)
     assert 0 < per_launch < 0.05
