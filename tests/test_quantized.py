@@ -96,6 +96,47 @@ def test_fp8_prints_like_cpu(dt):
     assert str(x.to("tpu").cpu()) == str(x)
 
 
+@pytest.mark.parametrize("dt", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("op", ["mm", "addmm", "linear", "matmul"])
+def test_fp8_matmul_overflow_rounds_like_cpu(dt, op):
+    # The f32 accumulator is cast like any other f32: e4m3fn saturates to +-448 (XLA's
+    # plain convert gave NaN) and e5m2 overflows to inf.
+    m = torch.finfo(dt).max
+    x = torch.tensor([[m, m / 2], [2.0, 3.0], [-m, 1.0]]).to(dt)
+    f = {"mm": lambda t: torch.mm(t, t.t()), "addmm": lambda t: torch.addmm(t[:, :1].t(), t, t.t()),
+         "linear": lambda t: torch.nn.functional.linear(t, t), "matmul": lambda t: t @ t.t()}[op]
+    with no_fallbacks():
+        got = f(x.to("tpu"))
+    assert torch.equal(bits(got), bits(f(x)))
+
+
+FP8_REDUCTIONS = {
+    "amax": lambda t: t.amax(1), "max": lambda t: t.max(), "min": lambda t: t.min(), "argmax": lambda t: t.argmax(),
+    "argmin": lambda t: t.argmin(1), "max.dim": lambda t: t.max(1), "aminmax": lambda t: torch.aminmax(t),
+    "cummax": lambda t: t.cummax(1), "nonzero": lambda t: t.nonzero(), "unique": lambda t: t.unique(),
+    "max_pool1d": lambda t: torch.nn.functional.max_pool1d(t[None], 2),
+}
+
+
+@pytest.mark.parametrize("dt", FP8, ids=str)
+def test_fp8_reductions_compile_and_match_float(dt):
+    # StableHLO text has no fp8 literal, so the reductions' inits and the zero that
+    # any/all/nonzero test against are spelled in f32 (+-inf as the largest finite value
+    # where the format has no inf). any/all match CPU; the rest, which CPU lacks for fp8,
+    # match the same op in float32.
+    m = torch.finfo(dt).max
+    for x in (torch.tensor([[m, 3.0, -m, 0.0], [2.0, 3.0, 4.0, 5.0]]), torch.full((2, 4), -m), torch.full((2, 4), m)):
+        x = x.to(dt)
+        with no_fallbacks():
+            assert torch.equal(x.to("tpu").any().cpu(), x.any())
+            assert torch.equal(x.to("tpu").all(1).cpu(), x.all(1))
+            for name, f in FP8_REDUCTIONS.items():
+                got, ref = f(x.to("tpu")), f(x.float())
+                got, ref = (got, ref) if isinstance(got, tuple) else ((got,), (ref,))
+                for g, r in zip(got, ref):
+                    assert torch.equal(g.cpu(), r.to(g.dtype)), name
+
+
 # ---- aten::_scaled_mm -----------------------------------------------------------------
 
 def _fp8_operands(m=16, k=32, n=24, dt=torch.float8_e4m3fn, dt2=None, seed=0):

@@ -1,5 +1,6 @@
 #include "ir/builder.h"
 
+#include <cmath>
 #include <cstring>
 #include <iomanip>
 #include <limits>
@@ -149,7 +150,15 @@ static std::string literal(double v, DType t) {
 
 Value Builder::constant(double v, DType t, const Shape& shape) {
   Value scalar;
-  if (t == DType::F16 || t == DType::BF16) {  // spelled in f32, narrowed by XLA at compile time
+  if (t == DType::F16 || t == DType::BF16 || is_fp8(t)) {  // spelled in f32, narrowed by XLA at compile time
+    // (StableHLO text has no fp8 literal.) e4m3fn saturates to +-448 as c10's cast, and in
+    // the formats without inf +-inf (a max/min init) is the largest finite value, not NaN.
+    bool no_inf = t == DType::F8E4M3FNUZ || t == DType::F8E5M2FNUZ;
+    if (t == DType::F8E4M3FN || (no_inf && std::isinf(v))) {
+      double lim = t == DType::F8E4M3FN ? 448.0 : t == DType::F8E4M3FNUZ ? 240.0 : 57344.0;
+      if (v > lim) v = lim;
+      if (v < -lim) v = -lim;  // (NaN stays NaN)
+    }
     scalar = convert(constant(v, DType::F32), t);
   } else if (is_complex(t)) {  // (re, im) pairs of the component type
     DType part = t == DType::C64 ? DType::F32 : DType::F64;

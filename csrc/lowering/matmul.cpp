@@ -26,10 +26,11 @@ static Value epilogue(Ctx& ctx, const Value& prod, int self_i, int beta_i, int a
   Value zero = b.constant(0, t, s);
   Value scaled = b.select(b.compare(beta, zero, Cmp::EQ), zero, mul(b, beta, self));
   Value product = b.select(b.compare(alpha, zero, Cmp::EQ), zero, mul(b, alpha, prod));
-  return b.convert(add(b, scaled, product), ctx.out(0).dtype);
+  return convert_any(b, add(b, scaled, product), ctx.out(0).dtype);
 }
 
-static Value out_of(Ctx& ctx, const Value& v) { return ctx.b.convert(v, ctx.out(0).dtype); }
+// (convert_any: an fp8 e4m3fn result saturates to +-448 as on CPU, where XLA gives NaN.)
+static Value out_of(Ctx& ctx, const Value& v) { return convert_any(ctx.b, v, ctx.out(0).dtype); }
 
 TPU_LOWER(mm, "mm") {
   return {out_of(ctx, contract(ctx.b, ctx.in(0), ctx.in(1), ctx.out(0).dtype, {}, {}, {1}, {0}))};
