@@ -227,15 +227,59 @@ def test_scaled_mm_compiled():
     torch.testing.assert_close(got, f(a, b, sa, sb), rtol=1.6e-2, atol=1e-2)
 
 
-def test_scaled_mm_rejects_fast_accum_and_bad_scales():
-    a, b = (t.to("tpu") for t in _fp8_operands())
-    one = torch.tensor(1.0, device="tpu")
-    with pytest.raises(RuntimeError, match=r"_scaled_mm: use_fast_accum=True is not supported on tpu"):
-        torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=True).cpu()
-    with pytest.raises((RuntimeError, ValueError), match="(?i)invalid scaling configuration"):
-        torch._scaled_mm(a, b, torch.ones(16, 1, device="tpu"), one, out_dtype=torch.float32).cpu()
-    with pytest.raises((RuntimeError, ValueError), match="(?i)invalid scaling configuration"):
-        torch._scaled_mm(a, b, one.double(), one, out_dtype=torch.float32).cpu()
+def test_scaled_mm_takes_fast_accum_as_a_hint():
+    # CPU and CUDA accept it (torchao's default fp8 config sets it); tpu accumulates in f32 either way.
+    a, b = _fp8_operands()
+    one = torch.tensor(1.0)
+    with no_fallbacks():
+        args = (a.to("tpu"), b.to("tpu"), one.to("tpu"), one.to("tpu"))
+        fast = torch._scaled_mm(*args, out_dtype=torch.float32, use_fast_accum=True)
+        assert torch.equal(fast.cpu(), torch._scaled_mm(*args, out_dtype=torch.float32).cpu())
+    torch.testing.assert_close(fast.cpu().double(), _scaled_mm_ref(a, b, one, one))
+
+
+@pytest.mark.parametrize("case", ["f32_operand", "row_scales_transposed", "f64_scale", "scale_a_rowwise_only"])
+def test_scaled_mm_bad_scales_raise_cpus_value_error(case):
+    a, b = _fp8_operands()
+    one = torch.tensor(1.0)
+    args = {"f32_operand": (a.float(), b, one, one), "row_scales_transposed": (a, b, torch.ones(1, 16), torch.ones(24, 1)),
+            "f64_scale": (a, b, torch.ones(16, 1).double(), one), "scale_a_rowwise_only": (a, b, torch.ones(16, 1), one)}[case]
+    with pytest.raises(ValueError) as cpu:
+        torch._scaled_mm(*args, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match="^Invalid scaling configuration") as tpu:
+        torch._scaled_mm(*(t.to("tpu") for t in args), out_dtype=torch.float32).cpu()
+    got = str(cpu.value).splitlines()
+    assert str(tpu.value).splitlines()[-1] == got[-1]  # the "Got ..." line: dtypes, sizes and strides
+
+
+@pytest.mark.parametrize("out_dtype,out", [(torch.float32, torch.float32), (None, torch.bfloat16),
+                                           (torch.float8_e4m3fn, torch.float8_e4m3fn), (None, torch.float8_e4m3fn)],
+                         ids=str)
+@pytest.mark.parametrize("shape", [(16, 24), (0,)], ids=str)
+def test_scaled_mm_out_matches_functional(out_dtype, out, shape):
+    # out= writes the functional result of its dtype (out_dtype defaults to out's, as on CPU,
+    # and scale_result applies only with an explicit fp8 out_dtype).
+    a, b = _fp8_operands()
+    sa, sb, sr = torch.tensor(0.5), torch.tensor(2.0), torch.tensor(4.0)
+    t = [x.to("tpu") for x in (a, b, sa, sb, sr)]
+    with no_fallbacks():
+        o = torch.empty(shape, dtype=out, device="tpu")
+        r = torch._scaled_mm(*t[:4], scale_result=t[4], out_dtype=out_dtype, out=o)
+        assert r is o and o.shape == (16, 24) and o.dtype == out
+        want = torch._scaled_mm(*t[:4], scale_result=t[4] if out_dtype else None, out_dtype=out)
+    assert torch.equal(bits(o) if out.itemsize == 1 else o.cpu(), bits(want) if out.itemsize == 1 else want.cpu())
+
+
+def test_scaled_mm_out_checks_like_cpu():
+    a, b = _fp8_operands()
+    one = torch.tensor(1.0)
+    with pytest.raises(RuntimeError, match="out_dtype must match output matrix type"):
+        torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, out=torch.empty(16, 24))
+    with pytest.raises(RuntimeError, match="out_dtype must match output matrix type"):
+        t = [x.to("tpu") for x in (a, b, one, one)]
+        torch._scaled_mm(*t, out_dtype=torch.bfloat16, out=torch.empty(16, 24, device="tpu")).cpu()
+    with pytest.warns(UserWarning, match="was resized"):  # a non-empty out of another shape, as CPU
+        torch._scaled_mm(*t, out_dtype=torch.float32, out=torch.empty(3, device="tpu"))
 
 
 # ---- int8 matmuls ---------------------------------------------------------------------------

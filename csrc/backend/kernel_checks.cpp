@@ -362,6 +362,30 @@ void index_copy_index(c10::ArrayRef<c10::IValue> args) {
 void index_fill_index(c10::ArrayRef<c10::IValue> args) {
   TORCH_CHECK_INDEX(index_dtype(args) == c10::kLong, "index_fill_(): Expected dtype int64 for index.");
 }
+// _scaled_mm(self, mat2, scale_a, scale_b, ...): CPU's (and CUDA's) ValueError for the
+// scalings the lowering does not take: fp8 operands with float32 scales, tensorwise (one
+// element each) or row-wise (scale_a [M,1], scale_b [1,N]). (tpu also takes non-contiguous
+// row-wise scales, so the message leaves out CPU's contiguity rule.)
+void scaled_mm_scales(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0, 1, 2, 3})) return;
+  const at::Tensor& a = args[0].toTensor();
+  const at::Tensor& b = args[1].toTensor();
+  const at::Tensor& sa = args[2].toTensor();
+  const at::Tensor& sb = args[3].toTensor();
+  if (a.dim() != 2 || b.dim() != 2) return;  // the meta kernel's error
+  int64_t m = a.size(0), n = b.size(1);
+  bool fp8 = c10::isFloat8Type(a.scalar_type()) && c10::isFloat8Type(b.scalar_type());
+  bool f32 = sa.scalar_type() == c10::kFloat && sb.scalar_type() == c10::kFloat;
+  bool tensorwise = sa.numel() == 1 && sb.numel() == 1;
+  bool rowwise = sa.sizes() == c10::IntArrayRef{m, 1} && sb.sizes() == c10::IntArrayRef{1, n};
+  TORCH_CHECK_VALUE(fp8 && f32 && (tensorwise || rowwise), "Invalid scaling configuration.\n",
+                    "- For TensorWise scaling, a and b should be float8, scales should be float and singletons.\n",
+                    "- For RowWise scaling, a and b should be float8, scales should be float, scale_a should be (", m,
+                    ", 1) and scale_b should be (1, ", n, ").\nGot mat_a.dtype()=", a.scalar_type(),
+                    ", scale_a.dtype()=", sa.scalar_type(), ", scale_a.size()=", sa.sizes(), ", scale_a.stride()=",
+                    sa.strides(), ", mat_b.dtype()=", b.scalar_type(), ", scale_b.dtype()=", sb.scalar_type(),
+                    ", scale_b.size()=", sb.sizes(), " and scale_b.stride()=", sb.strides());
+}
 // multinomial(self, num_samples, replacement, generator): a shape check CPU makes.
 void multinomial_samples(c10::ArrayRef<c10::IValue> args) {
   if (args.size() < 3 || !args[0].isTensor() || args[2].toBool()) return;
@@ -399,6 +423,7 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"multinomial", &multinomial_samples},
       {"sub", &sub_bool},
       {"rsub", &sub_bool},
+      {"_scaled_mm", &scaled_mm_scales},
   };
   auto it = checks.find(base);
   return it == checks.end() ? nullptr : it->second;

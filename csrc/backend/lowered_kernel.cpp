@@ -5,6 +5,7 @@
 // program writes the result into the mutated tensor's storage.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/native/Resize.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <torch/library.h>
@@ -505,7 +506,9 @@ IValue grouped_mm_meta(c10::ArrayRef<IValue> args) {
 }
 
 std::optional<IValue> device_free_meta(const c10::OperatorHandle& op, c10::ArrayRef<IValue> args) {
-  if (!op.operator_name().overload_name.empty()) return {};
+  const std::string& ov = op.operator_name().overload_name;
+  bool scaled_mm_out = ov == "out" && op.operator_name().name == "aten::_scaled_mm";  // (no meta kernel)
+  if (!ov.empty() && !scaled_mm_out) return {};
   if (op.operator_name().name == "torch_tpu::call_stablehlo") {
     // Its results are the imported module's; a call may have no tensor left to dispatch on
     // (a JAX function of its inputs' shapes only).
@@ -523,6 +526,11 @@ std::optional<IValue> device_free_meta(const c10::OperatorHandle& op, c10::Array
   TORCH_CHECK(a.size(1) == b.size(0), "mat1 and mat2 shapes cannot be multiplied (", a.size(0), "x",
               a.size(1), " and ", b.size(0), "x", b.size(1), ")");
   c10::ScalarType t = args[6].isNone() ? a.scalar_type() : args[6].toScalarType();
+  if (scaled_mm_out) {  // as CPU: out_dtype defaults to out's dtype and must match it
+    c10::ScalarType o = args[8].toTensor().scalar_type();
+    TORCH_CHECK(args[6].isNone() || t == o, "out_dtype must match output matrix type");
+    t = o;
+  }
   return at::empty({a.size(0), b.size(1)}, a.options().dtype(t).device(at::kMeta));
 }
 
@@ -535,7 +543,13 @@ std::pair<std::vector<IValue>, std::vector<IValue>> run_meta(const c10::Operator
     for (const IValue& v : args) m.push_back(to_meta(v));
     return m;
   };
-  if (auto out = device_free_meta(op, args)) return {meta_args(), {*out}};
+  if (auto out = device_free_meta(op, args)) {
+    std::vector<IValue> m = meta_args();
+    if (!op.schema().is_mutable()) return {m, {*out}};
+    // An out= op's out (last) takes the result's shape, with CPU's warning if it had elements.
+    at::native::resize_output(m.back().toTensor(), out->toTensor().sizes());
+    return {m, {m.back()}};
+  }
   // PyTorch's C++ meta function where it has one; if it refuses the call, the active
   // (Python) Meta kernel decides on fresh arguments (the call may have resized outs),
   // so errors and the fallbacks they lead to stay as they were.

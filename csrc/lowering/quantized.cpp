@@ -29,13 +29,11 @@ static Value product(Builder& b, Value x, Value y, DType acc) {
 // out = (self . mat2) * scale_a * scale_b + bias, divided by scale_result when out_dtype
 // is given as e4m3fn or e5m2 (what CPU does with it), cast to out_dtype (default: self's). Scales are
 // tensorwise (one element each) or row-wise: scale_a [M,1] and scale_b [1,N].
+// use_fast_accum is a hint (as on CPU): the product always accumulates in f32.
 TPU_LOWER(scaled_mm, "_scaled_mm") {
   Builder& b = ctx.b;
   Value a = ctx.in(0), m2 = ctx.in(1), sa = ctx.in(2), sb = ctx.in(3);
   const std::string op = "aten::_scaled_mm";
-  if (ctx.flag_or(7, false))
-    throw std::invalid_argument(op + ": use_fast_accum=True is not supported on tpu (it trades "
-                                "accuracy for speed on CUDA only); pass use_fast_accum=False");
   if (!is_fp8(a.dtype()) || !is_fp8(m2.dtype()))
     throw std::invalid_argument(op + ": expected self and mat2 to be float8 tensors, got " +
                                 mlir_name(a.dtype()) + " and " + mlir_name(m2.dtype()));
