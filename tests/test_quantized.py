@@ -96,6 +96,49 @@ def test_fp8_prints_like_cpu(dt):
     assert str(x.to("tpu").cpu()) == str(x)
 
 
+FP8_MIXED = {
+    "add_f32": lambda a, f, c: a + f, "mul_bf16": lambda a, f, c: a * f.bfloat16(), "add_int32": lambda a, f, c: a + f.int(),
+    "add_": lambda a, f, c: a.clone().add_(f), "cat": lambda a, f, c: torch.cat([a, f]), "stack": lambda a, f, c: torch.stack([a, f]),
+    "where": lambda a, f, c: torch.where(c, a, f), "where_f32_first": lambda a, f, c: torch.where(c, f, a),
+    "eq": lambda a, f, c: a == f, "maximum": lambda a, f, c: torch.maximum(a, f), "addcmul": lambda a, f, c: torch.addcmul(a, f, f),
+    "logical_and": lambda a, f, c: torch.logical_and(a, f), "floor_divide": lambda a, f, c: torch.floor_divide(a, f),
+    "mul_bool": lambda a, f, c: a * c, "e4m3fn_e5m2": lambda a, f, c: a + a.to(torch.float8_e5m2),
+}
+
+
+@pytest.mark.parametrize("op", FP8_MIXED)
+def test_fp8_mixed_with_another_dtype_raises_like_cpu(op):
+    # c10::promoteTypes refuses float8 beside any other dtype; PyTorch's Python meta
+    # references would promote to float8 (and round the other operand to it).
+    f = FP8_MIXED[op]
+    a = torch.tensor([1.3, 300.0, -2.2, 0.1]).to(torch.float8_e4m3fn)
+    x, c = torch.tensor([0.0123, 0.5, 1000.0, 7.77]), torch.tensor([True, False, True, False])
+    with pytest.raises(RuntimeError, match="^Promotion for Float8 Types is not supported") as cpu:
+        f(a, x, c)
+    with pytest.raises(RuntimeError) as tpu:
+        f(a.to("tpu"), x.to("tpu"), c.to("tpu")).cpu()
+    assert str(tpu.value).splitlines()[0] == str(cpu.value).splitlines()[0]
+
+
+def test_fp8_ops_that_do_not_promote_still_work():
+    # Same-dtype fp8 math, Python scalars and 0-dim tensors (which do not promote a
+    # dimensioned fp8 tensor), bool conditions, casting copies and a float8 out=.
+    dt = torch.float8_e4m3fn
+    a = torch.tensor([1.5, 300.0, -2.25, 0.125]).to(dt)
+    x, c = torch.tensor([0.5, 2.0, 1000.0, 7.75]), torch.tensor([True, False, True, False])
+    ta, tx, tc = a.to("tpu"), x.to("tpu"), c.to("tpu")
+    with no_fallbacks():
+        assert torch.equal(bits(ta + ta), bits((a.float() + a.float()).to(dt)))
+        assert torch.equal(bits(ta * 2.0), bits((a.float() * 2.0).to(dt)))
+        assert torch.equal(bits(ta + tx[2]), bits((a.float() + 1000.0).to(dt)))
+        assert torch.equal(bits(torch.where(tc, ta, ta * 2)), bits(torch.where(c, a.float(), a.float() * 2).to(dt)))
+        assert torch.equal(bits(torch.cat([ta, ta])), bits(torch.cat([a, a])))
+        assert torch.equal(bits(ta.clone().copy_(tx)), bits(a.clone().copy_(x)))
+        out = torch.empty(4, dtype=dt, device="tpu")
+        torch.add(tx, tx, out=out)
+        assert torch.equal(bits(out), bits(torch.add(x, x, out=torch.empty(4, dtype=dt))))
+
+
 @pytest.mark.parametrize("dt", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 @pytest.mark.parametrize("op", ["mm", "addmm", "linear", "matmul"])
 def test_fp8_matmul_overflow_rounds_like_cpu(dt, op):

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/TypeProperties.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <torch/library.h>
@@ -78,6 +79,7 @@ struct OpInfo {
   ComplexRefusal complex_refusal = ComplexRefusal::None;  // CPU refuses complex values
   int dtype_arg = -1;  // an out= op's `ScalarType? dtype`: a given one must be out's
   bool foreach_in_place = false;       // _foreach_add_ & co: writes its first list
+  bool promotes_inputs = false;        // CPU computes in its tensor inputs' common dtype
 };
 
 // Ops whose CPU kernels accept a written tensor with internal overlap (fills, which
@@ -559,7 +561,10 @@ std::pair<std::vector<IValue>, std::vector<IValue>> run_meta(const c10::Operator
     try {
       cxx->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &s);
       return {cargs, std::vector<IValue>(s.begin(), s.end())};
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      // CPU's refusal to promote float8 with another dtype (c10::promoteTypes, in this same
+      // function on CPU): the Python reference would give float8 instead.
+      if (std::strstr(e.what(), "Promotion for Float8 Types is not supported")) throw;
     }
   }
   std::vector<IValue> margs = meta_args();
@@ -945,6 +950,39 @@ void refuse_integral(const OpInfo& info, c10::ArrayRef<IValue> args) {
     if (r == ComplexRefusal::Runtime) TORCH_CHECK(false, what);
     TORCH_CHECK_NOT_IMPLEMENTED(false, what);
   }
+}
+
+// Non-pointwise ops whose CPU kernels promote their (non-bool) tensor inputs to one dtype.
+bool promotes_all_inputs(const std::string& base) {
+  static const std::set<std::string> ops = {"rsub", "floor_divide", "stack", "bucketize", "searchsorted"};
+  return ops.count(base) > 0;
+}
+
+// c10::promoteTypes refuses float8 beside any other dtype (CPU's "Promotion for Float8
+// Types is not supported"). Structured ops meet it in their C++ meta function (run_meta);
+// the Python references would give float8, so ops that promote their inputs check here,
+// when a plan is made and a float8 tensor is among them. (Bool inputs, a where's
+// condition or a mask, take no part.)
+void refuse_fp8_promotion(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  if (!info.promotes_inputs) return;
+  std::vector<at::Tensor> ins;
+  bool fp8 = false;
+  int last = info.is_out ? info.num_args - static_cast<int>(info.mutated.size()) : info.num_args;
+  auto take = [&](const at::Tensor& t) {
+    if (!t.defined() || t.scalar_type() == at::kBool) return;
+    fp8 = fp8 || c10::isFloat8Type(t.scalar_type());
+    ins.push_back(t);
+  };
+  for (int i = 0; i < last; ++i) {
+    if (args[i].isTensor()) take(args[i].toTensor());
+    else if (args[i].isTensorList()) for (const at::Tensor& t : args[i].toTensorList().vec()) take(t);
+  }
+  // One dtype throughout (cat of float8 tensors) promotes nothing; c10's result_type would
+  // still refuse it.
+  bool mixed = std::any_of(ins.begin(), ins.end(), [&](const at::Tensor& t) {
+    return t.scalar_type() != ins.front().scalar_type();
+  });
+  if (fp8 && mixed) (void)at::native::result_type(ins);  // CPU's rules: 0-dim tensors and wrapped numbers included
 }
 
 // The memory format of an op whose meta kernel always answers contiguous while CPU's
@@ -1421,6 +1459,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     if (info.kernel_check) info.kernel_check(args);  // out= forms too (their arguments lead alike)
     if (info.complex_refusal != ComplexRefusal::None) refuse_complex(info, args, meta_outs);
     refuse_integral(info, args);
+    refuse_fp8_promotion(info, args);
     owned = build_plan(op, info, args, k, meta_outs);
     owned->ret_counts = std::move(ret_counts);
     owned->memos = std::make_unique<ScalarMemo[]>(owned->sources.size());
@@ -1821,6 +1860,7 @@ int register_lowered_kernels() {
     info.check_any_input_overlap = cpu_forbids_any_input_overlap(base);
     info.check_input_overlap = info.check_any_input_overlap || !cpu_allows_input_overlap(base);
     info.host_fill = info.name == "fill_.Scalar" || info.name == "zero_";
+    info.promotes_inputs = h->hasTag(at::Tag::pointwise) || promotes_all_inputs(base);
     info.ret_alias = return_aliases(schema);
     if (info.is_out && info.mutated.size() == 1 && info.mutated[0] == info.num_args - 1 &&
         h->hasTag(at::Tag::pointwise))
