@@ -287,6 +287,8 @@ def _kernel(op, decomp):
         try:
             r = decomp(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - the CPU kernel decides what is an error
+            if isinstance(e, RuntimeError) and "same device" in str(e):
+                raise  # operands on two devices: CUDA's error, not a round trip that mixes them
             lines = str(e).strip().splitlines() or [""]
             return _host(op, args, kwargs, f"its decomposition failed: {type(e).__name__}: "
                          f"{lines[0][:200]}")

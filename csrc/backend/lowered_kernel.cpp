@@ -441,6 +441,19 @@ IValue to_meta(const IValue& v) {
 // the error path.
 void raise_as_cpu_or_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                               size_t num_args, const std::exception& meta_error) {
+  // A cpu tensor the meta kernel refuses beside the others (0-dim ones pass our own checks:
+  // stack, cat): CUDA's kernels refuse it too, where the CPU round trip would mix devices.
+  if (std::strstr(meta_error.what(), "is not on the expected device")) {
+    std::optional<at::Device> tpu;
+    for (size_t i = stack->size() - num_args; i < stack->size() && !tpu; ++i)
+      map_tensors((*stack)[i], [&](const at::Tensor& t) {
+        if (!tpu && t.defined() && t.is_privateuseone())
+          tpu = at::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device_index(t)));
+        return t;
+      });
+    TORCH_CHECK(!tpu, "Expected all tensors to be on the same device, but found at least two devices, ", *tpu,
+                " and cpu!");
+  }
   torch::jit::Stack s;
   for (size_t i = stack->size() - num_args; i < stack->size(); ++i) {
     const IValue& v = (*stack)[i];
