@@ -1254,3 +1254,34 @@ def test_inf_and_nan_times_a_false_mask_stay_nan_as_cpu(name):
         m = torch.tensor([False, False, False, True], device=d)
         return BOOL_PRODUCTS[name](a, m).cpu()
     torch.testing.assert_close(run("tpu"), run("cpu"), equal_nan=True)
+
+
+INTEGER_CASES = {
+    # std/var take floating and complex only (an integer var returned an integer)
+    "var_int": lambda d: torch.tensor([1, 2, 4], device=d).var(),
+    "var_dim_uint8": lambda d: torch.tensor([1, 2, 4], dtype=torch.uint8, device=d).var(0),
+    "std_int": lambda d: torch.tensor([1, 2, 4], device=d).std(),
+    "var_bool": lambda d: torch.tensor([True, False], device=d).var(),
+    # a bool promoted by the other operand is computed as CPU does, not refused
+    "bool_remainder_int": lambda d: torch.tensor([True, False, True], device=d) % 5,
+    "bool_remainder_float": lambda d: torch.tensor([True, False, True], device=d) % 2.5,
+    "bool_fmod_tensor": lambda d: torch.fmod(torch.tensor([True, False], device=d), torch.tensor([2, 3], device=d)),
+    "bool_addcmul": lambda d: torch.addcmul(torch.tensor([True, False], device=d), torch.tensor([2, 3], device=d),
+                                            torch.tensor([2, 3], device=d)),
+    "bool_remainder_bool": lambda d: torch.tensor([True], device=d) % torch.tensor([True], device=d),
+    "bool_div_trunc": lambda d: torch.div(torch.tensor([True, True], device=d), torch.tensor([True, True], device=d),
+                                          rounding_mode="trunc"),
+    "int_histogram": lambda d: torch.histogram(torch.tensor([1, 2, 3], device=d), 3),
+    # sizes past what a storage can hold
+    "bincount_huge": lambda d: torch.bincount(torch.tensor([2**62], device=d)),
+    "bincount_max": lambda d: torch.bincount(torch.tensor([2**63 - 1], device=d)),
+    "bincount_minlength_huge": lambda d: torch.bincount(torch.tensor([1], device=d), minlength=2**62),
+    "repeat_interleave_huge": lambda d: torch.repeat_interleave(torch.tensor([2**62], device=d)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INTEGER_CASES))
+def test_integer_and_bool_inputs_raise_or_compute_as_cpu(name):
+    err = _same_as_cpu(INTEGER_CASES[name])
+    assert (torch.ones(3, device="tpu") + 1).sum().item() == 6.0  # nothing left pending or failed
+    del err

@@ -41,7 +41,8 @@ std::pair<at::Tensor, std::vector<at::Tensor>> run_histogramdd(const at::Tensor&
   for (const at::Tensor& e : spec.edges) check_same_device({self, e});
   TORCH_CHECK(self.dim() >= 2, "torch.histogramdd: input tensor should have at least 2 dimensions, but got ",
               self.dim());
-  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "torch.histogram: input tensor must be floating point");
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(self.scalar_type()), "\"histogramdd\" not implemented for '",
+                              self.scalar_type(), "' (torch.histogram takes floating-point input)");
   int64_t d = self.size(-1), m = d ? self.numel() / d : 0;
   bool given = !spec.edges.empty();
   TORCH_CHECK(int64_t(given ? spec.edges.size() : spec.counts.size()) == d, "torch.histogramdd: expected ", d,

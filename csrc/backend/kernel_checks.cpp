@@ -386,6 +386,13 @@ void scaled_mm_scales(c10::ArrayRef<c10::IValue> args) {
                     sa.strides(), ", mat_b.dtype()=", b.scalar_type(), ", scale_b.dtype()=", sb.scalar_type(),
                     ", scale_b.size()=", sb.sizes(), " and scale_b.stride()=", sb.strides());
 }
+// var / std (every overload): CPU's and CUDA's kernels take floating and complex only.
+void var_std_dtype(c10::ArrayRef<c10::IValue> args) {
+  if (args.empty() || !args[0].isTensor()) return;
+  c10::ScalarType t = args[0].toTensor().scalar_type();
+  TORCH_CHECK(c10::isFloatingType(t) || c10::isComplexType(t),
+              "std and var only support floating point and complex dtypes");
+}
 // multinomial(self, num_samples, replacement, generator): a shape check CPU makes.
 void multinomial_samples(c10::ArrayRef<c10::IValue> args) {
   if (args.size() < 3 || !args[0].isTensor() || args[2].toBool()) return;
@@ -421,6 +428,8 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"index_copy", &index_copy_index},
       {"index_fill", &index_fill_index},
       {"multinomial", &multinomial_samples},
+      {"var", &var_std_dtype},
+      {"std", &var_std_dtype},
       {"sub", &sub_bool},
       {"rsub", &sub_bool},
       {"_scaled_mm", &scaled_mm_scales},
@@ -482,6 +491,9 @@ ComplexRefusal integral_refusal_for(const std::string& name, const std::string& 
   };
   static const std::unordered_map<std::string, Refusal> by_name = {
       {"round.decimals", {Ints, R::NotImplemented}}, {"round.decimals_out", {Ints, R::NotImplemented}},
+      // with rounding_mode trunc/floor (a None mode gives a float result, not refused)
+      {"div.Tensor_mode", {BoolOnly, R::NotImplemented}}, {"div.Scalar_mode", {BoolOnly, R::NotImplemented}},
+      {"div.out_mode", {BoolOnly, R::NotImplemented}},
   };
   static const std::unordered_map<std::string, Refusal> by_base = {
       {"topk", {BoolOnly, R::Runtime}}, {"kthvalue", {BoolOnly, R::NotImplemented}},

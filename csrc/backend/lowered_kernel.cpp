@@ -80,6 +80,7 @@ struct OpInfo {
   int dtype_arg = -1;  // an out= op's `ScalarType? dtype`: a given one must be out's
   bool foreach_in_place = false;       // _foreach_add_ & co: writes its first list
   bool promotes_inputs = false;        // CPU computes in its tensor inputs' common dtype
+  bool pointwise = false;              // ... and a pointwise op's result has that dtype
 };
 
 // Ops whose CPU kernels accept a written tensor with internal overlap (fills, which
@@ -953,10 +954,12 @@ void refuse_complex(const OpInfo& info, c10::ArrayRef<IValue> args, const std::v
 
 // Bool and integer inputs CPU's kernel refuses (integral_refusal_for): its first tensor
 // argument's dtype decides, as CPU's dispatch does.
-void refuse_integral(const OpInfo& info, c10::ArrayRef<IValue> args) {
+void refuse_integral(const OpInfo& info, c10::ArrayRef<IValue> args, const std::vector<at::Tensor>& outs) {
   for (const IValue& v : args) {
     if (!v.isTensor()) continue;
     c10::ScalarType t = v.toTensor().scalar_type();
+    // A pointwise op computes in its result's dtype (bool % 5 is int64).
+    if (info.pointwise && !outs.empty() && outs[0].defined()) t = outs[0].scalar_type();
     ComplexRefusal r = integral_refusal_for(info.base_overload, info.base, t);
     if (r == ComplexRefusal::None) return;
     std::string what = c10::str(info.name, ": not implemented for '", t, "' (CPU's kernel refuses it too)");
@@ -1471,7 +1474,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     }
     if (info.kernel_check) info.kernel_check(args);  // out= forms too (their arguments lead alike)
     if (info.complex_refusal != ComplexRefusal::None) refuse_complex(info, args, meta_outs);
-    refuse_integral(info, args);
+    refuse_integral(info, args, meta_outs);
     refuse_fp8_promotion(info, args);
     owned = build_plan(op, info, args, k, meta_outs);
     owned->ret_counts = std::move(ret_counts);
@@ -1873,7 +1876,8 @@ int register_lowered_kernels() {
     info.check_any_input_overlap = cpu_forbids_any_input_overlap(base);
     info.check_input_overlap = info.check_any_input_overlap || !cpu_allows_input_overlap(base);
     info.host_fill = info.name == "fill_.Scalar" || info.name == "zero_";
-    info.promotes_inputs = h->hasTag(at::Tag::pointwise) || promotes_all_inputs(base);
+    info.pointwise = h->hasTag(at::Tag::pointwise);
+    info.promotes_inputs = info.pointwise || promotes_all_inputs(base);
     info.ret_alias = return_aliases(schema);
     if (info.is_out && info.mutated.size() == 1 && info.mutated[0] == info.num_args - 1 &&
         h->hasTag(at::Tag::pointwise))

@@ -3,9 +3,12 @@
 // first and counts them; the host reads the count (a sync, as on CUDA) and returns a
 // view of that prefix, so every count shares the same compiled program.
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/native/Resize.h>
 #include <torch/library.h>
+
+#include <limits>
 
 #include "backend/dtypes.h"
 #include "backend/executor.h"
@@ -232,6 +235,7 @@ at::Tensor repeat_interleave_tpu(const at::Tensor& repeats, std::optional<c10::S
     if (output_size.has_value())
       TORCH_CHECK(output_size->expect_int() == total, "allocated size does not match required size");
     if (total == 0) return at::empty({0}, repeats.options());
+    at::detail::computeStorageNbytesContiguous({total}, c10::elementSize(repeats.scalar_type()));
     auto res = run_internal("repeat_interleave:" + rt.str() + ":" + std::to_string(total), [&](Builder& b) {
       Value cs = prefix_sum(b, b.convert(b.param(rt), DType::I64));
       Value marks = scatter_1d(b, b.constant(0, DType::I64, {total + 1}), cs, b.constant(1, DType::I64, {n}), true);
@@ -288,7 +292,10 @@ at::Tensor bincount_tpu(const at::Tensor& self, const std::optional<at::Tensor>&
     int64_t st[2] = {0, 0};
     runtime::Client::get().to_host(*resolve(stats[0]), st, sizeof(st));
     TORCH_CHECK(st[1] >= 0, "bincount only supports 1-d non-negative integral inputs.");
+    TORCH_CHECK(st[0] < std::numeric_limits<int64_t>::max(), "maximum value of input overflowed, it should be < ",
+                std::numeric_limits<int64_t>::max(), " but got ", st[0]);
     int64_t len = std::max(st[0] + 1, minlength);
+    at::detail::computeStorageNbytesContiguous({len}, c10::elementSize(out));  // CPU's overflow error
     DType od = device_dtype(out, "bincount");
     std::vector<Operand> args{dense_value(self)};
     std::string key = "bincount:" + it.str() + ":" + std::to_string(len);
