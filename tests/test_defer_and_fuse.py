@@ -315,7 +315,7 @@ def test_failed_graph_is_replayed_op_by_op_and_names_the_op():
             small = keep * 2
             big = torch.ones(1000, 1000, device="tpu") + small.sum()
             bigger = big * 2
-            with pytest.raises(torch.OutOfMemoryError, match="out of device memory"):
+            with pytest.raises(torch.OutOfMemoryError, match="TPU out of memory. Tried to allocate"):
                 bigger.cpu()
         finally:
             torch_tpu._C.set_memory_limit(0)

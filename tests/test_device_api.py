@@ -1,4 +1,6 @@
 """The `tpu` device as PyTorch sees it: device module, accelerator API, autoload, errors."""
+import textwrap
+
 import pytest
 import torch
 
@@ -16,6 +18,10 @@ def test_device_module_shaped_like_cuda():
     assert 0 < free <= total
     stats = torch.tpu.memory_stats()
     assert stats["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+    # torch.cuda.memory_stats' keys, which tools read
+    for key in ("active_bytes.all.peak", "active_bytes.all.current", "num_alloc_retries", "num_ooms",
+                "reserved_bytes.all.peak", "requested_bytes.all.current", "inactive_split_bytes.all.current"):
+        assert key in stats, key
     torch.tpu.empty_cache()
 
 
@@ -116,7 +122,7 @@ def test_out_of_memory_is_torch_oom_and_keeps_tensors():
     keep = torch.arange(10.0, device="tpu")
     torch_tpu._C.set_memory_limit(torch.tpu.memory_allocated() + 1000)
     try:
-        with pytest.raises(torch.OutOfMemoryError, match="out of device memory"):
+        with pytest.raises(torch.OutOfMemoryError, match="TPU out of memory. Tried to allocate"):
             # Strict raises at the op; DeferAndFuse when the value is needed.
             (torch.ones(1000, 1000, device="tpu") + 1).cpu()
     finally:
@@ -128,9 +134,9 @@ def test_a_tensor_larger_than_the_device_is_refused_at_allocation():
     # As on CUDA, at the allocation, not at a later launch (fills are recorded lazily).
     keep = torch.arange(10.0, device="tpu")
     limit = torch.tpu.mem_get_info()[1]
-    with pytest.raises(torch.OutOfMemoryError, match="tried to allocate"):
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):
         torch.empty(limit // 4 + 1, device="tpu")
-    with pytest.raises(torch.OutOfMemoryError, match="tried to allocate"):
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):
         torch.zeros(limit // 2 + 8, dtype=torch.float16, device="tpu")
     assert keep.sum().item() == 45.0
 
@@ -143,7 +149,7 @@ def test_per_process_memory_fraction_caps_allocations_as_on_cuda():
         torch.tpu.set_per_process_memory_fraction(fraction)
         assert torch.tpu.get_per_process_memory_fraction() == pytest.approx(fraction)
         assert torch.tpu.mem_get_info()[1] == int(fraction * capacity)
-        with pytest.raises(torch.OutOfMemoryError, match="out of device memory"):
+        with pytest.raises(torch.OutOfMemoryError, match="TPU out of memory. Tried to allocate"):
             (torch.ones(1000, 1000, device="tpu") + 1).cpu()
         assert (keep + 1).sum().item() == 55.0  # small work still fits
     finally:
@@ -333,3 +339,35 @@ def test_memory_history_snapshot_names_the_python_code_that_made_each_storage(tm
     assert "16.0KiB" in _memory_viz.segsum(snap)  # PyTorch's reader takes it
     assert torch.tpu.memory._snapshot()["segments"] == [] and torch.tpu.memory_snapshot() == []
     del y
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "fused"])
+def test_an_out_of_memory_in_place_update_leaves_its_tensor_as_it_was(mode):
+    """A device OOM in an in-place update (raised at the op in Debug, at the next sync in
+    Strict's first compile and DeferAndFuse) leaves the tensor's value, as on CUDA where the
+    op never ran; accelerate's batch-size finder recognizes the error and retries."""
+    env = {"strict": {}, "debug": {"TPU_LAUNCH_BLOCKING": "1"}, "fused": {"TPU_DEFER_AND_FUSE": "1"}}[mode]
+    r = run_python(textwrap.dedent("""
+        import gc, torch, torch_tpu
+        from accelerate.utils.memory import should_reduce_batch_size
+        t = torch.tpu
+        p = torch.randn(1024, 1024, device="tpu")
+        ref = p.cpu()
+        t.set_per_process_memory_fraction(22 * 2**20 / t.mem_get_info()[1])  # p and big fit, not a temporary
+        try:
+            big = torch.arange(4096 * 1024.0, device="tpu").view(4096, 1024)  # made, not a lazy fill
+            big.sum().item()
+            p.add_(big[:1024] * 2)
+            p.sum().item()
+            raise SystemExit("no OOM")
+        except torch.OutOfMemoryError as e:
+            assert should_reduce_batch_size(e), e
+        del big
+        gc.collect()
+        t.set_per_process_memory_fraction(1.0)
+        assert torch.equal(p.cpu(), ref)
+        p.add_(1)
+        assert torch.equal(p.cpu(), ref + 1)
+        print("ok")
+    """), env=env, timeout=180)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr

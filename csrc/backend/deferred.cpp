@@ -104,11 +104,6 @@ bool deferring() {
   return m == EagerMode::DeferAndFuse || m == EagerMode::DeferAll;
 }
 
-void note_replacement(const Operand& fresh, const Operand& old) {
-  if (!fresh.slot || !old) return;
-  if (old.slot && old.slot->producer) fresh.slot->replaces = old.slot->replaces;  // same graph
-  else fresh.slot->replaces = old.slot ? static_cast<const void*>(old.slot.get()) : old.buffer.get();
-}
 
 // ---- the pending graph -----------------------------------------------------------------
 
@@ -320,8 +315,33 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
 
 namespace {
 std::mutex g_slot_mu;               // guards Slot::buffer / Slot::error
+
+}  // namespace
+
+void note_replacement(const Operand& fresh, const Operand& old) {
+  if (!fresh.slot || !old) return;
+  const void* r = old.slot && old.slot->producer ? old.slot->replaces  // same graph
+                  : old.slot                        ? static_cast<const void*>(old.slot.get())
+                                                    : old.buffer.get();
+  if (fresh.slot->producer) {
+    fresh.slot->replaces = r;
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_slot_mu);  // a queued launch's: its failure reads it
+  fresh.slot->replaces = r;
+  // Its launch failed already (keep_replaced_values ran before this): the same, now.
+  Slot& f = *fresh.slot;
+  const runtime::BufferPtr& before = old.buffer ? old.buffer : old.slot->buffer;
+  if (f.error && !f.buffer && before && before->dtype() == f.type().dtype && before->dims() == f.type().shape) {
+    f.buffer = before;
+    f.error = nullptr;
+  }
+}
+
+namespace {
 std::condition_variable g_slot_cv;  // a graph finished
 void forget_launch_error(const std::exception_ptr& e);  // raised here: not again at sync
+void raise_launch_error();                              // a recorded error, once
 void record_launch_error(const std::exception_ptr& e);  // for the next sync
 }  // namespace
 
@@ -338,6 +358,7 @@ bool pending(const Operand& v) {
 }
 
 runtime::BufferPtr resolve(const Operand& v) {
+  raise_launch_error();  // a failed launch's error reaches the next value read, as a sync's
   if (v.buffer) return v.buffer;
   TORCH_INTERNAL_ASSERT(v.slot, "resolving an empty operand");
   {
@@ -352,7 +373,10 @@ runtime::BufferPtr resolve(const Operand& v) {
     forget_launch_error(e);
     std::rethrow_exception(e);
   }
-  return v.slot->buffer;
+  runtime::BufferPtr b = v.slot->buffer;
+  lock.unlock();
+  raise_launch_error();  // a job before this value's failed (jobs run in order)
+  return b;
 }
 
 Results run_internal(const std::string& key,
@@ -641,6 +665,7 @@ struct Job {
   int device = 0;
   std::vector<Call> calls;
   std::vector<Operand> params;  // buffers, or slots of earlier jobs
+  std::vector<const void*> param_ids;  // ... each one's identity (what Slot::replaces names)
   std::vector<ir::Type> param_types;
   std::vector<Wire> results;
   std::vector<SlotPtr> result_slots;
@@ -707,6 +732,23 @@ void fail_slots(const std::vector<SlotList>& outs, size_t from, std::exception_p
       if (!s->buffer) s->error = e;
 }
 
+// After a failed launch (a device OOM, say), an in-place result it did not produce
+// leaves its storage with the value it had, as on CUDA, where the op never ran: that
+// input is still held here (a replay donates nothing). The error stays recorded: the next
+// value read raises it (resolve), and the other results keep it.
+void keep_replaced_values(const Job& job, const std::vector<runtime::BufferPtr>& params) {
+  std::lock_guard<std::mutex> lock(g_slot_mu);
+  for (const SlotPtr& r : job.result_slots) {
+    if (r->buffer || !r->error || !r->replaces) continue;
+    auto it = std::find(job.param_ids.begin(), job.param_ids.end(), r->replaces);
+    size_t i = static_cast<size_t>(it - job.param_ids.begin());
+    if (it == job.param_ids.end() || i >= params.size() || !params[i]) continue;
+    if (params[i]->dtype() != r->type().dtype || params[i]->dims() != r->type().shape) continue;
+    r->buffer = params[i];
+    r->error = nullptr;
+  }
+}
+
 // After a failed fused launch: runs the calls one by one, so the error names the op
 // that failed and the values before it survive.
 void replay(const Job& job, const std::vector<runtime::BufferPtr>& params, bool count = true) {
@@ -722,6 +764,7 @@ void replay(const Job& job, const std::vector<runtime::BufferPtr>& params, bool 
       for (size_t i = 0; i < job.outs[n].size(); ++i) job.outs[n][i]->buffer = values[n][i];
     } catch (...) {
       fail_slots(job.outs, n, std::current_exception());
+      keep_replaced_values(job, params);
       throw;
     }
   }
@@ -824,20 +867,24 @@ bool run_split(Job& job, const std::vector<runtime::BufferPtr>& params) {
 void run_job(Job& job) {
   ScopedMicros timed(fuse_stats().launch_us);
   std::vector<runtime::BufferPtr> params;
-  try {
-    for (const Operand& p : job.params) {
-      if (p.buffer) {
-        params.push_back(p.buffer);
-        continue;
-      }
-      std::lock_guard<std::mutex> lock(g_slot_mu);  // an earlier job set it (or failed)
-      if (p.slot->error) std::rethrow_exception(p.slot->error);
-      TORCH_INTERNAL_ASSERT(p.slot->buffer, "a graph input was never produced");
-      params.push_back(p.slot->buffer);
+  job.param_ids.clear();
+  for (const Operand& p : job.params)
+    job.param_ids.push_back(p.slot ? static_cast<const void*>(p.slot.get()) : p.buffer.get());
+  std::exception_ptr failed;  // an input an earlier job failed to make (the others are held)
+  for (const Operand& p : job.params) {
+    if (p.buffer) {
+      params.push_back(p.buffer);
+      continue;
     }
-  } catch (...) {
-    fail_slots(job.outs, 0, std::current_exception());
-    throw;
+    std::lock_guard<std::mutex> lock(g_slot_mu);  // an earlier job set it (or failed)
+    if (p.slot->error && !failed) failed = p.slot->error;
+    TORCH_INTERNAL_ASSERT(p.slot->buffer || p.slot->error, "a graph input was never produced");
+    params.push_back(p.slot->buffer);
+  }
+  if (failed) {
+    fail_slots(job.outs, 0, failed);
+    keep_replaced_values(job, params);
+    std::rethrow_exception(failed);
   }
   job.params.clear();  // donated buffers are now held only by `params`
   if (job.each_call) {
@@ -922,12 +969,28 @@ class Launcher {
 
   void record(const std::exception_ptr& e) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (e == raised_) return;  // later jobs failing on the same input: raised already
     if (!error_) error_ = e;
+    has_error_.store(true, std::memory_order_release);
   }
 
   void forget(const std::exception_ptr& e) {
     std::lock_guard<std::mutex> lock(mu_);
+    raised_ = e;
     if (error_ == e) error_ = nullptr;
+    has_error_.store(error_ != nullptr, std::memory_order_release);
+  }
+
+  // A recorded error, raised once (a value read after a failed launch).
+  void raise_recorded() {
+    if (!has_error_.load(std::memory_order_acquire)) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    raised_ = e;
+    has_error_.store(false, std::memory_order_release);
+    lock.unlock();
+    if (e) std::rethrow_exception(e);
   }
 
   // Waits for every submitted job to finish and release what it holds; errors stay recorded.
@@ -947,6 +1010,8 @@ class Launcher {
     if (error_) {
       std::exception_ptr e = error_;
       error_ = nullptr;
+      raised_ = e;
+      has_error_.store(false, std::memory_order_release);
       lock.unlock();
       std::rethrow_exception(e);
     }
@@ -987,6 +1052,8 @@ class Launcher {
   int pending_ = 0;
   bool started_ = false;
   std::exception_ptr error_;
+  std::atomic<bool> has_error_{false};  // error_ is set: read without the lock per value read
+  std::exception_ptr raised_;           // the last error raised to the user
 };
 
 Launcher& launcher() {
@@ -995,6 +1062,7 @@ Launcher& launcher() {
 }
 
 void forget_launch_error(const std::exception_ptr& e) { launcher().forget(e); }
+void raise_launch_error() { launcher().raise_recorded(); }
 void record_launch_error(const std::exception_ptr& e) { launcher().record(e); }
 
 }  // namespace

@@ -79,8 +79,8 @@ class TpuAllocator final : public c10::DeviceAllocator {
     // the first launch that fills it (fills and factories are recorded lazily).
     int64_t limit = runtime::Client::get().memory_limit(dev);
     TORCH_CHECK_WITH(OutOfMemoryError, nbytes <= static_cast<size_t>(limit),
-                     "torch_tpu: out of device memory on tpu:", static_cast<int>(dev), ": tried to allocate ",
-                     nbytes, " bytes, more than its limit of ", limit, " bytes");
+                     "TPU out of memory. Tried to allocate ", nbytes, " bytes on tpu:", static_cast<int>(dev),
+                     ", more than its limit of ", limit, " bytes (torch_tpu)");
     auto* s = new StorageData{dev, nbytes, {}};
     report_to_profiler(s, static_cast<int64_t>(nbytes));
     // The data pointer is only an identity: device memory is never host-addressable.

@@ -342,10 +342,11 @@ static void check_capacity(Client& c, int device, int64_t extra, const std::stri
   int64_t limit = c.memory_limit(device);
   int64_t live = c.stats(device).live_bytes.load();
   if (live + extra > limit) {
-    throw OutOfMemory("torch_tpu: out of device memory on tpu:" + std::to_string(device) +
-                      " in " + what + ": tried to allocate " + std::to_string(extra) +
-                      " bytes with " + std::to_string(live) + " bytes in use and a limit of " +
-                      std::to_string(limit) + " bytes");
+    // Worded as CUDA's ("... out of memory. Tried to allocate"), which tools match on
+    // (accelerate's find_executable_batch_size).
+    throw OutOfMemory("TPU out of memory. Tried to allocate " + std::to_string(extra) + " bytes on tpu:" +
+                      std::to_string(device) + " in " + what + ", with " + std::to_string(live) +
+                      " bytes in use and a limit of " + std::to_string(limit) + " bytes (torch_tpu)");
   }
 }
 

@@ -149,16 +149,12 @@ def reset_accumulated_memory_stats(device=None) -> None:
 
 
 def memory_stats(device=None) -> dict:
+    """torch.cuda.memory_stats' keys (the device allocator's stats, as
+    torch.accelerator.memory_stats gives them), and the device's limit."""
     d = _index(device)
-    cur, peak = _C.memory_allocated(d), _C.max_memory_allocated(d)
-    return {
-        "allocated_bytes.all.current": cur,
-        "allocated_bytes.all.peak": peak,
-        "reserved_bytes.all.current": cur,
-        "reserved_bytes.all.peak": peak,
-        "num_alloc.all": _C.num_allocs(d),
-        "bytes_limit": _C.memory_limit(d),
-    }
+    stats = dict(torch.accelerator.memory_stats(d))
+    stats.update({"num_alloc.all": _C.num_allocs(d), "bytes_limit": _C.memory_limit(d)})
+    return stats
 
 
 def mem_get_info(device=None):
