@@ -360,6 +360,13 @@ def test_device_indices_as_cuda_takes_them_and_ops_across_devices_raise():
             except RuntimeError as e:
                 assert "same device" in str(e), e
         assert torch.masked_select(b, b > 1).tolist() == [2.0, 3.0]
+        for c in [lambda: torch.add(b, b, out=torch.empty(4)), lambda: torch.cat([b, b], out=torch.empty(8)),
+                  lambda: torch.exp(b, out=torch.empty(4, device="tpu:0"))]:
+            try:
+                c()
+                raise AssertionError("no error")
+            except RuntimeError as e:
+                assert "Expected out tensor to have device tpu:1, but got" in str(e), e
         print("ok")
     """), env={"TPU_NUM_DEVICES": "2"}, timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr

@@ -1303,6 +1303,29 @@ bool computed_in_common_dtype(const OpInfo& info, torch::jit::Stack* stack) {
 
 // A pointwise out= op whose result dtype cannot cast to out's: CPU's TensorIterator
 // message, ahead of the out= meta kernel's (PyTorch's Python reference words it otherwise).
+// An out= tensor on another device than the op's tpu inputs: CUDA's error (the meta
+// kernel would copy into it and name a "meta" device).
+void check_out_device(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  std::optional<at::Device> in;
+  for (int i = 0; i < static_cast<int>(args.size()) && !in; ++i) {
+    if (std::find(info.mutated.begin(), info.mutated.end(), i) != info.mutated.end()) continue;
+    map_tensors(args[i], [&](const at::Tensor& t) {
+      if (!in && t.defined() && t.is_privateuseone())
+        in = at::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device_index(t)));
+      return t;
+    });
+  }
+  if (!in) return;
+  for (int a : info.mutated) {
+    if (!args[a].isTensor() || !args[a].toTensor().defined()) continue;
+    const at::Tensor& out = args[a].toTensor();
+    at::Device od = out.is_privateuseone()
+                        ? at::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device_index(out)))
+                        : out.device();
+    TORCH_CHECK(od == *in, "Expected out tensor to have device ", *in, ", but got ", od, " instead");
+  }
+}
+
 void check_out_result_type(const OpInfo& info, c10::ArrayRef<IValue> args) {
   if (!info.functional || info.mutated.size() != 1 || !args[info.num_args - 1].isTensor()) return;
   c10::ScalarType out = args[info.num_args - 1].toTensor().scalar_type();
@@ -1387,6 +1410,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   }
   if (info.is_out) {
     check_out_result_type(info, args);
+    check_out_device(info, args);
     auto [margs, mrets] = run_meta(op, args);
     for (int a : info.mutated) {
       if (margs[a].isTensor()) {
