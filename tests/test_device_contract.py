@@ -367,6 +367,13 @@ def test_device_indices_as_cuda_takes_them_and_ops_across_devices_raise():
                 raise AssertionError("no error")
             except RuntimeError as e:
                 assert "Expected out tensor to have device tpu:1, but got" in str(e), e
+        # cpu inputs and a tpu out: refused as on CUDA, which takes only 0-dim cpu inputs
+        for c in [lambda: torch.add(torch.ones(4), torch.ones(4), out=b), lambda: torch.exp(torch.ones(4), out=b)]:
+            try:
+                c()
+                raise AssertionError("no error")
+            except RuntimeError as e:
+                assert "same device, but found at least two devices, tpu:1 and cpu" in str(e), e
         print("ok")
     """), env={"TPU_NUM_DEVICES": "2"}, timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr

@@ -1315,7 +1315,26 @@ void check_out_device(const OpInfo& info, c10::ArrayRef<IValue> args) {
       return t;
     });
   }
-  if (!in) return;
+  if (!in) {
+    // Only cpu inputs and a tpu out: CUDA's kernels take the out's device and refuse a cpu
+    // input that is not 0-dim (the meta kernel would name a "meta" device).
+    // TODO: only 0-dim cpu inputs still reach the meta kernel's copy error.
+    std::optional<at::Device> out_dev;
+    for (int a : info.mutated)
+      if (args[a].isTensor() && args[a].toTensor().defined() && args[a].toTensor().is_privateuseone())
+        out_dev = at::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device_index(args[a].toTensor())));
+    if (!out_dev) return;
+    for (int i = 0; i < static_cast<int>(args.size()); ++i) {
+      if (std::find(info.mutated.begin(), info.mutated.end(), i) != info.mutated.end()) continue;
+      map_tensors(args[i], [&](const at::Tensor& t) {
+        TORCH_CHECK(!t.defined() || !t.device().is_cpu() || t.dim() == 0,
+                    "Expected all tensors to be on the same device, but found at least two devices, ", *out_dev,
+                    " and cpu!");
+        return t;
+      });
+    }
+    return;
+  }
   for (int a : info.mutated) {
     if (!args[a].isTensor() || !args[a].toTensor().defined()) continue;
     const at::Tensor& out = args[a].toTensor();
