@@ -455,6 +455,38 @@ def test_in_place_ops_refuse_a_result_dtype_self_cannot_hold(name):
     assert (err is None) == name.endswith("_ok")
 
 
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.float16, torch.float32),
+                                    (torch.int64, torch.float32), (torch.float32, torch.float8_e4m3fn)])
+def test_ops_that_take_one_dtype_refuse_a_mix_as_cpu(dtypes):
+    """CPU's and CUDA's kernels refuse these mixes (tpu cast the second operand); the losses
+    that promote give CPU's dtype (huber_loss the input's, mse_loss the promoted one)."""
+    a, b = dtypes
+    i = lambda d: torch.tensor([0, 1], device=d)  # noqa: E731
+    x = lambda d, t=a: torch.full((4,), 0.5, device=d).to(t)  # noqa: E731
+    y = lambda d, t=b: torch.full((4,), 0.25, device=d).to(t)  # noqa: E731
+    errs = {"index_add": lambda d: x(d).index_add(0, i(d), y(d)[:2]),
+            "index_copy": lambda d: x(d).index_copy(0, i(d), y(d)[:2]),
+            "put": lambda d: x(d).put(i(d), y(d)[:2])}
+    if a in (torch.float32, torch.float64) and b != torch.float8_e4m3fn:  # CPU has no f16 cdist
+        errs |= {"bce": lambda d: F.binary_cross_entropy(x(d), y(d)),
+                 "cdist": lambda d: torch.cdist(x(d).view(1, 2, 2), y(d).view(1, 2, 2))}
+    for name, fn in errs.items():
+        assert _same_as_cpu(fn) is RuntimeError, name
+    for fn in [lambda d: F.huber_loss(x(d), y(d)), lambda d: F.mse_loss(x(d), y(d)),
+               lambda d: F.smooth_l1_loss(x(d), y(d), reduction="none")]:
+        if torch.float8_e4m3fn in dtypes:
+            assert _same_as_cpu(fn, match="Promotion for Float8") is RuntimeError
+            continue
+        cpu_err, cpu_val = _outcome(fn, "cpu")
+        tpu_err, tpu_val = _outcome(fn, "tpu")
+        assert tpu_err is cpu_err, (cpu_val, tpu_val)
+        if cpu_err is None:
+            assert tpu_val.dtype == cpu_val.dtype
+            torch.testing.assert_close(tpu_val, cpu_val)
+        else:
+            assert tpu_val == cpu_val
+
+
 def test_a_resized_out_takes_the_inputs_layout_as_cpu():
     # TensorIterator restrides a resized out to its inputs' order: a view of the out's
     # storage reads the values in that order (found by test_fuzz_programs.py)

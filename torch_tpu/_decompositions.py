@@ -102,7 +102,19 @@ def _isin(op, decomp):
     return run
 
 
-_WRAPPERS = {"aten::_native_batch_norm_legit": _batch_norm, "aten::native_batch_norm": _batch_norm,
+def _huber_loss(op, decomp):
+    """CPU's huber_loss computes in the promoted dtype and writes the input's dtype (the
+    decomposition returns the promoted one); a promotion that cannot be cast back, or one
+    with float8, raises CPU's error, found by CPU's kernel on empty tensors."""
+    def run(input, target, *rest, **kwargs):
+        if input.dtype != target.dtype:
+            torch.ops.aten.huber_loss(torch.empty(0, dtype=input.dtype), torch.empty(0, dtype=target.dtype))
+        return decomp(input, target, *rest, **kwargs).to(input.dtype)
+    return run
+
+
+_WRAPPERS = {"aten::huber_loss": _huber_loss,
+             "aten::_native_batch_norm_legit": _batch_norm, "aten::native_batch_norm": _batch_norm,
              "aten::isin.Tensor_Tensor": _isin, "aten::isin.Tensor_Tensor_out": _isin,
              "aten::isin.Scalar_Tensor": _isin, "aten::isin.Scalar_Tensor_out": _isin}
 

@@ -351,6 +351,14 @@ void index_add_index(c10::ArrayRef<c10::IValue> args) {
   TORCH_CHECK(int_index(index_dtype(args)), "index_add_(): Expected dtype int32/int64 for index but got: ",
               index_dtype(args));
 }
+// index_add(self, dim, index, source[, alpha]): CPU's and CUDA's kernels take one dtype
+// (a cast would hide a mix-up the user meant to see).
+void index_add_checks(c10::ArrayRef<c10::IValue> args) {
+  index_add_index(args);
+  if (!tensors_at(args, {0, 3})) return;
+  TORCH_CHECK(dtype_at(args, 0) == dtype_at(args, 3), "index_add_(): self (", dtype_at(args, 0), ") and source (",
+              dtype_at(args, 3), ") must have the same scalar type");
+}
 void index_reduce_index(c10::ArrayRef<c10::IValue> args) {
   TORCH_CHECK(int_index(index_dtype(args)), "index_reduce_(): Expected dtype int32/int64 for index but got: ",
               index_dtype(args));
@@ -358,6 +366,33 @@ void index_reduce_index(c10::ArrayRef<c10::IValue> args) {
 void index_copy_index(c10::ArrayRef<c10::IValue> args) {
   TORCH_CHECK(index_dtype(args) == c10::kLong, "index_copy_(): Expected a long tensor for index, but got ",
               index_dtype(args));
+}
+void index_copy_checks(c10::ArrayRef<c10::IValue> args) {
+  index_copy_index(args);
+  if (!tensors_at(args, {0, 3})) return;
+  TORCH_CHECK(dtype_at(args, 0) == dtype_at(args, 3),
+              "index_copy_(): self and source expected to have the same dtype, but got (self) ", dtype_at(args, 0),
+              " and (source) ", dtype_at(args, 3));
+}
+// put(self, index, source, accumulate)
+void put_dtypes(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0, 2})) return;
+  TORCH_CHECK(dtype_at(args, 0) == dtype_at(args, 2),
+              "put_(): self and source expected to have the same dtype, but got self.dtype = ", dtype_at(args, 0),
+              " and source.dtype = ", dtype_at(args, 2));
+}
+// binary_cross_entropy(self, target, weight, reduction): CPU's TensorIterator takes the
+// target in the input's dtype (the weight multiplies afterwards, in any dtype).
+void bce_dtypes(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0, 1})) return;
+  TORCH_CHECK(dtype_at(args, 0) == dtype_at(args, 1), "Found dtype ", dtype_at(args, 1), " but expected ",
+              dtype_at(args, 0));
+}
+// _cdist_forward(x1, x2, p, compute_mode)
+void cdist_dtypes(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0, 1})) return;
+  TORCH_CHECK(dtype_at(args, 0) == dtype_at(args, 1), "expected scalar type ", dtype_at(args, 0), " but found ",
+              dtype_at(args, 1));
 }
 void index_fill_index(c10::ArrayRef<c10::IValue> args) {
   TORCH_CHECK_INDEX(index_dtype(args) == c10::kLong, "index_fill_(): Expected dtype int64 for index.");
@@ -423,9 +458,12 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"argmax", &argmax_input},
       {"argmin", &argmin_input},
       {"index_select", &index_select_index},
-      {"index_add", &index_add_index},
+      {"index_add", &index_add_checks},
+      {"put", &put_dtypes},
+      {"binary_cross_entropy", &bce_dtypes},
+      {"_cdist_forward", &cdist_dtypes},
       {"index_reduce", &index_reduce_index},
-      {"index_copy", &index_copy_index},
+      {"index_copy", &index_copy_checks},
       {"index_fill", &index_fill_index},
       {"multinomial", &multinomial_samples},
       {"var", &var_std_dtype},

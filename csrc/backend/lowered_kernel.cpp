@@ -958,8 +958,11 @@ void refuse_integral(const OpInfo& info, c10::ArrayRef<IValue> args, const std::
   for (const IValue& v : args) {
     if (!v.isTensor()) continue;
     c10::ScalarType t = v.toTensor().scalar_type();
-    // A pointwise op computes in its result's dtype (bool % 5 is int64).
-    if (info.pointwise && !outs.empty() && outs[0].defined()) t = outs[0].scalar_type();
+    // A pointwise op computes in its result's dtype (bool % 5 is int64), as do the
+    // pointwise losses (mse_loss(int64, float32) is float32).
+    if ((info.pointwise || info.base == "mse_loss" || info.base == "smooth_l1_loss") && !outs.empty() &&
+        outs[0].defined())
+      t = outs[0].scalar_type();
     ComplexRefusal r = integral_refusal_for(info.base_overload, info.base, t);
     if (r == ComplexRefusal::None) return;
     std::string what = c10::str(info.name, ": not implemented for '", t, "' (CPU's kernel refuses it too)");
