@@ -476,6 +476,28 @@ def test_replayed_calls_apply_input_mutations():
     torch.testing.assert_close(v.cpu(), (x + 1).view(2, 2))
 
 
+@torch._dynamo.config.patch(capture_scalar_outputs=True)
+def test_an_item_of_an_input_is_read_at_every_call():
+    # capture_scalar_outputs: `n.item()` of an input became a size and a constant of the
+    # recorded program, which replays kept (found by the s46 compile probe).
+    torch._dynamo.reset()
+
+    def f(x, n):
+        k = n.item()
+        return x * k, x[:k].sum(), torch.ones(k, device=x.device)
+
+    g = torch.compile(f, backend="tpu")
+    x = torch.arange(8.0)
+    before = torch_tpu.metrics()
+    for k in (2, 5, 3, 5):
+        got = g(x.to("tpu"), torch.tensor(k, device="tpu"))
+        for a, b in zip(got, f(x, torch.tensor(k))):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a.cpu(), b)
+    assert delta(before, torch_tpu.metrics(), "compiled_replays")["compiled_replays"] == 0
+    torch._dynamo.reset()
+
+
 def test_dropout_replays_draw_the_numbers_recording_draws(record_every_call):
     m = nn.Sequential(nn.Linear(8, 64), nn.Dropout(0.5), nn.Linear(64, 4)).to("tpu")
     x = torch.randn(16, 8).to("tpu")

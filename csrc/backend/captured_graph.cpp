@@ -144,6 +144,7 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
     if (ok.slot) checks_[ok.slot.get()] = message;
   }
   void flushed(const FlushReport& r) { reports_.push_back(r); }
+  void host_read() { decline("the graph reads a device value on the host (.item(), .tolist())"); }
 
   // After the recorded call: flush, then explain the program in terms of the graph.
   void finish(const py::list& outs);
@@ -212,6 +213,9 @@ std::atomic<CapturedGraph*> g_active{nullptr};
 
 void note_host_input(const runtime::BufferPtr& b, HostInput kind) {
   if (CapturedGraph* c = g_active.load()) c->host_input(b, kind);
+}
+void note_host_read() {
+  if (CapturedGraph* c = g_active.load()) c->host_read();
 }
 void note_device_check(const Operand& ok, const std::string& message) {
   if (CapturedGraph* c = g_active.load()) c->check(ok, message);

@@ -25,6 +25,9 @@ enum class HostInput {
   Varying,   // anything else (a CPU tensor's value, an explicit generator)
 };
 void note_host_input(const runtime::BufferPtr& b, HostInput kind);
+// A device value read on the host while recording (`.item()` of an input): what the graph
+// did with it (a size, a constant) is baked into the program, so the capture declines.
+void note_host_read();
 // A device check (a flag read later that raises `message`) on a recorded result.
 void note_device_check(const Operand& ok, const std::string& message);
 

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 
+#include "backend/captured_graph.h"
 #include "backend/device.h"
 #include "backend/device_checks.h"
 #include "backend/dtypes.h"
@@ -307,6 +308,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
       assign(self, buf);
     } else if (self.is_cpu() && src.is_privateuseone()) {
       ReadOfComputed now({src});  // values already computed: read apart from pending work
+      note_host_read();
       verify_device_checks();     // values read back must not come from a failed op
       at::Tensor host = view_of_host_copy(src);
       if (host.defined()) {
