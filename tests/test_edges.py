@@ -1317,3 +1317,27 @@ def test_integer_and_bool_inputs_raise_or_compute_as_cpu(name):
     err = _same_as_cpu(INTEGER_CASES[name])
     assert (torch.ones(3, device="tpu") + 1).sum().item() == 6.0  # nothing left pending or failed
     del err
+
+
+def test_foreach_in_place_ops_bump_versions_as_cpu():
+    # A tensor saved for the backward and then written by a foreach op (an optimizer step
+    # between forward and backward) made the backward read the new values (s46 alias probe).
+    def run(d):
+        xs = [torch.arange(3.0, device=d), torch.arange(2.0, device=d)]
+        torch._foreach_add_(xs, 1)
+        torch._foreach_mul_(xs, [2.0, 3.0])
+        torch._foreach_zero_(xs)
+        a = torch.arange(3.0, device=d).requires_grad_()
+        b = a * 1
+        c = b * b
+        torch._foreach_add_([b], 1.0)
+        p = torch.nn.Parameter(torch.arange(3.0, device=d))
+        opt = torch.optim.SGD([p], lr=0.1, foreach=True)
+        p.grad = torch.ones(3, device=d)
+        loss = (p * p).sum()
+        opt.step()
+        for t in (c.sum(), loss):
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                t.backward()
+        return [x._version for x in xs]
+    assert run("tpu") == run("cpu") == [3, 3]

@@ -1415,6 +1415,13 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     run_foreach_per_element(op, stack, info.num_args);
     return;
   }
+  // PyTorch's ADInplaceOrView kernels skip the foreach ops (CPU's per-tensor path and
+  // CUDA's kernels bump the versions themselves): written tensors saved for a backward
+  // must make it raise, not read the new values. (Bumped first, as CPU's per-tensor
+  // add_: an inference tensor outside InferenceMode raises before anything is written.)
+  if (info.foreach_in_place && args[0].isTensorList())
+    for (const at::Tensor& t : args[0].toTensorList())
+      if (t.defined()) t.unsafeGetTensorImpl()->bump_version();
   if (!info.mutated.empty()) check_overlaps(info, args);
   if (info.host_fill && try_host_fill(args[0].toTensor(), info.num_args > 1 ? args[1].toScalar() : c10::Scalar(0))) {
     torch::jit::drop(*stack, info.num_args - 1);  // self stays on the stack: the op returns it
