@@ -80,10 +80,7 @@ void assign(const at::Tensor& dst, Operand value, const at::Tensor* src = nullpt
     std::string key = "assign:" + vt.str() + "->" + view_key(dst);
     s.value = run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
       ir::Value v = lowering::coerce(b, b.param(vt), dt, g.sizes);
-      // A view of another dtype writes through the storage's bytes.
-      ir::Value as_dt = reinterpret_bytes(b, b.param(st), dt);
-      ir::Value written = ir::write_view(b, &as_dt, as_dt.type, g, v);
-      return {as_storage(b, written, st)};
+      return {write_storage_view(b, b.param(st), st, g, v)};  // through the storage's bytes
     }, {value, cur}, s.device)[0];
     return;
   }

@@ -914,9 +914,7 @@ Value write_into_storage(ir::Builder& b, KernelCtx& ctx, int arg, int elem, cons
     Value bytes = reinterpret_bytes(b, b.reshape(val, {val.type.numel()}), st.dtype);
     return b.reshape(bytes, st.shape);
   }
-  Value cur = reinterpret_bytes(b, base ? *base : ctx.storage_value(arg, elem), val.dtype());
-  Value written = ir::write_view(b, &cur, cur.type, g, val);
-  return as_storage(b, written, st);
+  return write_storage_view(b, base ? *base : ctx.storage_value(arg, elem), st, g, val);
 }
 
 // A complex tensor among the arguments (or a complex Scalar) or the outputs.

@@ -277,8 +277,7 @@ void apply_pending(StorageData& s) {
         ir::Value v = b.param(w.value.type());
         if (w.from_view) v = ir::read_view(b, reinterpret_bytes(b, v, w.source_dtype), w.source_view);
         v = lowering::coerce(b, v, w.dtype, w.view.sizes);
-        ir::Value as_dt = reinterpret_bytes(b, cur, w.dtype);
-        cur = as_storage(b, ir::write_view(b, &as_dt, as_dt.type, w.view, v), st);
+        cur = write_storage_view(b, cur, st, w.view, v);
       }
       return {cur};
     }, args, s.device)[0];
@@ -452,6 +451,13 @@ ir::Value as_storage(ir::Builder& b, const ir::Value& v, const ir::Type& st) {
   int64_t n = st.numel();
   if (flat.type.numel() > n) flat = b.slice(flat, {0}, {n}, {1});
   return b.reshape(flat, st.shape);
+}
+
+ir::Value write_storage_view(ir::Builder& b, const ir::Value& cur, const ir::Type& st, const ir::Geometry& g,
+                             const ir::Value& v) {
+  ir::Value val = v.dtype() == DType::Bool && st.dtype != DType::Bool ? b.convert(v, DType::U8) : v;
+  ir::Value as_dt = reinterpret_bytes(b, cur, val.dtype());
+  return as_storage(b, ir::write_view(b, &as_dt, as_dt.type, g, val), st);
 }
 
 ir::Value conj_value(ir::Builder& b, const ir::Value& v) {

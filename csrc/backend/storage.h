@@ -142,6 +142,11 @@ void check_same_device(std::initializer_list<std::reference_wrapper<const at::Te
 ir::Value reinterpret_bytes(ir::Builder& b, const ir::Value& storage, DType to);
 // `v`'s bytes as a storage of type `st` again (dropping such padding).
 ir::Value as_storage(ir::Builder& b, const ir::Value& v, const ir::Type& st);
+// The storage `cur` (of type `st`) after writing `v` (of the view's dtype) into the view
+// `g` of its bytes seen as `v`'s dtype. A bool view of other bytes writes bytes (bools
+// read from them would turn every byte the write leaves alone into 0 or 1).
+ir::Value write_storage_view(ir::Builder& b, const ir::Value& cur, const ir::Type& st, const ir::Geometry& g,
+                             const ir::Value& v);
 // The complex conjugate of a complex value.
 ir::Value conj_value(ir::Builder& b, const ir::Value& v);
 // A tensor's lazy conjugate / negative bits applied to its stored values `v` (both are
