@@ -95,4 +95,10 @@ TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&strided_nested_refusal>());
 }
 
+// Refused where it is made: autograd asks a new nested tensor that requires grad for its
+// sizes in a noexcept function, where the refusal above would end the process.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_nested_tensor_from_tensor_list", torch::CppFunction::makeFromBoxedFunction<&strided_nested_refusal>());
+}
+
 }  // namespace tpu::backend
