@@ -1356,3 +1356,23 @@ def test_a_write_through_a_bool_view_keeps_the_other_bytes():
         z.view(torch.bool)[::2].copy_(torch.tensor([False, True], device=d))
         return x, f, y, z
     _same_as_cpu(fn)
+
+
+def test_set_grows_a_short_storage_and_set_without_a_source_gives_a_fresh_one():
+    # set_(storage, offset, size, stride) past the storage's end had ATen's CPU resize copy
+    # our storage record as bytes (the source was zeroed, reads failed); set_() ran on the
+    # CPU fallback and kept the old storage, which a later write then changed under a view.
+    y = torch.arange(6.0, device="tpu")
+    x = torch.empty(0, device="tpu")
+    x.set_(y.untyped_storage(), 4, (4,), (1,))
+    assert y.cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert x[:2].cpu().tolist() == [4.0, 5.0] and x.untyped_storage().nbytes() == 32
+    x.fill_(1.0)
+    assert y.cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 1.0, 1.0]  # the same storage, grown
+    x = torch.arange(6.0, device="tpu")
+    v = x[1:3]
+    x.set_()
+    assert x.untyped_storage().nbytes() == 0 and x.shape == (0,) and x.device.type == "tpu"
+    x.resize_(2)
+    x.fill_(5)
+    assert v.cpu().tolist() == [1.0, 2.0] and x.cpu().tolist() == [5.0, 5.0]

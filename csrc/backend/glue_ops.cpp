@@ -150,6 +150,33 @@ at::Tensor unfold(const at::Tensor& self, int64_t dim, int64_t size, int64_t ste
   return at::native::unfold(self, dim, size, step);
 }
 
+// Grows `storage` to `need` bytes (if smaller), keeping its values at the front, as
+// CPU's resize does. (ATen's own resize would copy our DataPtr's context as bytes.)
+void grow_storage(const c10::Storage& storage, size_t need, c10::Device device) {
+  if (need <= storage.nbytes()) return;
+  StorageData& old = *static_cast<StorageData*>(storage.data_ptr().get_context());
+  if (!old.pending.empty() || old.copy_of) apply_pending(old);
+  Operand old_value = old.value;
+  int dev = old.device;
+  c10::DeviceGuard guard(device);
+  c10::DataPtr fresh = tpu_allocator()->allocate(need);
+  if (old_value && old_value.type().numel() > 0) {
+    // Keep the old contents at the front of the bigger storage.
+    ir::Type ot = old_value.type();
+    int64_t n_old = ot.numel();
+    int64_t n_new = static_cast<int64_t>(need) / itemsize(ot.dtype);
+    static_cast<StorageData*>(fresh.get_context())->value = guarded([&] {
+      return run_internal("grow:" + ot.str() + "->" + std::to_string(n_new),
+                          [&](ir::Builder& b) -> std::vector<ir::Value> {
+        ir::Value flat = b.reshape(b.param(ot), {n_old});
+        return {b.pad(flat, lowering::constant_any(b, 0, ot.dtype), {0}, {n_new - n_old}, {0})};
+      }, {old_value}, dev)[0];
+    });
+  }
+  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(fresh));
+  storage.unsafeGetStorageImpl()->set_nbytes(need);
+}
+
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<c10::MemoryFormat> mf) {
   TORCH_CHECK(!mf.has_value() || *mf != c10::MemoryFormat::Preserve, "Unsupported memory format", *mf);
@@ -163,29 +190,7 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   int64_t numel = c10::multiply_integers(size);
   size_t isz = self.dtype().itemsize();
   size_t need = static_cast<size_t>(self.storage_offset() + numel) * isz;
-  c10::Storage storage = self.storage();
-  if (need > storage.nbytes()) {
-    StorageData& old = storage_of(self);
-    Operand old_value = old.value;
-    int dev = old.device;
-    c10::DeviceGuard guard(self.device());
-    c10::DataPtr fresh = tpu_allocator()->allocate(need);
-    if (old_value && old_value.type().numel() > 0) {
-      // Keep the old contents at the front of the bigger storage.
-      ir::Type ot = old_value.type();
-      int64_t n_old = ot.numel();
-      int64_t n_new = static_cast<int64_t>(need) / itemsize(ot.dtype);
-      static_cast<StorageData*>(fresh.get_context())->value = guarded([&] {
-        return run_internal("grow:" + ot.str() + "->" + std::to_string(n_new),
-                            [&](ir::Builder& b) -> std::vector<ir::Value> {
-          ir::Value flat = b.reshape(b.param(ot), {n_old});
-          return {b.pad(flat, lowering::constant_any(b, 0, ot.dtype), {0}, {n_new - n_old}, {0})};
-        }, {old_value}, dev)[0];
-      });
-    }
-    storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(fresh));
-    storage.unsafeGetStorageImpl()->set_nbytes(need);
-  }
+  grow_storage(self.storage(), need, self.device());
   std::vector<int64_t> sizes(size.begin(), size.end());
   self.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
   if (mf.has_value() && *mf != c10::MemoryFormat::Contiguous)
@@ -195,7 +200,22 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
 
 at::Tensor& set_storage(at::Tensor& self, c10::Storage src, int64_t offset, c10::IntArrayRef size,
                         c10::IntArrayRef stride) {
+  // A view past the storage's end grows it first, as CPU's set_ does.
+  bool valid = offset >= 0 && (stride.empty() || stride.size() == size.size()) &&
+               std::all_of(size.begin(), size.end(), [](int64_t d) { return d >= 0; });
+  if (valid && src.unsafeGetStorageImpl()->data_ptr().get_context() && src.device().is_privateuseone()) {
+    size_t isz = self.dtype().itemsize();
+    size_t need = stride.empty() ? at::detail::computeStorageNbytesContiguous(size, isz, offset)
+                                 : at::detail::computeStorageNbytes(size, stride, isz, offset);
+    if (src.resizable()) grow_storage(src, need, src.device());
+  }
   return at::cpu::set_(self, src, offset, size, stride);
+}
+
+// set_() with no source: a fresh empty tpu storage, as CPU's and CUDA's set_ give.
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage fresh(c10::Storage::use_byte_size_t(), 0, tpu_allocator(), /*resizable=*/true);
+  return at::cpu::set_(self, fresh, 0, {0}, {});
 }
 
 at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& src) {
@@ -512,7 +532,7 @@ bool is_glue_op(const std::string& name) {
                                 "resize_", "empty.memory_format", "empty_strided", "as_strided",
                                 "view", "_reshape_alias", "unfold", "_local_scalar_dense",
                                 "set_.source_Storage_storage_offset", "set_.source_Tensor",
-                                "set_.source_Storage", "_fused_sdp_choice", "nonzero", "masked_select",
+                                "set_.source_Storage", "set_", "_fused_sdp_choice", "nonzero", "masked_select",
                                 "view_as_real", "view_as_complex", "_efficientzerotensor"};
   for (auto* g : kGlue) if (name == g) return true;
   return false;
@@ -532,6 +552,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage_storage_offset", set_storage);
   m.impl("set_.source_Tensor", set_tensor);
   m.impl("set_.source_Storage", set_source_storage);
+  m.impl("set_", set_empty);
   m.impl("copy_", copy_);
   m.impl("_copy_from", copy_from);
   m.impl("_copy_from_and_resize", copy_from_and_resize);
