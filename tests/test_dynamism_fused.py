@@ -163,8 +163,8 @@ print(json.dumps(res))
 
 
 @pytest.mark.parametrize("expr,op", [
-    ("x.cumsum(0)", "aten.cumsum.default"),
-    ("x.flip(0)", "aten.flip.default"),
+    ("x.median(0).values", "aten.median.dim"),
+    ("x.kthvalue(2, 0).values", "aten.kthvalue.default"),
     ("x.sort(0).values", "aten.sort.default"),
     # A static size equal to the bound: right only at the bound (and the refusal must
     # leave the symbol unspecialized for the ops after it).
@@ -186,6 +186,30 @@ print(json.dumps(res))
     assert out["raised"] is not None, out
     assert op in out["raised"] and "bounded dynamism" in out["raised"], out["raised"]
     assert out["ok"]
+
+
+def test_scans_flips_slices_cats_any_all_and_index_match_float64_one_program():
+    # compiled mode's rules (bounded.py) for these ops, reached op by op: one fused
+    # program for every size, values as float64's.
+    out = run_python_json(PRELUDE + """
+def fn(x):
+    i = torch.arange(x.shape[0], device=x.device)
+    return [x.cumsum(0), x.flip(0), x.logcumsumexp(0), (x.abs() > 0).all(0), (x == 0).any(0),
+            torch.cat([x[:1] - 1, x], 0)[1:].sum(0) + x[1:].sum(0) + x[:-1].amax(0),
+            x[i.flip(0)] * 2]
+res = {"err": [], "builds": []}
+for n in (7, 3, 12, 5):
+    x = torch.randn(n, 3, dtype=torch.float64)
+    xt = x.float().to("tpu")
+    dynamism.mark_dynamic(xt, 0, 3, 16)
+    b = builds()
+    got = [g.cpu() for g in fn(xt)]
+    res["builds"].append(builds() - b)
+    res["err"].append(max(diff(g, w) for g, w in zip(got, fn(x))))
+print(json.dumps(res))
+""", env=FUSED)
+    assert max(out["err"]) < 1e-5, out["err"]
+    assert out["builds"][0] >= 1 and out["builds"][1:] == [0] * 3, out["builds"]
 
 
 @pytest.mark.parametrize("env", [{}, {"TPU_LAUNCH_BLOCKING": "1"}], ids=["strict", "debug"])

@@ -10,6 +10,11 @@ is first filled with the op's identity (`where(mask, x, fill)`: 0 for sums and m
 in the program from the sizes; everything else is row-wise and leaves garbage only in
 the padding. A size used as a value (mean's divisor, `x * t.shape[0]`, the backward of a
 mean) is computed from the size operands, never taken from the bound. Outputs come back padded; the caller sees a view of their valid prefix.
+Ops that move data along a dynamic dimension must keep each true element at its true
+index (the valid part a prefix): a slice from a static start, a cat whose operands but
+the last are static along it and scans (cumsum) do as they are; flip (gathered from
+size-1-i), a right pad (moved from the bound to the valid part's end) and index (negative
+indices wrapped by the true size, padded index positions reading 0) are rewritten so.
 Tensors saved for the backward stay padded (with their mask, when a flattened dimension
 makes the mask not follow from the shape).
 
@@ -28,8 +33,8 @@ import operator
 import sympy
 import torch
 
-from .bounded_ops import (_INDEX_SHAPED, _MASKED_OPS, _MEANS, _STATIC_DIM_OPS, _dyn_dims, _expr,
-                          _mean_dims, _polynomial, _refuse, _same_shape, _structural, _val,
+from .bounded_ops import (_INDEX_SHAPED, _MASKED_OPS, _MEANS, _SCANS, _STATIC_DIM_OPS, _dyn_dims,
+                          _expr, _mean_dims, _polynomial, _refuse, _same_shape, _structural, _val,
                           check_graph)
 
 aten = torch.ops.aten
@@ -41,18 +46,21 @@ aten = torch.ops.aten
 # compound dimension (2*s, a flattened batch) gets the mask of what it was viewed from.
 # Ops that reduce or contract see masked inputs (filled with the reduction's identity).
 
-_SANITIZE_FILL = {aten.amax.default: float("-inf"), aten.amin.default: float("inf")}
+_SANITIZE_FILL = {aten.amax.default: float("-inf"), aten.amin.default: float("inf"),
+                  # all's identity is True (1 for a number); any's is False, the default 0
+                  aten.all.default: 1, aten.all.dim: 1, aten.all.dims: 1}
 _VIEW_LIKE = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
               aten.expand.default}
 _SAME_MASK = {aten.clone.default, aten.detach.default, aten.alias.default,
               aten._to_copy.default, aten.contiguous.default,
               # constant tensors of their input's shape: its valid part is theirs
               aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
-              aten.empty_like.default}
+              aten.empty_like.default, aten.fill.Scalar}
 _MOVES = {aten.t.default, aten.transpose.int, aten.permute.default, aten.unsqueeze.default,
           aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.select.int,
           aten.slice.Tensor}
 _UNKNOWN = object()  # a mask that cannot be told (a compound dimension from another op)
+_ALL_VALID = object()  # (_compound_mask: a static operand's, before the others')
 
 
 def _eval(e, values) -> int:
@@ -214,6 +222,12 @@ def _rewrite(gm, b, mask_inputs):
         op = n.target
         if op in _MASKED_OPS or op in _STATIC_DIM_OPS:
             args = _sanitize(b, n, list(args), m_of)
+        if op is aten.index.Tensor:
+            args = _index_args(b, n, list(args), m_of)
+        if op is aten.slice_backward.default and \
+                isinstance(_val(n.args[1][n.args[2]]), torch.SymInt):
+            args = list(args)  # the gradient's padding would land in the valid part
+            args[0] = _filled(b, n, 0, args[0], m_of(n.args[0]), 0)
         if isinstance(op, torch._ops.OpOverload) and torch.Tag.pointwise in op.tags:
             # A size used as a value: the true size, from the program's size operands.
             sized = [isinstance(a, torch.fx.Node) and isinstance(_val(a), torch.SymInt)
@@ -231,8 +245,12 @@ def _rewrite(gm, b, mask_inputs):
             continue
         if op in _MEANS:
             env[n] = _mean(b, n, args, kwargs, m_of)
+        elif op is aten.flip.default:
+            env[n] = _flip(b, n, args[0])
         else:
             env[n] = b.g.call_function(op, tuple(args), kwargs)
+        if op is aten.constant_pad_nd.default:
+            env[n] = _pad_end(b, n, env[n])
         env[n].meta = dict(n.meta)
         # The output's mask.
         v = _val(n)
@@ -349,8 +367,115 @@ def _symbols_of(v):
     return out
 
 
+def _flip(b, n, x):
+    """flip: along a dynamic dimension, element i is element size-1-i (the padded flip
+    would put the padding first), gathered so; static dimensions flip as they are."""
+    v = _val(n.args[0])
+    dims = sorted({d % v.dim() for d in n.args[1]})
+    static = [d for d in dims if not isinstance(v.shape[d], torch.SymInt)]
+    if static:
+        x = b.call(aten.flip.default, x, static)
+    shape = b.padded(v)
+    for d in dims:
+        if d in static:
+            continue
+        r = b.call(aten.arange.default, shape[d], dtype=torch.int64, device=b.device)
+        last = b.arith("add", b.size_value(_expr(v.shape[d])), -1)
+        i = b.call(aten.sub.Tensor, last, r)
+        zero = b.call(aten.scalar_tensor.default, 0, dtype=torch.int64, device=b.device)
+        i = b.call(aten.where.self, b.call(aten.ge.Scalar, i, 0), i, zero)  # padding reads 0
+        x = b.call(aten.index_select.default, x, d, i)
+    return x
+
+
+def _pad_end(b, n, out):
+    """constant_pad_nd with a right pad of a dynamic dimension: the padded op puts the pad
+    after the bound, the true one right after the valid part; positions from the valid
+    part's end on (pad, then don't-care) are set to the pad value."""
+    x = _val(n.args[0])
+    pads = list(n.args[1])
+    value = n.args[2] if len(n.args) > 2 else n.kwargs.get("value", 0)
+    shape = b.padded(_val(n))
+    keep = None
+    for k in range(len(pads) // 2):
+        d = x.dim() - 1 - k
+        if not isinstance(x.shape[d], torch.SymInt) or pads[2 * k + 1] <= 0:
+            continue
+        r = b.call(aten.arange.default, shape[d], dtype=torch.int64, device=b.device)
+        # (a left crop, pads[2k] < 0, moves the valid part's end down by as much)
+        c = b.call(aten.lt.Tensor, r, b.size_value(sympy.expand(_expr(x.shape[d]) + pads[2 * k])))
+        c = b.call(aten.view.default, c, [shape[d] if i == d else 1 for i in range(len(shape))])
+        keep = c if keep is None else b.call(aten.logical_and.default, keep, c)
+    if keep is None:
+        return out
+    v = b.call(aten.scalar_tensor.default, value, dtype=x.dtype, device=b.device)
+    return b.call(aten.where.self, keep, out, v)
+
+
+def _index_args(b, n, args, m_of):
+    """index.Tensor's indices for the padded tensor: a negative index along a dynamic
+    dimension counts from the true size (not the bound), and padded index positions read
+    element 0 (garbage there could be out of the padded buffer's range)."""
+    x = _val(n.args[0])
+    indices = []
+    for d, (i, e) in enumerate(zip(n.args[1], args[1])):
+        if isinstance(x.shape[d], torch.SymInt):
+            zero = b.call(aten.scalar_tensor.default, 0, dtype=_val(i).dtype, device=b.device)
+            wrapped = b.call(aten.add.Tensor, e, b.size_value(_expr(x.shape[d])))
+            e = b.call(aten.where.self, b.call(aten.lt.Tensor, e, zero), wrapped, e)
+        if m_of(i) is _UNKNOWN:
+            raise NotImplementedError(
+                f"torch_tpu bounded dynamism: index {d} of {n.target} has a dynamic dimension "
+                f"whose valid part cannot be told ({_val(i).shape})")
+        indices.append(_fill(b, e, m_of(i), 0, _val(i).dtype))
+    args[1] = indices
+    return args
+
+
 def _compound_mask(b, n, m_of):
     """Mask of an op's output with a compound dimension: views carry their input's."""
+    if n.target is aten.cat.default:
+        # The operands' masks side by side (all True for a static operand).
+        parts = []
+        for a in n.args[0]:
+            ma = m_of(a)
+            if ma is _UNKNOWN:
+                return _UNKNOWN
+            parts.append(ma if ma is not None else b.call(
+                aten.ones.default, b.padded(_val(a)), dtype=torch.bool, device=b.device))
+        dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+        return b.call(aten.cat.default, parts, dim)
+    if n.target is aten.slice.Tensor:
+        return _slice_mask(b, n, m_of)
+    if n.target is aten.flip.default:
+        # Valid data stays a prefix of a dynamic dimension (_flip); static ones flip.
+        m, v = m_of(n.args[0]), _val(n)
+        if m is None or m is _UNKNOWN:
+            return _UNKNOWN
+        static = [d % v.dim() for d in n.args[1] if not isinstance(v.shape[d], torch.SymInt)]
+        return b.call(aten.flip.default, m, static) if static else m
+    if n.target in (aten.constant_pad_nd.default, aten.slice_backward.default):
+        # Its valid data sits at its true indices (_pad_end; zeros around the gradient,
+        # itself at its place): a prefix of each dimension.
+        if m_of(n.args[0]) is _UNKNOWN or not all(_polynomial(_expr(s)) for s in _val(n).shape):
+            return _UNKNOWN
+        return b.prefix_mask(_val(n))
+    if n.target is aten.index.Tensor:
+        # Valid where every index is valid (broadcast), across the static trailing dims.
+        shape = b.padded(_val(n))
+        m = None
+        for i in n.args[1]:
+            mi = m_of(i)
+            if mi is _UNKNOWN:
+                return _UNKNOWN
+            if mi is not None:
+                m = mi if m is None else b.call(aten.logical_and.default, m, mi)
+        if m is None:
+            return _UNKNOWN
+        nb = max(_val(i).dim() for i in n.args[1])
+        m = b.call(aten.view.default, b.call(aten.expand.default, m, shape[:nb]),
+                   shape[:nb] + [1] * (len(shape) - nb))
+        return b.call(aten.expand.default, m, shape)
     if n.target in (aten.mm.default, aten.addmm.default):
         # Rows of the product are the rows of the left operand (K, N static here).
         a = n.args[0] if n.target is aten.mm.default else n.args[1]
@@ -373,6 +498,14 @@ def _compound_mask(b, n, m_of):
         return _UNKNOWN if m is None else m
     x = n.args[0] if n.args else None
     m = m_of(x)
+    pointwise = n.target in _SAME_MASK or n.target in _SCANS or torch.Tag.pointwise in n.target.tags
+    if m is None and pointwise and any(isinstance(a, torch.fx.Node) and m_of(a) is not None
+                                       for a in n.args[1:]):
+        m = _ALL_VALID  # a static first operand (broadcast): the others' masks tell
+    elif m is None and (n.target is aten.expand.default or pointwise) and \
+            all(_polynomial(_expr(s)) for s in _val(n).shape):
+        # A static tensor broadcast to a dynamic shape: every position holds its value.
+        return b.prefix_mask(_val(n))
     if m is None or m is _UNKNOWN:
         return _UNKNOWN
     if n.target in _VIEW_LIKE:
@@ -384,15 +517,41 @@ def _compound_mask(b, n, m_of):
         if any(isinstance(a, torch.fx.Node) for a in rest):
             return _UNKNOWN
         return b.call(n.target, m, *rest)
-    if n.target in _SAME_MASK or torch.Tag.pointwise in n.target.tags:
+    if pointwise:
         others = [m_of(a) for a in n.args[1:] if isinstance(a, torch.fx.Node)]
         for o in others:
             if o is _UNKNOWN:
                 return _UNKNOWN
             if o is not None:
-                m = b.call(aten.logical_and.default, m, o)
+                m = o if m is _ALL_VALID else b.call(aten.logical_and.default, m, o)
         return b.call(aten.expand.default, m, b.padded(_val(n)))
     return _UNKNOWN
+
+
+def _slice_mask(b, n, m_of):
+    """A slice's mask: its input's, sliced the same way; along a dynamic dimension also
+    below the output's true size (a slice that ends before the input's valid part does,
+    x[:s] of a cat of s + 1, leaves valid input data past the output's end)."""
+    x, v = _val(n.args[0]), _val(n)
+    m = m_of(n.args[0])
+    if m is None or m is _UNKNOWN:
+        return _UNKNOWN
+    dim = n.args[1] % x.dim() if len(n.args) > 1 else 0
+    start = n.args[2] if len(n.args) > 2 and n.args[2] is not None else 0
+    step = n.args[4] if len(n.args) > 4 else 1
+    if not isinstance(start, int) or not isinstance(step, int):
+        return _UNKNOWN
+    size, length = b.padded(x)[dim], b.padded(v)[dim]
+    if start < 0:  # a static dimension here: its padded size is its size
+        start += size
+    m = b.call(aten.slice.Tensor, m, dim, start, start + step * length, step)
+    if isinstance(x.shape[dim], torch.SymInt):
+        shape = b.padded(v)
+        r = b.call(aten.arange.default, length, dtype=torch.int64, device=b.device)
+        c = b.call(aten.lt.Tensor, r, b.size_value(_expr(v.shape[dim])))
+        c = b.call(aten.view.default, c, [length if i == dim else 1 for i in range(len(shape))])
+        m = b.call(aten.logical_and.default, m, c)
+    return m
 
 
 def _sanitize(b, n, args, m_of):

@@ -23,6 +23,7 @@ _SHAPE_OPS = {
     aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
     aten.new_empty.default, aten.sym_size.int, aten.sym_numel.default,
     aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty_like.default,
+    aten.fill.Scalar,
 }
 # Ops that reduce or contract across a dynamic dimension (inputs masked first), checked
 # against float64 references in tests/test_dynamism.py.
@@ -34,7 +35,17 @@ _MASKED_OPS = {
     aten.nll_loss_forward.default, aten.nll_loss_backward.default,
     aten._scaled_dot_product_fused_attention_overrideable.default,
     aten._scaled_dot_product_fused_attention_overrideable_backward.default,
+    # any/all: the padding filled with False/True (bounded._SANITIZE_FILL)
+    aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims,
 }
+# Scans: output element i along `dim` reads input elements 0..i only, so a valid element
+# reads valid data only (the padding comes after it); across other dimensions they are
+# row-wise. Right on padded inputs with no mask.
+_SCANS = {aten.cumsum.default, aten.cumprod.default, aten.logcumsumexp.default,
+          aten.cummax.default, aten.cummin.default}
+# flip along a dynamic dimension is rewritten (bounded._flip): element i is element
+# size-1-i, gathered with the true size, so that the padding stays at the end.
+_REWRITTEN = {aten.flip.default}
 # Their SymInt arguments are sizes (max_q, max_k), not values: the bounds are right.
 _SIZE_ARGS_OK = {aten._scaled_dot_product_fused_attention_overrideable_backward.default}
 # Ops whose output is shaped like an index argument (its position) and reads the data at
@@ -75,15 +86,114 @@ def _static_dims_ok(node, kind) -> bool:
         pos = 2 if node.target in (aten.split.Tensor, aten.split_with_sizes.default) else 1
         dim = node.args[pos] if len(node.args) > pos else node.kwargs.get("dim", 0)
         if node.target is aten.slice.Tensor and (dim % x.dim()) in dyn:
-            # A slice that keeps the whole dimension is fine.
-            start = node.args[2] if len(node.args) > 2 else 0
-            end = _val(node.args[3]) if len(node.args) > 3 else None
-            step = node.args[4] if len(node.args) > 4 else 1
-            full = end is None or (isinstance(end, int) and end >= 2 ** 62) or \
-                _expr(end) == _expr(x.shape[dim])  # compared as expressions: no guard
-            return start == 0 and step == 1 and full
+            return _slice_ok(node, x, dim % x.dim())
+        if node.target is aten.cat.default:
+            return _cat_ok(node, dim)
         dims = [dim]
     return not any((d % x.dim()) in dyn for d in dims)
+
+
+def _nonneg(e, size) -> bool:
+    """Whether the size expression `e` is >= 0 at every size within the bounds (of the
+    shape environment of SymInt `size`): interval arithmetic over the bounds, sound."""
+    e = sympy.expand(e)
+    if not e.free_symbols:
+        return e >= 0
+    from torch.utils._sympy.value_ranges import bound_sympy
+    env = size.node.shape_env
+    return bool(bound_sympy(e, {s: env.var_to_range[s] for s in e.free_symbols}).lower >= 0)
+
+
+def _slice_ok(node, x, dim) -> bool:
+    """A slice along a dynamic dimension: right when output element i is input element
+    start+i (step 1, a static start >= 0) and start + the output's size <= the input's
+    size at every size within the bounds (each valid element reads valid data, and the
+    valid part stays a prefix), and the padded slice has the output's padded size (its
+    end is the output's end: the whole dimension, start + the output's size, or a static
+    negative end, which counts from the padded size as the true one does from the size)."""
+    a = list(node.args[2:5])
+    a += [node.kwargs.get(k, d) for k, d in (("start", 0), ("end", None), ("step", 1))][len(a):]
+    return _slice_rule(x.shape[dim], _val(node).shape[dim], *a)
+
+
+def _slice_rule(sym_size, out, start, end, step) -> bool:
+    start = 0 if start is None else start
+    if step != 1 or not isinstance(start, int) or start < 0:
+        return False  # a symbolic or negative start counts from a size the padding moves
+    size, out = _expr(sym_size), _expr(out)
+    if not _nonneg(size - start - out, sym_size):
+        return False
+    end = _val(end)
+    if end is None or (isinstance(end, int) and (end >= 2 ** 62 or (
+            end >= 0 and _nonneg(end - size, sym_size)))):
+        want = size  # an end past the size at every size within the bounds: the whole
+    elif isinstance(end, int) and end < 0:
+        want = size + end  # from the end: the padded slice's length is the bound's
+    elif isinstance(end, (int, torch.SymInt)):
+        want = _expr(end)
+    else:
+        return False
+    return sympy.expand(want - start - out) == 0  # compared as expressions: no guard
+
+
+def _slice_backward_ok(node) -> bool:
+    """slice_backward (the slice's gradient: zeros with the gradient at the slice's
+    place): row-wise along a static dimension; along a dynamic one, as its slice (the
+    rewrite zeroes the gradient's padding, which would land inside the valid part when
+    the slice ends before the input's valid part does)."""
+    g = _val(node.args[0])
+    sizes, dim = [_val(s) for s in node.args[1]], node.args[2] % g.dim()
+    if not isinstance(sizes[dim], torch.SymInt):
+        return True
+    return _slice_rule(sizes[dim], g.shape[dim], *node.args[3:6])
+
+
+def _cat_ok(node, dim) -> bool:
+    """cat along a dynamic dimension: right when every operand but the last is static
+    along it (the valid part is theirs, then the last's valid prefix, with the padding
+    at the end)."""
+    xs = [_val(a) for a in node.args[0]]
+    d = dim % xs[0].dim()
+    return all(not isinstance(x.shape[d], torch.SymInt) for x in xs[:-1])
+
+
+def _pad_ok(node) -> bool:
+    """constant_pad_nd: right when each dynamic dimension's pads are static. Output
+    element i is input element i - left, so a left pad or crop keeps the valid part
+    where the true op puts it, as does a right crop (it cuts from the padded end, and
+    the valid part ends before); a right pad is moved from after the padding to right
+    after the valid part (bounded._pad_end). A dynamic pad is refused."""
+    x, pads = _val(node.args[0]), list(node.args[1])
+    for k in range(len(pads) // 2):
+        d = x.dim() - 1 - k
+        if isinstance(x.shape[d], torch.SymInt) and not all(
+                isinstance(p, int) for p in pads[2 * k:2 * k + 2]):
+            return False
+    return True
+
+
+def _index_ok(node) -> bool:
+    """index.Tensor with integer indices for the leading dimensions (no None) and the
+    others static: output element p reads the data at the index values at p, so valid
+    positions (of the indices' broadcast) read valid data, with negative indices along
+    dynamic dimensions wrapped by the true size and padded index positions set to 0 in
+    the rewrite (bounded._index_args)."""
+    x, out = _val(node.args[0]), _val(node)
+    idx = [_val(i) for i in node.args[1]]
+    if any(i is None or i.dtype not in (torch.int64, torch.int32) for i in idx):
+        return False
+    rest = list(x.shape[len(idx):])
+    if any(isinstance(s, torch.SymInt) for s in rest):
+        return False
+    nb = max(i.dim() for i in idx)
+    if out.dim() != nb + len(rest):
+        return False
+    lead = [str(_expr(s)) for s in out.shape[:nb]]
+    for i in idx:  # each index is 1 or the output's size in each (right-aligned) dimension
+        for s, o in zip(reversed(i.shape), reversed(lead)):
+            if str(_expr(s)) not in ("1", o):
+                return False
+    return [str(_expr(s)) for s in out.shape[nb:]] == [str(_expr(s)) for s in rest]
 
 
 def check_graph(gm: torch.fx.GraphModule) -> None:
@@ -105,6 +215,23 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
             if _same_shape(_val(n), _val(n.args[_INDEX_SHAPED[op]])):
                 continue
             _refuse(op, "is not shaped like its index")
+        if op is aten.index.Tensor:
+            if _index_ok(n):
+                continue
+            _refuse(op, "indexes a dynamic dimension it does not index with integer indices, "
+                    "or its output is not shaped like its indices")
+        if op is aten.slice_backward.default:
+            if _slice_backward_ok(n):
+                continue
+            _refuse(op, "acts on a dynamic dimension")
+        if op is aten.constant_pad_nd.default:
+            if _pad_ok(node=n):
+                continue
+            _refuse(op, "pads a dynamic dimension by a dynamic amount")
+        if op in _SCANS or op in _REWRITTEN:
+            if uses_size:
+                _refuse(op, "takes a dynamic size as an argument")
+            continue
         if op in _SHAPE_OPS or op in _MASKED_OPS:
             if uses_size and op not in _SHAPE_OPS and op not in _SIZE_ARGS_OK:
                 _refuse(op, "takes a dynamic size as an argument")
@@ -144,9 +271,11 @@ def _refuse(op, why):
     raise NotImplementedError(
         f"torch_tpu bounded dynamism: {op} {why}; one program for every size cannot be built "
         f"for it. Supported across dynamic dimensions: pointwise ops, shape ops, sum/mean/amax/"
-        f"amin, softmax, mm/bmm/addmm, embedding, nll_loss, scaled_dot_product_attention;"
-        f" layer_norm, cat, split, select over static dimensions. Mark fewer dimensions dynamic or "
-        f"compile with dynamic=False.")
+        f"amin/any/all, cumsum/cumprod/logcumsumexp/cummax/cummin, flip, softmax, mm/bmm/"
+        f"addmm, embedding, nll_loss, scaled_dot_product_attention, index with integer "
+        f"indices; slice with step 1 and a static start; cat with every operand but the last "
+        f"static along the dimension; layer_norm, split, select over static dimensions. Mark "
+        f"fewer dimensions dynamic or compile with dynamic=False.")
 
 
 
