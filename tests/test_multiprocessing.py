@@ -46,3 +46,27 @@ def test_cpu_tensors_keep_torch_shared_memory_path():
     t = torch.ones(3)
     ForkingPickler.dumps(t)
     assert t.is_shared()  # torch's own reducer moved it to shared memory, as before
+
+
+def _echo(args, q_out):
+    q_out.put([(t.device.type, t.dtype, tuple(t.shape), t.cpu().tolist()) for t in args])
+
+
+def test_tpu_tensors_as_spawned_process_arguments():
+    # A spawned child's arguments are pickled before it starts: a host copy sent as shared
+    # memory lost its file descriptor first, and the child died unpickling it.
+    ctx = mp.get_context("spawn")
+    args = [torch.arange(3.0, device="tpu"), torch.tensor([1.5, -2.0], dtype=torch.bfloat16, device="tpu"),
+            torch.tensor([[True], [False]], device="tpu"), torch.zeros(0, 2, device="tpu"),
+            torch.tensor(7, device="tpu")]
+    q_out = ctx.Queue()
+    proc = ctx.Process(target=_echo, args=(args, q_out))
+    proc.start()
+    try:
+        got = q_out.get(timeout=120)
+    finally:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+    assert proc.exitcode == 0
+    assert got == [("tpu", t.dtype, tuple(t.shape), t.cpu().tolist()) for t in args]

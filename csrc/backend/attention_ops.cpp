@@ -6,6 +6,7 @@
 // needs a gradient) use the math path.
 #include <ATen/ATen.h>
 #include <ATen/native/DispatchStub.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
@@ -43,12 +44,30 @@ at::Tensor laid_out_like(const at::Tensor& t, const at::Tensor& model) {
   return res;
 }
 
+// CPU's shape errors, at the call (the lowering would only fail to compile at the next
+// read): the score matmul's head sizes, key/value lengths, and the mask's broadcast onto
+// the (B, H, L, S) scores. (The fused choice already matched batch and head counts.)
+void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const std::optional<at::Tensor>& bias) {
+  c10::SymInt bh = q.sym_size(0) * q.sym_size(1);
+  TORCH_CHECK(k.sym_size(3) == q.sym_size(3), "Expected size for first two dimensions of batch2 tensor to be: [",
+              bh, ", ", q.sym_size(3), "] but got: [", bh, ", ", k.sym_size(3), "].");
+  TORCH_CHECK(v.sym_size(2) == k.sym_size(2), "scaled_dot_product_attention: key and value must have the same ",
+              "sequence length, but got ", k.sym_size(2), " and ", v.sym_size(2));
+  if (!bias || !bias->defined()) return;
+  std::vector<c10::SymInt> scores = {q.sym_size(0), q.sym_size(1), q.sym_size(2), k.sym_size(2)};
+  std::vector<c10::SymInt> both = at::infer_size_symint(scores, bias->sym_sizes());  // CPU's add error
+  TORCH_CHECK(both == scores, "scaled_dot_product_attention: attn_mask of shape ", bias->sym_sizes(),
+              " does not broadcast to the attention scores' shape ", c10::SymIntArrayRef(scores));
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor,
            at::Tensor, at::Tensor>
 attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const std::optional<at::Tensor>& bias, double dropout_p, bool is_causal,
                   bool return_debug_mask, std::optional<double> scale) {
   TORCH_CHECK(!return_debug_mask, "scaled_dot_product_attention on tpu: no debug attention mask");
+  check_shapes(q, k, v, bias);
   auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal,
                                                                      bias, scale);
   at::Tensor none = at::empty({0}, q.options().dtype(at::kLong));

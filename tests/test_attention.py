@@ -1,5 +1,6 @@
-"""torch.nn.attention.flex_attention on tpu, eager and compiled, forward and backward,
-against a float64 reference on the CPU (PyTorch's own device check refused tpu)."""
+"""Attention on tpu beyond the op tests: flex_attention eager and compiled, forward and
+backward, against a float64 reference on the CPU (PyTorch's own device check refused tpu),
+and scaled_dot_product_attention's shape errors at the call."""
 import math
 
 import pytest
@@ -57,3 +58,30 @@ def test_other_devices_keep_pytorchs_check():
     q = torch.randn(1, 1, 4, 8, device="meta")
     with pytest.raises(ValueError, match="FlexAttention is only supported on"):
         flex_attention(q, q, q)
+
+
+@pytest.mark.parametrize("case", ["mask", "head_dim", "kv_length"])
+def test_sdpa_shape_errors_are_raised_at_the_call(case):
+    """The lowering only failed to compile at the next read, as an unrelated op's error
+    (s46 attention probe); CPU raises at the call. (CPU itself does not check key/value
+    lengths: its kernel corrupts memory, so that case has tpu's own message.)"""
+    import torch.nn.functional as F
+    q = torch.randn(2, 3, 5, 8)
+    k, v, mask = q, q, None
+    if case == "mask":
+        mask = torch.ones(3, 5, dtype=torch.bool)
+    elif case == "head_dim":
+        k, v = torch.randn(2, 3, 7, 4), torch.randn(2, 3, 7, 8)
+    else:
+        k, v = torch.randn(2, 3, 7, 8), torch.randn(2, 3, 6, 8)
+    if case != "kv_length":
+        with pytest.raises(RuntimeError) as cpu:
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        want = str(cpu.value)
+    else:
+        want = "key and value must have the same sequence length, but got 7 and 6"
+    t = lambda x: None if x is None else x.to("tpu")  # noqa: E731
+    with pytest.raises(RuntimeError) as got:
+        F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=t(mask))
+    assert want in str(got.value)
+    assert torch.ones(2, device="tpu").add(1).cpu().tolist() == [2.0, 2.0]
