@@ -85,3 +85,36 @@ def test_sdpa_shape_errors_are_raised_at_the_call(case):
         F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=t(mask))
     assert want in str(got.value)
     assert torch.ones(2, device="tpu").add(1).cpu().tolist() == [2.0, 2.0]
+
+
+def test_sdpa_kernel_choices_are_honored():
+    """sdpa_kernel([MATH]) runs the math path; flash/efficient/cuDNN (a CUDA script's
+    choice) the fused kernel; nothing enabled that fits raises as CPU does."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 2, 6, 8)
+    want = F.scaled_dot_product_attention(q, q, q)
+    x = q.to("tpu")
+    fused = "_scaled_dot_product_fused_attention_overrideable"
+    for backends, uses_fused in (([SDPBackend.MATH], False), ([SDPBackend.FLASH_ATTENTION], True),
+                                 ([SDPBackend.EFFICIENT_ATTENTION], True), ([SDPBackend.OVERRIDEABLE], True)):
+        with sdpa_kernel(backends), Ops() as ops:
+            out = F.scaled_dot_product_attention(x, x, x)
+        assert (fused in ops.seen) == uses_fused, (backends, ops.seen)
+        torch.testing.assert_close(out.cpu(), want)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # dropout needs the math path
+        with pytest.raises(RuntimeError, match="No viable backend for scaled_dot_product_attention"):
+            F.scaled_dot_product_attention(x, x, x, dropout_p=0.5)
+    assert F.scaled_dot_product_attention(x, x, x, dropout_p=0.5).shape == x.shape

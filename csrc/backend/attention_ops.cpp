@@ -5,6 +5,7 @@
 // (dropout, grouped-query heads, a value head size other than the query's, a mask that
 // needs a gradient) use the math path.
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/native/transformers/attention.h>
@@ -27,9 +28,21 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   bool floats = q.is_floating_point() && k.scalar_type() == q.scalar_type() &&
                 v.scalar_type() == q.scalar_type();
   bool mask_ok = !mask || !mask->defined() || !mask->requires_grad();
-  if (dense && same_heads && floats && mask_ok && dropout_p == 0.0 && !enable_gqa &&
-      sz(q, 2) > 0 && sz(k, 2) > 0)
-    return kOverrideable;
+  bool fused = dense && same_heads && floats && mask_ok && dropout_p == 0.0 && !enable_gqa && sz(q, 2) > 0 &&
+               sz(k, 2) > 0;
+  // torch.nn.attention.sdpa_kernel / torch.backends.cuda.enable_*_sdp: a CUDA script that
+  // asks for flash, efficient or cuDNN attention gets the fused kernel (it is one), one
+  // that asks for math gets math; nothing enabled that fits raises as CPU does.
+  const auto& g = at::globalContext();
+  bool fused_on = g.userEnabledOverrideableSDP() || g.userEnabledFlashSDP() || g.userEnabledMemEfficientSDP() ||
+                  g.userEnabledCuDNNSDP();
+  if (fused && fused_on) return kOverrideable;
+  TORCH_CHECK(g.userEnabledMathSDP(), "No viable backend for scaled_dot_product_attention was found. tpu runs ",
+              fused ? "this call with its fused kernel (enabled by the flash, efficient, cuDNN or overrideable backend) "
+                      "or the math backend"
+                    : "this call with the math backend only (dropout, grouped-query heads, another value head size "
+                      "or a mask that needs a gradient)",
+              ", and none of them is enabled (torch.nn.attention.sdpa_kernel, torch.backends.cuda.enable_*_sdp).");
   return kMath;
 }
 
