@@ -118,3 +118,32 @@ def test_sdpa_kernel_choices_are_honored():
         with pytest.raises(RuntimeError, match="No viable backend for scaled_dot_product_attention"):
             F.scaled_dot_product_attention(x, x, x, dropout_p=0.5)
     assert F.scaled_dot_product_attention(x, x, x, dropout_p=0.5).shape == x.shape
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sdpa_on_jagged_nested_tensors_matches_per_sequence_attention(causal):
+    """Jagged NJTs (the layout torch_tpu recommends) raised on tpu: PyTorch's path converts
+    them to strided nested tensors. Reference: each sequence's dense attention on the CPU."""
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    q_lens, kv_lens = (3, 5, 2), (3, 5, 2) if causal else (4, 1, 6)
+    qs = [torch.randn(n, 2, 8) for n in q_lens]
+    ks = [torch.randn(n, 2, 8) for n in kv_lens]
+    vs = [torch.randn(n, 2, 8) for n in kv_lens]
+
+    def njt(parts):
+        return torch.nested.nested_tensor([p.to("tpu") for p in parts], layout=torch.jagged,
+                                          requires_grad=True)
+    q, k, v = njt(qs), njt(ks), njt(vs)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         is_causal=causal).transpose(1, 2)
+    (out.values() * torch.arange(out.values().numel(), device="tpu").view_as(out.values()).sin()).sum().backward()
+    for i in range(3):
+        a, b, c = (t[i].clone().requires_grad_() for t in (qs, ks, vs))
+        o = F.scaled_dot_product_attention(a.transpose(0, 1), b.transpose(0, 1), c.transpose(0, 1),
+                                           is_causal=causal).transpose(0, 1)
+        torch.testing.assert_close(out.unbind()[i].detach().cpu(), o.detach(), rtol=1e-4, atol=1e-5)
+        start = sum(q_lens[:i]) * 16
+        (o * torch.arange(start, start + o.numel()).view_as(o).sin()).sum().backward()
+        for nt, ref in ((q, a), (k, b), (v, c)):
+            torch.testing.assert_close(nt.grad.unbind()[i].cpu(), ref.grad, rtol=1e-4, atol=1e-5)

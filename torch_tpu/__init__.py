@@ -64,8 +64,8 @@ _serialization.install()
 _accelerate.install()
 from . import _safetensors  # noqa: E402  (safetensors loads onto device="tpu")
 _safetensors.install()
-from . import _flex_attention  # noqa: E402  (flex_attention's device check takes tpu)
-_flex_attention.install()
+from . import _attention  # noqa: E402  (flex_attention's device check; jagged SDPA)
+_attention.install()
 
 if torch.distributed.is_available():
     from ._internal import distributed as _distributed  # noqa: E402,F401  (registers tpu_dist)

@@ -168,7 +168,16 @@ def _fq_fused_moving_avg_obs(self, observer_on, fake_quant_on, running_min, runn
     return _fq_outputs(self) + tuple(torch.empty_like(t) for t in (running_min, running_max, scale, zero_point))
 
 
+def _padded_dense_to_jagged(dense, offsets, total_L=None):
+    # The total is the values' length (a backward passes it); without it the shape
+    # depends on the offsets' values, which the counted fallback reads.
+    if total_L is None:
+        raise NotImplementedError("_padded_dense_to_jagged_forward: the total length depends on the offsets")
+    return dense.new_empty((total_L,) + tuple(dense.shape[len(offsets) + 1:]))
+
+
 _KERNELS = {
+    "_padded_dense_to_jagged_forward": _padded_dense_to_jagged,
     "_fused_adam_.tensor_lr": _in_place_step,
     "_fused_adamw_.tensor_lr": _in_place_step,
     "_fused_sgd_.tensor_lr": _in_place_step,
