@@ -73,6 +73,24 @@ def test_trainer_trains_on_tpu_like_cpu(tmp_path, make_model, data):
     assert ev_tpu == pytest.approx(ev_cpu, rel=1e-4)
 
 
+@pytest.mark.parametrize("backend", [None, "tpu"], ids=["default", "tpu"])
+def test_torch_compile_trainer_matches_cpu(tmp_path, backend):
+    """TrainingArguments(torch_compile=True) as a CUDA script has it (inductor, routed to
+    tpu's compiler for tpu tensors), or with torch_compile_backend="tpu" (accelerate's
+    backend enum refused it)."""
+    import torch_tpu
+    kw = dict(torch_compile=True, save_strategy="no")
+    if backend:
+        kw["torch_compile_backend"] = backend
+    _, _, cpu_losses = run(gpt2, lm_data(8), tmp_path / "cpu", True, steps=2, save_strategy="no")
+    torch._dynamo.reset()
+    before = torch_tpu.metrics()["compiled_graphs"]
+    _, model, tpu_losses = run(gpt2, lm_data(8), tmp_path / "tpu", False, steps=2, **kw)
+    assert torch_tpu.metrics()["compiled_graphs"] > before
+    torch.testing.assert_close(tpu_losses, cpu_losses, rtol=1e-4, atol=1e-4)
+    torch._dynamo.reset()
+
+
 def test_checkpoint_resume_continues_with_identical_losses(tmp_path):
     """With dropout: the checkpoint keeps tpu's random state (Trainer saves only the devices
     of its list), so the resumed steps draw the uninterrupted run's masks."""

@@ -174,7 +174,22 @@ def _patch_modeling(module) -> None:
     module.get_max_memory = tpu_max_memory
 
 
+def _patch_dynamo_backends(module) -> None:
+    """`torch_compile_backend="tpu"` (TrainingArguments, accelerate's dynamo plugin): its
+    backends are a fixed enum, which gains TPU (accelerate compiles with the lowercased
+    value, torch.compile(backend="tpu"))."""
+    cls = module.DynamoBackend
+    if "TPU" in cls.__members__:
+        return
+    member = str.__new__(cls, "TPU")
+    member._name_, member._value_ = "TPU", "TPU"
+    cls._member_map_["TPU"] = member
+    cls._value2member_map_["TPU"] = member
+    cls._member_names_.append("TPU")
+
+
 _PATCHES = {"accelerate.state": ("PartialState", _patch_state),
+            "accelerate.utils.dataclasses": ("DynamoBackend", _patch_dynamo_backends),
             "accelerate.accelerator": ("Accelerator", _patch_accelerator),
             "accelerate.utils.modeling": ("get_max_memory", _patch_modeling),
             "transformers.trainer": ("Trainer", _patch_trainer)}
