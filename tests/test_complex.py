@@ -418,3 +418,37 @@ def test_ops_cpu_refuses_for_complex_raise_its_error(call):
         host(call(zt))
     assert "ComplexFloat" in str(got.value) or "complex" in str(got.value).lower()
     same(zt, z)  # the operand is intact and usable
+
+
+def test_foreach_norm_and_grad_clipping_take_the_magnitude():
+    # The imaginary part was dropped (clip_grad_norm_ under-clipped complex models).
+    xs = [torch.tensor([3 + 4j, 1j, 2]), torch.tensor([[1 - 1j]], dtype=torch.complex128)]
+    for p in (1, 2, float("inf")):
+        got = torch._foreach_norm([x.to("tpu") for x in xs], p)
+        for g, w in zip(got, torch._foreach_norm(xs, p)):
+            torch.testing.assert_close(g.cpu(), w)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3, dtype=torch.complex64)
+    tlin = torch.nn.Linear(4, 3, dtype=torch.complex64).to("tpu")
+    tlin.load_state_dict(lin.state_dict())
+    x = torch.randn(5, 4, dtype=torch.complex64)
+    for m, inp in ((lin, x), (tlin, x.to("tpu"))):
+        m(inp).abs().sum().backward()
+    want = torch.nn.utils.clip_grad_norm_(lin.parameters(), 0.5)
+    got = torch.nn.utils.clip_grad_norm_(tlin.parameters(), 0.5)
+    torch.testing.assert_close(got.cpu(), want)
+    torch.testing.assert_close(tlin.weight.grad.cpu(), lin.weight.grad)
+
+
+def test_scatter_reduce_of_complex_as_cpu():
+    # mean emitted an integer floor (remainder, ordering) on complex values: the XLA
+    # compiler crashed the process; amax/amin/index_reduce have no complex kernel on CPU.
+    x = torch.tensor([1 + 1j, 2 - 1j], dtype=torch.complex64)
+    i, src = torch.tensor([0, 1, 0]), torch.tensor([3 + 0j, 0 + 3j, 0 + 0j], dtype=torch.complex64)
+    want = x.scatter_reduce(0, i, src, "mean")
+    torch.testing.assert_close(x.to("tpu").scatter_reduce(0, i.to("tpu"), src.to("tpu"), "mean").cpu(), want)
+    for red in ("amax", "amin"):
+        with pytest.raises(NotImplementedError):
+            x.to("tpu").scatter_reduce(0, i.to("tpu"), src.to("tpu"), red)
+    with pytest.raises(NotImplementedError):
+        x.to("tpu").index_reduce(0, torch.tensor([0, 1], device="tpu"), src[:2].to("tpu"), "prod")

@@ -184,7 +184,9 @@ TPU_LOWER(fe_norm, "_foreach_norm.Scalar") {
     Type o = ctx.out(static_cast<int>(k));
     DType t = acc_type(is_float(o.dtype) ? o.dtype : DType::F32);
     Value p = ctx.scalar(1, t);
-    Value a = b.unary("stablehlo.abs", b.convert(xs[k], t));
+    // A complex element's magnitude (a convert to a real type would keep the real part).
+    Value a = is_complex(xs[k].dtype()) ? b.convert(complex_magnitude(b, xs[k]), t)
+                                        : b.unary("stablehlo.abs", b.convert(xs[k], t));
     std::vector<int64_t> all = reduce_dims({}, a.rank());
     auto is = [&](double v) { return b.compare(p, b.constant(v, t), ir::Cmp::EQ); };
     Value pw = b.binary("stablehlo.power", a, broadcast_to(b, p, a.shape()));

@@ -48,6 +48,7 @@ TPU_LOWER(index_reduce, "index_reduce") {
   bool include_self = ctx.flag_or(5, true);
   if (red != "prod" && red != "mean" && red != "amax" && red != "amin")
     throw Unsupported("index_reduce " + red);
+  if (is_complex(self.dtype())) throw Unsupported("index_reduce of complex");  // CPU's kernel refuses it
   if (self.rank() == 0) self = b.reshape(self, {1});
   int64_t dim = wrap_dim(ctx.i(1), self.rank()), m = index.type.numel();
   int64_t size = self.shape()[dim];

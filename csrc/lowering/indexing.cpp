@@ -242,6 +242,8 @@ TPU_LOWER(scatter_reduce_two, "scatter_reduce.two") {
   std::string red = ctx.str(4);
   bool include_self = ctx.flag_or(5, true);
   DType st = a.self.dtype(), t = acc_type(st);
+  // Complex values have no order: CPU's kernel refuses (the fallback raises its error).
+  if (is_complex(st) && (red == "amax" || red == "amin")) throw Unsupported("scatter_reduce " + red + " of complex");
   a.self = b.convert(a.self, t);
   a.src = b.convert(a.src, t);
   const Shape& s = a.self.shape();
@@ -258,7 +260,7 @@ TPU_LOWER(scatter_reduce_two, "scatter_reduce.two") {
     Value n = include_self ? add(b, hits, b.constant(1, t, s)) : hits;
     n = b.select(touched, n, b.constant(1, t, s));
     Value q = div(b, r, n);
-    if (!is_float(t)) {  // floor: step down where the remainder has the other sign
+    if (!is_float(t) && !is_complex(t)) {  // integers floor: step down where the remainder is negative
       Value rem = b.binary("stablehlo.remainder", r, n);
       Value zero = b.constant(0, t, s);
       Value down = b.binary("stablehlo.and", b.compare(rem, zero, Cmp::NE),
