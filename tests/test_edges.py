@@ -1380,3 +1380,45 @@ def test_set_grows_a_short_storage_and_set_without_a_source_gives_a_fresh_one():
     x.resize_(2)
     x.fill_(5)
     assert v.cpu().tolist() == [1.0, 2.0] and x.cpu().tolist() == [5.0, 5.0]
+
+
+INVALID_CALLS = {  # found by the s46 invalid-input fuzzer: each raised late, raw, or not at all
+    "linear_bias": lambda d: F.linear(torch.ones(2, 3, device=d), torch.ones(4, 3, device=d), torch.ones(5, device=d)),
+    "addmm_self": lambda d: torch.addmm(torch.ones(5, 2, device=d), torch.ones(4, 2, device=d),
+                                        torch.ones(2, 1, device=d)),
+    "conv_bias": lambda d: F.conv2d(torch.ones(1, 2, 5, 5, device=d), torch.ones(3, 2, 3, 3, device=d),
+                                    torch.ones(4, device=d)),
+    "conv_groups": lambda d: F.conv2d(torch.ones(1, 4, 5, 5, device=d), torch.ones(3, 2, 3, 3, device=d), groups=2),
+    "conv_transpose_channels": lambda d: F.conv_transpose2d(torch.ones(1, 4, 4, 4, device=d),
+                                                            torch.ones(5, 2, 3, 3, device=d)),
+    "conv_transpose_bias": lambda d: F.conv_transpose2d(torch.ones(1, 4, 5, 5, device=d),
+                                                        torch.ones(4, 2, 3, 3, device=d), torch.ones(3, device=d)),
+    "conv_dtypes": lambda d: F.conv2d(torch.ones(1, 4, 5, 5, device=d), torch.ones(6, 4, 3, 3, device=d).double()),
+    "bitwise_not_float": lambda d: torch.bitwise_not(torch.ones(3, device=d)),
+    "index_select_2d": lambda d: torch.ones(3, device=d).index_select(0, torch.tensor([[0, 1]], device=d)),
+    "heaviside_dtypes": lambda d: torch.heaviside(torch.ones(3, device=d), torch.ones(3, dtype=torch.int64, device=d)),
+    "sort_out_indices": lambda d: torch.sort(torch.ones(3, device=d), out=(torch.empty(3, device=d),
+                                                                           torch.empty(3, device=d))),
+    "softmax_out_dtype": lambda d: torch.softmax(torch.ones(3, device=d), 0,
+                                                 out=torch.empty(3, dtype=torch.float64, device=d)),
+    "reflect_pad_width": lambda d: F.pad(torch.ones(1, 1, 3, 3, device=d), (3, 0, 0, 0), mode="reflect"),
+    "reflect_pad_height": lambda d: F.pad(torch.ones(1, 1, 3, 3, device=d), (0, 0, 4, 0), mode="reflect"),
+    "cat_out_overlap": lambda d: (lambda a: torch.cat([a, a], out=a))(torch.ones(2, 3, device=d)),
+    "cat_out_dtype": lambda d: torch.cat([torch.ones(2, device=d)], out=torch.zeros(2, dtype=torch.int64, device=d)),
+    "stack_out_dtype": lambda d: torch.stack([torch.ones(2, device=d)], out=torch.zeros(1, 2, dtype=torch.int64,
+                                                                                       device=d)),
+    "triu_indices_negative": lambda d: torch.triu_indices(-1, 3, device=d),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INVALID_CALLS))
+def test_invalid_calls_raise_cpus_error_at_the_call(name):
+    fn = INVALID_CALLS[name]
+    with pytest.raises(Exception) as cpu:
+        fn("cpu")
+    with pytest.raises(Exception) as tpu:
+        fn("tpu")  # at the call: no read of the result
+    assert type(tpu.value) is type(cpu.value), (tpu.value, cpu.value)
+    want = str(cpu.value).split("\n")[0].replace("bitwise_not_cpu", "bitwise_not")
+    assert str(tpu.value).split("\n")[0] == want
+    assert torch.ones(2, device="tpu").add(1).cpu().tolist() == [2.0, 2.0]

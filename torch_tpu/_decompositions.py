@@ -77,9 +77,22 @@ def _aminmax_out_dtypes(args, kwargs):
             raise RuntimeError(f"aminmax: out tensor {name} is {o.dtype}, expected {x.dtype} (the input's dtype)")
 
 
+def _reflection_pad2d_sizes(args, kwargs):
+    """CPU's check: each pad below its dimension's size (the decomposition would read out of
+    range and return a tensor of meaningless values)."""
+    x = args[0] if args else kwargs.get("self")
+    pad = list(args[1] if len(args) > 1 else kwargs.get("padding"))
+    if not isinstance(x, torch.Tensor) or len(pad) != 4 or x.dim() not in (3, 4):
+        return
+    for arg, (a, b), dim in ((4, pad[0:2], x.dim() - 1), (6, pad[2:4], x.dim() - 2)):
+        if a >= x.shape[dim] or b >= x.shape[dim]:
+            raise RuntimeError(f"Argument #{arg}: Padding size should be less than the corresponding input "
+                               f"dimension, but got: padding ({a}, {b}) at dimension {dim} of input {list(x.shape)}")
+
+
 # Argument checks CPU's kernel makes and the decomposition does not: op name -> check(args, kwargs),
 # run before the decomposition (whose own failures take the host round trip).
-_CHECKS = {"aten::aminmax.out": _aminmax_out_dtypes}
+_CHECKS = {"aten::aminmax.out": _aminmax_out_dtypes, "aten::reflection_pad2d": _reflection_pad2d_sizes}
 
 # Ops whose decomposition is wrapped: op name -> (op, decomposition) -> function.
 def _isin(op, decomp):
@@ -171,6 +184,11 @@ def _host(op, args, kwargs, why):
         return t
 
     cargs, ckwargs = pytree.tree_map(down, (args, kwargs))
+    # A factory's device (triu_indices has no tensor argument) is the CPU's for the call,
+    # else it would dispatch back here; its result goes to the device asked for.
+    if isinstance(ckwargs.get("device"), (str, torch.device)) and torch.device(ckwargs["device"]).type == "tpu":
+        device = device or torch.device(ckwargs["device"])
+        ckwargs = dict(ckwargs, device=torch.device("cpu"))
     out = op(*cargs, **ckwargs)
     # Written arguments (in-place, out=) go back to their tpu tensors.
     for i, a in enumerate(op._schema.arguments):

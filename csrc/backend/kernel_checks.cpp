@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/native/TypeProperties.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -167,6 +169,75 @@ void addmm_dtypes(c10::ArrayRef<c10::IValue> args) {  // addmm / addbmm(self, m1
   TORCH_CHECK(dtype_at(args, 1) == dtype_at(args, 2), "mat1 and mat2 must have the same dtype, but got ",
               dtype_at(args, 1), " and ", dtype_at(args, 2));
 }
+// addmm(self, m1, m2): self broadcasts to the product's [m, n] (CPU expands it; PyTorch's
+// meta function does not check, and the lowering would fail to compile at the next read).
+void addmm_checks(c10::ArrayRef<c10::IValue> args) {
+  addmm_dtypes(args);
+  if (!tensors_at(args, {0, 1, 2})) return;
+  const at::Tensor& self = args[0].toTensor();
+  const at::Tensor& m1 = args[1].toTensor();
+  const at::Tensor& m2 = args[2].toTensor();
+  if (m1.dim() != 2 || m2.dim() != 2) return;  // the meta function's own error
+  std::vector<int64_t> target = {m1.size(0), m2.size(1)};
+  (void)at::inferExpandGeometry(self.sizes(), self.strides(), target);  // CPU's expand error
+}
+// convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+// groups): CPU's shape checks the meta function skips (bias size, groups dividing the
+// weight, a transposed convolution's input channels) and its dtype check.
+void convolution_checks(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 9 || !tensors_at(args, {0, 1})) return;
+  const at::Tensor& input = args[0].toTensor();
+  const at::Tensor& weight = args[1].toTensor();
+  bool transposed = args[6].toBool();
+  int64_t groups = args[8].toInt();
+  TORCH_CHECK(input.scalar_type() == weight.scalar_type(), "expected scalar type ", input.scalar_type(),
+              " but found ", weight.scalar_type());
+  if (weight.dim() < 2 || input.dim() != weight.dim() || groups <= 0) return;  // the meta function's errors
+  TORCH_CHECK(weight.size(0) % groups == 0, "Given groups=", groups, ", expected weight to be divisible by ", groups,
+              " at dimension 0, but got weight of size [", weight.sizes(), "] instead");
+  if (transposed)
+    TORCH_CHECK(input.size(1) == weight.size(0), "Given transposed=1, weight of size ", weight.sizes(),
+                ", expected input", input.sizes(), " to have ", weight.size(0), " channels, but got ", input.size(1),
+                " channels instead");
+  if (args[2].isTensor() && args[2].toTensor().defined()) {
+    const at::Tensor& bias = args[2].toTensor();
+    int64_t out = transposed ? weight.size(1) * groups : weight.size(0);
+    TORCH_CHECK(bias.dim() == 1 && bias.size(0) == out, "Given ", transposed ? "transposed=1, " : "",
+                "weight of size ", weight.sizes(), ", expected bias to be 1-dimensional with ", out,
+                " elements, but got bias of size ", bias.sizes(), " instead");
+  }
+}
+// bitwise_not(self): integers and bools only (stablehlo.not takes no floats).
+void bitwise_not_dtype(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0})) return;
+  c10::ScalarType t = dtype_at(args, 0);
+  TORCH_CHECK_NOT_IMPLEMENTED(c10::isIntegralType(t, /*includeBool=*/true), "\"bitwise_not\" not implemented for '",
+                              t, "'");
+}
+// heaviside(self, values): CPU's kernel takes one dtype.
+void heaviside_dtypes(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0, 1})) return;
+  TORCH_CHECK(dtype_at(args, 0) == dtype_at(args, 1),
+              "heaviside is not yet implemented for tensors with different dtypes.");
+}
+// _softmax.out / _log_softmax.out(self, dim, half_to_float, out): out of the result's dtype.
+void softmax_out_dtype(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 4 || !tensors_at(args, {0, 3})) return;
+  c10::ScalarType want = args[2].toBool() ? c10::kFloat : dtype_at(args, 0);
+  TORCH_CHECK(dtype_at(args, 3) == want, "Expected out tensor to have dtype ", c10::scalarTypeToTypeMeta(want).name(),
+              ", but got ", c10::scalarTypeToTypeMeta(dtype_at(args, 3)).name(), " instead");
+}
+// cat / stack(tensors, dim, out): the inputs' common dtype must cast to out's (CPU's TypeError).
+void cat_out_dtype(c10::ArrayRef<c10::IValue> args, const char* op) {
+  if (args.size() < 3 || !args[0].isTensorList() || !args.back().isTensor()) return;
+  std::vector<at::Tensor> ins = args[0].toTensorList().vec();
+  if (ins.empty()) return;
+  c10::ScalarType common = at::native::result_type(ins), out = args.back().toTensor().scalar_type();
+  TORCH_CHECK_TYPE(c10::canCast(common, out), "torch.", op, "(): input types can't be cast to the desired output type ",
+                   out);
+}
+void cat_checks(c10::ArrayRef<c10::IValue> args) { cat_out_dtype(args, "cat"); }
+void stack_checks(c10::ArrayRef<c10::IValue> args) { cat_out_dtype(args, "cat"); }  // (CPU names cat)
 void addmv_dtypes(c10::ArrayRef<c10::IValue> args) {  // addmv(self, mat, vec)
   if (!tensors_at(args, {0, 1, 2})) return;
   c10::ScalarType s = dtype_at(args, 0), m = dtype_at(args, 1), v = dtype_at(args, 2);
@@ -346,6 +417,8 @@ c10::ScalarType index_dtype(c10::ArrayRef<c10::IValue> args) {
 bool int_index(c10::ScalarType t) { return t == c10::kLong || t == c10::kInt; }
 void index_select_index(c10::ArrayRef<c10::IValue> args) {
   TORCH_CHECK(int_index(index_dtype(args)), "index_select(): Expected dtype int32 or int64 for index");
+  TORCH_CHECK_INDEX(args.size() < 3 || !args[2].isTensor() || args[2].toTensor().dim() <= 1,
+                    "index_select(): Index is supposed to be a vector");
 }
 void index_add_index(c10::ArrayRef<c10::IValue> args) {
   TORCH_CHECK(int_index(index_dtype(args)), "index_add_(): Expected dtype int32/int64 for index but got: ",
@@ -445,7 +518,14 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"mm", &mm_dtypes},
       {"bmm", &bmm_dtypes},
       {"baddbmm", &bmm_dtypes},
-      {"addmm", &addmm_dtypes},
+      {"addmm", &addmm_checks},
+      {"convolution", &convolution_checks},
+      {"bitwise_not", &bitwise_not_dtype},
+      {"heaviside", &heaviside_dtypes},
+      {"_softmax", &softmax_out_dtype},
+      {"_log_softmax", &softmax_out_dtype},
+      {"cat", &cat_checks},
+      {"stack", &stack_checks},
       {"addbmm", &addmm_dtypes},
       {"addmv", &addmv_dtypes},
       {"mv", &mv_dtypes},

@@ -105,7 +105,7 @@ bool cpu_allows_input_overlap(const std::string& base) {
 bool cpu_forbids_any_input_overlap(const std::string& base) {
   static const std::set<std::string> ops = {
       "index_add", "index_copy", "scatter", "scatter_add", "scatter_reduce", "put", "index_put",
-      "_index_put_impl", "gather", "index_select", "take"};
+      "_index_put_impl", "gather", "index_select", "take", "cat"};
   return ops.count(base) > 0;
 }
 
@@ -1438,6 +1438,17 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   if (info.is_out) {
     check_out_result_type(info, args);
     check_out_device(info, args);
+    // CPU's argument checks before the out= meta kernel (a Python reference, whose own
+    // errors differ: cat's out dtype is CPU's TypeError); they run again below, harmlessly.
+    if (info.kernel_check) info.kernel_check(args);
+    // An `indices` out (sort, topk, max.dim, ...) is int64 on CPU and CUDA; the reference
+    // would write the indices converted.
+    for (int a : info.mutated) {
+      if (op.schema().arguments()[a].name() != "indices" || !args[a].isTensor()) continue;
+      c10::ScalarType t = args[a].toTensor().scalar_type();
+      TORCH_CHECK(t == at::kLong, "Expected out tensor to have dtype long int, but got ",
+                  c10::scalarTypeToTypeMeta(t).name(), " instead");
+    }
     auto [margs, mrets] = run_meta(op, args);
     for (int a : info.mutated) {
       if (margs[a].isTensor()) {
