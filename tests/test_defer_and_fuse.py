@@ -40,6 +40,20 @@ def test_ops_are_deferred_until_a_value_is_needed():
     assert m1["elided_intermediates"] - m0["elided_intermediates"] >= 4  # never materialized
 
 
+def test_python_scalars_that_happen_to_be_equal_reuse_the_fused_program():
+    # Equal scalars shared one cached buffer, which changed the graph's wiring: an AdamW
+    # step compiled again once 1 - lr * wd rounded to 1.0 (found by the s46 soak probe).
+    x = torch.arange(8.0).to("tpu")
+    with torch_tpu.set_eager_mode(FUSED):
+        def step(a, b, c, d):
+            return ((x * a + b) * c + d).sum().item()
+        step(0.11, 0.22, 0.33, 0.44)
+        before = m()["compiles"]
+        for a, b, c, d in [(0.5, 0.5, 0.5, 0.5), (0.5, 0.75, 0.5, 0.75), (0.75, 0.75, 0.5, 0.5), (0.3, 0.7, 0.9, 0.1)]:
+            assert step(a, b, c, d) == pytest.approx(((torch.arange(8.0) * a + b) * c + d).sum().item())
+        assert m()["compiles"] == before
+
+
 @pytest.mark.parametrize("trigger", ["item", "cpu", "tolist", "numpy", "print", "save",
                                      "control_flow", "synchronize", "memory_query", "mode_switch"])
 def test_materialization_points(trigger):

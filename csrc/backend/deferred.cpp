@@ -1179,9 +1179,14 @@ void flush_prefix(const char* reason, size_t count) {
         c.args.push_back({in.slot->producer->position, in.slot->index});
       } else {
         const void* id = in.slot ? static_cast<const void*>(in.slot.get()) : in.buffer.get();
-        auto [it, fresh] = ext_index.emplace(id, static_cast<int>(ext.size()));
-        if (fresh) ext.push_back(in);
-        c.args.push_back({-1, it->second});
+        if (!in.slot && in.buffer && in.buffer->shared_constant) {  // one parameter per use
+          ext.push_back(in);
+          c.args.push_back({-1, static_cast<int>(ext.size()) - 1});
+        } else {
+          auto [it, fresh] = ext_index.emplace(id, static_cast<int>(ext.size()));
+          if (fresh) ext.push_back(in);
+          c.args.push_back({-1, it->second});
+        }
       }
       put(static_cast<int32_t>(c.args.back().node));
       put(static_cast<int32_t>(c.args.back().index));

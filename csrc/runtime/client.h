@@ -76,6 +76,10 @@ class Buffer : public std::enable_shared_from_this<Buffer> {
   // every output of a launch names the same op, and copying the text per buffer costs
   // more than the launch's own bookkeeping).
   std::shared_ptr<const std::string> producer;
+  // A read-only value shared by many operands (a cached scalar): a fused graph takes each
+  // use as a parameter of its own, so that two operands that happen to be equal do not
+  // change the graph's wiring (and compile it again).
+  bool shared_constant = false;
  private:
   PJRT_Buffer* buf_;
   int device_;
