@@ -99,6 +99,26 @@ def test_accelerator_memory_functions_read_the_tpu_allocator():
     del t, u
 
 
+def test_memory_stats_count_allocations_as_cuda_does():
+    # The counts and accumulated keys were 0 beside nonzero byte totals (a CUDA leak check
+    # watching allocation.all.current always saw 0; found by the s46 soak probe).
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_stats()
+    ts = [torch.arange(1000.0).add(i).to("tpu") for i in range(5)]  # 5 transfers: 5 buffers
+    torch.tpu.synchronize()
+    mid = torch.tpu.memory_stats()
+    assert mid["allocation.all.current"] - before["allocation.all.current"] == 5
+    assert mid["active.all.current"] == mid["allocation.all.current"]
+    assert mid["allocated_bytes.all.allocated"] - before["allocated_bytes.all.allocated"] >= 20000
+    del ts[:3]
+    torch.tpu.synchronize()
+    after = torch.tpu.memory_stats()
+    assert after["allocation.all.current"] - before["allocation.all.current"] == 2
+    assert after["allocation.all.freed"] - mid["allocation.all.freed"] == 3
+    assert after["allocated_bytes.all.freed"] - mid["allocated_bytes.all.freed"] == 12000
+    assert after["allocation.all.peak"] >= mid["allocation.all.current"]
+
+
 def test_cuda_module_names_a_port_uses():
     s = torch.tpu.Stream(priority=-1)
     assert s.priority == -1 and torch.tpu.Stream().priority == 0

@@ -52,18 +52,35 @@ class TpuAllocator final : public c10::DeviceAllocator {
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex d) override {
     runtime::DeviceStats& s = settled_memory_stats(d);
     c10::CachingDeviceAllocator::DeviceStats out;
+    constexpr size_t kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    // One device buffer is one allocation, block and segment (no caching pool between).
     for (auto* bytes : {&out.allocated_bytes, &out.reserved_bytes, &out.active_bytes, &out.requested_bytes}) {
-      auto& all = (*bytes)[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+      auto& all = (*bytes)[kAll];
       all.current = s.live_bytes.load();
       all.peak = s.peak_bytes.load();
+      all.allocated = s.allocated_bytes.load();
+      all.freed = s.freed_bytes.load();
     }
-    out.allocation[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].allocated = s.num_allocs.load();
+    for (auto* count : {&out.allocation, &out.segment, &out.active}) {
+      auto& all = (*count)[kAll];
+      all.current = s.live_buffers.load();
+      all.peak = s.peak_buffers.load();
+      all.allocated = s.num_allocs.load();
+      all.freed = s.num_frees.load();
+    }
     return out;
   }
-  void resetAccumulatedStats(c10::DeviceIndex d) override { settled_memory_stats(d).num_allocs = 0; }
+  void resetAccumulatedStats(c10::DeviceIndex d) override {
+    runtime::DeviceStats& s = settled_memory_stats(d);
+    s.num_allocs = 0;
+    s.num_frees = 0;
+    s.allocated_bytes = 0;
+    s.freed_bytes = 0;
+  }
   void resetPeakStats(c10::DeviceIndex d) override {
     runtime::DeviceStats& s = settled_memory_stats(d);
     s.peak_bytes = s.live_bytes.load();
+    s.peak_buffers = s.live_buffers.load();
   }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex d) override {
     int64_t total = runtime::Client::get().memory_limit(d);

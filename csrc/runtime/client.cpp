@@ -112,7 +112,14 @@ void DeviceStats::add(int64_t bytes) {
   int64_t now = live_bytes.fetch_add(bytes) + bytes;
   if (bytes > 0) {
     num_allocs.fetch_add(1);
+    allocated_bytes.fetch_add(bytes);
     bump_peak(now);
+    int64_t n = live_buffers.fetch_add(1) + 1, prev = peak_buffers.load();
+    while (n > prev && !peak_buffers.compare_exchange_weak(prev, n)) {}
+  } else if (bytes < 0) {
+    num_frees.fetch_add(1);
+    freed_bytes.fetch_add(-bytes);
+    live_buffers.fetch_sub(1);
   }
 }
 

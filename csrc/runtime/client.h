@@ -42,6 +42,11 @@ struct DeviceStats {
   std::atomic<int64_t> live_bytes{0};
   std::atomic<int64_t> peak_bytes{0};
   std::atomic<int64_t> num_allocs{0};
+  std::atomic<int64_t> num_frees{0};
+  std::atomic<int64_t> live_buffers{0};
+  std::atomic<int64_t> peak_buffers{0};
+  std::atomic<int64_t> allocated_bytes{0};  // accumulated since the last reset
+  std::atomic<int64_t> freed_bytes{0};
   void add(int64_t bytes);
   void bump_peak(int64_t bytes);
 };
