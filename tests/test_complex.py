@@ -452,3 +452,14 @@ def test_scatter_reduce_of_complex_as_cpu():
             x.to("tpu").scatter_reduce(0, i.to("tpu"), src.to("tpu"), red)
     with pytest.raises(NotImplementedError):
         x.to("tpu").index_reduce(0, torch.tensor([0, 1], device="tpu"), src[:2].to("tpu"), "prod")
+
+
+def test_log_and_sqrt_keep_nan_parts_as_cpu():
+    # A NaN part gave a finite log of the magnitude (torch.log(z).real.isnan() was False).
+    nan, inf = float("nan"), float("inf")
+    z = torch.tensor([complex(1.5, nan), complex(-2, nan), complex(0, nan), complex(nan, inf),
+                      complex(inf, nan), complex(-inf, nan), complex(nan, 1), complex(2, 3),
+                      complex(-4, 0), complex(-4, -0.0), complex(0, inf)], dtype=torch.complex64)
+    for fn in (torch.log, torch.sqrt):
+        got, want = torch.view_as_real(fn(z.to("tpu")).cpu()), torch.view_as_real(fn(z))
+        torch.testing.assert_close(got, want, equal_nan=True)

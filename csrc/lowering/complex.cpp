@@ -155,12 +155,24 @@ static Value is_inf(Builder& b, const Value& x) {
 // One StableHLO op that takes complex operands (and agrees with CPU on special values).
 #define TPU_COMPLEX_UNARY(fn, aten, hlo) \
   TPU_LOWER(fn, "complex:" aten) { return omap(ctx, {0}, [](Builder& b, const Vs& x) { return op1(b, hlo, x[0]); }); }
-TPU_COMPLEX_UNARY(c_log, "log", "log")
 TPU_COMPLEX_UNARY(c_tanh, "tanh", "tanh")
 TPU_COMPLEX_UNARY(c_tan, "tan", "tan")
 #undef TPU_COMPLEX_UNARY
 
 static Value cabs(Builder& b, const Value& z) { return complex_magnitude(b, z); }
+
+// log: a NaN part makes the real part NaN, or +inf where the other part is infinite,
+// as C's clog (XLA kept a finite log of the magnitude beside a NaN).
+TPU_LOWER(c_log, "complex:log") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value z = x[0], l = op1(b, "log", z), r = re(b, z), i = im(b, z);
+    Value nan_part = op2(b, "or", is_nan(b, r), is_nan(b, i));
+    Value inf_part = op2(b, "or", is_inf(b, r), is_inf(b, i));
+    Value special = b.select(inf_part, b.constant(INFINITY, r.dtype(), r.shape()),
+                             b.constant(NAN, r.dtype(), r.shape()));
+    return cplx(b, b.select(nan_part, special, re(b, l)), im(b, l));
+  });
+}
 static Value sign_bit(Builder& b, const Value& x) {
   DType it = x.dtype() == DType::F64 ? DType::I64 : DType::I32;
   Value bits = b.bitcast(x, it);
@@ -185,9 +197,17 @@ TPU_LOWER(c_sqrt, "complex:sqrt") {
     Value si = im(b, s), ai = op1(b, "abs", si);
     Value im_s = b.select(sign_bit(b, i), op1(b, "negate", ai), ai);
     im_s = b.select(is_nan(b, si), si, im_s);
-    Value inf_i = is_inf(b, i);
+    Value inf_i = is_inf(b, i), r = re(b, z);
     Value re_s = b.select(inf_i, b.constant(INFINITY, i.dtype(), i.shape()), re(b, s));
-    return cplx(b, re_s, b.select(inf_i, i, im_s));
+    im_s = b.select(inf_i, i, im_s);
+    // A NaN part (and no infinite imaginary part): NaN + NaN i, except C's csqrt(+inf +
+    // NaN i) = inf + NaN i and csqrt(-inf + NaN i) = NaN + inf i.
+    Value nan_part = op2(b, "and", op2(b, "or", is_nan(b, r), is_nan(b, i)), op1(b, "not", inf_i));
+    Value nan = b.constant(NAN, i.dtype(), i.shape()), inf = b.constant(INFINITY, i.dtype(), i.shape());
+    Value pos_inf_r = b.compare(r, inf, Cmp::EQ), neg_inf_r = b.compare(r, op1(b, "negate", inf), Cmp::EQ);
+    re_s = b.select(nan_part, b.select(pos_inf_r, inf, nan), re_s);
+    im_s = b.select(nan_part, b.select(neg_inf_r, inf, nan), im_s);
+    return cplx(b, re_s, im_s);
   });
 }
 // sin/cos of a purely imaginary z: the part multiplied by sin(0) is 0, also where
