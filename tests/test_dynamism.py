@@ -39,6 +39,14 @@ def backend():
     return torch_tpu.TpuBackend(dynamism=True)
 
 
+
+def _backward_matches(got, want, xt, x):
+    """A compiled loss and its input's gradient against the float64 CPU reference."""
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(got.detach().cpu().double(), want.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xt.grad.cpu().double(), x.grad, rtol=1e-5, atol=1e-5)
+
 def test_variable_length_gpt_one_compile_per_graph_and_exact_values():
     torch.manual_seed(0)
     ref = GPT(seq=128).double()  # CPU float64 reference
@@ -306,12 +314,7 @@ def test_full_reductions_and_losses_match_float64_one_graph(name, fn):
         yt = y.float().to("tpu")
         dynamism.mark_dynamic(xt, 0, 2, 16)
         dynamism.mark_dynamic(yt, 0, 2, 16)
-        got = f(xt, yt)
-        got.backward()
-        want = fn(x, y)
-        want.backward()
-        torch.testing.assert_close(got.detach().cpu().double(), want.detach(), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(xt.grad.cpu().double(), x.grad, rtol=1e-5, atol=1e-5)
+        _backward_matches(f(xt, yt), fn(x, y), xt, x)
     torch_tpu.synchronize()
     assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 2
 
@@ -471,12 +474,7 @@ def test_slice_cat_pad_and_scan_gradients_match_float64(name, fn):
         x = torch.randn(n, 4, dtype=torch.float64, requires_grad=True)
         xt = x.detach().float().to("tpu").requires_grad_()
         dynamism.mark_dynamic(xt, 0, 3, 16)
-        got = f(xt)
-        got.backward()
-        want = fn(x)
-        want.backward()
-        torch.testing.assert_close(got.detach().cpu().double(), want.detach(), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(xt.grad.cpu().double(), x.grad, rtol=1e-5, atol=1e-5)
+        _backward_matches(f(xt), fn(x), xt, x)
     torch_tpu.synchronize()
     assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 2
 
