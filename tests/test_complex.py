@@ -283,6 +283,28 @@ def test_special_values_of_complex_functions():
              torch.nan_to_num(z, nan=1.0, posinf=2.0, neginf=-3.0))
 
 
+def test_zero_parts_keep_their_sign_as_c99():
+    # A signed zero part decides a later sqrt/log's branch (sqrt(sin(-2.5 - 0j)) is +0.77i on
+    # CPU, not -0.77i). Reference: Python's cmath (C99 Annex G), whose finite-input signs
+    # CPU's vector and scalar kernels share; sgn divides by the real |z|, as CUDA.
+    import cmath
+    parts = [0.0, -0.0, 1.0, -2.5, 0.5, 3.0]
+    zs = [complex(a, b) for a in parts for b in parts if a == 0 or b == 0]
+    z = torch.tensor(zs, dtype=torch.complex128)
+    sgn = lambda w: 0j if w == 0 else complex(w.real / abs(w), w.imag / abs(w))
+    with native():
+        for name, ref in (("exp", cmath.exp), ("sin", cmath.sin), ("cos", cmath.cos), ("tanh", cmath.tanh),
+                          ("tan", cmath.tan), ("sgn", sgn)):
+            for dtype in (torch.complex64, torch.complex128):
+                got = torch.view_as_real(getattr(torch, name)(dev(z.to(dtype)))).cpu().double()
+                want = torch.tensor([[ref(w).real, ref(w).imag] for w in zs], dtype=torch.float64)
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=0, msg=name)
+                assert torch.equal(got.signbit(), want.signbit()), (name, dtype, got, want)
+        w = torch.tensor([complex(-2.5, -0.0), complex(-2.5, 0.0)])
+        same(torch.sqrt(torch.sin(dev(w))), torch.sqrt(torch.sin(w)))
+        same(torch.log(torch.exp(dev(w))), torch.log(torch.exp(w)))
+
+
 def test_inplace_and_casts():
     z, x = crandn(3, 4), randn(3, 4)
     with warnings.catch_warnings():

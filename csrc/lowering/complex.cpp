@@ -152,11 +152,21 @@ static Value is_nan(Builder& b, const Value& x) { return b.compare(x, x, Cmp::NE
 static Value is_inf(Builder& b, const Value& x) {
   return b.compare(op1(b, "abs", x), b.constant(INFINITY, x.dtype(), x.shape()), Cmp::EQ);
 }
+static Value sign_bit(Builder& b, const Value& x) {
+  DType it = x.dtype() == DType::F64 ? DType::I64 : DType::I32;
+  Value bits = b.bitcast(x, it);
+  return b.compare(bits, b.constant(0, it, x.shape()), Cmp::LT);
+}
+static Value is_zero(Builder& b, const Value& x) { return b.compare(x, zero_like(b, x), Cmp::EQ); }
+static Value is_finite(Builder& b, const Value& x) { return b.compare(op2(b, "subtract", x, x), zero_like(b, x), Cmp::EQ); }
+// A zero with the sign of x (copysign(0, x)).
+static Value signed_zero(Builder& b, const Value& x) {
+  Value z = zero_like(b, x);
+  return b.select(sign_bit(b, x), op1(b, "negate", z), z);
+}
 // One StableHLO op that takes complex operands (and agrees with CPU on special values).
 #define TPU_COMPLEX_UNARY(fn, aten, hlo) \
   TPU_LOWER(fn, "complex:" aten) { return omap(ctx, {0}, [](Builder& b, const Vs& x) { return op1(b, hlo, x[0]); }); }
-TPU_COMPLEX_UNARY(c_tanh, "tanh", "tanh")
-TPU_COMPLEX_UNARY(c_tan, "tan", "tan")
 #undef TPU_COMPLEX_UNARY
 
 static Value cabs(Builder& b, const Value& z) { return complex_magnitude(b, z); }
@@ -173,12 +183,6 @@ TPU_LOWER(c_log, "complex:log") {
     return cplx(b, b.select(nan_part, special, re(b, l)), im(b, l));
   });
 }
-static Value sign_bit(Builder& b, const Value& x) {
-  DType it = x.dtype() == DType::F64 ? DType::I64 : DType::I32;
-  Value bits = b.bitcast(x, it);
-  return b.compare(bits, b.constant(0, it, x.shape()), Cmp::LT);
-}
-
 // exp: e^(-inf) times a non-finite direction is 0, as C's cexp (XLA: NaN).
 TPU_LOWER(c_exp, "complex:exp") {
   return omap(ctx, {0}, [](Builder& b, const Vs& x) {
@@ -186,7 +190,13 @@ TPU_LOWER(c_exp, "complex:exp") {
     Value fin = b.compare(op2(b, "subtract", i, i), zero_like(b, i), Cmp::EQ);
     Value to_zero = op2(b, "and", b.compare(r, b.constant(-INFINITY, r.dtype(), r.shape()), Cmp::EQ),
                         op1(b, "not", fin));
-    return b.select(to_zero, zero_like(b, z), e);
+    Value out = b.select(to_zero, cplx(b, zero_like(b, r), signed_zero(b, i)), e);
+    // e^r sin(+-0) keeps the zero's sign (XLA: +0), which decides a later sqrt/log's branch.
+    out = cplx(b, re(b, out), b.select(is_zero(b, i), i, im(b, out)));
+    // e^(+inf) times a non-finite direction: inf + NaN i (C's cexp; XLA: NaN + NaN i).
+    Value inf_nan = cplx(b, b.constant(INFINITY, r.dtype(), r.shape()), b.constant(NAN, r.dtype(), r.shape()));
+    Value pos_inf = b.compare(r, b.constant(INFINITY, r.dtype(), r.shape()), Cmp::EQ);
+    return b.select(op2(b, "and", pos_inf, op1(b, "not", fin)), inf_nan, out);
   });
 }
 // sqrt on the branch cut follows the sign of a zero imaginary part, and an infinite
@@ -214,27 +224,63 @@ TPU_LOWER(c_sqrt, "complex:sqrt") {
 // cosh/sinh overflow (XLA: 0 * inf = NaN).
 TPU_LOWER(c_sin, "complex:sin") {
   return omap(ctx, {0}, [](Builder& b, const Vs& x) {
-    Value z = x[0], s = op1(b, "sine", z), r = re(b, z);
-    return cplx(b, b.select(b.compare(r, zero_like(b, r), Cmp::EQ), r, re(b, s)), im(b, s));
+    Value z = x[0], s = op1(b, "sine", z), r = re(b, z), i = im(b, z);
+    // On the real axis the imaginary part is cos(r) * (+-0), signed as CPU's (XLA: +0).
+    Value real_axis = b.select(is_finite(b, r), mul(b, op1(b, "cosine", r), i), i);
+    Value out = cplx(b, b.select(is_zero(b, r), r, re(b, s)), b.select(is_zero(b, i), real_axis, im(b, s)));
+    // A non-finite r with an infinite i: NaN + inf i, as CPU (C's csin; XLA: NaN + NaN i).
+    Value both = op2(b, "and", op1(b, "not", is_finite(b, r)), is_inf(b, i));
+    return b.select(both, cplx(b, b.constant(NAN, r.dtype(), r.shape()), b.constant(INFINITY, r.dtype(), r.shape())), out);
   });
 }
 TPU_LOWER(c_cos, "complex:cos") {
   return omap(ctx, {0}, [](Builder& b, const Vs& x) {
-    Value z = x[0], c = op1(b, "cosine", z), r = re(b, z);
-    Value zero = b.select(sign_bit(b, im(b, z)), r, op1(b, "negate", r));  // -sin(r) sinh(i), r = +-0
-    return cplx(b, re(b, c), b.select(b.compare(r, zero_like(b, r), Cmp::EQ), zero, im(b, c)));
+    Value z = x[0], c = op1(b, "cosine", z), r = re(b, z), i = im(b, z);
+    // -sin(r) sinh(i) where r = +-0 (a NaN i keeps r's sign, as CPU) ...
+    Value imag_axis = b.select(op2(b, "or", sign_bit(b, i), is_nan(b, i)), r, op1(b, "negate", r));
+    // ... and where i = +-0: -sin(r) * (+-0), or +0 for a non-finite r, as CPU.
+    Value real_axis = b.select(is_finite(b, r), op1(b, "negate", mul(b, op1(b, "sine", r), i)), zero_like(b, r));
+    Value imag = b.select(is_zero(b, i), real_axis, im(b, c));
+    Value out = cplx(b, re(b, c), b.select(is_zero(b, r), imag_axis, imag));
+    // A non-finite r with an infinite i: inf + NaN i, as C's ccos (XLA: NaN + NaN i).
+    Value both = op2(b, "and", op1(b, "not", is_finite(b, r)), is_inf(b, i));
+    return b.select(both, cplx(b, b.constant(INFINITY, r.dtype(), r.shape()), b.constant(NAN, r.dtype(), r.shape())), out);
+  });
+}
+
+// tanh(r +- 0i) = tanh(r) +- 0i and tanh(+-0 + iy) = +-0 + i tan(y), signs kept as
+// CPU's (XLA: +0, and NaN for an infinite y); tanh(+-inf + i inf) = +-1 + 0i signed as y.
+TPU_LOWER(c_tanh, "complex:tanh") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value z = x[0], t = op1(b, "tanh", z), r = re(b, z), i = im(b, z);
+    Value imag = b.select(is_zero(b, i), i, im(b, t));
+    imag = b.select(op2(b, "and", is_inf(b, r), is_inf(b, i)), signed_zero(b, i), imag);
+    Value r0 = is_zero(b, r);
+    imag = b.select(op2(b, "and", r0, op1(b, "not", is_finite(b, i))), b.constant(NAN, i.dtype(), i.shape()), imag);
+    return cplx(b, b.select(r0, r, re(b, t)), imag);
+  });
+}
+// tan(z) = -i tanh(iz): the same sign rules with the parts' roles swapped.
+TPU_LOWER(c_tan, "complex:tan") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value z = x[0], t = op1(b, "tan", z), r = re(b, z), i = im(b, z);
+    Value real = b.select(is_zero(b, r), r, re(b, t));
+    real = b.select(op2(b, "and", is_inf(b, r), is_inf(b, i)), signed_zero(b, r), real);
+    Value i0 = is_zero(b, i);
+    real = b.select(op2(b, "and", i0, op1(b, "not", is_finite(b, r))), b.constant(NAN, r.dtype(), r.shape()), real);
+    return cplx(b, real, b.select(i0, i, im(b, t)));
   });
 }
 
 TPU_LOWER(c_abs, "complex:abs") {
   return imap(ctx, [](Builder& b, const Vs& x) { return cabs(b, x[0]); });
 }
-// sgn(z) = z / |z|, and 0 at 0.
+// sgn(z) = z / |z| with a real divisor (as CUDA; parts keep their zero signs), and 0 at 0.
 TPU_LOWER(c_sgn, "complex:sgn") {
   return omap(ctx, {0}, [](Builder& b, const Vs& x) {
     Value z = x[0];
     Value r = cabs(b, z);
-    Value q = div(b, z, cplx(b, r, zero_like(b, r)));
+    Value q = cplx(b, div(b, re(b, z), r), div(b, im(b, z), r));  // part by part: keeps a zero's sign
     return b.select(b.compare(r, zero_like(b, r), Cmp::EQ), zero_like(b, z), q);
   });
 }
