@@ -428,9 +428,13 @@ def test_complex_norm_gradient_as_cpu():
     lambda z: torch.bucketize(z, z[0]), lambda z: torch.nn.functional.group_norm(z[None], 1),
     lambda z: torch.nn.functional.batch_norm(z, None, None, training=True),
     lambda z: torch.arange(0, 4, dtype=z.dtype, device=z.device),
+    lambda z: torch.nn.functional.dropout(z, 0.5), lambda z: torch.nn.functional.dropout1d(z, 0.5),
+    lambda z: z.bernoulli_(0.5), lambda z: torch.bernoulli(z), lambda z: z.random_(0, 5),
+    lambda z: torch.randint_like(z, 5),
 ], ids=["lt", "ge", "max", "max_dim", "amin", "argmax", "aminmax", "median", "mode", "kthvalue", "cummax", "sort",
         "topk", "unique", "signbit", "bitwise_not", "bitwise_and", "nansum", "nanmean", "softmax", "log_softmax", "mse",
-        "huber", "avg_pool1d", "max_pool1d", "interpolate", "histc", "bucketize", "group_norm", "batch_norm", "arange"])
+        "huber", "avg_pool1d", "max_pool1d", "interpolate", "histc", "bucketize", "group_norm", "batch_norm", "arange",
+        "dropout", "dropout1d", "bernoulli_", "bernoulli", "random_", "randint_like"])
 def test_ops_cpu_refuses_for_complex_raise_its_error(call):
     z = crandn(3, 4)
     with pytest.raises(Exception) as want:

@@ -287,6 +287,8 @@ std::pair<int64_t, int64_t> integral_range(c10::ScalarType t) {
 // (CPU's kernel checks; for floating dtypes it only warns).
 void random_range(c10::ArrayRef<c10::IValue> args) {
   c10::ScalarType t = args[0].toTensor().scalar_type();
+  TORCH_CHECK(!c10::isComplexType(t), "random_: check_random_bounds handles only integral, floating-point and ",
+              "boolean types, not '", t, "' (as CPU)");
   if (!c10::isIntegralType(t, /*includeBool=*/true) || args.size() < 3) return;
   auto [lo, hi] = integral_range(t);
   const char* name = c10::scalarTypeToTypeMeta(t).name().data();
@@ -300,6 +302,16 @@ void random_range(c10::ArrayRef<c10::IValue> args) {
   TORCH_CHECK(!from || (*from >= lo && *from <= hi), "from is out of bounds for ", name);
   TORCH_CHECK(!to || *to == std::numeric_limits<int64_t>::min() || (*to - 1 >= lo && *to - 1 <= hi),
               "to - 1 is out of bounds for ", name);
+}
+
+// native_dropout(x, p, train): training draws a bernoulli mask, which CUDA's kernel and
+// CPU's F.dropout refuse for complex values (not training is the identity). F.dropout
+// reaches this op on tpu as on CUDA; CPU's own native_dropout would accept complex.
+void dropout_complex(c10::ArrayRef<c10::IValue> args) {
+  c10::ScalarType t = args[0].toTensor().scalar_type();
+  bool train = args.size() < 3 || args[2].isNone() || args[2].toBool();
+  TORCH_CHECK_NOT_IMPLEMENTED(!train || !c10::isComplexType(t), "native_dropout: not implemented for '", t,
+                              "' (CPU's bernoulli mask refuses complex values too)");
 }
 
 // randperm(n, generator, out): out's dtype must hold 0..n-1 exactly.
@@ -535,6 +547,7 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"mean", &mean_out_dtype},
       {"random", &random_range},
       {"randperm", &randperm_size},
+      {"native_dropout", &dropout_complex},
       {"argmax", &argmax_input},
       {"argmin", &argmin_input},
       {"index_select", &index_select_index},
@@ -589,8 +602,8 @@ ComplexRefusal complex_refusal_for(const std::string& name, const std::string& b
       {"upsample_trilinear3d", R::NotImplemented}, {"native_group_norm", R::NotImplemented},
       {"native_batch_norm", R::NotImplemented}, {"_native_batch_norm_legit", R::NotImplemented},
       {"_native_batch_norm_legit_no_training", R::NotImplemented},
-      // factories
-      {"arange", R::NotImplemented},
+      // factories and random
+      {"arange", R::NotImplemented}, {"bernoulli", R::NotImplemented},
   };
   auto it = by_name.find(name);
   if (it != by_name.end()) return it->second;

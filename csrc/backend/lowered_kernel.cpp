@@ -1515,6 +1515,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
         std::string w = e.what();
         if (w.find("NotImplementedError") == std::string::npos &&
             w.find("data-independent") == std::string::npos) {
+          if (info.kernel_check) info.kernel_check(args);  // CPU's own error before the meta kernel's
           own();
           raise_as_cpu_or_fallback(op, stack, info.num_args, e);
           return;
