@@ -147,3 +147,36 @@ def test_sdpa_on_jagged_nested_tensors_matches_per_sequence_attention(causal):
         (o * torch.arange(start, start + o.numel()).view_as(o).sin()).sum().backward()
         for nt, ref in ((q, a), (k, b), (v, c)):
             torch.testing.assert_close(nt.grad.unbind()[i].cpu(), ref.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_sdpa_under_vmap_and_per_sample_grads_as_cpu():
+    """vmap over 4-D SDPA (per-sample gradients, ensembles, MultiheadAttention) raised:
+    the fused op has no batching rule, so functorch transforms take the math path, also
+    where only a fused backend is enabled (CUDA's fused ops batch)."""
+    import torch.nn.functional as F
+    from torch.func import grad, vmap
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 1, 2, 4, 8) for _ in range(3))
+    loss = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum()
+    t = lambda x: x.to("tpu")
+    torch.testing.assert_close(vmap(F.scaled_dot_product_attention)(t(q), t(k), t(v)).cpu(),
+                               vmap(F.scaled_dot_product_attention)(q, k, v))
+    want = vmap(grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    for backends in ([SDPBackend.MATH, SDPBackend.FLASH_ATTENTION], [SDPBackend.FLASH_ATTENTION]):
+        with sdpa_kernel(backends):
+            got = vmap(grad(loss, argnums=(0, 1, 2)))(t(q), t(k), t(v))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.cpu(), w, rtol=1e-4, atol=1e-5)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    params = {n: p.detach() for n, p in mha.named_parameters()}
+    x = torch.randn(3, 1, 4, 8)
+
+    def sample_loss(p, xi):
+        return torch.func.functional_call(mha, p, (xi, xi, xi), {"need_weights": False})[0].sum()
+
+    want = vmap(grad(sample_loss), in_dims=(None, 0))(params, x)
+    mha.to("tpu")
+    got = vmap(grad(sample_loss), in_dims=(None, 0))({n: t(p) for n, p in params.items()}, t(x))
+    for n in want:
+        torch.testing.assert_close(got[n].cpu(), want[n], rtol=1e-4, atol=1e-5)

@@ -368,12 +368,17 @@ def test_device_indices_as_cuda_takes_them_and_ops_across_devices_raise():
             except RuntimeError as e:
                 assert "Expected out tensor to have device tpu:1, but got" in str(e), e
         # cpu inputs and a tpu out: refused as on CUDA, which takes only 0-dim cpu inputs
-        for c in [lambda: torch.add(torch.ones(4), torch.ones(4), out=b), lambda: torch.exp(torch.ones(4), out=b)]:
+        for c in [lambda: torch.add(torch.ones(4), torch.ones(4), out=b), lambda: torch.exp(torch.ones(4), out=b),
+                  lambda: torch.exp(torch.tensor(1.0), out=b[0])]:  # a unary iterator takes no cpu scalar
             try:
                 c()
                 raise AssertionError("no error")
             except RuntimeError as e:
                 assert "same device, but found at least two devices, tpu:1 and cpu" in str(e), e
+        # ... and a binary op of 0-dim cpu inputs computes on the out's device, as CUDA's
+        o = torch.empty((), device="tpu:1")
+        assert torch.add(torch.tensor(2.0), torch.tensor(3.0), alpha=2, out=o) is o and o.item() == 8.0
+        assert torch.mul(torch.tensor(2.0), 5, out=o).item() == 10.0 and o.device == torch.device("tpu:1")
         print("ok")
     """), env={"TPU_NUM_DEVICES": "2"}, timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr

@@ -28,6 +28,12 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   bool floats = q.is_floating_point() && k.scalar_type() == q.scalar_type() &&
                 v.scalar_type() == q.scalar_type();
   bool mask_ok = !mask || !mask->defined() || !mask->requires_grad();
+  // Under vmap the fused op has no batching rule (CUDA's fused ops have theirs, and run
+  // whatever backends are enabled): the math path's ops batch. Inside vmap(grad) the
+  // tensors seen here need not be batched ones, so any functorch transform decides.
+  if (q.key_set().has(c10::DispatchKey::FuncTorchBatched) ||
+      c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode))
+    return kMath;
   bool fused = dense && same_heads && floats && mask_ok && dropout_p == 0.0 && !enable_gqa && sz(q, 2) > 0 &&
                sz(k, 2) > 0;
   // torch.nn.attention.sdpa_kernel / torch.backends.cuda.enable_*_sdp: a CUDA script that

@@ -1307,6 +1307,34 @@ bool computed_in_common_dtype(const OpInfo& info, torch::jit::Stack* stack) {
 // message, ahead of the out= meta kernel's (PyTorch's Python reference words it otherwise).
 // An out= tensor on another device than the op's tpu inputs: CUDA's error (the meta
 // kernel would copy into it and name a "meta" device).
+// A pointwise out= call of two or more operands whose tensor inputs are all 0-dim cpu
+// tensors, with a tpu out, computes on the out's device, as CUDA's binary TensorIterator
+// does (cpu scalars join the output's device): those inputs move there. (A unary op's
+// iterator takes no cpu scalars: check_out_device refuses it, as CUDA does.)
+void move_cpu_scalars_to_out(const OpInfo& info, torch::jit::Stack* stack) {
+  if (!info.pointwise) return;
+  auto args = torch::jit::last(*stack, info.num_args);
+  int operands = 0;
+  std::optional<at::Device> out_dev;
+  for (int a : info.mutated)
+    if (args[a].isTensor() && args[a].toTensor().defined() && args[a].toTensor().is_privateuseone())
+      out_dev = args[a].toTensor().device();
+  if (!out_dev) return;
+  std::vector<int> scalars;
+  for (int i = 0; i < info.num_args; ++i) {
+    if (std::find(info.mutated.begin(), info.mutated.end(), i) != info.mutated.end()) continue;
+    if (args[i].isTensorList()) return;
+    if (!args[i].isTensor() || !args[i].toTensor().defined()) continue;
+    const at::Tensor& t = args[i].toTensor();
+    if (!t.device().is_cpu() || t.dim() != 0) return;
+    scalars.push_back(i);
+  }
+  for (int i = 0; i < info.num_args; ++i) operands += args[i].isTensor() || args[i].isScalar();
+  if (operands - static_cast<int>(info.mutated.size()) < 2) return;
+  size_t first = stack->size() - info.num_args;
+  for (int i : scalars) (*stack)[first + i] = (*stack)[first + i].toTensor().to(*out_dev);
+}
+
 void check_out_device(const OpInfo& info, c10::ArrayRef<IValue> args) {
   std::optional<at::Device> in;
   for (int i = 0; i < static_cast<int>(args.size()) && !in; ++i) {
@@ -1319,8 +1347,8 @@ void check_out_device(const OpInfo& info, c10::ArrayRef<IValue> args) {
   }
   if (!in) {
     // Only cpu inputs and a tpu out: CUDA's kernels take the out's device and refuse a cpu
-    // input that is not 0-dim (the meta kernel would name a "meta" device).
-    // TODO: only 0-dim cpu inputs still reach the meta kernel's copy error.
+    // input that is not 0-dim (the meta kernel would name a "meta" device); 0-dim ones
+    // were moved to the out's device (move_cpu_scalars_to_out).
     std::optional<at::Device> out_dev;
     for (int a : info.mutated)
       if (args[a].isTensor() && args[a].toTensor().defined() && args[a].toTensor().is_privateuseone())
@@ -1329,7 +1357,7 @@ void check_out_device(const OpInfo& info, c10::ArrayRef<IValue> args) {
     for (int i = 0; i < static_cast<int>(args.size()); ++i) {
       if (std::find(info.mutated.begin(), info.mutated.end(), i) != info.mutated.end()) continue;
       map_tensors(args[i], [&](const at::Tensor& t) {
-        TORCH_CHECK(!t.defined() || !t.device().is_cpu() || t.dim() == 0,
+        TORCH_CHECK(!t.defined() || !t.device().is_cpu(),
                     "Expected all tensors to be on the same device, but found at least two devices, ", *out_dev,
                     " and cpu!");
         return t;
@@ -1437,6 +1465,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
                 ", but got ", c10::scalarTypeToTypeMeta(got).name(), " instead");
   }
   if (info.is_out) {
+    move_cpu_scalars_to_out(info, stack);
     check_out_result_type(info, args);
     check_out_device(info, args);
     // CPU's argument checks before the out= meta kernel (a Python reference, whose own
