@@ -90,9 +90,15 @@ def test_accelerator_memory_functions_read_the_tpu_allocator():
     stats = acc.memory_stats()
     assert stats["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
     assert stats["allocation.all.allocated"] == torch.tpu.memory_stats()["num_alloc.all"] > 0
-    acc.reset_accumulated_memory_stats()
-    assert acc.memory_stats()["allocation.all.allocated"] == 0
-    assert torch.tpu.memory_stats()["num_alloc.all"] == 0
+    for reset in (acc.reset_accumulated_memory_stats, torch.tpu.reset_accumulated_memory_stats):
+        del u
+        u = t * 3
+        torch.tpu.synchronize()
+        reset()  # every accumulated count and total, as CUDA's (torch.tpu's reset only one)
+        stats = torch.tpu.memory_stats()
+        for key in ("allocation.all.allocated", "allocation.all.freed", "allocated_bytes.all.allocated",
+                    "allocated_bytes.all.freed", "num_alloc.all", "num_ooms"):
+            assert stats[key] == 0, (reset, key, stats[key])
     free, total = acc.get_memory_info()
     assert (free, total) == torch.tpu.mem_get_info()
     acc.empty_cache()
@@ -125,6 +131,7 @@ def test_cuda_module_names_a_port_uses():
     x = torch.ones(4, device="tpu")
     with torch.tpu.StreamContext(s) as entered:
         assert torch.tpu.current_stream() == s == entered
+        assert torch.tpu.current_stream().priority == -1  # rebuilt from its id, priority kept
         y = x + 1
     assert torch.tpu.current_stream() == torch.tpu.default_stream()
     with torch.tpu.device_of(y), torch.tpu.device_of(torch.ones(1)):
@@ -140,6 +147,7 @@ def test_cuda_module_names_a_port_uses():
 
 def test_out_of_memory_is_torch_oom_and_keeps_tensors():
     keep = torch.arange(10.0, device="tpu")
+    ooms = torch.tpu.memory_stats()["num_ooms"]
     torch_tpu._C.set_memory_limit(torch.tpu.memory_allocated() + 1000)
     try:
         with pytest.raises(torch.OutOfMemoryError, match="TPU out of memory. Tried to allocate"):
@@ -148,6 +156,7 @@ def test_out_of_memory_is_torch_oom_and_keeps_tensors():
     finally:
         torch_tpu._C.set_memory_limit(0)
     assert keep.sum().item() == 45.0
+    assert torch.tpu.memory_stats()["num_ooms"] > ooms  # counted, as CUDA's allocator does
 
 
 def test_a_tensor_larger_than_the_device_is_refused_at_allocation():

@@ -64,6 +64,20 @@ def test_rng_state_round_trip():
     torch.testing.assert_close(torch.rand(3, device="tpu").cpu(), c, rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="16 uint8"):
         torch.tpu.set_rng_state(torch.zeros(3, dtype=torch.uint8))
+    # A state on the device (map_location="tpu") or of another dtype raises CPU's and
+    # CUDA's TypeError (the device one was read as its storage handle); a non-contiguous
+    # one is copied, as torch.cuda.set_rng_state does.
+    for bad in (state.to("tpu"), state.float()):
+        with pytest.raises(TypeError, match="RNG state must be a torch.ByteTensor"):
+            torch.tpu.set_rng_state(bad)
+        with pytest.raises(TypeError, match="RNG state must be a torch.ByteTensor"):
+            torch.Generator(device="tpu").set_state(bad)
+    spread = torch.zeros(32, dtype=torch.uint8)
+    spread[::2] = state
+    torch.tpu.set_rng_state(spread[::2])
+    assert torch.equal(torch.tpu.get_rng_state(), state)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        torch.Generator(device="tpu").set_state(spread[::2])
 
 
 # Each fork scenario runs in a fresh interpreter: this process started the runtime long

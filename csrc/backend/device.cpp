@@ -136,8 +136,11 @@ class TpuGenerator : public c10::GeneratorImpl {
     return t.getIntrusivePtr();
   }
   void set_state(const c10::TensorImpl& s) override {
-    TORCH_CHECK(s.numel() == 16 && s.dtype() == at::kByte,
-                "tpu generator state must be 16 uint8 values, got ", s.numel());
+    // CPU's and CUDA's checks: a state on the device would be read as its storage handle.
+    TORCH_CHECK_TYPE(s.layout() == at::kStrided && s.device_type() == c10::DeviceType::CPU && s.dtype() == at::kByte,
+                     "RNG state must be a torch.ByteTensor");
+    TORCH_CHECK(s.is_contiguous(), "RNG state must be contiguous");
+    TORCH_CHECK(s.numel() == 16, "tpu generator state must be 16 uint8 values, got ", s.numel());
     uint64_t v[2];
     std::memcpy(v, s.data(), 16);
     seed_ = v[0];

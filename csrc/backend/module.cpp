@@ -112,11 +112,8 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("memory_allocated", [](int d) { return settled_memory_stats(d).live_bytes.load(); });
   m.def("max_memory_allocated", [](int d) { return settled_memory_stats(d).peak_bytes.load(); });
-  m.def("reset_peak_memory_stats", [](int d) {
-    auto& s = settled_memory_stats(d);
-    s.peak_bytes = s.live_bytes.load();
-  });
-  m.def("reset_accumulated_memory_stats", [](int d) { settled_memory_stats(d).num_allocs = 0; });
+  m.def("reset_peak_memory_stats", [](int d) { settled_memory_stats(d).reset_peaks(); });
+  m.def("reset_accumulated_memory_stats", [](int d) { settled_memory_stats(d).reset_accumulated(); });
   m.def("num_allocs", [](int d) { return client().stats(d).num_allocs.load(); });
   m.def("memory_limit", [](int d) { return client().memory_limit(d); });
   m.def("memory_capacity", [](int d) { return client().memory_capacity(d); });

@@ -68,20 +68,11 @@ class TpuAllocator final : public c10::DeviceAllocator {
       all.allocated = s.num_allocs.load();
       all.freed = s.num_frees.load();
     }
+    out.num_ooms = s.num_ooms.load();
     return out;
   }
-  void resetAccumulatedStats(c10::DeviceIndex d) override {
-    runtime::DeviceStats& s = settled_memory_stats(d);
-    s.num_allocs = 0;
-    s.num_frees = 0;
-    s.allocated_bytes = 0;
-    s.freed_bytes = 0;
-  }
-  void resetPeakStats(c10::DeviceIndex d) override {
-    runtime::DeviceStats& s = settled_memory_stats(d);
-    s.peak_bytes = s.live_bytes.load();
-    s.peak_buffers = s.live_buffers.load();
-  }
+  void resetAccumulatedStats(c10::DeviceIndex d) override { settled_memory_stats(d).reset_accumulated(); }
+  void resetPeakStats(c10::DeviceIndex d) override { settled_memory_stats(d).reset_peaks(); }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex d) override {
     int64_t total = runtime::Client::get().memory_limit(d);
     int64_t used = settled_memory_stats(d).live_bytes.load();
@@ -95,6 +86,7 @@ class TpuAllocator final : public c10::DeviceAllocator {
     // More than the device can ever hold: raised here, where CUDA raises it, and not at
     // the first launch that fills it (fills and factories are recorded lazily).
     int64_t limit = runtime::Client::get().memory_limit(dev);
+    if (nbytes > static_cast<size_t>(limit)) runtime::Client::get().stats(dev).num_ooms.fetch_add(1);
     TORCH_CHECK_WITH(OutOfMemoryError, nbytes <= static_cast<size_t>(limit),
                      "TPU out of memory. Tried to allocate ", nbytes, " bytes on tpu:", static_cast<int>(dev),
                      ", more than its limit of ", limit, " bytes (torch_tpu)");

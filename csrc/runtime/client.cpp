@@ -108,6 +108,18 @@ void DeviceStats::bump_peak(int64_t bytes) {
   while (bytes > prev && !peak_bytes.compare_exchange_weak(prev, bytes)) {}
 }
 
+void DeviceStats::reset_accumulated() {
+  num_allocs = 0;
+  num_frees = 0;
+  allocated_bytes = 0;
+  freed_bytes = 0;
+  num_ooms = 0;
+}
+void DeviceStats::reset_peaks() {
+  peak_bytes = live_bytes.load();
+  peak_buffers = live_buffers.load();
+}
+
 void DeviceStats::add(int64_t bytes) {
   int64_t now = live_bytes.fetch_add(bytes) + bytes;
   if (bytes > 0) {
@@ -349,6 +361,7 @@ static void check_capacity(Client& c, int device, int64_t extra, const std::stri
   int64_t limit = c.memory_limit(device);
   int64_t live = c.stats(device).live_bytes.load();
   if (live + extra > limit) {
+    c.stats(device).num_ooms.fetch_add(1);
     // Worded as CUDA's ("... out of memory. Tried to allocate"), which tools match on
     // (accelerate's find_executable_batch_size).
     throw OutOfMemory("TPU out of memory. Tried to allocate " + std::to_string(extra) + " bytes on tpu:" +

@@ -47,7 +47,10 @@ struct DeviceStats {
   std::atomic<int64_t> peak_buffers{0};
   std::atomic<int64_t> allocated_bytes{0};  // accumulated since the last reset
   std::atomic<int64_t> freed_bytes{0};
+  std::atomic<int64_t> num_ooms{0};  // allocations refused for the limit
   void add(int64_t bytes);
+  void reset_accumulated();  // counts and byte totals since the last reset
+  void reset_peaks();
   void bump_peak(int64_t bytes);
 };
 

@@ -116,6 +116,9 @@ def get_rng_state(device=None):
 
 
 def set_rng_state(state, device=None):
+    # As torch.cuda.set_rng_state: a non-contiguous state is copied (a tpu one raises).
+    if isinstance(state, torch.Tensor) and state.device.type == "cpu":
+        state = state.clone(memory_format=torch.contiguous_format)
     _default_generator(device).set_state(state)
 
 
@@ -264,6 +267,9 @@ def set_rng_state_all(states) -> None:
 
 # ---- streams and events (every stream of a device is its one in-order queue) ----------
 
+_stream_priorities = {}  # (device index, stream id) -> the priority a stream was made with
+
+
 class Stream(torch.Stream):
     """torch.cuda.Stream's shape: `torch.tpu.Stream(device=None, priority=0)`."""
 
@@ -272,7 +278,9 @@ class Stream(torch.Stream):
             s = super().__new__(cls, **kwargs)
         else:
             s = super().__new__(cls, device=torch.device("tpu", _index(device)), priority=priority)
-        s._priority = priority
+            _stream_priorities[(s.device_index, s.stream_id)] = priority
+        # A stream rebuilt from its id (current_stream) keeps the priority it was made with.
+        s._priority = priority if not kwargs else _stream_priorities.get((s.device_index, s.stream_id), 0)
         return s
 
     @property
