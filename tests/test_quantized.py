@@ -340,6 +340,16 @@ def test_int_mm_is_exact(mkn, lhs):
     assert torch.equal(got.cpu(), (a.long() @ b.long()).int())
 
 
+def test_int_mm_out_of_another_dtype_raises_as_cpu():
+    # An int16 out silently kept the low bits of the int32 products.
+    a, b = torch.ones(16, 32, dtype=torch.int8), torch.ones(32, 8, dtype=torch.int8)
+    for dt in (torch.int16, torch.int64, torch.float32):
+        with pytest.raises(RuntimeError, match="Expected result dtype to be of type kInt"):
+            torch._int_mm(a.to("tpu"), b.to("tpu"), out=torch.empty(16, 8, dtype=dt, device="tpu"))
+    out = torch.empty(16, 8, dtype=torch.int32, device="tpu")
+    assert torch._int_mm(a.to("tpu"), b.to("tpu"), out=out) is out and out.cpu().eq(32).all()
+
+
 @pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_weight_int8pack_mm_matches_cpu(dt):
     g = torch.Generator().manual_seed(2)

@@ -304,6 +304,14 @@ void random_range(c10::ArrayRef<c10::IValue> args) {
               "to - 1 is out of bounds for ", name);
 }
 
+// _int_mm(a, b, out): the int32 result is written as is (CPU and CUDA refuse another out).
+void int_mm_out_dtype(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 3 || !args[2].isTensor()) return;
+  c10::ScalarType t = args[2].toTensor().scalar_type();
+  TORCH_CHECK(t == at::kInt, "_int_mm: Expected result dtype to be of type kInt but got ",
+              c10::scalarTypeToTypeMeta(t).name());
+}
+
 // native_dropout(x, p, train): training draws a bernoulli mask, which CUDA's kernel and
 // CPU's F.dropout refuse for complex values (not training is the identity). F.dropout
 // reaches this op on tpu as on CUDA; CPU's own native_dropout would accept complex.
@@ -548,6 +556,7 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"random", &random_range},
       {"randperm", &randperm_size},
       {"native_dropout", &dropout_complex},
+      {"_int_mm", &int_mm_out_dtype},
       {"argmax", &argmax_input},
       {"argmin", &argmin_input},
       {"index_select", &index_select_index},
