@@ -514,3 +514,28 @@ def test_quantized_benchmark_writes_its_table(tmp_path):
     assert all(row["fallbacks"] == 0 and row["tokens_per_s"] > 0 for row in rows.values())
     assert rows["int8_weight_only"]["weight_bytes"] < 0.4 * rows["float32"]["weight_bytes"]
     assert "| int8_weight_only | fused |" in (tmp_path / "quantized.md").read_text()
+
+
+@pytest.mark.parametrize("location", ["tpu", "tpu:0", torch.device("tpu")], ids=str)
+def test_torchao_state_dict_loads_with_map_location_tpu(location):
+    # map_location="tpu" gave the quantized weight (a wrapper subclass) the index-less
+    # device beside inner tensors on tpu:0: detach() and load_state_dict(assign=True) raised.
+    import io
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    torchao_quant.quantize_(lin, torchao_quant.Int8WeightOnlyConfig())
+    buf = io.BytesIO()
+    torch.save(lin.state_dict(), buf)
+    buf.seek(0)
+    sd = torch.load(buf, map_location=location, weights_only=False)
+    w = sd["weight"]
+    assert w.device == w.qdata.device == torch.device("tpu:0")
+    assert torch.equal(w.detach().qdata.cpu(), lin.weight.qdata)
+    lt = torch.nn.Linear(64, 32, device="tpu")
+    torchao_quant.quantize_(lt, torchao_quant.Int8WeightOnlyConfig())
+    lt.load_state_dict(sd, assign=True)
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(lt(x.to("tpu")).cpu(), lin(x), rtol=1e-5, atol=1e-5)
+    buf.seek(0)  # a file saved under torch_tpu names PyTorch's own rebuild function
+    assert b"_rebuild_wrapper_subclass" in buf.getvalue() and b"torch_tpu" not in buf.getvalue()

@@ -20,3 +20,21 @@ def install():
 
     _rebuild_tensor._tpu_shapes_storage = True
     torch._utils._rebuild_tensor = _rebuild_tensor  # _rebuild_tensor_v2 looks it up at call time
+
+    # A wrapper subclass (torchao's quantized weights) loaded with map_location="tpu" took
+    # the index-less device while its inner tensors, restored as storages, are on tpu:N:
+    # detach() and load_state_dict(assign=True) then refused the pair. It takes tpu:N too.
+    wrapper = torch._utils._rebuild_wrapper_subclass
+
+    def _rebuild_wrapper_subclass(cls, dtype, size, stride, storage_offset, layout, device, requires_grad):
+        loc = torch.device(torch._utils._get_restore_location(device))
+        if loc.type == "tpu" and loc.index is None:
+            return torch.Tensor._make_wrapper_subclass(
+                cls, size, strides=stride, dtype=dtype, storage_offset=storage_offset, layout=layout,
+                device=torch.device("tpu", torch.tpu.current_device()), requires_grad=requires_grad)
+        return wrapper(cls, dtype, size, stride, storage_offset, layout, device, requires_grad)
+
+    # torch.save names it in pickles (by module and name: files stay loadable without us).
+    _rebuild_wrapper_subclass.__module__ = wrapper.__module__
+    _rebuild_wrapper_subclass.__qualname__ = wrapper.__qualname__
+    torch._utils._rebuild_wrapper_subclass = _rebuild_wrapper_subclass
