@@ -250,25 +250,28 @@ TPU_LOWER(c_cos, "complex:cos") {
 
 // tanh(r +- 0i) = tanh(r) +- 0i and tanh(+-0 + iy) = +-0 + i tan(y), signs kept as
 // CPU's (XLA: +0, and NaN for an infinite y); tanh(+-inf + i inf) = +-1 + 0i signed as y.
+// (r, i) is the argument and (tr, ti) XLA's result; returns the fixed parts.
+static std::pair<Value, Value> tanh_signs(Builder& b, const Value& r, const Value& i, const Value& tr,
+                                          const Value& ti) {
+  Value imag = b.select(is_zero(b, i), i, ti);
+  imag = b.select(op2(b, "and", is_inf(b, r), is_inf(b, i)), signed_zero(b, i), imag);
+  Value r0 = is_zero(b, r);
+  imag = b.select(op2(b, "and", r0, op1(b, "not", is_finite(b, i))), b.constant(NAN, i.dtype(), i.shape()), imag);
+  return {b.select(r0, r, tr), imag};
+}
 TPU_LOWER(c_tanh, "complex:tanh") {
   return omap(ctx, {0}, [](Builder& b, const Vs& x) {
-    Value z = x[0], t = op1(b, "tanh", z), r = re(b, z), i = im(b, z);
-    Value imag = b.select(is_zero(b, i), i, im(b, t));
-    imag = b.select(op2(b, "and", is_inf(b, r), is_inf(b, i)), signed_zero(b, i), imag);
-    Value r0 = is_zero(b, r);
-    imag = b.select(op2(b, "and", r0, op1(b, "not", is_finite(b, i))), b.constant(NAN, i.dtype(), i.shape()), imag);
-    return cplx(b, b.select(r0, r, re(b, t)), imag);
+    Value t = op1(b, "tanh", x[0]);
+    auto [real, imag] = tanh_signs(b, re(b, x[0]), im(b, x[0]), re(b, t), im(b, t));
+    return cplx(b, real, imag);
   });
 }
-// tan(z) = -i tanh(iz): the same sign rules with the parts' roles swapped.
+// tan(z) = -i tanh(iz): tanh's sign rules with the parts' roles swapped.
 TPU_LOWER(c_tan, "complex:tan") {
   return omap(ctx, {0}, [](Builder& b, const Vs& x) {
-    Value z = x[0], t = op1(b, "tan", z), r = re(b, z), i = im(b, z);
-    Value real = b.select(is_zero(b, r), r, re(b, t));
-    real = b.select(op2(b, "and", is_inf(b, r), is_inf(b, i)), signed_zero(b, r), real);
-    Value i0 = is_zero(b, i);
-    real = b.select(op2(b, "and", i0, op1(b, "not", is_finite(b, r))), b.constant(NAN, r.dtype(), r.shape()), real);
-    return cplx(b, real, b.select(i0, i, im(b, t)));
+    Value t = op1(b, "tan", x[0]);
+    auto [imag, real] = tanh_signs(b, im(b, x[0]), re(b, x[0]), im(b, t), re(b, t));
+    return cplx(b, real, imag);
   });
 }
 
