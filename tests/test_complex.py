@@ -244,7 +244,7 @@ def test_complex128():
 
 
 UNARY = [torch.neg, torch.reciprocal, torch.abs, torch.sgn, torch.exp, torch.log, torch.sqrt,
-         torch.sin, torch.cos, torch.tanh, torch.tan, lambda z: z.sum(), lambda z: z.sum(0), lambda z: z.mean(1),
+         torch.sin, torch.cos, torch.tanh, torch.tan, torch.sinh, torch.cosh, lambda z: z.sum(), lambda z: z.sum(0), lambda z: z.mean(1),
          lambda z: z @ z.mT, lambda z: z.real * z.imag, lambda z: torch.cat([z, z.conj()])]
 
 
@@ -271,7 +271,7 @@ def test_special_values_of_complex_functions():
     vals = [0.0, -0.0, 1.5, -2.0, math.inf, -math.inf, math.nan, 100.0]
     z = torch.tensor([complex(a, b) for a in vals for b in vals], dtype=torch.complex64)
     with native():
-        for fn in (torch.exp, torch.log, torch.sqrt, torch.sin, torch.cos, torch.tanh, torch.tan,
+        for fn in (torch.exp, torch.log, torch.sqrt, torch.sin, torch.cos, torch.tanh, torch.tan, torch.sinh, torch.cosh,
                    torch.sgn, torch.neg, lambda t: t * t.conj(), lambda t: t + 1j, torch.abs,
                    torch.angle, torch.isnan, torch.isinf, torch.isfinite):
             same(fn(dev(z)), fn(z))
@@ -294,7 +294,7 @@ def test_zero_parts_keep_their_sign_as_c99():
     sgn = lambda w: 0j if w == 0 else complex(w.real / abs(w), w.imag / abs(w))
     with native():
         for name, ref in (("exp", cmath.exp), ("sin", cmath.sin), ("cos", cmath.cos), ("tanh", cmath.tanh),
-                          ("tan", cmath.tan), ("sgn", sgn)):
+                          ("tan", cmath.tan), ("sinh", cmath.sinh), ("cosh", cmath.cosh), ("sgn", sgn)):
             for dtype in (torch.complex64, torch.complex128):
                 got = torch.view_as_real(getattr(torch, name)(dev(z.to(dtype)))).cpu().double()
                 want = torch.tensor([[ref(w).real, ref(w).imag] for w in zs], dtype=torch.float64)

@@ -222,29 +222,43 @@ TPU_LOWER(c_sqrt, "complex:sqrt") {
 }
 // sin/cos of a purely imaginary z: the part multiplied by sin(0) is 0, also where
 // cosh/sinh overflow (XLA: 0 * inf = NaN).
-TPU_LOWER(c_sin, "complex:sin") {
-  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
-    Value z = x[0], s = op1(b, "sine", z), r = re(b, z), i = im(b, z);
-    // On the real axis the imaginary part is cos(r) * (+-0), signed as CPU's (XLA: +0).
-    Value real_axis = b.select(is_finite(b, r), mul(b, op1(b, "cosine", r), i), i);
-    Value out = cplx(b, b.select(is_zero(b, r), r, re(b, s)), b.select(is_zero(b, i), real_axis, im(b, s)));
-    // A non-finite r with an infinite i: NaN + inf i, as CPU (C's csin; XLA: NaN + NaN i).
-    Value both = op2(b, "and", op1(b, "not", is_finite(b, r)), is_inf(b, i));
-    return b.select(both, cplx(b, b.constant(NAN, r.dtype(), r.shape()), b.constant(INFINITY, r.dtype(), r.shape())), out);
-  });
+static Value csin(Builder& b, const Value& z) {
+  Value s = op1(b, "sine", z), r = re(b, z), i = im(b, z);
+  // On the real axis the imaginary part is cos(r) * (+-0), signed as CPU's (XLA: +0).
+  Value real_axis = b.select(is_finite(b, r), mul(b, op1(b, "cosine", r), i), i);
+  Value out = cplx(b, b.select(is_zero(b, r), r, re(b, s)), b.select(is_zero(b, i), real_axis, im(b, s)));
+  // A non-finite r with an infinite i: NaN + inf i, as CPU (C's csin; XLA: NaN + NaN i).
+  Value both = op2(b, "and", op1(b, "not", is_finite(b, r)), is_inf(b, i));
+  return b.select(both, cplx(b, b.constant(NAN, r.dtype(), r.shape()), b.constant(INFINITY, r.dtype(), r.shape())), out);
 }
-TPU_LOWER(c_cos, "complex:cos") {
+static Value ccos(Builder& b, const Value& z) {
+  Value c = op1(b, "cosine", z), r = re(b, z), i = im(b, z);
+  // -sin(r) sinh(i) where r = +-0 (a NaN i keeps r's sign, as CPU) ...
+  Value imag_axis = b.select(op2(b, "or", sign_bit(b, i), is_nan(b, i)), r, op1(b, "negate", r));
+  // ... and where i = +-0: -sin(r) * (+-0), or +0 for a non-finite r, as CPU.
+  Value real_axis = b.select(is_finite(b, r), op1(b, "negate", mul(b, op1(b, "sine", r), i)), zero_like(b, r));
+  Value imag = b.select(is_zero(b, i), real_axis, im(b, c));
+  Value out = cplx(b, re(b, c), b.select(is_zero(b, r), imag_axis, imag));
+  // A non-finite r with an infinite i: inf + NaN i, as C's ccos (XLA: NaN + NaN i).
+  Value both = op2(b, "and", op1(b, "not", is_finite(b, r)), is_inf(b, i));
+  return b.select(both, cplx(b, b.constant(INFINITY, r.dtype(), r.shape()), b.constant(NAN, r.dtype(), r.shape())), out);
+}
+// i z and -i z, exactly (a product with i would mix the parts through 0 * inf).
+static Value times_i(Builder& b, const Value& z) { return cplx(b, op1(b, "negate", im(b, z)), re(b, z)); }
+static Value times_minus_i(Builder& b, const Value& z) { return cplx(b, im(b, z), op1(b, "negate", re(b, z))); }
+
+TPU_LOWER(c_sin, "complex:sin") { return omap(ctx, {0}, [](Builder& b, const Vs& x) { return csin(b, x[0]); }); }
+TPU_LOWER(c_cos, "complex:cos") { return omap(ctx, {0}, [](Builder& b, const Vs& x) { return ccos(b, x[0]); }); }
+// sinh(z) = -i sin(iz) and cosh(z) = cos(iz) (C99's definitions), so they share sin's and
+// cos's special values.
+TPU_LOWER(c_sinh, "complex:sinh") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) { return times_minus_i(b, csin(b, times_i(b, x[0]))); });
+}
+TPU_LOWER(c_cosh, "complex:cosh") {
   return omap(ctx, {0}, [](Builder& b, const Vs& x) {
-    Value z = x[0], c = op1(b, "cosine", z), r = re(b, z), i = im(b, z);
-    // -sin(r) sinh(i) where r = +-0 (a NaN i keeps r's sign, as CPU) ...
-    Value imag_axis = b.select(op2(b, "or", sign_bit(b, i), is_nan(b, i)), r, op1(b, "negate", r));
-    // ... and where i = +-0: -sin(r) * (+-0), or +0 for a non-finite r, as CPU.
-    Value real_axis = b.select(is_finite(b, r), op1(b, "negate", mul(b, op1(b, "sine", r), i)), zero_like(b, r));
-    Value imag = b.select(is_zero(b, i), real_axis, im(b, c));
-    Value out = cplx(b, re(b, c), b.select(is_zero(b, r), imag_axis, imag));
-    // A non-finite r with an infinite i: inf + NaN i, as C's ccos (XLA: NaN + NaN i).
-    Value both = op2(b, "and", op1(b, "not", is_finite(b, r)), is_inf(b, i));
-    return b.select(both, cplx(b, b.constant(INFINITY, r.dtype(), r.shape()), b.constant(NAN, r.dtype(), r.shape())), out);
+    Value c = ccos(b, times_i(b, x[0])), i = im(b, x[0]);
+    // cosh(NaN +- 0i) = NaN +- 0i, as CPU (cos's rule would sign it as the real part).
+    return cplx(b, re(b, c), b.select(op2(b, "and", is_nan(b, re(b, x[0])), is_zero(b, i)), i, im(b, c)));
   });
 }
 
