@@ -244,7 +244,8 @@ def test_complex128():
 
 
 UNARY = [torch.neg, torch.reciprocal, torch.abs, torch.sgn, torch.exp, torch.log, torch.sqrt,
-         torch.sin, torch.cos, torch.tanh, torch.tan, torch.sinh, torch.cosh, lambda z: z.sum(), lambda z: z.sum(0), lambda z: z.mean(1),
+         torch.sin, torch.cos, torch.tanh, torch.tan, torch.sinh, torch.cosh, torch.rsqrt, torch.sigmoid,
+         torch.log1p, torch.expm1, torch.log2, torch.log10, torch.exp2, lambda z: z.sum(), lambda z: z.sum(0), lambda z: z.mean(1),
          lambda z: z @ z.mT, lambda z: z.real * z.imag, lambda z: torch.cat([z, z.conj()])]
 
 
@@ -303,6 +304,51 @@ def test_zero_parts_keep_their_sign_as_c99():
         w = torch.tensor([complex(-2.5, -0.0), complex(-2.5, 0.0)])
         same(torch.sqrt(torch.sin(dev(w))), torch.sqrt(torch.sin(w)))
         same(torch.log(torch.exp(dev(w))), torch.log(torch.exp(w)))
+
+
+def _parts_match(got, want):
+    """Both parts equal within float32 rounding, NaN where NaN, zeros of one sign."""
+    for g, w in ((got.real, want.real), (got.imag, want.imag)):
+        g, w = g.item(), w.item()
+        if math.isnan(g) or math.isnan(w):
+            if math.isnan(g) != math.isnan(w):
+                return False
+        elif not (g == w or math.isclose(g, w, rel_tol=1e-5)) or math.copysign(1, g) != math.copysign(1, w):
+            return False
+    return True
+
+
+SPECIAL_PARTS = [0.0, -0.0, 1.0, -2.5, 0.5, math.inf, -math.inf, math.nan]
+
+
+def test_native_complex_functions_give_cpus_special_values():
+    # These ran on the CPU fallback. One element per call: CPU's scalar loop, the same on
+    # every instruction set (its vector kernels differ on special values).
+    zs = [complex(a, b) for a in SPECIAL_PARTS for b in SPECIAL_PARTS]
+    with native():
+        for name in ("reciprocal", "rsqrt", "sigmoid", "log1p", "expm1", "log2", "log10", "exp2", "sinh", "cosh"):
+            bad = []
+            for z in zs:
+                x = torch.tensor([z], dtype=torch.complex64)
+                want, got = getattr(torch, name)(x), getattr(torch, name)(dev(x)).cpu()
+                if not _parts_match(got, want):
+                    bad.append((z, want.item(), got.item()))
+            assert not bad, (name, bad)
+
+
+def test_complex_division_gives_cpus_special_values():
+    # c10::complex's scaled division (CPU's scalar loop and CUDA): a divisor with an
+    # infinite part gave 0 where they give NaN, and zeros lost their signs.
+    zs = [complex(a, b) for a in SPECIAL_PARTS[:7] for b in SPECIAL_PARTS[:7]]
+    with native():
+        bad = []
+        for x in (complex(1, 0), complex(-2.5, -0.0), complex(0, 3), complex(math.inf, 1), complex(1e30, -1e30)):
+            for y in zs:
+                a, b = torch.tensor([x]), torch.tensor([y])
+                want, got = a / b, (dev(a) / dev(b)).cpu()
+                if not _parts_match(got, want):
+                    bad.append((x, y, want.item(), got.item()))
+        assert not bad, bad
 
 
 def test_inplace_and_casts():

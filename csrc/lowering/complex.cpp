@@ -61,6 +61,8 @@ std::vector<Value> imap(Ctx& ctx, const Fn& fn) {
 }
 
 Value zero_like(Builder& b, const Value& x) { return b.constant(0, x.dtype(), x.shape()); }
+Value is_zero(Builder& b, const Value& x) { return b.compare(x, zero_like(b, x), Cmp::EQ); }
+Value is_nan(Builder& b, const Value& x) { return b.compare(x, x, Cmp::NE); }
 
 // z == w on both parts (NaN parts compare unequal, as CPU).
 Value equal(Builder& b, const Value& z, const Value& w) {
@@ -134,21 +136,61 @@ TPU_LOWER(c_rsub, "complex:rsub.Tensor", "complex:rsub.Scalar") {
 TPU_LOWER(c_mul, "complex:mul.Tensor", "complex:mul.Scalar") {
   return omap(ctx, {0, 1}, [](Builder& b, const Vs& x) { return mul(b, x[0], x[1]); });
 }
+// (a + bi) / (c + di) scaled by the larger part of the divisor (Smith's method), as
+// c10::complex divides on CUDA and in CPU's scalar loops: special values are theirs (a
+// divisor with an infinite part gives NaN where XLA's division gives 0), and 0 / 0 is
+// divided part by part.
+static Value cdiv(Builder& b, const Value& x, const Value& y) {
+  Value a = re(b, x), bi = im(b, x), c = re(b, y), d = im(b, y);
+  Value ac = op1(b, "abs", c), ad = op1(b, "abs", d);
+  Value c_larger = b.compare(ac, ad, Cmp::GE);
+  // c_larger: rat = d/c, scl = 1/(c + d rat), ((a + b rat), (b - a rat)) * scl
+  Value rat1 = op2(b, "divide", d, c);
+  Value scl1 = op2(b, "divide", b.constant(1, c.dtype(), c.shape()), add(b, c, mul(b, d, rat1)));
+  Value re1 = mul(b, add(b, a, mul(b, bi, rat1)), scl1), im1 = mul(b, sub(b, bi, mul(b, a, rat1)), scl1);
+  // else: rat = c/d, scl = 1/(d + c rat), ((a rat + b), (b rat - a)) * scl
+  Value rat2 = op2(b, "divide", c, d);
+  Value scl2 = op2(b, "divide", b.constant(1, c.dtype(), c.shape()), add(b, d, mul(b, c, rat2)));
+  Value re2 = mul(b, add(b, mul(b, a, rat2), bi), scl2), im2 = mul(b, sub(b, mul(b, bi, rat2), a), scl2);
+  Value zero = op2(b, "and", is_zero(b, c), is_zero(b, d));
+  Value real = b.select(zero, op2(b, "divide", a, ac), b.select(c_larger, re1, re2));
+  Value imag = b.select(zero, op2(b, "divide", bi, ad), b.select(c_larger, im1, im2));
+  return cplx(b, real, imag);
+}
+static Value one_like(Builder& b, const Value& z) { return b.constant(1, z.dtype(), z.shape()); }
+// 1 / y by cdiv's steps with the numerator's parts (1, 0) written out: XLA folds x + 0
+// to x, which would drop the zeros' signs that CPU's "+ 0" gives.
+static Value crecip(Builder& b, const Value& y) {
+  Value c = re(b, y), d = im(b, y), one = b.constant(1, c.dtype(), c.shape()), zero = zero_like(b, c);
+  Value plus_zero = b.constant(0, c.dtype(), c.shape());
+  auto add0 = [&](const Value& v) { return b.select(is_zero(b, v), plus_zero, v); };  // v + 0
+  Value rat1 = op2(b, "divide", d, c), scl1 = op2(b, "divide", one, add(b, c, mul(b, d, rat1)));
+  Value re1 = b.select(is_nan(b, rat1), rat1, scl1);                                  // (1 + 0 rat) scl
+  Value im1 = mul(b, add0(op1(b, "negate", rat1)), scl1);                             // (0 - rat) scl
+  Value rat2 = op2(b, "divide", c, d), scl2 = op2(b, "divide", one, add(b, d, mul(b, c, rat2)));
+  Value re2 = mul(b, add0(rat2), scl2);                                               // (rat + 0) scl
+  Value im2 = b.select(is_nan(b, rat2), rat2, op1(b, "negate", scl2));                // (0 rat - 1) scl
+  Value c_larger = b.compare(op1(b, "abs", c), op1(b, "abs", d), Cmp::GE);
+  Value both_zero = op2(b, "and", is_zero(b, c), is_zero(b, d));
+  Value real = b.select(both_zero, op2(b, "divide", one, op1(b, "abs", c)), b.select(c_larger, re1, re2));
+  Value imag = b.select(both_zero, op2(b, "divide", zero, op1(b, "abs", d)), b.select(c_larger, im1, im2));
+  return cplx(b, real, imag);
+}
+
 TPU_LOWER(c_div, "complex:div.Tensor", "complex:div.Scalar") {
-  return omap(ctx, {0, 1}, [](Builder& b, const Vs& x) { return div(b, x[0], x[1]); });
+  return omap(ctx, {0, 1}, [](Builder& b, const Vs& x) { return cdiv(b, x[0], x[1]); });
 }
 TPU_LOWER(c_neg, "complex:neg") {
   return omap(ctx, {0}, [](Builder& b, const Vs& x) { return op1(b, "negate", x[0]); });
 }
 TPU_LOWER(c_reciprocal, "complex:reciprocal") {
-  return omap(ctx, {0}, [](Builder& b, const Vs& x) { return div(b, b.constant(1, x[0].dtype(), x[0].shape()), x[0]); });
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) { return crecip(b, x[0]); });
 }
 
 // Tests and fixes of special values look at each part (CPU's complex kernels do).
 static Value either(Builder& b, const Value& z, const std::function<Value(const Value&)>& test) {
   return op2(b, "or", test(re(b, z)), test(im(b, z)));
 }
-static Value is_nan(Builder& b, const Value& x) { return b.compare(x, x, Cmp::NE); }
 static Value is_inf(Builder& b, const Value& x) {
   return b.compare(op1(b, "abs", x), b.constant(INFINITY, x.dtype(), x.shape()), Cmp::EQ);
 }
@@ -157,7 +199,6 @@ static Value sign_bit(Builder& b, const Value& x) {
   Value bits = b.bitcast(x, it);
   return b.compare(bits, b.constant(0, it, x.shape()), Cmp::LT);
 }
-static Value is_zero(Builder& b, const Value& x) { return b.compare(x, zero_like(b, x), Cmp::EQ); }
 static Value is_finite(Builder& b, const Value& x) { return b.compare(op2(b, "subtract", x, x), zero_like(b, x), Cmp::EQ); }
 // A zero with the sign of x (copysign(0, x)).
 static Value signed_zero(Builder& b, const Value& x) {
@@ -173,20 +214,18 @@ static Value cabs(Builder& b, const Value& z) { return complex_magnitude(b, z); 
 
 // log: a NaN part makes the real part NaN, or +inf where the other part is infinite,
 // as C's clog (XLA kept a finite log of the magnitude beside a NaN).
-TPU_LOWER(c_log, "complex:log") {
-  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
-    Value z = x[0], l = op1(b, "log", z), r = re(b, z), i = im(b, z);
-    Value nan_part = op2(b, "or", is_nan(b, r), is_nan(b, i));
-    Value inf_part = op2(b, "or", is_inf(b, r), is_inf(b, i));
-    Value special = b.select(inf_part, b.constant(INFINITY, r.dtype(), r.shape()),
-                             b.constant(NAN, r.dtype(), r.shape()));
-    return cplx(b, b.select(nan_part, special, re(b, l)), im(b, l));
-  });
+static Value clog(Builder& b, const Value& z) {
+  Value l = op1(b, "log", z), r = re(b, z), i = im(b, z);
+  Value nan_part = op2(b, "or", is_nan(b, r), is_nan(b, i));
+  Value inf_part = op2(b, "or", is_inf(b, r), is_inf(b, i));
+  Value special = b.select(inf_part, b.constant(INFINITY, r.dtype(), r.shape()), b.constant(NAN, r.dtype(), r.shape()));
+  return cplx(b, b.select(nan_part, special, re(b, l)), im(b, l));
 }
+TPU_LOWER(c_log, "complex:log") { return omap(ctx, {0}, [](Builder& b, const Vs& x) { return clog(b, x[0]); }); }
 // exp: e^(-inf) times a non-finite direction is 0, as C's cexp (XLA: NaN).
-TPU_LOWER(c_exp, "complex:exp") {
-  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
-    Value z = x[0], e = op1(b, "exponential", z), r = re(b, z), i = im(b, z);
+static Value cexp(Builder& b, const Value& z) {
+  {
+    Value e = op1(b, "exponential", z), r = re(b, z), i = im(b, z);
     Value fin = b.compare(op2(b, "subtract", i, i), zero_like(b, i), Cmp::EQ);
     Value to_zero = op2(b, "and", b.compare(r, b.constant(-INFINITY, r.dtype(), r.shape()), Cmp::EQ),
                         op1(b, "not", fin));
@@ -197,13 +236,14 @@ TPU_LOWER(c_exp, "complex:exp") {
     Value inf_nan = cplx(b, b.constant(INFINITY, r.dtype(), r.shape()), b.constant(NAN, r.dtype(), r.shape()));
     Value pos_inf = b.compare(r, b.constant(INFINITY, r.dtype(), r.shape()), Cmp::EQ);
     return b.select(op2(b, "and", pos_inf, op1(b, "not", fin)), inf_nan, out);
-  });
+  }
 }
+TPU_LOWER(c_exp, "complex:exp") { return omap(ctx, {0}, [](Builder& b, const Vs& x) { return cexp(b, x[0]); }); }
 // sqrt on the branch cut follows the sign of a zero imaginary part, and an infinite
 // imaginary part gives (inf, it) whatever the real part, as C's csqrt.
-TPU_LOWER(c_sqrt, "complex:sqrt") {
-  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
-    Value z = x[0], s = op1(b, "sqrt", z), i = im(b, z);
+static Value csqrt(Builder& b, const Value& z) {
+  {
+    Value s = op1(b, "sqrt", z), i = im(b, z);
     Value si = im(b, s), ai = op1(b, "abs", si);
     Value im_s = b.select(sign_bit(b, i), op1(b, "negate", ai), ai);
     im_s = b.select(is_nan(b, si), si, im_s);
@@ -218,8 +258,9 @@ TPU_LOWER(c_sqrt, "complex:sqrt") {
     re_s = b.select(nan_part, b.select(pos_inf_r, inf, nan), re_s);
     im_s = b.select(nan_part, b.select(neg_inf_r, inf, nan), im_s);
     return cplx(b, re_s, im_s);
-  });
+  }
 }
+TPU_LOWER(c_sqrt, "complex:sqrt") { return omap(ctx, {0}, [](Builder& b, const Vs& x) { return csqrt(b, x[0]); }); }
 // sin/cos of a purely imaginary z: the part multiplied by sin(0) is 0, also where
 // cosh/sinh overflow (XLA: 0 * inf = NaN).
 static Value csin(Builder& b, const Value& z) {
@@ -287,6 +328,64 @@ TPU_LOWER(c_tan, "complex:tan") {
     auto [imag, real] = tanh_signs(b, im(b, x[0]), re(b, x[0]), im(b, t), re(b, t));
     return cplx(b, real, imag);
   });
+}
+
+// expm1(x + iy) = (expm1(x) cos y - 2 sin(y/2)^2) + i e^x sin y: CPU's formula, so the
+// parts are accurate near 0 and special values (e^inf * sin 0 = NaN) are CPU's.
+TPU_LOWER(c_expm1, "complex:expm1") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value r = re(b, x[0]), i = im(b, x[0]);
+    Value h = op1(b, "sine", mul(b, i, b.constant(0.5, i.dtype(), i.shape())));
+    Value real = sub(b, mul(b, op1(b, "exponential_minus_one", r), op1(b, "cosine", i)),
+                     mul(b, b.constant(2, i.dtype(), i.shape()), mul(b, h, h)));
+    return cplx(b, real, mul(b, op1(b, "exponential", r), op1(b, "sine", i)));
+  });
+}
+// log1p(z) = log|1 + z| + i atan2(y, 1 + x), the magnitude's log taken as
+// log1p(x (2 + x) + y^2) / 2 for |z| < 1/2 (accurate near 0; x itself where that
+// underflows to 0) and as log(hypot(1 + x, y)) elsewhere, as CPU's kernel.
+TPU_LOWER(c_log1p, "complex:log1p") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    Value r = re(b, x[0]), i = im(b, x[0]);
+    Value one = b.constant(1, r.dtype(), r.shape()), r1 = add(b, r, one);
+    Value theta = op2(b, "atan2", i, r1);
+    Value q = add(b, mul(b, r, add(b, r, b.constant(2, r.dtype(), r.shape()))), mul(b, i, i));
+    Value near = mul(b, b.constant(0.5, r.dtype(), r.shape()), op1(b, "log_plus_one", q));
+    near = b.select(is_zero(b, q), r, near);
+    Value far = op1(b, "log", complex_magnitude(b, cplx(b, r1, i)));
+    Value small = b.compare(complex_magnitude(b, x[0]), b.constant(0.5, r.dtype(), r.shape()), Cmp::LT);
+    Value real = b.select(small, near, far);
+    // A NaN part makes the real part NaN, as CPU (hypot would make it inf).
+    Value nan_part = op2(b, "or", is_nan(b, r), is_nan(b, i));
+    return cplx(b, b.select(nan_part, b.constant(NAN, r.dtype(), r.shape()), real), theta);
+  });
+}
+// rsqrt(z) = 1 / sqrt(z) and sigmoid(z) = 1 / (1 + exp(-z)), as CPU computes them.
+TPU_LOWER(c_rsqrt, "complex:rsqrt") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    return crecip(b, csqrt(b, x[0]));
+  });
+}
+TPU_LOWER(c_sigmoid, "complex:sigmoid") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) {
+    return crecip(b, add(b, one_like(b, x[0]), cexp(b, op1(b, "negate", x[0]))));
+  });
+}
+// log2(z) = log(z) / ln 2 and log10 likewise, exp2(z) = exp(z ln 2): a real factor on
+// both parts (complex log and exp keep their special values).
+static Value scale_parts(Builder& b, const Value& z, double k) {
+  Value r = re(b, z);
+  Value f = b.constant(k, r.dtype(), r.shape());
+  return cplx(b, mul(b, r, f), mul(b, im(b, z), f));
+}
+TPU_LOWER(c_log2, "complex:log2") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) { return scale_parts(b, clog(b, x[0]), 1 / M_LN2); });
+}
+TPU_LOWER(c_log10, "complex:log10") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) { return scale_parts(b, clog(b, x[0]), 1 / M_LN10); });
+}
+TPU_LOWER(c_exp2, "complex:exp2") {
+  return omap(ctx, {0}, [](Builder& b, const Vs& x) { return cexp(b, scale_parts(b, x[0], M_LN2)); });
 }
 
 TPU_LOWER(c_abs, "complex:abs") {
