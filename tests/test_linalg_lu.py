@@ -127,6 +127,25 @@ def test_det_slogdet():
     assert host(got[2])[3] == float("-inf") and host(got[1])[3] == 0
 
 
+def test_nan_entries_stay_nan_through_lu_as_cpu():
+    # A masked max turned NaN into -inf (det [[1, 0], [0, nan]] was -inf), and a leading
+    # NaN was never taken as the pivot (LAPACK's idamax takes it), so [[nan, 0], [0, 2]]
+    # was refused as singular.
+    nan = float("nan")
+    mats = torch.tensor([[[1.0, 0.0, 0.0], [0.0, nan, 0.0], [0.0, 0.0, 1.0]],
+                         [[nan, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 1.0]],
+                         [[2.0, 1.0, 1.0], [1.0, nan, 1.0], [1.0, 1.0, 3.0]]])
+    with native():
+        for m in mats:
+            lu, piv = torch.linalg.lu_factor(dev(m))
+            want_lu, want_piv = torch.linalg.lu_factor(m)
+            same(lu, want_lu, equal_nan=True)
+            assert torch.equal(host(piv), want_piv)
+            same(torch.linalg.det(dev(m)), torch.linalg.det(m), equal_nan=True)
+            same(tuple(torch.linalg.slogdet(dev(m))), tuple(torch.linalg.slogdet(m)), equal_nan=True)
+            same(torch.linalg.inv(dev(m)), torch.linalg.inv(m), equal_nan=True)
+
+
 def test_det_empty_and_float64():
     with native():
         same(torch.linalg.det(dev(torch.zeros(2, 0, 0))), torch.ones(2))

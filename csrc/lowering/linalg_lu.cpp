@@ -3,6 +3,8 @@
 // first zero pivot) and the ops built on it: lu_factor, lu, lu_unpack, lu_solve, det,
 // slogdet, inv and solve. The factorization is one while loop over the columns; each
 // step works on whole matrices with iota masks, so batch dims ride along as leading dims.
+#include <cmath>
+
 #include "lowering/helpers.h"
 
 namespace tpu::lowering {
@@ -65,14 +67,22 @@ static Value col_at(Builder& b, const Value& x, const Value& j) {
   return b.dynamic_slice(x, starts, sizes);
 }
 
-// Row p[b] of each matrix of x (*, m, c), p (*) i64: (*, 1, c). A masked max over the
-// rows keeps the value bit-exact (NaN and -0.0 included).
+// The one element of x where `mask` holds along dimension `dim` (reduced away), bit-exact:
+// an OR of the bits with zeros elsewhere keeps NaN and -0.0 (a masked max lost NaN to
+// the fill value on the CPU plugin).
+static Value masked_pick(Builder& b, const Value& x, const Value& mask, int64_t dim) {
+  DType bits = x.dtype() == DType::F64 ? DType::I64 : DType::I32;
+  Value v = b.bitcast(x, bits);
+  Value picked = b.select(mask, v, full_like(b, v, 0));
+  return b.bitcast(b.reduce(picked, b.constant(0, bits), {dim}, "stablehlo.or"), x.dtype());
+}
+
+// Row p[b] of each matrix of x (*, m, c), p (*) i64: (*, 1, c).
 static Value row_where(Builder& b, const Value& x, const Value& p) {
   int64_t r = x.rank();
   Value rows = b.iota(Type{DType::I64, x.shape()}, r - 2);
   Value pb = b.broadcast_in_dim(p, x.shape(), upto(r - 2));
-  Value picked = b.select(b.compare(rows, pb, Cmp::EQ), x, full_like(b, x, lowest(x.dtype())));
-  Value red = b.reduce(picked, b.constant(lowest(x.dtype()), x.dtype()), {r - 2}, "stablehlo.maximum");
+  Value red = masked_pick(b, x, b.compare(rows, pb, Cmp::EQ), r - 2);
   Shape s = x.shape();
   s[r - 2] = 1;
   return b.reshape(red, s);
@@ -109,11 +119,18 @@ LU lu_factor(Builder& b, const Value& a) {
       [&](Builder& b, const std::vector<Value>& s) {
         Value j = s[0], x = s[1], piv = s[2], info = s[3];
         const Shape& fs = x.shape();
-        // Pivot: the first row >= j of largest |x[:, j]|. NaN never wins over a number.
+        // Pivot: the first row >= j of largest |x[:, j]|, as LAPACK's idamax: a NaN never
+        // wins over a number, except at row j itself, which nothing then exceeds.
         Value col = col_at(b, x, j);
         Value ci = b.iota(Type{DType::I64, col.shape()}, r - 2);
         Value mag = b.unary("stablehlo.abs", col);
-        mag = b.select(b.compare(mag, mag, Cmp::NE), full_like(b, mag, -0.5), mag);
+        Value at_j = b.compare(ci, b.broadcast_in_dim(j, col.shape(), {}), Cmp::EQ);
+        Value nan = b.compare(mag, mag, Cmp::NE);
+        Value lead_nan = b.reshape(b.reduce(b.select(at_j, nan, full_like(b, nan, 0)), b.constant(0, DType::Bool),
+                                            {r - 2}, "stablehlo.or"), bs);  // (*): row j's |x| is NaN
+        mag = b.select(nan, full_like(b, mag, -0.5), mag);
+        mag = b.select(b.binary("stablehlo.and", at_j, b.broadcast_in_dim(lead_nan, col.shape(), upto(r - 2))),
+                       full_like(b, mag, INFINITY), mag);
         mag = b.select(b.compare(ci, b.broadcast_in_dim(j, col.shape(), {}), Cmp::GE), mag,
                        full_like(b, mag, -1));
         Value mx = b.reshape(b.reduce(mag, b.constant(-2, a.dtype()), {r - 2}, "stablehlo.maximum"), bs);
@@ -209,9 +226,7 @@ Value diagonal(Builder& b, const Value& x) {
                        Cmp::EQ);
   Shape ds = lead(x.shape(), 2);
   ds.push_back(n);
-  // One non-masked element per column: the max over the masked rows is exact.
-  Value picked = b.select(on, x, full_like(b, x, lowest(x.dtype())));
-  return b.reduce(picked, b.constant(lowest(x.dtype()), x.dtype()), {r - 2}, "stablehlo.maximum");
+  return masked_pick(b, x, on, r - 2);
 }
 
 }  // namespace
@@ -315,7 +330,10 @@ TPU_LOWER(linalg_slogdet, "_linalg_slogdet") {
   LU f = lu_factor(b, ctx.contiguous(0) ? mT(b, a) : a);
   Value dg = diagonal(b, f.lu);
   int64_t last = dg.rank() - 1;
-  Value sg = b.reduce(b.unary("stablehlo.sign", dg), b.constant(1, a.dtype()), {last}, "stablehlo.multiply");
+  // torch.sign of a NaN is 0 (stablehlo.sign keeps it NaN): a NaN determinant has sign 0, as CPU.
+  Value sd = b.unary("stablehlo.sign", dg);
+  sd = b.select(b.compare(dg, dg, Cmp::NE), full_like(b, sd, 0), sd);
+  Value sg = b.reduce(sd, b.constant(1, a.dtype()), {last}, "stablehlo.multiply");
   Value lad = reduce_sum(b, b.unary("stablehlo.log", b.unary("stablehlo.abs", dg)), {last});
   return {mul(b, pivots_sign(b, f.piv, a.dtype()), sg), lad, f.lu, f.piv};
 }
