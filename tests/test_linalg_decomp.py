@@ -273,6 +273,22 @@ def test_lstsq_rank_deficient_gelsy(metas):
     torch.testing.assert_close(host(x), x0, rtol=1e-4, atol=1e-4)
 
 
+def test_lstsq_refuses_what_cpu_refuses(metas):
+    # A B of one row was broadcast to A's rows and solved silently; other dtypes and
+    # unknown drivers were accepted.
+    a = randn(5, 3)
+    for b, kw, msg in ((randn(1, 2), {}, r"input.size\(-2\) should match other.size\(-2\)"),
+                       (randn(4, 2), {}, r"input.size\(-2\) should match other.size\(-2\)"),
+                       (randn(4), {}, r"input.size\(-2\) should match other.size\(-1\)"),
+                       (randn(5, 2).double(), {}, "Expected input and other to have the same dtype"),
+                       (randn(5, 2), {"driver": "nonsense"}, "parameter `driver` should be one of")):
+        with pytest.raises(RuntimeError, match=msg):
+            torch.linalg.lstsq(a, b, **kw)
+        with pytest.raises(RuntimeError, match=msg):
+            host(torch.linalg.lstsq(dev(a), dev(b), **kw).solution)
+    assert host(dev(a).sum()).item() == pytest.approx(a.sum().item(), rel=1e-6)
+
+
 def test_lstsq_backward(metas):
     a, b = randn(4, 3), randn(4, 2, seed=1)
     xa, ya = a.clone().requires_grad_(), dev(a).requires_grad_()

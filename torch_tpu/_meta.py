@@ -20,6 +20,12 @@ def untraced(fn):
     return fn
 
 
+def _dtype_name(t):
+    """A dtype as ATen's messages name it (torch.float32 -> Float)."""
+    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+            torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}.get(t, str(t))
+
+
 def _grad_like_input(*args, **kwargs):
     return torch.empty_like(args[1])  # (grad_output, self / log_probs, ...)
 
@@ -29,9 +35,16 @@ def _geqrf(a):
 
 
 def _linalg_lstsq(a, b, rcond=None, *, driver=None):
+    # CPU's checks (the shapes below would broadcast a B of one row silently).
+    torch._check(a.dtype == b.dtype, lambda: "torch.linalg.lstsq: Expected input and other to have the same "
+                 f"dtype, but got input's dtype {_dtype_name(a.dtype)} and other's dtype {_dtype_name(b.dtype)}")
+    torch._check(driver in (None, "gels", "gelsy", "gelsd", "gelss"),
+                 lambda: "torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
     driver = driver or "gelsy"
     m, n = a.shape[-2:]
     vec = b.dim() == a.dim() - 1
+    torch._check(b.shape[-1 if vec else -2] == m, lambda: "torch.linalg.lstsq: input.size(-2) should match "
+                 f"other.size({-1 if vec else -2})")
     bb = b.unsqueeze(-1) if vec else b
     batch = torch.broadcast_shapes(a.shape[:-2], bb.shape[:-2])
     if m > n and driver in ("gelss", "gelsd"):
