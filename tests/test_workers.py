@@ -97,3 +97,19 @@ def test_the_runtime_writes_its_compile_clock(tmp_path):
     done_us, in_flight, start_sum = struct.unpack("<qqq", clock.read_bytes())
     assert in_flight == 0 and start_sum == 0  # every compile finished
     assert reported > 0 and abs(compile_seconds_in(str(clock)) - reported) < 0.05 + 0.1 * reported
+
+
+def job_reporting_then_hanging(key):
+    from torch_tpu import _workers
+    _workers.report_progress(("first part done", key))
+    time.sleep(60)
+
+
+def test_a_timed_out_job_leaves_its_last_progress(tmp_path):
+    # The compatibility pipeline keeps the modes a model finished before its timeout.
+    pool = Pool(1, ("test_workers", "job_reporting_then_hanging"), (), str(tmp_path / "workers.log"))
+    try:
+        got = {key: msg for key, _, msg in pool.map(["k"], timeout=1.0)}
+    finally:
+        pool.close()
+    assert got == {"k": "timeout"} and pool.progress == {"k": ("first part done", "k")}

@@ -29,6 +29,14 @@ def extend_deadline(seconds: float, allowance: float = 0.0):
         _conn.send(("extend", float(seconds), float(allowance)))
 
 
+def report_progress(value):
+    """Tells the pool how far the running job got (any picklable value): when the job then
+    times out or its worker dies, `Pool.progress[key]` holds the last value, so the caller
+    keeps the job's finished parts. No-op outside a worker."""
+    if _conn is not None:
+        _conn.send(("progress", value))
+
+
 def first_line(e: BaseException) -> str:
     lines = [s.strip() for s in str(e).splitlines() if s.strip()]
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
@@ -62,7 +70,10 @@ def _worker(conn, target, args, log_path, max_jobs, clock_path=None):
         module.worker_setup()
     conn.send(("ready",))
     for _ in range(max_jobs):
-        key = conn.recv()
+        try:
+            key = conn.recv()
+        except EOFError:  # the pool closed: exit cleanly (Pool.close)
+            return
         _conn = conn
         try:
             res, msg = fn(key, *args), ""
@@ -90,6 +101,8 @@ class Pool:
         self.workers = {}
         # key -> (wall seconds, seconds it reported with extend_deadline) of each finished job
         self.job_seconds = {}
+        # key -> the last value its job sent with report_progress
+        self.progress = {}
         for _ in range(jobs):
             self.start()
 
@@ -147,6 +160,9 @@ class Pool:
                 elif msg[0] == "extend":
                     if w[1]:
                         w[2], w[5] = w[4] + timeout + msg[1] + (msg[2] if len(msg) > 2 else 0.0), msg[1]
+                elif msg[0] == "progress":
+                    if w[1]:
+                        self.progress[w[1]] = msg[1]
                 elif msg[0] == "done":
                     w[1] = None
                     self.job_seconds[msg[1]] = (time.monotonic() - w[4], self.compile_seconds(w))
@@ -168,6 +184,13 @@ class Pool:
                     yield key, None, "timeout"
 
     def close(self):
+        # An idle worker exits by itself when its pipe closes; a killed one leaves what it
+        # registered with multiprocessing's resource tracker (a "leaked semaphore" at exit).
+        idle = [conn for conn, w in self.workers.items() if w[3] is True and w[1] is None]
+        for conn in idle:
+            conn.close()
+        for conn in idle:
+            self.workers[conn][0].join(5)
         for conn in list(self.workers):
             self.stop(conn)
         shutil.rmtree(self.clocks, ignore_errors=True)

@@ -100,8 +100,9 @@ def summary_table(s: dict) -> str:
              "|---" * (len(STATUSES) + 5) + "|"]
     for m in modes:
         c = s[m]["counts"]
+        rate = f"{s[m]['pass_pct']} % of {s[m]['runnable']}" if s[m]["runnable"] else "-"
         lines.append(f"| {m} | " + " | ".join(str(c[x]) for x in STATUSES)
-                     + f" | {s[m]['pass_pct']} % of {s[m]['runnable']} | {s[m].get('float64_judged', 0)}"
+                     + f" | {rate} | {s[m].get('float64_judged', 0)}"
                      f" | {s[m].get('replayed_draws', 0)} | {s[m].get('params_by_grads', 0)} |")
     return "\n".join(lines)
 
@@ -145,10 +146,12 @@ def markdown(res: dict) -> str:
             for m in modes:
                 c = collections.Counter(e["modes"][m]["status"] for e in by_head[head] if m in e["modes"])
                 out.append(f"| {head} | {m} | " + " | ".join(str(c.get(x, 0)) for x in STATUSES) + " |")
-    out += ["", "## Failure classes", ""] + failure_classes(entries)
+    if classes := failure_classes(entries):  # errors only: not ours are not classed
+        out += ["", "## Failure classes", ""] + classes
     if "compiled" in modes and any("compiled_graphs" in e["modes"].get("compiled", {}) for e in entries.values()):
         out += compiled_section(entries)
-    out += ["", "## Every model type", "", "| type | class | " + " | ".join(modes) + " | detail |",
+    one = "model class" if res["meta"].get("stage") == 2 else "model type"
+    out += ["", f"## Every {one}", "", "| type | class | " + " | ".join(modes) + " | detail |",
             "|---" * (len(modes) + 3) + "|"]
     for t, e in sorted(entries.items()):
         details = sorted({r.get("message", "") for r in e["modes"].values() if r.get("message")})
@@ -182,8 +185,15 @@ def chart(res: dict, path: str) -> None:
 
 
 def write(res: dict, out: str, stem: str = "compat") -> None:
+    """A run's results: OUT/STEM.json, and its rendering."""
     with open(os.path.join(out, stem + ".json"), "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)
+    write_rendering(res, out, stem)
+
+
+def write_rendering(res: dict, out: str, stem: str = "compat") -> None:
+    """OUT/STEM.md and OUT/STEM.png alone (--report: a baseline's statuses are no run's
+    results, and must not replace them)."""
     with open(os.path.join(out, stem + ".md"), "w") as f:
         f.write(markdown(res))
     chart(res, os.path.join(out, stem + ".png"))
@@ -221,7 +231,9 @@ def regressions(baseline: dict, entries: dict) -> list:
         if "modes" in modes:
             modes = {m: r["status"] for m, r in modes["modes"].items()}
         for m, status in sorted(modes.items()):
-            now = entries.get(t, {}).get("modes", {}).get(m, {}).get("status")
+            rec = entries.get(t, {}).get("modes", {}).get(m, {})
+            now = rec.get("status")
             if status == "pass" and now is not None and now != "pass":
-                lost.append(f"{t} {m}: was pass, now {now}")
+                why = f" ({rec['message'][:160]})" if rec.get("message") else ""
+                lost.append(f"{t} {m}: was pass, now {now}{why}")
     return lost

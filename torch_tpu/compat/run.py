@@ -30,7 +30,7 @@ import warnings
 import torch
 
 import torch_tpu
-from torch_tpu._workers import extend_deadline, first_line
+from torch_tpu._workers import extend_deadline, first_line, report_progress
 from torch_tpu.compat import compiled as compiled_mode
 from torch_tpu.compat.draws import RandomDraws
 from torch_tpu.compat import models
@@ -292,16 +292,29 @@ def carry_config_changes(src, dst):
                     setattr(cb, key, copy.deepcopy(value))
 
 
+def identity(key) -> dict:
+    """The head, family and class a key is reported under, known without building it (a
+    model that cannot be built, or whose worker died, stays in its family)."""
+    if "/" not in key:
+        head, family, cls_name = models.representative(key)
+        return {"head": head, "family": family, "class": models.PARTS.get(key, cls_name)}
+    head, model_type = key.split("/", 1)  # a stage-2 key, "task head/model type"
+    from torch_tpu.compat import sample
+    table = sample.heads()
+    return {"head": head, "family": sample.modality(model_type, table),
+            "class": table.get(head, {}).get(model_type),
+            "stratum": sample.stratum(head, model_type, table)}
+
+
 def run_model(model_type, modes=("strict", "fused")) -> dict:
-    """{"head", "family", "class", "params", "modes": {mode: record}}."""
-    rec = {"head": None, "family": "other", "class": None, "modes": {}}
+    """{"head", "family", "class", "params", "modes": {mode: record}}. Before each part
+    it reports the record so far and the part ("build", "cpu" or a mode) to the pool, so
+    that a timeout or a crash keeps the modes that finished."""
+    rec = {**identity(model_type), "modes": {}}
     want_head = None
-    if "/" in model_type:  # a stage-2 key, "task head/model type"
+    if "/" in model_type:
         want_head, model_type = model_type.split("/", 1)
-        from torch_tpu.compat import sample
-        table = sample.heads()
-        rec.update(head=want_head, family=sample.modality(model_type, table),
-                   stratum=sample.stratum(want_head, model_type, table))
+    report_progress((rec, "build"))
     try:
         model, cfg, head, family, cls_name = models.build(model_type, want_head)
         # Each device run starts from a copy made before any forward: a model that caches
@@ -333,6 +346,7 @@ def run_model(model_type, modes=("strict", "fused")) -> dict:
         if not moved:
             moved.extend(perturbed_step(pristine, state, kw, d, replay(recorded)) for d in (1, -1))
         return moved
+    report_progress((rec, "cpu"))
     try:
         t0 = time.perf_counter()
         want = step(model, kw, "cpu", draws=recorded)
@@ -346,6 +360,7 @@ def run_model(model_type, modes=("strict", "fused")) -> dict:
         if mode == "cpu":
             rec["modes"][mode] = {"status": "pass", "cpu_seconds": round(cpu_s, 2)}
             continue
+        report_progress((rec, mode))
         rec["modes"][mode] = run_mode(mode, pristine, state, kw, want, (reference, spread),
                                       cpu_s, replay(recorded))
         # The timeout counts the model's run time, not XLA's compiles (a cold cache's).
