@@ -289,6 +289,30 @@ def test_lstsq_refuses_what_cpu_refuses(metas):
     assert host(dev(a).sum()).item() == pytest.approx(a.sum().item(), rel=1e-6)
 
 
+def test_out_forms_refuse_another_dtype_and_geqrf_takes_out(metas):
+    # eigh, eigvalsh, qr and lu_factor cast into a float16 out where CPU raises; geqrf's
+    # out form had no meta kernel (NotImplementedError).
+    a = randn(3, 3)
+    a = a + a.mT
+    h = lambda: dev(torch.empty(0, dtype=torch.float16))
+    for call in (lambda x, o: torch.linalg.eigh(x, out=(o(), o())), lambda x, o: torch.linalg.eigvalsh(x, out=o()),
+                 lambda x, o: torch.linalg.qr(x, out=(o(), o())),
+                 lambda x, o: torch.linalg.lu_factor(x, out=(o(), torch.empty(0, dtype=torch.int32, device=x.device)))):
+        with pytest.raises(RuntimeError, match="Expected out tensor to have dtype float, but got c10::Half"):
+            call(a, lambda: torch.empty(0, dtype=torch.float16))
+        with pytest.raises(RuntimeError, match="Expected out tensor to have dtype float, but got c10::Half"):
+            call(dev(a), h)
+    with native():
+        out = (dev(torch.empty(0)), dev(torch.empty(0)))
+        got = torch.geqrf(dev(randn(4, 3)), out=out)
+        assert got[0] is out[0] and got[1] is out[1]
+        w = torch.linalg.eigvalsh(dev(a), out=dev(torch.empty(0)))
+    want = torch.geqrf(randn(4, 3))
+    torch.testing.assert_close(host(out[0]), want[0], **F32)
+    torch.testing.assert_close(host(out[1]), want[1], **F32)
+    torch.testing.assert_close(host(w), torch.linalg.eigvalsh(a), **F32)
+
+
 def test_lstsq_backward(metas):
     a, b = randn(4, 3), randn(4, 2, seed=1)
     xa, ya = a.clone().requires_grad_(), dev(a).requires_grad_()

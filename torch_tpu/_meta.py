@@ -34,6 +34,14 @@ def _geqrf(a):
     return a.new_empty(a.shape), a.new_empty(a.shape[:-2] + (min(a.shape[-2:]),))
 
 
+def _geqrf_out(x, *, a, tau):
+    for out in (a, tau):
+        torch._check(out.dtype == x.dtype, lambda: f"Expected out tensor to have dtype {x.dtype}, but got "
+                     f"{out.dtype} instead")
+    ra, rt = _geqrf(x)
+    return a.resize_(ra.shape), tau.resize_(rt.shape)
+
+
 def _linalg_lstsq(a, b, rcond=None, *, driver=None):
     # CPU's checks (the shapes below would broadcast a B of one row silently).
     torch._check(a.dtype == b.dtype, lambda: "torch.linalg.lstsq: Expected input and other to have the same "
@@ -198,6 +206,7 @@ _KERNELS = {
     "_thnn_fused_gru_cell": _fused_gru_cell,
     "_thnn_fused_gru_cell_backward": _fused_gru_cell_backward,
     "geqrf": _geqrf,
+    "geqrf.a": _geqrf_out,
     "linalg_lstsq": _linalg_lstsq,
     "multi_margin_loss_backward": _grad_like_input,
     "multilabel_margin_loss_backward": _grad_like_input,

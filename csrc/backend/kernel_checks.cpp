@@ -312,6 +312,23 @@ void int_mm_out_dtype(c10::ArrayRef<c10::IValue> args) {
               c10::scalarTypeToTypeMeta(t).name());
 }
 
+// Linear algebra out= forms write their results exactly (CPU's structured kernels refuse
+// an out of another floating dtype; ours would cast into it). `inputs`: arguments before
+// the outs; a floating out holds the input's dtype, or its real one (eigenvalues).
+template <size_t inputs>
+void linalg_out_dtypes(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() <= inputs || !args[0].isTensor()) return;
+  c10::ScalarType t = args[0].toTensor().scalar_type();
+  for (size_t i = inputs; i < args.size(); ++i) {
+    if (!args[i].isTensor()) continue;
+    c10::ScalarType o = args[i].toTensor().scalar_type();
+    if (!c10::isFloatingType(o) && !c10::isComplexType(o)) continue;
+    c10::ScalarType want = c10::isComplexType(o) ? t : c10::toRealValueType(t);
+    TORCH_CHECK(o == want || o == t, "Expected out tensor to have dtype ", c10::scalarTypeToTypeMeta(want).name(),
+                ", but got ", c10::scalarTypeToTypeMeta(o).name(), " instead");
+  }
+}
+
 // native_dropout(x, p, train): training draws a bernoulli mask, which CUDA's kernel and
 // CPU's F.dropout refuse for complex values (not training is the identity). F.dropout
 // reaches this op on tpu as on CUDA; CPU's own native_dropout would accept complex.
@@ -557,6 +574,9 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"randperm", &randperm_size},
       {"native_dropout", &dropout_complex},
       {"_int_mm", &int_mm_out_dtype},
+      {"_linalg_eigh", &linalg_out_dtypes<3>},       // (A, UPLO, compute_v | eigenvalues, eigenvectors)
+      {"linalg_qr", &linalg_out_dtypes<2>},          // (A, mode | Q, R)
+      {"linalg_lu_factor_ex", &linalg_out_dtypes<3>},  // (A, pivot, check_errors | LU, pivots, info)
       {"argmax", &argmax_input},
       {"argmin", &argmin_input},
       {"index_select", &index_select_index},
