@@ -333,9 +333,17 @@ def test_non_finite_inputs():
     q0, r0 = torch.linalg.qr(a)
     torch.testing.assert_close(host(q), q0, equal_nan=True, **F32)
     torch.testing.assert_close(host(r), r0, equal_nan=True, **F32)
-    with pytest.raises(RuntimeError, match="linalg.svd: The algorithm failed to converge"):
+    # torch.linalg.LinAlgError, as CPU's LAPACK failures (a plain RuntimeError missed
+    # `except LinAlgError`).
+    with pytest.raises(torch.linalg.LinAlgError, match="linalg.svd: The algorithm failed to converge"):
         torch.linalg.svdvals(dev(a))
         torch_tpu.synchronize()
-    with pytest.raises(RuntimeError, match="linalg.eigh: The algorithm failed to converge"):
+    with pytest.raises(torch.linalg.LinAlgError, match="linalg.eigh: The algorithm failed to converge"):
         torch.linalg.eigvalsh(dev(a[:3]))
         torch_tpu.synchronize()
+    with pytest.raises(torch.linalg.LinAlgError):
+        torch.linalg.svdvals(a)
+    with pytest.raises(torch.linalg.LinAlgError, match="not positive-definite"):
+        torch.cholesky(dev(-torch.eye(3)))
+        torch_tpu.synchronize()
+    assert host(dev(a[0]).sum()).item() == pytest.approx(a[0].sum().item())

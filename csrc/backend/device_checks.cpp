@@ -28,10 +28,13 @@ struct Check {
   std::vector<Output> outputs;
 };
 
-// A message asks for PyTorch's generic RuntimeError with this prefix (IndexError without).
-const std::string kRuntimeTag = "RuntimeError: ";
+// A message asks for PyTorch's generic RuntimeError or LinAlgError with these prefixes
+// (IndexError without).
+const std::string kRuntimeTag = "RuntimeError: ", kLinAlgTag = "LinAlgError: ";
 std::string without_tag(const std::string& m) {
-  return m.rfind(kRuntimeTag, 0) == 0 ? m.substr(kRuntimeTag.size()) : m;
+  for (const std::string& tag : {kRuntimeTag, kLinAlgTag})
+    if (m.rfind(tag, 0) == 0) return m.substr(tag.size());
+  return m;
 }
 
 bool holds(const Operand& v, const Output& o) {
@@ -110,8 +113,13 @@ void verify_device_checks() {
     if (!failed) failed = &c;
   }
   if (!failed) return;
-  if (failed->message.rfind(kRuntimeTag, 0) == 0) TORCH_CHECK(false, without_tag(failed->message));
-  TORCH_CHECK_INDEX(false, failed->message);
+  raise_check_message(failed->message);
+}
+
+void raise_check_message(const std::string& message) {
+  if (message.rfind(kRuntimeTag, 0) == 0) TORCH_CHECK(false, without_tag(message));
+  if (message.rfind(kLinAlgTag, 0) == 0) TORCH_CHECK_LINALG(false, without_tag(message));
+  TORCH_CHECK_INDEX(false, message);
 }
 
 }  // namespace tpu::backend

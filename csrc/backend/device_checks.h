@@ -21,4 +21,9 @@ void add_device_check(Operand ok, std::string message, const std::vector<c10::St
 // the read that runs their graph: reading them would run it.
 void verify_device_checks();
 
+// Raises a failed check's message as the type its tag asks for: "RuntimeError: " and
+// "LinAlgError: " (torch.linalg.LinAlgError, as CPU's LAPACK failures) prefixes, else
+// IndexError.
+[[noreturn]] void raise_check_message(const std::string& message);
+
 }  // namespace tpu::backend

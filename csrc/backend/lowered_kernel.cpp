@@ -1069,10 +1069,7 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
   } catch (const std::out_of_range& e) {
     TORCH_CHECK_INDEX(false, info.name, ": ", e.what());  // a dim out of range: IndexError, as CPU
   } catch (const lowering::CheckFailed& e) {
-    // As a device check's message says (device_checks.cpp): RuntimeError or IndexError.
-    const std::string message = e.what(), tag = "RuntimeError: ";
-    if (message.rfind(tag, 0) == 0) TORCH_CHECK(false, message.substr(tag.size()));
-    TORCH_CHECK_INDEX(false, message);
+    raise_check_message(e.what());  // the type its message asks for (device_checks.h)
   }
   TORCH_CHECK(results.size() == out_types.size(), "internal: lowering of ", describe(info, args),
               " made ", results.size(), " outputs, PyTorch expects ", out_types.size());

@@ -160,7 +160,7 @@ TPU_LOWER(cholesky, "cholesky") {
     for (int64_t i = 0; i < info.rank(); ++i) all.push_back(i);
     Value worst = info.rank() ? reduce_max(b, info, all) : info;
     ctx.check(b.compare(worst, b.constant(0, DType::I32), Cmp::EQ),
-              "RuntimeError: cholesky: The factorization could not be completed because the input is not "
+              "LinAlgError: cholesky: The factorization could not be completed because the input is not "
               "positive-definite.");
   }
   return {l};

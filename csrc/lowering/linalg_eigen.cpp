@@ -202,7 +202,7 @@ TPU_LOWER(linalg_eigh, "_linalg_eigh") {
   Value keep = b.compare(b.iota(st, 1), b.iota(st, 2), lower ? Cmp::GE : Cmp::LE);
   Value sym = b.select(keep, a3, swap_last(b, a3));  // the named triangle, mirrored
   // LAPACK fails on non-finite input (its error code is not reproduced).
-  ctx.check(all_finite(b, sym), "RuntimeError: linalg.eigh: The algorithm failed to converge because the input matrix "
+  ctx.check(all_finite(b, sym), "LinAlgError: linalg.eigh: The algorithm failed to converge because the input matrix "
                                 "is ill-conditioned or has too many repeated eigenvalues");
   auto [w, v] = jacobi_eigh(b, sym);
   Value vv = vo.numel() == 0 ? b.constant(0, vo.dtype, vo.shape) : b.reshape(v, vo.shape);
@@ -292,7 +292,7 @@ TPU_LOWER(linalg_svd, "_linalg_svd") {
     Value v = uv ? eye_like(vo) : b.constant(0, vo.dtype, vo.shape);
     return {u, b.constant(0, so.dtype, so.shape), v};
   }
-  ctx.check(all_finite(b, a3), "RuntimeError: linalg.svd: The algorithm failed to converge because the input matrix "
+  ctx.check(all_finite(b, a3), "LinAlgError: linalg.svd: The algorithm failed to converge because the input matrix "
                               "contained non-finite values.");
   bool wide = m < n;  // the SVD of A^T: A = V S U^T
   Value x = wide ? swap_last(b, a3) : a3;
