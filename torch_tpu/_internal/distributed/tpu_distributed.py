@@ -82,6 +82,8 @@ def register():
     if BACKEND.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND, create_process_group, devices=["tpu"])
+    from torch_tpu import _on_import
+    _on_import.patch_when_imported("torch.nn.parallel.distributed", "DistributedDataParallel", _allow_bf16_hooks)
     from torch.distributed import distributed_c10d as c10d
 
     if not getattr(c10d.init_process_group, "_tpu_default_backend", False):
@@ -91,6 +93,29 @@ def register():
         mesh = sys.modules.get("torch.distributed.device_mesh")
         if mesh is not None and hasattr(mesh, "init_process_group"):
             mesh.init_process_group = c10d.init_process_group
+
+
+_BF16_HOOKS = ("bf16_compress_hook", "bf16_compress_wrapper_hook")
+
+
+def _allow_bf16_hooks(module) -> None:
+    """DDP refuses its bf16 compression hooks by name unless NCCL or XCCL is built in;
+    over tpu_dist they work (bf16 all_reduce), so a CUDA script's hook registers."""
+    ddp = module.DistributedDataParallel
+    check = ddp._check_comm_hook
+    if getattr(check, "_tpu_bf16", False):
+        return
+
+    def _check_comm_hook(self, hook):
+        if getattr(hook, "__name__", "") in _BF16_HOOKS and BACKEND in str(dist.get_backend(self.process_group)):
+            # The other checks (signature, annotations) run on a renamed wrapper.
+            renamed = functools.wraps(hook)(lambda *args, **kwargs: hook(*args, **kwargs))
+            renamed.__name__ = "tpu_dist_" + hook.__name__
+            hook = renamed
+        return check(self, hook)
+
+    _check_comm_hook._tpu_bf16 = True
+    ddp._check_comm_hook = _check_comm_hook
 
 
 def transport(group=None) -> str:
