@@ -388,6 +388,26 @@ TPU_LOWER(c_exp2, "complex:exp2") {
   return omap(ctx, {0}, [](Builder& b, const Vs& x) { return cexp(b, scale_parts(b, x[0], M_LN2)); });
 }
 
+// pow: exp(w log z) (C's cpow); a Scalar exponent of 0, 1, 2, 3, 0.5, -0.5, -1 or -2
+// takes the exact path CPU's kernel takes for it (ones, the base, products, sqrt, rsqrt,
+// reciprocals). The Scalar is a runtime operand: selects on its value.
+TPU_LOWER(c_pow, "complex:pow.Tensor_Tensor", "complex:pow.Tensor_Scalar", "complex:pow.Scalar",
+          "complex:pow_.Tensor") {
+  bool scalar_exponent = ctx.is_tensor(0) && !ctx.is_tensor(1);
+  return omap(ctx, {0, 1}, [scalar_exponent](Builder& b, const Vs& x) {
+    Value z = x[0], w = x[1];
+    Value p = cexp(b, mul(b, w, clog(b, z)));
+    if (!scalar_exponent) return p;
+    auto is = [&](double v) { return equal(b, w, b.constant(v, w.dtype(), w.shape())); };
+    Value zz = mul(b, z, z);
+    std::pair<double, Value> exact[] = {{0, one_like(b, z)}, {1, z}, {2, zz}, {3, mul(b, zz, z)},
+                                        {0.5, csqrt(b, z)}, {-0.5, crecip(b, csqrt(b, z))},
+                                        {-1, crecip(b, z)}, {-2, crecip(b, zz)}};
+    for (auto& [v, r] : exact) p = b.select(is(v), r, p);
+    return p;
+  });
+}
+
 TPU_LOWER(c_abs, "complex:abs") {
   return imap(ctx, [](Builder& b, const Vs& x) { return cabs(b, x[0]); });
 }
