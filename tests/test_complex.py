@@ -247,7 +247,9 @@ UNARY = [torch.neg, torch.reciprocal, torch.abs, torch.sgn, torch.exp, torch.log
          torch.sin, torch.cos, torch.tanh, torch.tan, torch.sinh, torch.cosh, torch.rsqrt, torch.sigmoid,
          torch.log1p, torch.expm1, torch.log2, torch.log10, torch.exp2, torch.square, lambda z: z ** 3,
          lambda z: z ** 0.5, lambda z: z ** -1, lambda z: z ** 1.5, lambda z: z ** (2 + 1j), lambda z: z ** z,
-         lambda z: 2 ** z, lambda z: z.sum(), lambda z: z.sum(0), lambda z: z.mean(1),
+         lambda z: 2 ** z, lambda z: torch.addcmul(z, z, z.conj(), value=0.5 - 1j),
+         lambda z: torch.addcdiv(z, z, z + 1, value=2), lambda z: torch.lerp(z, z * 1j, 0.3),
+         lambda z: torch.lerp(z, z * 1j, z), lambda z: z.sum(), lambda z: z.sum(0), lambda z: z.mean(1),
          lambda z: z @ z.mT, lambda z: z.real * z.imag, lambda z: torch.cat([z, z.conj()])]
 
 

@@ -388,6 +388,23 @@ TPU_LOWER(c_exp2, "complex:exp2") {
   return omap(ctx, {0}, [](Builder& b, const Vs& x) { return cexp(b, scale_parts(b, x[0], M_LN2)); });
 }
 
+TPU_LOWER(c_addcmul, "complex:addcmul") {  // self + value * t1 * t2, in PyTorch's order
+  return omap(ctx, {0, 1, 2, 3}, [](Builder& b, const Vs& x) { return add(b, x[0], mul(b, mul(b, x[3], x[1]), x[2])); });
+}
+TPU_LOWER(c_addcdiv, "complex:addcdiv") {  // self + value * t1 / t2
+  return omap(ctx, {0, 1, 2, 3}, [](Builder& b, const Vs& x) { return add(b, x[0], cdiv(b, mul(b, x[3], x[1]), x[2])); });
+}
+// lerp switches formulas at |w| = 0.5, as for real values.
+TPU_LOWER(c_lerp, "complex:lerp.Scalar", "complex:lerp.Tensor") {
+  return omap(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) {
+    Value d = sub(b, x[1], x[0]);
+    Value lo = add(b, x[0], mul(b, x[2], d));
+    Value hi = sub(b, x[1], mul(b, d, sub(b, one_like(b, d), x[2])));
+    Value w = complex_magnitude(b, x[2]);
+    return b.select(b.compare(w, b.constant(0.5, w.dtype(), w.shape()), Cmp::LT), lo, hi);
+  });
+}
+
 // pow: exp(w log z) (C's cpow); a Scalar exponent of 0, 1, 2, 3, 0.5, -0.5, -1 or -2
 // takes the exact path CPU's kernel takes for it (ones, the base, products, sqrt, rsqrt,
 // reciprocals). The Scalar is a runtime operand: selects on its value.
