@@ -118,6 +118,18 @@ def test_interpolate_2d(kw):
     check(lambda x: F.interpolate(x, **kw), randn(2, 3, 6, 5))
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_antialiased_uint8_images_as_cpu(mode):
+    # The fractional weights were cast to uint8 (0): most pixels came out 0. CPU sums in
+    # fixed point and rounds after each pass; float sums rounded per pass differ by <= 1.
+    x = torch.arange(2 * 3 * 8 * 8, dtype=torch.int64).remainder(256).to(torch.uint8).reshape(2, 3, 8, 8)
+    for size in ((5, 3), (3, 7)):
+        want = F.interpolate(x, size=size, mode=mode, antialias=True)
+        got = F.interpolate(x.to("tpu"), size=size, mode=mode, antialias=True).cpu()
+        assert got.dtype == torch.uint8
+        assert (got.int() - want.int()).abs().max().item() <= 1, (got, want)
+
+
 @pytest.mark.parametrize("kw", [dict(scale_factor=0.6, mode="linear", align_corners=True),
                                 dict(scale_factor=2, mode="nearest")])
 def test_interpolate_1d(kw):

@@ -221,7 +221,10 @@ std::vector<Value> backward(Ctx& ctx, Mode m, int n, bool has_align) {
 std::vector<Value> aa_forward(Ctx& ctx, bool cubic) {
   Builder& b = ctx.b;
   Type o = ctx.out(0);
-  Value x = b.convert(ctx.in(0), acc_type(o.dtype));
+  // uint8 images: weighted sums in float (an integer type truncated the fractional
+  // weights to 0), rounded and clamped to [0, 255] after each pass, as CPU's kernel.
+  bool u8 = o.dtype == DType::U8;
+  Value x = b.convert(ctx.in(0), u8 ? DType::F32 : acc_type(o.dtype));
   if (x.type.numel() == 0 || o.numel() == 0) return {b.constant(0, o.dtype, o.shape)};
   bool align = ctx.flag(2);
   auto sc = scales(ctx, 3, 2);
@@ -230,6 +233,9 @@ std::vector<Value> aa_forward(Ctx& ctx, bool cubic) {
     int64_t d = r - 2 + i, in = x.shape()[d], out = o.shape[d];
     if (in == out) continue;  // CPU leaves an unresized dim alone
     x = apply_fwd(b, x, d, make_taps(cubic ? Mode::CubicAA : Mode::LinearAA, in, out, align, sc[i]), out);
+    if (u8)
+      x = b.clamp(b.constant(0, DType::F32, {}), b.unary("stablehlo.round_nearest_afz", x),
+                  b.constant(255, DType::F32, {}));
   }
   return {b.convert(x, o.dtype)};
 }
