@@ -239,6 +239,20 @@ def test_conv_transpose_backward(n, kw):
 
 # ---- embedding_bag.cpp
 
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_keeps_a_non_finite_row_in_its_own_bag(mode):
+    # A 0/1 matmul spread 0 * inf (an inf row of bag 0, a NaN padding row) into every bag.
+    w = torch.arange(30.0).reshape(10, 3) / 10
+    w[1] = float("inf")
+    w[9] = float("nan")  # the padding row: skipped
+    idx = torch.tensor([1, 2, 3, 4, 9, 5, 6])
+    off = torch.tensor([0, 2, 5])
+    want = F.embedding_bag(idx, w, off, mode=mode, padding_idx=9)
+    got = F.embedding_bag(idx.to("tpu"), w.to("tpu"), off.to("tpu"), mode=mode, padding_idx=9).cpu()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert got[1:].isfinite().all()
+
+
 @pytest.mark.parametrize("mode,psw,pad", [("mean", False, 2), ("max", False, None), ("sum", True, 1)])
 def test_embedding_bag_backward(mode, psw, pad):
     w = randn(10, 3)

@@ -1,6 +1,6 @@
 // embedding_bag: rows of `weight` at `indices`, reduced per bag (sum, mean or max), the
-// bags given by `offsets`. Bag membership is a (bags x indices) mask, so sums are one
-// matmul and max a masked reduction; no data-dependent shapes.
+// bags given by `offsets`. Sums are a scatter-add of the rows into their bags and max a
+// masked reduction over a (bags x indices) membership mask; no data-dependent shapes.
 #include <limits>
 
 #include "lowering/helpers.h"
@@ -48,12 +48,6 @@ TPU_LOWER(embedding_bag, "_embedding_bag", "_embedding_bag_forward_only") {
   if (pad >= 0) valid = b.compare(idx, b.constant(static_cast<double>(pad), DType::I64, {n}), Cmp::NE);
   Value same_bag = b.compare(b.broadcast_in_dim(bag, {nb, n}, {1}), b.iota(Type{DType::I64, {nb, n}}, 0), Cmp::EQ);
   Value member = b.binary("stablehlo.and", same_bag, b.broadcast_in_dim(valid, {nb, n}, {1}));
-  Value summed = member;
-  if (last) {
-    Value end = b.broadcast_in_dim(b.reshape(b.slice(off, {nb}, {nb + 1}, {1}), {}), {n}, {});
-    Value before_end = b.compare(b.iota(i64n, 0), end, Cmp::LT);
-    summed = b.binary("stablehlo.and", member, b.broadcast_in_dim(before_end, {nb, n}, {1}));
-  }
   Value count = reduce_sum(b, b.convert(member, DType::I64), {1});  // [nb]
 
   Value rows = b.gather(w, b.reshape(idx, {n, 1}), {1}, {0}, {0}, 1, {1, d}, {n, d});
@@ -64,7 +58,16 @@ TPU_LOWER(embedding_bag, "_embedding_bag", "_embedding_bag_forward_only") {
   Value out, max_indices;
   Value nonempty = b.compare(count, b.constant(0, DType::I64, {nb}), Cmp::GT);
   if (mode != 2) {
-    out = matmul2d(b, b.convert(summed, acc), rows, acc);
+    // A scatter-add of each row into its bag; rows left out (padding_idx, past the last
+    // offset) are dropped by a select: a 0/1 matmul spread 0 * inf = NaN into every bag.
+    Value keep = valid;
+    if (last) {
+      Value end = b.broadcast_in_dim(b.reshape(b.slice(off, {nb}, {nb + 1}, {1}), {}), {n}, {});
+      keep = b.binary("stablehlo.and", keep, b.compare(b.iota(i64n, 0), end, Cmp::LT));
+    }
+    Value kept = b.select(b.broadcast_in_dim(keep, {n, d}, {0}), rows, b.constant(0, acc, {n, d}));
+    auto sum = [](Builder& b, const std::vector<Value>& a) { return std::vector<Value>{add(b, a[0], a[1])}; };
+    out = b.scatter(b.constant(0, acc, {nb, d}), b.reshape(bag, {n, 1}), kept, {1}, {0}, {0}, 1, sum);
     if (mode == 1) {
       Value denom = b.convert(b.select(nonempty, count, b.constant(1, DType::I64, {nb})), acc);
       out = div(b, out, b.broadcast_in_dim(denom, {nb, d}, {0}));
