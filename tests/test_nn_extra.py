@@ -390,3 +390,17 @@ def test_attention_inference_fast_paths_run_natively_as_cpu(case, norm_first):
             got = fn(layer.to("tpu"), mha.to("tpu"), x.to("tpu"), "tpu")
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         torch.testing.assert_close(g.cpu(), w, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_max_unpool_refuses_an_index_outside_its_plane():
+    # A negative index wrapped (-1 wrote the last element); one past the plane raised an
+    # IndexError from index_put. CPU raises RuntimeError (CUDA a device assert).
+    x = torch.ones(1, 1, 2, 2)
+    for bad in (-1, 99):
+        idx = torch.tensor([[[[0, 1], [2, bad]]]])
+        with pytest.raises(RuntimeError, match="Found an invalid max index"):
+            F.max_unpool2d(x, idx, 2)
+        with pytest.raises(RuntimeError, match="Found an invalid max index"):
+            F.max_unpool2d(x.to("tpu"), idx.to("tpu"), 2).cpu()
+    idx = torch.tensor([[[[0, 3], [9, 15]]]])
+    assert torch.equal(F.max_unpool2d(x.to("tpu"), idx.to("tpu"), 2).cpu(), F.max_unpool2d(x, idx, 2))

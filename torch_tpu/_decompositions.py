@@ -126,7 +126,23 @@ def _huber_loss(op, decomp):
     return run
 
 
-_WRAPPERS = {"aten::huber_loss": _huber_loss,
+def _max_unpool(op, decomp):
+    """CPU raises for an index outside its output plane; the decomposition's index_put
+    wrapped a negative one (-1 wrote the last element). The check stays on the device
+    (raised at the next synchronization, as CUDA's device assert)."""
+    def run(x, indices, output_size, *rest):
+        plane = 1
+        for size in output_size:
+            plane *= int(size)
+        if indices.numel():
+            ok = ((indices >= 0) & (indices < plane)).all()
+            sizes = "x".join(str(int(v)) for v in output_size)
+            torch._assert_async(ok, f"Found an invalid max index (output volumes are of size {sizes})")
+        return decomp(x, indices, output_size, *rest)
+    return run
+
+
+_WRAPPERS = {"aten::huber_loss": _huber_loss, "aten::max_unpool2d": _max_unpool, "aten::max_unpool3d": _max_unpool,
              "aten::_native_batch_norm_legit": _batch_norm, "aten::native_batch_norm": _batch_norm,
              "aten::isin.Tensor_Tensor": _isin, "aten::isin.Tensor_Tensor_out": _isin,
              "aten::isin.Scalar_Tensor": _isin, "aten::isin.Scalar_Tensor_out": _isin}
