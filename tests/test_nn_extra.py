@@ -253,6 +253,15 @@ def test_embedding_bag_keeps_a_non_finite_row_in_its_own_bag(mode):
     assert got[1:].isfinite().all()
 
 
+def test_embedding_bag_refuses_offsets_that_go_down():
+    w, idx = torch.arange(12.0).reshape(4, 3), torch.tensor([0, 1, 2, 3])
+    with pytest.raises(RuntimeError):
+        F.embedding_bag(idx, w, torch.tensor([0, 3, 1]))
+    with pytest.raises(RuntimeError, match="offsets must be non-decreasing"):
+        F.embedding_bag(idx.to("tpu"), w.to("tpu"), torch.tensor([0, 3, 1], device="tpu")).cpu()
+    assert F.embedding_bag(idx.to("tpu"), w.to("tpu"), torch.tensor([0, 1, 1], device="tpu")).shape == (3, 3)
+
+
 @pytest.mark.parametrize("mode,psw,pad", [("mean", False, 2), ("max", False, None), ("sum", True, 1)])
 def test_embedding_bag_backward(mode, psw, pad):
     w = randn(10, 3)

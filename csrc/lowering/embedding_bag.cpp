@@ -32,6 +32,11 @@ TPU_LOWER(embedding_bag, "_embedding_bag", "_embedding_bag_forward_only") {
               "position 0");
     ctx.check(b.compare(lastv, b.constant(static_cast<double>(n), DType::I64), Cmp::LE),
               "RuntimeError: offsets[-1] can not be greater than input's length " + std::to_string(n));
+    if (no > 1) {  // offsets going down give bags of negative size (CPU refuses them)
+      Value up = b.compare(b.slice(off, {1}, {no}, {1}), b.slice(off, {0}, {no - 1}, {1}), Cmp::GE);
+      ctx.check(all_true(b, up), "RuntimeError: embedding_bag: offsets must be non-decreasing (a bag cannot end "
+                                 "before it starts)");
+    }
   }
   DType acc = acc_type(w.dtype());
   const Type i64n{DType::I64, {n}};
