@@ -110,6 +110,22 @@ def test_loaded_programs_are_bounded_and_reload_when_used_again(tmp_path):
     assert out["grown"] < 200  # unbounded: about 4 mappings per program, ~1,000 here
 
 
+def test_loaded_programs_are_bounded_by_the_processs_mappings(tmp_path):
+    # Programs holding many mappings each (RNN graphs: hundreds) reached the kernel's
+    # limit under the count bound; past TPU_MAX_MAPPINGS the older half is unloaded.
+    prog = (
+        "import json, torch, torch_tpu\n"
+        "sums = [(torch.ones(n, device='tpu') * 3).sum().item() for n in range(1, 81)]\n"
+        "again = [(torch.ones(n, device='tpu') * 3).sum().item() for n in (1, 2, 3)]\n"
+        "print(json.dumps({'ok': sums == [3.0 * n for n in range(1, 81)] and again == [3.0, 6.0, 9.0],\n"
+        "                  'unloaded': torch_tpu.metrics()['programs_unloaded']}))\n")
+    out = run_python_json(prog, env={"TPU_COMPILE_CACHE_DIR": str(tmp_path), "TPU_MAX_MAPPINGS": "1"})
+    assert out["ok"]
+    assert out["unloaded"] >= 40  # every 16th load halves what is loaded
+    out = run_python_json(prog, env={"TPU_COMPILE_CACHE_DIR": str(tmp_path)})
+    assert out["ok"] and out["unloaded"] == 0  # far below the default budget
+
+
 # A fused graph and a compiled graph, after `prelude` (other programs made first, so this
 # process numbers the graphs' programs differently).
 GRAPHS = (

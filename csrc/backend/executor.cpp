@@ -8,7 +8,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <cstdlib>
 #include <list>
 #include <mutex>
@@ -136,6 +139,29 @@ static size_t max_loaded_programs() {
   return n;
 }
 
+// Programs differ in how many mappings they hold (an unrolled RNN graph about 580, a
+// pointwise op about 4), so the count bound alone let a DeferAndFuse run of many RNN
+// shapes reach the kernel's limit ("LLVM compilation error: Cannot allocate memory").
+// Every 16 loads the process's mappings are counted (/proc/self/maps, where it exists);
+// past TPU_MAX_MAPPINGS (default: 60 % of vm.max_map_count) the older half is unloaded.
+static size_t count_lines(const char* path) {
+  std::ifstream f(path);
+  if (!f) return 0;
+  return static_cast<size_t>(std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n'));
+}
+static size_t mapping_budget() {
+  static const size_t n = [] {
+    const char* s = std::getenv("TPU_MAX_MAPPINGS");
+    long v = s && *s ? std::atol(s) : 0;
+    if (v > 0) return static_cast<size_t>(v);
+    std::ifstream f("/proc/sys/vm/max_map_count");
+    long limit = 0;
+    if (!(f >> limit) || limit <= 0) limit = 65530;
+    return static_cast<size_t>(limit) * 6 / 10;
+  }();
+  return n;
+}
+
 namespace {
 // The loaded executables, by program text.
 std::mutex g_loaded_mu;
@@ -170,11 +196,15 @@ runtime::ExecutablePtr compile_cached(const std::string& text, const std::string
   if (!fresh) return it->second.first;  // another thread compiled it meanwhile
   g_loaded_order.push_front(&it->first);
   it->second.second = g_loaded_order.begin();
-  while (g_loaded.size() > max_loaded_programs()) {
+  auto unload_oldest = [] {
     g_loaded.erase(*g_loaded_order.back());
     g_loaded_order.pop_back();
     metrics().programs_unloaded += 1;
-  }
+  };
+  while (g_loaded.size() > max_loaded_programs()) unload_oldest();
+  static size_t loads = 0;
+  if (++loads % 16 == 0 && count_lines("/proc/self/maps") > mapping_budget())
+    for (size_t keep = g_loaded.size() / 2; g_loaded.size() > std::max<size_t>(keep, 1);) unload_oldest();
   return exe;
 }
 
