@@ -362,3 +362,25 @@ def test_custom_jax_kernel_is_a_deprecated_alias():
         def new(x: jax.Array) -> jax.Array:
             return x - 1
     assert new(torch.zeros(1, device="tpu")).cpu().tolist() == [-1.0]
+
+
+def test_complex_gradients_match_torch(mode):
+    # JAX's vjp convention for complex values is the conjugate of PyTorch's.
+    @jax_op("jaxop_test::cmul")
+    def cmul(x: jax.Array) -> jax.Array:
+        return x * (1 + 2j)
+
+    @jax_op("jaxop_test::abs2")
+    def abs2(x: jax.Array) -> jax.Array:
+        return (x * x.conj()).real
+
+    x = torch.tensor([1 + 1j, 2 - 0.5j], dtype=torch.complex64)
+    r = torch.tensor([0.5, -1.5])
+    cases = [(cmul, x, lambda y: y.real.sum()), (abs2, x, lambda y: y.sum()),
+             (cmul, r, lambda y: y.imag.sum())]  # a real input with a complex output
+    for op, v, loss in cases:
+        want = v.clone().requires_grad_()
+        loss(want * (1 + 2j) if op is cmul else (want * want.conj()).real).backward()
+        got = v.to("tpu").requires_grad_()
+        loss(op(got)).backward()
+        torch.testing.assert_close(got.grad.cpu(), want.grad)

@@ -369,10 +369,14 @@ class _VjpOp:
 
             # Outputs without a gradient (integers) take JAX's float0 cotangents.
             import numpy as np
-            cts = [c if jax.numpy.issubdtype(c.dtype, jax.numpy.inexact)
+            jnp = jax.numpy
+            # JAX's vjp of a complex value is the conjugate of PyTorch's gradient (for a
+            # real loss, JAX gives dL/dz and PyTorch dL/dconj(z)): conjugate on the way in
+            # and on the way out, so both match torch's autograd.
+            cts = [_conj(jnp, c) if jnp.issubdtype(c.dtype, jnp.inexact)
                    else np.zeros(c.shape, jax.dtypes.float0) for c in cts]
             _, pullback = jax.vjp(f, *[primals[present.index(i)] for i in diff])
-            g = pullback(cts[0] if fwd.n_outs is None else tuple(cts))
+            g = [_conj(jnp, x) for x in pullback(cts[0] if fwd.n_outs is None else tuple(cts))]
             return g[0] if len(diff) == 1 else tuple(g)
 
         names = [f"p{i}" for i in range(len(present))] + [f"g{i}" for i in range(n_out)]
@@ -382,6 +386,10 @@ class _VjpOp:
         ns, base = fwd.name.split("::")
         return JaxOp(f"{ns}::{base}_vjp{n}", vjp, None, params=params,
                      n_outs=None if len(diff) == 1 else len(diff))
+
+
+def _conj(jnp, x):
+    return jnp.conj(x) if jnp.issubdtype(x.dtype, jnp.complexfloating) else x
 
 
 def _vjp_op(fwd: JaxOp) -> "_VjpOp":
