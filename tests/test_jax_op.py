@@ -1,5 +1,6 @@
 """jax_op: JAX and Pallas functions as PyTorch ops on tpu tensors, their StableHLO
 spliced into our programs (Strict, Debug, DeferAndFuse, compiled)."""
+import math
 import os
 import sys
 import warnings
@@ -384,3 +385,16 @@ def test_complex_gradients_match_torch(mode):
         got = v.to("tpu").requires_grad_()
         loss(op(got)).backward()
         torch.testing.assert_close(got.grad.cpu(), want.grad)
+
+
+def test_float_statics_of_either_sign_are_exported_apart():
+    @jax_op("jaxop_test::div")
+    def div(x: jax.Array, s: float) -> jax.Array:
+        return x / s
+
+    for s in (0.0, -0.0):  # -0.0 does not reuse what was exported for 0.0
+        x = torch.ones(1, device="tpu", requires_grad=True)
+        y = div(x, s)
+        y.backward()  # nor does its backward: d(x / s)/dx = 1 / s
+        assert y.item() == x.grad.item() == math.copysign(math.inf, s)
+    assert div(x, float("nan")).isnan().item() and div(x, float("nan")).isnan().item()

@@ -72,6 +72,13 @@ def _freeze(v):
     return tuple(_freeze(x) for x in v) if isinstance(v, (list, tuple)) else v
 
 
+def _keyed(v):
+    """A static as a cache key: 0.0 == -0.0 and True == 1 as dict keys, but not as
+    statics (x / -0.0 is -inf); float.hex tells the signs apart and keys every NaN alike."""
+    if isinstance(v, (list, tuple)):
+        return tuple(_keyed(x) for x in v)
+    return (float, v.hex()) if isinstance(v, float) else (type(v), v)
+
 
 class _Entry:
     """One exported signature: the imported module and its outputs."""
@@ -159,7 +166,7 @@ class JaxOp:
         key = []
         for (_, kind, _), v in zip(self.params, values):
             if kind == _STATIC:
-                key.append(("s", _freeze(v)))
+                key.append(("s", _keyed(v)))
             elif v is None:
                 key.append(None)
             else:
@@ -343,7 +350,7 @@ class _VjpOp:
         self._lock = threading.Lock()
 
     def call(self, tensors, present, diff, statics):
-        key = (present, tuple(diff), statics)
+        key = (present, tuple(diff), tuple((n, _keyed(v)) for n, v in statics))
         with self._lock:
             op = self._ops.get(key)
             if op is None:
