@@ -398,3 +398,16 @@ def test_float_statics_of_either_sign_are_exported_apart():
         y.backward()  # nor does its backward: d(x / s)/dx = 1 / s
         assert y.item() == x.grad.item() == math.copysign(math.inf, s)
     assert div(x, float("nan")).isnan().item() and div(x, float("nan")).isnan().item()
+
+
+def test_sequence_statics_arrive_as_tuples(mode):
+    @jax_op("jaxop_test::addaxis")
+    def addaxis(x: jax.Array, shape: tuple[int, ...], perm: list[int]) -> jax.Array:
+        assert type(shape) is tuple and type(perm) is tuple, (shape, perm)
+        return jnp.transpose(x.reshape(shape), perm).reshape(shape + (1,))
+
+    x = torch.arange(6.0, device="tpu", requires_grad=True)
+    y = addaxis(x, [2, 3], [1, 0])
+    (y * torch.arange(6.0, device="tpu").reshape(2, 3, 1)).sum().backward()  # the backward too
+    assert y.shape == (2, 3, 1)
+    assert x.grad.cpu().tolist() == torch.arange(6.0).reshape(3, 2).t().reshape(-1).tolist()

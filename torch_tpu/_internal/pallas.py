@@ -155,7 +155,10 @@ class JaxOp:
     def _split(self, args, kwargs):
         bound = self.sig.bind(*args, **kwargs)
         bound.apply_defaults()
-        values = [bound.arguments[n] for n, _, _ in self.params]
+        # A sequence static reaches the function as a tuple, forward and backward alike:
+        # hashable, as JAX's static arguments are (the op's schema hands over a list).
+        values = [_freeze(bound.arguments[n]) if k == _STATIC else bound.arguments[n]
+                  for n, k, _ in self.params]
         for (pname, kind, _), v in zip(self.params, values):
             if kind == _TENSOR and not isinstance(v, torch.Tensor):
                 raise TypeError(f"jax_op {self.name}: argument '{pname}' must be a tensor, "
@@ -292,7 +295,7 @@ class JaxOp:
 
     def _vjp_backward(self, ctx, *grads):
         saved = iter(ctx.saved_tensors)
-        values = [v if k == _STATIC or v is None else next(saved)
+        values = [_freeze(v) if k == _STATIC else None if v is None else next(saved)
                   for (_, k, _), v in zip(self.params, ctx.jax_values)]
         diff = [i for i, ((_, k, _), v) in enumerate(zip(self.params, values))
                 if k != _STATIC and v is not None and (v.is_floating_point() or v.is_complex())]
@@ -303,7 +306,7 @@ class JaxOp:
             outs.append(g if g is not None else torch.zeros(shape, dtype=dt, device=values[diff[0]].device))
         bwd = _vjp_op(self)
         args = [values[i] for i, (_, k, _) in enumerate(self.params) if k != _STATIC and values[i] is not None]
-        statics = tuple((n, _freeze(v)) for (n, k, _), v in zip(self.params, values) if k == _STATIC)
+        statics = tuple((n, v) for (n, k, _), v in zip(self.params, values) if k == _STATIC)
         present = tuple(i for i, (_, k, _) in enumerate(self.params) if k != _STATIC and values[i] is not None)
         res = bwd.call(args + outs, present, diff, statics)
         res = (res,) if isinstance(res, torch.Tensor) else res
