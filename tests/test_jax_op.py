@@ -411,3 +411,13 @@ def test_sequence_statics_arrive_as_tuples(mode):
     (y * torch.arange(6.0, device="tpu").reshape(2, 3, 1)).sum().backward()  # the backward too
     assert y.shape == (2, 3, 1)
     assert x.grad.cpu().tolist() == torch.arange(6.0).reshape(3, 2).t().reshape(-1).tolist()
+
+
+def test_compiled_call_with_every_tensor_none():
+    @jax_op("jaxop_test::maybe")
+    def maybe(a: Optional[jax.Array] = None, n: int = 3) -> jax.Array:
+        return jnp.ones((n,)) if a is None else a + 1
+
+    f = torch.compile(lambda n: maybe(None, n) * 2, backend="tpu", fullgraph=True)
+    y = f(4)
+    assert y.device.type == "tpu" and y.cpu().tolist() == [2.0] * 4

@@ -208,8 +208,11 @@ class JaxOp:
 
     def _fake(self, *args, **kwargs):
         values = self._split(args, kwargs)
-        device = next(v.device for (_, k, _), v in zip(self.params, values)
-                      if k != _STATIC and v is not None)
+        # No tensor passed (every Optional one None): the current device, as in _kernel.
+        device = next((v.device for (_, k, _), v in zip(self.params, values)
+                       if k != _STATIC and v is not None), None)
+        if device is None:
+            device = torch.device("tpu", torch.tpu.current_device())
         e = self._entry(values)
         outs = [torch.empty(s, dtype=d, device=device) for s, d in e.out_specs]
         return outs[0] if self.n_outs is None else tuple(outs)
