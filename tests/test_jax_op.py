@@ -421,3 +421,17 @@ def test_compiled_call_with_every_tensor_none():
     f = torch.compile(lambda n: maybe(None, n) * 2, backend="tpu", fullgraph=True)
     y = f(4)
     assert y.device.type == "tpu" and y.cpu().tolist() == [2.0] * 4
+
+
+def test_variadic_tuple_output_takes_its_count_from_the_export(mode):
+    @jax_op("jaxop_test::powers")
+    def powers(x: jax.Array, n: int) -> tuple[jax.Array, ...]:
+        return tuple(x ** (k + 1) for k in range(n))
+
+    x = torch.tensor([1.0, 2.0], device="tpu", requires_grad=True)
+    for n in (1, 3):
+        outs = powers(x, n)
+        assert [o.cpu().tolist() for o in outs] == [[1.0, 2.0 ** (k + 1)] for k in range(n)]
+    outs[0].sum().backward(retain_graph=True)  # the backward of a variadic op, outputs unused
+    (outs[1] + outs[2]).sum().backward()
+    assert x.grad.cpu().tolist() == [1.0 + 2 + 3, 1.0 + 4 + 12]

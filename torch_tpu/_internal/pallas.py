@@ -36,6 +36,7 @@ _ELEM = {
 _WIDE = (torch.int64, torch.float64, torch.complex128)  # need JAX's x64 mode
 
 _TENSOR, _OPT_TENSOR, _STATIC = "tensor", "optional tensor", "static"
+_VARIADIC = "..."  # n_outs of tuple[jax.Array, ...]: the export says how many
 
 
 def _jax():
@@ -106,10 +107,12 @@ class JaxOp:
                 ann = hints.get(p.name, p.annotation)
                 params.append((p.name, _kind(ann, jax), ann))
             ret = hints.get("return", self.sig.return_annotation)
-            n_outs = (len(typing.get_args(ret)) if typing.get_origin(ret) in (tuple, typing.Tuple)
-                      else None)
+            n_outs = None
+            if typing.get_origin(ret) in (tuple, typing.Tuple):
+                rargs = typing.get_args(ret)
+                n_outs = _VARIADIC if rargs[1:] == (Ellipsis,) else len(rargs)
         self.params = params  # [(name, kind, annotation)]
-        self.n_outs = n_outs  # None: one tensor
+        self.n_outs = n_outs  # None: one tensor; _VARIADIC: a list of as many as it returns
         tensor_names = [n for n, k, _ in params if k != _STATIC]
         if not tensor_names:
             raise TypeError(f"jax_op {name}: no parameter is annotated jax.Array "
@@ -139,7 +142,10 @@ class JaxOp:
                     raise TypeError(f"jax_op {self.name}: static parameter '{pname}' needs a type "
                                     "annotation (int, float, bool, str, Sequence[int], ...) or a default")
             new_params.append(p.replace(annotation=t))
-        ret = torch.Tensor if self.n_outs is None else typing.Tuple[(torch.Tensor,) * self.n_outs]
+        # The schema is made before any export: a variadic tuple's count is unknown, so
+        # its op returns Tensor[] (a list).
+        ret = (torch.Tensor if self.n_outs is None else typing.List[torch.Tensor]
+               if self.n_outs is _VARIADIC else typing.Tuple[(torch.Tensor,) * self.n_outs])
         proto = lambda *a, **k: None  # noqa: E731
         proto.__signature__ = inspect.Signature(new_params, return_annotation=ret)
         try:
@@ -204,7 +210,11 @@ class JaxOp:
                 outs = torch.ops.torch_tpu.call_stablehlo.default._op_dk(torch._C.DispatchKey.PrivateUse1, [], e.module_id)
         if self.donate:
             _donated(self, values)
-        return outs[0] if self.n_outs is None else tuple(outs)
+        return self._pack(outs)
+
+    def _pack(self, outs):
+        return (outs[0] if self.n_outs is None else list(outs) if self.n_outs is _VARIADIC
+                else tuple(outs))
 
     def _fake(self, *args, **kwargs):
         values = self._split(args, kwargs)
@@ -215,7 +225,7 @@ class JaxOp:
             device = torch.device("tpu", torch.tpu.current_device())
         e = self._entry(values)
         outs = [torch.empty(s, dtype=d, device=device) for s, d in e.out_specs]
-        return outs[0] if self.n_outs is None else tuple(outs)
+        return self._pack(outs)
 
     # -- export ------------------------------------------------------------------------
     def _call_fn(self, values):
@@ -271,7 +281,7 @@ class JaxOp:
         if self.n_outs is None and len(outs) != 1:
             raise RuntimeError(f"jax_op {self.name}: the function returns {len(outs)} arrays; "
                                "annotate its return as tuple[jax.Array, ...] for several")
-        if self.n_outs is not None and len(outs) != self.n_outs:
+        if self.n_outs not in (None, _VARIADIC) and len(outs) != self.n_outs:
             raise RuntimeError(f"jax_op {self.name}: the function returns {len(outs)} arrays, "
                                f"its annotation says {self.n_outs}")
         if exported.ordered_effects or exported.unordered_effects:
@@ -297,6 +307,8 @@ class JaxOp:
         ctx.save_for_backward(*tensors)
 
     def _vjp_backward(self, ctx, *grads):
+        if self.n_outs is _VARIADIC:  # Tensor[]'s gradients come as one list
+            (grads,) = grads
         saved = iter(ctx.saved_tensors)
         values = [_freeze(v) if k == _STATIC else None if v is None else next(saved)
                   for (_, k, _), v in zip(self.params, ctx.jax_values)]
@@ -311,7 +323,7 @@ class JaxOp:
         args = [values[i] for i, (_, k, _) in enumerate(self.params) if k != _STATIC and values[i] is not None]
         statics = tuple((n, v) for (n, k, _), v in zip(self.params, values) if k == _STATIC)
         present = tuple(i for i, (_, k, _) in enumerate(self.params) if k != _STATIC and values[i] is not None)
-        res = bwd.call(args + outs, present, diff, statics)
+        res = bwd.call(args + outs, present, diff, statics, len(outs))
         res = (res,) if isinstance(res, torch.Tensor) else res
         grads_in = [None] * len(self.params)
         for i, r in zip(diff, res):
@@ -355,18 +367,17 @@ class _VjpOp:
         self._ops = {}
         self._lock = threading.Lock()
 
-    def call(self, tensors, present, diff, statics):
-        key = (present, tuple(diff), tuple((n, _keyed(v)) for n, v in statics))
+    def call(self, tensors, present, diff, statics, n_out):
+        key = (present, tuple(diff), tuple((n, _keyed(v)) for n, v in statics), n_out)
         with self._lock:
             op = self._ops.get(key)
             if op is None:
-                op = self._ops[key] = self._make(present, diff, dict(statics), len(self._ops))
+                op = self._ops[key] = self._make(present, diff, dict(statics), n_out, len(self._ops))
         return op.op(*tensors)
 
-    def _make(self, present, diff, statics, n):
+    def _make(self, present, diff, statics, n_out, n):
         jax = _jax()
         fwd = self.fwd
-        n_out = 1 if fwd.n_outs is None else fwd.n_outs
 
         def vjp(*arrays):
             primals, cts = arrays[:len(present)], arrays[len(present):]
@@ -378,7 +389,10 @@ class _VjpOp:
                     vals[i] = a
                 for i, a in zip(diff, d):
                     vals[i] = a
-                return fwd._call_fn(vals)
+                out = fwd._call_fn(vals)
+                # The cotangents' structure must be the outputs': a tuple, even if it
+                # returned a list.
+                return out if fwd.n_outs is None else tuple(out) if isinstance(out, (list, tuple)) else (out,)
 
             # Outputs without a gradient (integers) take JAX's float0 cotangents.
             import numpy as np
