@@ -435,3 +435,22 @@ def test_variadic_tuple_output_takes_its_count_from_the_export(mode):
     outs[0].sum().backward(retain_graph=True)  # the backward of a variadic op, outputs unused
     (outs[1] + outs[2]).sum().backward()
     assert x.grad.cpu().tolist() == [1.0 + 2 + 3, 1.0 + 4 + 12]
+
+
+def test_compiled_dynamic_sizes_are_specialized_or_refused():
+    from torch_tpu.dynamism import mark_dynamic
+
+    @jax_op("jaxop_test::twice")
+    def twice(x: jax.Array) -> jax.Array:
+        return x * 2
+
+    f = torch.compile(lambda x: twice(x) + 1, backend="tpu", dynamic=True, fullgraph=True)
+    for n in (4, 6):  # exported per shape: a guard on the size, a compile per size
+        x = torch.arange(float(n), device="tpu")
+        assert f(x).cpu().tolist() == (torch.arange(float(n)) * 2 + 1).tolist()
+    torch._dynamo.reset()
+    g = torch.compile(lambda x: twice(x).sum(0), backend=torch_tpu.TpuBackend(dynamism=True), fullgraph=True)
+    x = torch.ones(5, 3, device="tpu")
+    mark_dynamic(x, 0, 2, 16)  # a bounded size must stay dynamic: refused, naming the op
+    with pytest.raises(Exception, match=r"jax_op jaxop_test::twice: argument 'x' has the dynamic size"):
+        g(x)

@@ -171,15 +171,41 @@ class JaxOp:
                                 f"got {type(v).__name__}")
         return values
 
+    def _shape(self, pname, v):
+        """A tensor's sizes as ints: the function is exported per shape. Under torch.compile
+        a size dynamic only as a hint (dynamic=True, automatic dynamic) is specialized by a
+        guard, Dynamo compiling again for another size; one marked dynamic cannot be."""
+        if all(type(d) is int for d in v.shape):
+            return tuple(v.shape)
+        from torch.fx.experimental.symbolic_shapes import guard_int
+        from torch.utils._sympy.numbers import int_oo
+        from .compile import _strictly_dynamic
+        strict = _strictly_dynamic()
+        sizes = []
+        for d in v.shape:
+            if isinstance(d, torch.SymInt):
+                ranges = d.node.shape_env.var_to_range
+                for sym in d.node.expr.free_symbols:
+                    r = ranges.get(sym)
+                    if sym in strict or (r is not None and r.upper != int_oo and r.upper.is_number):
+                        raise NotImplementedError(
+                            f"jax_op {self.name}: argument '{pname}' has the dynamic size {d} "
+                            f"(shape {tuple(v.shape)}), marked by mark_dynamic; a jax_op is "
+                            "exported per shape and needs static sizes: drop the mark on its "
+                            "inputs or compile with torch.compile(..., dynamic=False)")
+                d = guard_int(d)
+            sizes.append(int(d))
+        return tuple(sizes)
+
     def _key(self, values):
         key = []
-        for (_, kind, _), v in zip(self.params, values):
+        for (pname, kind, _), v in zip(self.params, values):
             if kind == _STATIC:
                 key.append(("s", _keyed(v)))
             elif v is None:
                 key.append(None)
             else:
-                key.append((tuple(v.shape), v.dtype))
+                key.append((self._shape(pname, v), v.dtype))
         return tuple(key)
 
     def _entry(self, values):
@@ -256,7 +282,8 @@ class JaxOp:
             if values[i].dtype not in _ELEM:
                 raise TypeError(f"jax_op {self.name}: argument '{self.params[i][0]}' has dtype "
                                 f"{values[i].dtype}, which JAX ops on tpu do not take")
-        specs = [jax.ShapeDtypeStruct(tuple(values[i].shape),
+        shapes = {i: self._shape(self.params[i][0], values[i]) for i in slots}
+        specs = [jax.ShapeDtypeStruct(shapes[i],
                                       jax.numpy.dtype(str(values[i].dtype).replace("torch.", "")))
                  for i in slots]
 
@@ -295,7 +322,7 @@ class JaxOp:
             out_specs.append((tuple(int(d) for d in a.shape), dt))
         kept = sorted(exported.module_kept_var_idx)
         text = _generic_text(exported)
-        params = [(_ELEM[values[slots[i]].dtype], list(values[slots[i]].shape)) for i in kept]
+        params = [(_ELEM[values[slots[i]].dtype], list(shapes[slots[i]])) for i in kept]
         results = [(_ELEM[d], list(s)) for s, d in out_specs]
         mid = _C._import_stablehlo(text, self.name, params, results)
         return _Entry(mid, kept, out_specs)
