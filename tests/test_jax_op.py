@@ -454,3 +454,17 @@ def test_compiled_dynamic_sizes_are_specialized_or_refused():
     mark_dynamic(x, 0, 2, 16)  # a bounded size must stay dynamic: refused, naming the op
     with pytest.raises(Exception, match=r"jax_op jaxop_test::twice: argument 'x' has the dynamic size"):
         g(x)
+
+
+def test_lapack_custom_calls_are_refused_at_export():
+    @jax_op("jaxop_test::inv")
+    def inv(a: jax.Array) -> jax.Array:
+        return jnp.linalg.inv(a)
+
+    a = torch.eye(3, device="tpu") * 2
+    if torch_tpu._C.platform().lower() not in ("cpu", "host"):
+        pytest.skip("LAPACK custom calls are what JAX emits for the cpu platform")
+    with pytest.raises(NotImplementedError, match=r"jax_op jaxop_test::inv: the JAX function \(a: float32\[3, 3\]\) "
+                                                  r"uses lu, triangular_solve .*lapack_sgetrf_ffi.*not available "
+                                                  r"through PJRT plugins"):
+        inv(a)

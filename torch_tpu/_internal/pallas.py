@@ -322,6 +322,16 @@ class JaxOp:
             out_specs.append((tuple(int(d) for d in a.shape), dt))
         kept = sorted(exported.module_kept_var_idx)
         text = _generic_text(exported)
+        if "lapack_" in text:
+            lapack = [(t, where) for t, where in _custom_calls(exported) if t.startswith("lapack_")]
+            if lapack:
+                raise NotImplementedError(
+                    f"jax_op {self.name}: the JAX function ({self._describe(values)}) uses "
+                    f"{', '.join(sorted({w for _, w in lapack}))} (jnp.linalg / jax.scipy.linalg), "
+                    f"which JAX lowers for {platform} to jaxlib's LAPACK custom calls "
+                    f"({', '.join(sorted({t for t, _ in lapack}))}); those run only in JAX's own "
+                    "CPU runtime and are not available through PJRT plugins, so they cannot run "
+                    "in a jax_op: do the linear algebra outside it")
         params = [(_ELEM[values[slots[i]].dtype], list(shapes[slots[i]])) for i in kept]
         results = [(_ELEM[d], list(s)) for s, d in out_specs]
         mid = _C._import_stablehlo(text, self.name, params, results)
@@ -383,6 +393,28 @@ def _generic_text(exported) -> str:
     with jax_mlir.make_ir_context():
         module = ir.Module.parse(exported.mlir_module())
         return module.operation.get_asm(enable_debug_info=False, print_generic_op_form=True)
+
+
+def _custom_calls(exported):
+    """[(call_target_name, the JAX primitive it lowers)] of the module's custom calls."""
+    import re
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib.mlir import ir
+    found = []
+
+    def walk(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for o in block.operations:
+                    if o.operation.name == "stablehlo.custom_call":
+                        where = re.match(r'loc\("([^"]*)"', str(o.location))
+                        found.append((ir.StringAttr(o.attributes["call_target_name"]).value,
+                                      where.group(1).rsplit("/", 1)[-1] if where else "?"))
+                    walk(o.operation)
+
+    with jax_mlir.make_ir_context():
+        walk(ir.Module.parse(exported.mlir_module()).operation)
+    return found
 
 
 class _VjpOp:
