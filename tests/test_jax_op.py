@@ -468,3 +468,15 @@ def test_lapack_custom_calls_are_refused_at_export():
                                                   r"uses lu, triangular_solve .*lapack_sgetrf_ffi.*not available "
                                                   r"through PJRT plugins"):
         inv(a)
+
+
+def test_sequence_statics_take_defaults():
+    @jax_op("jaxop_test::tiled")
+    def tiled(x: jax.Array, block: tuple[int, ...] = (2, 2), w: list[float] = None) -> jax.Array:
+        y = x.reshape(block + (-1,)).sum(-1)
+        return y if w is None else y * jnp.array(w)
+
+    x = torch.ones(8, device="tpu")
+    assert tiled(x).cpu().tolist() == [[2.0, 2.0], [2.0, 2.0]]
+    assert tiled(x, (4,), [1.0, 2.0, 3.0, 4.0]).cpu().tolist() == [2.0, 4.0, 6.0, 8.0]
+    assert torch.ops.jaxop_test.tiled(x, w=[0.5, 1.0]).cpu().tolist() == [[1.0, 2.0], [1.0, 2.0]]

@@ -17,6 +17,7 @@ execution. Without `op.register_autograd(...)` the op differentiates through `ja
 import collections.abc
 import functools
 import inspect
+import re
 import threading
 import types
 import typing
@@ -130,7 +131,7 @@ class JaxOp:
 
     # -- the torch.library op --------------------------------------------------------
     def _define(self):
-        new_params = []
+        new_params, seq_defaults = [], {}
         for (pname, kind, ann), p in zip(self.params, self.sig.parameters.values()):
             if kind == _TENSOR:
                 t = torch.Tensor
@@ -141,6 +142,13 @@ class JaxOp:
                 if t is None:
                     raise TypeError(f"jax_op {self.name}: static parameter '{pname}' needs a type "
                                     "annotation (int, float, bool, str, Sequence[int], ...) or a default")
+                if p.default is None:  # a schema's None default needs an optional type
+                    t = typing.Optional[t]
+                elif isinstance(p.default, (list, tuple)):
+                    # infer_schema takes no sequence default: None stands in for it, and
+                    # the schema gets the list written in below.
+                    seq_defaults[pname] = "[" + ", ".join(map(str, p.default)) + "]"
+                    p = p.replace(default=None)
             new_params.append(p.replace(annotation=t))
         # The schema is made before any export: a variadic tuple's count is unknown, so
         # its op returns Tensor[] (a list).
@@ -152,8 +160,17 @@ class JaxOp:
             schema = torch.library.infer_schema(proto, mutates_args=())
         except ValueError as err:  # a static of a type no op schema can hold
             raise TypeError(f"jax_op {self.name}: {err}") from None
+        for pname, default in seq_defaults.items():
+            schema = re.sub(rf"(\s{pname})=None(?=[,)])", rf"\1={default}", schema)
         # Every device reaches the kernel, which names the op when a tensor is not on tpu.
-        op = torch.library.custom_op(self.name, mutates_args=(), schema=schema)(self._kernel)
+        try:
+            op = torch.library.custom_op(self.name, mutates_args=(), schema=schema)(self._kernel)
+        except RuntimeError as err:
+            if not seq_defaults:
+                raise
+            raise TypeError(f"jax_op {self.name}: a sequence default "
+                            f"({', '.join(f'{n}={d}' for n, d in seq_defaults.items())}) does not "
+                            f"fit the op's schema {schema}: {err}") from None
         op.register_fake(self._fake)
         op.register_autograd(self._vjp_backward, setup_context=self._vjp_setup)
         return op
