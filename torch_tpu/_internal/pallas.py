@@ -414,7 +414,6 @@ def _generic_text(exported) -> str:
 
 def _custom_calls(exported):
     """[(call_target_name, the JAX primitive it lowers)] of the module's custom calls."""
-    import re
     from jax._src.interpreters import mlir as jax_mlir
     from jax._src.lib.mlir import ir
     found = []
