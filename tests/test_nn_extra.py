@@ -118,6 +118,17 @@ def test_interpolate_2d(kw):
     check(lambda x: F.interpolate(x, **kw), randn(2, 3, 6, 5))
 
 
+@pytest.mark.parametrize("kw", [dict(mode="bilinear"), dict(mode="bicubic"),
+                                dict(mode="bilinear", antialias=True), dict(mode="bicubic", antialias=True)])
+def test_float64_interpolation_weights_in_double(kw):
+    # The tap weights were made in float: float64 gradients (and antialiased outputs) were
+    # off by ~1e-6. CPU makes them in double for float64.
+    tol = dict(rtol=1e-12, atol=1e-12)
+    for size in ((13, 5), (4, 17)):
+        check(lambda x: F.interpolate(x, size=size, align_corners=False, **kw),
+              randn(2, 3, 7, 9).double(), **tol)
+
+
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
 def test_antialiased_uint8_images_as_cpu(mode):
     # The fractional weights were cast to uint8 (0): most pixels came out 0. CPU sums in

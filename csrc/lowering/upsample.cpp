@@ -1,8 +1,8 @@
 // Upsampling backwards (nearest, nearest-exact, linear, bicubic) and the antialiased
 // bilinear/bicubic resize, forward and backward. Every mode is separable: along one dim,
 // output o reads taps idx[o][k] with weights w[o][k]. The tap tables depend on shapes and
-// scales only, so they are computed here (in float, with PyTorch's CPU formulas, so the
-// chosen indices are the same) and embedded as constants. Forward: gather + weighted sum
+// scales only, so they are computed here (in CPU's math type, with PyTorch's CPU formulas,
+// so the chosen indices are the same) and embedded as constants. Forward: gather + weighted sum
 // per dim (last dim first, as CPU); backward: the adjoint, a scatter-add per dim.
 #include <algorithm>
 #include <cmath>
@@ -20,39 +20,46 @@ using Scale = std::optional<double>;
 struct Taps {
   int64_t k = 1;
   std::vector<int64_t> idx;  // out * k
-  std::vector<float> w;      // out * k
+  std::vector<double> w;     // out * k (float values unless the taps were made in double)
 };
 
 enum class Mode { Nearest, NearestExact, Linear, Cubic, LinearAA, CubicAA };
 
-// PyTorch's area_pixel_compute_scale in float.
-float pixel_scale(int64_t in, int64_t out, bool align, Scale s) {
-  if (align) return out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.f;
-  if (s && *s > 0) return static_cast<float>(1.0 / *s);
-  return static_cast<float>(in) / static_cast<float>(out);
+// PyTorch's area_pixel_compute_scale in T: float, or double for float64 (CPU's opmath type).
+template <class T>
+T pixel_scale(int64_t in, int64_t out, bool align, Scale s) {
+  if (align) return out > 1 ? static_cast<T>(in - 1) / static_cast<T>(out - 1) : T(0);
+  if (s && *s > 0) return static_cast<T>(1.0 / *s);
+  return static_cast<T>(in) / static_cast<T>(out);
 }
 
-float source_index(float scale, int64_t o, bool align, bool cubic) {
-  if (align) return scale * static_cast<float>(o);
-  float src = scale * (static_cast<float>(o) + 0.5f) - 0.5f;
-  return (!cubic && src < 0) ? 0.f : src;
+template <class T>
+T source_index(T scale, int64_t o, bool align, bool cubic) {
+  if (align) return scale * static_cast<T>(o);
+  T src = scale * (static_cast<T>(o) + T(0.5)) - T(0.5);
+  return (!cubic && src < 0) ? T(0) : src;
 }
 
-float cubic1(float x, float a) { return ((a + 2) * x - (a + 3)) * x * x + 1; }
-float cubic2(float x, float a) { return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a; }
+template <class T>
+T cubic1(T x, T a) { return ((a + 2) * x - (a + 3)) * x * x + 1; }
+template <class T>
+T cubic2(T x, T a) { return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a; }
 
-float aa_filter(float x, bool cubic) {
+template <class T>
+T aa_filter(T x, bool cubic) {
   x = std::fabs(x);
-  if (!cubic) return x < 1.f ? 1.f - x : 0.f;
-  const float a = -0.5f;
-  if (x < 1.f) return cubic1(x, a);
-  if (x < 2.f) return cubic2(x, a);
-  return 0.f;
+  if (!cubic) return x < T(1) ? T(1) - x : T(0);
+  const T a = T(-0.5);
+  if (x < T(1)) return cubic1(x, a);
+  if (x < T(2)) return cubic2(x, a);
+  return T(0);
 }
 
+// Nearest indices use float whatever the dtype, as CPU's; weights use T.
+template <class T>
 Taps make_taps(Mode m, int64_t in, int64_t out, bool align, Scale s) {
   Taps t;
-  auto push = [&t](int64_t i, float w) { t.idx.push_back(i), t.w.push_back(w); };
+  auto push = [&t](int64_t i, T w) { t.idx.push_back(i), t.w.push_back(static_cast<double>(w)); };
   if (m == Mode::Nearest || m == Mode::NearestExact) {
     float sc = (s && *s > 0) ? static_cast<float>(1.0 / *s) : static_cast<float>(in) / static_cast<float>(out);
     for (int64_t o = 0; o < out; ++o) {
@@ -66,59 +73,59 @@ Taps make_taps(Mode m, int64_t in, int64_t out, bool align, Scale s) {
       } else {
         i = static_cast<int64_t>(std::floor(static_cast<float>(o) * sc));
       }
-      push(std::min(i, in - 1), 1.f);
+      push(std::min(i, in - 1), T(1));
     }
     return t;
   }
-  float sc = pixel_scale(in, out, align, s);
+  T sc = pixel_scale<T>(in, out, align, s);
   if (m == Mode::Linear) {
     t.k = 2;
     for (int64_t o = 0; o < out; ++o) {
       if (out == in) {
-        push(o, 1.f), push(o, 0.f);
+        push(o, T(1)), push(o, T(0));
         continue;
       }
-      float real = source_index(sc, o, align, false);
+      T real = source_index<T>(sc, o, align, false);
       int64_t i0 = std::min(static_cast<int64_t>(std::floor(real)), in - 1);
-      float l1 = std::min(std::max(real - static_cast<float>(i0), 0.f), 1.f);
-      push(i0, 1.f - l1), push(i0 + (i0 < in - 1 ? 1 : 0), l1);
+      T l1 = std::min(std::max(real - static_cast<T>(i0), T(0)), T(1));
+      push(i0, T(1) - l1), push(i0 + (i0 < in - 1 ? 1 : 0), l1);
     }
     return t;
   }
   if (m == Mode::Cubic) {
     t.k = 4;
-    const float a = -0.75f;
+    const T a = T(-0.75);
     for (int64_t o = 0; o < out; ++o) {
-      float real = source_index(sc, o, align, true);
+      T real = source_index<T>(sc, o, align, true);
       int64_t i0 = std::min(static_cast<int64_t>(std::floor(real)), in - 1);
-      float l = std::min(std::max(real - static_cast<float>(i0), 0.f), 1.f);
-      float c[4] = {cubic2(l + 1.f, a), cubic1(l, a), cubic1(1.f - l, a), cubic2(2.f - l, a)};
+      T l = std::min(std::max(real - static_cast<T>(i0), T(0)), T(1));
+      T c[4] = {cubic2(l + T(1), a), cubic1(l, a), cubic1(T(1) - l, a), cubic2(T(2) - l, a)};
       for (int64_t j = 0; j < 4; ++j) push(std::max<int64_t>(std::min(i0 - 1 + j, in - 1), 0), c[j]);
     }
     return t;
   }
   // Antialiased: a filter stretched by the scale when downsampling, normalized per output.
   bool cubic = m == Mode::CubicAA;
-  float interp = cubic ? 4.f : 2.f;
-  float support = sc >= 1.f ? static_cast<float>((interp * 0.5) * sc) : interp * 0.5f;
+  T interp = cubic ? T(4) : T(2);
+  T support = sc >= T(1) ? static_cast<T>((interp * 0.5) * sc) : interp * T(0.5);
   t.k = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
-  // The mixed float/double steps follow CPU's, so the window bounds agree exactly.
-  float inv = sc >= 1.f ? static_cast<float>(1.0 / sc) : 1.f;
+  // The mixed T/double steps follow CPU's, so the window bounds agree exactly.
+  T inv = sc >= T(1) ? static_cast<T>(1.0 / sc) : T(1);
   for (int64_t o = 0; o < out; ++o) {
-    float center = static_cast<float>(static_cast<double>(sc) * (static_cast<double>(o) + 0.5));
+    T center = static_cast<T>(static_cast<double>(sc) * (static_cast<double>(o) + 0.5));
     int64_t lo = std::max<int64_t>(static_cast<int64_t>(static_cast<double>(center - support) + 0.5), 0);
     int64_t n = std::min<int64_t>(static_cast<int64_t>(static_cast<double>(center + support) + 0.5), in) - lo;
     n = std::clamp<int64_t>(n, 0, t.k);
-    std::vector<float> w(t.k, 0.f);
-    float total = 0.f;
+    std::vector<T> w(t.k, T(0));
+    T total = T(0);
     for (int64_t j = 0; j < n; ++j) {
-      double arg = (static_cast<double>(static_cast<float>(j + lo) - center) + 0.5) * static_cast<double>(inv);
-      w[j] = aa_filter(static_cast<float>(arg), cubic);
+      double arg = (static_cast<double>(static_cast<T>(j + lo) - center) + 0.5) * static_cast<double>(inv);
+      w[j] = aa_filter<T>(static_cast<T>(arg), cubic);
       total += w[j];
     }
-    if (total != 0.f)
+    if (total != T(0))
       for (int64_t j = 0; j < n; ++j) w[j] /= total;
-    for (int64_t j = 0; j < t.k; ++j) push(std::min(lo + j, in - 1), j < n ? w[j] : 0.f);
+    for (int64_t j = 0; j < t.k; ++j) push(std::min(lo + j, in - 1), j < n ? w[j] : T(0));
   }
   return t;
 }
@@ -131,16 +138,23 @@ Value const_i64(Builder& b, const std::vector<int64_t>& v) {
                Type{DType::I64, {n}});
 }
 
-Value const_f32(Builder& b, const std::vector<float>& v) {
+// CPU computes the taps in the op's math type: double for float64, float otherwise.
+Taps taps_for(DType dt, Mode m, int64_t in, int64_t out, bool align, Scale s) {
+  return dt == DType::F64 ? make_taps<double>(m, in, out, align, s) : make_taps<float>(m, in, out, align, s);
+}
+
+Value const_weights(Builder& b, const std::vector<double>& v, DType dt) {
+  bool f64 = dt == DType::F64;
   std::string s;
-  char buf[32];
+  char buf[40];
   for (size_t i = 0; i < v.size(); ++i) {
-    std::snprintf(buf, sizeof buf, "%.9e", static_cast<double>(v[i]));
+    std::snprintf(buf, sizeof buf, f64 ? "%.17e" : "%.9e", v[i]);
     s += (i ? ", " : "") + std::string(buf);
   }
   int64_t n = static_cast<int64_t>(v.size());
-  return b.raw("stablehlo.constant", {}, "value = dense<[" + s + "]> : tensor<" + std::to_string(n) + "xf32>",
-               Type{DType::F32, {n}});
+  DType ct = f64 ? DType::F64 : DType::F32;
+  return b.raw("stablehlo.constant", {},
+               "value = dense<[" + s + "]> : tensor<" + std::to_string(n) + (f64 ? "xf64>" : "xf32>"), Type{ct, {n}});
 }
 
 // x with dim d moved to the front and the rest flattened: (n, R), plus how to undo it.
@@ -168,7 +182,7 @@ Value apply_fwd(Builder& b, const Value& x, int64_t d, const Taps& t, int64_t ou
   Value g = b.gather(xf, idx, {1}, {0}, {0}, 1, {1, rest}, {m, rest});
   Value y = g;
   if (t.k > 1) {
-    Value w = b.convert(b.broadcast_in_dim(b.reshape(const_f32(b, t.w), {out, t.k}), {out, t.k, rest}, {0, 1}), x.dtype());
+    Value w = b.convert(b.broadcast_in_dim(b.reshape(const_weights(b, t.w, x.dtype()), {out, t.k}), {out, t.k, rest}, {0, 1}), x.dtype());
     y = reduce_sum(b, mul(b, b.reshape(g, {out, t.k, rest}), w), {1});
   }
   Shape moved = f.moved;
@@ -182,7 +196,7 @@ Value apply_bwd(Builder& b, const Value& g, int64_t d, const Taps& t, int64_t in
   int64_t out = f.moved[0], rest = out ? g.type.numel() / out : 0, m = out * t.k;
   Value gf = b.reshape(b.transpose(g, f.perm), {out, rest});
   Value u = b.broadcast_in_dim(gf, {out, t.k, rest}, {0, 2});
-  Value w = b.convert(b.broadcast_in_dim(b.reshape(const_f32(b, t.w), {out, t.k}), {out, t.k, rest}, {0, 1}), g.dtype());
+  Value w = b.convert(b.broadcast_in_dim(b.reshape(const_weights(b, t.w, g.dtype()), {out, t.k}), {out, t.k, rest}, {0, 1}), g.dtype());
   u = b.reshape(mul(b, u, w), {m, rest});
   Value idx = b.reshape(const_i64(b, t.idx), {m, 1});
   auto sum = [](Builder& b, const std::vector<Value>& a) { return std::vector<Value>{add(b, a[0], a[1])}; };
@@ -212,7 +226,7 @@ std::vector<Value> backward(Ctx& ctx, Mode m, int n, bool has_align) {
   int64_t r = g.rank();
   for (int i = n - 1; i >= 0; --i) {
     int64_t d = r - n + i, in = o.shape[d], out = g.shape()[d];
-    g = apply_bwd(b, g, d, make_taps(m, in, out, align, sc[i]), in);
+    g = apply_bwd(b, g, d, taps_for(g.dtype(), m, in, out, align, sc[i]), in);
   }
   return {b.convert(g, o.dtype)};
 }
@@ -232,7 +246,7 @@ std::vector<Value> aa_forward(Ctx& ctx, bool cubic) {
   for (int i = 1; i >= 0; --i) {
     int64_t d = r - 2 + i, in = x.shape()[d], out = o.shape[d];
     if (in == out) continue;  // CPU leaves an unresized dim alone
-    x = apply_fwd(b, x, d, make_taps(cubic ? Mode::CubicAA : Mode::LinearAA, in, out, align, sc[i]), out);
+    x = apply_fwd(b, x, d, taps_for(x.dtype(), cubic ? Mode::CubicAA : Mode::LinearAA, in, out, align, sc[i]), out);
     if (u8)
       x = b.clamp(b.constant(0, DType::F32, {}), b.unary("stablehlo.round_nearest_afz", x),
                   b.constant(255, DType::F32, {}));
