@@ -264,6 +264,21 @@ def test_embedding_bag_keeps_a_non_finite_row_in_its_own_bag(mode):
     assert got[1:].isfinite().all()
 
 
+def test_embedding_bag_max_keeps_cpus_scan_over_nan_and_zeros():
+    # CPU keeps a bag's first row, then any strictly greater one: a NaN first wins, a later
+    # NaN is passed over (it spread to the whole bag), and of 0.0 and -0.0 the first stays.
+    nan, inf = float("nan"), float("inf")
+    w = torch.tensor([[1., 2.], [nan, 5.], [3., nan], [inf, -inf], [0., -0.], [-0., 0.]])
+    for idx, off in (([0, 1, 2], [0]), ([0, 1, 2, 3], [0, 2]), ([2, 0, 1], [0]), ([1, 2], [0, 1]),
+                     ([4, 5], [0]), ([5, 4], [0]), ([3, 3, 1], [0])):
+        args = (w, torch.tensor(idx), torch.tensor(off), False, 2)
+        want = torch.ops.aten._embedding_bag(*args)
+        got = torch.ops.aten._embedding_bag(*[a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args])
+        torch.testing.assert_close(got[0].cpu(), want[0], equal_nan=True, rtol=0, atol=0)
+        assert torch.equal(got[0].cpu().signbit(), want[0].signbit()), (idx, got[0], want[0])
+        assert torch.equal(got[3].cpu(), want[3]), (idx, got[3], want[3])
+
+
 def test_embedding_bag_refuses_offsets_that_go_down():
     w, idx = torch.arange(12.0).reshape(4, 3), torch.tensor([0, 1, 2, 3])
     with pytest.raises(RuntimeError):

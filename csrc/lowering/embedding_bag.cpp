@@ -79,16 +79,23 @@ TPU_LOWER(embedding_bag, "_embedding_bag", "_embedding_bag_forward_only") {
     }
     max_indices = b.constant(0, ctx.out(3).dtype, ctx.out(3).shape);
   } else {
+    // CPU's scan keeps a row's value when it is first in its bag or strictly greater:
+    // a NaN first wins, a NaN later is passed over, and of equal maxima the first stays.
     Value in_bag = b.broadcast_in_dim(member, {nb, n, d}, {0, 1});
-    Value lowest = b.constant(-std::numeric_limits<double>::infinity(), acc, {nb, n, d});
-    Value masked = b.select(in_bag, b.broadcast_in_dim(rows, {nb, n, d}, {1, 2}), lowest);
-    Value best = reduce_max(b, masked, {1});  // [nb, d]
-    // The first position holding the maximum, as CPU's strict-greater scan keeps.
-    Value hit = b.binary("stablehlo.and", in_bag,
-                         b.compare(masked, b.broadcast_in_dim(best, {nb, n, d}, {0, 2}), Cmp::EQ));
+    Value vals = b.broadcast_in_dim(rows, {nb, n, d}, {1, 2});
     Value pos = b.iota(Type{DType::I64, {nb, n, d}}, 1);
-    Value first = reduce_min(b, b.select(hit, pos, b.constant(static_cast<double>(n), DType::I64, {nb, n, d})), {1});
-    Value at = b.compare(pos, b.broadcast_in_dim(first, {nb, n, d}, {0, 2}), Cmp::EQ);
+    Value none = b.constant(static_cast<double>(n), DType::I64, {nb, n, d});
+    auto at_pos = [&](const Value& p) { return b.compare(pos, b.broadcast_in_dim(p, {nb, n, d}, {0, 2}), Cmp::EQ); };
+    Value first = reduce_min(b, b.select(in_bag, pos, none), {1});  // [nb, d]
+    Value first_val = masked_pick(b, vals, at_pos(first), 1);
+    Value nan_first = b.compare(first_val, first_val, Cmp::NE);
+    Value number = b.binary("stablehlo.and", in_bag, b.compare(vals, vals, Cmp::EQ));
+    Value masked = b.select(number, vals, b.constant(-std::numeric_limits<double>::infinity(), acc, {nb, n, d}));
+    Value best = reduce_max(b, masked, {1});
+    Value hit = b.binary("stablehlo.and", number, b.compare(masked, b.broadcast_in_dim(best, {nb, n, d}, {0, 2}), Cmp::EQ));
+    Value win = b.select(nan_first, first, reduce_min(b, b.select(hit, pos, none), {1}));
+    Value at = at_pos(win);
+    best = masked_pick(b, vals, at, 1);
     Value which = reduce_sum(b, b.select(at, b.broadcast_in_dim(idx, {nb, n, d}, {1}),
                                          b.constant(0, DType::I64, {nb, n, d})), {1});
     Value empty_d = b.broadcast_in_dim(nonempty, {nb, d}, {0});

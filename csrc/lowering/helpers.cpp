@@ -243,6 +243,15 @@ Value all_true(Builder& b, const Value& pred) {
   return b.reduce(pred, b.constant(1, DType::Bool), all, "stablehlo.and");
 }
 
+Value masked_pick(Builder& b, const Value& x, const Value& mask, int64_t dim) {
+  int64_t size = itemsize(x.dtype());
+  DType bits = size == 8 ? DType::I64 : size == 4 ? DType::I32 : size == 2 ? DType::I16 : DType::I8;
+  Value v = x.dtype() == DType::Bool ? b.convert(x, DType::I8) : b.bitcast(x, bits);
+  Value picked = b.select(mask, v, full_like(b, v, 0));
+  Value r = b.reduce(picked, b.constant(0, bits), {dim}, "stablehlo.or");
+  return x.dtype() == DType::Bool ? b.convert(r, DType::Bool) : b.bitcast(r, x.dtype());
+}
+
 static Type part_type(const Value& z) {
   return Type{z.dtype() == DType::C128 ? DType::F64 : DType::F32, z.shape()};
 }

@@ -39,6 +39,10 @@ Value all_in_range(Builder& b, const Value& idx, int64_t lo, int64_t hi);
 void check_in_range(Ctx& ctx, const Value& idx, int64_t lo, int64_t hi, const std::string& message);
 // True (a bool scalar) when every element of bool `pred` is true (NaN tests fail).
 Value all_true(Builder& b, const Value& pred);
+// The one element of float or integer x where `mask` holds along `dim` (reduced away),
+// bit-exact: an OR of the bits with zeros elsewhere keeps NaN and -0.0 (a masked max lost
+// NaN to its fill value on the CPU plugin). Zero where the mask holds nowhere.
+Value masked_pick(Builder& b, const Value& x, const Value& mask, int64_t dim);
 // Rejects (NotImplementedError, as CPU's kernels) a tensor argument that is not float
 // or complex, for ops CPU implements for floating types only.
 void require_float(Ctx& ctx, int arg, const char* what);

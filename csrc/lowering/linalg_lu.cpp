@@ -67,16 +67,6 @@ static Value col_at(Builder& b, const Value& x, const Value& j) {
   return b.dynamic_slice(x, starts, sizes);
 }
 
-// The one element of x where `mask` holds along dimension `dim` (reduced away), bit-exact:
-// an OR of the bits with zeros elsewhere keeps NaN and -0.0 (a masked max lost NaN to
-// the fill value on the CPU plugin).
-static Value masked_pick(Builder& b, const Value& x, const Value& mask, int64_t dim) {
-  DType bits = x.dtype() == DType::F64 ? DType::I64 : DType::I32;
-  Value v = b.bitcast(x, bits);
-  Value picked = b.select(mask, v, full_like(b, v, 0));
-  return b.bitcast(b.reduce(picked, b.constant(0, bits), {dim}, "stablehlo.or"), x.dtype());
-}
-
 // Row p[b] of each matrix of x (*, m, c), p (*) i64: (*, 1, c).
 static Value row_where(Builder& b, const Value& x, const Value& p) {
   int64_t r = x.rank();
