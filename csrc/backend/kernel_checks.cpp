@@ -557,6 +557,7 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"baddbmm", &bmm_dtypes},
       {"addmm", &addmm_checks},
       {"convolution", &convolution_checks},
+      {"convolution_overrideable", &convolution_checks},
       {"bitwise_not", &bitwise_not_dtype},
       {"heaviside", &heaviside_dtypes},
       {"_softmax", &softmax_out_dtype},

@@ -10,6 +10,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <torch/library.h>
+#include <torch/csrc/jit/frontend/tracer.h>
 
 #include <algorithm>
 #include <atomic>
@@ -81,6 +82,7 @@ struct OpInfo {
   bool foreach_in_place = false;       // _foreach_add_ & co: writes its first list
   bool promotes_inputs = false;        // CPU computes in its tensor inputs' common dtype
   bool pointwise = false;              // ... and a pointwise op's result has that dtype
+  bool traced_as_convolution = false;  // `convolution`: see convolution_for_tracer
 };
 
 // Ops whose CPU kernels accept a written tensor with internal overlap (fills, which
@@ -1007,7 +1009,8 @@ void refuse_fp8_promotion(const OpInfo& info, c10::ArrayRef<IValue> args) {
 // and CUDA's kernels follow their inputs: convolutions are channels_last when the input
 // or the weight is (their outputs of the input's rank take it).
 std::optional<c10::MemoryFormat> cpu_layout(const OpInfo& info, c10::ArrayRef<IValue> args) {
-  int in = info.name == "convolution" ? 0 : info.name == "convolution_backward" ? 1 : -1;
+  int in = info.base == "convolution" || info.base == "convolution_overrideable" ? 0
+           : info.base == "convolution_backward" ? 1 : -1;
   if (in < 0 || !args[in].isTensor() || !args[in + 1].isTensor()) return std::nullopt;
   const at::Tensor& x = args[in].toTensor();
   const at::Tensor& w = args[in + 1].toTensor();
@@ -1702,9 +1705,20 @@ at::Tensor floor_probe_result(const at::Tensor& t) {
 
 // The kernel registered per op carries its OpInfo: no lookup by operator name (two
 // string hashes) on every call.
+// The JIT tracer never records `convolution`: CPU's and CUDA's kernels call _convolution,
+// which it records. While tracing, call _convolution too, so that the trace holds the op
+// and not its result as a constant; its kernel comes back to our rule through
+// convolution_overrideable, the hook PyTorch gives backends outside its tree.
+void convolution_for_tracer(torch::jit::Stack* stack) {
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::_convolution", "");
+  for (bool flag : {false, false, true, true}) stack->emplace_back(flag);  // benchmark .. allow_tf32
+  op.callBoxed(stack);
+}
+
 struct LoweredKernel final : c10::OperatorKernel {
   explicit LoweredKernel(const OpInfo* i) : info(i) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    if (info->traced_as_convolution && torch::jit::tracer::isTracing()) return convolution_for_tracer(stack);
     if (g_dispatch_floor_probe.load(std::memory_order_relaxed) && info->ret_alias.size() == 1 &&
         info->num_args > 0 && (*stack)[stack->size() - info->num_args].isTensor()) {
       at::Tensor result = floor_probe_result((*stack)[stack->size() - info->num_args].toTensor());
@@ -1966,6 +1980,7 @@ int register_lowered_kernels() {
     info.check_any_input_overlap = cpu_forbids_any_input_overlap(base);
     info.check_input_overlap = info.check_any_input_overlap || !cpu_allows_input_overlap(base);
     info.host_fill = info.name == "fill_.Scalar" || info.name == "zero_";
+    info.traced_as_convolution = info.name == "convolution";
     info.pointwise = h->hasTag(at::Tag::pointwise);
     info.promotes_inputs = info.pointwise || promotes_all_inputs(base);
     info.ret_alias = return_aliases(schema);

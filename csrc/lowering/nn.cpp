@@ -652,7 +652,7 @@ static Value conv_input_grad(Builder& b, const Value& g, const Value& w, const C
               gr, 1, out);
 }
 
-TPU_LOWER(convolution, "convolution") {
+TPU_LOWER(convolution, "convolution", "convolution_overrideable") {
   Builder& b = ctx.b;
   Type out = ctx.out(0);
   DType acc = acc_type(out.dtype);
