@@ -108,6 +108,30 @@ def test_to_dense_and_to_sparse():
         assert s.to_sparse() is s
 
 
+def test_to_sparse_refuses_what_cpu_refuses():
+    x = torch.randn(2, 3)
+    for f in (lambda t: t.to_sparse(0), lambda t: t.to_sparse(3), lambda t: t.to_sparse(dense_dim=2)):
+        with pytest.raises(RuntimeError) as want:
+            f(x)
+        with pytest.raises(RuntimeError) as got:
+            f(x.to("tpu"))
+        assert str(got.value) == str(want.value)
+    close(torch.tensor(3.0, device="tpu").to_sparse(0), torch.tensor(3.0).to_sparse(0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_rounding_division_of_duplicate_entries(dtype):
+    # floor(3/2) + floor(3/2) is not floor(6/2): CPU coalesces before a rounding division.
+    def s(dev):
+        return torch.sparse_coo_tensor(torch.tensor([[0, 0, 1]]), torch.tensor([3, 3, -3], dtype=dtype), (2,)).to(dev)
+    for mode in ("floor", "trunc"):
+        with no_fallbacks():
+            close(s("tpu").div(2, rounding_mode=mode), s("cpu").div(2, rounding_mode=mode))
+            got, want = s("tpu"), s("cpu")
+            got.div_(2, rounding_mode=mode), want.div_(2, rounding_mode=mode)
+            close(got, want)
+
+
 def test_device_copies_and_clone():
     c = coo("cpu", True)
     with no_fallbacks():

@@ -271,9 +271,11 @@ at::Tensor div_tpu_mode(const at::Tensor& self, const at::Tensor& other, std::op
               "only (got self ", self.layout(), " ", self.sizes(), ", other ", other.layout(), " ", other.sizes(),
               "); use .to_dense()");
   at::Tensor k = other.device() == self.device() ? other : other.to(self.device());
-  at::Tensor v = self._values().div(k, mode);
+  // Rounding a sum is not summing the rounded duplicates: CPU coalesces first.
+  at::Tensor a = mode.has_value() ? self.coalesce() : self;
+  at::Tensor v = a._values().div(k, mode);
   // Dividing by zero makes the implicit zeros NaN: PyTorch then keeps only the entries.
-  return make_coo(self._indices().clone(), v, self.sizes(), self.is_coalesced());
+  return make_coo(a._indices().clone(), v, self.sizes(), a.is_coalesced());
 }
 at::Tensor div_tpu(const at::Tensor& self, const at::Tensor& other) { return div_tpu_mode(self, other, std::nullopt); }
 at::Tensor& div_out_tpu_mode(const at::Tensor& self, const at::Tensor& other, std::optional<c10::string_view> mode,
@@ -364,8 +366,10 @@ at::Tensor& addmm_inplace_tpu(at::Tensor& self, const at::Tensor& mat1, const at
 }
 
 at::Tensor dense_to_coo(const at::Tensor& self, int64_t sparse_dim) {
-  TORCH_CHECK(sparse_dim >= 0 && sparse_dim <= self.dim(), "sparse_dim must be in [0, ", self.dim(), "], got ",
-              sparse_dim);
+  TORCH_CHECK(sparse_dim >= 0 && sparse_dim <= self.dim(), "dense_to_sparse: sparse_dim argument must be in [0,",
+              self.dim(), "] range, but ", sparse_dim, " is given");
+  TORCH_CHECK(sparse_dim > 0 || self.dim() == 0, "dense_to_sparse: sparse_dim argument must be in >0 when "
+              "self.dim()>0");
   if (sparse_dim == 0) {
     at::Tensor idx = at::zeros({0, 1}, self.options().dtype(at::kLong));
     return make_coo(idx, self.unsqueeze(0).clone(), self.sizes(), true);
@@ -395,6 +399,8 @@ at::Tensor to_sparse_tpu(const at::Tensor& self, std::optional<at::Layout> layou
                 "Sparse with dense_dim argument !=self.dense_dim() is not supported");
     return self;
   }
+  TORCH_CHECK(self.dim() == 0 || dense_dim.value_or(0) != self.dim(), "dense_to_sparse: dense_dim argument must be "
+              "!=self.dim() when self.dim()>0");
   return dense_to_coo(self, self.dim() - dense_dim.value_or(0));
 }
 
