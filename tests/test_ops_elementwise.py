@@ -143,6 +143,41 @@ def test_arith_dtypes(dtype):
     check(lambda x: x * 3 + 1, a, **tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_rounds_as_cpu(dtype):
+    # CPU casts a Scalar (and alpha) to bf16/f16 before add, sub, remainder, fmod and pow's
+    # base (mul and div read it unrounded), and rounds log's result inside xlogy, xlog1py
+    # and entr and 1 - x and the quotient inside logit. Exact equality on 4,096 elements
+    # (a multiple of every vector width, so CPU's scalar tail does not take part).
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(4096, generator=g) * 3).to(dtype)
+    y = (torch.rand(4096, generator=g) * 3 + 0.01).to(dtype)
+    u = torch.rand(4096, generator=g).to(dtype)
+    fns = [lambda a, b, c: a + 0.11, lambda a, b, c: a - 0.11, lambda a, b, c: 0.11 - a,
+           lambda a, b, c: torch.add(a, b, alpha=0.3), lambda a, b, c: torch.sub(a, b, alpha=0.3),
+           lambda a, b, c: torch.rsub(a, 1.37, alpha=0.3), lambda a, b, c: a + torch.tensor(0.11, device=a.device),
+           lambda a, b, c: a.clone().add_(0.11), lambda a, b, c: torch._foreach_add([a], 0.11)[0],
+           lambda a, b, c: torch.remainder(a, 0.37), lambda a, b, c: torch.fmod(a, 0.37),
+           lambda a, b, c: torch.pow(1.37, a), lambda a, b, c: a * 1.37, lambda a, b, c: a / 1.37,
+           lambda a, b, c: torch.xlogy(a, b), lambda a, b, c: torch.xlogy(a, 1.37),
+           lambda a, b, c: torch.special.xlog1py(a, b), lambda a, b, c: torch.special.entr(c),
+           lambda a, b, c: torch.logit(c), lambda a, b, c: torch.logit(c, eps=0.1)]
+    for i, fn in enumerate(fns):
+        want = fn(x, y, u)
+        got = fn(dev(x), dev(y), dev(u)).cpu()
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"fn {i}: {m}")
+
+
+def test_entr_and_xlog1py_special_values():
+    v = torch.tensor([0.0, -0.0, 1.0, 2.5, -1.0, INF, -INF, NAN, 1e-30, 1e30])
+    check(torch.special.entr, v)
+    for a, b in ((v, v.flip(0)), (v.flip(0), v)):
+        check(torch.special.xlog1py, a, b)
+    check(lambda t: torch.special.xlog1py(t, 2.0), v)
+    check(lambda t: torch.special.xlog1py(2.0, t), v)
+
+
 def test_type_promotion():
     i, f, h = ints(), floats(), floats(dtype=torch.bfloat16)
     check(torch.add, i, f)

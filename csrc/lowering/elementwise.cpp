@@ -49,6 +49,23 @@ std::vector<Value> map(Ctx& ctx, const std::vector<int>& idx, const MapFn& fn) {
   return {convert_any(ctx.b, fn(ctx.b, xs), o.dtype)};  // (fp8 results as c10 rounds them)
 }
 
+// map, with each operand first cast to the output's dtype, as TensorIterator casts to
+// the common dtype before the kernel computes in the math dtype: a Scalar (alpha too) or
+// a 0-dim float32 tensor beside a bf16/f16 tensor is rounded to bf16/f16 first. CPU's
+// mul and div read the original Scalar instead, so they keep `map`.
+std::vector<Value> map_cast(Ctx& ctx, const std::vector<int>& idx, const MapFn& fn) {
+  Type o = ctx.out(0);
+  DType t = math_type(o.dtype);
+  bool narrow = o.dtype == DType::BF16 || o.dtype == DType::F16;
+  Vs xs;
+  for (int i : idx) {
+    Value v = operand(ctx, i, t, o.shape);
+    if (narrow && !(ctx.is_tensor(i) && ctx.type_of(i).dtype == o.dtype)) v = ctx.b.convert(ctx.b.convert(v, o.dtype), t);
+    xs.push_back(v);
+  }
+  return {convert_any(ctx.b, fn(ctx.b, xs), o.dtype)};
+}
+
 // erf(x) for |x| < 1 from its Taylor series (alternating, 12 terms: < 2e-7 relative);
 // erfc(x) for |x| >= 1 from the Chebyshev fit of Numerical Recipes' erfcc (1.2e-7
 // relative). XLA has no erf op in StableHLO, so both are spelled out here.
@@ -211,13 +228,13 @@ std::vector<Value> float_test(Ctx& ctx, bool for_ints, Value (*fn)(Builder&, con
 // ---- Arithmetic ---------------------------------------------------------------
 
 TPU_LOWER(add_rule, "add.Tensor", "add.Scalar") {
-  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return add(b, x[0], mul(b, x[2], x[1])); });
+  return map_cast(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return add(b, x[0], mul(b, x[2], x[1])); });
 }
 TPU_LOWER(sub_rule, "sub.Tensor", "sub.Scalar") {
-  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return sub(b, x[0], mul(b, x[2], x[1])); });
+  return map_cast(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return sub(b, x[0], mul(b, x[2], x[1])); });
 }
 TPU_LOWER(rsub_rule, "rsub.Tensor", "rsub.Scalar") {
-  return map(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return sub(b, x[1], mul(b, x[2], x[0])); });
+  return map_cast(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return sub(b, x[1], mul(b, x[2], x[0])); });
 }
 TPU_LOWER(mul_rule, "mul.Tensor", "mul.Scalar") {
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return mul(b, x[0], x[1]); });
@@ -271,11 +288,11 @@ TPU_LOWER(floor_divide_rule, "floor_divide", "floor_divide.Scalar", "floor_divid
 }
 TPU_LOWER(remainder_rule, "remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor") {
   check_int_divisor(ctx);
-  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return py_mod(b, x[0], x[1]); });
+  return map_cast(ctx, {0, 1}, [](Builder& b, const Vs& x) { return py_mod(b, x[0], x[1]); });
 }
 TPU_LOWER(fmod_rule, "fmod.Tensor", "fmod.Scalar") {
   check_int_divisor(ctx);
-  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "remainder", x[0], x[1]); });
+  return map_cast(ctx, {0, 1}, [](Builder& b, const Vs& x) { return op2(b, "remainder", x[0], x[1]); });
 }
 namespace {
 // Integer power as CPU computes it: by squaring over every bit of the exponent, wrapping
@@ -308,7 +325,9 @@ TPU_LOWER(pow_rule, "pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", "pow
   // (backend/kernel_checks.cpp): the Scalar is a runtime operand.
   bool scalar_exponent = ctx.is_tensor(0) && !ctx.is_tensor(1);
   bool half = ctx.out(0).dtype == DType::F16;
-  return map(ctx, {0, 1}, [scalar_exponent, half](Builder& b, const Vs& x) {
+  // CPU rounds a Scalar base to the tensor's dtype; a Scalar exponent it reads as is.
+  auto mapper = ctx.is_tensor(0) ? map : map_cast;
+  return mapper(ctx, {0, 1}, [scalar_exponent, half](Builder& b, const Vs& x) {
     if (is_integral(x[0].dtype())) return int_pow(b, x[0], x[1]);
     Value p = op2(b, "power", x[0], x[1]);
     // CPU's and CUDA's kernels take sqrt for a Scalar exponent of 0.5 and 1 / sqrt for
@@ -399,12 +418,29 @@ TPU_LOWER(logaddexp_rule, "logaddexp") {
 TPU_LOWER(logaddexp2_rule, "logaddexp2") {
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) { return logaddexp_(b, x[0], x[1], true); });
 }
-// x * log(y), defined as 0 where x == 0 unless y is NaN.
-TPU_LOWER(xlogy_rule, "xlogy.Tensor", "xlogy.Scalar_Self", "xlogy.Scalar_Other") {
-  return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
-    Value r = mul(b, x[0], op1(b, "log", x[1]));
+// x * log(y) (log1p for xlog1py), defined as 0 where x == 0 unless y is NaN. CPU's
+// bf16/f16 kernels round log(y) to the dtype before the product.
+static std::vector<Value> x_log_y(Ctx& ctx, const char* log) {
+  DType ot = ctx.out(0).dtype;
+  return map_cast(ctx, {0, 1}, [log, ot](Builder& b, const Vs& x) {
+    Value r = mul(b, x[0], round_to(b, op1(b, log, x[1]), ot));
     r = b.select(cmpk(b, x[0], 0, Cmp::EQ), cst(b, r, 0), r);
     return b.select(isnan_(b, x[1]), x[1], r);
+  });
+}
+TPU_LOWER(xlogy_rule, "xlogy.Tensor", "xlogy.Scalar_Self", "xlogy.Scalar_Other") { return x_log_y(ctx, "log"); }
+TPU_LOWER(xlog1py_rule, "special_xlog1py", "special_xlog1py.self_scalar", "special_xlog1py.other_scalar") {
+  return x_log_y(ctx, "log_plus_one");
+}
+// -x log x for x > 0, 0 at 0, -inf below (NaN stays), log rounded as in xlogy.
+TPU_LOWER(entr_rule, "special_entr") {
+  DType ot = ctx.out(0).dtype;
+  return map(ctx, {0}, [ot](Builder& b, const Vs& x) {
+    Value z = x[0];
+    Value r = mul(b, op1(b, "negate", z), round_to(b, op1(b, "log", z), ot));
+    r = b.select(cmpk(b, z, 0, Cmp::EQ), cst(b, z, 0), r);
+    r = b.select(cmpk(b, z, 0, Cmp::LT), cst(b, z, -INFINITY), r);
+    return b.select(isnan_(b, z), z, r);
   });
 }
 // With eps, x is clamped to [eps, 1 - eps] first, bounds in the tensor's dtype as in
@@ -416,7 +452,8 @@ TPU_LOWER(logit_rule, "logit") {
     Value z = x[0];
     auto bound = [&](double v) { return b.convert(b.convert(cst(b, z, v), ot), z.dtype()); };
     if (eps >= 0) z = nan_minmax(b, nan_minmax(b, z, bound(eps), "maximum"), bound(1 - eps), "minimum");
-    return op1(b, "log", div(b, z, sub(b, cst(b, z, 1), z)));
+    // CPU's bf16/f16 kernel rounds 1 - x and the quotient to the dtype.
+    return op1(b, "log", round_to(b, div(b, z, round_to(b, sub(b, cst(b, z, 1), z), ot)), ot));
   });
 }
 TPU_LOWER(erf_rule, "erf") { return map(ctx, {0}, [](Builder& b, const Vs& x) { return erf(b, x[0]); }); }

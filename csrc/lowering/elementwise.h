@@ -24,6 +24,8 @@ DType math_type(DType t);
 Value operand(Ctx& ctx, int i, DType t, const Shape& shape);
 // fn over arguments `idx` in the output's math dtype, cast to the output dtype.
 std::vector<Value> map(Ctx& ctx, const std::vector<int>& idx, const MapFn& fn);
+// map with each operand cast to the output dtype first (TensorIterator's common-dtype cast).
+std::vector<Value> map_cast(Ctx& ctx, const std::vector<int>& idx, const MapFn& fn);
 Value erf(Builder& b, const Value& x);
 Value erfc(Builder& b, const Value& x);
 // erf for f32 math: one rational function, fusible into one loop (elementwise.cpp).
