@@ -480,3 +480,25 @@ def test_sequence_statics_take_defaults():
     assert tiled(x).cpu().tolist() == [[2.0, 2.0], [2.0, 2.0]]
     assert tiled(x, (4,), [1.0, 2.0, 3.0, 4.0]).cpu().tolist() == [2.0, 4.0, 6.0, 8.0]
     assert torch.ops.jaxop_test.tiled(x, w=[0.5, 1.0]).cpu().tolist() == [[1.0, 2.0], [1.0, 2.0]]
+
+
+@jax_op("jaxop_test::narrow_steps")
+def narrow_steps(a: jax.Array, narrow: str, chain: bool) -> jax.Array:
+    t = jnp.bfloat16 if narrow == "bf16" else jnp.float16
+    for _ in range(4 if chain else 0):
+        a = jnp.sin((a.astype(t) * 3 + 1).astype(jnp.float32))
+    return (a.astype(t) * 3).astype(jnp.float32)
+
+
+def test_narrow_float_steps_stay_rounded(mode):
+    # XLA:CPU folded the convert pair around a bf16 step (excess precision): the result of
+    # (a.astype(bf16) * 3).astype(f32) was not a bf16 value. torch's CPU ops round each step.
+    x = torch.randn(256, generator=torch.Generator().manual_seed(0))
+    for narrow, t, chain in (("bf16", torch.bfloat16, False), ("bf16", torch.bfloat16, True),
+                             ("f16", torch.float16, False)):
+        want = x
+        for _ in range(4 if chain else 0):
+            want = torch.sin((want.to(t) * 3 + 1).float())
+        want = (want.to(t) * 3).float()
+        got = narrow_steps(x.to("tpu"), narrow, chain).cpu()
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -402,6 +402,40 @@ def _jax_platform() -> str:
     return {"gpu": "cuda", "host": "cpu"}.get(p, p)
 
 
+def _operations(op):
+    """Every operation nested in op, depth first."""
+    for region in op.regions:
+        for block in region.blocks:
+            for o in block.operations:
+                yield o
+                yield from _operations(o.operation)
+
+
+# (exponent, mantissa) bits of the narrow floats whose rounding XLA may drop.
+_NARROW_BITS = {"bf16": (8, 7), "f16": (5, 10)}
+
+
+def _pin_narrow_rounding(module, ir):
+    """XLA:CPU computes bf16/f16 ops in f32 and, allowed excess precision, folds away the
+    convert pair around each, so (a.astype(bf16) * 3).astype(f32) came out unrounded
+    (JAX on CPU and torch round it). A reduce_precision to the narrow type after each
+    widening convert keeps the rounding; where the value is already narrow it changes
+    nothing. (Our own rules round each step explicitly, which XLA keeps.)"""
+    from jax._src.lib.mlir.dialects import hlo
+    i32 = ir.IntegerType.get_signless(32)
+    for o in list(_operations(module.operation)):
+        if o.operation.name != "stablehlo.convert":
+            continue
+        bits = _NARROW_BITS.get(str(ir.RankedTensorType(o.operands[0].type).element_type))
+        wide = str(ir.RankedTensorType(o.result.type).element_type)
+        if bits is None or wide not in ("f32", "f64"):
+            continue
+        with ir.InsertionPoint.after(o), o.location:
+            rounded = hlo.ReducePrecisionOp(o.result, exponent_bits=ir.IntegerAttr.get(i32, bits[0]),
+                                            mantissa_bits=ir.IntegerAttr.get(i32, bits[1]))
+        o.result.replace_all_uses_except(rounded.result, rounded.operation)
+
+
 def _generic_text(exported) -> str:
     """The module in MLIR's generic form without locations: what every MLIR parser that
     knows the ops reads (the pretty syntax of each op changes between versions)."""
@@ -409,6 +443,7 @@ def _generic_text(exported) -> str:
     from jax._src.lib.mlir import ir
     with jax_mlir.make_ir_context():
         module = ir.Module.parse(exported.mlir_module())
+        _pin_narrow_rounding(module, ir)
         return module.operation.get_asm(enable_debug_info=False, print_generic_op_form=True)
 
 
@@ -417,19 +452,12 @@ def _custom_calls(exported):
     from jax._src.interpreters import mlir as jax_mlir
     from jax._src.lib.mlir import ir
     found = []
-
-    def walk(op):
-        for region in op.regions:
-            for block in region.blocks:
-                for o in block.operations:
-                    if o.operation.name == "stablehlo.custom_call":
-                        where = re.match(r'loc\("([^"]*)"', str(o.location))
-                        found.append((ir.StringAttr(o.attributes["call_target_name"]).value,
-                                      where.group(1).rsplit("/", 1)[-1] if where else "?"))
-                    walk(o.operation)
-
     with jax_mlir.make_ir_context():
-        walk(ir.Module.parse(exported.mlir_module()).operation)
+        for o in _operations(ir.Module.parse(exported.mlir_module()).operation):
+            if o.operation.name == "stablehlo.custom_call":
+                where = re.match(r'loc\("([^"]*)"', str(o.location))
+                found.append((ir.StringAttr(o.attributes["call_target_name"]).value,
+                              where.group(1).rsplit("/", 1)[-1] if where else "?"))
     return found
 
 
