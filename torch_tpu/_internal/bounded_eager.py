@@ -62,6 +62,9 @@ def _env():
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
         _ENV = ShapeEnv()
         _FAKE = FakeTensorMode(shape_env=_ENV)
+        # No dispatch cache: an entry made while a refused op's guards held would outlive
+        # _restored_env's rollback and let the next call of that op through, unguarded.
+        _FAKE.cache_enabled = False
     return _ENV
 
 
@@ -433,6 +436,11 @@ def _restored_env():
         env.axioms.update(saved[2])
         del env.guards[saved[3]:]
         env._update_version_counter()
+        # ShapeEnv memoizes evaluate_expr and the guard recorders per expression: a
+        # remembered answer would skip the guard next time, and the op get through.
+        for f in vars(type(env)).values():
+            if hasattr(f, "cache_clear"):
+                f.cache_clear()
 
 
 class _OpGraph:
