@@ -551,3 +551,47 @@ def test_a_stock_llama_loss_backward_is_one_graph_each_way_for_every_length():
                                        msg=lambda m: f"length {n}, grad of {name}: {m}")
     torch_tpu.synchronize()
     assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 2
+
+
+_TABLE = torch.arange(60.0).reshape(20, 3)
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("full", lambda t, tab: torch.full((3,), t.shape[1], device=t.device, dtype=torch.float32)),
+    ("new_full", lambda t, tab: t.new_full((3,), t.shape[1]) + t.sum(1)),
+    ("full_like", lambda t, tab: torch.full_like(t, t.shape[1] - 1).sum(1)),
+    ("select_static_dim", lambda t, tab: tab[t.shape[1] - 1]),
+    ("select_static_dim_computed", lambda t, tab: tab[t.shape[1] - 1] * 2 + t.sum(1)),
+    ("slice_static_dim", lambda t, tab: tab[t.shape[1]:t.shape[1] + 2]),
+    ("select_dynamic_dim_last", lambda t, tab: t[:, -1] * 2 + t[:, -2] + t[:, 0]),
+    ("clamp", lambda t, tab: (t * 10).clamp(max=t.shape[1]).sum(1)),
+])
+def test_a_dynamic_size_used_as_a_value_is_the_true_size_one_graph(name, fn):
+    # The graph is replayed with the sizes at their bound: a size in a fill value or an
+    # index took the bound's value (16 for every size).
+    f = torch.compile(fn, backend=backend())
+    before = torch_tpu.metrics()
+    for n in (5, 9, 16, 3):
+        x = torch.randn(3, n)
+        xt = x.to("tpu")
+        dynamism.mark_dynamic(xt, 1, 2, 16)
+        want = fn(x, _TABLE)
+        got = f(xt, _TABLE.to("tpu")).cpu()
+        torch.testing.assert_close(got.to(want.dtype), want, rtol=1e-5, atol=1e-5, msg=lambda m: f"{n}: {m}")
+    torch_tpu.synchronize()
+    assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 1
+
+
+@pytest.mark.parametrize("name,fn,op", [
+    ("arange_start", lambda t: torch.arange(t.shape[1] - 3, t.shape[1], device=t.device), "aten.arange.start"),
+    ("arange_reversed", lambda t: t * torch.arange(t.shape[1], 0, -1, device=t.device), "aten.arange.start_step"),
+    ("slice_shrinking", lambda t: _TABLE.to(t.device)[t.shape[1]:] * 2, "aten.slice.Tensor"),
+])
+def test_a_dynamic_size_used_as_a_value_that_cannot_be_computed_is_refused_by_name(name, fn, op):
+    f = torch.compile(fn, backend=backend())
+    x = torch.randn(3, 5).to("tpu")
+    dynamism.mark_dynamic(x, 1, 2, 16)
+    with pytest.raises(Exception) as e:
+        f(x)
+    err = str(not_implemented(e.value))
+    assert op in err and "torch_tpu bounded dynamism" in err, err

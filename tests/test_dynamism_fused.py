@@ -246,3 +246,24 @@ print(json.dumps(res))
     for name, n, got in out:
         # (pad's right pad of a dynamic dimension is right too, where it is not refused)
         assert got == "refused" or (name == "pad" and got == [3, n + 2]), out
+
+
+def test_a_dynamic_size_as_a_fill_value_is_the_true_size_one_program():
+    # torch.full took the bound for every BoundedInt argument, fill value included.
+    out = run_python_json(PRELUDE + """
+res = {"err": [], "builds": []}
+for n in (5, 9, 16, 3):
+    x = torch.randn(3, n)
+    xt = x.to("tpu")
+    dynamism.mark_dynamic(xt, 1, 2, 16)
+    fn = lambda t: (torch.full((3,), t.shape[1], device=t.device, dtype=torch.float32) + t.sum(1),
+                    torch.full((t.shape[1],), t.shape[1], device=t.device) * 2)
+    b = builds()
+    got = [g.cpu() for g in fn(xt)]
+    res["builds"].append(builds() - b)
+    res["err"].append(max(diff(g, w) for g, w in zip(got, fn(x))) if all(
+        g.shape == w.shape for g, w in zip(got, fn(x))) else "shape")
+print(json.dumps(res))
+""", env=FUSED)
+    assert out["err"] == [0.0] * 4 or max(out["err"]) < 1e-5, out["err"]
+    assert out["builds"][1:] == [0, 0, 0], out["builds"]

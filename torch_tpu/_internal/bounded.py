@@ -33,9 +33,9 @@ import operator
 import sympy
 import torch
 
-from .bounded_ops import (_INDEX_SHAPED, _MASKED_OPS, _MEANS, _SCANS, _STATIC_DIM_OPS, _dyn_dims,
-                          _expr, _mean_dims, _polynomial, _refuse, _same_shape, _structural, _val,
-                          check_graph)
+from .bounded_ops import (_FILLS, _INDEX_SHAPED, _MASKED_OPS, _MEANS, _SCANS, _STATIC_DIM_OPS,
+                          _dyn_dims, _expr, _mean_dims, _polynomial, _refuse, _same_shape,
+                          _structural, _tensor_overload, _val, _value_args, check_graph)
 
 aten = torch.ops.aten
 
@@ -138,15 +138,6 @@ class _Builder:
         return self.prefix_mask(v)
 
 
-def _tensor_overload(op):
-    """div.Scalar -> div.Tensor: the overload that takes the size as a 0-d tensor."""
-    name = op._overloadname.replace("Scalar", "Tensor")
-    tensor_op = getattr(op.overloadpacket, name, None)
-    if tensor_op is None:
-        _refuse(op, "uses a dynamic size as a value and has no Tensor overload")
-    return tensor_op
-
-
 def _mean(b, n, args, kwargs, m_of):
     """mean over dynamic dimensions: the padded sum over the true count."""
     x = _val(n.args[0])
@@ -228,14 +219,24 @@ def _rewrite(gm, b, mask_inputs):
                 isinstance(_val(n.args[1][n.args[2]]), torch.SymInt):
             args = list(args)  # the gradient's padding would land in the valid part
             args[0] = _filled(b, n, 0, args[0], m_of(n.args[0]), 0)
-        if isinstance(op, torch._ops.OpOverload) and torch.Tag.pointwise in op.tags:
-            # A size used as a value: the true size, from the program's size operands.
-            sized = [isinstance(a, torch.fx.Node) and isinstance(_val(a), torch.SymInt)
-                     for a in n.args]
-            if any(sized):
-                args = [b.size_value(_expr(_val(a))) if z else e
-                        for a, e, z in zip(n.args, args, sized)]
-                op = _tensor_overload(op)
+        # (arange's end, the other op taking a size as a number, is its length: at the bound)
+        sized = _value_args(n) if isinstance(op, torch._ops.OpOverload) and (
+            op in _FILLS or torch.Tag.pointwise in op.tags) else {}
+        fill = None
+        if sized:
+            # A size used as a value: the true size, from the program's size operands (a
+            # 0-d tensor where the op has a Tensor overload; filled in after a factory).
+            args, kwargs = list(args), dict(kwargs)
+            for k, v in sized.items():
+                t = b.size_value(_expr(v))
+                if op in _FILLS:
+                    fill, t = t, 0
+                if isinstance(k, int):
+                    args[k] = t
+                else:
+                    kwargs[k] = t
+            if op not in _FILLS:
+                op = _tensor_overload(n, sized)
         if op in _RESHAPES and _scrambles(n):
             # The padded data read in row-major order is not the true data's order:
             # gathered so that each valid element sits at its own index.
@@ -247,8 +248,15 @@ def _rewrite(gm, b, mask_inputs):
             env[n] = _mean(b, n, args, kwargs, m_of)
         elif op is aten.flip.default:
             env[n] = _flip(b, n, args[0])
+        elif op is aten.select.int and not _plain_select(n):
+            env[n] = _select(b, n, args[0])
+        elif op is aten.slice.Tensor and isinstance(_val(n.args[2]) if len(n.args) > 2 else None,
+                                                    torch.SymInt):
+            env[n] = _gathered_slice(b, n, args[0])
         else:
             env[n] = b.g.call_function(op, tuple(args), kwargs)
+        if fill is not None:
+            env[n] = b.call(aten.fill.Tensor, env[n], fill)
         if op is aten.constant_pad_nd.default:
             env[n] = _pad_end(b, n, env[n])
         env[n].meta = dict(n.meta)
@@ -386,6 +394,36 @@ def _flip(b, n, x):
         i = b.call(aten.where.self, b.call(aten.ge.Scalar, i, 0), i, zero)  # padding reads 0
         x = b.call(aten.index_select.default, x, d, i)
     return x
+
+
+def _plain_select(n) -> bool:
+    """A select that reads the same element of the padded tensor (a static index >= 0,
+    or a negative one along a static dimension)."""
+    x, idx = _val(n.args[0]), _val(n.args[2])
+    return isinstance(idx, int) and (idx >= 0 or not isinstance(x.shape[n.args[1] % x.dim()], torch.SymInt))
+
+
+def _select(b, n, x):
+    """select at the true index: a size (table[n-1]) or a negative index along a dynamic
+    dimension (x[:, -1] counts from the true size, not the bound), gathered."""
+    v, idx = _val(n.args[0]), _val(n.args[2])
+    d = n.args[1] % v.dim()
+    e = _expr(idx) if isinstance(idx, torch.SymInt) else _expr(v.shape[d]) + idx
+    i = b.call(aten.view.default, b.size_value(sympy.expand(e)), [1])
+    return b.call(aten.select.int, b.call(aten.index_select.default, x, d, i), d, 0)
+
+
+def _gathered_slice(b, n, x):
+    """A slice of a static dimension from a size: element i is input element start +
+    i*step at the true start (the padded length's tail, past the true length, reads the
+    last element: don't-care)."""
+    v, out = _val(n.args[0]), _val(n)
+    d = n.args[1] % v.dim()
+    step = n.args[4] if len(n.args) > 4 else n.kwargs.get("step", 1)
+    r = b.call(aten.arange.default, b.padded(out)[d], dtype=torch.int64, device=b.device)
+    r = b.call(aten.add.Tensor, b.call(aten.mul.Scalar, r, step), b.size_value(_expr(_val(n.args[2]))))
+    r = b.call(aten.clamp.default, r, None, int(v.shape[d]) - 1)
+    return b.call(aten.index_select.default, x, d, r)
 
 
 def _pad_end(b, n, out):
@@ -681,6 +719,12 @@ class BoundedGraph:
                         f"torch_tpu bounded dynamism: output {i} has the compound dynamic shape "
                         f"{tuple(v.shape)}; return tensors whose dynamic dimensions are each one "
                         "marked dimension")
+            elif isinstance(v, torch.Tensor) and isinstance(v.storage_offset(), torch.SymInt) and \
+                    _aliased(v, vals) is not None:
+                # A view of an input at an offset that is a size (table[n - 1]): AOTAutograd
+                # makes it again from the input with our output's offset, so the output is
+                # that view itself, at the true offset.
+                self._outs.append(("alias", (_aliased(v, vals), _expr(v.storage_offset()))))
             else:
                 self._outs.append(("plain", None))
         b.g.output(tuple(outs) + tuple(extra))
@@ -738,6 +782,7 @@ class BoundedGraph:
         for s in self._syms:
             new_args.append(torch.tensor(int(values[s]), dtype=torch.int64).to(dev))
         new_args += in_masks
+        given = list(args)
         args.clear()
         outs = list(self._inner(new_args))
         extra = outs[self._n_out:]
@@ -757,9 +802,20 @@ class BoundedGraph:
             elif kind == "masked":
                 _keep(o, extra[info])
                 res.append(o)
+            elif kind == "alias":
+                res.append(given[info[0]].as_strided(o.shape, o.stride(), _eval(info[1], values)))
             else:
                 res.append(o)
         return res
+
+
+def _aliased(v, vals):
+    """The index of the static input whose storage the fake output `v` views, or None."""
+    for i, a in enumerate(vals):
+        if isinstance(a, torch.Tensor) and not _dyn_dims(a) and \
+                a.untyped_storage()._cdata == v.untyped_storage()._cdata:
+            return i
+    return None
 
 
 def _restrided(o, strides):

@@ -664,11 +664,22 @@ def _factory(func, args, kwargs, ints):
             "full, empty; other uses read it as a plain int)")
     bnd = _bounds()
     values = {b.symbol: int(b) for b in ints}
+    true_args, true_kwargs, fill = args, kwargs, None
+    if func is torch.full:  # a size as the fill value: the true size, filled in after
+        args, kwargs = list(args), dict(kwargs)
+        where = (args, 1) if len(args) > 1 else (kwargs, "fill_value")
+        if isinstance(where[0].get(where[1]) if isinstance(where[0], dict) else where[0][1],
+                      BoundedInt):
+            fill, where[0][where[1]] = where[0][where[1]], 0
     padded = tree_map(lambda a: int(a.symbol.xreplace(bnd)) if isinstance(a, BoundedInt) else a,
                       (args, kwargs))
     out = func(*padded[0], **padded[1])
     if out.device.type != "tpu":
-        return func(*args, **kwargs)  # a host tensor: its true size
+        return func(*true_args, **true_kwargs)  # a host tensor: its true size
+    if fill is not None:
+        out.fill_(_size_tensor(fill.symbol, int(fill), out.device))
+    if not any(isinstance(a, BoundedInt) for a in tree_flatten((args, kwargs))[0]):
+        return out  # the fill value was the only size
     return BoundedTensor(out, _factory_shape(func, args, ints), values)
 
 

@@ -59,6 +59,34 @@ _STATIC_DIM_OPS = {
 }
 
 
+# Ops that fill a tensor with a Scalar: a size as that value is filled in after the op
+# (bounded._rewrite: fill.Tensor with the true size).
+_FILLS = {aten.full.default, aten.new_full.default, aten.full_like.default, aten.fill.Scalar}
+_ARANGES = {aten.arange.default, aten.arange.start, aten.arange.start_step}
+
+
+def _value_args(n):
+    """{argument position or name: SymInt} of the sizes `n` takes as values (a Scalar or
+    Tensor argument), as opposed to sizes (int[]) and positions (int: an index, a start)."""
+    out = {}
+    schema = n.target._schema.arguments
+    for i, a in enumerate(schema):
+        v = n.args[i] if i < len(n.args) else n.kwargs.get(a.name)
+        if isinstance(v, torch.fx.Node) and isinstance(_val(v), torch.SymInt) and \
+                "int" not in str(a.type):
+            out[i if i < len(n.args) else a.name] = _val(v)
+    return out
+
+
+def _arange_length_only(n) -> bool:
+    """arange whose sizes are its end only (start and step static): element i is
+    start + i*step at every size; the end sets the length, read at the bound like every
+    length (the valid part its prefix)."""
+    vals = _value_args(n)
+    return all(k in (0, "end") if n.target is aten.arange.default else k in (1, "end")
+               for k in vals)
+
+
 def _same_shape(a, b) -> bool:
     return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and \
         [str(s) for s in a.shape] == [str(s) for s in b.shape]
@@ -87,10 +115,52 @@ def _static_dims_ok(node, kind) -> bool:
         dim = node.args[pos] if len(node.args) > pos else node.kwargs.get("dim", 0)
         if node.target is aten.slice.Tensor and (dim % x.dim()) in dyn:
             return _slice_ok(node, x, dim % x.dim())
+        if node.target is aten.slice.Tensor and len(node.args) > 2 and \
+                isinstance(_val(node.args[2]), torch.SymInt):
+            return _gathered_slice_ok(node, x)
+        if node.target is aten.select.int:
+            return _select_ok(node, x, dim % x.dim())
         if node.target is aten.cat.default:
             return _cat_ok(node, dim)
         dims = [dim]
     return not any((d % x.dim()) in dyn for d in dims)
+
+
+def _select_ok(node, x, dim) -> bool:
+    """select: a static index >= 0 reads the same element of the padded tensor; an index
+    that is a size, or a negative one along a dynamic dimension (counted from the true
+    size), is gathered at its true value (bounded._select): it must be within the
+    dimension at every size within the bounds."""
+    idx, size = _val(node.args[2]), x.shape[dim]
+    if isinstance(idx, int) and (idx >= 0 or not isinstance(size, torch.SymInt)):
+        return True
+    e = _expr(idx) if isinstance(idx, torch.SymInt) else _expr(size) + idx
+    ref = idx if isinstance(idx, torch.SymInt) else size
+    return _polynomial(sympy.expand(e)) and _nonneg(e, ref) and _nonneg(_expr(size) - 1 - e, ref)
+
+
+def _gathered_slice_ok(node, x) -> bool:
+    """A slice of a static dimension from a size (table[n:n+2]): gathered from the true
+    start (bounded._gathered_slice), with a static step > 0 and a start >= 0."""
+    start = _val(node.args[2])
+    step = node.args[4] if len(node.args) > 4 else node.kwargs.get("step", 1)
+    return isinstance(step, int) and step > 0 and _polynomial(_expr(start)) and \
+        _nonneg(_expr(start), start)
+
+
+def _grows(v) -> bool:
+    """Whether each dimension of `v` is at most its padded size (its value with the
+    symbols at their bounds) at every size within the bounds: the padded program holds
+    the true values in a prefix. A size that shrinks as a symbol grows (table[n:], 20 - n
+    rows) would not fit."""
+    for s in (v.shape if isinstance(v, torch.Tensor) else []):
+        if isinstance(s, torch.SymInt):
+            e = _expr(s)
+            env = s.node.shape_env
+            top = e.xreplace({a: sympy.Integer(int(env.var_to_range[a].upper)) for a in e.free_symbols})
+            if not _nonneg(top - e, s):
+                return False
+    return True
 
 
 def _nonneg(e, size) -> bool:
@@ -211,6 +281,18 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
         if not touches and not uses_size:
             continue
         op = n.target
+        for v in (_val(n) if isinstance(_val(n), (list, tuple)) else [_val(n)]):
+            if not _grows(v):
+                _refuse(op, f"has a dimension that shrinks as a dynamic size grows ({tuple(v.shape)})")
+        values = _value_args(n)
+        if values and torch.Tag.pointwise not in op.tags and op not in _FILLS and \
+                not (op in _ARANGES and _arange_length_only(n)):
+            _refuse(op, f"uses the dynamic size {', '.join(map(str, values.values()))} as a value")
+        for v in values.values():
+            if not _polynomial(_expr(v)):
+                _refuse(op, f"uses the dynamic size {v} as a value")
+        if values and torch.Tag.pointwise in op.tags:
+            _tensor_overload(n, values)
         if op in _INDEX_SHAPED:
             if _same_shape(_val(n), _val(n.args[_INDEX_SHAPED[op]])):
                 continue
@@ -243,14 +325,34 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
         if op in _MEANS:
             continue  # masked, and the divisor is corrected with the true sizes (bounded._mean)
         if torch.Tag.pointwise in op.tags:
-            for a in ins:
-                if isinstance(_val(a), torch.SymInt) and not _polynomial(_expr(_val(a))):
-                    _refuse(op, f"uses the dynamic size {_val(a)} as a value")
-            continue  # sizes used as values become program operands
+            continue  # sizes used as values become program operands (checked above)
         _refuse(op, "is not in the list of ops supported across a dynamic dimension")
 
 
 _MEANS = {aten.mean.dim, aten.mean.default}
+
+
+def _tensor_overload(n, values):
+    """The overload of node `n`'s op that takes a Tensor where it takes the sizes `values`
+    (by position or name) as numbers (div.Scalar -> div.Tensor, clamp -> clamp.Tensor),
+    its other arguments alike (or None): the sizes become 0-d tensors of the true values."""
+    op = n.target
+    args = op._schema.arguments
+    names = {k if isinstance(k, str) else args[k].name for k in values}
+    given = [n.args[i] if i < len(n.args) else n.kwargs.get(a.name) for i, a in enumerate(args)]
+    for name in op.overloadpacket.overloads():
+        cand = getattr(op.overloadpacket, name)
+        other = cand._schema.arguments
+        if [a.name for a in other] != [a.name for a in args]:
+            continue
+        if all(("Tensor" in str(b.type)) if a.name in names else
+               str(a.type) == str(b.type) or (g is None and str(b.type).startswith("Optional"))
+               for a, b, g in zip(args, other, given)):
+            return cand
+    if all("Tensor" in str(args[i].type) for i in values if isinstance(i, int)) and \
+            all(isinstance(i, int) for i in values):
+        return op  # it takes tensors there already (mul.Tensor with a size)
+    _refuse(op, "uses a dynamic size as a value and has no Tensor overload")
 
 
 def _mean_dims(n):
@@ -273,8 +375,9 @@ def _refuse(op, why):
         f"for it. Supported across dynamic dimensions: pointwise ops, shape ops, sum/mean/amax/"
         f"amin/any/all, cumsum/cumprod/logcumsumexp/cummax/cummin, flip, softmax, mm/bmm/"
         f"addmm, embedding, nll_loss, scaled_dot_product_attention, index with integer "
-        f"indices; slice with step 1 and a static start; cat with every operand but the last "
-        f"static along the dimension; layer_norm, split, select over static dimensions. Mark "
+        f"indices; full/new_full/full_like/fill of a size, arange(n); slice with step 1 and a "
+        f"static start; select (with an index or a size); cat with every operand but the last "
+        f"static along the dimension; layer_norm and split over static dimensions. Mark "
         f"fewer dimensions dynamic or compile with dynamic=False.")
 
 
