@@ -267,3 +267,20 @@ print(json.dumps(res))
 """, env=FUSED)
     assert out["err"] == [0.0] * 4 or max(out["err"]) < 1e-5, out["err"]
     assert out["builds"][1:] == [0, 0, 0], out["builds"]
+
+
+def test_a_marked_tensor_written_through_another_alias_is_read_fresh():
+    # mark_dynamic pads a copy; writes through the base (a shared version counter) or
+    # through .data (read: the copy is dropped) reached the storage, not the copy.
+    out = run_python_json(PRELUDE + """
+a = torch.arange(15.).reshape(3, 5).to("tpu")
+x = a.view(3, 5)
+dynamism.mark_dynamic(x, 1, 2, 16)
+res = [x.sum(1).cpu().tolist()]
+a.add_(100.0)
+res.append(x.sum(1).cpu().tolist())
+x.data.mul_(0)
+res.append(x.sum(1).cpu().tolist())
+print(json.dumps(res))
+""", env=FUSED)
+    assert out == [[10.0, 35.0, 60.0], [510.0, 535.0, 560.0], [0.0, 0.0, 0.0]], out

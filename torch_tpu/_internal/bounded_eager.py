@@ -165,7 +165,11 @@ def _unpad(t: BoundedTensor) -> torch.Tensor:
 def to_bounded(t: torch.Tensor) -> torch.Tensor:
     """The BoundedTensor of a tensor marked with mark_dynamic (made once per tensor)."""
     cached = getattr(t, "_tpu_bounded", None)
-    if cached is not None and cached() is not None:
+    # The padded copy is stale once the storage was written: through the base or another
+    # view (they share t's version counter), or possibly through .data (which does not:
+    # reading it drops the copy, _BoundedMode).
+    if cached is not None and cached() is not None and \
+            getattr(t, "_tpu_bounded_version", None) == t._version:
         return cached()
     info = getattr(t, "_tpu_dynamism", {})
     exprs, values, padded = [], {}, []
@@ -193,6 +197,7 @@ def to_bounded(t: torch.Tensor) -> torch.Tensor:
         b = _Enter.apply(t, b)
     t._tpu_bounded = weakref.ref(b)
     t._tpu_bounded_strong = b  # lives as long as the marked tensor
+    t._tpu_bounded_version = t._version
     return b
 
 
@@ -600,6 +605,8 @@ class _BoundedMode(TorchFunctionMode):
             if func is torch.Tensor.size and (len(args) > 1 or "dim" in kwargs):
                 return shape[args[1] if len(args) > 1 else kwargs["dim"]]
             return shape
+        if func == torch.Tensor.data.__get__ and _marked(args[0]):
+            args[0]._tpu_bounded_version = None  # may be written through: padded again
         if getattr(func, "__name__", "") in _NO_ENTRY or not _involved(args, kwargs):
             return func(*args, **kwargs)  # attributes, autograd calls, nothing bounded
         leaves, spec = tree_flatten((args, kwargs))
