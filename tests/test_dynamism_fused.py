@@ -284,3 +284,19 @@ res.append(x.sum(1).cpu().tolist())
 print(json.dumps(res))
 """, env=FUSED)
     assert out == [[10.0, 35.0, 60.0], [510.0, 535.0, 560.0], [0.0, 0.0, 0.0]], out
+
+
+def test_a_static_size_equal_to_the_dynamic_size_is_static():
+    # x.new_zeros(3, 4) was refused when x's dynamic size was 4 (the 4 matched it by value).
+    out = run_python_json(PRELUDE + """
+res = []
+for n in (5, 4, 3):
+    x = torch.randn(3, n).to("tpu")
+    dynamism.mark_dynamic(x, 1, 2, 16)
+    a = x.new_zeros(3, 4) + 1
+    b = x.sum(1).new_full((3,), 1.0) * 2
+    c = x.new_ones(x.shape[1], 4).sum(0) + x.new_zeros(size=(4,))
+    res.append([list(a.shape), a.sum().item(), list(b.shape), b.sum().item(), c.cpu().tolist()])
+print(json.dumps(res))
+""", env=FUSED)
+    assert out == [[[3, 4], 12.0, [3], 6.0, [float(n)] * 4] for n in (5, 4, 3)], out

@@ -605,6 +605,17 @@ class _BoundedMode(TorchFunctionMode):
             if func is torch.Tensor.size and (len(args) > 1 or "dim" in kwargs):
                 return shape[args[1] if len(args) > 1 else kwargs["dim"]]
             return shape
+        if func in _NEW_FACTORIES and _dynamic(args[0]):
+            # x.new_zeros(...): the factory with x's dtype and device. Its sizes are then
+            # known as the caller wrote them (a BoundedInt dynamic, a plain int static),
+            # not matched by value against x's sizes (a static 4 met a size of 4).
+            kwargs = dict(kwargs)
+            size = args[1:] if func is not torch.Tensor.new_full else args[1:2]
+            size = size or (kwargs.pop("size"),)
+            size = size[0] if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)) else size
+            rest = (args[2],) if func is torch.Tensor.new_full and len(args) > 2 else ()
+            kw = dict({"dtype": args[0].dtype, "device": args[0].device}, **kwargs)
+            return self.__torch_function__(_NEW_FACTORIES[func], types, (tuple(size),) + rest, kw)
         if func == torch.Tensor.data.__get__ and _marked(args[0]):
             args[0]._tpu_bounded_version = None  # may be written through: padded again
         if getattr(func, "__name__", "") in _NO_ENTRY or not _involved(args, kwargs):
@@ -632,6 +643,9 @@ class _BoundedMode(TorchFunctionMode):
         finally:
             _STATE.ints = prev
 
+
+_NEW_FACTORIES = {torch.Tensor.new_zeros: torch.zeros, torch.Tensor.new_ones: torch.ones,
+                  torch.Tensor.new_empty: torch.empty, torch.Tensor.new_full: torch.full}
 
 _ARITHMETIC = {"__mul__", "__rmul__", "__add__", "__radd__", "__sub__", "__rsub__",
                "__truediv__", "__rtruediv__", "mul", "add", "sub", "div", "true_divide",
