@@ -145,8 +145,8 @@ try:
 except ValueError as e:
     res["bounds"] = str(e)
 a, b = torch.randn(5, 3).to("tpu"), torch.randn(7, 3).to("tpu")
-dynamism.mark_dynamic(a, 0, 2, 16)
-dynamism.mark_dynamic(b, 0, 2, 16)
+dynamism.mark_dynamic(a, 0, 1, 16)
+dynamism.mark_dynamic(b, 0, 1, 16)
 try:
     a.sum(0) + (a.t() @ b[:5])
 except NotImplementedError as e:
@@ -159,7 +159,9 @@ print(json.dumps(res))
 """, env=FUSED)
     assert "outside [17, 128]" in out["bounds"]
     assert "aten.slice.Tensor" in out["slice"] and "bounded dynamism" in out["slice"]
-    assert "is 5 in one and 7 in another" in out["mixed"]
+    # the bounds as marked (the symbol's range starts at 2), and the way out
+    assert "marked (1, 16) is 5 in one and 7 in another" in out["mixed"], out["mixed"]
+    assert "different bounds" in out["mixed"]
 
 
 @pytest.mark.parametrize("expr,op", [

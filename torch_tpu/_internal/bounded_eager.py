@@ -247,9 +247,12 @@ def _dispatch(func, args, kwargs):
         if isinstance(a, BoundedTensor):
             for s, v in a._values.items():
                 if values.setdefault(s, v) != v:
+                    marked = next(k for k, sym in _SYMS.items() if sym.node.expr == s)
                     raise ValueError(
                         f"torch_tpu bounded dynamism: {func} mixes tensors whose dynamic size "
-                        f"{_RANGES[s]} is {values[s]} in one and {v} in another")
+                        f"marked {marked} is {values[s]} in one and {v} in another (dimensions "
+                        "marked with the same bounds share one size in eager DeferAndFuse: "
+                        "mark independent ones with different bounds)")
     for b in _STATE.ints:
         values.setdefault(b.symbol, int(b))
     leaves = _sizes_as_symbols(func, leaves, spec, values)
