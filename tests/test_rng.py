@@ -170,3 +170,56 @@ def test_checkpointed_dropout_recomputes_the_same_mask(reentrant):
     # differ by whole values)
     torch.testing.assert_close(ckpt, plain, rtol=1e-5, atol=1e-5)
     assert torch.tpu._initialized
+
+
+def test_integer_draws_near_two_to_the_32_are_uniform():
+    # 32-bit words mod a range of 3 * 2**30 gave P(x < range / 3) = 0.5; from 2**28 on
+    # the words are 64-bit, as CPU's and CUDA's.
+    torch.manual_seed(0)
+    for r in (3 * 2**30, 5 * 2**29, 3 * 2**28):
+        x = torch.randint(0, r, (200_000,), device="tpu").cpu().double()
+        assert abs((x < r / 3).double().mean().item() - 1 / 3) < 0.01, r
+        x = torch.empty(200_000, dtype=torch.int64, device="tpu").random_(7, 7 + r).cpu().double()
+        assert x.min() >= 7 and x.max() < 7 + r
+        assert abs((x < 7 + r / 3).double().mean().item() - 1 / 3) < 0.01, r
+
+
+def test_random_bounds_and_bernoulli_probabilities_as_cpu():
+    def same_error(fn, *args):
+        with pytest.raises(Exception) as want:
+            fn("cpu", *args)
+        with pytest.raises(Exception) as got:
+            fn("tpu", *args)
+        assert type(got.value) is type(want.value)
+        return str(got.value), str(want.value)
+
+    rnd = lambda dev, dt, *a: torch.empty(4, dtype=dt, device=dev).random_(*a)  # noqa: E731
+    for dt, a in ((torch.float16, (0, 70000)), (torch.float16, (-70000, 0)), (torch.float16, (70000,)),
+                  (torch.uint8, (0, 300)), (torch.int8, (-200, 0))):
+        got, want = same_error(rnd, dt, *a)
+        assert got == want  # (the dtype's name used to trail junk)
+    same_error(rnd, torch.complex64)           # NotImplementedError
+    same_error(rnd, torch.complex64, 0, 5)     # RuntimeError
+    assert rnd("tpu", torch.bfloat16, 0, 70000).dtype == torch.bfloat16  # CPU only warns
+    same_error(lambda dev: torch.bernoulli(torch.tensor([0, 1], device=dev)))
+    same_error(lambda dev: torch.empty(3, device=dev).bernoulli_(torch.tensor([True, False, True], device=dev)))
+    got, want = same_error(lambda dev: torch.empty(3, device=dev).bernoulli_(torch.rand(4, device=dev)))
+    assert got == want
+    same_error(lambda dev: torch.empty(3, device=dev).bernoulli_(torch.rand(2, 3, device=dev)))
+    # A cpu p is copied over, as CUDA's kernel does.
+    p = torch.tensor([0.0, 1.0, 1.0, 0.0])
+    assert torch.equal(torch.empty(4, device="tpu").bernoulli_(p).cpu(), p)
+
+
+def test_seeds_past_64_bits_are_refused():
+    for s in (2**64, -2**63 - 1):
+        with pytest.raises(ValueError):
+            torch.manual_seed(s)
+        with pytest.raises(ValueError):
+            torch.tpu.manual_seed(s)
+        with pytest.raises(ValueError):
+            torch.tpu.manual_seed_all(s)
+    torch.tpu.manual_seed(2**64 - 1)
+    a = torch.rand(4, device="tpu").cpu()
+    torch.tpu.manual_seed(-1)  # the same 64 bits
+    assert torch.equal(torch.rand(4, device="tpu").cpu(), a)

@@ -283,15 +283,25 @@ std::pair<int64_t, int64_t> integral_range(c10::ScalarType t) {
   }
 }
 
-// random_(from, to) / random_(to) into an integral dtype: both ends must be values of it
-// (CPU's kernel checks; for floating dtypes it only warns).
+// random_(from, to) / random_(to): both ends must be values of the dtype (CPU's kernel
+// checks; past a float's exact integers it only warns, and only float16's range is
+// narrower than int64's).
 void random_range(c10::ArrayRef<c10::IValue> args) {
   c10::ScalarType t = args[0].toTensor().scalar_type();
-  TORCH_CHECK(!c10::isComplexType(t), "random_: check_random_bounds handles only integral, floating-point and ",
-              "boolean types, not '", t, "' (as CPU)");
-  if (!c10::isIntegralType(t, /*includeBool=*/true) || args.size() < 3) return;
-  auto [lo, hi] = integral_range(t);
-  const char* name = c10::scalarTypeToTypeMeta(t).name().data();
+  if (c10::isComplexType(t)) {
+    TORCH_CHECK_NOT_IMPLEMENTED(args.size() >= 3, "\"random_\" not implemented for '", t, "'");
+    TORCH_CHECK(false, "random_: check_random_bounds handles only integral, floating-point and boolean types");
+  }
+  if (args.size() < 3) return;
+  int64_t lo, hi;
+  if (t == c10::kHalf) {
+    lo = -65504, hi = 65504;
+  } else if (c10::isIntegralType(t, /*includeBool=*/true)) {
+    std::tie(lo, hi) = integral_range(t);
+  } else {
+    return;
+  }
+  std::string name(c10::scalarTypeToTypeMeta(t).name());
   std::optional<int64_t> from, to;
   if (args.size() >= 4) {  // (self, from, to?, generator?)
     from = args[1].toInt();
@@ -302,6 +312,17 @@ void random_range(c10::ArrayRef<c10::IValue> args) {
   TORCH_CHECK(!from || (*from >= lo && *from <= hi), "from is out of bounds for ", name);
   TORCH_CHECK(!to || *to == std::numeric_limits<int64_t>::min() || (*to - 1 >= lo && *to - 1 <= hi),
               "to - 1 is out of bounds for ", name);
+}
+
+// bernoulli(p) and bernoulli_(p): CPU's kernel takes floating probabilities only and
+// expands p to self's shape.
+void bernoulli_p(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 2 || args[1].isDouble()) return;  // bernoulli.p, bernoulli_.float
+  bool own = !args[1].isTensor();  // bernoulli(self, generator) and its out=: self holds them
+  const at::Tensor& p = own ? args[0].toTensor() : args[1].toTensor();
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(p.scalar_type()), "\"bernoulli_tensor_cpu_p_\" not implemented for '",
+                              p.scalar_type(), "'");
+  if (!own) (void)p.expand(args[0].toTensor().sizes());
 }
 
 // _int_mm(a, b, out): the int32 result is written as is (CPU and CUDA refuse another out).
@@ -572,6 +593,7 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"nll_loss2d_forward", &nll2d_target_dtype},
       {"mean", &mean_out_dtype},
       {"random", &random_range},
+      {"bernoulli", &bernoulli_p},
       {"randperm", &randperm_size},
       {"native_dropout", &dropout_complex},
       {"_int_mm", &int_mm_out_dtype},

@@ -66,6 +66,7 @@ struct OpInfo {
   bool check_any_input_overlap = false;  // the same view too (index_add_(0, i, self))
   bool host_fill = false;              // fill_.Scalar, zero_: may run no program
   int cpu_indices_arg = -1;            // advanced indexing's Tensor?[]: cpu ones move over
+  int cpu_tensor_arg = -1;             // a Tensor CUDA's kernel moves to the device (bernoulli's p)
   // Per return: the argument index it aliases, or one of these.
   static constexpr int kFreshReturn = -1, kListReturn = -2, kNoArgument = -3;
   std::vector<int> ret_alias;
@@ -1426,13 +1427,20 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   guarded([] { runtime::Client::check_not_forked(); return 0; });  // before any graph lock
   // Unboxed calls only come for functional ops with Tensor and Scalar arguments
   // (register_unboxed): none of these early paths, which rewrite the stack, is theirs.
-  TORCH_INTERNAL_ASSERT(!borrowed || (info.cpu_indices_arg < 0 && !info.host_fill && !info.is_out));
+  TORCH_INTERNAL_ASSERT(!borrowed || (info.cpu_indices_arg < 0 && info.cpu_tensor_arg < 0 && !info.host_fill &&
+                                      !info.is_out));
   auto own = [&] {
     if (borrowed) borrowed->own();
   };
   if (info.cpu_indices_arg >= 0) {
     size_t first = stack->size() - info.num_args;
     move_cpu_indices((*stack)[first + info.cpu_indices_arg], (*stack)[first].toTensor().device());
+  }
+  if (info.cpu_tensor_arg >= 0) {
+    size_t first = stack->size() - info.num_args;
+    c10::IValue& slot = (*stack)[first + info.cpu_tensor_arg];
+    if (slot.isTensor() && slot.toTensor().is_cpu() && slot.toTensor().dim() > 0)
+      slot = slot.toTensor().to((*stack)[first].toTensor().device());
   }
   auto args = torch::jit::last(*stack, info.num_args);
   metrics().op_calls += 1;
@@ -1783,7 +1791,8 @@ at::Tensor call_unboxed(const c10::OperatorHandle& op, const OpInfo& info, const
 bool register_unboxed(torch::Library& lib, const char* name, const c10::OperatorHandle& op,
                       const OpInfo* info) {
   const c10::FunctionSchema& schema = op.schema();
-  if (!info->mutated.empty() || info->is_out || info->cpu_indices_arg >= 0 || info->host_fill ||
+  if (!info->mutated.empty() || info->is_out || info->cpu_indices_arg >= 0 || info->cpu_tensor_arg >= 0 ||
+      info->host_fill ||
       schema.returns().size() != 1 || schema.returns()[0].type()->kind() != c10::TypeKind::TensorType ||
       schema.returns()[0].alias_info() || schema.is_vararg() || schema.is_varret())
     return false;
@@ -1969,6 +1978,9 @@ int register_lowered_kernels() {
     std::string base = name.name.substr(6);
     if (!base.empty() && base.back() == '_') base.pop_back();
     if (!moves_cpu_indices(base)) info.cpu_indices_arg = -1;
+    // CUDA's bernoulli_(p) copies a cpu p to the device; CPU's kernel has no device rule.
+    if (base == "bernoulli" && sargs.size() > 1 && sargs[1].type()->kind() == c10::TypeKind::TensorType)
+      info.cpu_tensor_arg = 1;
     info.check_internal_overlap = !cpu_allows_internal_overlap(base);
     info.kernel_check = kernel_check_for(base);
     info.value_check = value_check_for(base);

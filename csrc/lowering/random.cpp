@@ -81,10 +81,11 @@ Value u64(Builder& b, uint64_t v, const Shape& s) {
 Value random_range(Ctx& ctx, int64_t lo, uint64_t range) {
   Builder& b = ctx.b;
   Type o = ctx.out(0);
-  const uint64_t two32 = uint64_t{1} << 32;
-  bool wide = range == 0 || range > two32;
+  // 32-bit words mod a range near 2^32 favour low values (P(x < range / 3) was 0.5 at
+  // 3 * 2^30): from 2^28 on, 64-bit words, as CPU and CUDA switch.
+  bool wide = range == 0 || range >= (uint64_t{1} << 28);
   Value bits = ctx.random_bits(Type{wide ? DType::U64 : DType::U32, o.shape});
-  if (range != 0 && range != two32) {
+  if (range != 0) {
     Value r = wide ? u64(b, range, o.shape) : b.constant(static_cast<double>(range), DType::U32, o.shape);
     bits = op2(b, "remainder", bits, r);
   }

@@ -84,13 +84,23 @@ def synchronize(device=None) -> None:
     _C.synchronize(-1 if device is None else _index(device))
 
 
+def _seed_bits(seed) -> int:
+    """A seed as the 64 bits a generator keeps: torch.Generator takes [-2**63, 2**64) (a
+    negative one as its two's complement) and refuses the rest; masking made 2**64 seed 0."""
+    seed = int(seed)
+    if not -(1 << 63) <= seed < (1 << 64):
+        raise ValueError(f"manual_seed: the seed {seed} does not fit in 64 bits (Overflow when unpacking long long)")
+    return seed & 0xFFFFFFFFFFFFFFFF
+
+
 def manual_seed(seed: int) -> None:
-    _C.manual_seed(_C.current_device(), int(seed) & 0xFFFFFFFFFFFFFFFF)
+    _C.manual_seed(_C.current_device(), _seed_bits(seed))
 
 
 def manual_seed_all(seed: int) -> None:
+    bits = _seed_bits(seed)
     for d in range(device_count()):
-        _C.manual_seed(d, int(seed) & 0xFFFFFFFFFFFFFFFF)
+        _C.manual_seed(d, bits)
 
 
 def seed() -> None:
