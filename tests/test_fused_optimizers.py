@@ -24,6 +24,24 @@ def test_fused_adam_matches_cpu_and_schedules_do_not_recompile(cls, kw):
     _optimizer_matches_cpu(cls, dict(lr=1e-2, **kw), steady_after=1, state_atol=1e-7)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_adam_bias_corrections_as_cpus_double(dtype):
+    # 1 - beta2 ** step in float was 100 ulps off (1 - 0.999f), so every update was
+    # 6.6e-6 short of CPU's fused step; float64 parameters got a float32 lr.
+    grads = [torch.tensor([1.0, -2.0, 3.0, -4.0], dtype=dtype) * (k + 1) for k in range(12)]
+    for cls in (torch.optim.Adam, torch.optim.AdamW):
+        ps = {}
+        for dev in ("cpu", "tpu"):
+            p = torch.zeros(4, dtype=dtype, device=dev, requires_grad=True)
+            opt = cls([p], lr=0.1, fused=True)
+            for g in grads:
+                p.grad = g.to(dev)
+                opt.step()
+            ps[dev] = p.detach().cpu()
+        tol = dict(rtol=1e-6, atol=0) if dtype == torch.float32 else dict(rtol=1e-14, atol=0)
+        torch.testing.assert_close(ps["tpu"], ps["cpu"], **tol)
+
+
 @pytest.mark.parametrize("found_inf", [0.0, 1.0])
 def test_fused_adamw_grad_scale_and_found_inf_match_cpu(found_inf):
     """GradScaler's arguments: grads are unscaled in place, and a step with found_inf is

@@ -430,7 +430,9 @@ void fused_adam_float_lr(at::TensorList self, at::TensorList grads, at::TensorLi
                          double weight_decay, double eps, bool amsgrad, bool maximize,
                          const std::optional<at::Tensor>& grad_scale,
                          const std::optional<at::Tensor>& found_inf) {
-  at::Tensor lr_t = at::scalar_tensor(lr, at::TensorOptions().dtype(at::kFloat));
+  // float64 parameters take the lr unrounded (CPU's kernel keeps it a double).
+  bool f64 = !self.empty() && self[0].scalar_type() == at::kDouble;
+  at::Tensor lr_t = at::scalar_tensor(lr, at::TensorOptions().dtype(f64 ? at::kDouble : at::kFloat));
   if constexpr (kDecoupled)
     at::_fused_adamw_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr_t, beta1,
                       beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf);
