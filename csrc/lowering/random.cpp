@@ -9,6 +9,7 @@
 #include <string>
 
 #include "lowering/elementwise.h"
+#include "lowering/search_util.h"
 
 namespace tpu::lowering {
 using ir::Cmp;
@@ -292,9 +293,22 @@ TPU_LOWER(multinomial_rule, "multinomial") {
     Value cdf = b.reduce_window(p, b.constant(0, t), {1, n}, {1, 1}, {{0, 0}, {n - 1, 0}}, "stablehlo.add");
     Value last = b.slice(cdf, {0, n - 1}, {rows, n}, {1, 1});                      // (rows, 1)
     Value u = mul(b, uniform(ctx, t, {rows, k}), b.broadcast_in_dim(b.reshape(last, {rows}), {rows, k}, {0}));
-    Shape s3{rows, k, n};
-    Value below = b.compare(b.broadcast_in_dim(cdf, s3, {0, 2}), b.broadcast_in_dim(u, s3, {0, 1}), Cmp::LE);
-    idx = reduce_sum(b, b.convert(below, DType::I64), {2});
+    // How many cdf entries are <= u: a binary search (the cdf does not decrease), each
+    // step a gather; comparing every sample with every category took rows*k*n memory.
+    Value flat = b.reshape(cdf, {rows * n});
+    Value base = b.broadcast_in_dim(mul(b, b.iota(Type{DType::I64, {rows}}, 0), b.constant(n, DType::I64, {rows})),
+                                    {rows, k}, {0});
+    Value lo = b.constant(0, DType::I64, {rows, k}), hi = b.constant(n, DType::I64, {rows, k});
+    Value one = b.constant(1, DType::I64, {rows, k});
+    for (int64_t span = n; span > 0; span /= 2) {  // the interval [lo, hi) halves each step
+      Value mid = b.binary("stablehlo.shift_right_logical", add(b, lo, hi), one);
+      Value at = b.clamp(b.constant(0, DType::I64, {rows, k}), mid, b.constant(n - 1, DType::I64, {rows, k}));
+      Value below = b.binary("stablehlo.and", b.compare(mid, hi, Cmp::LT),
+                             b.compare(search::gather_flat(b, flat, add(b, base, at)), u, Cmp::LE));
+      lo = b.select(below, add(b, mid, one), lo);
+      hi = b.select(below, hi, b.select(b.compare(mid, hi, Cmp::LT), mid, hi));
+    }
+    idx = lo;
     // Rounding can leave u at the top: the last category with mass is the answer then.
     Value pos = b.select(b.compare(p, zero, Cmp::GT), b.iota(Type{DType::I64, {rows, n}}, 1),
                          b.constant(0, DType::I64, {rows, n}));
