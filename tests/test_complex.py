@@ -539,3 +539,32 @@ def test_log_and_sqrt_keep_nan_parts_as_cpu():
     for fn in (torch.log, torch.sqrt):
         got, want = torch.view_as_real(fn(z.to("tpu")).cpu()), torch.view_as_real(fn(z))
         torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_foreach_ops_and_optimizers_on_complex_lists():
+    # Each list position takes the element op's complex rule: they all ran on the CPU
+    # fallback (foreach optimizers on complex parameters).
+    a, b = [crandn(3, seed=1), crandn(2, 2, seed=2)], [crandn(3, seed=3), crandn(2, 2, seed=4)]
+    c = [x.abs() + 0.5 + 0j for x in (crandn(3, seed=5), crandn(2, 2, seed=6))]
+    calls = [lambda a, b, c: torch._foreach_add(a, b, alpha=0.5), lambda a, b, c: torch._foreach_add(a, 2.0),
+             lambda a, b, c: torch._foreach_sub(a, b), lambda a, b, c: torch._foreach_mul(a, b),
+             lambda a, b, c: torch._foreach_mul(a, 0.3), lambda a, b, c: torch._foreach_div(a, c),
+             lambda a, b, c: torch._foreach_neg(a), lambda a, b, c: torch._foreach_sqrt(c),
+             lambda a, b, c: torch._foreach_addcmul(a, b, c, value=0.5),
+             lambda a, b, c: torch._foreach_addcdiv(a, b, c, value=0.5),
+             lambda a, b, c: torch._foreach_lerp(a, b, 0.3), lambda a, b, c: torch._foreach_abs(a)]
+    with native():
+        for fn in calls:
+            for w, g in zip(fn(a, b, c), fn(dev(a), dev(b), dev(c))):
+                same(g, w)
+        for cls, kw in ((torch.optim.Adam, {}), (torch.optim.SGD, dict(momentum=0.9)),
+                        (torch.optim.RMSprop, {})):
+            ps = []
+            for d in ("cpu", "tpu"):
+                p = torch.nn.Parameter(crandn(4, seed=7).to(d))
+                opt = cls([p], lr=0.1, foreach=True, **kw)
+                for i in range(3):
+                    p.grad = (crandn(4, seed=10 + i)).to(d)
+                    opt.step()
+                ps.append(p.detach())
+            same(ps[1], ps[0])

@@ -91,8 +91,11 @@ class ElementCtx : public Ctx {
 };
 
 // Lowers a foreach op as `op` applied at every list position.
+// (A list position holding complex tensors takes the op's "complex:" rule, as a direct
+// call of the op would: complex parameters under a foreach optimizer.)
 std::vector<Value> per_element(Ctx& ctx, const char* op, const char* kinds) {
   const Rule* rule = find_rule(op);
+  const Rule* complex_rule = find_rule(std::string("complex:") + op);
   if (!rule) throw Unsupported(std::string("foreach: no rule for ") + op);
   ElementCtx::Shared shared;
   std::vector<Value> out;
@@ -100,9 +103,10 @@ std::vector<Value> per_element(Ctx& ctx, const char* op, const char* kinds) {
   for (int k = 0; k < n; ++k) {
     ElementCtx ec(ctx, op, kinds, k, shared);
     // Read list arguments first so type_of works inside the element rule.
+    bool complex = is_complex(ctx.out(k).dtype);
     for (int i = 0; i < ec.num_args(); ++i)
-      if (kinds[i] == 'L') (void)ec.in(i);
-    out.push_back((*rule)(ec)[0]);
+      if (kinds[i] == 'L') complex = is_complex(ec.in(i).dtype()) || complex;
+    out.push_back((*(complex && complex_rule ? complex_rule : rule))(ec)[0]);
   }
   return out;
 }
