@@ -53,6 +53,7 @@ using lowering::Value;
 
 struct OpInfo {
   std::string name;  // add_.Tensor
+  const char* ns = "aten";  // or torch_tpu (call_stablehlo): errors name the op in full
   std::string base, base_overload;  // add, add.Tensor (no trailing _): the refusal tables' keys
   const lowering::Rule* rule = nullptr;
   const lowering::Rule* complex_rule = nullptr;  // "complex:<op>": calls with complex values
@@ -893,7 +894,7 @@ runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device, Scal
 // ---- plans --------------------------------------------------------------------------------
 
 std::string describe(const OpInfo& info, c10::ArrayRef<IValue> args) {
-  std::string s = "aten::" + info.name + "(";
+  std::string s = std::string(info.ns) + "::" + info.name + "(";
   for (int i = 0; i < info.num_args; ++i) {
     const IValue& v = args[i];
     if (i) s += ", ";
@@ -1947,6 +1948,7 @@ int register_lowered_kernels() {
     if (!rule && !complex_rule) continue;
     OpInfo info;
     info.name = op_key_name(name);
+    if (ours) info.ns = "torch_tpu";
     info.rule = rule;
     info.complex_rule = complex_rule;
     const auto& sargs = schema.arguments();
