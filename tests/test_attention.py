@@ -149,6 +149,50 @@ def test_sdpa_on_jagged_nested_tensors_matches_per_sequence_attention(causal):
             torch.testing.assert_close(nt.grad.unbind()[i].cpu(), ref.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_jagged_sdpa_pads_key_and_value_alike_and_checks_its_inputs():
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(0)
+    lens = (3, 6, 2)
+    parts = [[torch.randn(n, 2, 4, generator=g) for n in lens] for _ in range(3)]
+
+    def njt(ps, heads=2):
+        return torch.nested.nested_tensor([p[:, :heads].to("tpu") for p in ps], layout=torch.jagged).transpose(1, 2)
+    q, k = njt(parts[0]), njt(parts[1])
+    # value without a cached max_seqlen pads to its token count, key to its longest
+    # sequence: they were padded to different lengths (6 and 11) and refused.
+    v = torch.nested.nested_tensor_from_jagged(torch.cat(parts[2]).to("tpu"), k.offsets()).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q, k, v)
+    for i in range(3):
+        want = F.scaled_dot_product_attention(*(p[i].transpose(0, 1) for p in parts))
+        torch.testing.assert_close(out.unbind()[i].cpu(), want, rtol=1e-4, atol=1e-5)
+    # A batch or head count of 1 was broadcast by the padded dense call; CPU refuses.
+    one = njt([parts[1][0]])
+    with pytest.raises(RuntimeError, match="batch size"):
+        F.scaled_dot_product_attention(q, one, one)
+    with pytest.raises(RuntimeError, match="heads"):
+        F.scaled_dot_product_attention(q, njt(parts[1], 1), njt(parts[2], 1))
+    with pytest.raises(ValueError, match="same dtype"):
+        F.scaled_dot_product_attention(q, k.double(), v)
+
+
+def test_jagged_layout_helpers_check_their_offsets():
+    dense = torch.randn(2, 3, 2, device="tpu")
+    values = torch.randn(10, 3, device="tpu")
+    cases = [
+        (lambda: torch.ops.aten._padded_dense_to_jagged_forward(dense, [torch.tensor([0, 4, 5], device="tpu")], 5),
+         "longer than the max length"),
+        (lambda: torch.ops.aten._padded_dense_to_jagged_forward(dense, [torch.tensor([0, 2, 5], device="tpu")], 7),
+         "final offset should match total_L"),
+        (lambda: torch.ops.aten._jagged_to_padded_dense_forward(values, [torch.tensor([0, 5, 12], device="tpu")], [5]),
+         "past the 10 values"),
+    ]
+    for fn, msg in cases:
+        with pytest.raises(RuntimeError, match=msg):
+            fn().cpu()
+    ok = torch.ops.aten._padded_dense_to_jagged_forward(dense, [torch.tensor([0, 2, 5], device="tpu")], 5).cpu()
+    assert ok.shape == (5, 2)
+
+
 def test_sdpa_under_vmap_and_per_sample_grads_as_cpu():
     """vmap over 4-D SDPA (per-sample gradients, ensembles, MultiheadAttention) raised:
     the fused op has no batching rule, so functorch transforms take the math path, also

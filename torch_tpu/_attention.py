@@ -40,10 +40,27 @@ def _jagged_sdpa(original):
         if query.device.type != "tpu" or attn_mask is not None or not ragged_seq:
             return original(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         from torch.nested._internal.nested_tensor import nested_view_from_values_offsets_lengths
+        from torch.nested._internal.sdpa import _autocast, _validate_sdpa_input
 
-        def padded(t):  # (B, H, j, D) -> (B, H, L, D), L the longest sequence
-            return torch.nested.to_padded_tensor(t.transpose(1, 2), 0.0).transpose(1, 2)
-        q, k, v = padded(query), padded(key), padded(value)
+        # PyTorch's own checks first, then what its math path would refuse: the padded
+        # dense call below would broadcast a batch or head count of 1.
+        query, key, value, _ = _autocast(query, key, value, None)
+        _validate_sdpa_input(query, key, value, None, dropout_p, is_causal, scale)
+        if not query.size(0) == key.size(0) == value.size(0):
+            raise RuntimeError(f"scaled_dot_product_attention: jagged query, key and value must have the same "
+                               f"batch size, got {query.size(0)}, {key.size(0)} and {value.size(0)}")
+        hq, hk, hv = query.size(1), key.size(1), value.size(1)
+        if hk != hv or (hq != hk and not (enable_gqa and hq % hk == 0)):
+            raise RuntimeError(f"scaled_dot_product_attention: jagged query, key and value have {hq}, {hk} and "
+                               f"{hv} heads; they must be equal (or, with enable_gqa=True, key's and value's "
+                               "must divide query's)")
+
+        def padded(t, size=None):  # (B, H, j, D) -> (B, H, L, D)
+            return torch.nested.to_padded_tensor(t.transpose(1, 2), 0.0, size).transpose(1, 2)
+        # A jagged tensor pads to its cached longest sequence, or to its token count when
+        # none is cached: value takes key's length, whichever of the two key had.
+        q, k = padded(query), padded(key)
+        v = padded(value, (k.size(0), k.size(2), k.size(1), value.size(-1)))
         seq_len, kv_len = q.size(2), k.size(2)
         keys = torch.arange(kv_len, device=q.device)
         keep = (keys[None, :] < key.offsets().diff()[:, None])[:, None, None, :]

@@ -290,7 +290,8 @@ void random_range(c10::ArrayRef<c10::IValue> args) {
   c10::ScalarType t = args[0].toTensor().scalar_type();
   if (c10::isComplexType(t)) {
     TORCH_CHECK_NOT_IMPLEMENTED(args.size() >= 3, "\"random_\" not implemented for '", t, "'");
-    TORCH_CHECK(false, "random_: check_random_bounds handles only integral, floating-point and boolean types");
+    TORCH_CHECK(false, "random_: check_random_bounds handles only integral, floating-point and boolean types, not '",
+                t, "' (as CPU)");
   }
   if (args.size() < 3) return;
   int64_t lo, hi;

@@ -2,6 +2,8 @@
 // [total, *] values tensor and [B + 1] offsets): padded dense <-> jagged values. Their
 // shapes come from sizes the caller passes (max length, total), not from the offsets'
 // values, so each is one gather.
+#include <string>
+
 #include "lowering/search_util.h"
 
 namespace tpu::lowering {
@@ -23,6 +25,11 @@ TPU_LOWER(jagged_to_padded_dense, "_jagged_to_padded_dense_forward") {
   Type o = ctx.out(0);
   int64_t batch = o.shape[0], len = o.shape[1], n = values.shape()[0];
   Value pad = constant_any(b, ctx.f_or(3, 0.0), o.dtype, o.shape);
+  // Offsets past the values would read clamped rows (CPU's kernel fails on them).
+  Value last = b.reshape(b.slice(off, {batch}, {batch + 1}, {1}), {});
+  ctx.check(b.compare(last, b.constant(static_cast<double>(n), DType::I64), Cmp::LE),
+            "RuntimeError: _jagged_to_padded_dense_forward(): the final offset is past the " + std::to_string(n) +
+                " values");
   if (batch == 0 || len == 0 || n == 0) return {pad};
   Value start = b.slice(off, {0}, {batch}, {1}), end = b.slice(off, {1}, {batch + 1}, {1});
   Shape bl = {batch, len};
@@ -49,6 +56,15 @@ TPU_LOWER(padded_dense_to_jagged, "_padded_dense_to_jagged_forward") {
   Value dense = ctx.in(0), off = only_offsets(ctx, 1);
   Type o = ctx.out(0);
   int64_t total = o.shape[0], batch = dense.shape()[0], len = dense.shape()[1];
+  // CPU's checks: no sequence longer than the padded length, and total_L the last offset
+  // (positions were clamped instead).
+  Value lengths = sub(b, b.slice(off, {1}, {batch + 1}, {1}), b.slice(off, {0}, {batch}, {1}));
+  ctx.check(all_true(b, b.compare(lengths, b.constant(static_cast<double>(len), DType::I64, {batch}), Cmp::LE)),
+            "RuntimeError: _padded_dense_to_jagged_forward(): found a batch item longer than the max length "
+            "specified by padded input, " + std::to_string(len));
+  ctx.check(b.compare(b.reshape(b.slice(off, {batch}, {batch + 1}, {1}), {}),
+                      b.constant(static_cast<double>(total), DType::I64), Cmp::EQ),
+            "RuntimeError: _padded_dense_to_jagged_forward(): final offset should match total_L value");
   if (total == 0 || batch == 0 || len == 0) return {constant_any(b, 0, o.dtype, o.shape)};
   Shape tb = {total, batch};
   Value t = b.iota(Type{DType::I64, tb}, 0);
