@@ -439,3 +439,48 @@ def test_max_unpool_refuses_an_index_outside_its_plane():
             F.max_unpool2d(x.to("tpu"), idx.to("tpu"), 2).cpu()
     idx = torch.tensor([[[[0, 3], [9, 15]]]])
     assert torch.equal(F.max_unpool2d(x.to("tpu"), idx.to("tpu"), 2).cpu(), F.max_unpool2d(x, idx, 2))
+
+
+def test_convolution_checks_its_arguments_as_cpu():
+    # The rule sits on `convolution`, above at::_convolution's checks: wrong-length
+    # parameters were taken as they came (or failed in XLA), empty kernels and spatial
+    # dims gave results.
+    z = torch.zeros
+    conv = torch.ops.aten.convolution
+    calls = [
+        lambda d: F.conv2d(z(1, 3, 5, 5, device=d), z(4, 3, 3, 3, device=d), padding=(1, 1, 1)),
+        lambda d: F.conv2d(z(1, 3, 5, 5, device=d), z(4, 3, 3, 3, device=d), stride=(1, 1, 1)),
+        lambda d: F.conv2d(z(1, 3, 5, 5, device=d), z(4, 3, 3, 3, device=d), dilation=(1, 1, 1)),
+        lambda d: F.conv2d(z(1, 3, 5, 5, device=d), z(4, 3, 0, 3, device=d)),
+        lambda d: F.conv2d(z(1, 3, 5, 5, device=d), z(0, 3, 3, 3, device=d)),
+        lambda d: F.conv2d(z(1, 3, 0, 5, device=d), z(4, 3, 3, 3, device=d), padding=2),
+        lambda d: F.conv2d(z(1, 3, 5, 5, device=d), z(4, 3, 3, 3, device=d), stride=0),
+        lambda d: F.conv2d(z(1, 3, 5, 5, device=d), z(4, 3, 3, 3, device=d), dilation=0),
+        lambda d: conv(z(1, 3, 5, 5, device=d), z(4, 3, 3, 3, device=d), None, [1, 1], [-1, 0], [1, 1], False, [0, 0], 1),
+        lambda d: conv(z(1, 3, 5, 5, device=d), z(3, 2, 3, 3, device=d), None, [2, 2], [0, 0], [1, 1], True, [-1, 0], 1),
+        lambda d: F.conv_transpose2d(z(1, 3, 5, 5, device=d), z(3, 0, 3, 3, device=d)),
+    ]
+    for i, call in enumerate(calls):
+        with pytest.raises(RuntimeError) as want:
+            call("cpu")
+        with pytest.raises(RuntimeError) as got:
+            call("tpu").cpu()
+        if i < 3 or 4 <= i <= 9:
+            assert str(got.value) == str(want.value), i
+    # What CPU accepts still runs: an empty batch or channel dim.
+    for shapes in (((0, 3, 0, 5), (4, 3, 3, 3)), ((1, 0, 0, 5), (4, 0, 3, 3))):
+        want = F.conv2d(z(shapes[0]), z(shapes[1]), padding=2)
+        assert F.conv2d(z(shapes[0], device="tpu"), z(shapes[1], device="tpu"), padding=2).cpu().shape == want.shape
+
+
+def test_unfold_backward_broadcasts_its_gradient():
+    # istft under torch.compile builds its window envelope this way, a batch of 1
+    # against the signal's batch.
+    g = torch.randn(1, 17, 16)
+    want = torch.ops.aten.unfold_backward(g, [2, 80], 1, 16, 4)
+    got = torch.ops.aten.unfold_backward(g.to("tpu"), [2, 80], 1, 16, 4).cpu()
+    torch.testing.assert_close(got, want)
+    spec = torch.stft(torch.randn(2, 64), 16, 4, window=torch.hann_window(16), return_complex=True)
+    fn = torch.compile(lambda s, w: torch.istft(s, 16, 4, window=w, length=64), backend="tpu")
+    torch.testing.assert_close(fn(spec.to("tpu"), torch.hann_window(16, device="tpu")).cpu(),
+                               torch.istft(spec, 16, 4, window=torch.hann_window(16), length=64), rtol=1e-4, atol=1e-5)

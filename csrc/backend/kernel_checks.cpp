@@ -192,7 +192,41 @@ void convolution_checks(c10::ArrayRef<c10::IValue> args) {
   int64_t groups = args[8].toInt();
   TORCH_CHECK(input.scalar_type() == weight.scalar_type(), "expected scalar type ", input.scalar_type(),
               " but found ", weight.scalar_type());
+  // What at::_convolution checks before choosing a kernel (CPU and CUDA run it; our rule
+  // sits on `convolution` above it, and the meta function checks none of this).
+  const int64_t dim = weight.dim() - 2;
+  auto param = [&](int i, const char* name) {
+    std::vector<int64_t> v = args[i].toIntVector();
+    TORCH_CHECK(v.size() == 1 || static_cast<int64_t>(v.size()) == dim, "expected ", name,
+                " to be a single integer value or a list of ", dim, " values to match the convolution dimensions, "
+                "but got ", name, "=", c10::IntArrayRef(v));
+    if (v.size() == 1) v.assign(std::max<int64_t>(dim, 1), v[0]);
+    return v;
+  };
+  if (dim > 0) {
+    auto stride = param(3, "stride"), padding = param(4, "padding"), dilation = param(5, "dilation");
+    auto output_padding = param(7, "output_padding");
+    auto any = [](const std::vector<int64_t>& v, auto pred) { return std::any_of(v.begin(), v.end(), pred); };
+    TORCH_CHECK(!any(padding, [](int64_t x) { return x < 0; }), "negative padding is not supported");
+    TORCH_CHECK(!any(output_padding, [](int64_t x) { return x < 0; }), "negative output_padding is not supported");
+    TORCH_CHECK(!any(stride, [](int64_t x) { return x <= 0; }), "non-positive stride is not supported");
+    TORCH_CHECK(!any(dilation, [](int64_t x) { return x <= 0; }), "dilation should be greater than zero, but got ",
+                c10::IntArrayRef(dilation));
+  }
   if (weight.dim() < 2 || input.dim() != weight.dim() || groups <= 0) return;  // the meta function's errors
+  TORCH_CHECK(weight.size(0) >= groups, "Given groups=", groups, ", expected weight to be at least ", groups,
+              " at dimension 0, but got weight of size ", weight.sizes(), " instead");
+  bool empty_spatial = false, empty_kernel = false;
+  for (int64_t d = 2; d < input.dim(); ++d) {
+    empty_spatial = empty_spatial || input.size(d) == 0;
+    empty_kernel = empty_kernel || weight.size(d) == 0;
+  }
+  TORCH_CHECK(!empty_spatial || input.size(0) == 0 || input.size(1) == 0,
+              "Only zero batch or zero channel inputs are supported, but got input shape: ", input.sizes());
+  TORCH_CHECK(!empty_kernel, "kernel size should be greater than zero, but got kernel size ",
+              weight.sizes().slice(2));
+  TORCH_CHECK(!transposed || weight.numel() > 0, "non-empty ", weight.dim(), "D weight tensor expected, but got: ",
+              weight.sizes());
   TORCH_CHECK(weight.size(0) % groups == 0, "Given groups=", groups, ", expected weight to be divisible by ", groups,
               " at dimension 0, but got weight of size [", weight.sizes(), "] instead");
   if (transposed)

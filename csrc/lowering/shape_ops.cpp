@@ -269,7 +269,9 @@ TPU_LOWER(unfold_backward, "unfold_backward") {
     lo[g.rank() - 1] = k;
     hi[g.rank() - 1] = k + 1;
     Value gk = b.reshape(b.slice(g, lo, hi, one), tap);
-    acc = add(b, acc, spread(b, gk, dim, in[dim], k, step, zero));
+    // g may broadcast against input_sizes (istft's window envelope, a batch of 1): CPU
+    // expands it.
+    acc = add(b, acc, broadcast_to(b, spread(b, gk, dim, in[dim], k, step, zero), in));
   }
   return {acc};
 }
