@@ -1041,3 +1041,33 @@ def test_python_kernels_are_not_traced_as_user_code():
         return [t.detach().cpu() for t in (loss, x.grad, w.grad, b.grad, mean, var)]
     for w, g in zip(run("cpu", False), run("tpu", True)):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_calls_from_threads_leave_the_eager_mode_alone():
+    # The call switched the process-wide mode to DeferAll and restored what it had saved:
+    # concurrent calls saved each other's DeferAll, and the process stayed in it (every
+    # eager op then joined one unbounded graph).
+    import sys
+    import threading
+    fn = torch.compile(lambda x: (x.sin() @ x).relu() + 1, backend="tpu")
+    x = torch.randn(16, 16, device="tpu")
+    want = fn(x).cpu()
+    before = torch_tpu.get_eager_mode()
+    results = []
+
+    def work():
+        for _ in range(50):
+            results.append(fn(x).cpu())
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # the race, often
+    try:
+        for _ in range(5):
+            threads = [threading.Thread(target=work) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert torch_tpu.get_eager_mode() == before
+    assert len(results) == 1000 and all(torch.equal(r, want) for r in results)

@@ -30,9 +30,23 @@ static EagerMode initial_mode() {
   return EagerMode::Strict;
 }
 static std::atomic<int> g_mode{static_cast<int>(initial_mode())};
+// A compiled graph's call records in DeferAll on its own thread only: a process-wide
+// switch, saved and restored by concurrent calls, could be left in DeferAll for good.
+// Threads that hold no override (nearly always all of them) skip the thread-local read.
+static std::atomic<int> g_overrides{0};
+static thread_local int t_override = -1;
 
-EagerMode eager_mode() { return static_cast<EagerMode>(g_mode.load()); }
+EagerMode eager_mode() {
+  if (g_overrides.load(std::memory_order_relaxed) != 0 && t_override >= 0) return static_cast<EagerMode>(t_override);
+  return static_cast<EagerMode>(g_mode.load());
+}
 void set_eager_mode(EagerMode m) { g_mode = static_cast<int>(m); }
+int set_thread_eager_mode(int m) {
+  int prev = t_override;
+  if ((prev >= 0) != (m >= 0)) g_overrides.fetch_add(m >= 0 ? 1 : -1);
+  t_override = m;
+  return prev;
+}
 
 Metrics& metrics() {
   static Metrics m;

@@ -23,6 +23,8 @@ inline constexpr char kProgramSymbolStem[] = "p";
 enum class EagerMode { Strict = 0, Debug = 1, DeferAndFuse = 2, DeferAll = 3 };
 EagerMode eager_mode();
 void set_eager_mode(EagerMode m);
+// This thread's mode in place of the process's (-1: none); returns the previous override.
+int set_thread_eager_mode(int m);
 
 struct Metrics {
   std::atomic<int64_t> op_calls{0};          // lowered op calls

@@ -167,6 +167,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("set_eager_mode", [](int mode) { set_eager_mode(static_cast<EagerMode>(mode)); });
   m.def("get_eager_mode", [] { return static_cast<int>(eager_mode()); });
+  m.def("_set_thread_eager_mode", &set_thread_eager_mode);
   m.def("lowered_ops", [] { return lowered_op_names(); });
   m.def("_import_stablehlo", &import_stablehlo);  // torch_tpu/_internal/pallas.py
   m.def("_donate", &donate_storage);

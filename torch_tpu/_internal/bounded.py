@@ -865,16 +865,18 @@ def _lookup(t, shape):
 def _strict():
     from .. import _C
     from .execution_mode import EagerMode
-    prev = _C.get_eager_mode()
-    if prev == EagerMode.DEFER_AND_FUSE.value:
-        _C.flush("before bounded padding")
-        # Launched at once (Strict would queue a program not loaded yet behind its
-        # compile): the padded values are buffers before the next graph records them.
-        _C.set_eager_mode(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING.value)
+    if _C.get_eager_mode() != EagerMode.DEFER_AND_FUSE.value:
+        yield
+        return
+    _C.flush("before bounded padding")
+    # Launched at once (Strict would queue a program not loaded yet behind its compile):
+    # the padded values are buffers before the next graph records them. (This thread
+    # only: other threads keep the process's mode.)
+    saved = _C._set_thread_eager_mode(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING.value)
     try:
         yield
     finally:
-        _C.set_eager_mode(prev)
+        _C._set_thread_eager_mode(saved)
 
 
 def _padded_base(t, padded):

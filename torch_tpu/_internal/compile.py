@@ -164,13 +164,14 @@ class _CompiledGraph:
             # The surrounding eager work, or an earlier step left pending (a forward
             # without backward, gradient accumulation), is a program of its own.
             _C.flush("before compiled graph")
-        _C.set_eager_mode(_DEFER_ALL)
+        # This thread records in DeferAll; other threads keep the process's mode.
+        saved = _C._set_thread_eager_mode(_DEFER_ALL)
         try:
             out = self._replay(args, how) if isinstance(args, list) and _graph_call_mode is None else None
             if out is None:
                 out = self._record(args)
         finally:
-            _C.set_eager_mode(prev)
+            _C._set_thread_eager_mode(saved)
         if prev == _DEBUG:
             _C.synchronize(-1)  # Debug: errors surface at the call
         dt = time.perf_counter() - t0
