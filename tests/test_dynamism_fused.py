@@ -171,6 +171,8 @@ print(json.dumps(res))
     # A static size equal to the bound: right only at the bound (and the refusal must
     # leave the symbol unspecialized for the ops after it).
     ("x + torch.ones(16, 3, device='tpu')", "aten.add.Tensor"),
+    # A data-dependent size (no bound): refused by the op, not a KeyError on its range.
+    ("x[x > 0].sum()", "aten.index.Tensor"),
 ])
 def test_ops_not_known_right_across_the_dynamic_dimension_are_refused_by_name(expr, op):
     out = run_python_json(PRELUDE + f"""

@@ -157,6 +157,9 @@ def _grows(v) -> bool:
         if isinstance(s, torch.SymInt):
             e = _expr(s)
             env = s.node.shape_env
+            if not all(a in env.var_to_range and env.var_to_range[a].upper.is_finite
+                       for a in e.free_symbols):
+                continue  # data-dependent (x[x > 0]): no bound; the op's own rule refuses it
             top = e.xreplace({a: sympy.Integer(int(env.var_to_range[a].upper)) for a in e.free_symbols})
             if not _nonneg(top - e, s):
                 return False
