@@ -304,3 +304,38 @@ for n in (5, 4, 3):
 print(json.dumps(res))
 """, env=FUSED)
     assert out == [[[3, 4], 12.0, [3], 6.0, [float(n)] * 4] for n in (5, 4, 3)], out
+
+
+def test_backward_of_a_shifted_lm_loss_embedding_and_attention_matches_float64():
+    # Autograd passes sizes back as plain ints: a gradient viewed back to (B, s - 1, V)
+    # (at s = 3 both 2s tie, told apart by the forward view), slice_backward's input
+    # sizes, the rows of bmm(expanded grad, k), embedding backward's gradient.
+    out = run_python_json(PRELUDE + """
+import torch.nn.functional as F
+torch.manual_seed(0)
+emb64, lin64 = torch.randn(11, 8, dtype=torch.float64), torch.randn(11, 8, dtype=torch.float64)
+
+def fn(idx, emb, lin):
+    h = F.embedding(idx, emb)
+    a = ((h @ h.transpose(-1, -2)) / 2.0).softmax(-1) @ h
+    logits = (h + a) @ lin.t()
+    v = logits.shape[-1]
+    return F.cross_entropy(logits[:, :-1].reshape(-1, v), idx[:, 1:].reshape(-1)) + \\
+        F.embedding(idx, emb).sum(1).pow(2).sum() * 1e-3
+
+res = []
+g = torch.Generator().manual_seed(1)
+for n in (5, 3, 9, 16):
+    idx = torch.randint(0, 11, (2, n), generator=g)
+    ref = [p.clone().requires_grad_() for p in (emb64, lin64)]
+    want = fn(idx, *ref)
+    want.backward()
+    dev = [p.float().to("tpu").requires_grad_() for p in (emb64, lin64)]
+    it = idx.to("tpu")
+    dynamism.mark_dynamic(it, 1, 3, 16)
+    got = fn(it, *dev)
+    got.backward()
+    res.append(max([diff(got, want)] + [diff(a.grad, b.grad) for a, b in zip(dev, ref)]))
+print(json.dumps(res))
+""", env=FUSED)
+    assert max(out) < 1e-5, out

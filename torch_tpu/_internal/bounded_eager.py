@@ -218,7 +218,8 @@ class _Enter(torch.autograd.Function):
 _SIZE_LIST_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
                   aten.expand.default, aten.new_zeros.default, aten.new_ones.default,
                   aten.new_empty.default, aten.new_full.default, aten.full.default,
-                  aten.zeros.default, aten.ones.default, aten.empty.memory_format}
+                  aten.zeros.default, aten.ones.default, aten.empty.memory_format,
+                  aten.slice_backward.default}
 # Ops that return no tensor and read no values: they see the padded tensors.
 _SHAPE_QUERIES = {aten._fused_sdp_choice.default} if hasattr(aten, "_fused_sdp_choice") else set()
 
@@ -262,7 +263,10 @@ def _dispatch(func, args, kwargs):
     if g is None:
         g = _OpGraph(func, leaves, spec)
         _GRAPHS[key] = g
-    return g.run(leaves, values)
+    out = g.run(leaves, values)
+    if func in _VIEW_OPS and isinstance(leaves[0], BoundedTensor) and isinstance(out, BoundedTensor):
+        _remember_view(leaves[0], out)
+    return out
 
 
 # Plain tensors at a true dynamic size that met a bounded one and had to be padded per
@@ -271,36 +275,42 @@ padded_per_size = {}
 
 
 def _promote_plain(func, leaves, values):
-    """Plain tpu tensors whose dimension, aligned with a bounded argument's dynamic one,
-    has its true size: the same tensor padded to the bound (what the static program
-    computes on its prefix). A broadcast dimension (stride 0) is a free view; anything
-    else is a per-size pad recorded in the graph, counted in `padded_per_size`."""
-    bounded_args = [a for a in leaves if isinstance(a, BoundedTensor)]
-    if not bounded_args:
+    """Tensors whose static dimension, aligned with a bounded argument's dynamic one, has
+    its true size: the same tensor padded to the bound (what the static program computes
+    on its prefix). Plain tpu tensors, and bounded ones with such a static dimension (the
+    rows of bmm(expanded grad, k) come out static: autograd's sizes are plain ints). A
+    broadcast dimension (stride 0) is a free view; anything else is a per-size pad
+    recorded in the graph, counted in `padded_per_size`."""
+    if not any(isinstance(a, BoundedTensor) for a in leaves):
         return leaves
     out = list(leaves)
     for i, p in enumerate(leaves):
-        if isinstance(p, BoundedTensor) or not isinstance(p, torch.Tensor) or p.dim() == 0 \
-                or p.device.type != "tpu":
+        if not isinstance(p, torch.Tensor) or p.dim() == 0 or p.device.type != "tpu":
             continue
-        exprs = [sympy.Integer(n) for n in p.shape]
+        was_bounded = isinstance(p, BoundedTensor)
+        if was_bounded and p._mask is not None:
+            continue  # a compound dimension's mask would not cover the new padding
+        exprs = list(p._exprs) if was_bounded else [sympy.Integer(n) for n in p.shape]
+        dyn = []
         for d, e in _aligned(func, leaves, i):
-            if isinstance(e, sympy.Symbol) and p.shape[d] == values[e]:
+            if isinstance(e, sympy.Symbol) and not exprs[d].free_symbols and \
+                    p.shape[d] == values[e]:
                 exprs[d] = e
-        dyn = [d for d, e in enumerate(exprs) if e.free_symbols]
+                dyn.append(d)
         if not dyn:
             continue
+        inner = p._inner if was_bounded else p
         bnd = _bounds()
         padded = [int(e.xreplace(bnd)) for e in exprs]
-        if all(p.stride(d) == 0 for d in dyn):
-            inner = p.as_strided(padded, p.stride(), p.storage_offset())
+        if all(inner.stride(d) == 0 for d in dyn):
+            inner = inner.as_strided(padded, inner.stride(), inner.storage_offset())
         else:
             padded_per_size[str(func)] = padded_per_size.get(str(func), 0) + 1
             pads = []
-            for n, m in zip(reversed(p.shape), reversed(padded)):
+            for n, m in zip(reversed(inner.shape), reversed(padded)):
                 pads += [0, m - n]
-            inner = torch.nn.functional.pad(p, pads)
-        out[i] = BoundedTensor(inner, exprs, values)
+            inner = torch.nn.functional.pad(inner, pads)
+        out[i] = BoundedTensor(inner, exprs, {**p._values, **values} if was_bounded else values)
     return out
 
 
@@ -312,6 +322,10 @@ def _aligned(func, leaves, i):
     if torch.Tag.pointwise in func.tags:
         return [(p.dim() - k, b._exprs[-k]) for b in leaves if isinstance(b, BoundedTensor)
                 for k in range(1, min(p.dim(), b.dim()) + 1)]
+    if func is aten.embedding_dense_backward.default and i == 0:
+        # The gradient is shaped (indices..., D): its leading dimensions are the indices'.
+        idx = leaves[1]
+        return list(enumerate(idx._exprs)) if isinstance(idx, BoundedTensor) else []
     if func in (aten.mm.default, aten.bmm.default) and i in (0, 1):
         other = leaves[1 - i]
         if isinstance(other, BoundedTensor):
@@ -351,9 +365,20 @@ def _sizes_as_symbols(func, leaves, spec, values):
     flat_pos = list(_size_arg(spec, pos))  # where the size list's ints are among the leaves
     sizes = [leaves[i] for i in flat_pos]
     src = leaves[0] if pos == 1 and isinstance(leaves[0], BoundedTensor) else None
-    best = _resolve_sizes(func, tuple(int(n) for n in sizes),
-                          None if src is None else tuple(src._exprs),
-                          tuple(sorted(values.items(), key=lambda kv: str(kv[0]))))
+    src_exprs = None if src is None else tuple(src._exprs)
+    sizes = tuple(int(n) for n in sizes)
+    bests = _resolve_sizes(func, sizes, src_exprs,
+                           tuple(sorted(values.items(), key=lambda kv: str(kv[0]))))
+    if len(bests) > 1 and func in _VIEW_OPS:
+        # Equal values tie ((2, 2, V) from (2*s - 2, V) at s = 3): autograd views a
+        # gradient back to the shape a forward view came from, which it remembers.
+        hint = _VIEWED.get((src_exprs, sizes))
+        bests = [c for c in bests if hint is not None and _same_exprs(c, hint)]
+    if len(bests) != 1:
+        raise NotImplementedError(
+            f"torch_tpu bounded dynamism: cannot tell which sizes of {func}{sizes} are the "
+            f"dynamic ones (input sizes {src_exprs}); pass x.shape[d] itself for a dynamic size")
+    best = bests[0]
     new = list(leaves)
     for i, c, n in zip(flat_pos, best, sizes):
         new[i] = -1 if int(n) == -1 else _Sym(c) if c.free_symbols else int(c)
@@ -364,19 +389,27 @@ def _sizes_as_symbols(func, leaves, spec, values):
 def _resolve_sizes(func, sizes, src_exprs, values_items):
     """Which ints of a size list are dynamic sizes (memoized: the search uses sympy)."""
     values = dict(values_items)
+    # The sizes a dimension may be: the symbols, and the input's dynamic sizes with their
+    # factors (viewing (2*s - 2, V) back to (2, s - 1, V) takes s - 1 from 2*(s - 1)).
+    bases = set(values)
+    for e in src_exprs or ():
+        if e.free_symbols:
+            bases.add(sympy.expand(e))
+            bases.update(sympy.expand(f) for f, _ in sympy.factor_list(e)[1] if f.free_symbols)
     cands = []
     for i, n in enumerate(sizes):
         opts = [sympy.Integer(int(n))]
-        # A multiple of a true size may be a flattened dynamic dimension (2*s).
-        syms = [sympy.Integer(int(n) // v) * s for s, v in values.items()
-                if int(n) > 0 and int(n) % v == 0]
-        if syms:
-            opts = [sympy.Integer(int(n))] + syms
+        # A multiple of a dynamic size may be a flattened dynamic dimension (2*s).
+        for base in sorted(bases, key=str):
+            v = _value(base, values)
+            if int(n) > 0 and v > 0 and int(n) % v == 0:
+                c = sympy.expand(sympy.Integer(int(n) // v) * base)
+                if c not in opts:
+                    opts.append(c)
         cands.append(opts)
     want = None if src_exprs is None else sympy.Mul(*src_exprs)
-    viewing = src_exprs is not None and func in (aten.view.default, aten._unsafe_view.default,
-                                           aten.reshape.default)
-    best, best_score, tie = None, -1, False
+    viewing = src_exprs is not None and func in _VIEW_OPS
+    bests, best_score = [], -1
     for combo in itertools.product(*cands):
         score = 0
         if viewing:
@@ -396,16 +429,30 @@ def _resolve_sizes(func, sizes, src_exprs, values_items):
                        zip(reversed(combo), reversed(src_exprs), reversed(sizes))):
                 continue
             score = sum(c == e for c, e in zip(reversed(combo), reversed(src_exprs)))
+        elif src_exprs is not None and func is aten.slice_backward.default:
+            # The sliced input's sizes: each a constant off the gradient's (s - 1 -> s).
+            score = sum(sympy.expand(c - e).is_number for c, e in zip(combo, src_exprs))
         if score > best_score:
-            best, best_score, tie = combo, score, False
-        elif score == best_score and combo != best:
-            tie = True
-    if best is None or tie:
-        raise NotImplementedError(
-            f"torch_tpu bounded dynamism: cannot tell which sizes of {func}{tuple(sizes)} are the "
-            f"dynamic ones (input sizes {None if src_exprs is None else tuple(src_exprs)}); pass "
-            "x.shape[d] itself for a dynamic size")
-    return best
+            bests, best_score = [combo], score
+        elif score == best_score and combo not in bests:
+            bests.append(combo)
+    return tuple(bests)  # the likeliest readings: one, or a tie
+
+
+_VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+# (a view's output sizes, its input's true sizes) -> the input's sizes, or None where two
+# views disagree: how a gradient is viewed back (_sizes_as_symbols).
+_VIEWED = {}
+
+
+def _remember_view(src, out):
+    key = (tuple(out._exprs), tuple(src.shape))
+    seen = _VIEWED.get(key, src._exprs)
+    _VIEWED[key] = tuple(src._exprs) if seen is not None and _same_exprs(seen, src._exprs) else None
+
+
+def _same_exprs(a, b):
+    return len(a) == len(b) and all(sympy.expand(x - y) == 0 for x, y in zip(a, b))
 
 
 def _prefix_products(exprs):
