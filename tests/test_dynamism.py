@@ -434,6 +434,8 @@ def _diff(t):
                            (t == 0).any())),
     ("index_rows", lambda t: t[(torch.arange(t.shape[0], device=t.device) * 3) % t.shape[0]]),
     ("index_negative", lambda t: t[torch.arange(t.shape[0], device=t.device) - t.shape[0] + 1].sum(0)),
+    # embedding rows of shifted indices (s - 1): the indices' mask, across the rows
+    ("embedding_shifted", lambda t: F.embedding((t[1:, :2].abs() * 4).long() % 3, t[:3]).sum(0)),
     ("index_broadcast", lambda t: (lambda c, i: (c[i[:, None], torch.tensor([[0, 3, 1]], device=t.device)],
                                                   c.t()[0, i[None, :]] == c.t()[1, i[:, None]]))(
         _diff(t), torch.arange(t.shape[0], device=t.device))),

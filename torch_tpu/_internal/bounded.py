@@ -514,6 +514,13 @@ def _compound_mask(b, n, m_of):
         m = b.call(aten.view.default, b.call(aten.expand.default, m, shape[:nb]),
                    shape[:nb] + [1] * (len(shape) - nb))
         return b.call(aten.expand.default, m, shape)
+    if n.target is aten.embedding.default:
+        # One row per index (the weight is static): the indices' mask across the rows.
+        m = m_of(n.args[1])
+        if m is None or m is _UNKNOWN:
+            return _UNKNOWN
+        return b.call(aten.expand.default, b.call(aten.unsqueeze.default, m, -1),
+                      b.padded(_val(n)))
     if n.target in (aten.mm.default, aten.addmm.default):
         # Rows of the product are the rows of the left operand (K, N static here).
         a = n.args[0] if n.target is aten.mm.default else n.args[1]
