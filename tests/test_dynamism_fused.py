@@ -339,3 +339,61 @@ for n in (5, 3, 9, 16):
 print(json.dumps(res))
 """, env=FUSED)
     assert max(out) < 1e-5, out
+
+
+def test_a_static_size_meeting_a_different_dynamic_one_is_refused_at_the_op():
+    # embedding_dense_backward's shape checks do not compare the gradient with the
+    # indices: the padded program would fail to compile when the graph runs.
+    out = run_python_json(PRELUDE + """
+idx = torch.randint(0, 10, (2, 7)).to("tpu")
+dynamism.mark_dynamic(idx, 1, 2, 16)
+grad = torch.randn(2, 6, 4).to("tpu")
+try:
+    torch.ops.aten.embedding_dense_backward(grad, idx, 10, -1, False).cpu()
+    res = None
+except NotImplementedError as e:
+    res = str(e)
+print(json.dumps(res))
+""", env=FUSED)
+    assert out is not None and "aten.embedding_dense_backward.default" in out, out
+    assert "Strict or Debug" in out and "dynamism=True" in out, out
+
+
+def test_pad_and_shifted_products_forward_and_backward_match_float64():
+    # constant_pad_nd's C++ kernel reads sizes as ints: its decomposition gives the
+    # shape; gradients of a shifted slice (s - 1) are padded with their prefix's mask;
+    # an embedding of shifted indices carries their mask.
+    out = run_python_json(PRELUDE + """
+import torch.nn.functional as F
+w64 = torch.randn(10, 4, dtype=torch.float64)
+fns = {
+    # the cumsum sees where the pads sit along the dynamic dimension
+    "pad": lambda i, w: F.pad(F.embedding(i, w), (0, 0, 1, 2), value=0.5).cumsum(1).sin().sum(),
+    "shift_mul": lambda i, w: (F.embedding(i, w)[:, 1:] * F.embedding(i, w)[:, :-1]).sum(),
+    "emb_shift": lambda i, w: F.embedding(i[:, 1:], w).sum(1).pow(2).sum(),
+}
+res = {}
+g = torch.Generator().manual_seed(1)
+for name, fn in fns.items():
+    for n in (5, 3, 9):
+        idx = torch.randint(0, 10, (2, n), generator=g)
+        ref = w64.clone().requires_grad_()
+        want = fn(idx, ref)
+        want.backward()
+        w = w64.float().to("tpu").requires_grad_()
+        it = idx.to("tpu")
+        dynamism.mark_dynamic(it, 1, 3, 16)
+        got = fn(it, w)
+        got.backward()
+        res[name] = max(res.get(name, 0), diff(got, want), diff(w.grad, ref.grad))
+x = torch.randn(3, 7).to("tpu")
+dynamism.mark_dynamic(x, 1, 2, 16)
+try:
+    x[:, 1:] * x[:, :-1]
+except NotImplementedError as e:
+    res["low"] = str(e)
+print(json.dumps(res))
+""", env=FUSED)
+    assert max(out[k] for k in ("pad", "shift_mul", "emb_shift")) < 1e-5, out
+    # s - 1 is 1 at the marked minimum 2: a broadcast there, and the way out
+    assert "raise the marked minimum" in out["low"], out["low"]

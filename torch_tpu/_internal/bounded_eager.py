@@ -24,6 +24,7 @@ value; an ambiguous or inconsistent match raises NotImplementedError, never gues
 import contextlib
 import functools
 import itertools
+import logging
 import threading
 import weakref
 
@@ -280,7 +281,8 @@ def _promote_plain(func, leaves, values):
     on its prefix). Plain tpu tensors, and bounded ones with such a static dimension (the
     rows of bmm(expanded grad, k) come out static: autograd's sizes are plain ints). A
     broadcast dimension (stride 0) is a free view; anything else is a per-size pad
-    recorded in the graph, counted in `padded_per_size`."""
+    recorded in the graph, counted in `padded_per_size`. A compound size (s - 1, the
+    gradient of x[:, 1:]) gets the mask of its valid prefix."""
     if not any(isinstance(a, BoundedTensor) for a in leaves):
         return leaves
     out = list(leaves)
@@ -288,15 +290,28 @@ def _promote_plain(func, leaves, values):
         if not isinstance(p, torch.Tensor) or p.dim() == 0 or p.device.type != "tpu":
             continue
         was_bounded = isinstance(p, BoundedTensor)
-        if was_bounded and p._mask is not None:
-            continue  # a compound dimension's mask would not cover the new padding
+        if was_bounded and (p._mask is not None or not _structural_exprs(p._exprs)):
+            continue  # its valid part is not a prefix: the new padding's mask is unknown
         exprs = list(p._exprs) if was_bounded else [sympy.Integer(n) for n in p.shape]
-        dyn = []
+        dyn, unmatched = [], []
         for d, e in _aligned(func, leaves, i):
-            if isinstance(e, sympy.Symbol) and not exprs[d].free_symbols and \
-                    p.shape[d] == values[e]:
+            if exprs[d].free_symbols or not e.free_symbols or p.shape[d] == 1:
+                continue  # already dynamic, or met by a static size or a broadcast
+            if p.shape[d] == _value(e, values):
                 exprs[d] = e
                 dyn.append(d)
+            else:
+                unmatched.append((d, e))
+        unmatched = [(d, e) for d, e in unmatched if not exprs[d].free_symbols]
+        if unmatched:
+            # The padded shapes would disagree (some kernels' shape checks do not see it).
+            d, e = unmatched[0]
+            raise NotImplementedError(
+                f"torch_tpu bounded dynamism: {func} meets the dynamic size {e} with the static "
+                f"size {p.shape[d]} of an argument (dimension {d} of {tuple(p.shape)}), often a "
+                "gradient that autograd sized with plain ints, in eager DeferAndFuse. Run this "
+                "code with marked sizes in Strict or Debug mode (TPU_LAUNCH_BLOCKING=1), or "
+                "compile it with torch.compile(fn, backend=torch_tpu.TpuBackend(dynamism=True))")
         if not dyn:
             continue
         inner = p._inner if was_bounded else p
@@ -310,8 +325,26 @@ def _promote_plain(func, leaves, values):
             for n, m in zip(reversed(inner.shape), reversed(padded)):
                 pads += [0, m - n]
             inner = torch.nn.functional.pad(inner, pads)
-        out[i] = BoundedTensor(inner, exprs, {**p._values, **values} if was_bounded else values)
+        vals = {**p._values, **values} if was_bounded else values
+        mask = None if _structural_exprs(exprs) else _prefix_mask(exprs, vals, padded, inner.device)
+        out[i] = BoundedTensor(inner, exprs, vals, mask)
     return out
+
+
+def _structural_exprs(exprs):
+    return all(isinstance(e, sympy.Symbol) or not e.free_symbols for e in exprs)
+
+
+def _prefix_mask(exprs, values, padded, device):
+    """Validity of a padded tensor whose true data is a prefix in every dimension; the
+    sizes are operands, so its program is the same at every size."""
+    m = None
+    for d, e in enumerate(exprs):
+        if e.free_symbols:
+            c = torch.arange(padded[d], device=device) < _size_tensor(e, _value(e, values), device)
+            c = c.view([padded[d] if k == d else 1 for k in range(len(padded))])
+            m = c if m is None else m & c
+    return m.expand(padded)
 
 
 def _aligned(func, leaves, i):
@@ -475,6 +508,15 @@ _UNFLAT = {}  # spec -> its args with leaf indices: where each argument's leaves
 
 
 @contextlib.contextmanager
+def _quiet(log):
+    was, log.disabled = log.disabled, True
+    try:
+        yield
+    finally:
+        log.disabled = was
+
+
+@contextlib.contextmanager
 def _restored_env():
     """What an op's shape checks taught the ShapeEnv is forgotten after it: a refused op
     must not leave a symbol specialized (s -> 128) for the next ones."""
@@ -491,6 +533,9 @@ def _restored_env():
         env.axioms.update(saved[2])
         del env.guards[saved[3]:]
         env._update_version_counter()
+        # SymNodes cache their expression per replacements version: one made during
+        # the op (s -> 16) would outlive the rollback in the fakes that saw it.
+        env._replacements_version_counter += 1
         # ShapeEnv memoizes evaluate_expr and the guard recorders per expression: a
         # remembered answer would skip the guard next time, and the op get through.
         for f in vars(type(env)).values():
@@ -527,15 +572,7 @@ class _OpGraph:
             fargs, fkwargs = tree_unflatten(
                 [f if k != "c" else a for f, k, a in
                  zip(_expand(fakes, self.kinds), self.kinds, leaves)], spec)
-            with _restored_env():
-                guards = len(_ENV.guards)
-                try:
-                    out = func(*fargs, **fkwargs)
-                except Exception as e:  # a size mismatch between the bound and a static size
-                    raise NotImplementedError(
-                        f"torch_tpu bounded dynamism: {func} cannot run with a dynamic size there "
-                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
-                self._check_guards(func, guards)
+            out = self._fake_run(func, fargs, fkwargs)
         nargs, nkwargs = tree_unflatten(nodes, spec)
         n = g.call_function(func, tuple(nargs), dict(nkwargs))
         n.meta["val"] = out
@@ -577,15 +614,46 @@ class _OpGraph:
         self.gm = torch.fx.GraphModule(torch.nn.Module(), b.g)
         self.func = func
 
+    @classmethod
+    def _fake_run(cls, func, fargs, fkwargs):
+        """The op on the fake arguments, refused where its shapes hold only for some
+        sizes. Some C++ kernels read sizes as ints (constant_pad_nd), which pins the
+        symbol to its hint: the op's Python decomposition, if any, is tried next."""
+        from torch._decomp import decomposition_table
+        first = None
+        for f in (func, decomposition_table.get(func)):
+            if f is None:
+                break
+            # FakeTensorMode logs a failed meta kernel's traceback: the failure is ours to
+            # report (or the decomposition's to fix).
+            with _restored_env(), _quiet(logging.getLogger("torch._subclasses.fake_tensor")):
+                guards = len(_ENV.guards)
+                try:
+                    out = f(*fargs, **fkwargs)
+                    cls._check_guards(func, guards)
+                    return out
+                except Exception as e:
+                    first = first or e
+        if isinstance(first, NotImplementedError) and "bounded dynamism" in str(first):
+            raise first
+        # a size mismatch between the bound and a static size
+        raise NotImplementedError(
+            f"torch_tpu bounded dynamism: {func} cannot run with a dynamic size there "
+            f"({type(first).__name__}: {str(first).splitlines()[0] if str(first) else ''})") from first
+
     @staticmethod
     def _check_guards(func, before):
         for guard in _ENV.guards[before:]:
-            for point in ("low", "high"):
-                sub = {s: sympy.Integer(r[0] if point == "low" else r[1]) for s, r in _RANGES.items()}
-                if guard.expr.xreplace(sub) != sympy.true:
-                    raise NotImplementedError(
-                        f"torch_tpu bounded dynamism: {func} would hold only for some sizes "
-                        f"({guard.expr}); a dynamic size meets a static one there")
+            if any(guard.expr.xreplace({s: sympy.Integer(r[k]) for s, r in _RANGES.items()})
+                   != sympy.true for k in (0, 1)):
+                why = "a dynamic size meets a static one there"
+                if isinstance(guard.expr, (sympy.Eq, sympy.Ne)) and sympy.Integer(1) in guard.expr.args:
+                    # a broadcast check: a size like s - 1 reaches 1 at the marked minimum
+                    why = "a dynamic size can be 1 within the marked bounds, where it would " \
+                          "broadcast: raise the marked minimum"
+                raise NotImplementedError(
+                    f"torch_tpu bounded dynamism: {func} would hold only for some sizes "
+                    f"({guard.expr}); {why}")
 
     def run(self, leaves, values):
         bnd = _bounds()
