@@ -41,7 +41,7 @@ from .bounded_ops import _dyn_dims, _expr, _structural
 aten = torch.ops.aten
 _DEFER_AND_FUSE = EagerMode.DEFER_AND_FUSE.value
 
-# -- symbols: one per marked bounds, in one ShapeEnv ------------------------------------
+# -- symbols: per marked bounds, numbered by value within an op, in one ShapeEnv ---------
 
 class _State(threading.local):
     suspended = 0  # inside compiled mode's bounded graphs
@@ -51,8 +51,9 @@ class _State(threading.local):
 _STATE = _State()
 _ENV = None
 _FAKE = None
-_SYMS = {}          # (min, max) -> SymInt of the symbol (hint: the bound)
-_RANGES = {}        # sympy symbol -> (min, max)
+_SYMS = {}          # (min, max, k) -> SymInt of the k-th symbol of those bounds (hint: the bound)
+_MARKED = {}        # sympy symbol -> (min, max) as marked
+_RANGES = {}        # sympy symbol -> (min, max) of its values
 _SIZE_TENSORS = {}  # (symbol, value, device) -> 0-d int64 tpu tensor
 
 
@@ -69,22 +70,66 @@ def _env():
     return _ENV
 
 
-def _symbol(lo: int, hi: int) -> torch.SymInt:
-    if (lo, hi) not in _SYMS:
+def _symbol(lo: int, hi: int, k: int = 0) -> torch.SymInt:
+    """The k-th symbol of the marked bounds [lo, hi]: dimensions marked alike get the
+    same symbol where their sizes are equal, the next ones where not (_Renamer)."""
+    if (lo, hi, k) not in _SYMS:
         from torch._dynamo.source import ConstantSource
         from torch.fx.experimental.symbolic_shapes import DimDynamic, StrictMinMaxConstraint
         from torch.utils._sympy.value_ranges import ValueRanges
         env = _env()
         low = max(lo, 2)  # sizes 0 and 1 broadcast differently: never one symbol with 2..
-        s = env.create_symbol(hi, ConstantSource(f"tpu_dynamic_{lo}_{hi}"),
+        s = env.create_symbol(hi, ConstantSource(f"tpu_dynamic_{lo}_{hi}_{k}"),
                               dynamic_dim=DimDynamic.DYNAMIC,
                               constraint_dim=StrictMinMaxConstraint(vr=ValueRanges(low, hi),
                                                                     warn_only=False))
         # The hint is the bound: a guard that holds only for the size seen first (a size
         # compared with a static one) fails here instead of being baked in.
-        _SYMS[(lo, hi)] = env.create_symintnode(s, hint=hi)
+        _SYMS[(lo, hi, k)] = env.create_symintnode(s, hint=hi)
         _RANGES[s] = (low, hi)
-    return _SYMS[(lo, hi)]
+        _MARKED[s] = (lo, hi)
+    return _SYMS[(lo, hi, k)]
+
+
+class _Renamer:
+    """Symbols by value within one op (or one tensor): per marked bounds, the k-th
+    distinct size met, in argument and dimension order, gets the k-th symbol. Sizes
+    marked alike meet as one symbol where equal and as two where not (a query of 5 and
+    a key of 7), and the op's graph is the same at every step whose sizes compare the
+    same way."""
+
+    def __init__(self):
+        self.seen, self.count = {}, {}
+
+    def __call__(self, s, value):
+        key = (_MARKED[s], value)
+        if key not in self.seen:
+            k = self.count.get(key[0], 0)
+            self.count[key[0]] = k + 1
+            self.seen[key] = _symbol(*key[0], k).node.expr
+        return self.seen[key]
+
+    def exprs(self, exprs, values):
+        """(exprs, values) in this op's symbols."""
+        sub = {}
+        for e in exprs:
+            for x in sorted(sympy.sympify(e).free_symbols, key=str):
+                if x not in sub:
+                    sub[x] = self(x, values[x])
+        if all(k == v for k, v in sub.items()):
+            return list(exprs), {x: values[x] for x in sub}
+        return [sympy.sympify(e).xreplace(sub) for e in exprs], {sub[x]: values[x] for x in sub}
+
+    def leaf(self, a):
+        if isinstance(a, BoundedTensor):
+            exprs, values = self.exprs(a._exprs, a._values)
+            if exprs == a._exprs and values == a._values:
+                return a
+            return BoundedTensor(a._inner, exprs, values, a._mask)
+        if isinstance(a, BoundedInt):
+            (e,), values = self.exprs([a.symbol], a.values)
+            return BoundedInt(int(a), e, values)
+        return a
 
 
 def _size_tensor(s, value: int, device):
@@ -108,9 +153,10 @@ def _value(e, values) -> int:
 class BoundedInt(int):
     """A true size that remembers its symbol (what `x.shape[d]` gives for a dynamic d)."""
 
-    def __new__(cls, value, symbol):
+    def __new__(cls, value, symbol, values):
         r = super().__new__(cls, value)
-        r.symbol = symbol
+        r.symbol = symbol   # its expression of the symbols
+        r.values = values   # the values of the symbols in it
         return r
 
 
@@ -173,7 +219,8 @@ def to_bounded(t: torch.Tensor) -> torch.Tensor:
             getattr(t, "_tpu_bounded_version", None) == t._version:
         return cached()
     info = getattr(t, "_tpu_dynamism", {})
-    exprs, values, padded = [], {}, []
+    exprs, values = _marked_exprs(t)
+    padded = []
     for d, n in enumerate(t.shape):
         if d in info:
             lo, hi = info[d]
@@ -184,12 +231,8 @@ def to_bounded(t: torch.Tensor) -> torch.Tensor:
                 raise NotImplementedError(
                     f"torch_tpu bounded dynamism: size {n} of dimension {d} is below 2; sizes 0 "
                     "and 1 broadcast differently and cannot share the program of [2, max]")
-            s = _symbol(lo, hi).node.expr
-            exprs.append(s)
-            values[s] = n
             padded.append(hi)
         else:
-            exprs.append(sympy.Integer(n))
             padded.append(n)
     with bounded._strict():  # per size, like compiled mode's input padding
         inner = bounded._pad(t.detach(), padded)
@@ -200,6 +243,14 @@ def to_bounded(t: torch.Tensor) -> torch.Tensor:
     t._tpu_bounded_strong = b  # lives as long as the marked tensor
     t._tpu_bounded_version = t._version
     return b
+
+
+def _marked_exprs(t):
+    """The sizes of a marked tensor as expressions, and the values of their symbols."""
+    info, rename = t._tpu_dynamism, _Renamer()
+    exprs = [rename(_symbol(*info[d]).node.expr, n) if d in info else sympy.Integer(n)
+             for d, n in enumerate(torch.Tensor.size(t))]
+    return exprs, {e: n for e, n in zip(exprs, torch.Tensor.size(t)) if e.free_symbols}
 
 
 class _Enter(torch.autograd.Function):
@@ -244,25 +295,20 @@ def _dispatch(func, args, kwargs):
             f"torch_tpu bounded dynamism: {func} writes into a tensor with a dynamic dimension "
             "in eager DeferAndFuse; use its out-of-place form")
     leaves, spec = tree_flatten((args, kwargs))
+    rename = _Renamer()
+    leaves = [rename.leaf(a) for a in leaves]
     values = {}
     for a in leaves:
         if isinstance(a, BoundedTensor):
-            for s, v in a._values.items():
-                if values.setdefault(s, v) != v:
-                    marked = next(k for k, sym in _SYMS.items() if sym.node.expr == s)
-                    raise ValueError(
-                        f"torch_tpu bounded dynamism: {func} mixes tensors whose dynamic size "
-                        f"marked {marked} is {values[s]} in one and {v} in another (dimensions "
-                        "marked with the same bounds share one size in eager DeferAndFuse: "
-                        "mark independent ones with different bounds)")
+            values.update(a._values)
     for b in _STATE.ints:
-        values.setdefault(b.symbol, int(b))
+        values.update(rename.leaf(b).values)
     leaves = _sizes_as_symbols(func, leaves, spec, values)
     leaves = _promote_plain(func, leaves, values)
     key = (func, spec, tuple(_signature(a) for a in leaves))
     g = _GRAPHS.get(key)
     if g is None:
-        g = _OpGraph(func, leaves, spec)
+        g = _OpGraph(func, leaves, spec, values)
         _GRAPHS[key] = g
     out = g.run(leaves, values)
     if func in _VIEW_OPS and isinstance(leaves[0], BoundedTensor) and isinstance(out, BoundedTensor):
@@ -546,7 +592,7 @@ def _restored_env():
 class _OpGraph:
     """One op as a graph with symbolic sizes, rewritten by bounded.py for padded values."""
 
-    def __init__(self, func, leaves, spec):
+    def __init__(self, func, leaves, spec, values):
         _env()
         g = torch.fx.Graph()
         nodes, fakes = [], []
@@ -572,7 +618,7 @@ class _OpGraph:
             fargs, fkwargs = tree_unflatten(
                 [f if k != "c" else a for f, k, a in
                  zip(_expand(fakes, self.kinds), self.kinds, leaves)], spec)
-            out = self._fake_run(func, fargs, fkwargs)
+            out = self._fake_run(func, fargs, fkwargs, values)
         nargs, nkwargs = tree_unflatten(nodes, spec)
         n = g.call_function(func, tuple(nargs), dict(nkwargs))
         n.meta["val"] = out
@@ -615,7 +661,7 @@ class _OpGraph:
         self.func = func
 
     @classmethod
-    def _fake_run(cls, func, fargs, fkwargs):
+    def _fake_run(cls, func, fargs, fkwargs, values):
         """The op on the fake arguments, refused where its shapes hold only for some
         sizes. Some C++ kernels read sizes as ints (constant_pad_nd), which pins the
         symbol to its hint: the op's Python decomposition, if any, is tried next."""
@@ -630,8 +676,10 @@ class _OpGraph:
                 guards = len(_ENV.guards)
                 try:
                     out = f(*fargs, **fkwargs)
-                    cls._check_guards(func, guards)
+                    cls._check_guards(func, guards, values)
                     return out
+                except _SizeMismatch:
+                    raise
                 except Exception as e:
                     first = first or e
         if isinstance(first, NotImplementedError) and "bounded dynamism" in str(first):
@@ -642,10 +690,25 @@ class _OpGraph:
             f"({type(first).__name__}: {str(first).splitlines()[0] if str(first) else ''})") from first
 
     @staticmethod
-    def _check_guards(func, before):
+    def _check_guards(func, before, values):
+        """Refuses the op if a guard its shapes needed does not hold at every size within
+        the bounds: at each corner of its symbols' ranges (each symbol at its low and its
+        high bound on its own: Eq(s0, s1) holds where both are low)."""
         for guard in _ENV.guards[before:]:
-            if any(guard.expr.xreplace({s: sympy.Integer(r[k]) for s, r in _RANGES.items()})
-                   != sympy.true for k in (0, 1)):
+            syms = sorted(guard.expr.free_symbols & set(_RANGES), key=str)
+            if len(syms) > 1 and guard.expr.xreplace(
+                    {x: sympy.Integer(values[x]) for x in syms if x in values}) == sympy.false:
+                # Dynamic sizes the op relates, wrong at these sizes: a shape error, as on
+                # the CPU. (One size against a static one stays a refusal, as ever: some C++
+                # kernels read a size as an int, and the decomposition may do without.)
+                raise _SizeMismatch(
+                    f"torch_tpu bounded dynamism: {func} needs {guard.expr} of its dynamic sizes, "
+                    "which are " + ", ".join(f"{x} = {values[x]} (marked {_MARKED[x]})"
+                                             for x in syms if x in values))
+            corners = itertools.product(*[_RANGES[x] for x in syms]) if len(syms) <= 8 else \
+                [[_RANGES[x][k] for x in syms] for k in (0, 1)]
+            if any(guard.expr.xreplace(dict(zip(syms, map(sympy.Integer, c)))) != sympy.true
+                   for c in corners):
                 why = "a dynamic size meets a static one there"
                 if isinstance(guard.expr, (sympy.Eq, sympy.Ne)) and sympy.Integer(1) in guard.expr.args:
                     # a broadcast check: a size like s - 1 reaches 1 at the marked minimum
@@ -689,6 +752,10 @@ class _OpGraph:
                 mask = outs[self.n_out + m] if m is not None else None
                 res.append(BoundedTensor(o, [_expr(s) for s in v.shape], values, mask))
         return self.multi(res) if self.multi is not None else res[0]
+
+
+class _SizeMismatch(ValueError):
+    """Dynamic sizes that an op needs equal (or related) are not, at these sizes."""
 
 
 def _expand(fakes, kinds):
@@ -743,6 +810,11 @@ class _BoundedMode(TorchFunctionMode):
             leaves = [to_bounded(a) if _marked(a) else a for a in leaves]
             args, kwargs = tree_unflatten(leaves, spec)
         ints = [a for a in leaves if isinstance(a, BoundedInt)]
+        if ints:  # in one set of symbols: sizes marked alike are one symbol where equal
+            rename = _Renamer()
+            leaves = [rename.leaf(a) for a in leaves]
+            args, kwargs = tree_unflatten(leaves, spec)
+            ints = [a for a in leaves if isinstance(a, BoundedInt)]
         if ints and func in _PREFIX_FACTORIES:
             return _factory(func, args, kwargs, ints)
         if ints and getattr(func, "__name__", "") in _ARITHMETIC:
@@ -786,12 +858,9 @@ def _dynamic(a) -> bool:
 
 def _bounded_size(t) -> BoundedSize:
     """True sizes, BoundedInt where dynamic (read from the marks of a plain marked tensor)."""
-    if isinstance(t, BoundedTensor):
-        return BoundedSize(BoundedInt(_value(e, t._values), e) if e.free_symbols else int(e)
-                           for e in t._exprs)
-    info = t._tpu_dynamism
-    return BoundedSize(BoundedInt(n, _symbol(*info[d]).node.expr) if d in info else int(n)
-                       for d, n in enumerate(torch.Tensor.size(t)))
+    exprs, values = (t._exprs, t._values) if isinstance(t, BoundedTensor) else _marked_exprs(t)
+    return BoundedSize(BoundedInt(_value(e, values), e, {x: values[x] for x in e.free_symbols})
+                       if e.free_symbols else int(e) for e in exprs)
 
 
 def _factory(func, args, kwargs, ints):
@@ -802,7 +871,7 @@ def _factory(func, args, kwargs, ints):
             "argument is not supported in eager DeferAndFuse (supported: arange(n), zeros, ones, "
             "full, empty; other uses read it as a plain int)")
     bnd = _bounds()
-    values = {b.symbol: int(b) for b in ints}
+    values = {x: v for b in ints for x, v in b.values.items()}
     true_args, true_kwargs, fill = args, kwargs, None
     if func is torch.full:  # a size as the fill value: the true size, filled in after
         args, kwargs = list(args), dict(kwargs)
