@@ -436,7 +436,6 @@ def _check_dynamism(example_inputs, dynamism) -> bool:
         from torch.fx.experimental.symbolic_shapes import guard_int
         sizes = {x for t in example_inputs if isinstance(t, torch.Tensor) for n in t.shape
                  if isinstance(n, torch.SymInt) for x in n.node.expr.free_symbols}
-        bounded = len(unbounded) < len(syms)  # marked sizes stay symbolic
         for s in unbounded:  # Dynamo adds these guards to the frame's
             hint = getattr(env, "backed_var_to_val", None)
             hint = (hint if hint is not None else env.var_to_val).get(s)
@@ -445,7 +444,7 @@ def _check_dynamism(example_inputs, dynamism) -> bool:
                     f"torch_tpu compiled mode: the graph has a data-dependent size ({s}) without "
                     "a bound; compile with torch.compile(..., dynamic=False) or mark it with "
                     "torch_tpu.dynamism.mark_dynamic(tensor, dim, min, max).")
-            if s not in sizes and bounded:
+            if s not in sizes:
                 # A stride only (buf[:, :n] of a buffer 16 wide): bounded to its value, not
                 # replaced by it, which would turn Dynamo's guard that the view is not
                 # contiguous, Ne(stride, n), into n != 16, against the marked range.
