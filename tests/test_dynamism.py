@@ -597,24 +597,3 @@ def test_a_dynamic_size_used_as_a_value_that_cannot_be_computed_is_refused_by_na
         f(x)
     err = str(not_implemented(e.value))
     assert op in err and "torch_tpu bounded dynamism" in err, err
-
-
-def test_a_prefix_view_of_a_wider_buffer_as_a_marked_input_forward_and_backward():
-    # buf[:, :n]: its stride (16) is a symbol of its own, which the backend specialized;
-    # Dynamo's guard that the view is not contiguous, Ne(stride, n), then read n != 16,
-    # against the marked range (ConstraintViolationError at every n).
-    fn = lambda x: (x.exp() * 0.5).sum(1)  # noqa: E731
-    f = torch.compile(fn, backend=backend())
-    buf64 = torch.randn(3, 16, dtype=torch.float64)
-    buf = buf64.float().to("tpu").requires_grad_()
-    for n in (9, 5, 12):
-        ref = buf64.clone().requires_grad_()
-        want = fn(ref[:, :n])
-        want.sum().backward()
-        buf.grad = None
-        x = buf[:, :n]
-        dynamism.mark_dynamic(x, 1, 2, 16)
-        got = f(x)
-        got.sum().backward()
-        torch.testing.assert_close(got.cpu().double(), want.detach(), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(buf.grad.cpu().double(), ref.grad, rtol=1e-5, atol=1e-5)

@@ -434,8 +434,6 @@ def _check_dynamism(example_inputs, dynamism) -> bool:
             "to compile per size.")
     if unbounded and env is not None:
         from torch.fx.experimental.symbolic_shapes import guard_int
-        sizes = {x for t in example_inputs if isinstance(t, torch.Tensor) for n in t.shape
-                 if isinstance(n, torch.SymInt) for x in n.node.expr.free_symbols}
         for s in unbounded:  # Dynamo adds these guards to the frame's
             hint = getattr(env, "backed_var_to_val", None)
             hint = (hint if hint is not None else env.var_to_val).get(s)
@@ -444,12 +442,6 @@ def _check_dynamism(example_inputs, dynamism) -> bool:
                     f"torch_tpu compiled mode: the graph has a data-dependent size ({s}) without "
                     "a bound; compile with torch.compile(..., dynamic=False) or mark it with "
                     "torch_tpu.dynamism.mark_dynamic(tensor, dim, min, max).")
-            if s not in sizes:
-                # A stride only (buf[:, :n] of a buffer 16 wide): bounded to its value, not
-                # replaced by it, which would turn Dynamo's guard that the view is not
-                # contiguous, Ne(stride, n), into n != 16, against the marked range.
-                env.constrain_symbol_range(s, int(hint), int(hint))
-                continue
             guard_int(env.create_symintnode(s, hint=int(hint)))
         if not _symbols(example_inputs):
             return False
