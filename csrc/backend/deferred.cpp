@@ -117,6 +117,7 @@ struct Node {
   int position = 0;
   bool backward = false;  // recorded by an autograd backward
   bool compiled = false;  // a compiled graph's replay
+  std::thread::id owner;  // the thread that recorded it: its failure is raised there
 };
 
 namespace {
@@ -296,6 +297,7 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
   node->backward = eager && eager_mode() == EagerMode::DeferAndFuse && split_at_backward() &&
                    torch::autograd::get_current_graph_task_id() != -1;
   node->compiled = !eager;
+  node->owner = std::this_thread::get_id();
   Results out;
   node->outputs.reserve(program->results().size());
   for (size_t i = 0; i < program->results().size(); ++i) {
@@ -342,7 +344,7 @@ namespace {
 std::condition_variable g_slot_cv;  // a graph finished
 void forget_launch_error(const std::exception_ptr& e);  // raised here: not again at sync
 void raise_launch_error();                              // a recorded error, once
-void record_launch_error(const std::exception_ptr& e);  // for the next sync
+void record_launch_error(const std::exception_ptr& e, std::thread::id owner);  // for its next sync
 }  // namespace
 
 bool is_ready(const Operand& v) {
@@ -409,6 +411,7 @@ using Wire = ir::GraphRef;
 struct Call {
   ProgramPtr program;
   std::vector<Wire> args;
+  std::thread::id owner;  // the thread that issued it
 };
 
 std::string describe_graph(const std::vector<Call>& calls) {
@@ -672,6 +675,7 @@ struct Job {
   std::vector<SlotList> outs;  // every call's outputs
   std::vector<int> aliases;
   std::vector<bool> donate;
+  std::vector<std::exception_ptr> param_errors;  // inputs earlier jobs failed to make (or empty)
   bool each_call = false;  // Strict's queued launches: each call its own program, no graph
   uint64_t correlation = 0;  // ... the op that queued it, for torch.profiler
   int split = 0;  // > 0: the calls from here on (a backward) run as a second program
@@ -723,12 +727,21 @@ void assign_donations(Job& job, const std::vector<bool>& sole, const std::vector
   }
 }
 
-// Recorded for the next sync before any reader can see it (a reader forgets it).
-void fail_slots(const std::vector<SlotList>& outs, size_t from, std::exception_ptr e) {
-  record_launch_error(e);
+// The calls' outputs not yet made hold `e`. It is recorded for the next sync of each
+// thread whose call it fails, before any reader can see it (a reader forgets it).
+void fail_calls(const Job& job, size_t from, size_t to, const std::exception_ptr& e) {
+  std::vector<std::thread::id> owners;
+  {
+    std::lock_guard<std::mutex> lock(g_slot_mu);
+    for (size_t n = from; n < to; ++n)
+      for (const SlotPtr& s : job.outs[n])
+        if (!s->buffer && std::find(owners.begin(), owners.end(), job.calls[n].owner) == owners.end())
+          owners.push_back(job.calls[n].owner);
+  }
+  for (std::thread::id t : owners) record_launch_error(e, t);
   std::lock_guard<std::mutex> lock(g_slot_mu);
-  for (size_t n = from; n < outs.size(); ++n)
-    for (const SlotPtr& s : outs[n])
+  for (size_t n = from; n < to; ++n)
+    for (const SlotPtr& s : job.outs[n])
       if (!s->buffer) s->error = e;
 }
 
@@ -749,25 +762,41 @@ void keep_replaced_values(const Job& job, const std::vector<runtime::BufferPtr>&
   }
 }
 
-// After a failed fused launch: runs the calls one by one, so the error names the op
-// that failed and the values before it survive.
+// After a failed fused launch (or with an input that failed): runs the calls one by
+// one, so the error names the op that failed. A call that reads a failed value fails
+// with it; the others run (a graph may hold several threads' independent ops).
 void replay(const Job& job, const std::vector<runtime::BufferPtr>& params, bool count = true) {
   if (count) fuse_stats().replays += 1;
-  std::vector<std::vector<runtime::BufferPtr>> values;
+  std::vector<std::vector<runtime::BufferPtr>> values(job.calls.size());
+  std::vector<std::exception_ptr> failed(job.calls.size());  // per call: why it did not run
+  std::exception_ptr first;
   for (size_t n = 0; n < job.calls.size(); ++n) {
-    try {
-      std::vector<runtime::Buffer*> raw;
-      for (const Wire& w : job.calls[n].args)
-        raw.push_back(w.node < 0 ? params[w.index].get() : values[w.node][w.index].get());
-      values.push_back(launch(*job.calls[n].program->executable(), raw, job.device, job.calls[n].program->name()));
-      std::lock_guard<std::mutex> lock(g_slot_mu);
-      for (size_t i = 0; i < job.outs[n].size(); ++i) job.outs[n][i]->buffer = values[n][i];
-    } catch (...) {
-      fail_slots(job.outs, n, std::current_exception());
-      keep_replaced_values(job, params);
-      throw;
+    std::exception_ptr e;
+    for (const Wire& w : job.calls[n].args) {
+      if (w.node >= 0) e = failed[w.node];
+      else if (static_cast<size_t>(w.index) < job.param_errors.size()) e = job.param_errors[w.index];
+      if (e) break;
     }
+    if (!e) {
+      try {
+        std::vector<runtime::Buffer*> raw;
+        for (const Wire& w : job.calls[n].args)
+          raw.push_back(w.node < 0 ? params[w.index].get() : values[w.node][w.index].get());
+        values[n] = launch(*job.calls[n].program->executable(), raw, job.device, job.calls[n].program->name());
+        std::lock_guard<std::mutex> lock(g_slot_mu);
+        for (size_t i = 0; i < job.outs[n].size(); ++i) job.outs[n][i]->buffer = values[n][i];
+        continue;
+      } catch (...) {
+        e = std::current_exception();
+      }
+    }
+    failed[n] = e;
+    if (!first) first = e;
+    fail_calls(job, n, n + 1, e);
   }
+  if (!first) return;
+  keep_replaced_values(job, params);
+  std::rethrow_exception(first);
 }
 
 // A split graph's two executables and how their results map to the graph's.
@@ -858,7 +887,7 @@ bool run_split(Job& job, const std::vector<runtime::BufferPtr>& params) {
     for (size_t k = 0; k < layout.second_results.size(); ++k)
       job.result_slots[layout.second_results[k]]->buffer = rest[k];
   } catch (...) {
-    fail_slots(job.outs, 0, std::current_exception());  // the second's results (the first's are set)
+    fail_calls(job, 0, job.calls.size(), std::current_exception());  // the second's results (the first's are set)
     throw;
   }
   return true;
@@ -870,21 +899,25 @@ void run_job(Job& job) {
   job.param_ids.clear();
   for (const Operand& p : job.params)
     job.param_ids.push_back(p.slot ? static_cast<const void*>(p.slot.get()) : p.buffer.get());
-  std::exception_ptr failed;  // an input an earlier job failed to make (the others are held)
-  for (const Operand& p : job.params) {
+  bool failed = false;  // an input an earlier job failed to make (the others are held)
+  for (size_t i = 0; i < job.params.size(); ++i) {
+    const Operand& p = job.params[i];
     if (p.buffer) {
       params.push_back(p.buffer);
       continue;
     }
     std::lock_guard<std::mutex> lock(g_slot_mu);  // an earlier job set it (or failed)
-    if (p.slot->error && !failed) failed = p.slot->error;
     TORCH_INTERNAL_ASSERT(p.slot->buffer || p.slot->error, "a graph input was never produced");
     params.push_back(p.slot->buffer);
+    if (p.slot->error) {
+      job.param_errors.resize(job.params.size());
+      job.param_errors[i] = p.slot->error;
+      failed = true;
+    }
   }
-  if (failed) {
-    fail_slots(job.outs, 0, failed);
-    keep_replaced_values(job, params);
-    std::rethrow_exception(failed);
+  if (failed) {  // the calls that do not read it still run (another thread's, say)
+    replay(job, params, false);
+    return;
   }
   job.params.clear();  // donated buffers are now held only by `params`
   if (job.each_call) {
@@ -967,28 +1000,30 @@ class Launcher {
     cv_.notify_all();
   }
 
-  void record(const std::exception_ptr& e) {
+  // A thread's first failed launch is raised at its next sync or value read, not
+  // another thread's: as on CUDA, where the op's own thread sees its out-of-memory.
+  void record(const std::exception_ptr& e, std::thread::id owner) {
     std::lock_guard<std::mutex> lock(mu_);
     if (e == raised_) return;  // later jobs failing on the same input: raised already
-    if (!error_) error_ = e;
+    for (const auto& [t, err] : errors_)
+      if (t == owner) return;
+    errors_.emplace_back(owner, e);
     has_error_.store(true, std::memory_order_release);
   }
 
   void forget(const std::exception_ptr& e) {
     std::lock_guard<std::mutex> lock(mu_);
     raised_ = e;
-    if (error_ == e) error_ = nullptr;
-    has_error_.store(error_ != nullptr, std::memory_order_release);
+    errors_.erase(std::remove_if(errors_.begin(), errors_.end(), [&](const auto& te) { return te.second == e; }),
+                  errors_.end());
+    has_error_.store(!errors_.empty(), std::memory_order_release);
   }
 
-  // A recorded error, raised once (a value read after a failed launch).
+  // This thread's recorded error, raised once (a value read after a failed launch).
   void raise_recorded() {
     if (!has_error_.load(std::memory_order_acquire)) return;
     std::unique_lock<std::mutex> lock(mu_);
-    std::exception_ptr e = error_;
-    error_ = nullptr;
-    raised_ = e;
-    has_error_.store(false, std::memory_order_release);
+    std::exception_ptr e = take_own();
     lock.unlock();
     if (e) std::rethrow_exception(e);
   }
@@ -1007,17 +1042,23 @@ class Launcher {
   void wait_idle() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return pending_ == 0; });
-    if (error_) {
-      std::exception_ptr e = error_;
-      error_ = nullptr;
-      raised_ = e;
-      has_error_.store(false, std::memory_order_release);
-      lock.unlock();
-      std::rethrow_exception(e);
-    }
+    std::exception_ptr e = take_own();
+    lock.unlock();
+    if (e) std::rethrow_exception(e);
   }
 
  private:
+  std::exception_ptr take_own() {  // under mu_
+    auto it = std::find_if(errors_.begin(), errors_.end(),
+                           [](const auto& te) { return te.first == std::this_thread::get_id(); });
+    if (it == errors_.end()) return nullptr;
+    std::exception_ptr e = it->second;
+    errors_.erase(it);
+    raised_ = e;
+    has_error_.store(!errors_.empty(), std::memory_order_release);
+    return e;
+  }
+
   void loop() {
     pthread_setname_np(pthread_self(), "tpu-launcher");  // for profilers and top -H
     for (;;) {
@@ -1031,7 +1072,7 @@ class Launcher {
       try {
         run_job(job);
       } catch (...) {
-        // fail_slots recorded it for readers and for the next sync
+        // fail_calls recorded it for readers and for the next sync
       }
       {
         ScopedMicros timed(fuse_stats().release_us);
@@ -1051,8 +1092,8 @@ class Launcher {
   std::deque<Job> queue_;
   int pending_ = 0;
   bool started_ = false;
-  std::exception_ptr error_;
-  std::atomic<bool> has_error_{false};  // error_ is set: read without the lock per value read
+  std::vector<std::pair<std::thread::id, std::exception_ptr>> errors_;  // per thread, its first
+  std::atomic<bool> has_error_{false};  // errors_ is not empty: read without the lock per value read
   std::exception_ptr raised_;           // the last error raised to the user
 };
 
@@ -1063,7 +1104,7 @@ Launcher& launcher() {
 
 void forget_launch_error(const std::exception_ptr& e) { launcher().forget(e); }
 void raise_launch_error() { launcher().raise_recorded(); }
-void record_launch_error(const std::exception_ptr& e) { launcher().record(e); }
+void record_launch_error(const std::exception_ptr& e, std::thread::id owner) { launcher().record(e, owner); }
 
 }  // namespace
 
@@ -1082,7 +1123,7 @@ Results run_queued(const ProgramPtr& program, std::vector<Operand> args, int dev
   job.device = device;
   job.each_call = true;
   job.correlation = current_correlation();
-  Call call{program, {}};
+  Call call{program, {}, std::this_thread::get_id()};
   for (size_t i = 0; i < args.size(); ++i) {
     call.args.push_back({-1, static_cast<int>(i)});
     job.param_types.push_back(args[i].type());
@@ -1170,7 +1211,7 @@ void flush_prefix(const char* reason, size_t count) {
   std::unordered_map<const void*, int> ext_index;
   job.calls.reserve(g.nodes.size());
   for (const auto& node : g.nodes) {
-    Call c{node->program, {}};
+    Call c{node->program, {}, node->owner};
     c.args.reserve(node->inputs.size());
     put(node->program->id());
     put(static_cast<int32_t>(node->inputs.size()));

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "backend/captured_graph.h"
@@ -26,6 +27,7 @@ struct Check {
   Operand ok;
   std::string message;
   std::vector<Output> outputs;
+  std::thread::id owner;  // the thread that ran the op: the failure is raised there
 };
 
 // A message asks for PyTorch's generic RuntimeError or LinAlgError with these prefixes
@@ -59,6 +61,24 @@ void poison(const Check& c) {
 
 std::mutex g_mu;
 std::vector<Check> g_checks;
+// Failed checks another thread read: raised at their own thread's next read (its first).
+std::vector<std::pair<std::thread::id, std::string>> g_failed_elsewhere;
+
+void keep_for_owner(const Check& c) {  // under g_mu
+  for (const auto& [t, m] : g_failed_elsewhere)
+    if (t == c.owner) return;
+  g_failed_elsewhere.emplace_back(c.owner, c.message);
+}
+
+std::string take_own_failure() {  // under g_mu
+  for (auto it = g_failed_elsewhere.begin(); it != g_failed_elsewhere.end(); ++it) {
+    if (it->first != std::this_thread::get_id()) continue;
+    std::string m = std::move(it->second);
+    g_failed_elsewhere.erase(it);
+    return m;
+  }
+  return {};
+}
 
 // Flags waiting to be read; past this many they are read at the next op that adds one.
 constexpr size_t kMaxOutstanding = 256;
@@ -77,7 +97,7 @@ void add_device_check(Operand ok, std::string message, const std::vector<c10::St
   size_t n;
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    g_checks.push_back({std::move(ok), std::move(message), std::move(held)});
+    g_checks.push_back({std::move(ok), std::move(message), std::move(held), std::this_thread::get_id()});
     n = g_checks.size();
   }
   if (eager_mode() == EagerMode::Debug || n > kMaxOutstanding) verify_device_checks();
@@ -85,9 +105,11 @@ void add_device_check(Operand ok, std::string message, const std::vector<c10::St
 
 void verify_device_checks() {
   std::vector<Check> checks;
+  std::string earlier;  // this thread's failure another thread read
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    if (g_checks.empty()) return;
+    if (!g_failed_elsewhere.empty()) earlier = take_own_failure();
+    if (g_checks.empty() && earlier.empty()) return;
     checks.swap(g_checks);
   }
   if (launching_now()) {  // pending() takes the graph lock: not under g_mu
@@ -98,8 +120,8 @@ void verify_device_checks() {
                     std::make_move_iterator(checks.end()));
     checks.erase(waits, checks.end());
   }
-  // Every flag is read (each failed one taints its op's outputs); the first failed
-  // one is raised.
+  // Every flag is read (each failed one taints its op's outputs); this thread's first
+  // failure is raised, other threads' wait for their own next read.
   const Check* failed = nullptr;
   for (const Check& c : checks) {
     runtime::BufferPtr b = guarded([&] { return resolve(c.ok); });
@@ -110,10 +132,15 @@ void verify_device_checks() {
     });
     if (ok) continue;
     poison(c);
-    if (!failed) failed = &c;
+    if (c.owner != std::this_thread::get_id()) {
+      std::lock_guard<std::mutex> lock(g_mu);
+      keep_for_owner(c);
+    } else if (!failed) {
+      failed = &c;
+    }
   }
-  if (!failed) return;
-  raise_check_message(failed->message);
+  if (!earlier.empty()) raise_check_message(earlier);
+  if (failed) raise_check_message(failed->message);
 }
 
 void raise_check_message(const std::string& message) {
