@@ -3,6 +3,7 @@ is needed; results equal Strict's."""
 import functools
 import io
 import os
+import re
 import sys
 import warnings
 
@@ -210,6 +211,28 @@ def test_bounded_graphs_align_with_a_loop_body_and_repeat():
     ok, late_compiles, _ = r.stdout.split(" ", 2)
     assert ok == "True"
     assert late_compiles == "0"   # the same 4-body (16-op) graph from then on
+
+
+def test_a_long_chain_of_cheap_ops_is_cut_and_its_graphs_repeat():
+    # 3,000 elementwise updates with no read: XLA fuses a chain into one kernel, whose
+    # compile grows much faster than the chain (a 4,096-op graph took about 150 s). The
+    # chain bound cuts it into graphs that repeat: a few compiles, values as on the CPU.
+    r = run_python(
+        "import torch, torch_tpu\n"
+        "torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE)\n"
+        "x, ref = torch.zeros(8, device='tpu'), torch.zeros(8)\n"
+        "for i in range(1500):\n"
+        "    x = x * 1.0001 + 1\n"
+        "    ref = ref * 1.0001 + 1\n"
+        "m = torch_tpu.metrics()\n"
+        "print(torch.allclose(x.cpu(), ref, rtol=1e-5), m['graph_compiles'], m['flushes'])\n",
+        env={"TPU_COMPILE_CACHE": "0"})
+    assert r.returncode == 0, r.stderr
+    ok, compiles, flushes = r.stdout.split(" ", 2)
+    assert ok == "True"
+    assert int(compiles) <= 3, r.stdout
+    cuts = re.search(r"'cheap chain bound': (\d+)", flushes)
+    assert cuts and int(cuts.group(1)) >= 10, flushes  # 3,000 ops, at most 256 a graph
 
 
 DECODE_LOOP = (

@@ -115,6 +115,7 @@ struct Node {
   c10::SmallVector<Operand, 3> inputs;  // most calls read at most three values
   SlotList outputs;
   int position = 0;
+  int chain = 0;  // cheap calls (elementwise, reductions, data movement) in a row ending here
   bool backward = false;  // recorded by an autograd backward
   bool compiled = false;  // a compiled graph's replay
   std::thread::id owner;  // the thread that recorded it: its failure is raised there
@@ -231,7 +232,21 @@ void count_flush(const char* reason) {
 }  // namespace
 
 void flush_prefix(const char* reason, size_t count);
-void flush_bounded();
+void flush_bounded(const char* reason);
+
+// XLA fuses a chain of cheap ops into one kernel, and its CPU compiler's time grows much
+// faster than the chain (1,000 elementwise ops in a row: 4.5 s, 2,000: 28 s, 4,096:
+// about 150 s). A model's chains end at its contractions (a 12-layer GPT step's longest
+// is under 50); a loop of elementwise updates is cut into graphs of this many, which
+// repeat (one compile).
+constexpr int kMaxCheapChain = 256;
+
+int chain_after(const Operands& args) {  // the chain a cheap call would end
+  int chain = 0;
+  for (const Operand& in : args)
+    if (in.slot && in.slot->producer) chain = std::max(chain, in.slot->producer->chain);
+  return chain + 1;
+}
 
 // A child forked after the runtime started has the parent's graph and queues but not
 // the launcher thread that drains them: it must fail before waiting on either.
@@ -286,12 +301,19 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
   if (!graph_locked) lock = graph_lock();
   if (g_graph.device >= 0 && g_graph.device != device) flush("another device");
 
-  if (g_graph.nodes.size() >= max_graph_ops() && eager_mode() != EagerMode::DeferAll) flush_bounded();
+  if (g_graph.nodes.size() >= max_graph_ops() && eager_mode() != EagerMode::DeferAll) flush_bounded("graph size bound");
+  if (eager_mode() != EagerMode::DeferAll && program->recompute_cost() == ir::RecomputeCost::Cheap &&
+      chain_after(args) > kMaxCheapChain)
+    flush_bounded("cheap chain bound");
   std::unique_ptr<Node> node = new_node();
   node->program = program;
   node->inputs.assign(std::make_move_iterator(args.begin()), std::make_move_iterator(args.end()));
   for (const Operand& in : node->inputs)
-    if (in.slot && in.slot->producer) in.slot->graph_uses += 1;
+    if (in.slot && in.slot->producer) {
+      in.slot->graph_uses += 1;
+      node->chain = std::max(node->chain, in.slot->producer->chain);
+    }
+  node->chain = program->recompute_cost() == ir::RecomputeCost::Cheap ? node->chain + 1 : 0;
   node->position = static_cast<int>(g_graph.nodes.size());
   // Ops an autograd backward records (eager ones: a compiled graph keeps its own cuts).
   node->backward = eager && eager_mode() == EagerMode::DeferAndFuse && split_at_backward() &&
@@ -1165,7 +1187,7 @@ void flush(const char* reason) { flush_prefix(reason, std::numeric_limits<size_t
 // A full graph is cut where its first op recurs last (in its second half): a loop body
 // that starts a graph then starts the next one too, so the cut points, and with them
 // the programs, repeat from iteration to iteration instead of drifting.
-void flush_bounded() {
+void flush_bounded(const char* reason) {
   const auto& nodes = g_graph.nodes;
   size_t n = nodes.size(), cut = n;
   for (size_t p = n - 1; p >= n / 2 && p > 0; --p) {
@@ -1174,7 +1196,7 @@ void flush_bounded() {
       break;
     }
   }
-  flush_prefix("graph size bound", cut);
+  flush_prefix(reason, cut);
 }
 
 void flush_prefix(const char* reason, size_t count) {
@@ -1260,6 +1282,13 @@ void flush_prefix(const char* reason, size_t count) {
   for (auto& node : g.nodes) {
     for (const SlotPtr& s : node->outputs) s->producer = nullptr;
     job.outs.push_back(std::move(node->outputs));
+  }
+  // The part left pending starts its chains afresh (their flushed links are values now).
+  for (auto& node : g_graph.nodes) {
+    int chain = 0;
+    for (const Operand& in : node->inputs)
+      if (in.slot && in.slot->producer) chain = std::max(chain, in.slot->producer->chain);
+    node->chain = node->program->recompute_cost() == ir::RecomputeCost::Cheap ? chain + 1 : 0;
   }
   for (const Wire& w : job.results) job.result_slots.push_back(job.outs[w.node][w.index]);
   fuse_stats().outputs += static_cast<int64_t>(job.results.size());
