@@ -15,27 +15,43 @@ namespace tpu::backend {
 
 namespace {
 
-// index_put_(self, indices, values[, accumulate]): CPU's and CUDA's kernels write values
-// without a cast, except one value on the CPU through one boolean mask on self's device,
-// which they fill with masked_fill_ (that casts).
-void index_put_values_dtype(c10::ArrayRef<c10::IValue> args) {
-  if (args.size() < 3 || !args[0].isTensor() || !args[2].isTensor()) return;
+// The tensors among index / index_put_'s indices (a None entry is an undefined one).
+std::vector<at::Tensor> index_list(const c10::IValue& list) {
+  std::vector<at::Tensor> out;
+  for (const c10::IValue& i : list.toListRef())
+    out.push_back(i.isTensor() ? i.toTensor() : at::Tensor());
+  return out;
+}
+
+bool is_mask_index(const at::Tensor& t) {
+  return t.defined() && (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte);
+}
+
+// index_put_(self, indices, values[, accumulate]) with one value on the CPU through one
+// boolean mask on self's device: CPU's and CUDA's kernels fill it with masked_fill_,
+// which casts the value and takes it in any shape.
+bool fills_through_mask(c10::ArrayRef<c10::IValue> args) {
   const at::Tensor& v = args[2].toTensor();
   bool accumulate = args.size() > 3 && args[3].isBool() && args[3].toBool();
-  if (!accumulate && v.numel() == 1 && v.is_cpu() && args[1].isList()) {
-    int masks = 0, others = 0;
-    for (const c10::IValue& i : args[1].toListRef()) {
-      if (!i.isTensor() || !i.toTensor().defined()) continue;
-      const at::Tensor& t = i.toTensor();
-      bool mask = (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte) &&
-                  t.device() == args[0].toTensor().device();
-      (mask ? masks : others) += 1;
-    }
-    if (masks == 1 && others == 0) return;
+  if (accumulate || v.numel() != 1 || !v.is_cpu() || !args[1].isList()) return false;
+  int masks = 0, others = 0;
+  for (const at::Tensor& t : index_list(args[1])) {
+    if (!t.defined()) continue;
+    (is_mask_index(t) && t.device() == args[0].toTensor().device() ? masks : others) += 1;
   }
-  c10::ScalarType self = args[0].toTensor().scalar_type(), values = v.scalar_type();
-  TORCH_CHECK(self == values, "Index put requires the source and destination dtypes match, got ", self,
-              " for the destination and ", values, " for the source.");
+  return masks == 1 && others == 0;
+}
+
+// index / index_put_: CPU's kernels take integer indices as int64 or int32 (a float one
+// would otherwise be truncated), and masks as bool or uint8.
+void index_dtypes(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 2 || !args[1].isList()) return;
+  for (const at::Tensor& t : index_list(args[1])) {
+    if (!t.defined()) continue;
+    c10::ScalarType s = t.scalar_type();
+    TORCH_CHECK_INDEX(s == at::kLong || s == at::kInt || s == at::kByte || s == at::kBool,
+                      "tensors used as indices must be long, int, byte or bool tensors");
+  }
 }
 
 // index / index_put_(self, indices, ...): each boolean mask among the indices covers as
@@ -45,13 +61,8 @@ void index_mask_shapes(c10::ArrayRef<c10::IValue> args) {
   if (args.size() < 2 || !args[0].isTensor() || !args[1].isList()) return;
   const at::Tensor& self = args[0].toTensor();
   int64_t dim = 0;  // self's dimension the next index starts at
-  for (const c10::IValue& i : args[1].toListRef()) {
-    if (!i.isTensor() || !i.toTensor().defined()) {
-      ++dim;
-      continue;
-    }
-    const at::Tensor& t = i.toTensor();
-    if (t.scalar_type() != at::kBool && t.scalar_type() != at::kByte) {
+  for (const at::Tensor& t : index_list(args[1])) {
+    if (!is_mask_index(t)) {
       ++dim;
       continue;
     }
@@ -64,9 +75,111 @@ void index_mask_shapes(c10::ArrayRef<c10::IValue> args) {
   }
 }
 
-void index_put_checks(c10::ArrayRef<c10::IValue> args) {
+void index_checks(c10::ArrayRef<c10::IValue> args) {
+  index_dtypes(args);
   index_mask_shapes(args);
-  index_put_values_dtype(args);
+}
+
+// A size a mask gives: how many elements it selects, known only on the device (where the
+// lowering checks it against the values); here it matches any size.
+constexpr int64_t kMaskCount = -1;
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + (shape[i] == kMaskCount ? std::string("n") : std::to_string(shape[i]));
+  return s + "]";
+}
+
+// The shape of self[indices] as CPU's index_put_ computes it (a mask becomes one index
+// per dim it covers, of the count it selects; the indices broadcast together, with CPU's
+// IndexError where they do not), and whether a mask's count is in it. nullopt where a
+// 0-d mask (which indexes no dim) leaves the shape to the lowering.
+std::optional<std::vector<int64_t>> indexing_result_shape(const at::Tensor& self,
+                                                          const std::vector<at::Tensor>& indices, bool* counted) {
+  std::vector<std::optional<std::vector<int64_t>>> per_dim;  // self's dims, in order, as indexed
+  for (const at::Tensor& t : indices) {
+    if (is_mask_index(t) && t.dim() == 0) return std::nullopt;
+    if (!t.defined()) per_dim.emplace_back();
+    else if (is_mask_index(t)) per_dim.insert(per_dim.end(), t.dim(), std::vector<int64_t>{kMaskCount});
+    else per_dim.emplace_back(t.sizes().vec());
+  }
+  if (static_cast<int64_t>(per_dim.size()) > self.dim()) return std::nullopt;  // raised before
+  std::vector<int64_t> batch;
+  bool mismatch = false;
+  std::string shapes;
+  for (const auto& s : per_dim) {
+    if (!s) continue;
+    shapes += (shapes.empty() ? "" : ", ") + shape_str(*s);
+    size_t n = std::max(batch.size(), s->size());
+    std::vector<int64_t> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      int64_t a = i < n - batch.size() ? 1 : batch[i - (n - batch.size())];
+      int64_t b = i < n - s->size() ? 1 : (*s)[i - (n - s->size())];
+      if (a == kMaskCount || b == kMaskCount) {
+        int64_t other = a == kMaskCount ? b : a;  // the count must be it, or one (device-checked)
+        out[i] = other == 1 ? kMaskCount : other;
+      } else {
+        mismatch |= a != b && a != 1 && b != 1;
+        out[i] = a == 1 ? b : a;
+      }
+    }
+    batch = std::move(out);
+  }
+  TORCH_CHECK_INDEX(!mismatch, "shape mismatch: indexing tensors could not be broadcast together with shapes ",
+                    shapes);
+  int64_t first = -1, last = -1;
+  bool adjacent = true;
+  for (size_t d = 0; d < per_dim.size(); ++d) {
+    if (!per_dim[d]) continue;
+    if (last >= 0 && static_cast<int64_t>(d) != last + 1) adjacent = false;
+    if (first < 0) first = static_cast<int64_t>(d);
+    last = static_cast<int64_t>(d);
+  }
+  if (first < 0) return self.sizes().vec();
+  // Adjacent indexed dims are replaced where they stand; apart, the broadcast index dims
+  // come first (CPU transposes them to the front).
+  int64_t at = adjacent ? first : 0;
+  std::vector<int64_t> result;
+  for (int64_t d = 0; d < self.dim(); ++d) {
+    if (d == at) result.insert(result.end(), batch.begin(), batch.end());
+    bool indexed = d < static_cast<int64_t>(per_dim.size()) && per_dim[d].has_value();
+    if (!indexed) result.push_back(self.size(d));
+  }
+  for (int64_t v : batch) *counted |= v == kMaskCount;
+  return result;
+}
+
+// index_put_(self, indices, values[, accumulate]): CPU's checks in its order: the number
+// of indices, their dtypes, the masks' shapes, the indices broadcasting together, values
+// broadcasting to self[indices] (leading dims of size 1 beyond its rank too), and
+// values' dtype: CPU's and CUDA's kernels write values without a cast, except through
+// masked_fill_ (fills_through_mask).
+void index_put_checks(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 3 || !args[0].isTensor() || !args[1].isList() || !args[2].isTensor()) return;
+  const at::Tensor& self = args[0].toTensor();
+  const at::Tensor& v = args[2].toTensor();
+  std::vector<at::Tensor> indices = index_list(args[1]);
+  TORCH_CHECK_INDEX(static_cast<int64_t>(indices.size()) <= self.dim(), "too many indices for tensor of dimension ",
+                    self.dim(), " (got ", indices.size(), ")");
+  index_dtypes(args);
+  index_mask_shapes(args);
+  bool counted = false;
+  std::optional<std::vector<int64_t>> result = indexing_result_shape(self, indices, &counted);
+  if (fills_through_mask(args)) return;
+  if (result) {
+    bool fits = v.dim() <= static_cast<int64_t>(result->size());
+    for (int64_t i = 1; fits && i <= v.dim(); ++i) {
+      int64_t want = (*result)[result->size() - i], have = v.size(v.dim() - i);
+      fits = have == 1 || have == want || want == kMaskCount;
+    }
+    TORCH_CHECK(fits, "shape mismatch: value tensor of shape ", v.sizes(),
+                " cannot be broadcast to indexing result of shape ", shape_str(*result),
+                counted ? " (n: the number of elements the mask selects)" : "");
+  }
+  c10::ScalarType s = self.scalar_type(), values = v.scalar_type();
+  TORCH_CHECK(s == values, "Index put requires the source and destination dtypes match, got ", s,
+              " for the destination and ", values, " for the source.");
 }
 
 // pow(Tensor self, Scalar exponent): an integer tensor to a negative integer power.
@@ -604,9 +717,10 @@ void multinomial_samples(c10::ArrayRef<c10::IValue> args) {
 
 KernelCheck kernel_check_for(const std::string& base) {
   static const std::unordered_map<std::string, KernelCheck> checks = {
-      {"index", &index_mask_shapes},
+      {"index", &index_checks},
       {"index_put", &index_put_checks},
       {"_index_put_impl", &index_put_checks},
+      {"_unsafe_index_put", &index_put_checks},
       {"nll_loss_forward", &nll_target_dtype},
       {"mm", &mm_dtypes},
       {"bmm", &bmm_dtypes},

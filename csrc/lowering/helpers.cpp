@@ -61,8 +61,31 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
   return out;
 }
 
+bool broadcastable(const Shape& a, const Shape& b) {
+  for (size_t i = 1; i <= std::min(a.size(), b.size()); ++i) {
+    int64_t da = a[a.size() - i], db = b[b.size() - i];
+    if (da != db && da != 1 && db != 1) return false;
+  }
+  return true;
+}
+
+bool expandable(const Shape& from, const Shape& to) {
+  if (from.size() > to.size()) return false;
+  for (size_t i = 1; i <= from.size(); ++i) {
+    int64_t f = from[from.size() - i];
+    if (f != 1 && f != to[to.size() - i]) return false;
+  }
+  return true;
+}
+
 Value broadcast_to(Builder& b, const Value& x, const Shape& shape) {
   if (x.shape() == shape) return x;
+  if (x.shape().size() > shape.size()) {
+    size_t extra = x.shape().size() - shape.size();
+    for (size_t i = 0; i < extra; ++i)
+      if (x.shape()[i] != 1) throw std::logic_error("internal: broadcast_to a shape of lower rank");
+    return broadcast_to(b, b.reshape(x, Shape(x.shape().begin() + extra, x.shape().end())), shape);
+  }
   size_t off = shape.size() - x.shape().size();
   // Size-1 dims that grow must be dropped first: broadcast_in_dim maps them as is.
   Shape kept_shape;

@@ -11,7 +11,12 @@ DType promote(DType a, DType b);
 DType result_type(const std::vector<Value>& xs);
 // Numpy-style broadcast of two shapes.
 Shape broadcast_shapes(const Shape& a, const Shape& b);
-// `x` broadcast (right-aligned) to `shape`.
+// Whether two shapes broadcast together, and whether `from` expands to `to` (PyTorch's
+// is_expandable_to: no more dims, each 1 or equal).
+bool broadcastable(const Shape& a, const Shape& b);
+bool expandable(const Shape& from, const Shape& to);
+// `x` broadcast (right-aligned) to `shape`; leading size-1 dims beyond its rank are
+// dropped, any other excess is an internal error.
 Value broadcast_to(Builder& b, const Value& x, const Shape& shape);
 // `x` converted to `t`, as PyTorch casts (also from/to fp8, which Builder::convert and
 // Builder::constant do not cover alone).

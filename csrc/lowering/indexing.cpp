@@ -371,7 +371,16 @@ static AdvIndex plan(Ctx& ctx, const Shape& shape, const std::vector<std::option
     vals.push_back(*idx[d]);
   }
   if (dims.empty()) throw Unsupported("index without index tensors");
-  for (auto& v : vals) p.batch = broadcast_shapes(p.batch, v.shape());
+  // The kernel checks raise CPU's errors for these first; a rule must never read past
+  // self's dims (out_of_range: an IndexError).
+  if (idx.size() > shape.size())
+    throw std::out_of_range("too many indices for tensor of dimension " + std::to_string(shape.size()) + " (got " +
+                            std::to_string(idx.size()) + ")");
+  for (auto& v : vals) {
+    if (!broadcastable(p.batch, v.shape()))
+      throw std::out_of_range("shape mismatch: indexing tensors could not be broadcast together");
+    p.batch = broadcast_shapes(p.batch, v.shape());
+  }
   p.k = static_cast<int64_t>(dims.size());
   p.nb = static_cast<int64_t>(p.batch.size());
   Shape b1 = p.batch;
@@ -564,6 +573,8 @@ TPU_LOWER(index_put, "index_put", "_index_put_impl", "_unsafe_index_put") {
   gather_shape.insert(gather_shape.end(), p.rest.begin(), p.rest.end());
   Shape result_shape;
   for (auto d : rp) result_shape.push_back(gather_shape[d]);
+  if (!expandable(values.shape(), result_shape))  // the kernel check raises CPU's error first
+    throw std::invalid_argument("shape mismatch: value tensor cannot be broadcast to indexing result");
   Value upd = b.transpose(coerce(b, values, self.dtype(), result_shape), inverse(rp));
   auto lead = range(0, p.k);
   Value r = b.scatter(b.transpose(self, p.perm), p.coords, upd,
