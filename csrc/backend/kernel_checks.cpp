@@ -638,9 +638,33 @@ void index_add_checks(c10::ArrayRef<c10::IValue> args) {
   TORCH_CHECK(dtype_at(args, 0) == dtype_at(args, 3), "index_add_(): self (", dtype_at(args, 0), ") and source (",
               dtype_at(args, 3), ") must have the same scalar type");
 }
-void index_reduce_index(c10::ArrayRef<c10::IValue> args) {
-  TORCH_CHECK(int_index(index_dtype(args)), "index_reduce_(): Expected dtype int32/int64 for index but got: ",
-              index_dtype(args));
+// index_reduce(self, dim, index, source, reduce, ...): CPU's meta function (PyTorch's
+// Python one, which tpu's planning runs, checks nothing), in its order.
+void index_reduce_checks(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0, 2, 3}) || !args[1].isInt()) return;
+  const at::Tensor& self = args[0].toTensor();
+  const at::Tensor& index = args[2].toTensor();
+  const at::Tensor& source = args[3].toTensor();
+  int64_t dim = at::maybe_wrap_dim(args[1].toInt(), self.dim());
+  TORCH_CHECK_INDEX(index.dim() <= 1, "index_reduce_(): Index is supposed to be a vector, but got dim: ",
+                    index.dim(), " with type: ", index.scalar_type(), " and size: ", index.sizes());
+  TORCH_CHECK(int_index(index.scalar_type()), "index_reduce_(): Expected dtype int32/int64 for index but got: ",
+              index.scalar_type());
+  TORCH_CHECK(self.scalar_type() == source.scalar_type(), "index_reduce_(): self (", self.scalar_type(),
+              ") and source (", source.scalar_type(), ") must have the same scalar type");
+  TORCH_CHECK(dim == 0 || dim < source.dim(), "index_reduce_(): Indexing dim ", dim,
+              " is out of bounds of the source tensor with dim ", source.dim());
+  int64_t slices = source.dim() == 0 ? 1 : source.size(dim);
+  TORCH_CHECK(index.numel() == slices, "index_reduce_(): Number of indices (", index.numel(),
+              ") should be equal to source.size(dim): (", slices, "), for dim: ", dim);
+  std::vector<int64_t> self_sizes = self.sizes().vec(), source_sizes = source.sizes().vec();
+  if (source.dim() != 0 && self.dim() != 0) {
+    self_sizes.erase(self_sizes.begin() + dim);
+    source_sizes.erase(source_sizes.begin() + dim);
+  }
+  TORCH_CHECK(self_sizes == source_sizes,
+              "source tensor shape must match self tensor shape, excluding the specified dimension. Got self.shape = ",
+              self.sizes(), " source.shape = ", source.sizes());
 }
 void index_copy_index(c10::ArrayRef<c10::IValue> args) {
   TORCH_CHECK(index_dtype(args) == c10::kLong, "index_copy_(): Expected a long tensor for index, but got ",
@@ -653,12 +677,51 @@ void index_copy_checks(c10::ArrayRef<c10::IValue> args) {
               "index_copy_(): self and source expected to have the same dtype, but got (self) ", dtype_at(args, 0),
               " and (source) ", dtype_at(args, 3));
 }
-// put(self, index, source, accumulate)
-void put_dtypes(c10::ArrayRef<c10::IValue> args) {
-  if (!tensors_at(args, {0, 2})) return;
+// put(self, index, source, accumulate): CPU's kernel takes an int64 index (a float one
+// would otherwise be truncated) and one source element per index.
+void put_checks(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0, 1, 2})) return;
+  TORCH_CHECK(dtype_at(args, 1) == c10::kLong, "put_(): Expected a long tensor for index, but got ",
+              dtype_at(args, 1));
   TORCH_CHECK(dtype_at(args, 0) == dtype_at(args, 2),
               "put_(): self and source expected to have the same dtype, but got self.dtype = ", dtype_at(args, 0),
               " and source.dtype = ", dtype_at(args, 2));
+  int64_t sources = args[2].toTensor().numel(), indices = args[1].toTensor().numel();
+  TORCH_CHECK_INDEX(sources == indices,
+                    "put_(): Expected source and index to have the same number of elements, but got source.numel() = ",
+                    sources, ", index.numel() = ", indices);
+  TORCH_CHECK_INDEX(!(args[0].toTensor().numel() == 0 && indices != 0),
+                    "put_(): Tried to put elements into an empty tensor");
+}
+// slice_scatter(self, src, dim, start, end, step) / select_scatter(self, src, dim,
+// index): src must have the shape of the slice it replaces (CPU's functional kernels;
+// PyTorch's meta functions check nothing). The slice is taken of a meta tensor of self's
+// shape, for ATen's own rules (and errors) of slicing.
+void scattered_slice_shape(const at::Tensor& src, const at::Tensor& slice) {
+  TORCH_CHECK(slice.sizes() == src.sizes(), "expected src to have a size equal to the slice of self. src size = ",
+              src.sizes(), ", slice size = ", slice.sizes());
+}
+at::Tensor meta_like(const at::Tensor& t) {
+  return at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).device(at::kMeta));
+}
+void slice_scatter_src(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0, 1})) return;
+  int64_t dim = args.size() > 2 && args[2].isInt() ? args[2].toInt() : 0;
+  auto opt = [&](size_t i) { return args.size() > i && args[i].isInt() ? std::optional<int64_t>(args[i].toInt()) : std::nullopt; };
+  int64_t step = args.size() > 5 && args[5].isInt() ? args[5].toInt() : 1;
+  scattered_slice_shape(args[1].toTensor(), meta_like(args[0].toTensor()).slice(dim, opt(3), opt(4), step));
+}
+void select_scatter_src(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0, 1}) || args.size() < 4 || !args[2].isInt() || !args[3].isInt()) return;
+  scattered_slice_shape(args[1].toTensor(), meta_like(args[0].toTensor()).select(args[2].toInt(), args[3].toInt()));
+}
+// masked_fill(self, mask, value), in place or not: CPU's kernel takes a bool mask only
+// (PyTorch's meta function for masked_fill_.Scalar does not check).
+void masked_fill_mask(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0, 1})) return;
+  c10::ScalarType m = dtype_at(args, 1);
+  TORCH_CHECK(m == c10::kBool, "masked_fill_ only supports boolean masks, but got mask with dtype ",
+              c10::scalarTypeToTypeMeta(m).name());
 }
 // binary_cross_entropy(self, target, weight, reduction): CPU's TensorIterator takes the
 // target in the input's dtype (the weight multiplies afterwards, in any dtype).
@@ -753,10 +816,13 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"argmin", &argmin_input},
       {"index_select", &index_select_index},
       {"index_add", &index_add_checks},
-      {"put", &put_dtypes},
+      {"put", &put_checks},
       {"binary_cross_entropy", &bce_dtypes},
       {"_cdist_forward", &cdist_dtypes},
-      {"index_reduce", &index_reduce_index},
+      {"index_reduce", &index_reduce_checks},
+      {"slice_scatter", &slice_scatter_src},
+      {"select_scatter", &select_scatter_src},
+      {"masked_fill", &masked_fill_mask},
       {"index_copy", &index_copy_checks},
       {"index_fill", &index_fill_index},
       {"multinomial", &multinomial_samples},

@@ -6,6 +6,11 @@ float32 mixture of experts (transformers' grouped_mm experts) could not even be 
 tpu, although the eager kernel and its lowering take float32, bfloat16 and float16
 (csrc/backend/lowered_kernel.cpp's grouped_mm_meta states the same rules in C++). A rule
 here answers only for fake tensors on tpu; every other device keeps PyTorch's.
+
+Also where the fake kernel raises a different error than CPU's kernel for a call CPU
+refuses: masked_fill with a non-bool mask fails in PyTorch's reference (a `where` whose
+predicate is not bool); the eager kernel check (csrc/backend/kernel_checks.cpp) raises
+CPU's message, and so does the fake rule.
 """
 import torch
 
@@ -57,6 +62,21 @@ def _grouped_mm_on_tpu(fake_mode, func, *args, **kwargs):
     return FakeTensor(fake_mode, out, a.device)
 
 
+# ATen's names of dtypes in messages (c10's type names).
+_ATEN_TYPE_NAMES = {torch.int64: "long int", torch.int32: "int", torch.int16: "short int", torch.int8: "signed char",
+                    torch.uint8: "unsigned char", torch.float32: "float", torch.float64: "double",
+                    torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16"}
+
+
+def _masked_fill_on_tpu(fake_mode, func, *args, **kwargs):
+    self = args[0] if args else kwargs["self"]
+    mask = args[1] if len(args) > 1 else kwargs["mask"]
+    if self.device.type == "tpu":
+        torch._check(mask.dtype == torch.bool, lambda: "masked_fill_ only supports boolean masks, but got mask with "
+                     f"dtype {_ATEN_TYPE_NAMES.get(mask.dtype, str(mask.dtype))}")
+    return NotImplemented  # PyTorch's fake kernel computes the result
+
+
 def install() -> None:
     """Adds the rules to FakeTensorMode's per-op implementations (once)."""
     global _installed
@@ -64,4 +84,7 @@ def install() -> None:
         return
     from torch._subclasses.fake_impls import register_op_impl
     register_op_impl(lambda func: func is torch.ops.aten._grouped_mm.default)(_grouped_mm_on_tpu)
+    masked_fills = (torch.ops.aten.masked_fill.Scalar, torch.ops.aten.masked_fill.Tensor,
+                    torch.ops.aten.masked_fill_.Scalar, torch.ops.aten.masked_fill_.Tensor)
+    register_op_impl(lambda func: func in masked_fills)(_masked_fill_on_tpu)
     _installed = True
