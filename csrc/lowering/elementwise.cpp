@@ -66,9 +66,10 @@ std::vector<Value> map_cast(Ctx& ctx, const std::vector<int>& idx, const MapFn& 
   return {convert_any(ctx.b, fn(ctx.b, xs), o.dtype)};
 }
 
-// erf(x) for |x| < 1 from its Taylor series (alternating, 12 terms: < 2e-7 relative);
-// erfc(x) for |x| >= 1 from the Chebyshev fit of Numerical Recipes' erfcc (1.2e-7
-// relative). XLA has no erf op in StableHLO, so both are spelled out here.
+// float32 math: erf(x) for |x| < 1 from its Taylor series (alternating, 12 terms: < 2e-7
+// relative); erfc(x) for |x| >= 1 from the Chebyshev fit of Numerical Recipes' erfcc
+// (1.2e-7 relative). float64 takes CHLO's erf and erfc (Cephes' float64 fits, expanded by
+// the plugin's compiler; erfc64 below): the float32 series and fit kept only 7 digits there.
 static Value erf_small(Builder& b, const Value& x) {
   Value s = op2(b, "multiply", x, x);
   double c[12];
@@ -112,7 +113,29 @@ Value erf_rational(Builder& b, const Value& x) {
   return op2(b, "divide", op2(b, "multiply", c, p), q);
 }
 
+// float64 erfc. CHLO's (Cephes' fit times e^(-x^2)) rounds x^2 itself, a relative error of
+// up to x^2 2^-53 (6e-14 at x = 24). For 1 < x it is taken at xh, x with its low 27
+// significand bits cleared (so xh^2 is exact), and carried to x by
+// erfc(x) = erfc(xh) e^(-(x - xh)(x + xh)) erfcx(x) / erfcx(xh), the erfcx ratio to first
+// order in d = x - xh (<= 2^-26 x; the next term is of order d^2 / x^2):
+// 1 + d (2 xh - 2/sqrt(pi) e^(-xh^2) / erfc(xh)). Where erfc(xh) underflows (x > 26.5)
+// the result is 0 in any case.
+static Value erfc64(Builder& b, const Value& x) {
+  Value hi = b.bitcast(op2(b, "and", b.bitcast(x, DType::I64), b.constant(-134217728.0, DType::I64, x.shape())), x.dtype());
+  Value tail = cmpk(b, x, 1, Cmp::GT);
+  Value e = b.raw("chlo.erfc", {b.select(tail, hi, x)}, "", x.type);
+  Value d = op2(b, "subtract", x, hi);
+  Value e_hi2 = op1(b, "exponential", op1(b, "negate", op2(b, "multiply", hi, hi)));
+  Value slope = op2(b, "subtract", op2(b, "multiply", cst(b, x, 2), hi),
+                    op2(b, "divide", op2(b, "multiply", cst(b, x, M_2_SQRTPI), e_hi2), e));
+  Value ratio = op2(b, "multiply", op1(b, "exponential", op1(b, "negate", op2(b, "multiply", d, op2(b, "add", x, hi)))),
+                    op2(b, "add", cst(b, x, 1), op2(b, "multiply", d, slope)));
+  tail = op2(b, "and", tail, cmpk(b, e, 0, Cmp::GT));
+  return b.select(tail, op2(b, "multiply", e, ratio), e);
+}
+
 Value erf(Builder& b, const Value& x) {
+  if (x.dtype() == DType::F64) return b.raw("chlo.erf", {x}, "", x.type);
   Value a = op1(b, "abs", x);
   Value big = op2(b, "subtract", cst(b, x, 1), erfc_large(b, a));
   big = b.select(cmpk(b, x, 0, Cmp::LT), op1(b, "negate", big), big);
@@ -120,6 +143,7 @@ Value erf(Builder& b, const Value& x) {
 }
 
 Value erfc(Builder& b, const Value& x) {
+  if (x.dtype() == DType::F64) return erfc64(b, x);
   Value tail = erfc_large(b, op1(b, "abs", x));
   tail = b.select(cmpk(b, x, 0, Cmp::LT), op2(b, "subtract", cst(b, x, 2), tail), tail);
   Value near = op2(b, "subtract", cst(b, x, 1), erf_small(b, x));

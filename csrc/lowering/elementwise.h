@@ -26,6 +26,7 @@ Value operand(Ctx& ctx, int i, DType t, const Shape& shape);
 std::vector<Value> map(Ctx& ctx, const std::vector<int>& idx, const MapFn& fn);
 // map with each operand cast to the output dtype first (TensorIterator's common-dtype cast).
 std::vector<Value> map_cast(Ctx& ctx, const std::vector<int>& idx, const MapFn& fn);
+// erf and erfc, float32 or float64 math (each to its dtype's precision).
 Value erf(Builder& b, const Value& x);
 Value erfc(Builder& b, const Value& x);
 // erf for f32 math: one rational function, fusible into one loop (elementwise.cpp).

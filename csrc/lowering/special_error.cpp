@@ -1,7 +1,7 @@
 // Error-function relatives: erfcx (scaled complementary error function), log_ndtr
 // (log of the normal CDF) and ndtri (its inverse). erfcx and log_ndtr run in float64
-// on XLA's erfc (exact to float32's precision, where the CPU uses Faddeeva's Chebyshev
-// table); ndtri uses Cephes' rational fits like the CPU kernel.
+// on erfc (elementwise.cpp; the CPU uses Faddeeva's Chebyshev table); ndtri uses
+// Cephes' rational fits like the CPU kernel.
 #include <cmath>
 
 #include "lowering/special_util.h"
@@ -11,21 +11,23 @@ namespace {
 
 using namespace sp;
 
-Value erfc64(Builder& b, const Value& x) { return b.raw("chlo.erfc", {x}, "", x.type); }
-
 // exp(x^2) erfc(x): directly while erfc(x) stays a normal float64 (x <= 25), then
 // the continued fraction CPU also uses past 50 (its 5 terms are exact to 1e-16
-// beyond 25); for x < 0 the reflection 2 exp(x^2) - erfcx(-x).
+// beyond 25); for x < 0 the reflection 2 exp(x^2) - erfcx(-x). exp(x^2) is
+// exp(z) (1 + z_lo) with x^2 = z + z_lo exactly: exp(z) alone is off by x^2 2^-53
+// relative.
 Value erfcx(Builder& b, const Value& x) {
   const double ispi = 0.56418958354775628694807945156;
-  Value ax = abs_(b, x), z = mul(b, ax, ax);
-  Value direct = mul(b, exp_(b, z), erfc64(b, ax));
+  Value ax = abs_(b, x);
+  auto [z, z_lo] = two_product(b, ax, ax);
+  Value ez = mul(b, exp_(b, z), add(b, K(b, x, 1), z_lo));
+  Value direct = mul(b, ez, erfc(b, ax));
   Value num = add(b, mul(b, z, add(b, z, K(b, x, 4.5))), K(b, x, 2));
   Value den = mul(b, ax, add(b, mul(b, z, add(b, z, K(b, x, 5))), K(b, x, 3.75)));
   Value cf = div(b, mul(b, K(b, x, ispi), num), den);
   cf = b.select(cmpk(b, ax, 5e7, Cmp::GT), div(b, K(b, x, ispi), ax), cf);
   Value pos = b.select(cmpk(b, ax, 25, Cmp::GT), cf, direct);
-  Value two_e = mul(b, K(b, x, 2), exp_(b, z));
+  Value two_e = mul(b, K(b, x, 2), ez);
   Value negv = b.select(cmpk(b, x, -6.1, Cmp::LT), two_e, sub(b, two_e, pos));
   negv = b.select(cmpk(b, x, -26.7, Cmp::LT), K(b, x, INFINITY), negv);
   Value r = b.select(cmpk(b, x, 0, Cmp::LT), negv, pos);
@@ -37,7 +39,7 @@ Value erfcx(Builder& b, const Value& x) {
 Value log_ndtr(Builder& b, const Value& x) {
   Value t = mul(b, x, K(b, x, M_SQRT1_2));
   Value lo = sub(b, log_(b, div(b, erfcx(b, neg_(b, t)), K(b, x, 2))), mul(b, t, t));
-  Value hi = op1(b, "log_plus_one", neg_(b, div(b, erfc64(b, t), K(b, x, 2))));
+  Value hi = op1(b, "log_plus_one", neg_(b, div(b, erfc(b, t), K(b, x, 2))));
   return b.select(cmpk(b, x, -1, Cmp::LT), lo, hi);
 }
 

@@ -31,9 +31,8 @@ std::pair<Value, Value> asymptotic_pq(Builder& b, const Value& a, const Value& x
   Value c0 = b.select(small, c0_series, sub(b, div(b, K(b, mu, 1), safe_mu), div(b, K(b, eta, 1), safe_eta)));
   Value r = mul(b, div(b, exp_(b, neg_(b, mul(b, a, h))), sqrt_(b, mul(b, K(b, a, 2 * M_PI), a))), c0);
   Value z = mul(b, eta, sqrt_(b, mul(b, a, K(b, a, 0.5))));
-  auto erfc = [&](const Value& v) { return b.raw("chlo.erfc", {v}, "", v.type); };
   Value half = K(b, a, 0.5);
-  return {sub(b, mul(b, half, erfc(neg_(b, z))), r), add(b, mul(b, half, erfc(z)), r)};
+  return {sub(b, mul(b, half, erfc(b, neg_(b, z))), r), add(b, mul(b, half, erfc(b, z)), r)};
 }
 
 // {P, Q} for a, x > 0 finite.

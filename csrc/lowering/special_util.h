@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "lowering/elementwise.h"
@@ -48,6 +49,23 @@ inline Value chebyshev(Builder& b, const Value& y, const std::vector<double>& c)
     b0 = add(b, sub(b, mul(b, y, b1), b2), K(b, y, c[i]));
   }
   return mul(b, K(b, y, 0.5), sub(b, b0, b2));
+}
+
+// a * c exactly, as hi + lo (Dekker's product: Veltkamp's split halves each significand so
+// the partial products are exact). Float32 or float64 values of moderate size (the split
+// overflows past 1e35 in float32).
+inline std::pair<Value, Value> two_product(Builder& b, const Value& a, const Value& c) {
+  double k = a.dtype() == DType::F64 ? 134217729.0 : 4097.0;  // 2^27 + 1, 2^12 + 1
+  auto split = [&](const Value& v) {
+    Value t = mul(b, v, K(b, v, k));
+    Value hi = sub(b, t, sub(b, t, v));
+    return std::pair{hi, sub(b, v, hi)};
+  };
+  Value p = mul(b, a, c);
+  auto [ah, al] = split(a);
+  auto [ch, cl] = split(c);
+  Value e = add(b, add(b, add(b, sub(b, mul(b, ah, ch), p), mul(b, ah, cl)), mul(b, al, ch)), mul(b, al, cl));
+  return {p, e};
 }
 
 // True (a bool scalar) if any element of the mask is.
