@@ -110,3 +110,13 @@ def test_erfcx_float64_direct_range():
     # as far off there; the reference is mpmath's).
     x = torch.cat([lin(-26.5, -6, 300, dtype=F64), lin(-6, 25, 300, dtype=F64, seed=1)])
     assert max_rel(on_tpu(torch.special.erfcx, x), _erfcx_mp(x)) < 2e-15
+
+
+def test_erfcx_float64_continued_fraction():
+    # The 2-level rational form past 25 was 3.8e-14 off at 25.
+    x = torch.cat([lin(25, 50, 300, dtype=F64), logu(50, 1e6, 100, dtype=F64)])
+    assert max_rel(on_tpu(torch.special.erfcx, x), _erfcx_mp(x)) < 1e-15
+    x = logu(1e6, 1e300, 100, dtype=F64)  # 1 / (sqrt(pi) x) to float64's precision, as CPU gives
+    assert max_rel(on_tpu(torch.special.erfcx, x), torch.special.erfcx(x)) < 1e-15
+    edge = torch.tensor([math.inf, -math.inf, math.nan, 0.0, -27.0, 1e300], dtype=F64)
+    torch.testing.assert_close(on_tpu(torch.special.erfcx, edge), torch.special.erfcx(edge), equal_nan=True)
