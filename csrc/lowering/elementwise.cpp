@@ -118,7 +118,8 @@ Value erf_rational(Builder& b, const Value& x) {
   for (int n = 5; n >= 0; --n) p = op2(b, "add", cst(b, x, num[n]), op2(b, "multiply", s, p));
   Value q = cst(b, x, den[4]);
   for (int n = 3; n >= 0; --n) q = op2(b, "add", cst(b, x, den[n]), op2(b, "multiply", s, q));
-  return op2(b, "divide", op2(b, "multiply", c, p), q);
+  // The fit overshoots +-1 by an ulp near the clamp: gelu's 1 + erf went negative there.
+  return b.clamp(cst(b, x, -1), op2(b, "divide", op2(b, "multiply", c, p), q), cst(b, x, 1));
 }
 
 // float64 erfc. CHLO's (Cephes' fit times e^(-x^2)) rounds x^2 itself, a relative error of
