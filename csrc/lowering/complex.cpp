@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 
+#include "lowering/elementwise.h"
 #include "lowering/helpers.h"
 
 namespace tpu::lowering {
@@ -350,7 +351,7 @@ TPU_LOWER(c_log1p, "complex:log1p") {
     Value one = b.constant(1, r.dtype(), r.shape()), r1 = add(b, r, one);
     Value theta = op2(b, "atan2", i, r1);
     Value q = add(b, mul(b, r, add(b, r, b.constant(2, r.dtype(), r.shape()))), mul(b, i, i));
-    Value near = mul(b, b.constant(0.5, r.dtype(), r.shape()), op1(b, "log_plus_one", q));
+    Value near = mul(b, b.constant(0.5, r.dtype(), r.shape()), ew::log1p(b, q));
     near = b.select(is_zero(b, q), r, near);
     Value far = op1(b, "log", complex_magnitude(b, cplx(b, r1, i)));
     Value small = b.compare(complex_magnitude(b, x[0]), b.constant(0.5, r.dtype(), r.shape()), Cmp::LT);

@@ -29,6 +29,8 @@ std::vector<Value> map_cast(Ctx& ctx, const std::vector<int>& idx, const MapFn& 
 // erf and erfc, float32 or float64 math (each to its dtype's precision).
 Value erf(Builder& b, const Value& x);
 Value erfc(Builder& b, const Value& x);
+// log1p, float64 corrected where XLA's is not accurate.
+Value log1p(Builder& b, const Value& x);
 // erf for f32 math: one rational function, fusible into one loop (elementwise.cpp).
 Value erf_rational(Builder& b, const Value& x);
 

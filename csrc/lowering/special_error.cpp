@@ -39,7 +39,7 @@ Value erfcx(Builder& b, const Value& x) {
 Value log_ndtr(Builder& b, const Value& x) {
   Value t = mul(b, x, K(b, x, M_SQRT1_2));
   Value lo = sub(b, log_(b, div(b, erfcx(b, neg_(b, t)), K(b, x, 2))), mul(b, t, t));
-  Value hi = op1(b, "log_plus_one", neg_(b, div(b, erfc(b, t), K(b, x, 2))));
+  Value hi = log1p(b, neg_(b, div(b, erfc(b, t), K(b, x, 2))));
   return b.select(cmpk(b, x, -1, Cmp::LT), lo, hi);
 }
 

@@ -24,7 +24,7 @@ std::pair<Value, Value> asymptotic_pq(Builder& b, const Value& a, const Value& x
   Value mu = div(b, sub(b, x, a), a);
   Value small = cmpk(b, abs_(b, mu), 1e-3, Cmp::LT);
   Value h_series = mul(b, mul(b, mu, mu), horner(b, mu, {1.0 / 6, -0.2, 0.25, -1.0 / 3, 0.5}));
-  Value h = b.select(small, h_series, sub(b, mu, op1(b, "log_plus_one", mu)));  // eta^2 / 2
+  Value h = b.select(small, h_series, sub(b, mu, log1p(b, mu)));  // eta^2 / 2
   Value eta = mul(b, op1(b, "sign", mu), sqrt_(b, add(b, h, h)));
   Value c0_series = horner(b, eta, {1.0 / 864, -2.0 / 135, 1.0 / 12, -1.0 / 3});
   Value safe_mu = b.select(small, K(b, mu, 1), mu), safe_eta = b.select(small, K(b, eta, 1), eta);
