@@ -204,7 +204,9 @@ def test_lgamma_special_values(dtype):
 def test_erfc_float32_tail():
     # exp(p - x*x) rounded x^2 (about 75 at 8.7): 120 ulp in [5, 9].
     assert max_ulps(torch.erfc, lin(5, 9.15)) < 8
-    assert max_ulps(torch.erfc, lin(-3, 5)) < 10
+    assert max_ulps(torch.erfc, lin(-3, 5)) < 6
+    # 1 - erf(x) there (8.3 ulp on [0.75, 1]); now the Taylor series about 1.
+    assert max_ulps(torch.erfc, lin(0.5, 1.25)) < 2
     assert max_ulps(torch.erf, lin(-5, 5)) < 3
     edge = torch.tensor([math.inf, -math.inf, math.nan, 0.0, -0.0, 10.0, -10.0, 1e30, -1e30])
     for fn in (torch.erf, torch.erfc):
@@ -215,7 +217,7 @@ def test_erfinv_float32_near_one():
     # CHLO's erf_inv: 36 ulp at 0.9999, 62 in [-1, 1].
     x = torch.tensor([0.999, 0.9999, 0.999908447265625, 0.99999, -0.99995, 1 - 2 ** -24, -(1 - 2 ** -24)])
     assert ulps(on_tpu(torch.erfinv, x), torch.erfinv(x.double())).max() < 1.5
-    assert max_ulps(torch.erfinv, lin(-0.99999, 0.99999)) < 6
+    assert max_ulps(torch.erfinv, lin(-0.99999, 0.99999)) < 4
     assert max_ulps(torch.erfinv, lin(0.99999, 1.0)) < 2
     edge = torch.tensor([1.0, -1.0, 0.0, -0.0, 1.5, math.nan])
     got = on_tpu(torch.erfinv, edge)
