@@ -253,6 +253,17 @@ def test_log1p_float64():
     torch.testing.assert_close(on_tpu(torch.log1p, edge), torch.log1p(edge), equal_nan=True, rtol=5e-16, atol=0)
 
 
+# ---- float32 expm1 and what uses it
+
+@pytest.mark.parametrize("name,fn,bound", [
+    ("expm1", torch.expm1, 2), ("sinh", torch.sinh, 3), ("elu", F.elu, 2), ("selu", F.selu, 2.5),
+    ("celu", lambda v: F.celu(v, alpha=2.0), 2)])
+def test_expm1_float32_small_arguments(name, fn, bound):
+    # XLA's float32 expm1: up to 5.2 ulp below |x| = 1/2 (sinh 5.3, elu 4.8, selu 5.2).
+    x = torch.cat([lin(-0.5, 0.5), logu(1e-6, 0.5, sign=True, seed=1), lin(-20, 20, seed=2)])
+    assert max_ulps(fn, x) < bound
+
+
 # ---- compiled
 
 def test_compiled_lgamma_and_erf64():

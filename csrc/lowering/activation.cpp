@@ -83,7 +83,7 @@ TPU_LOWER(hardtanh_backward_rule, "hardtanh_backward") {  // zero at and beyond 
 TPU_LOWER(elu_rule, "elu") {
   require_float(ctx, 0, "elu");
   return map(ctx, {0, 1, 2, 3}, [](Builder& b, const Vs& x) {
-    Value neg = mul(b, mul(b, x[2], x[1]), op1(b, "exponential_minus_one", mul(b, x[0], x[3])));
+    Value neg = mul(b, mul(b, x[2], x[1]), expm1(b, mul(b, x[0], x[3])));
     return when(b, x[0], Cmp::GT, 0, mul(b, x[0], x[2]), neg);
   });
 }
@@ -101,7 +101,7 @@ TPU_LOWER(elu_backward_rule, "elu_backward") {
 TPU_LOWER(celu_rule, "celu") {  // x > 0 ? x : alpha * expm1(x / alpha)
   require_float(ctx, 0, "celu");
   return map(ctx, {0, 1}, [](Builder& b, const Vs& x) {
-    return when(b, x[0], Cmp::GT, 0, x[0], mul(b, x[1], op1(b, "exponential_minus_one", div(b, x[0], x[1]))));
+    return when(b, x[0], Cmp::GT, 0, x[0], mul(b, x[1], expm1(b, div(b, x[0], x[1]))));
   });
 }
 // softplus: log1p(exp(beta x)) / beta, linear once beta x exceeds threshold.

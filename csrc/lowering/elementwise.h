@@ -29,8 +29,9 @@ std::vector<Value> map_cast(Ctx& ctx, const std::vector<int>& idx, const MapFn& 
 // erf and erfc, float32 or float64 math (each to its dtype's precision).
 Value erf(Builder& b, const Value& x);
 Value erfc(Builder& b, const Value& x);
-// log1p, float64 corrected where XLA's is not accurate.
+// log1p and expm1, corrected where XLA's are not accurate (float64 log1p, float32 expm1).
 Value log1p(Builder& b, const Value& x);
+Value expm1(Builder& b, const Value& x);
 // erf for f32 math: one rational function, fusible into one loop (elementwise.cpp).
 Value erf_rational(Builder& b, const Value& x);
 
