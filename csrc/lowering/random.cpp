@@ -9,6 +9,7 @@
 #include <string>
 
 #include "lowering/elementwise.h"
+#include "lowering/random_util.h"
 #include "lowering/search_util.h"
 
 namespace tpu::lowering {
@@ -16,11 +17,7 @@ using ir::Cmp;
 
 using namespace ew;
 
-namespace {
-
-// Precision of the uniform floats made for dtype t: its significand bits, so that
-// every sample is exact in t and [0, 1) stays half-open after the final cast.
-int digits(DType t) {
+int rnd::digits(DType t) {
   switch (t) {
     case DType::F64: return 53;
     case DType::F16: return 11;
@@ -28,19 +25,32 @@ int digits(DType t) {
     default: return 24;
   }
 }
+DType rnd::fine_type(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
+Value rnd::unit_floats(Builder& b, const Value& bits, DType t) {
+  bool wide = t == DType::F64;
+  DType ft = wide ? DType::F64 : DType::F32;
+  const Shape& s = bits.shape();
+  Value top = op2(b, "shift_right_logical", bits, b.constant((wide ? 64 : 32) - digits(t), bits.dtype(), s));
+  return mul(b, b.convert(top, ft), b.constant(std::ldexp(1.0, -digits(t)), ft, s));
+}
+// 1 - u keeps the log's argument in (0, 1].
+Value rnd::box_muller(Builder& b, const Value& u1, const Value& u2) {
+  Value v1 = sub(b, cst(b, u1, 1), u1);
+  Value r = op1(b, "sqrt", mul(b, cst(b, v1, -2), op1(b, "log", v1)));
+  return mul(b, r, op1(b, "cosine", mul(b, cst(b, u2, 2 * M_PI), u2)));
+}
+
+namespace {
+using rnd::digits;
+using rnd::fine_type;
 
 // `n` independent uniform arrays in [0, 1) shaped `s`, in t's math dtype, from one
 // draw of bits: the top digits(t) bits of each word, scaled by 2^-digits.
 std::vector<Value> uniforms(Ctx& ctx, DType t, const Shape& s, int n = 1) {
   Builder& b = ctx.b;
-  bool wide = t == DType::F64;
-  DType ut = wide ? DType::U64 : DType::U32, ft = wide ? DType::F64 : DType::F32;
-  int d = digits(t), width = wide ? 64 : 32;
   Shape bs = s;
   bs.insert(bs.begin(), n);
-  Value bits = ctx.random_bits(Type{ut, bs});
-  bits = op2(b, "shift_right_logical", bits, b.constant(width - d, ut, bs));
-  Value u = mul(b, b.convert(bits, ft), b.constant(std::ldexp(1.0, -d), ft, bs));
+  Value u = rnd::unit_floats(b, ctx.random_bits(Type{t == DType::F64 ? DType::U64 : DType::U32, bs}), t);
   std::vector<Value> out;
   Shape lim = bs, start(bs.size(), 0), step(bs.size(), 1);
   for (int i = 0; i < n; ++i) {
@@ -51,17 +61,11 @@ std::vector<Value> uniforms(Ctx& ctx, DType t, const Shape& s, int n = 1) {
   return out;
 }
 Value uniform(Ctx& ctx, DType t, const Shape& s) { return uniforms(ctx, t, s)[0]; }
-// Samplers that transform u (normal, exponential, ...) draw it with f32's 24 bits (f64's
-// 53) whatever the output dtype, so bf16/f16 samples keep the distribution's tails.
-DType fine_type(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 
-// Standard normals by Box-Muller; 1 - u keeps the log's argument in (0, 1].
+// Standard normals by Box-Muller.
 Value standard_normal(Ctx& ctx, DType t, const Shape& s) {
-  Builder& b = ctx.b;
   auto u = uniforms(ctx, fine_type(t), s, 2);
-  Value u1 = sub(b, cst(b, u[0], 1), u[0]);
-  Value r = op1(b, "sqrt", mul(b, cst(b, u1, -2), op1(b, "log", u1)));
-  return mul(b, r, op1(b, "cosine", mul(b, cst(b, u[1], 2 * M_PI), u[1])));
+  return rnd::box_muller(ctx.b, u[0], u[1]);
 }
 
 // Float arg i (or a Tensor there, for normal.Tensor_*) as dtype t shaped s.
