@@ -116,11 +116,8 @@ def test_multinomial_rejects_bad_probabilities_like_cpu():
 
 # Random ops without a lowering run on the CPU fallback; they draw from a CPU generator
 # seeded from the tpu one, so tpu seeding and states govern them as they do lowered ops.
+# (poisson, binomial and _standard_gamma are lowered now: test_random_samplers.py.)
 FALLBACK_DRAWS = {
-    "poisson": lambda g: torch.poisson(torch.full((32,), 3.0, device="tpu"), generator=g),
-    "binomial": lambda g: torch.binomial(torch.full((32,), 10.0, device="tpu"),
-                                         torch.full((32,), 0.5, device="tpu"), generator=g),
-    "_standard_gamma": lambda g: torch._standard_gamma(torch.full((32,), 2.0, device="tpu"), generator=g),
     "rrelu": lambda g: torch.ops.aten.rrelu_with_noise(-torch.ones(32, device="tpu"), torch.zeros(32, device="tpu"),
                                                        0.1, 0.3, True, g),
 }

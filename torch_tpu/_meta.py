@@ -197,6 +197,18 @@ def _padded_dense_to_jagged(dense, offsets, total_L=None):
     return dense.new_empty((total_L,) + tuple(dense.shape[len(offsets) + 1:]))
 
 
+def _broadcast_like_first(a, b, generator=None):
+    # binomial(count, prob), _standard_gamma_grad(self, output): CPU's TensorIterator
+    # broadcasts both and keeps the first's dtype (a second dtype is refused before).
+    return a.new_empty(torch.broadcast_shapes(a.shape, b.shape))
+
+
+def _new_contiguous(self, generator=None):
+    # _sample_dirichlet has no Meta kernel; _standard_gamma's and poisson's keep the
+    # input's strides, where CPU's (and CUDA's) kernels return a contiguous tensor.
+    return self.new_empty(self.shape)
+
+
 def _convolution_overrideable(*args):
     # The hook _convolution calls for out-of-tree backends (the JIT tracer's route): the
     # shapes are convolution's.
@@ -218,6 +230,10 @@ _KERNELS = {
     "multi_margin_loss_backward": _grad_like_input,
     "multilabel_margin_loss_backward": _grad_like_input,
     "_ctc_loss_backward": _grad_like_input,
+    # random samplers (lowering/random_samplers.cpp)
+    "binomial": _broadcast_like_first,
+    "_standard_gamma_grad": _broadcast_like_first,
+    "_sample_dirichlet": _new_contiguous,
     # fake quantization (lowering/fake_quantize.cpp)
     "fake_quantize_per_tensor_affine_cachemask": _fq_per_tensor_cachemask,
     "_fake_quantize_per_tensor_affine_cachemask_tensor_qparams": _fq_per_tensor_cachemask_tq,
@@ -246,8 +262,10 @@ def _multilabel_margin_loss_forward(self, target, reduction):
 
 # PyTorch's own Meta kernels are wrong here: the LSTM cell's reads `.device` of absent
 # biases (nn.LSTM(bias=False)); the margin losses' shapes for one sample differ from
-# what CPU (and our lowering, planned from the Meta shape) return.
+# what CPU (and our lowering, planned from the Meta shape) return; the samplers' layouts.
 _REPLACED = {
+    "_standard_gamma": _new_contiguous,
+    "poisson": _new_contiguous,
     "_thnn_fused_lstm_cell": _fused_lstm_cell,
     "multi_margin_loss": _multi_margin_loss,
     "multilabel_margin_loss_forward": _multilabel_margin_loss_forward,

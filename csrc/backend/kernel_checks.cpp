@@ -724,7 +724,8 @@ void masked_fill_mask(c10::ArrayRef<c10::IValue> args) {
               c10::scalarTypeToTypeMeta(m).name());
 }
 // binary_cross_entropy(self, target, weight, reduction): CPU's TensorIterator takes the
-// target in the input's dtype (the weight multiplies afterwards, in any dtype).
+// target in the input's dtype (the weight multiplies afterwards, in any dtype). Also
+// binomial(count, prob) and _standard_gamma_grad(self, output): the second in the first's.
 void bce_dtypes(c10::ArrayRef<c10::IValue> args) {
   if (!tensors_at(args, {0, 1})) return;
   TORCH_CHECK(dtype_at(args, 0) == dtype_at(args, 1), "Found dtype ", dtype_at(args, 1), " but expected ",
@@ -818,6 +819,8 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"index_add", &index_add_checks},
       {"put", &put_checks},
       {"binary_cross_entropy", &bce_dtypes},
+      {"binomial", &bce_dtypes},
+      {"_standard_gamma_grad", &bce_dtypes},
       {"_cdist_forward", &cdist_dtypes},
       {"index_reduce", &index_reduce_checks},
       {"slice_scatter", &slice_scatter_src},
