@@ -260,6 +260,7 @@ def test_shapes_and_dtypes_as_cpu(dtype):
         lambda t: torch.binomial(t * 10, t[0] / 2),
         lambda t: torch._standard_gamma_grad(t, t[0]),
         lambda t: torch._standard_gamma_grad(t[0], t),
+        lambda t: torch._dirichlet_grad(t[0] / 2, t, t[:, :1] + 2),
     ]
     for f in cases:
         want = f(a.to(dtype))
@@ -280,6 +281,8 @@ def test_refusals_as_cpu():
         (lambda t: torch.poisson(t), torch.int64),
         (lambda t: torch.binomial(t, t.double()), torch.float32),
         (lambda t: torch._standard_gamma_grad(t, t.double()), torch.float32),
+        (lambda t: torch._dirichlet_grad(t, t, t), torch.float16),
+        (lambda t: torch._dirichlet_grad(t, t, t.double()), torch.float32),
     ]
     for f, dtype in refused:
         with pytest.raises(Exception) as cpu:
@@ -307,6 +310,47 @@ def test_standard_gamma_grad_matches_cpu():
         s.sum().backward()
     want = torch._standard_gamma_grad(conc.detach().cpu(), s.detach().cpu())
     torch.testing.assert_close(conc.grad.cpu(), want.view(-1), rtol=2e-6, atol=1e-7)
+
+
+def test_dirichlet_grad_matches_cpu():
+    # The four regimes: x near 0 or 1 (series), alpha and beta above 6 (saddle point, by
+    # and off the mean), and the rational correction.
+    import itertools
+    xs = [1e-6, 1e-3, 0.02, 0.1, 0.3, 0.45, 0.5, 0.55, 0.7, 0.9, 0.98, 0.999]
+    rows = list(itertools.product(xs, [0.01, 0.3, 1.0, 2.5, 7.0, 20.0, 300.0], [0.01, 0.5, 2.0, 6.5, 15.0, 400.0]))
+    x, alpha, beta = (torch.tensor(c, dtype=torch.float64) for c in zip(*rows))
+    total = alpha + beta
+    want = torch._dirichlet_grad(x, alpha, total)
+    with no_fallbacks():
+        got = torch._dirichlet_grad(x.to("tpu"), alpha.to("tpu"), total.to("tpu")).cpu()
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12, equal_nan=True)
+    # float32: CPU's series and digamma differences run in float32 and cancel; the result
+    # is as near the exact value (of the same float32 inputs) as CPU's.
+    x32, a32, t32 = x.float(), alpha.float(), total.float()
+    exact = torch._dirichlet_grad(x32.double(), a32.double(), t32.double())
+    cpu = torch._dirichlet_grad(x32, a32, t32).double()
+    with no_fallbacks():
+        got = torch._dirichlet_grad(x32.to("tpu"), a32.to("tpu"), t32.to("tpu")).cpu()
+    assert got.dtype == torch.float32
+    err_cpu, err = ((v - exact).abs() / exact.abs() for v in (cpu, got.double()))
+    assert (err <= 3 * err_cpu + 1e-4).all(), [rows[i] for i in torch.nonzero(err > 3 * err_cpu + 1e-4).flatten()]
+
+
+def test_beta_and_dirichlet_rsample_gradients():
+    torch.manual_seed(9)
+    conc = torch.tensor([0.3, 1.0, 4.0, 20.0], dtype=torch.float64).to("tpu").requires_grad_()
+    w = torch.arange(1.0, 5.0, dtype=torch.float64).to("tpu")
+    with no_fallbacks():
+        x = torch.distributions.Dirichlet(conc.expand(512, 4)).rsample()
+        (x * w).sum().backward()
+        beta_conc = torch.tensor([0.5, 3.0], dtype=torch.float64).to("tpu").requires_grad_()
+        y = torch.distributions.Beta(beta_conc[0].expand(512), beta_conc[1].expand(512)).rsample()
+        y.sum().backward()
+    xc, cc = x.detach().cpu(), conc.detach().cpu().expand(512, 4)
+    g = torch._dirichlet_grad(xc, cc, cc.sum(-1, True).expand_as(cc))
+    want = (g * (w.cpu() - (xc * w.cpu()).sum(-1, True))).sum(0)
+    torch.testing.assert_close(conc.grad.cpu(), want, rtol=1e-9, atol=1e-12)
+    assert torch.isfinite(beta_conc.grad).all() and beta_conc.grad.cpu()[0] > 0
 
 
 DRAWS = {

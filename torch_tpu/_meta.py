@@ -197,10 +197,12 @@ def _padded_dense_to_jagged(dense, offsets, total_L=None):
     return dense.new_empty((total_L,) + tuple(dense.shape[len(offsets) + 1:]))
 
 
-def _broadcast_like_first(a, b, generator=None):
-    # binomial(count, prob), _standard_gamma_grad(self, output): CPU's TensorIterator
-    # broadcasts both and keeps the first's dtype (a second dtype is refused before).
-    return a.new_empty(torch.broadcast_shapes(a.shape, b.shape))
+def _broadcast_like_first(*args):
+    # binomial(count, prob, generator), _standard_gamma_grad(self, output),
+    # _dirichlet_grad(x, alpha, total): CPU's TensorIterator broadcasts the tensors and
+    # keeps the first's dtype (another dtype is refused before).
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return tensors[0].new_empty(torch.broadcast_shapes(*(t.shape for t in tensors)))
 
 
 def _new_contiguous(self, generator=None):
@@ -233,6 +235,7 @@ _KERNELS = {
     # random samplers (lowering/random_samplers.cpp)
     "binomial": _broadcast_like_first,
     "_standard_gamma_grad": _broadcast_like_first,
+    "_dirichlet_grad": _broadcast_like_first,
     "_sample_dirichlet": _new_contiguous,
     # fake quantization (lowering/fake_quantize.cpp)
     "fake_quantize_per_tensor_affine_cachemask": _fq_per_tensor_cachemask,

@@ -731,6 +731,13 @@ void bce_dtypes(c10::ArrayRef<c10::IValue> args) {
   TORCH_CHECK(dtype_at(args, 0) == dtype_at(args, 1), "Found dtype ", dtype_at(args, 1), " but expected ",
               dtype_at(args, 0));
 }
+// _dirichlet_grad(x, alpha, total): CPU's TensorIterator takes all three in x's dtype.
+void dirichlet_grad_dtypes(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0, 1, 2})) return;
+  for (size_t i : {1, 2})
+    TORCH_CHECK(dtype_at(args, 0) == dtype_at(args, i), "Found dtype ", dtype_at(args, i), " but expected ",
+                dtype_at(args, 0));
+}
 // _cdist_forward(x1, x2, p, compute_mode)
 void cdist_dtypes(c10::ArrayRef<c10::IValue> args) {
   if (!tensors_at(args, {0, 1})) return;
@@ -821,6 +828,7 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"binary_cross_entropy", &bce_dtypes},
       {"binomial", &bce_dtypes},
       {"_standard_gamma_grad", &bce_dtypes},
+      {"_dirichlet_grad", &dirichlet_grad_dtypes},
       {"_cdist_forward", &cdist_dtypes},
       {"index_reduce", &index_reduce_checks},
       {"slice_scatter", &slice_scatter_src},

@@ -336,4 +336,136 @@ TPU_LOWER(standard_gamma_grad_rule, "_standard_gamma_grad") {
   return {b.convert(g, o.dtype)};
 }
 
+// d x / d alpha for x ~ Beta(alpha, total - alpha), divided by 1 - x: the Dirichlet
+// sample's reparameterized gradient, with CPU's four approximations: Taylor series in x
+// for x near 0 or near 1 (0 where NaN), Rice's saddle point when alpha and beta are both
+// above 6, else a rational correction to x (digamma(total) - digamma(alpha)) / beta.
+// CPU chooses among them, runs the series and takes the digammas in the input's dtype
+// (float32's cancel in those differences), the rest in double; so does this rule.
+TPU_LOWER(dirichlet_grad_rule, "_dirichlet_grad") {
+  Type o = ctx.out(0);
+  require_f32_f64(o, "_dirichlet_grad_cpu");
+  Builder& b = ctx.b;
+  Value xs = coerce(b, ctx.in(0), o.dtype, o.shape), alphas = coerce(b, ctx.in(1), o.dtype, o.shape);
+  Value totals = coerce(b, ctx.in(2), o.dtype, o.shape);
+  Value betas = sub(b, totals, alphas);
+  Value ones = K(b, xs, 1);
+  Value boundary = mul(b, mul(b, totals, xs), sub(b, ones, xs));
+  Value near0 = and_(b, cmpk(b, xs, 0.5, Cmp::LE), cmpk(b, boundary, 2.5, Cmp::LT));
+  Value near1 = and_(b, cmpk(b, xs, 0.5, Cmp::GE), cmpk(b, boundary, 0.75, Cmp::LT));
+  Value large = and_(b, cmpk(b, alphas, 6, Cmp::GT), cmpk(b, betas, 6, Cmp::GT));
+  // digamma of an input-dtype value, rounded to that dtype.
+  auto digamma_in = [&](const Value& v) { return b.convert(digamma_(b, b.convert(v, DType::F64)), v.dtype()); };
+  auto zero_nan = [&](const Value& v) { return b.select(isnan_(b, v), K(b, v, 0), v); };
+  auto pow_ = [&](const Value& base, const Value& e) { return op2(b, "power", base, e); };
+  auto sq = [&](const Value& v) { return mul(b, v, v); };
+  // Near 0: the series of alpha's derivative of the incomplete beta function.
+  Value small_a;
+  {
+    Value factor = sub(b, sub(b, digamma_in(alphas), digamma_in(add(b, alphas, betas))), log_(b, xs));
+    Value numer = ones;
+    Value series = mul(b, div(b, numer, alphas), add(b, factor, div(b, ones, alphas)));
+    for (int i = 1; i <= 10; ++i) {
+      Value fi = K(b, xs, i);
+      numer = mul(b, numer, div(b, mul(b, sub(b, fi, betas), xs), fi));
+      Value denom = add(b, alphas, fi);
+      series = add(b, series, mul(b, div(b, numer, denom), add(b, factor, div(b, ones, denom))));
+    }
+    small_a = zero_nan(mul(b, mul(b, xs, pow_(sub(b, ones, xs), neg_(b, betas))), series));
+  }
+  // Near 1: beta's series at 1 - x, with the roles of alpha and beta swapped.
+  Value small_b;
+  {
+    Value y = sub(b, ones, xs);
+    Value factor = sub(b, digamma_in(add(b, betas, alphas)), digamma_in(alphas));
+    Value numer = ones, prod = ones, dprod = K(b, xs, 0);
+    Value series = div(b, factor, betas);
+    for (int i = 1; i <= 8; ++i) {
+      Value fi = K(b, xs, i);
+      numer = mul(b, numer, div(b, neg_(b, y), fi));
+      dprod = add(b, mul(b, dprod, sub(b, alphas, fi)), prod);
+      prod = mul(b, prod, sub(b, alphas, fi));
+      series = add(b, series, mul(b, div(b, numer, add(b, betas, fi)), add(b, dprod, mul(b, factor, prod))));
+    }
+    small_b = zero_nan(mul(b, pow_(sub(b, ones, y), sub(b, ones, alphas)), series));  // the mirror's sign, twice
+  }
+  auto wide = [&](const Value& v) { return b.convert(v, DType::F64); };
+  Value x = wide(xs), alpha = wide(alphas), total = wide(totals);
+  Value beta = sub(b, total, alpha), one = K(b, x, 1);
+  // Saddle point, with a closed form within a tenth of a standard deviation of the mean.
+  Value mid;
+  {
+    Value mean = div(b, alpha, total);
+    Value sd = div(b, sqrt_(b, div(b, mul(b, alpha, beta), add(b, total, one))), total);
+    Value by_mean = and_(b, cmp(b, sub(b, mean, mul(b, K(b, sd, 0.1), sd)), x, Cmp::LE),
+                         cmp(b, x, add(b, mean, mul(b, K(b, sd, 0.1), sd)), Cmp::LE));
+    Value a = alpha, bt = beta, bb = sq(beta), omx = sub(b, one, x);
+    auto k = [&](double v) { return K(b, x, v); };
+    Value inner = mul(b, mul(b, k(8), omx), sub(b, mul(b, k(135), bt), k(11)));
+    inner = add(b, mul(b, add(b, sub(b, k(453), mul(b, k(455), x)), mul(b, mul(b, k(1620), bt), omx)), bt), mul(b, a, inner));
+    inner = add(b, mul(b, mul(b, k(3), sub(b, add(b, k(59), mul(b, k(180), bt)), mul(b, k(90), x))), bb), mul(b, a, inner));
+    inner = add(b, mul(b, mul(b, add(b, k(43), mul(b, mul(b, k(20), add(b, k(16), mul(b, k(27), bt))), x)), bb), bt),
+                mul(b, a, inner));
+    Value poly = add(b, mul(b, mul(b, k(47), x), mul(b, bb, bb)), mul(b, a, inner));
+    Value pre_num = div(b, mul(b, add(b, one, mul(b, k(12), a)), add(b, one, mul(b, k(12), bt))), sq(total));
+    Value pre_den = mul(b, mul(b, mul(b, mul(b, mul(b, k(12960), a), a), a), bb), add(b, one, mul(b, k(12), total)));
+    Value closed = div(b, mul(b, div(b, pre_num, omx), poly), pre_den);
+    Value prefactor = div(b, neg_(b, x), sqrt_(b, div(b, mul(b, mul(b, k(2), a), bt), total)));
+    auto st = [&](const Value& v) {
+      return add(b, add(b, one, div(b, one, mul(b, k(12), v))), div(b, one, mul(b, k(288), sq(v))));
+    };
+    Value stirling = div(b, mul(b, st(a), st(bt)), st(total));
+    Value xm1 = sub(b, x, one);
+    Value t1_num = sub(b, add(b, mul(b, mul(b, k(2), sq(a)), xm1), mul(b, mul(b, a, bt), xm1)), mul(b, x, bb));
+    Value axbx = add(b, mul(b, a, xm1), mul(b, bt, x));
+    Value t1_den = mul(b, mul(b, sqrt_(b, div(b, mul(b, k(2), a), bt)), pow_(total, k(1.5))), sq(axbx));
+    Value t2 = mul(b, k(0.5), log_(b, div(b, a, mul(b, total, x))));
+    Value t3 = div(b, sqrt_(b, div(b, mul(b, mul(b, k(8), a), bt), total)), add(b, mul(b, bt, x), mul(b, a, xm1)));
+    Value t4_base = add(b, mul(b, bt, log_(b, div(b, bt, mul(b, total, omx)))), mul(b, a, log_(b, div(b, a, mul(b, total, x)))));
+    Value t4 = pow_(t4_base, k(-1.5));
+    Value t4s = b.select(cmp(b, x, mean, Cmp::LT), t4, neg_(b, t4));
+    Value t1234 = add(b, div(b, t1_num, t1_den), mul(b, t2, add(b, t3, t4s)));
+    mid = b.select(by_mean, closed, mul(b, mul(b, stirling, prefactor), t1234));
+  }
+  // Rational correction: p / q, each a sum over u^i a^j of cubics in b, with u = log x,
+  // a = log(alpha) - u, b = log(total) - a.
+  static const double fit[2][3][3][4] = {
+      {{{1.003668233, -0.01061107488, -0.0657888334, 0.01201642863},
+        {0.6336835991, -0.3557432599, 0.05486251648, -0.001465281033},
+        {-0.03276231906, 0.004474107445, 0.002429354597, -0.0001557569013}},
+       {{0.221950385, -0.3187676331, 0.01799915743, 0.01074823814},
+        {-0.2951249643, 0.06219954479, 0.01535556598, 0.001550077057},
+        {0.02155310298, 0.004170831599, 0.001292462449, 6.976601077e-05}},
+       {{-0.05980841433, 0.008441916499, 0.01085618172, 0.002319392565},
+        {0.02911413504, 0.01400243777, -0.002721828457, 0.000751041181},
+        {0.005900514878, -0.001936558688, -9.495446725e-06, 5.385558597e-05}}},
+      {{{1, -0.02924021934, -0.04438342661, 0.007285809825},
+        {0.6357567472, -0.3473456711, 0.05454656494, -0.002407477521},
+        {-0.03301322327, 0.004845219414, 0.00231480583, -0.0002307248149}},
+       {{0.5925320577, -0.1757678135, 0.01505928619, 0.000564515273},
+        {0.1014815858, -0.06589186703, 0.01272886114, -0.0007316646956},
+        {-0.007258481865, 0.001096195486, 0.0003934994223, -4.12701925e-05}},
+       {{0.06469649321, -0.0236701437, 0.002902096474, -5.896963079e-05},
+        {0.001925008108, -0.002869809258, 0.0008000589141, -6.063713228e-05},
+        {-0.0003477407336, 6.959756487e-05, 1.097287507e-05, -1.650964693e-06}}},
+  };
+  Value u = log_(b, x);
+  Value la = sub(b, log_(b, alpha), u);
+  Value lb = sub(b, log_(b, total), la);
+  Value pow_u[3] = {one, u, sq(u)}, pow_a[3] = {one, la, sq(la)};
+  Value pq[2] = {K(b, x, 0), K(b, x, 0)};
+  for (int w = 0; w < 2; ++w)
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 3; ++j) {
+        const double* c = fit[w][i][j];
+        Value cubic = add(b, K(b, lb, c[0]), mul(b, lb, add(b, K(b, lb, c[1]), mul(b, lb, add(b, K(b, lb, c[2]), mul(b, lb, K(b, lb, c[3])))))));
+        pq[w] = add(b, pq[w], mul(b, mul(b, pow_u[i], pow_a[j]), cubic));
+      }
+  Value approx = div(b, mul(b, x, wide(sub(b, digamma_in(totals), digamma_in(alphas)))), beta);
+  Value g = mul(b, div(b, pq[0], pq[1]), approx);
+  g = b.convert(b.select(large, mid, g), o.dtype);
+  g = b.select(near1, small_b, g);
+  return {b.select(near0, small_a, g)};
+}
+
 }  // namespace tpu::lowering
