@@ -19,7 +19,7 @@ static Value as_out(Ctx& ctx, const Value& v, int j = 0) {
 
 // (out, in) matrix averaging bin o of an adaptive pool: 1/len over
 // [floor(o * in / out), ceil((o + 1) * in / out)), 0 elsewhere.
-static Value adaptive_matrix(Builder& b, int64_t in, int64_t out, DType t) {
+static Value adaptive_matrix(Builder& b, int64_t in, int64_t out, DType t, bool average = true) {
   Shape s{out, in};
   auto c = [&](double v) { return b.constant(v, DType::I64, s); };
   auto idiv = [&](const Value& x, const Value& y) { return b.binary("stablehlo.divide", x, y); };
@@ -28,17 +28,17 @@ static Value adaptive_matrix(Builder& b, int64_t in, int64_t out, DType t) {
   Value end = idiv(add(b, mul(b, add(b, o, c(1)), c(static_cast<double>(in))), c(static_cast<double>(out - 1))),
                    c(static_cast<double>(out)));
   Value inside = b.binary("stablehlo.and", b.compare(i, start, Cmp::GE), b.compare(i, end, Cmp::LT));
-  Value w = div(b, b.constant(1, t, s), b.convert(sub(b, end, start), t));
+  Value w = average ? div(b, b.constant(1, t, s), b.convert(sub(b, end, start), t)) : b.constant(1, t, s);
   return b.select(inside, w, b.constant(0, t, s));
 }
 
 // Contracts the last k dims of x, one at a time, with a matrix per dim: `fwd` maps
 // in -> out (matrix dim 1 contracted), else out -> in (dim 0). Each contraction
 // moves the new dim to the end, so after k steps the order is restored.
-static Value adaptive_apply(Builder& b, Value x, const Shape& in, const Shape& out, bool fwd) {
+static Value adaptive_apply(Builder& b, Value x, const Shape& in, const Shape& out, bool fwd, bool average = true) {
   int64_t k = static_cast<int64_t>(in.size()), lead = x.rank() - k;
   for (int64_t j = 0; j < k; ++j) {
-    Value m = adaptive_matrix(b, in[j], out[j], x.dtype());
+    Value m = adaptive_matrix(b, in[j], out[j], x.dtype(), average);
     x = b.dot_general(x, m, {}, {}, {lead}, {fwd ? 1 : 0}, x.dtype(), ir::DotPrecision::Highest);
   }
   return x;
@@ -51,11 +51,107 @@ static std::vector<int64_t> range_from(int64_t from, size_t to) {
   return v;
 }
 
+static Value i64_vector(Builder& b, const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  int64_t n = static_cast<int64_t>(v.size());
+  return b.raw("stablehlo.constant", {}, "value = dense<[" + s + "]> : tensor<" + std::to_string(n) + "xi64>",
+               Type{DType::I64, {n}});
+}
+
+// Rounds float values to bfloat16's or float16's precision, kept in float (a convert
+// pair could be dropped as excess precision).
+static Value round_to(Builder& b, const Value& x, DType t) {
+  bool bf = t == DType::BF16;
+  return b.raw("stablehlo.reduce_precision", {x},
+               std::string("exponent_bits = ") + (bf ? "8" : "5") + " : i32, mantissa_bits = " + (bf ? "7" : "10") +
+                   " : i32",
+               x.type);
+}
+
+// CPU's 3-d adaptive average for bfloat16/float16 sums each window in the dtype, element by
+// element in (d, h, w) order, then divides by the three lengths one at a time, rounding
+// every step; this does the same on float values rounded with reduce_precision. Each
+// spatial dim d becomes (bins, longest window) by a gather; shorter windows add zeros.
+static Value adaptive_avg3d_reduced(Builder& b, Value x, const Shape& out, DType t) {
+  int64_t lead = x.rank() - 3;
+  std::vector<int64_t> kmax(3);
+  std::vector<std::vector<int64_t>> lens(3);
+  for (int64_t j = 0; j < 3; ++j) {
+    int64_t d = lead + 2 * j, in = x.shape()[d], n = out[j], k = 0;
+    std::vector<int64_t> idx;
+    for (int64_t o = 0; o < n; ++o) k = std::max(k, ((o + 1) * in + n - 1) / n - o * in / n);
+    for (int64_t o = 0; o < n; ++o) {
+      int64_t s = o * in / n;
+      lens[j].push_back(((o + 1) * in + n - 1) / n - s);
+      for (int64_t i = 0; i < k; ++i) idx.push_back(std::min(s + i, in - 1));
+    }
+    kmax[j] = k;
+    int64_t r = x.rank();
+    Shape slice = x.shape(), res = x.shape();
+    slice[d] = 1, res[d] = n * k;
+    std::vector<int64_t> offset;
+    for (int64_t i = 0; i < r; ++i)
+      if (i != d) offset.push_back(i);
+    x = b.gather(x, b.reshape(i64_vector(b, idx), {n * k, 1}), offset, {d}, {d}, 1, slice, res);
+    Shape split = x.shape();
+    split[d] = n;
+    split.insert(split.begin() + d + 1, k);
+    x = b.reshape(x, split);
+  }
+  Shape full(x.shape().begin(), x.shape().begin() + lead);
+  for (int64_t j = 0; j < 3; ++j) full.push_back(out[j]);
+  auto inside = [&](int64_t j, int64_t i) {  // bins of dim j whose window reaches tap i
+    Value len = i64_vector(b, lens[j]);
+    Value ok = b.compare(len, b.constant(static_cast<double>(i), DType::I64, {out[j]}), Cmp::GT);
+    return b.broadcast_in_dim(ok, full, {lead + j});
+  };
+  Value sum = b.constant(0, x.dtype(), full), zero = sum;
+  for (int64_t i = 0; i < kmax[0]; ++i)
+    for (int64_t h = 0; h < kmax[1]; ++h)
+      for (int64_t w = 0; w < kmax[2]; ++w) {
+        Shape start(x.rank(), 0), limit = x.shape(), ones(x.rank(), 1);
+        start[lead + 1] = i, start[lead + 3] = h, start[lead + 5] = w;
+        limit[lead + 1] = i + 1, limit[lead + 3] = h + 1, limit[lead + 5] = w + 1;
+        Value v = b.reshape(b.slice(x, start, limit, ones), full);
+        Value ok = b.binary("stablehlo.and", b.binary("stablehlo.and", inside(0, i), inside(1, h)), inside(2, w));
+        sum = round_to(b, add(b, sum, b.select(ok, v, zero)), t);
+      }
+  for (int64_t j = 0; j < 3; ++j) {
+    Value len = b.broadcast_in_dim(b.convert(i64_vector(b, lens[j]), x.dtype()), full, {lead + j});
+    sum = round_to(b, div(b, sum, len), t);
+  }
+  return sum;
+}
+
+// Beyond this many taps per window the 3-d reduced-precision average keeps the float
+// matrix products (one unrolled add per tap would make the program too long).
+static constexpr int64_t kMaxUnrolledTaps = 512;
+
 static std::vector<Value> adaptive_avg(Ctx& ctx, int64_t k) {
   Builder& b = ctx.b;
-  Value x = b.convert(ctx.in(0), acc_type(ctx.in(0).dtype()));
+  DType t = ctx.in(0).dtype();
+  Value x = b.convert(ctx.in(0), acc_type(t));
   if (x.type.numel() == 0) return {b.constant(0, ctx.out(0).dtype, ctx.out(0).shape)};  // empty batch
-  return {as_out(ctx, adaptive_apply(b, x, tail(x.shape(), k), tail(ctx.out(0).shape, k), true))};
+  Shape in = tail(x.shape(), k), out = tail(ctx.out(0).shape, k);
+  if (k == 3 && (t == DType::BF16 || t == DType::F16)) {
+    int64_t taps = 1;
+    for (int64_t j = 0; j < 3; ++j) taps *= (in[j] + out[j] - 1) / std::max<int64_t>(out[j], 1) + 1;
+    if (taps <= kMaxUnrolledTaps) return {as_out(ctx, adaptive_avg3d_reduced(b, x, out, t))};
+  }
+  if (t == DType::BF16 || t == DType::F16) {
+    // CPU's 2-d kernel sums each window in float and divides by its size once.
+    Value sum = adaptive_apply(b, x, in, out, true, false);
+    int64_t lead = sum.rank() - k;
+    Value size = b.constant(1, x.dtype(), sum.shape());
+    for (int64_t j = 0; j < k; ++j) {
+      std::vector<int64_t> lens;
+      for (int64_t o = 0; o < out[j]; ++o) lens.push_back(((o + 1) * in[j] + out[j] - 1) / out[j] - o * in[j] / out[j]);
+      size = mul(b, size, b.broadcast_in_dim(b.convert(i64_vector(b, lens), x.dtype()), sum.shape(), {lead + j}));
+    }
+    return {as_out(ctx, div(b, sum, size))};
+  }
+  return {as_out(ctx, adaptive_apply(b, x, in, out, true))};
 }
 
 static std::vector<Value> adaptive_avg_backward(Ctx& ctx, int64_t k) {

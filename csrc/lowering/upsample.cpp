@@ -1,5 +1,5 @@
-// Upsampling backwards (nearest, nearest-exact, linear, bicubic) and the antialiased
-// bilinear/bicubic resize, forward and backward. Every mode is separable: along one dim,
+// Upsampling backwards (nearest, nearest-exact, linear, bicubic), the linear/bicubic
+// forwards and the antialiased bilinear/bicubic resize, forward and backward. Every mode is separable: along one dim,
 // output o reads taps idx[o][k] with weights w[o][k]. The tap tables depend on shapes and
 // scales only, so they are computed here (in CPU's math type, with PyTorch's CPU formulas,
 // so the chosen indices are the same) and embedded as constants. Forward: gather + weighted sum
@@ -231,6 +231,70 @@ std::vector<Value> backward(Ctx& ctx, Mode m, int n, bool has_align) {
   return {b.convert(g, o.dtype)};
 }
 
+// Linear/bilinear/trilinear/bicubic forward: self, output_size, align_corners, scales...
+// As CPU's kernels: weights in the dtype (but see float_weights), weighted sums in the math type (float for
+// bfloat16/float16), rounded to the dtype once at the end. (PyTorch's decomposition, run
+// before, kept float weights, so bfloat16 results near zero differed from CPU's a lot.)
+// v rounded to nearest-even with `bits` significant bits (8 for bfloat16, 11 for float16)
+// and no finer than 2^min_exp (the subnormal step), returned as a double.
+double round_bits(double v, int bits, int min_exp) {
+  if (v == 0 || !std::isfinite(v)) return v;
+  int e;
+  std::frexp(v, &e);
+  double step = std::ldexp(1.0, std::max(e - bits, min_exp));
+  return std::nearbyint(v / step) * step;
+}
+
+// CPU's kernel keeps its weights in the op's dtype: a linear tap pair is (1 - l, l) with l
+// rounded first and 1 - l computed in the dtype; cubic weights are each rounded.
+void round_weights(Taps& t, Mode m, DType dt) {
+  if (dt != DType::BF16 && dt != DType::F16) return;
+  int bits = dt == DType::BF16 ? 8 : 11, min_exp = dt == DType::BF16 ? -133 : -24;
+  auto rnd = [&](double v) { return round_bits(static_cast<float>(v), bits, min_exp); };
+  for (size_t i = 0; i < t.w.size(); i += static_cast<size_t>(t.k)) {
+    if (m == Mode::Linear) {
+      t.w[i + 1] = rnd(t.w[i + 1]);
+      t.w[i] = rnd(1.0 - t.w[i + 1]);
+    } else {
+      for (int64_t j = 0; j < t.k; ++j) t.w[i + j] = rnd(t.w[i + j]);
+    }
+  }
+}
+
+// Whether CPU picks its vectorized linear kernel, whose weights stay float: a channels-last
+// input of more than 3 channels, or (2-d only) outputs with height + width <= 128. Its
+// generic kernel keeps them in the dtype. Layout is read as "not contiguous" (a strided
+// non-channels-last input is taken as channels-last), and assumed contiguous where a
+// context cannot tell.
+bool float_weights(Ctx& ctx, int n, const Shape& out) {
+  int64_t r = static_cast<int64_t>(out.size());
+  if (n == 2 && out[r - 2] + out[r - 1] <= 128) return true;
+  if (n == 1 || out[1] <= 3) return false;
+  try {
+    return !ctx.contiguous(0);
+  } catch (const Unsupported&) {
+    return false;
+  }
+}
+
+std::vector<Value> forward(Ctx& ctx, Mode m, int n) {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  bool keep_float = m == Mode::Linear && float_weights(ctx, n, o.shape);
+  Value x = b.convert(ctx.in(0), acc_type(o.dtype));
+  if (x.type.numel() == 0 || o.numel() == 0) return {b.constant(0, o.dtype, o.shape)};
+  bool align = ctx.flag(2);
+  auto sc = scales(ctx, 3, n);
+  int64_t r = x.rank();
+  for (int i = n - 1; i >= 0; --i) {
+    int64_t d = r - n + i, in = x.shape()[d], out = o.shape[d];
+    Taps t = taps_for(x.dtype(), m, in, out, align, sc[i]);
+    if (!keep_float) round_weights(t, m, o.dtype);
+    x = apply_fwd(b, x, d, t, out);
+  }
+  return {b.convert(x, o.dtype)};
+}
+
 // Antialiased forward: self, output_size, align_corners, scales_h, scales_w.
 std::vector<Value> aa_forward(Ctx& ctx, bool cubic) {
   Builder& b = ctx.b;
@@ -268,6 +332,10 @@ TPU_LOWER(upsample_nearest_exact2d_bw, "_upsample_nearest_exact2d_backward") {
 TPU_LOWER(upsample_nearest_exact3d_bw, "_upsample_nearest_exact3d_backward") {
   return backward(ctx, Mode::NearestExact, 3, false);
 }
+TPU_LOWER(upsample_linear1d, "upsample_linear1d") { return forward(ctx, Mode::Linear, 1); }
+TPU_LOWER(upsample_bilinear2d, "upsample_bilinear2d") { return forward(ctx, Mode::Linear, 2); }
+TPU_LOWER(upsample_trilinear3d, "upsample_trilinear3d") { return forward(ctx, Mode::Linear, 3); }
+TPU_LOWER(upsample_bicubic2d, "upsample_bicubic2d") { return forward(ctx, Mode::Cubic, 2); }
 TPU_LOWER(upsample_linear1d_bw, "upsample_linear1d_backward") { return backward(ctx, Mode::Linear, 1, true); }
 TPU_LOWER(upsample_bilinear2d_bw, "upsample_bilinear2d_backward") { return backward(ctx, Mode::Linear, 2, true); }
 TPU_LOWER(upsample_trilinear3d_bw, "upsample_trilinear3d_backward") { return backward(ctx, Mode::Linear, 3, true); }
