@@ -38,6 +38,26 @@ def no_fallbacks():
 native = no_fallbacks
 
 
+def assert_draws_follow_the_tpu_generator(draw_once):
+    """draw_once(generator or None) draws with a random op: the tpu seed and rng state,
+    and a tpu Generator's seed, reproduce its values, and each call draws anew."""
+    torch.tpu.manual_seed(7)
+    a, b = draw_once(None).cpu(), draw_once(None).cpu()
+    torch.tpu.manual_seed(7)
+    assert torch.equal(draw_once(None).cpu(), a)   # seeded: the same values
+    assert not torch.equal(a, b)                   # and each call draws anew
+    state = torch.tpu.get_rng_state()
+    c = draw_once(None).cpu()
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(draw_once(None).cpu(), c)
+    g = torch.Generator(device="tpu")
+    g.manual_seed(11)
+    d = draw_once(g).cpu()
+    g.manual_seed(11)
+    assert torch.equal(draw_once(g).cpu(), d)
+    assert not torch.equal(draw_once(g).cpu(), d)
+
+
 def run_python(code: str, env=None, timeout=300):
     """Runs `code` in a fresh interpreter; returns the CompletedProcess."""
     e = dict(os.environ)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import no_fallbacks
+from conftest import assert_draws_follow_the_tpu_generator, no_fallbacks
 
 try:
     from scipy import stats
@@ -365,21 +365,7 @@ DRAWS = {
 def test_samplers_follow_the_tpu_generator(op):
     draw_once = DRAWS[op]
     with no_fallbacks():
-        torch.manual_seed(7)
-        a, b = draw_once(None).cpu(), draw_once(None).cpu()
-        torch.manual_seed(7)
-        assert torch.equal(draw_once(None).cpu(), a)   # seeded: the same values
-        assert not torch.equal(a, b)                   # and each call draws anew
-        state = torch.tpu.get_rng_state()
-        c = draw_once(None).cpu()
-        torch.tpu.set_rng_state(state)
-        assert torch.equal(draw_once(None).cpu(), c)
-        g = torch.Generator(device="tpu")
-        g.manual_seed(11)
-        d = draw_once(g).cpu()
-        g.manual_seed(11)
-        assert torch.equal(draw_once(g).cpu(), d)
-        assert not torch.equal(draw_once(g).cpu(), d)
+        assert_draws_follow_the_tpu_generator(draw_once)
     # Like the other lowered random ops (and CUDA's), a CPU generator is refused.
     with pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but found 'cpu'"):
         draw_once(torch.Generator().manual_seed(5))

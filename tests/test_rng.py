@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import no_fallbacks
+from conftest import assert_draws_follow_the_tpu_generator, no_fallbacks
 
 
 def draw():
@@ -129,20 +129,7 @@ def test_random_ops_on_the_fallback_follow_the_tpu_generator(op):
     draw_once = FALLBACK_DRAWS[op]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fallback's warning
-        torch.tpu.manual_seed(7)
-        a, b = draw_once(None).cpu(), draw_once(None).cpu()
-        torch.tpu.manual_seed(7)
-        assert torch.equal(draw_once(None).cpu(), a)   # seeded: the same values
-        assert not torch.equal(a, b)                   # and each call draws anew
-        state = torch.tpu.get_rng_state()
-        c = draw_once(None).cpu()
-        torch.tpu.set_rng_state(state)
-        assert torch.equal(draw_once(None).cpu(), c)
-        g = torch.Generator(device="tpu")
-        g.manual_seed(11)
-        d = draw_once(g).cpu()
-        g.manual_seed(11)
-        assert torch.equal(draw_once(g).cpu(), d)
+        assert_draws_follow_the_tpu_generator(draw_once)
         cpu_g = torch.Generator().manual_seed(5)   # a CPU generator the user passes is used as is
         e = draw_once(cpu_g).cpu()
         assert torch.equal(draw_once(torch.Generator().manual_seed(5)).cpu(), e)
