@@ -33,8 +33,16 @@ static int64_t count(const Shape& s, const std::vector<int64_t>& dims) {
 }
 
 // Input converted to the type its reduction accumulates in (the output's dtype, or
-// f32 for f16/bf16).
-static Value acc_in(Ctx& ctx) { return ctx.b.convert(ctx.in(0), acc_type(ctx.out(0).dtype)); }
+// f32 for f16/bf16). PyTorch first casts the input to the output dtype (sum, prod and
+// the scans with dtype=): a narrower dtype rounds every element before the sum.
+static Value acc_in(Ctx& ctx) {
+  DType out = ctx.out(0).dtype;
+  return ctx.b.convert(ctx.b.convert(ctx.in(0), out), acc_type(out));
+}
+
+// The same without the first rounding: CPU's mean with dtype=bf16/f16 sums the input
+// in f32 and rounds only the quotient (int32 100000s average to 48704 in f16, not inf).
+static Value acc_in_direct(Ctx& ctx) { return ctx.b.convert(ctx.in(0), acc_type(ctx.out(0).dtype)); }
 
 static Value sum_of(Ctx& ctx, const std::vector<int64_t>& dims) {
   return fit(ctx, reduce_sum(ctx.b, acc_in(ctx), dims));
@@ -45,7 +53,7 @@ TPU_LOWER(sum_dim, "sum.dim_IntList") { return {sum_of(ctx, dims_arg(ctx, 1, ctx
 
 static Value mean_of(Ctx& ctx, const std::vector<int64_t>& dims) {
   Builder& b = ctx.b;
-  Value x = acc_in(ctx);
+  Value x = acc_in_direct(ctx);
   Value s = reduce_sum(b, x, dims);
   // An empty reduction divides 0 by 0: NaN, as PyTorch.
   Value n = b.constant(static_cast<double>(count(x.shape(), dims)), s.dtype(), s.shape());
@@ -55,6 +63,8 @@ static Value mean_of(Ctx& ctx, const std::vector<int64_t>& dims) {
 TPU_LOWER(mean_all, "mean") { return {mean_of(ctx, reduce_dims({}, ctx.type_of(0).rank()))}; }
 TPU_LOWER(mean_dim, "mean.dim") { return {mean_of(ctx, dims_arg(ctx, 1, ctx.type_of(0).rank()))}; }
 
+// CPU multiplies f16/bf16 in that dtype, rounding at every step in an order set by its
+// vector width and thread count; here the product is taken in f32 and rounded once.
 static Value prod_of(Ctx& ctx, const std::vector<int64_t>& dims) {
   Value x = acc_in(ctx);
   return fit(ctx, ctx.b.reduce(x, ctx.b.constant(1, x.dtype()), dims, "stablehlo.multiply"));
@@ -166,7 +176,7 @@ TPU_LOWER(argmin, "argmin") { return {arg_of(ctx, false)}; }
 static std::pair<Value, Value> var_and_mean(Ctx& ctx) {
   Builder& b = ctx.b;
   DType in = ctx.type_of(0).dtype;
-  Value x = is_complex(in) ? ctx.b.convert(ctx.in(0), acc_type(in)) : acc_in(ctx);
+  Value x = is_complex(in) ? ctx.b.convert(ctx.in(0), acc_type(in)) : acc_in_direct(ctx);
   auto dims = dims_arg(ctx, 1, x.rank());
   double n = static_cast<double>(count(x.shape(), dims));
   Value s = reduce_sum(b, x, dims);

@@ -1,0 +1,72 @@
+"""Reductions, scans and order statistics against PyTorch's CPU kernels where the
+semantics are subtle: dtype= rounds the input first, CPU's tie order in kthvalue and
+mode (its quickselect and std::sort, heapsort fallback included) at sizes where a
+step-by-step replay would not finish, and CPU's argument errors (searchsorted side,
+quantile's q range, logsumexp over dim=())."""
+
+import time
+
+import pytest
+import torch
+
+from conftest import dev, host, native
+
+NAN = float("nan")
+
+
+def flat(r):
+    if isinstance(r, (tuple, list)):
+        return [z for y in r for z in flat(y)]
+    return [r]
+
+
+def same(fn, *args):
+    """fn on CPU and on tpu give identical tensors (dtype, shape, values, NaN == NaN)."""
+    with native():
+        want = flat(fn(*args))
+        got = flat(fn(*[dev(a) if isinstance(a, torch.Tensor) else a for a in args]))
+        for w, g in zip(want, got, strict=True):
+            g = host(g)
+            assert g.dtype == w.dtype and g.shape == w.shape
+            torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+
+
+def raises_like_cpu(fn, *args):
+    """fn raises the same exception type and message on CPU and on tpu (at the call or,
+    for a value check, at the next read)."""
+    with pytest.raises(Exception) as want:
+        fn(*args)
+    with pytest.raises(type(want.value)) as got:
+        r = fn(*[dev(a) if isinstance(a, torch.Tensor) else a for a in args])
+        host(r)
+    assert str(got.value) == str(want.value)
+    assert (torch.ones(3, device="tpu") + 1).cpu().tolist() == [2, 2, 2]  # still usable
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+# ---- dtype= casts the input first
+
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+def test_reduction_dtype_rounds_input_first(dt):
+    f = torch.full((3000,), 1.001 if dt == torch.bfloat16 else 1.0001)  # rounds to 1.0 in dt
+    big = torch.full((1000,), 257, dtype=torch.int32) if dt == torch.bfloat16 else torch.full((3,), 2049, dtype=torch.int32)
+    mixed = torch.randint(-300, 300, (6, 50), generator=gen(), dtype=torch.int64)
+    same(lambda x: x.prod(dtype=dt), f)
+    same(lambda x: x.cumprod(0, dtype=dt)[-1], f)
+    same(lambda x: x.sum(dtype=dt), big)
+    same(lambda x: x.nansum(dtype=dt), big.float())
+    same(lambda x: x.cumsum(0, dtype=dt), big)
+    same(lambda x: x.sum(1, dtype=dt), mixed)
+    same(lambda x: x.cumsum(1, dtype=dt), mixed)
+    same(lambda x: x.prod(1, dtype=dt), torch.randint(1, 3, (4, 9), generator=gen(1)))
+
+
+def test_mean_dtype_sums_the_input_unrounded():
+    """CPU's mean(dtype=f16/bf16) sums in f32 and rounds the quotient only."""
+    x = torch.randint(0, 100000, (1000,), generator=gen(), dtype=torch.int32)
+    same(lambda a: a.mean(dtype=torch.float16), x)
+    same(lambda a: a.mean(dtype=torch.bfloat16), x)
+    same(lambda a: a.mean(dtype=torch.bfloat16), torch.rand(4000, generator=gen(2)) * 3 + 1)
