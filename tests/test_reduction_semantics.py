@@ -70,3 +70,18 @@ def test_mean_dtype_sums_the_input_unrounded():
     same(lambda a: a.mean(dtype=torch.float16), x)
     same(lambda a: a.mean(dtype=torch.bfloat16), x)
     same(lambda a: a.mean(dtype=torch.bfloat16), torch.rand(4000, generator=gen(2)) * 3 + 1)
+
+
+# ---- searchsorted side
+
+def test_searchsorted_side_checked():
+    b, v = torch.tensor([0., 1., 2.]), torch.tensor([0.5, 1., 3.])
+    for kw in [{"side": "foo"}, {"side": "RIGHT"}, {"side": "left", "right": True}]:
+        raises_like_cpu(lambda bb, vv: torch.searchsorted(bb, vv, **kw), b, v)
+        raises_like_cpu(lambda bb: torch.searchsorted(bb, 1.0, **kw), b)
+    same(lambda bb, vv: torch.searchsorted(bb, vv, side="right", right=True), b, v)
+    same(lambda bb, vv: torch.searchsorted(bb, vv, side="left"), b, v)
+    # A RuntimeError in a compiled graph too (its ops are called through torch.ops).
+    cs = torch.compile(lambda bb, vv: torch.searchsorted(bb, vv, side="foo"), backend="tpu")
+    with pytest.raises(RuntimeError, match="side can only be 'left' or 'right' but got foo"):
+        cs(b.to("tpu"), v.to("tpu"))

@@ -1073,6 +1073,10 @@ std::shared_ptr<Plan> build_plan(const c10::OperatorHandle& op, const OpInfo& in
     return plan;
   } catch (const std::out_of_range& e) {
     TORCH_CHECK_INDEX(false, info.name, ": ", e.what());  // a dim out of range: IndexError, as CPU
+  } catch (const std::invalid_argument& e) {
+    // A RuntimeError on every path: pybind11 (an op called through torch.ops, as a
+    // compiled graph does) would turn the bare exception into a ValueError.
+    TORCH_CHECK(false, e.what());
   } catch (const lowering::CheckFailed& e) {
     raise_check_message(e.what());  // the type its message asks for (device_checks.h)
   }

@@ -65,10 +65,19 @@ static std::vector<Value> binary_search(Ctx& ctx, const SearchArgs& a, bool righ
   return {b.reshape(b.convert(lo, out.dtype), out.shape)};
 }
 
-// searchsorted(sorted_sequence, self, *, out_int32, right, side, sorter): `side` wins.
+// searchsorted(sorted_sequence, self, *, out_int32, right, side, sorter): `side` wins,
+// and must be "left" or "right" and agree with right=True (CPU's checks, at the call).
 static std::vector<Value> searchsorted(Ctx& ctx, bool scalar) {
   bool right = ctx.flag_or(3, false);
-  if (!ctx.is_none(4)) right = ctx.str(4) == "right";
+  if (!ctx.is_none(4)) {
+    std::string side = ctx.str(4);
+    if (side != "left" && side != "right")
+      throw std::invalid_argument("torch.searchsorted(): side can only be 'left' or 'right' but got " + side);
+    if (right && side != "right")
+      throw std::invalid_argument("torch.searchsorted(): side and right can't be set to opposites, got side of " +
+                                  side + " while right was True");
+    right = side == "right";
+  }
   return binary_search(ctx, SearchArgs{0, 1, scalar, 5}, right);
 }
 
