@@ -85,3 +85,12 @@ def test_searchsorted_side_checked():
     cs = torch.compile(lambda bb, vv: torch.searchsorted(bb, vv, side="foo"), backend="tpu")
     with pytest.raises(RuntimeError, match="side can only be 'left' or 'right' but got foo"):
         cs(b.to("tpu"), v.to("tpu"))
+
+
+# ---- logsumexp dim=()
+
+def test_logsumexp_empty_dims():
+    for shape in [(2, 3, 4), (5,)]:
+        raises_like_cpu(lambda a: torch.logsumexp(a, dim=()), torch.randn(shape, generator=gen()))
+    same(lambda a: torch.logsumexp(a, dim=(), keepdim=True), torch.randn(2, 3, 4, generator=gen()))
+    same(lambda a: torch.logsumexp(a, dim=()), torch.tensor(2.0))

@@ -232,6 +232,14 @@ TPU_LOWER(all_dims, "all.dims") {
 // ops, so bf16/f16 inputs round to their dtype after each step; so do we.
 TPU_LOWER(logsumexp, "logsumexp") {
   Builder& b = ctx.b;
+  // dim=() without keepdim: CPU's max keeps every dim (size 1) while its sum keeps none,
+  // and adding the first into the second in place fails.
+  Type in = ctx.type_of(0);
+  if (ctx.ints(1).empty() && !ctx.flag_or(2, false) && in.rank() > 0 && in.numel() > 0) {
+    std::string ones;
+    for (int d = 0; d < in.rank(); ++d) ones += d ? ", 1" : "1";
+    throw std::invalid_argument("output with shape [] doesn't match the broadcast shape [" + ones + "]");
+  }
   Value x = acc_in(ctx);
   DType t = ctx.out(0).dtype;
   auto R = [&](const Value& v) { return t == v.dtype() ? v : b.convert(b.convert(v, t), v.dtype()); };
