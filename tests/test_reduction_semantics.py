@@ -87,6 +87,33 @@ def test_searchsorted_side_checked():
         cs(b.to("tpu"), v.to("tpu"))
 
 
+# ---- quantile's q range
+
+@pytest.mark.parametrize("op", [torch.quantile, torch.nanquantile])
+def test_quantile_q_tensor_out_of_range(op):
+    x = torch.randn(6, 11, generator=gen())
+    for q in [torch.tensor([0.5, 1.5]), torch.tensor([-0.1]), torch.tensor(NAN), torch.tensor(2.)]:
+        raises_like_cpu(lambda a, qq: op(a, qq), x, q)
+        raises_like_cpu(lambda a, qq: op(a, qq, dim=1), x, q)
+    # Other errors keep their own messages (and leave no flag to fail a later read).
+    raises_like_cpu(lambda a, qq: op(a, qq), x, torch.tensor([1.5], dtype=torch.float64))
+    raises_like_cpu(lambda a, qq: op(a, qq, dim=5), x, torch.tensor([1.5]))
+    same(lambda a, qq: op(a, qq, dim=0), x, torch.tensor([0., 0.3, 1.]))
+
+
+def test_quantile_check_keeps_autograd():
+    x = torch.randn(5, 7, generator=gen(), requires_grad=True)
+    q = torch.tensor([0.25, 0.9])
+    torch.quantile(x, q, dim=1).sum().backward()
+    xt = x.detach().to("tpu").requires_grad_()
+    torch.quantile(xt, q.to("tpu"), dim=1).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), x.grad)
+    with torch.inference_mode():
+        xi = x.detach().to("tpu")
+        with pytest.raises(RuntimeError, match=r"q values must be in the range \[0, 1\]"):
+            torch.quantile(xi, torch.tensor([3.], device="tpu")).cpu()
+
+
 # ---- logsumexp dim=()
 
 def test_logsumexp_empty_dims():
