@@ -121,3 +121,71 @@ def test_logsumexp_empty_dims():
         raises_like_cpu(lambda a: torch.logsumexp(a, dim=()), torch.randn(shape, generator=gen()))
     same(lambda a: torch.logsumexp(a, dim=(), keepdim=True), torch.randn(2, 3, 4, generator=gen()))
     same(lambda a: torch.logsumexp(a, dim=()), torch.tensor(2.0))
+
+
+# ---- kthvalue / mode: CPU's tie order at any size
+
+def killer(n):
+    """Musser's median-of-3 killer: drives std::sort into its heapsort fallback."""
+    k, a = n // 2, [0] * n
+    for i in range(1, k + 1):
+        if i % 2 == 1:
+            a[i - 1], a[i] = i, k + i
+        a[k + i - 1] = 2 * i
+    return torch.tensor(a, dtype=torch.float32)
+
+
+def test_mode_heapsort_fallback():
+    same(torch.mode, killer(256))
+    for n, d in [(1000, 3), (1500, 2), (4096, 7)]:
+        x = torch.floor(killer(n) / d)  # ties inside the heapsorted ranges
+        same(torch.mode, x)
+        same(torch.mode, x.flip(0))
+    x = torch.floor(killer(1000) / 5)
+    x[::13] = NAN
+    same(torch.mode, x)
+    same(lambda a: torch.mode(a, 1), torch.stack([torch.floor(killer(600) / 3), torch.randint(0, 9, (600,)).float()]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mode_and_kthvalue_tie_order(seed):
+    g = gen(seed)
+    for n in [17, 40, 333, 2000]:
+        x = torch.randint(0, 6, (3, n), generator=g).float()
+        x[torch.rand(3, n, generator=g) < 0.1] = NAN
+        same(lambda a: torch.mode(a, 1), x)
+        same(lambda a: torch.mode(a, 0), x[:, :17].t().contiguous())
+        for k in {1, n // 3 + 1, n}:
+            same(lambda a: torch.kthvalue(a, k, 1), x)
+        same(lambda a: torch.kthvalue(a, 2, 0), x)
+    ints = torch.randint(-5, 5, (4, 500), generator=g)
+    same(lambda a: torch.mode(a, 1), ints)
+    same(lambda a: torch.kthvalue(a, 123, 1), ints)
+    same(lambda a: torch.mode(a, 1), ints.to(torch.bfloat16))
+    same(lambda a: torch.kthvalue(a, 7, 1), (ints + 5).to(torch.uint8))
+    same(lambda a: torch.kthvalue(a, 250, 1), torch.zeros(2, 500))
+    same(lambda a: torch.mode(a, 1), torch.zeros(2, 500))
+
+
+def test_kthvalue_and_mode_large_rows_are_fast():
+    """Each partition step is a pass over the row: 2e5 elements in seconds, not hours."""
+    g = gen(5)
+    x = torch.randint(0, 1000, (200000,), generator=g).float()
+    t0 = time.time()
+    same(lambda a: torch.kthvalue(a, 70000), x)
+    same(torch.mode, x)
+    same(lambda a: torch.kthvalue(a, 12345), torch.randn(200000, generator=g))
+    assert time.time() - t0 < 120
+
+
+def test_compiled():
+    x = torch.randint(0, 7, (3, 300), generator=gen()).float()
+
+    def f(a):
+        return torch.kthvalue(a, 50, 1), torch.mode(a, 1), a.sum(1, dtype=torch.bfloat16)
+    cf = torch.compile(f, backend="tpu")
+    for w, g in zip(flat(f(x)), flat(cf(x.to("tpu"))), strict=True):
+        torch.testing.assert_close(g.cpu(), w, rtol=0, atol=0)
+    cq = torch.compile(lambda a, q: torch.quantile(a, q, dim=1), backend="tpu")
+    with pytest.raises(RuntimeError, match=r"q values must be in the range \[0, 1\]"):
+        cq(x.to("tpu"), torch.tensor([0.2, 1.7], device="tpu")).cpu()
