@@ -121,44 +121,71 @@ std::vector<Value> introsort_level(Builder& b, const std::vector<Value>& v, int6
 // every range the introsort loop left over 16 with no depth budget, one after another,
 // one step of __adjust_heap / __push_heap per iteration. Only adversarial orders
 // (median-of-three killers) get here.
+namespace heap {
+
+// Scalar state of the heapsort steps (all int32 but the value being sifted).
+struct State {
+  Value f, m, stage, c, phase, hole, top, second, len, done;  // stage: 0 make, 1 sort;
+  Value val, vix;  // phase: 0 start an adjust, 1 sift down, 2 push up
+};
+
+Value S(Builder& b, double v) { return pos_const(b, v); }
+Value half(Builder& b, const Value& x) { return b.binary("stablehlo.divide", x, S(b, 2)); }
+Value rd(Builder& b, const Value& x, const Value& at) { return b.reshape(b.dynamic_slice(x, {at}, {1}), {}); }
+
+// The two positions a step reads: phase 0 a[f+c] (the value to sift) and a[f] (the top
+// a pop moves there); phase 1 the children a[f+s2] and a[f+s2-1]; phase 2 the parent.
+std::pair<Value, Value> reads(Builder& b, const State& t) {
+  Value s2 = b.binary("stablehlo.multiply", add(b, t.second, S(b, 1)), S(b, 2));
+  Value p0 = b.compare(t.phase, S(b, 0), Cmp::EQ), p1 = b.compare(t.phase, S(b, 1), Cmp::EQ);
+  Value q1 = add(b, t.f, sel(b, p0, t.c, sel(b, p1, s2, half(b, sub(b, t.hole, S(b, 1))))));
+  Value q2 = sel(b, p0, t.f, sub(b, add(b, t.f, s2), S(b, 1)));
+  return {q1, q2};
+}
+
+}  // namespace heap
+
 std::pair<Value, Value> heapsort_ranges(Builder& outer, const Value& a, const Value& ix, const Value& F,
                                         const Value& La, const Value& D, int64_t N) {
+  using namespace heap;
   Shape s{N};
   Value col = outer.iota(Type{kPos, s}, 0);
-  Value heap = land(outer, outer.compare(sub(outer, La, F), pos_const(outer, 16, s), Cmp::GT),
-                    outer.compare(D, pos_const(outer, 0, s), Cmp::EQ));
-  Value start = sel(outer, land(outer, heap, outer.compare(col, F, Cmp::EQ)), col, pos_const(outer, double(N), s));
+  Value is_heap = land(outer, outer.compare(sub(outer, La, F), pos_const(outer, 16, s), Cmp::GT),
+                       outer.compare(D, pos_const(outer, 0, s), Cmp::EQ));
+  Value start = sel(outer, land(outer, is_heap, outer.compare(col, F, Cmp::EQ)), col, pos_const(outer, double(N), s));
   // The first heap range starting at or after each position.
   Value next = outer.reverse(inclusive_scan(outer, outer.reverse(start, {0}), "stablehlo.minimum"), {0});
-  auto rd = [](Builder& b, const Value& x, const Value& at) { return b.reshape(b.dynamic_slice(x, {at}, {1}), {}); };
-  auto S = [](Builder& b, double v) { return pos_const(b, v); };
-  Value f0 = rd(outer, next, S(outer, 0));
-  Value m0 = sub(outer, rd(outer, La, f0), f0);
+  State t0;
   Value zero = S(outer, 0);
-  // State: a, ix, next, La, then f, m, stage (0 make, 1 sort), c, phase (0 start an
-  // adjust, 1 sift down, 2 push up), hole, top, second, len, done, value, its index.
-  std::vector<Value> init = {a, ix, next, La, f0, m0, zero, outer.binary("stablehlo.divide", sub(outer, m0, S(outer, 2)), S(outer, 2)),
-                             zero, zero, zero, zero, zero,
-                             outer.convert(outer.compare(f0, S(outer, double(N)), Cmp::GE), kPos),
-                             outer.constant(0, a.dtype()), outer.constant(0, DType::I64)};
+  t0.f = rd(outer, next, zero);
+  t0.m = sub(outer, rd(outer, La, t0.f), t0.f);
+  t0.stage = t0.phase = t0.hole = t0.top = t0.second = t0.len = zero;
+  t0.c = half(outer, sub(outer, t0.m, S(outer, 2)));
+  t0.done = outer.convert(outer.compare(t0.f, S(outer, double(N)), Cmp::GE), kPos);
+  t0.val = outer.constant(0, a.dtype());
+  t0.vix = outer.constant(0, DType::I64);
+  // Each step's two reads come from the step before, after its write: the arrays then
+  // have no reader besides the write, which XLA does in place (reads next to it made
+  // it copy both arrays every step).
+  auto [q1, q2] = reads(outer, t0);
+  std::vector<Value> init = {a, ix, next, La, t0.f, t0.m, t0.stage, t0.c, t0.phase, t0.hole, t0.top, t0.second,
+                             t0.len, t0.done, t0.val, t0.vix, rd(outer, a, q1), rd(outer, ix, q1), rd(outer, a, q2),
+                             rd(outer, ix, q2)};
   auto st = outer.while_loop(init, [](Builder& b, const std::vector<Value>& v) {
-    return std::vector<Value>{b.compare(v[13], pos_const(b, 0), Cmp::EQ)};
-  }, [N, rd, S](Builder& b, const std::vector<Value>& v) {
+    return std::vector<Value>{b.compare(v[13], S(b, 0), Cmp::EQ)};
+  }, [N](Builder& b, const std::vector<Value>& v) {
     Value arr = v[0], arx = v[1], next = v[2], La = v[3];
-    Value f = v[4], m = v[5], stage = v[6], c = v[7], phase = v[8], hole = v[9], top = v[10], second = v[11],
-          len = v[12], done = v[13], val = v[14], vix = v[15];
+    State t{v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[14], v[15]};
+    Value r1 = v[16], r1i = v[17], r2 = v[18], r2i = v[19];
     auto eq = [&](const Value& x, double y) { return b.compare(x, S(b, y), Cmp::EQ); };
-    auto dv = [&](const Value& x, double y) { return b.binary("stablehlo.divide", x, S(b, y)); };
-    Value p0 = eq(phase, 0), p1 = eq(phase, 1), p2 = eq(phase, 2), make = eq(stage, 0);
-    Value s2 = b.binary("stablehlo.multiply", add(b, second, S(b, 1)), S(b, 2));
-    Value down = land(b, p1, b.compare(second, dv(sub(b, len, S(b, 1)), 2), Cmp::LT));
-    Value even = eq(b.binary("stablehlo.remainder", len, S(b, 2)), 0);
-    Value tail = land(b, land(b, p1, lnot(b, down)), land(b, even, b.compare(second, dv(sub(b, len, S(b, 2)), 2), Cmp::EQ)));
-    Value parent = dv(sub(b, hole, S(b, 1)), 2);
-    // Reads: phase 0 a[f+c] and a[f]; phase 1 the children a[f+s2], a[f+s2-1]; phase 2 the parent.
-    Value q1 = add(b, f, sel(b, p0, c, sel(b, p1, s2, parent)));
-    Value q2 = sel(b, p0, f, sub(b, add(b, f, s2), S(b, 1)));
-    Value r1 = rd(b, arr, q1), r1i = rd(b, arx, q1), r2 = rd(b, arr, q2), r2i = rd(b, arx, q2);
+    auto [q1, q2] = reads(b, t);
+    Value p0 = eq(t.phase, 0), p1 = eq(t.phase, 1), p2 = eq(t.phase, 2), make = eq(t.stage, 0);
+    Value s2 = b.binary("stablehlo.multiply", add(b, t.second, S(b, 1)), S(b, 2));
+    Value down = land(b, p1, b.compare(t.second, half(b, sub(b, t.len, S(b, 1))), Cmp::LT));
+    Value even = eq(b.binary("stablehlo.remainder", t.len, S(b, 2)), 0);
+    Value tail = land(b, land(b, p1, lnot(b, down)),
+                      land(b, even, b.compare(t.second, half(b, sub(b, t.len, S(b, 2))), Cmp::EQ)));
+    Value parent = half(b, sub(b, t.hole, S(b, 1)));
     // Phase 0: take the value to sift; __pop_heap first moves the top to f+c.
     Value sort_start = land(b, p0, lnot(b, make));
     // Phase 1: the larger child (the right one unless it is below the left) moves up.
@@ -166,42 +193,48 @@ std::pair<Value, Value> heapsort_ranges(Builder& outer, const Value& a, const Va
     Value child = sel(b, left_child, sub(b, s2, S(b, 1)), s2);
     Value cv = sel(b, left_child, r2, r1), cvi = sel(b, left_child, r2i, r1i);
     // Phase 2: the parent moves down while it is below the value.
-    Value up = land(b, p2, land(b, b.compare(hole, top, Cmp::GT), b.compare(r1, val, Cmp::LT)));
+    Value up = land(b, p2, land(b, b.compare(t.hole, t.top, Cmp::GT), b.compare(r1, t.val, Cmp::LT)));
     Value settle = land(b, p2, lnot(b, up));
     // The one write (a no-op rewrite of a[q1] when none is due).
-    Value w = sel(b, sort_start, q1, sel(b, lor(b, down, lor(b, tail, p2)), add(b, f, hole), q1));
-    Value wv = sel(b, sort_start, r2, sel(b, down, cv, sel(b, tail, r2, sel(b, up, r1, sel(b, settle, val, r1)))));
-    Value wi = sel(b, sort_start, r2i, sel(b, down, cvi, sel(b, tail, r2i, sel(b, up, r1i, sel(b, settle, vix, r1i)))));
+    Value w = sel(b, sort_start, q1, sel(b, lor(b, down, lor(b, tail, p2)), add(b, t.f, t.hole), q1));
+    Value wv = sel(b, sort_start, r2, sel(b, down, cv, sel(b, tail, r2, sel(b, up, r1, sel(b, settle, t.val, r1)))));
+    Value wi = sel(b, sort_start, r2i,
+                   sel(b, down, cvi, sel(b, tail, r2i, sel(b, up, r1i, sel(b, settle, t.vix, r1i)))));
     arr = b.dynamic_update_slice(arr, b.reshape(wv, {1}), {w});
     arx = b.dynamic_update_slice(arx, b.reshape(wi, {1}), {w});
     // State after phase 0.
-    val = sel(b, p0, r1, val);
-    vix = sel(b, p0, r1i, vix);
-    Value start_hole = sel(b, make, c, S(b, 0));
-    top = sel(b, p0, start_hole, top);
-    second = sel(b, p0, start_hole, sel(b, down, child, sel(b, tail, s2, second)));
-    len = sel(b, p0, sel(b, make, m, c), len);
-    hole = sel(b, p0, start_hole, sel(b, down, child, sel(b, tail, sub(b, s2, S(b, 1)), sel(b, up, parent, hole))));
+    State u = t;
+    u.val = sel(b, p0, r1, t.val);
+    u.vix = sel(b, p0, r1i, t.vix);
+    Value start_hole = sel(b, make, t.c, S(b, 0));
+    u.top = sel(b, p0, start_hole, t.top);
+    u.second = sel(b, p0, start_hole, sel(b, down, child, sel(b, tail, s2, t.second)));
+    u.len = sel(b, p0, sel(b, make, t.m, t.c), t.len);
+    u.hole = sel(b, p0, start_hole, sel(b, down, child, sel(b, tail, sub(b, s2, S(b, 1)), sel(b, up, parent, t.hole))));
     // The adjust ends at settle: next parent (make) or next pop (sort); a range ends
     // after its pop at 1, and the next range starts.
     Value make_next = land(b, settle, make), sort_next = land(b, settle, lnot(b, make));
-    Value to_sort = land(b, make_next, eq(c, 0));
-    Value c_next = sel(b, to_sort, sub(b, m, S(b, 1)), sub(b, c, S(b, 1)));
-    Value range_done = land(b, sort_next, b.compare(c, S(b, 1), Cmp::LE));
-    c = sel(b, settle, c_next, c);
-    stage = sel(b, to_sort, S(b, 1), stage);
-    Value end = add(b, f, m);
+    Value to_sort = land(b, make_next, eq(t.c, 0));
+    Value c_next = sel(b, to_sort, sub(b, t.m, S(b, 1)), sub(b, t.c, S(b, 1)));
+    Value range_done = land(b, sort_next, b.compare(t.c, S(b, 1), Cmp::LE));
+    u.c = sel(b, settle, c_next, t.c);
+    u.stage = sel(b, to_sort, S(b, 1), t.stage);
+    Value end = add(b, t.f, t.m);
     Value nf = sel(b, b.compare(end, S(b, double(N)), Cmp::GE), S(b, double(N)), rd(b, next, end));
     Value finished = land(b, range_done, b.compare(nf, S(b, double(N)), Cmp::GE));
     Value moved_on = land(b, range_done, lnot(b, finished));
     Value nm = sub(b, rd(b, La, nf), nf);
-    f = sel(b, moved_on, nf, f);
-    m = sel(b, moved_on, nm, m);
-    stage = sel(b, moved_on, S(b, 0), stage);
-    c = sel(b, moved_on, dv(sub(b, nm, S(b, 2)), 2), c);
-    done = sel(b, finished, S(b, 1), done);
-    phase = sel(b, p0, S(b, 1), sel(b, lor(b, tail, land(b, p1, lnot(b, down))), S(b, 2), sel(b, settle, S(b, 0), phase)));
-    return std::vector<Value>{arr, arx, next, La, f, m, stage, c, phase, hole, top, second, len, done, val, vix};
+    u.f = sel(b, moved_on, nf, t.f);
+    u.m = sel(b, moved_on, nm, t.m);
+    u.stage = sel(b, moved_on, S(b, 0), u.stage);
+    u.c = sel(b, moved_on, half(b, sub(b, nm, S(b, 2))), u.c);
+    u.done = sel(b, finished, S(b, 1), t.done);
+    u.phase = sel(b, p0, S(b, 1),
+                  sel(b, lor(b, tail, land(b, p1, lnot(b, down))), S(b, 2), sel(b, settle, S(b, 0), t.phase)));
+    auto [n1, n2] = reads(b, u);
+    return std::vector<Value>{arr, arx, next, La, u.f, u.m, u.stage, u.c, u.phase, u.hole, u.top, u.second,
+                              u.len, u.done, u.val, u.vix, rd(b, arr, n1), rd(b, arx, n1), rd(b, arr, n2),
+                              rd(b, arx, n2)};
   });
   return {st[0], st[1]};
 }
