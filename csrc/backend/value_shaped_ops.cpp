@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <limits>
+#include <optional>
 
 #include "backend/dtypes.h"
 #include "backend/executor.h"
@@ -195,10 +196,113 @@ std::tuple<at::Tensor, at::Tensor> unique_tpu(const at::Tensor& self, bool, bool
   });
 }
 
-// unique_consecutive over a dim is not lowered: it takes the counted fallback.
+// Rows of [n, m] `x` in lexicographic order: one stable sort per column, last column
+// first, in a loop over the columns (the program's size does not grow with m).
+Value lexicographic_order(Builder& b, const Value& x) {
+  int64_t n = x.shape()[0], m = x.shape()[1];
+  Value cols = b.transpose(x, {1, 0});
+  auto st = b.while_loop({b.constant(double(m - 1), DType::I64), b.iota(Type{DType::I64, {n}}, 0), cols},
+                         [](Builder& q, const std::vector<Value>& v) {
+    return std::vector<Value>{q.compare(v[0], q.constant(0, DType::I64), ir::Cmp::GE)};
+  }, [n](Builder& q, const std::vector<Value>& v) {
+    Value col = q.reshape(q.dynamic_slice(v[2], {v[0], q.constant(0, DType::I64)}, {1, n}), {n});
+    auto sorted = q.sort({lowering::search::gather_flat(q, col, v[1]), v[1]}, 0, true,
+                         [](Builder& r, const std::vector<Value>& a) {
+      return std::vector<Value>{r.compare(a[0], a[1], ir::Cmp::LT)};
+    });
+    return std::vector<Value>{lowering::sub(q, v[0], q.constant(1, DType::I64)), sorted[1], v[2]};
+  });
+  return st[1];
+}
+
+// Rows of [n, m] `x` at the int64 positions `at` ([n]).
+Value gather_rows(Builder& b, const Value& x, const Value& at) {
+  int64_t n = at.shape()[0], m = x.shape()[1];
+  return b.gather(x, b.reshape(at, {n, 1}), {1}, {0}, {0}, 1, {1, m}, {n, m});
+}
+
+// Unique slices of `self` along `dim` (unique_dim; unique_consecutive with a dim): the
+// slices are the rows of an [n, m] matrix, sorted lexicographically unless
+// `consecutive`; a group starts where a row differs from the one before in any column
+// (so a row holding NaN is its own, as CPU). Values, inverse and counts are all
+// returned, as CPU does whatever is asked. Empty where CPU's order cannot be followed:
+// sorted rows holding NaN, which std::sort's comparisons leave in an order of its own.
+std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> unique_slices(const at::Tensor& self, int64_t dim,
+                                                                             bool consecutive) {
+  dim = at::maybe_wrap_dim(dim, self.dim());
+  TORCH_CHECK_NOT_IMPLEMENTED(!self.is_complex(), "\"unique_dim\" not implemented for '", self.scalar_type(), "'");
+  at::TensorOptions lo = self.options().dtype(at::kLong);
+  if (self.numel() == 0) {
+    int64_t zero_dims = 0;
+    for (int64_t s : self.sizes()) zero_dims += s == 0;
+    TORCH_CHECK(zero_dims == 1, "Number of zero sized dimensions is more than one, so unique cannot be applied ");
+    TORCH_CHECK(self.size(dim) == 0, "There are 0 sized dimensions, and they aren't selected, so unique cannot be applied");
+    return std::make_tuple(at::empty(self.sizes(), self.options()), at::empty({0}, lo), at::empty({0}, lo));
+  }
+  ReadOfComputed now({self});
+  int dev = device_index(self);
+  Type it = type_of(self, "unique_dim");
+  int64_t n = self.size(dim), m = self.numel() / n;
+  std::vector<int64_t> order{dim};
+  std::vector<int64_t> moved{n};
+  for (int64_t d = 0; d < self.dim(); ++d)
+    if (d != dim) {
+      order.push_back(d);
+      moved.push_back(self.size(d));
+    }
+  std::string key = std::string(consecutive ? "unique_consecutive_dim:" : "unique_dim:") + it.str() + ":" +
+                    std::to_string(dim);
+  auto res = run_internal(key, [&](Builder& b) {
+    Value x = b.reshape(b.transpose(b.param(it), order), {n, m});
+    if (x.dtype() == DType::Bool) x = b.convert(x, DType::U8);
+    Type lt{DType::I64, {n}};
+    Value pos = b.iota(lt, 0), perm = consecutive ? pos : lexicographic_order(b, x);
+    Value no = b.constant(0, DType::Bool);
+    Value has_nan = consecutive ? no : b.reduce(lowering::search::is_nan(b, x), no, {0, 1}, "stablehlo.or");
+    Value s = gather_rows(b, x, perm);
+    Value prev = b.slice(b.pad(s, b.constant(0, s.dtype()), {1, 0}, {0, 0}, {0, 0}), {0, 0}, {n, m}, {1, 1});
+    Value differs = b.reduce(b.compare(s, prev, ir::Cmp::NE), no, {1}, "stablehlo.or");
+    Value first = b.binary("stablehlo.or", b.compare(pos, b.constant(0, DType::I64, {n}), ir::Cmp::EQ), differs);
+    Value one = b.constant(1, DType::I64, {n});
+    Value group = lowering::sub(b, prefix_sum(b, b.convert(first, DType::I64)), one);
+    Value count = lowering::reduce_sum(b, b.convert(first, DType::I64), {0});
+    Value slot = b.select(first, group, b.constant(double(n), DType::I64, {n}));
+    Value first_row = scatter_1d(b, b.constant(0, DType::I64, {n}), slot, perm, false);
+    Value values = b.reshape(b.convert(gather_rows(b, x, first_row), it.dtype), moved);
+    Value inverse = scatter_1d(b, b.constant(0, DType::I64, {n}), perm, group, false);
+    Value counts = scatter_1d(b, b.constant(0, DType::I64, {n}), group, one, true);
+    Value stats = b.concatenate({b.reshape(count, {1}), b.reshape(b.convert(has_nan, DType::I64), {1})}, 0);
+    return std::vector<Value>{values, inverse, counts, stats};
+  }, {dense_value(self)}, dev);
+  int64_t st[2] = {0, 0};
+  runtime::Client::get().to_host(*resolve(res[3]), st, sizeof(st));
+  if (st[1]) return std::nullopt;
+  at::Tensor values = wrap_value(res[0], self.scalar_type(), moved, dev).narrow(0, 0, st[0]).movedim(0, dim);
+  return std::make_tuple(values, wrap_value(res[1], at::kLong, {n}, dev),
+                         wrap_value(res[2], at::kLong, {n}, dev).narrow(0, 0, st[0]));
+}
+
+// The boxed ops with a dim: their results replace the `nargs` arguments, or the
+// counted fallback runs where unique_slices cannot follow CPU.
+void unique_slices_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t nargs,
+                         int64_t dim, bool consecutive) {
+  at::Tensor self = torch::jit::peek(*stack, 0, nargs).toTensor();
+  auto r = guarded([&] { return unique_slices(self, dim, consecutive); });
+  if (!r) return run_fallback(op, stack, "sorted unique rows holding NaN");
+  torch::jit::drop(*stack, nargs);
+  stack->push_back(std::get<0>(*r));
+  stack->push_back(std::get<1>(*r));
+  stack->push_back(std::get<2>(*r));
+}
+
+// unique_dim(self, dim, sorted, return_inverse, return_counts): always sorted, as CPU.
+void unique_dim_tpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  unique_slices_boxed(op, stack, 5, torch::jit::peek(*stack, 1, 5).toInt(), false);
+}
+
 void unique_consecutive_tpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 4);
-  if (!args[3].isNone()) return run_fallback(op, stack, "unique_consecutive over a dim");
+  if (!args[3].isNone()) return unique_slices_boxed(op, stack, 4, args[3].toInt(), true);
   at::Tensor self = args[0].toTensor();
   bool inverse = args[1].toBool(), counts = args[2].toBool();
   auto r = guarded([&] { return unique_impl(self, true, inverse, counts); });
@@ -350,6 +454,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_unique2", unique2_tpu);
   m.impl("_unique", unique_tpu);
   m.impl("unique_consecutive", torch::CppFunction::makeFromBoxedFunction<&unique_consecutive_tpu>());
+  m.impl("unique_dim", torch::CppFunction::makeFromBoxedFunction<&unique_dim_tpu>());
   m.impl("repeat_interleave.Tensor", repeat_interleave_tpu);
   m.impl("bincount", bincount_tpu);
   m.impl("nonzero.out", nonzero_out_tpu);
