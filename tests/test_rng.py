@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_draws_follow_the_tpu_generator, no_fallbacks
+from conftest import no_fallbacks
 
 
 def draw():
@@ -112,27 +112,6 @@ def test_multinomial_rejects_bad_probabilities_like_cpu():
     # drawn last once the others are exhausted.
     assert torch.multinomial(torch.tensor([0.0, 1.0], device="tpu"), 1).item() == 1
     assert torch.multinomial(torch.tensor([1.0, 0.0], device="tpu"), 2).tolist() == [0, 1]
-
-
-# Random ops without a lowering run on the CPU fallback; they draw from a CPU generator
-# seeded from the tpu one, so tpu seeding and states govern them as they do lowered ops.
-# (poisson, binomial and _standard_gamma are lowered now: test_random_samplers.py.)
-FALLBACK_DRAWS = {
-    "rrelu": lambda g: torch.ops.aten.rrelu_with_noise(-torch.ones(32, device="tpu"), torch.zeros(32, device="tpu"),
-                                                       0.1, 0.3, True, g),
-}
-
-
-@pytest.mark.parametrize("op", sorted(FALLBACK_DRAWS))
-def test_random_ops_on_the_fallback_follow_the_tpu_generator(op):
-    import warnings
-    draw_once = FALLBACK_DRAWS[op]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the fallback's warning
-        assert_draws_follow_the_tpu_generator(draw_once)
-        cpu_g = torch.Generator().manual_seed(5)   # a CPU generator the user passes is used as is
-        e = draw_once(cpu_g).cpu()
-        assert torch.equal(draw_once(torch.Generator().manual_seed(5)).cpu(), e)
 
 
 @pytest.mark.parametrize("op", ["exponential_", "geometric_", "log_normal_", "cauchy_"])
