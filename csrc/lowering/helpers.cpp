@@ -199,6 +199,12 @@ double highest(DType t) {
 
 DType acc_type(DType t) { return (t == DType::F16 || t == DType::BF16 || is_fp8(t)) ? DType::F32 : t; }
 
+std::string shape_text(const Shape& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
 Value reduce_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
   return b.reduce(x, b.constant(0, x.dtype()), dims, "stablehlo.add");
 }

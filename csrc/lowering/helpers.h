@@ -27,6 +27,8 @@ Value constant_any(Builder& b, double v, DType t, const Shape& shape = {});
 Value coerce(Builder& b, const Value& x, DType t, const Shape& shape);
 // Normalizes a possibly negative dim.
 int64_t wrap_dim(int64_t d, int64_t rank);
+// A shape as PyTorch's messages print it: [2, 3].
+std::string shape_text(const Shape& s);
 // Dims argument of a reduction (empty or absent: all dims), normalized and sorted.
 std::vector<int64_t> reduce_dims(const std::vector<int64_t>& dims, int64_t rank);
 // Constant shaped and typed like `like`.

@@ -284,12 +284,6 @@ static Value index_scatter(Builder& b, const Value& self, int64_t dim, const Val
 
 // index_add / index_copy: args (self, dim, index, source[, alpha]); `scale` multiplies
 // the source slices (index_add's alpha) before they are combined by `fn`.
-static std::string shape_text(const Shape& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
 static std::vector<Value> index_write(Ctx& ctx, const ir::RegionFn& fn, bool scale) {
   Builder& b = ctx.b;
   Value self = ctx.in(0), index = ctx.in(2);

@@ -132,6 +132,12 @@ static std::vector<Value> adaptive_avg(Ctx& ctx, int64_t k) {
   Builder& b = ctx.b;
   DType t = ctx.in(0).dtype();
   Value x = b.convert(ctx.in(0), acc_type(t));
+  int64_t r = x.rank();
+  for (int64_t d = r - k; d < r; ++d)  // CPU's check (its meta kernel lacks it): no empty window dim
+    if (x.shape()[d] == 0)
+      throw std::invalid_argument("adaptive_avg_pool" + std::to_string(k) + "d(): Expected input to have non-zero size "
+                                  "for non-batch dimensions, but input has sizes " + shape_text(x.shape()) +
+                                  " with dimension " + std::to_string(d) + " being empty");
   if (x.type.numel() == 0) return {b.constant(0, ctx.out(0).dtype, ctx.out(0).shape)};  // empty batch
   Shape in = tail(x.shape(), k), out = tail(ctx.out(0).shape, k);
   if (k == 3 && (t == DType::BF16 || t == DType::F16)) {

@@ -9,12 +9,6 @@
 
 namespace tpu::lowering {
 
-static std::string shape_str(const Shape& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 // a [M,K] . b [K,N] accumulated in `acc`. Operands of one element type are contracted
 // as they are; mixed ones (e4m3 x e5m2, uint8 x int8) meet in the accumulation type.
 static Value product(Builder& b, Value x, Value y, DType acc) {
@@ -44,8 +38,8 @@ TPU_LOWER(scaled_mm, "_scaled_mm") {
     throw std::invalid_argument(
         op + ": invalid scaling configuration: tensorwise scales are float32 with one element each; "
         "row-wise scales are float32 with scale_a of shape [" + std::to_string(m) + ", 1] and scale_b of shape [1, " +
-        std::to_string(n) + "]; got scale_a " + mlir_name(sa.dtype()) + shape_str(sa.shape()) + " and scale_b " +
-        mlir_name(sb.dtype()) + shape_str(sb.shape()));
+        std::to_string(n) + "]; got scale_a " + mlir_name(sa.dtype()) + shape_text(sa.shape()) + " and scale_b " +
+        mlir_name(sb.dtype()) + shape_text(sb.shape()));
   Type o = ctx.out(0);
   Value acc = product(b, a, m2, DType::F32);
   // Tensorwise scales are [] or [1], [1,1]: as scalars; row-wise broadcast along their dim.
@@ -56,7 +50,7 @@ TPU_LOWER(scaled_mm, "_scaled_mm") {
   if (!ctx.is_none(4)) {
     Value bias = ctx.in(4);
     if (bias.rank() > 2 || (bias.rank() >= 1 && bias.shape().back() != n && bias.shape().back() != 1))
-      throw std::invalid_argument(op + ": bias of shape " + shape_str(bias.shape()) +
+      throw std::invalid_argument(op + ": bias of shape " + shape_text(bias.shape()) +
                                   " does not broadcast to the output's [" + std::to_string(m) + ", " +
                                   std::to_string(n) + "]");
     out = add(b, out, coerce(b, bias, DType::F32, o.shape));
@@ -66,7 +60,7 @@ TPU_LOWER(scaled_mm, "_scaled_mm") {
   if (!ctx.is_none(5) && result_scaled) {
     Value sr = ctx.in(5);
     if (sr.type.numel() != 1)
-      throw std::invalid_argument(op + ": scale_result must have one element, got shape " + shape_str(sr.shape()));
+      throw std::invalid_argument(op + ": scale_result must have one element, got shape " + shape_text(sr.shape()));
     out = div(b, out, broadcast_to(b, b.reshape(b.convert(sr, DType::F32), {}), o.shape));
   }
   return {convert_any(b, out, o.dtype)};

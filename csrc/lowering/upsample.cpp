@@ -277,9 +277,62 @@ bool float_weights(Ctx& ctx, int n, const Shape& out) {
   }
 }
 
+// uint8 images, as CPU's integer kernel (its antialiased and plain resizes alike): per
+// resized dim (last first; a dim of unchanged size is left alone), the mode's taps in
+// double, weights turned into int16 fixed point with the most bits that keep the
+// largest below 2^15, sums in int32 rounded at the shift and clamped to [0, 255].
+std::vector<Value> u8_forward(Ctx& ctx, Mode m) {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  Value x = b.convert(ctx.in(0), DType::I32);
+  if (x.type.numel() == 0 || o.numel() == 0) return {b.constant(0, o.dtype, o.shape)};
+  bool align = ctx.flag(2);
+  auto sc = scales(ctx, 3, 2);
+  int64_t r = x.rank();
+  for (int i = 1; i >= 0; --i) {
+    int64_t d = r - 2 + i, in = x.shape()[d], out = o.shape[d];
+    if (in == out) continue;
+    Taps t = make_taps<double>(m, in, out, align, sc[i]);
+    // Taps clamped onto one input pixel (at the borders) weigh as one: CPU adds their
+    // weights before the rounding to fixed point.
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t j = 1; j < t.k; ++j)
+        for (int64_t q = 0; q < j; ++q)
+          if (t.idx[o * t.k + q] == t.idx[o * t.k + j]) {
+            t.w[o * t.k + q] += t.w[o * t.k + j];
+            t.w[o * t.k + j] = 0;
+            break;
+          }
+    double w_max = *std::max_element(t.w.begin(), t.w.end());
+    int bits = 0;
+    while (bits < 22 && static_cast<int>(0.5 + w_max * static_cast<double>(1 << (bits + 1))) < (1 << 15)) ++bits;
+    Taps fixed = t;
+    for (double& w : fixed.w) w = static_cast<double>(static_cast<int>(w < 0 ? -0.5 + std::ldexp(w, bits) : 0.5 + std::ldexp(w, bits)));
+    Front f = front(x.shape(), d);
+    int64_t rest = x.type.numel() / in, k = t.k;
+    Value xf = b.reshape(b.transpose(x, f.perm), {in, rest});
+    Value g = b.reshape(b.gather(xf, b.reshape(const_i64(b, t.idx), {out * k, 1}), {1}, {0}, {0}, 1, {1, rest},
+                                 {out * k, rest}), {out, k, rest});
+    Value w = b.broadcast_in_dim(b.reshape(b.convert(const_weights(b, fixed.w, DType::F32), DType::I32), {out, k}),
+                                 {out, k, rest}, {0, 1});
+    Value sum = add(b, reduce_sum(b, mul(b, g, w), {1}), b.constant(double(1 << (bits - 1)), DType::I32, {out, rest}));
+    Value y = b.binary("stablehlo.shift_right_arithmetic", sum, b.constant(bits, DType::I32, {out, rest}));
+    y = b.clamp(b.constant(0, DType::I32, {}), y, b.constant(255, DType::I32, {}));
+    Shape moved = f.moved;
+    moved[0] = out;
+    x = b.transpose(b.reshape(y, moved), f.inv);
+  }
+  return {b.convert(x, o.dtype)};
+}
+
 std::vector<Value> forward(Ctx& ctx, Mode m, int n) {
   Builder& b = ctx.b;
   Type o = ctx.out(0);
+  if (o.dtype == DType::U8) {
+    // CPU's uint8 kernel serves 2-d images only; its other linear kernels refuse uint8.
+    if (n != 2) throw DtypeNotImplemented("compute_indices_weights_linear");
+    return u8_forward(ctx, m);
+  }
   bool keep_float = m == Mode::Linear && float_weights(ctx, n, o.shape);
   Value x = b.convert(ctx.in(0), acc_type(o.dtype));
   if (x.type.numel() == 0 || o.numel() == 0) return {b.constant(0, o.dtype, o.shape)};
@@ -299,10 +352,8 @@ std::vector<Value> forward(Ctx& ctx, Mode m, int n) {
 std::vector<Value> aa_forward(Ctx& ctx, bool cubic) {
   Builder& b = ctx.b;
   Type o = ctx.out(0);
-  // uint8 images: weighted sums in float (an integer type truncated the fractional
-  // weights to 0), rounded and clamped to [0, 255] after each pass, as CPU's kernel.
-  bool u8 = o.dtype == DType::U8;
-  Value x = b.convert(ctx.in(0), u8 ? DType::F32 : acc_type(o.dtype));
+  if (o.dtype == DType::U8) return u8_forward(ctx, cubic ? Mode::CubicAA : Mode::LinearAA);
+  Value x = b.convert(ctx.in(0), acc_type(o.dtype));
   if (x.type.numel() == 0 || o.numel() == 0) return {b.constant(0, o.dtype, o.shape)};
   bool align = ctx.flag(2);
   auto sc = scales(ctx, 3, 2);
@@ -311,9 +362,6 @@ std::vector<Value> aa_forward(Ctx& ctx, bool cubic) {
     int64_t d = r - 2 + i, in = x.shape()[d], out = o.shape[d];
     if (in == out) continue;  // CPU leaves an unresized dim alone
     x = apply_fwd(b, x, d, taps_for(x.dtype(), cubic ? Mode::CubicAA : Mode::LinearAA, in, out, align, sc[i]), out);
-    if (u8)
-      x = b.clamp(b.constant(0, DType::F32, {}), b.unary("stablehlo.round_nearest_afz", x),
-                  b.constant(255, DType::F32, {}));
   }
   return {b.convert(x, o.dtype)};
 }
