@@ -114,7 +114,16 @@ def test_sdpa_kernel_choices_are_honored():
             out = F.scaled_dot_product_attention(x, x, x)
         assert (fused in ops.seen) == uses_fused, (backends, ops.seen)
         torch.testing.assert_close(out.cpu(), want)
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # dropout needs the math path
+    # Dropout and grouped-query heads need the math path here; CUDA's flash kernel takes
+    # them, so flash alone runs them (on math) while a mask beside them still raises.
+    kv = x[:, :1].contiguous()
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        assert F.scaled_dot_product_attention(x, x, x, dropout_p=0.5).shape == x.shape
+        torch.testing.assert_close(F.scaled_dot_product_attention(x, kv, kv, enable_gqa=True).cpu(),
+                                   F.scaled_dot_product_attention(q, q[:, :1], q[:, :1], enable_gqa=True))
+        with pytest.raises(RuntimeError, match="No viable backend for scaled_dot_product_attention"):
+            F.scaled_dot_product_attention(x, kv, kv, enable_gqa=True, attn_mask=torch.ones(6, 6, device="tpu"))
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):  # no dropout in CUDA's cuDNN kernel either
         with pytest.raises(RuntimeError, match="No viable backend for scaled_dot_product_attention"):
             F.scaled_dot_product_attention(x, x, x, dropout_p=0.5)
     assert F.scaled_dot_product_attention(x, x, x, dropout_p=0.5).shape == x.shape

@@ -43,6 +43,14 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   bool fused_on = g.userEnabledOverrideableSDP() || g.userEnabledFlashSDP() || g.userEnabledMemEfficientSDP() ||
                   g.userEnabledCuDNNSDP();
   if (fused && fused_on) return kOverrideable;
+  // Calls CUDA's fused kernels take and ours does not (with one head size): grouped-query
+  // heads (flash, without a mask) and dropout (flash without a mask, or memory-efficient).
+  // A script that enables only those backends runs them, here on the math path.
+  bool no_mask = !mask || !mask->defined();
+  bool flash = g.userEnabledFlashSDP() && no_mask, efficient = g.userEnabledMemEfficientSDP() && mask_ok;
+  if (dense && floats && sz(v, 3) == sz(q, 3) &&
+      ((enable_gqa && flash) || (!enable_gqa && dropout_p > 0 && (flash || efficient))))
+    return kMath;
   TORCH_CHECK(g.userEnabledMathSDP(), "No viable backend for scaled_dot_product_attention was found. tpu runs ",
               fused ? "this call with its fused kernel (enabled by the flash, efficient, cuDNN or overrideable backend) "
                       "or the math backend"
