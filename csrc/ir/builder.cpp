@@ -43,6 +43,14 @@ Shape contiguous_strides(const Shape& shape) {
 
 std::string Builder::fresh() { return "%v" + std::to_string(next_++); }
 
+// bf16, f16 and the fp8 types are moved as same-width unsigned ints: XLA:CPU computes
+// them widened (f32, or f16 for fp8) even where an op only moves elements, and the
+// narrowing back makes every NaN the canonical one, where a move keeps the bytes (16-bit
+// data packed with .view(torch.bfloat16)). The bitcasts cost nothing where the type is
+// native (TPU's bf16), and XLA folds a bitcast pair between two moves.
+static bool moved_as_bits(DType t) { return is_float(t) && itemsize(t) < 4; }
+static DType bits_of(DType t) { return itemsize(t) == 1 ? DType::U8 : DType::U16; }
+
 std::string Builder::sig(const std::vector<Value>& operands) const {
   std::string s = "(";
   for (size_t i = 0; i < operands.size(); ++i) s += (i ? ", " : "") + operands[i].type.str();
@@ -91,6 +99,10 @@ Value Builder::compare(const Value& a, const Value& b, Cmp dir) {
 }
 
 Value Builder::select(const Value& p, const Value& a, const Value& b) {
+  if (moved_as_bits(a.dtype())) {
+    DType u = bits_of(a.dtype());
+    return bitcast(select(p, bitcast(a, u), bitcast(b, u)), a.dtype());
+  }
   return raw("stablehlo.select", {p, a, b}, "", a.type);
 }
 
@@ -193,6 +205,8 @@ Value Builder::broadcast_in_dim(const Value& x, const Shape& shape, const std::v
     for (size_t i = 0; i < dims.size(); ++i) identity &= dims[i] == static_cast<int64_t>(i);
     if (identity) return x;
   }
+  if (moved_as_bits(x.dtype()))
+    return bitcast(broadcast_in_dim(bitcast(x, bits_of(x.dtype())), shape, dims), x.dtype());
   return raw("stablehlo.broadcast_in_dim", {x}, "broadcast_dimensions = " + i64_array(dims),
              Type{x.dtype(), shape});
 }
@@ -216,6 +230,8 @@ Value Builder::slice(const Value& x, const Shape& start, const Shape& limit, con
     identity &= start[i] == 0 && limit[i] == x.shape()[i] && strides[i] == 1;
   }
   if (identity) return x;
+  if (moved_as_bits(x.dtype()))
+    return bitcast(slice(bitcast(x, bits_of(x.dtype())), start, limit, strides), x.dtype());
   return raw("stablehlo.slice", {x},
              "start_indices = " + i64_array(start) + ", limit_indices = " + i64_array(limit) +
                  ", strides = " + i64_array(strides),
@@ -224,6 +240,11 @@ Value Builder::slice(const Value& x, const Shape& start, const Shape& limit, con
 
 Value Builder::concatenate(const std::vector<Value>& xs, int64_t dim) {
   if (xs.size() == 1) return xs[0];
+  if (moved_as_bits(xs[0].dtype())) {
+    std::vector<Value> bits;
+    for (auto& x : xs) bits.push_back(bitcast(x, bits_of(x.dtype())));
+    return bitcast(concatenate(bits, dim), xs[0].dtype());
+  }
   Shape out = xs[0].shape();
   out[dim] = 0;
   for (auto& x : xs) out[dim] += x.shape()[dim];
@@ -233,6 +254,10 @@ Value Builder::concatenate(const std::vector<Value>& xs, int64_t dim) {
 
 Value Builder::pad(const Value& x, const Value& padv, const Shape& lo, const Shape& hi,
                    const Shape& interior) {
+  if (moved_as_bits(x.dtype())) {
+    DType u = bits_of(x.dtype());
+    return bitcast(pad(bitcast(x, u), bitcast(padv, u), lo, hi, interior), x.dtype());
+  }
   Shape out(x.shape().size());
   for (size_t i = 0; i < out.size(); ++i) {
     int64_t n = x.shape()[i];
@@ -246,17 +271,24 @@ Value Builder::pad(const Value& x, const Value& padv, const Shape& lo, const Sha
 
 Value Builder::reverse(const Value& x, const std::vector<int64_t>& dims) {
   if (dims.empty()) return x;
+  if (moved_as_bits(x.dtype())) return bitcast(reverse(bitcast(x, bits_of(x.dtype())), dims), x.dtype());
   return raw("stablehlo.reverse", {x}, "dimensions = " + i64_array(dims), x.type);
 }
 
 Value Builder::dynamic_update_slice(const Value& x, const Value& update,
                                     const std::vector<Value>& starts) {
+  if (moved_as_bits(x.dtype())) {
+    DType u = bits_of(x.dtype());
+    return bitcast(dynamic_update_slice(bitcast(x, u), bitcast(update, u), starts), x.dtype());
+  }
   std::vector<Value> ops{x, update};
   ops.insert(ops.end(), starts.begin(), starts.end());
   return raw("stablehlo.dynamic_update_slice", ops, "", x.type);
 }
 
 Value Builder::dynamic_slice(const Value& x, const std::vector<Value>& starts, const Shape& sizes) {
+  if (moved_as_bits(x.dtype()))
+    return bitcast(dynamic_slice(bitcast(x, bits_of(x.dtype())), starts, sizes), x.dtype());
   std::vector<Value> ops{x};
   ops.insert(ops.end(), starts.begin(), starts.end());
   return raw("stablehlo.dynamic_slice", ops, "slice_sizes = " + i64_array(sizes),
@@ -479,6 +511,10 @@ Value Builder::gather(const Value& operand, const Value& indices,
                       const std::vector<int64_t>& collapsed_dims,
                       const std::vector<int64_t>& start_index_map, int64_t index_vector_dim,
                       const Shape& slice_sizes, const Shape& out_shape) {
+  if (moved_as_bits(operand.dtype()))
+    return bitcast(gather(bitcast(operand, bits_of(operand.dtype())), indices, offset_dims, collapsed_dims,
+                          start_index_map, index_vector_dim, slice_sizes, out_shape),
+                   operand.dtype());
   std::string attrs = "dimension_numbers = #stablehlo.gather<offset_dims = [" + ints(offset_dims) +
                       "], collapsed_slice_dims = [" + ints(collapsed_dims) +
                       "], start_index_map = [" + ints(start_index_map) +
@@ -492,6 +528,12 @@ Value Builder::scatter(const Value& operand, const Value& indices, const Value& 
                        const std::vector<int64_t>& inserted_window_dims,
                        const std::vector<int64_t>& scatter_dims_to_operand_dims,
                        int64_t index_vector_dim, const RegionFn& combine) {
+  if (moved_as_bits(operand.dtype()) && replaces(combine, operand.dtype())) {
+    DType u = bits_of(operand.dtype());
+    return bitcast(scatter(bitcast(operand, u), indices, bitcast(updates, u), update_window_dims,
+                           inserted_window_dims, scatter_dims_to_operand_dims, index_vector_dim, combine),
+                   operand.dtype());
+  }
   std::string name = fresh();
   body_ << std::string(depth_ * 2, ' ') << name << " = \"stablehlo.scatter\"(" << operand.name
         << ", " << indices.name << ", " << updates.name << ")";
@@ -503,6 +545,15 @@ Value Builder::scatter(const Value& operand, const Value& indices, const Value& 
         << ">, indices_are_sorted = false, unique_indices = false} : "
         << sig({operand, indices, updates}) << " -> " << operand.type.str() << "\n";
   return Value{name, operand.type};
+}
+
+bool Builder::replaces(const RegionFn& combine, DType t) {
+  // Run on a scratch builder: a region that emits nothing and yields its second
+  // argument stores the update (and would do the same on any type).
+  Builder scratch;
+  Value old{"%old", Type{t, {}}}, update{"%update", Type{t, {}}};
+  std::vector<Value> r = combine(scratch, {old, update});
+  return r.size() == 1 && r[0].name == update.name && scratch.body_.str().empty();
 }
 
 std::pair<Value, Value> Builder::rng_bit_generator(const Value& state, const Type& bits_type) {

@@ -64,7 +64,8 @@ class Builder {
   Value constant(double v, DType t, const Shape& shape = {});
   Value iota(const Type& t, int64_t dim);
 
-  // Shapes.
+  // Shapes. These, select, gather and a scatter that stores its updates only move
+  // elements: they keep every bit, NaN payloads of the narrow floats included.
   Value reshape(const Value& x, const Shape& shape);
   Value broadcast_in_dim(const Value& x, const Shape& shape, const std::vector<int64_t>& dims);
   Value transpose(const Value& x, const std::vector<int64_t>& perm);
@@ -151,6 +152,8 @@ class Builder {
 
  private:
   std::string fresh();
+  // Whether a scatter region stores the update as it is (no arithmetic).
+  static bool replaces(const RegionFn& combine, DType t);
   std::string sig(const std::vector<Value>& operands) const;
   void emit_region(const std::vector<Type>& arg_types, const RegionFn& fn);  // " ({...})"
   void emit_block(const std::vector<Type>& arg_types, const RegionFn& fn);   // "{...}"
