@@ -270,11 +270,17 @@ Value trunc_(Builder& b, const Value& x) {
   return b.select(cmpk(b, x, 0, Cmp::LT), op1(b, "ceil", x), op1(b, "floor", x));
 }
 
-// Sign bit of floats (sees -0.0 and negative NaNs), through the integer bit pattern.
+// Sign bit of floats (sees -0.0 and negative NaNs), through the integer bit pattern of
+// the same width (a narrower one would change the shape). The fnuz float8 formats spend
+// the pattern of -0 on their one NaN, which has no sign (it widens to +NaN).
 Value signbit_(Builder& b, const Value& x) {
   if (!flt(x)) return cmpk(b, x, 0, Cmp::LT);
-  DType it = x.dtype() == DType::F64 ? DType::I64 : x.dtype() == DType::F32 ? DType::I32 : DType::I16;
-  return cmpk(b, b.bitcast(x, it), 0, Cmp::LT);
+  int64_t n = itemsize(x.dtype());
+  DType it = n == 8 ? DType::I64 : n == 4 ? DType::I32 : n == 2 ? DType::I16 : DType::I8;
+  Value bits = b.bitcast(x, it);
+  Value neg = cmpk(b, bits, 0, Cmp::LT);
+  if (x.dtype() != DType::F8E4M3FNUZ && x.dtype() != DType::F8E5M2FNUZ) return neg;
+  return op2(b, "and", neg, cmpk(b, bits, -128, Cmp::NE));
 }
 
 std::vector<Value> compare_rule(Ctx& ctx, Cmp c) {
