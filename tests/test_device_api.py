@@ -209,7 +209,7 @@ def test_missing_device_index_is_a_clear_error():
 
 
 def test_unsupported_dtype_names_the_dtype():
-    with pytest.raises(TypeError, match="ComplexHalf|complex32"):
+    with pytest.raises(NotImplementedError, match="ComplexHalf|complex32"):
         torch.zeros(3, dtype=torch.complex32, device="tpu")
 
 

@@ -57,10 +57,12 @@ inline c10::ScalarType to_scalar_type(DType t) {
   }
 }
 
-// The dtype, or a clear error naming the op and dtype when the device cannot hold it.
+// The dtype, or a clear error naming the op and dtype when the device cannot hold it. A
+// NotImplementedError, as CUDA's for a dtype its kernel lacks: a TypeError would make
+// Python's tensor operators return NotImplemented (`x == y` a plain bool).
 inline DType device_dtype(c10::ScalarType t, const char* what) {
   DType d = to_dtype(t);
-  TORCH_CHECK_TYPE(d != DType::Invalid, what, ": dtype ", t, " is not supported on tpu");
+  TORCH_CHECK_NOT_IMPLEMENTED(d != DType::Invalid, what, ": dtype ", t, " is not supported on tpu");
   return d;
 }
 
