@@ -31,21 +31,31 @@ std::atomic<int64_t> g_host_fills{0};
 // One element of `type` holding `value`, as CPU's fill converts it; false for a type
 // with no conversion here (the lowered kernel then decides).
 bool element_bytes(const c10::Scalar& value, c10::ScalarType type, char* out, bool one_element) {
-  // A one-element tensor of a half type is filled unchecked (kernel_checks.cpp's
-  // fill_value): past the type's range, inf.
-  if (one_element && (type == c10::kHalf || type == c10::kBFloat16) && !value.isComplex()) {
+  // A one-element tensor of a half or float8 type is filled unchecked (kernel_checks.cpp's
+  // fill_value): the value converts through float as .to() converts it.
+  if (one_element && (type == c10::kHalf || type == c10::kBFloat16 || c10::isFloat8Type(type)) &&
+      !value.isComplex()) {
     double d = value.toDouble();
     float f = std::isfinite(d) && std::abs(d) > std::numeric_limits<float>::max()
                   ? std::copysign(std::numeric_limits<float>::infinity(), d)
                   : static_cast<float>(d);
-    if (type == c10::kHalf) {
-      c10::Half h(f);
-      std::memcpy(out, &h, sizeof(h));
-    } else {
-      c10::BFloat16 h(f);
-      std::memcpy(out, &h, sizeof(h));
+    switch (type) {
+#define TPU_UNCHECKED_BYTES(T, name) \
+  case c10::ScalarType::name: {      \
+    T h(f);                          \
+    std::memcpy(out, &h, sizeof(h)); \
+    return true;                     \
+  }
+      TPU_UNCHECKED_BYTES(c10::Half, Half)
+      TPU_UNCHECKED_BYTES(c10::BFloat16, BFloat16)
+      TPU_UNCHECKED_BYTES(c10::Float8_e5m2, Float8_e5m2)
+      TPU_UNCHECKED_BYTES(c10::Float8_e4m3fn, Float8_e4m3fn)
+      TPU_UNCHECKED_BYTES(c10::Float8_e5m2fnuz, Float8_e5m2fnuz)
+      TPU_UNCHECKED_BYTES(c10::Float8_e4m3fnuz, Float8_e4m3fnuz)
+#undef TPU_UNCHECKED_BYTES
+      default:
+        return false;
     }
-    return true;
   }
   switch (type) {
 #define TPU_ELEMENT_BYTES(T, name)          \

@@ -15,6 +15,10 @@ namespace tpu::backend {
 
 namespace {
 
+// A Scalar argument. IValue::isScalar leaves out an integer above INT64_MAX (a uint64
+// value, which toScalar gives back).
+bool is_scalar(const c10::IValue& v) { return v.isScalar() || v.isUnsigned(); }
+
 // The tensors among index / index_put_'s indices (a None entry is an undefined one).
 std::vector<at::Tensor> index_list(const c10::IValue& list) {
   std::vector<at::Tensor> out;
@@ -184,7 +188,7 @@ void index_put_checks(c10::ArrayRef<c10::IValue> args) {
 
 // pow(Tensor self, Scalar exponent): an integer tensor to a negative integer power.
 void pow_exponent(c10::ArrayRef<c10::IValue> args) {
-  if (args.size() < 2 || !args[0].isTensor() || !args[1].isScalar()) return;
+  if (args.size() < 2 || !args[0].isTensor() || !is_scalar(args[1])) return;
   const c10::Scalar e = args[1].toScalar();
   TORCH_CHECK(!(c10::isIntegralType(args[0].toTensor().scalar_type(), /*includeBool=*/true) &&
                 e.isIntegral(/*includeBool=*/true) && e.toLong() < 0),
@@ -197,7 +201,7 @@ void foreach_pow_exponent(c10::ArrayRef<c10::IValue> args) {
   auto selves = args[0].toTensorList();
   bool scalars = args[1].isList() && !args[1].isTensorList();
   for (size_t k = 0; k < selves.size(); ++k) {
-    if (args[1].isScalar()) {
+    if (is_scalar(args[1])) {
       pow_exponent({c10::IValue(selves.get(k)), args[1]});
     } else if (scalars && k < args[1].toListRef().size()) {
       pow_exponent({c10::IValue(selves.get(k)), args[1].toListRef()[k]});
@@ -207,7 +211,7 @@ void foreach_pow_exponent(c10::ArrayRef<c10::IValue> args) {
 
 // softshrink(self, lambd): lambd in [0, the largest finite value of self's dtype].
 void softshrink_lambda(c10::ArrayRef<c10::IValue> args) {
-  if (args.size() < 2 || !args[0].isTensor() || !args[1].isScalar()) return;
+  if (args.size() < 2 || !args[0].isTensor() || !is_scalar(args[1])) return;
   c10::ScalarType t = args[0].toTensor().scalar_type();
   double upper = std::numeric_limits<double>::max();
   if (t == at::kFloat) upper = std::numeric_limits<float>::max();
@@ -220,14 +224,14 @@ void softshrink_lambda(c10::ArrayRef<c10::IValue> args) {
 
 // celu(self, alpha): the kernel divides by alpha.
 void celu_alpha(c10::ArrayRef<c10::IValue> args) {
-  if (args.size() < 2 || !args[1].isScalar()) return;
+  if (args.size() < 2 || !is_scalar(args[1])) return;
   TORCH_CHECK(args[1].toScalar().toDouble() != 0, "ZeroDivisionError: alpha cannot be 0 for CELU");
 }
 
 // linalg_vector_norm and norm (self, ord, dim...): an order without an identity (negative
 // or infinite) cannot reduce an empty tensor, nor an empty dim.
 void norm_order(c10::ArrayRef<c10::IValue> args) {
-  if (args.size() < 2 || !args[0].isTensor() || args[0].toTensor().numel() != 0 || !args[1].isScalar()) return;
+  if (args.size() < 2 || !args[0].isTensor() || args[0].toTensor().numel() != 0 || !is_scalar(args[1])) return;
   const c10::Scalar ord = args[1].toScalar();
   double o = ord.toDouble();
   if (!(o < 0 || o == std::numeric_limits<double>::infinity())) return;
@@ -527,11 +531,24 @@ void randperm_size(c10::ArrayRef<c10::IValue> args) {
 
 // A value written into a tensor of dtype `t` as CPU's fill-like kernels convert it
 // (Scalar::to<scalar_t>, which raises "value cannot be converted to type ... without
-// overflow", also for a complex value with an imaginary part into a real type).
+// overflow", also for a complex value with an imaginary part into a real type). Every
+// dtype is checked here, on the host: the barebones unsigned and float8 types too (a
+// device-side check is not reported at the call in DeferAndFuse).
 void check_fits(const c10::Scalar& v, c10::ScalarType t) {
-  if (t == c10::kUInt16 || t == c10::kUInt32 || t == c10::kUInt64 || c10::isFloat8Type(t)) return;
-  AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(c10::kHalf, c10::kBFloat16, c10::kBool, t, "fill",
-                                         [&] { (void)v.to<scalar_t>(); });
+  if (t == c10::kComplexHalf) return;  // CPU's fill takes any value; the dtype is refused later
+  switch (t) {
+#define TPU_CHECK_FITS(T, name)  \
+  case c10::ScalarType::name:    \
+    (void)v.to<T>();             \
+    return;
+    AT_FORALL_SCALAR_TYPES_WITH_COMPLEX(TPU_CHECK_FITS)
+    TPU_CHECK_FITS(uint16_t, UInt16)
+    TPU_CHECK_FITS(uint32_t, UInt32)
+    TPU_CHECK_FITS(uint64_t, UInt64)
+#undef TPU_CHECK_FITS
+    default:
+      return;
+  }
 }
 
 // fill_(self, value), masked_fill(self, mask, value), index_fill(self, dim, index, value),
@@ -539,12 +556,13 @@ void check_fits(const c10::Scalar& v, c10::ScalarType t) {
 // (full, full_like and new_full fill through fill_).
 template <int kValue>
 void fill_value(c10::ArrayRef<c10::IValue> args) {
-  if (static_cast<int>(args.size()) <= kValue || !args[0].isTensor() || !args[kValue].isScalar()) return;
+  if (static_cast<int>(args.size()) <= kValue || !args[0].isTensor() || !is_scalar(args[kValue])) return;
   const at::Tensor& self = args[0].toTensor();
   c10::ScalarType t = self.scalar_type();
-  // CPU fills a one-element tensor of a half type (scalar_tensor: a Python number meeting
-  // a half tensor in where) unchecked: a value past its range becomes inf.
-  if (kValue == 1 && self.numel() == 1 && (t == c10::kHalf || t == c10::kBFloat16)) return;
+  // CPU fills a one-element tensor of a half or float8 type (scalar_tensor: a Python
+  // number meeting such a tensor in where) unchecked: a value past its range converts as
+  // .to() converts it (inf, or float8's saturation or NaN).
+  if (kValue == 1 && self.numel() == 1 && (t == c10::kHalf || t == c10::kBFloat16 || c10::isFloat8Type(t))) return;
   check_fits(args[kValue].toScalar(), t);
 }
 
@@ -554,7 +572,7 @@ void clamp_bounds(c10::ArrayRef<c10::IValue> args) {
   if (args.empty() || !args[0].isTensor()) return;
   c10::ScalarType t = args[0].toTensor().scalar_type();
   for (size_t i = 1; i < args.size() && i < 3; ++i) {
-    if (!args[i].isScalar()) continue;
+    if (!is_scalar(args[i])) continue;
     c10::Scalar v = args[i].toScalar();
     if (c10::isIntegralType(t, /*includeBool=*/true) && (v.isFloatingPoint() || v.isComplex())) continue;
     if (v.isComplex() && c10::isFloatingType(t)) check_fits(v, c10::kDouble);  // CPU's first conversion
@@ -582,7 +600,7 @@ void where_number(c10::ArrayRef<c10::IValue> args) {
 void sub_bool(c10::ArrayRef<c10::IValue> args) {
   if (args.size() < 2) return;
   auto is_bool = [](const c10::IValue& v) {
-    return v.isTensor() ? v.toTensor().scalar_type() == c10::kBool : v.isScalar() && v.toScalar().isBoolean();
+    return v.isTensor() ? v.toTensor().scalar_type() == c10::kBool : is_scalar(v) && v.toScalar().isBoolean();
   };
   bool a = is_bool(args[0]), b = is_bool(args[1]);
   TORCH_CHECK(!(a && b), "Subtraction, the `-` operator, with two bool tensors is not supported. "
