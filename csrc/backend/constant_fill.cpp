@@ -77,6 +77,7 @@ bool element_bytes(const c10::Scalar& value, c10::ScalarType type, char* out, bo
 // A value whose bytes are all zero in every dtype (not -0.0).
 bool is_positive_zero(const c10::Scalar& v) {
   if (v.isBoolean()) return !v.toBool();
+  if (v.type() == c10::ScalarType::UInt64) return false;  // above INT64_MAX (toLong would throw)
   if (v.isIntegral(false)) return v.toLong() == 0;
   if (v.isFloatingPoint()) return v.toDouble() == 0.0 && !std::signbit(v.toDouble());
   return false;

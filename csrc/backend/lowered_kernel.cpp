@@ -330,7 +330,12 @@ void key_shared_outputs(KeyState& k, const OpInfo& info, c10::ArrayRef<IValue> a
 }
 
 void key_scalar(KeyState& k, const c10::Scalar& s) {
-  k.tag(s.isFloatingPoint() ? 'f' : s.isBoolean() ? 'b' : s.isIntegral(false) ? 'i' : 'x');
+  // 'u': an integer above INT64_MAX, a u64 operand (scalar_param).
+  k.tag(s.isFloatingPoint() ? 'f'
+        : s.isBoolean()     ? 'b'
+        : s.type() == c10::ScalarType::UInt64 ? 'u'
+        : s.isIntegral(false) ? 'i'
+                              : 'x');
 }
 
 std::string_view build_key(const OpInfo& info, c10::ArrayRef<IValue> args, KeyState& k) {
@@ -355,7 +360,7 @@ std::string_view build_key(const OpInfo& info, c10::ArrayRef<IValue> args, KeySt
         std::optional<at::Tensor> o = l.get(j);
         key_tensor(k, o.has_value() ? *o : at::Tensor());
       }
-    } else if (info.is_scalar[i] && v.isScalar()) {
+    } else if (info.is_scalar[i] && (v.isScalar() || v.isUnsigned())) {  // isScalar leaves out uint64's
       k.tag('S');
       key_scalar(k, v.toScalar());
     } else if (info.is_scalar[i] && v.isList()) {
@@ -777,6 +782,8 @@ class KernelCtx final : public lowering::Ctx {
   Value scalar_param(const c10::Scalar& s, int arg, int elem, DType t) {
     DType pt = s.isFloatingPoint() ? (f64_ ? DType::F64 : DType::F32)
                : s.isBoolean()    ? DType::Bool
+               // An integer above INT64_MAX (a uint64 value) travels as u64.
+               : s.type() == c10::ScalarType::UInt64 ? DType::U64
                : s.isIntegral(false) ? DType::I64
                : s.isComplex()       ? (f64_ ? DType::C128 : DType::C64)
                                      : DType::Invalid;
@@ -831,6 +838,7 @@ ScalarKey scalar_key(const c10::Scalar& s, DType t, int device) {
     case DType::F32: { float v = static_cast<float>(s.toDouble()); std::memcpy(bytes, &v, 4); break; }
     case DType::F64: { double v = s.toDouble(); std::memcpy(bytes, &v, 8); break; }
     case DType::I64: { int64_t v = s.toLong(); std::memcpy(bytes, &v, 8); break; }
+    case DType::U64: { uint64_t v = s.toUInt64(); std::memcpy(bytes, &v, 8); break; }
     case DType::I32: { int32_t v = s.toInt(); std::memcpy(bytes, &v, 4); break; }
     case DType::Bool: { bytes[0] = s.toBool() ? 1 : 0; break; }
     default: {
