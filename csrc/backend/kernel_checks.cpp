@@ -609,6 +609,37 @@ void sub_bool(c10::ArrayRef<c10::IValue> args) {
                         "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
 }
 
+// add / sub / rsub (self, other, alpha): CPU's check of alpha against the operands'
+// common dtype (a bool or float alpha would otherwise be cast into an integer result).
+void alpha_value(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 3 || !args[0].isTensor() || !is_scalar(args[2])) return;
+  const at::Tensor& self = args[0].toTensor();
+  c10::ScalarType t = args[1].isTensor()   ? at::result_type(self, args[1].toTensor())
+                      : is_scalar(args[1]) ? at::result_type(self, args[1].toScalar())
+                                           : self.scalar_type();
+  c10::Scalar alpha = args[2].toScalar();
+  TORCH_CHECK(!alpha.isBoolean() || t == c10::kBool, "Boolean alpha only supported for Boolean results.");
+  TORCH_CHECK(c10::isFloatingType(t) || c10::isComplexType(t) || alpha.isIntegral(/*includeBool=*/true),
+              "For integral input tensors, argument alpha must not be a floating point number.");
+  TORCH_CHECK(c10::isComplexType(t) || !alpha.isComplex(),
+              "For non-complex input tensors, argument alpha must not be a complex number.");
+}
+
+// addcmul(self, tensor1, tensor2, value): CPU's kernel converts value into the
+// operands' common dtype, checked.
+void addc_value(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 4 || !tensors_at(args, {0, 1, 2}) || !is_scalar(args[3])) return;
+  at::native::ResultTypeState state = {};
+  for (size_t i : {0, 1, 2}) state = at::native::update_result_type_state(args[i].toTensor(), state);
+  check_fits(args[3].toScalar(), at::native::result_type(state));
+}
+
+// sub / rsub: CPU refuses bool operands before it looks at alpha.
+void sub_alpha(c10::ArrayRef<c10::IValue> args) {
+  sub_bool(args);
+  alpha_value(args);
+}
+
 }  // namespace
 
 KernelCheck value_check_for(const std::string& base) {
@@ -627,6 +658,10 @@ KernelCheck value_check_for(const std::string& base) {
       {"clamp_min", &clamp_bounds},
       {"clamp_max", &clamp_bounds},
       {"where", &where_number},
+      {"add", &alpha_value},
+      {"sub", &sub_alpha},
+      {"rsub", &sub_alpha},
+      {"addcmul", &addc_value},
   };
   auto it = checks.find(base);
   return it == checks.end() ? nullptr : it->second;

@@ -585,9 +585,12 @@ std::pair<std::vector<IValue>, std::vector<IValue>> run_meta(const c10::Operator
       cxx->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &s);
       return {cargs, std::vector<IValue>(s.begin(), s.end())};
     } catch (const std::exception& e) {
-      // CPU's refusal to promote float8 with another dtype (c10::promoteTypes, in this same
-      // function on CPU): the Python reference would give float8 instead.
-      if (std::strstr(e.what(), "Promotion for Float8 Types is not supported")) throw;
+      // CPU's refusal to promote float8 or uint16/32/64 with another dtype
+      // (c10::promoteTypes, in this same function on CPU): the Python reference would
+      // give float8 or the unsigned type instead.
+      if (std::strstr(e.what(), "Promotion for Float8 Types is not supported") ||
+          std::strstr(e.what(), "Promotion for uint16, uint32, uint64 types is not supported"))
+        throw;
     }
   }
   std::vector<IValue> margs = meta_args();
@@ -957,6 +960,10 @@ void refuse_complex(const OpInfo& info, c10::ArrayRef<IValue> args, const std::v
     if (v.isTensorList())
       for (const at::Tensor& t : v.toTensorList()) see(t);
   }
+  // A complex Scalar (x < 1j) makes CPU's common dtype complex: its kernel refuses that.
+  for (size_t i = 0; !found && i < args.size(); ++i)
+    if (args[i].isComplexDouble() && args[0].isTensor())
+      found = at::result_type(args[0].toTensor(), args[i].toScalar());
   if (!found) return;
   std::string what = c10::str(info.name, ": not implemented for '", *found, "' (CPU refuses complex values too)");
   if (info.complex_refusal == ComplexRefusal::Runtime) TORCH_CHECK(false, what);
@@ -989,10 +996,11 @@ bool promotes_all_inputs(const std::string& base) {
 }
 
 // c10::promoteTypes refuses float8 beside any other dtype (CPU's "Promotion for Float8
-// Types is not supported"). Structured ops meet it in their C++ meta function (run_meta);
-// the Python references would give float8, so ops that promote their inputs check here,
-// when a plan is made and a float8 tensor is among them. (Bool inputs, a where's
-// condition or a mask, take no part.)
+// Types is not supported"), and uint16/32/64 beside another integer type ("Promotion for
+// uint16, uint32, uint64 types is not supported"). Structured ops meet it in their C++
+// meta function (run_meta); the Python references would give float8 or the unsigned
+// type, so ops that promote their inputs check here, when a plan is made and such a
+// tensor is among them. (Bool inputs, a where's condition or a mask, take no part.)
 void refuse_fp8_promotion(const OpInfo& info, c10::ArrayRef<IValue> args) {
   if (!info.promotes_inputs) return;
   std::vector<at::Tensor> ins;
@@ -1000,7 +1008,7 @@ void refuse_fp8_promotion(const OpInfo& info, c10::ArrayRef<IValue> args) {
   int last = info.is_out ? info.num_args - static_cast<int>(info.mutated.size()) : info.num_args;
   auto take = [&](const at::Tensor& t) {
     if (!t.defined() || t.scalar_type() == at::kBool) return;
-    fp8 = fp8 || c10::isFloat8Type(t.scalar_type());
+    fp8 = fp8 || c10::isFloat8Type(t.scalar_type()) || c10::isBarebonesUnsignedType(t.scalar_type());
     ins.push_back(t);
   };
   for (int i = 0; i < last; ++i) {
