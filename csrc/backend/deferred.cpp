@@ -280,7 +280,10 @@ std::atomic<bool>& split_at_backward_flag() {
 bool split_at_backward() { return split_at_backward_flag().load(std::memory_order_relaxed); }
 void set_split_at_backward(bool on) { split_at_backward_flag().store(on); }
 
+static void check_inputs_not_lost(const Program& program, const Operands& args);
+
 Results run(const ProgramPtr& program, Operands args, int device, bool eager, bool graph_locked) {
+  check_inputs_not_lost(*program, args);
   const bool defer = deferring();
   if (!defer && queue_in_strict(*program, args))
     return run_queued(program, std::vector<Operand>(std::make_move_iterator(args.begin()), std::make_move_iterator(args.end())), device);
@@ -367,7 +370,50 @@ std::condition_variable g_slot_cv;  // a graph finished
 void forget_launch_error(const std::exception_ptr& e);  // raised here: not again at sync
 void raise_launch_error();                              // a recorded error, once
 void record_launch_error(const std::exception_ptr& e, std::thread::id owner);  // for its next sync
+bool launch_error_raised(const std::exception_ptr& e);  // reported to the user already
+std::atomic<bool> g_values_lost{false};  // some slot holds an error: inputs are checked per call
 }  // namespace
+
+namespace {
+std::string error_text(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::Error& c) {
+    return c.what_without_backtrace();
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// A value lost to an error the user was told of already: raising that error again would
+// report a failure that is not this call's (and retry loops would take it for a new
+// out-of-memory), so it is named as the earlier error it is.
+[[noreturn]] void raise_lost(const std::exception_ptr& e, const std::string& what) {
+  if (!launch_error_raised(e)) {
+    forget_launch_error(e);  // reported here, not again at the next sync
+    std::rethrow_exception(e);
+  }
+  TORCH_CHECK(false, what, " an input's value was lost to an earlier error, so it cannot be used (the tensor was made ",
+              "by work that failed; recreate it). The earlier error: ", error_text(e));
+}
+}  // namespace
+
+// An op reading a value an earlier failed launch lost raises at its call, before anything
+// is written or launched: running it would drop its write or spread the failure silently.
+static void check_inputs_not_lost(const Program& program, const Operands& args) {
+  if (!g_values_lost.load(std::memory_order_acquire)) return;
+  for (const Operand& a : args) {
+    if (!a.slot) continue;
+    std::exception_ptr e;
+    {
+      std::lock_guard<std::mutex> lock(g_slot_mu);
+      if (!a.slot->buffer) e = a.slot->error;
+    }
+    if (e) raise_lost(e, program.name() + ":");
+  }
+}
 
 bool is_ready(const Operand& v) {
   if (v.buffer) return true;
@@ -394,8 +440,7 @@ runtime::BufferPtr resolve(const Operand& v) {
   if (v.slot->error) {
     std::exception_ptr e = v.slot->error;
     lock.unlock();
-    forget_launch_error(e);
-    std::rethrow_exception(e);
+    raise_lost(e, "reading a tpu tensor:");
   }
   runtime::BufferPtr b = v.slot->buffer;
   lock.unlock();
@@ -700,6 +745,7 @@ struct Job {
   std::vector<std::exception_ptr> param_errors;  // inputs earlier jobs failed to make (or empty)
   bool each_call = false;  // Strict's queued launches: each call its own program, no graph
   uint64_t correlation = 0;  // ... the op that queued it, for torch.profiler
+  int64_t reserved = 0;      // ... its outputs' bytes, counted at its call (reserve_queued)
   int split = 0;  // > 0: the calls from here on (a backward) run as a second program
 };
 
@@ -749,6 +795,8 @@ void assign_donations(Job& job, const std::vector<bool>& sole, const std::vector
   }
 }
 
+void release_queued(int device, int64_t bytes);
+
 // The calls' outputs not yet made hold `e`. It is recorded for the next sync of each
 // thread whose call it fails, before any reader can see it (a reader forgets it).
 void fail_calls(const Job& job, size_t from, size_t to, const std::exception_ptr& e) {
@@ -761,6 +809,7 @@ void fail_calls(const Job& job, size_t from, size_t to, const std::exception_ptr
           owners.push_back(job.calls[n].owner);
   }
   for (std::thread::id t : owners) record_launch_error(e, t);
+  g_values_lost.store(true, std::memory_order_release);
   std::lock_guard<std::mutex> lock(g_slot_mu);
   for (size_t n = from; n < to; ++n)
     for (const SlotPtr& s : job.outs[n])
@@ -793,6 +842,11 @@ void replay(const Job& job, const std::vector<runtime::BufferPtr>& params, bool 
   std::vector<std::exception_ptr> failed(job.calls.size());  // per call: why it did not run
   std::exception_ptr first;
   for (size_t n = 0; n < job.calls.size(); ++n) {
+    // A queued launch's outputs, counted since its call, are live (or never made) after it.
+    struct Unreserve {
+      const Job& job;
+      ~Unreserve() { release_queued(job.device, job.reserved); }
+    } unreserve{job};
     std::exception_ptr e;
     for (const Wire& w : job.calls[n].args) {
       if (w.node >= 0) e = failed[w.node];
@@ -1026,7 +1080,8 @@ class Launcher {
   // another thread's: as on CUDA, where the op's own thread sees its out-of-memory.
   void record(const std::exception_ptr& e, std::thread::id owner) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (e == raised_) return;  // later jobs failing on the same input: raised already
+    // Later jobs failing on the same input: raised already.
+    if (std::find(raised_list_.begin(), raised_list_.end(), e) != raised_list_.end()) return;
     for (const auto& [t, err] : errors_)
       if (t == owner) return;
     errors_.emplace_back(owner, e);
@@ -1035,7 +1090,7 @@ class Launcher {
 
   void forget(const std::exception_ptr& e) {
     std::lock_guard<std::mutex> lock(mu_);
-    raised_ = e;
+    note_raised(e);
     errors_.erase(std::remove_if(errors_.begin(), errors_.end(), [&](const auto& te) { return te.second == e; }),
                   errors_.end());
     has_error_.store(!errors_.empty(), std::memory_order_release);
@@ -1061,6 +1116,11 @@ class Launcher {
     return pending_ == 0;
   }
 
+  bool was_raised(const std::exception_ptr& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::find(raised_list_.begin(), raised_list_.end(), e) != raised_list_.end();
+  }
+
   void wait_idle() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return pending_ == 0; });
@@ -1076,9 +1136,15 @@ class Launcher {
     if (it == errors_.end()) return nullptr;
     std::exception_ptr e = it->second;
     errors_.erase(it);
-    raised_ = e;
+    note_raised(e);
     has_error_.store(!errors_.empty(), std::memory_order_release);
     return e;
+  }
+
+  void note_raised(const std::exception_ptr& e) {  // under mu_
+    if (std::find(raised_list_.begin(), raised_list_.end(), e) != raised_list_.end()) return;
+    if (raised_list_.size() >= kRaisedKept) raised_list_.pop_front();
+    raised_list_.push_back(e);
   }
 
   void loop() {
@@ -1116,7 +1182,9 @@ class Launcher {
   bool started_ = false;
   std::vector<std::pair<std::thread::id, std::exception_ptr>> errors_;  // per thread, its first
   std::atomic<bool> has_error_{false};  // errors_ is not empty: read without the lock per value read
-  std::exception_ptr raised_;           // the last error raised to the user
+  // The latest errors raised to the user: values they lost are named as earlier errors.
+  static constexpr size_t kRaisedKept = 64;
+  std::deque<std::exception_ptr> raised_list_;
 };
 
 Launcher& launcher() {
@@ -1127,10 +1195,40 @@ Launcher& launcher() {
 void forget_launch_error(const std::exception_ptr& e) { launcher().forget(e); }
 void raise_launch_error() { launcher().raise_recorded(); }
 void record_launch_error(const std::exception_ptr& e, std::thread::id owner) { launcher().record(e, owner); }
+bool launch_error_raised(const std::exception_ptr& e) { return launcher().was_raised(e); }
 
 }  // namespace
 
+namespace {
+// Output bytes of Strict's queued launches not made yet, per device: counted at the op's
+// call, where its out-of-memory is raised (as Debug's and CUDA's), not at the launch.
+constexpr int kMaxDevices = 64;
+std::atomic<int64_t> g_queued_bytes[kMaxDevices];
+
+void release_queued(int device, int64_t bytes) {
+  if (bytes > 0 && device >= 0 && device < kMaxDevices) g_queued_bytes[device] -= bytes;
+}
+
+// Raises torch.OutOfMemoryError at the call when the op's outputs would pass the limit,
+// else counts them until the launch makes them. Launches queued before it may still free
+// buffers (their inputs the caller dropped): it waits for them before giving up.
+int64_t reserve_queued(const Program& program, int device) {
+  int64_t bytes = 0;
+  for (const ir::Type& t : program.results()) bytes += t.numel() * static_cast<int64_t>(itemsize(t.dtype));
+  if (device < 0 || device >= kMaxDevices) return 0;
+  runtime::Client& c = runtime::Client::get();
+  auto over = [&] {
+    return c.stats(device).live_bytes.load() + g_queued_bytes[device].load() + bytes > c.memory_limit(device);
+  };
+  if (over() && !launcher().idle()) launcher().wait_quiet();
+  guarded([&] { c.check_capacity(device, bytes, program.name(), g_queued_bytes[device].load()); return 0; });
+  g_queued_bytes[device] += bytes;
+  return bytes;
+}
+}  // namespace
+
 Results run_queued(const ProgramPtr& program, std::vector<Operand> args, int device) {
+  const int64_t reserved = reserve_queued(*program, device);
   if (!program->loaded()) compile_ahead(program);
   metrics().queued_launches += 1;
   {
@@ -1144,6 +1242,7 @@ Results run_queued(const ProgramPtr& program, std::vector<Operand> args, int dev
   Job job;
   job.device = device;
   job.each_call = true;
+  job.reserved = reserved;
   job.correlation = current_correlation();
   Call call{program, {}, std::this_thread::get_id()};
   for (size_t i = 0; i < args.size(); ++i) {

@@ -357,9 +357,10 @@ int64_t Client::memory_limit(int device) {
   return capacity_.at(device);
 }
 
-static void check_capacity(Client& c, int device, int64_t extra, const std::string& what) {
+void Client::check_capacity(int device, int64_t extra, const std::string& what, int64_t reserved) {
+  Client& c = *this;
   int64_t limit = c.memory_limit(device);
-  int64_t live = c.stats(device).live_bytes.load();
+  int64_t live = c.stats(device).live_bytes.load() + reserved;
   if (live + extra > limit) {
     c.stats(device).num_ooms.fetch_add(1);
     // Worded as CUDA's ("... out of memory. Tried to allocate"), which tools match on
@@ -381,7 +382,7 @@ PJRT_Client_BufferFromHostBuffer_Args Client::host_copy_args(const void* data, D
                                                              const std::vector<int64_t>& dims,
                                                              int device,
                                                              PJRT_HostBufferSemantics semantics) {
-  check_capacity(*this, device, dense_bytes(dtype, dims), "host-to-device copy");
+  check_capacity(device, dense_bytes(dtype, dims), "host-to-device copy");
   auto a = ARGS(PJRT_Client_BufferFromHostBuffer_Args);
   a.client = client_;
   a.data = data;
@@ -507,7 +508,7 @@ bool Client::to_host_range(const Buffer& b, void* dst, int64_t offset, int64_t s
 }
 
 BufferPtr Client::copy_to_device(const Buffer& b, int device) {
-  check_capacity(*this, device, b.nbytes(), "device-to-device copy");
+  check_capacity(device, b.nbytes(), "device-to-device copy");
   auto a = ARGS(PJRT_Buffer_CopyToDevice_Args);
   a.buffer = b.raw();
   a.dst_device = devices_.at(device);
@@ -772,7 +773,7 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
   // Outputs aliased to donated inputs take no new memory.
   bool donating = std::find(donate.begin(), donate.end(), true) != donate.end();
   int64_t fresh = exe.output_bytes() + exe.temp_bytes() - (donating ? exe.alias_bytes : 0);
-  check_capacity(*this, device, fresh, name);
+  check_capacity(device, fresh, name);
   DeviceStats& st = stats(device);
   st.bump_peak(st.live_bytes.load() + fresh);
 

@@ -48,6 +48,10 @@ struct DeviceStats {
   std::atomic<int64_t> allocated_bytes{0};  // accumulated since the last reset
   std::atomic<int64_t> freed_bytes{0};
   std::atomic<int64_t> num_ooms{0};  // allocations refused for the limit
+  // Storages no op has written yet (`empty`, zeros): their buffers are made lazily, but
+  // their bytes count as allocated from the start, as CUDA's (backend/storage.cpp).
+  std::atomic<int64_t> unwritten_bytes{0};
+  int64_t allocated() const { return live_bytes.load() + unwritten_bytes.load(); }
   void add(int64_t bytes);
   void reset_accumulated();  // counts and byte totals since the last reset
   void reset_peaks();
@@ -239,6 +243,9 @@ class Client {
   int64_t memory_limit(int device);
   void set_memory_limit(int64_t bytes) { memory_limit_override_ = bytes; }
   void set_device_memory_limit(int device, int64_t bytes) { device_limit_.at(device) = bytes; }
+  // Raises OutOfMemory (worded as CUDA's) when `extra` more bytes, beside those live and
+  // `reserved` for launches not made yet, would pass the limit; `what` names the op.
+  void check_capacity(int device, int64_t extra, const std::string& what, int64_t reserved = 0);
 
   // Raises Error carrying the plugin's message if `err` is non-null (and frees it).
   void check(PJRT_Error* err, const std::string& what) const;
