@@ -68,8 +68,11 @@ at::Tensor tensor_on(const c10::Storage& storage, const TensorSpec& s) {
 
 c10::Storage storage_holding(Operand value, size_t nbytes, int device) {
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  std::optional<AllocatingForValue> computed;
+  if (value) computed.emplace();
   c10::Storage st(c10::Storage::use_byte_size_t(), nbytes, tpu_allocator(), /*resizable=*/true);
-  static_cast<StorageData*>(st.data_ptr().get_context())->value = std::move(value);
+  computed.reset();
+  set_value(*static_cast<StorageData*>(st.data_ptr().get_context()), std::move(value));
   return st;
 }
 
@@ -383,7 +386,7 @@ py::object CapturedGraph::replay(py::list args, int how_) {
     for (auto& [k, j] : writes_) {
       auto* sd = static_cast<StorageData*>(kept[k].data_ptr().get_context());
       note_replacement(res[j], sd->value);
-      sd->value = res[j];
+      set_value(*sd, res[j]);
     }
   };
   How how = static_cast<How>(how_);

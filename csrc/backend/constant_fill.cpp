@@ -98,7 +98,7 @@ bool try_host_fill(const at::Tensor& self, const c10::Scalar& value) {
   if (is_positive_zero(value)) {
     // All bytes zero: the storage becomes unwritten again, which reads as zeros (the
     // optimizer states zeros_like makes; programs read such a storage as a constant).
-    sd.value = Operand();
+    set_value(sd, Operand());
     g_host_fills += 1;
     return true;
   }
@@ -113,7 +113,7 @@ bool try_host_fill(const at::Tensor& self, const c10::Scalar& value) {
   for (int64_t i = 0; i < n; ++i) std::memcpy(bytes.data() + i * item, element, item);
   runtime::BufferPtr buf =
       guarded([&] { return runtime::Client::get().from_host(bytes.data(), st.dtype, st.shape, sd.device); });
-  sd.value = std::move(buf);
+  set_value(sd, std::move(buf));
   g_host_fills += 1;
   return true;
 }

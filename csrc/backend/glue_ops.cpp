@@ -60,17 +60,17 @@ void assign(const at::Tensor& dst, Operand value, const at::Tensor* src = nullpt
     // Kept as it is (a contiguous view of the whole storage reads a value of its own
     // shape as that view): no program.
     s.pending.clear();
-    s.value = value;
+    set_value(s, value);
     return;
   }
   bool whole = itemsize(st.dtype) == itemsize(dt) && covers;
   if (whole) {
     s.pending.clear();
     std::string key = "assign:" + vt.str() + "->" + mlir_name(dt) + g.key() + st.str();
-    s.value = run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
+    set_value(s, run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
       ir::Value v = lowering::coerce(b, b.param(vt), dt, g.sizes);
       return {b.reshape(reinterpret_bytes(b, v, st.dtype), st.shape)};
-    }, {value}, s.device)[0];
+    }, {value}, s.device)[0]);
     return;
   }
   if (!s.value && s.pending.empty()) check_readable(s);
@@ -78,10 +78,10 @@ void assign(const at::Tensor& dst, Operand value, const at::Tensor* src = nullpt
     // The pending graph already joins the writes into one program.
     Operand cur = storage_value(dst);
     std::string key = "assign:" + vt.str() + "->" + view_key(dst);
-    s.value = run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
+    set_value(s, run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
       ir::Value v = lowering::coerce(b, b.param(vt), dt, g.sizes);
       return {write_storage_view(b, b.param(st), st, g, v)};  // through the storage's bytes
-    }, {value, cur}, s.device)[0];
+    }, {value, cur}, s.device)[0]);
     return;
   }
   // Part of the storage: queued, run with the writes that follow it at the storage's
@@ -165,13 +165,13 @@ void grow_storage(const c10::Storage& storage, size_t need, c10::Device device) 
     ir::Type ot = old_value.type();
     int64_t n_old = ot.numel();
     int64_t n_new = static_cast<int64_t>(need) / itemsize(ot.dtype);
-    static_cast<StorageData*>(fresh.get_context())->value = guarded([&] {
+    set_value(*static_cast<StorageData*>(fresh.get_context()), guarded([&] {
       return run_internal("grow:" + ot.str() + "->" + std::to_string(n_new),
                           [&](ir::Builder& b) -> std::vector<ir::Value> {
         ir::Value flat = b.reshape(b.param(ot), {n_old});
         return {b.pad(flat, lowering::constant_any(b, 0, ot.dtype), {0}, {n_new - n_old}, {0})};
       }, {old_value}, dev)[0];
-    });
+    }));
   }
   storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(fresh));
   storage.unsafeGetStorageImpl()->set_nbytes(need);

@@ -1678,7 +1678,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
       at::Tensor tmp;
       StorageData& sd = storage_of(*tensor_at(args, o.arg, o.elem, &tmp));
       note_replacement(results[next_result], sd.value);
-      sd.value = std::move(results[next_result++]);
+      set_value(sd, std::move(results[next_result++]));
     } else {
       Operand v = std::move(results[next_result++]);
       fresh.push_back(o.strides.empty() ? wrap_value(std::move(v), o.dtype, o.sizes, k.device)

@@ -110,7 +110,7 @@ PYBIND11_MODULE(_C, m) {
     }
     guarded([&] { flush(r); return 0; });
   });
-  m.def("memory_allocated", [](int d) { return settled_memory_stats(d).live_bytes.load(); });
+  m.def("memory_allocated", [](int d) { return settled_memory_stats(d).allocated(); });
   m.def("max_memory_allocated", [](int d) { return settled_memory_stats(d).peak_bytes.load(); });
   m.def("reset_peak_memory_stats", [](int d) { settled_memory_stats(d).reset_peaks(); });
   m.def("reset_accumulated_memory_stats", [](int d) { settled_memory_stats(d).reset_accumulated(); });

@@ -18,7 +18,7 @@ bool shape_loaded_storage(const at::Tensor& t) {
   if (static_cast<size_t>(t.numel()) * t.element_size() != s.nbytes || t.numel() == 0) return false;
   Operand v = guarded([&] { return dense_value(t); });
   if (v.type().str() == s.value.type().str()) return false;  // already in its shape
-  s.value = std::move(v);
+  set_value(s, std::move(v));
   return true;
 }
 

@@ -34,6 +34,8 @@ void report_to_profiler(const StorageData* s, int64_t bytes) {
                                    c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(s->device)));
 }
 
+thread_local int t_allocating_for_value = 0;  // AllocatingForValue scopes alive
+
 void delete_storage(void* ctx) {
   auto* s = static_cast<StorageData*>(ctx);
   report_to_profiler(s, -static_cast<int64_t>(s->nbytes));
@@ -44,6 +46,27 @@ void delete_storage(void* ctx) {
 // A DeviceAllocator, so torch.accelerator's memory functions reach it as torch.tpu's do.
 // Buffers are the runtime's: nothing is cached here, so there is no cache to empty and no
 // stream to record; the figures are the runtime's counts of live device buffers.
+// A storage no op wrote yet holds no buffer (its first write makes one), but its bytes
+// count from its allocation: the limit is checked here, raising out-of-memory at the
+// `empty` or `zeros` that passes it, as CUDA does. Launches queued or flushed before it
+// may still free buffers their callers dropped: they finish before it gives up.
+void count_unwritten(StorageData& s) {
+  runtime::Client& c = runtime::Client::get();
+  runtime::DeviceStats& st = c.stats(s.device);
+  const int64_t bytes = static_cast<int64_t>(s.nbytes);
+  if (st.allocated() + bytes > c.memory_limit(s.device) && !all_launched())
+    guarded([] { settle_launched(); return 0; });
+  try {
+    guarded([&] { c.check_capacity(s.device, bytes, "a tensor's allocation", st.unwritten_bytes.load()); return 0; });
+  } catch (...) {
+    delete &s;
+    throw;
+  }
+  st.unwritten_bytes += bytes;
+  s.unwritten_bytes = bytes;
+  st.bump_peak(st.allocated());
+}
+
 class TpuAllocator final : public c10::DeviceAllocator {
  public:
   bool initialized() override { return true; }
@@ -56,7 +79,7 @@ class TpuAllocator final : public c10::DeviceAllocator {
     // One device buffer is one allocation, block and segment (no caching pool between).
     for (auto* bytes : {&out.allocated_bytes, &out.reserved_bytes, &out.active_bytes, &out.requested_bytes}) {
       auto& all = (*bytes)[kAll];
-      all.current = s.live_bytes.load();
+      all.current = s.allocated();
       all.peak = s.peak_bytes.load();
       all.allocated = s.allocated_bytes.load();
       all.freed = s.freed_bytes.load();
@@ -75,7 +98,7 @@ class TpuAllocator final : public c10::DeviceAllocator {
   void resetPeakStats(c10::DeviceIndex d) override { settled_memory_stats(d).reset_peaks(); }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex d) override {
     int64_t total = runtime::Client::get().memory_limit(d);
-    int64_t used = settled_memory_stats(d).live_bytes.load();
+    int64_t used = settled_memory_stats(d).allocated();
     return {static_cast<size_t>(std::max<int64_t>(total - used, 0)), static_cast<size_t>(total)};
   }
 
@@ -91,6 +114,7 @@ class TpuAllocator final : public c10::DeviceAllocator {
                      "TPU out of memory. Tried to allocate ", nbytes, " bytes on tpu:", static_cast<int>(dev),
                      ", more than its limit of ", limit, " bytes (torch_tpu)");
     auto* s = new StorageData{dev, nbytes, {}};
+    if (t_allocating_for_value == 0 && nbytes > 0) count_unwritten(*s);
     report_to_profiler(s, static_cast<int64_t>(nbytes));
     // The data pointer is only an identity: device memory is never host-addressable.
     return c10::DataPtr(s, s, &delete_storage, c10::Device(c10::DeviceType::PrivateUse1, dev));
@@ -201,12 +225,24 @@ void run_copies(const std::shared_ptr<ViewCopies>& group) {
       return res;
     }, {group->source}, group->device);
   });
-  for (size_t i = 0; i < live.size(); ++i) live[i].dst->value = std::move(outs[i]);
+  for (size_t i = 0; i < live.size(); ++i) set_value(*live[i].dst, std::move(outs[i]));
 }
 }  // namespace
 
+AllocatingForValue::AllocatingForValue() { t_allocating_for_value += 1; }
+AllocatingForValue::~AllocatingForValue() { t_allocating_for_value -= 1; }
+
+void set_value(StorageData& s, Operand value) {
+  s.value = std::move(value);
+  const int64_t counted = s.value ? 0 : static_cast<int64_t>(s.nbytes);
+  if (counted == s.unwritten_bytes) return;
+  runtime::Client::get().stats(s.device).unwritten_bytes += counted - s.unwritten_bytes;
+  s.unwritten_bytes = counted;
+}
+
 StorageData::~StorageData() {
   tag = 0;  // no longer a record
+  if (unwritten_bytes) runtime::Client::get().stats(device).unwritten_bytes -= unwritten_bytes;
   if (!copy_of) return;
   std::lock_guard<std::recursive_mutex> lock(g_copies_mu);
   for (auto& c : copy_of->copies)
@@ -279,7 +315,7 @@ void apply_pending(StorageData& s) {
     if (w.from_view) key += std::string("<") + mlir_name(w.source_dtype) + w.source_view.key();
   }
   // The writes in their order, each as assign() would run it alone: the same bytes.
-  s.value = guarded([&] {
+  set_value(s, guarded([&] {
     return run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
       ir::Value cur = has ? b.param(st) : lowering::constant_any(b, 0, st.dtype, st.shape);
       for (const PendingWrite& w : writes) {
@@ -290,7 +326,7 @@ void apply_pending(StorageData& s) {
       }
       return {cur};
     }, args, s.device)[0];
-  });
+  }));
 }
 
 int device_index(const at::Tensor& t) { return t.device().has_index() ? t.device().index() : 0; }
@@ -334,7 +370,7 @@ void check_readable(const StorageData& s) { TORCH_CHECK(s.unreadable.empty(), s.
 
 void make_unreadable(StorageData& s, std::string why) {
   if (!s.pending.empty() || s.copy_of) apply_pending(s);  // queued copies may name it
-  s.value = Operand();
+  set_value(s, Operand());
   s.host_copy.reset();
   s.unreadable = std::move(why);
 }
@@ -344,16 +380,16 @@ Operand storage_value(const at::Tensor& t) {
   if (s.value) return s.value;
   check_readable(s);
   ir::Type ty = storage_type(t);
-  s.value = run_internal("zeros:" + ty.str(), [&](ir::Builder& b) -> std::vector<ir::Value> {
+  set_value(s, run_internal("zeros:" + ty.str(), [&](ir::Builder& b) -> std::vector<ir::Value> {
     return {lowering::constant_any(b, 0, ty.dtype, ty.shape)};
-  }, {}, s.device)[0];
+  }, {}, s.device)[0]);
   return s.value;
 }
 
 runtime::BufferPtr materialized(const at::Tensor& t) {
   StorageData& s = storage_of(t);
   runtime::BufferPtr b = resolve(storage_value(t));
-  s.value = b;  // forget the slot: the storage now holds the buffer itself
+  set_value(s, b);  // forget the slot: the storage now holds the buffer itself
   return b;
 }
 
@@ -405,8 +441,11 @@ at::Tensor wrap_value(Operand value, c10::ScalarType dtype, at::IntArrayRef size
   std::optional<c10::DeviceGuard> guard;
   if (current_device() != device) guard.emplace(c10::Device(c10::DeviceType::PrivateUse1, device));
   constexpr c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
-  at::Tensor t = at::detail::empty_strided_generic(sizes, strides, &g_allocator, ks, dtype);
-  storage_of(t).value = std::move(value);
+  at::Tensor t = [&] {
+    AllocatingForValue computed;
+    return at::detail::empty_strided_generic(sizes, strides, &g_allocator, ks, dtype);
+  }();
+  set_value(storage_of(t), std::move(value));
   return t;
 }
 

@@ -63,6 +63,8 @@ struct StorageData {
   // tensor over that pointer (at::from_blob, as pickling a storage does to copy it).
   static constexpr uint64_t kTag = 0x7470752d73746f72;  // "tpu-stor"
   uint64_t tag = kTag;
+  // Bytes counted as allocated while the storage holds no value (set_value keeps it).
+  int64_t unwritten_bytes = 0;
   ~StorageData();
 };
 
@@ -73,6 +75,18 @@ c10::Allocator* tpu_allocator();
 // values have run (memory figures count buffers).
 runtime::DeviceStats& settled_memory_stats(int device);
 
+// While one lives, this thread's allocations are storages for values already computed
+// (their buffers are counted): neither checked against the limit nor counted again.
+class AllocatingForValue {
+ public:
+  AllocatingForValue();
+  ~AllocatingForValue();
+  AllocatingForValue(const AllocatingForValue&) = delete;
+  AllocatingForValue& operator=(const AllocatingForValue&) = delete;
+};
+// Sets the storage's value (empty: unwritten again, which reads as zeros). While it holds
+// none its bytes still count as allocated: memory figures and the limit see them.
+void set_value(StorageData& s, Operand value);
 // The tensor's storage, its pending writes applied first.
 StorageData& storage_of(const at::Tensor& t);
 // Its value as a buffer where its launch has run (Strict's queued launches, a flushed
