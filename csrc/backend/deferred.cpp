@@ -395,8 +395,13 @@ std::string error_text(const std::exception_ptr& e) {
     forget_launch_error(e);  // reported here, not again at the next sync
     std::rethrow_exception(e);
   }
+  // Quoted without CUDA's " out of memory.", which retry loops match (accelerate's batch
+  // size finder): a smaller size does not cure this, recreating the lost state does.
+  std::string earlier = error_text(e);
+  const std::string oom = "out of memory. ";
+  if (size_t at = earlier.find(oom); at != std::string::npos) earlier.replace(at, oom.size(), "out of memory: ");
   TORCH_CHECK(false, what, " an input's value was lost to an earlier error, so it cannot be used (the tensor was made ",
-              "by work that failed; recreate it). The earlier error: ", error_text(e));
+              "by work that failed; recreate it). The earlier error: ", earlier);
 }
 }  // namespace
 
