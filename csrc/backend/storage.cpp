@@ -234,7 +234,8 @@ AllocatingForValue::~AllocatingForValue() { t_allocating_for_value -= 1; }
 
 void set_value(StorageData& s, Operand value) {
   s.value = std::move(value);
-  const int64_t counted = s.value ? 0 : static_cast<int64_t>(s.nbytes);
+  // Unreadable (donated, failed): it will never hold a buffer, so nothing is counted.
+  const int64_t counted = s.value || !s.unreadable.empty() ? 0 : static_cast<int64_t>(s.nbytes);
   if (counted == s.unwritten_bytes) return;
   runtime::Client::get().stats(s.device).unwritten_bytes += counted - s.unwritten_bytes;
   s.unwritten_bytes = counted;
@@ -370,9 +371,9 @@ void check_readable(const StorageData& s) { TORCH_CHECK(s.unreadable.empty(), s.
 
 void make_unreadable(StorageData& s, std::string why) {
   if (!s.pending.empty() || s.copy_of) apply_pending(s);  // queued copies may name it
+  s.unreadable = std::move(why);  // first: an unreadable storage counts no bytes
   set_value(s, Operand());
   s.host_copy.reset();
-  s.unreadable = std::move(why);
 }
 
 Operand storage_value(const at::Tensor& t) {
