@@ -40,3 +40,38 @@ def test_stack_of_many_along_inner_dim_and_mixed_dtypes():
     assert out.dtype == ref.dtype and torch.equal(out.cpu(), ref)
     ref = torch.cat([t.cpu() for t in ts], dim=1)
     assert torch.equal(torch.cat(ts, dim=1).cpu(), ref)
+
+
+# torch.randn drawn before the normals were computed elementwise (torch.manual_seed(0),
+# 5 values): the values stay the same, for reproducibility.
+RANDN_SEED0_BITS = {
+    torch.float32: (torch.int32, [-1079317244, -1083341157, 1062801359, 1054950762, -1087297091]),
+    torch.float64: (torch.int64, [4593893514242462949, -4616466737921802643, -4624180424664518647,
+                                  -4613117540453153705, -4620440517161895934]),
+    torch.bfloat16: (torch.int16, [-16469, -16530, 16217, 16097, -16591]),
+}
+
+
+@pytest.mark.parametrize("dtype", list(RANDN_SEED0_BITS))
+def test_randn_values_unchanged(dtype):
+    torch.manual_seed(0)
+    a = torch.randn(5, dtype=dtype, device=D).cpu()
+    as_int, bits = RANDN_SEED0_BITS[dtype]
+    assert a.view(as_int).tolist() == bits
+
+
+def test_randn_needs_only_its_output_in_device_memory():
+    torch.tpu.synchronize()
+    gc.collect()
+    free, total = torch.tpu.mem_get_info()
+    used = total - free
+    torch.tpu.set_per_process_memory_fraction((used + 24_000_000) / total)
+    try:
+        r = torch.randn(2_500_000, device=D)  # 10 MB; took 30 MB
+        assert abs(r.mean().item()) < 0.01 and 0.99 < r.std().item() < 1.01
+        del r
+        n = torch.empty(2_500_000, device=D).normal_(1.0, 2.0)
+        assert abs(n.mean().item() - 1.0) < 0.02
+        del n
+    finally:
+        torch.tpu.set_per_process_memory_fraction(1.0)

@@ -730,10 +730,10 @@ class KernelCtx final : public lowering::Ctx {
   }
   const std::vector<Value>& checks() const { return checks_; }
 
-  Value random_bits(const ir::Type& t) override {
+  Value random_bits(const ir::Type& t) override { return b.rng_bit_generator(random_state(), t).second; }
+  Value random_state() override {
     plan_.sources.push_back({Source::Rng, info_.generator_arg, -1, DType::I64});
-    Value state = b.param(ir::Type{DType::I64, {2}});
-    return b.rng_bit_generator(b.bitcast(state, DType::U64), t).second;
+    return b.bitcast(b.param(ir::Type{DType::I64, {2}}), DType::U64);
   }
 
   // The storage of a tensor arg as a program value (a parameter, or zeros).

@@ -73,6 +73,7 @@ class ElementCtx : public Ctx {
   int num_outs() const override { return 1; }
   Type out(int) const override { return f_.out(k_); }
   Value random_bits(const Type& t) override { return f_.random_bits(t); }
+  Value random_state() override { return f_.random_state(); }
   void check(const Value& ok, const std::string& message) override { f_.check(ok, message); }
   void check_indices(const Value& ok, const std::string& message) override { f_.check_indices(ok, message); }
 

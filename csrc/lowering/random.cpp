@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "lowering/elementwise.h"
 #include "lowering/random_util.h"
@@ -40,6 +41,63 @@ Value rnd::box_muller(Builder& b, const Value& u1, const Value& u2) {
   return mul(b, r, op1(b, "cosine", mul(b, cst(b, u2, 2 * M_PI), u2)));
 }
 
+// XLA's THREE_FRY bit generator (xla/hlo/builder/lib/prng.cc), written out: the key is
+// state[0] and the counter of word k is state[1] + k, each split into (low, high) u32
+// halves; Threefry-2x32 with 20 rounds maps (counter, key) to two u32 words. A u32 draw
+// of 2m words takes words 0..m-1 from the first output of counters 0..m-1 and words
+// m..2m-1 from their second; a u64 word k joins both outputs of counter k (low, high).
+static std::pair<Value, Value> threefry2x32(Builder& b, Value x0, Value x1, const Value& k0, const Value& k1) {
+  const Shape& s = x0.shape();
+  auto u32 = [&](uint32_t v) { return b.constant(static_cast<double>(v), DType::U32, s); };
+  auto add = [&](const Value& p, const Value& q) { return op2(b, "add", p, q); };
+  auto rotl = [&](const Value& v, int r) {
+    return op2(b, "or", op2(b, "shift_left", v, u32(r)), op2(b, "shift_right_logical", v, u32(32 - r)));
+  };
+  static const int kRotations[8] = {13, 15, 26, 6, 17, 29, 16, 24};
+  const Value ks[3] = {k0, k1, op2(b, "xor", op2(b, "xor", u32(0x1BD11BDA), k0), k1)};
+  x0 = add(x0, ks[0]);
+  x1 = add(x1, ks[1]);
+  for (int i = 0; i < 5; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      x0 = add(x0, x1);
+      x1 = op2(b, "xor", x0, rotl(x1, kRotations[(i % 2) * 4 + j]));
+    }
+    x0 = add(x0, ks[(i + 1) % 3]);
+    x1 = add(add(x1, ks[(i + 2) % 3]), u32(static_cast<uint32_t>(i + 1)));
+  }
+  return {x0, x1};
+}
+
+std::pair<Value, Value> rnd::threefry_pair(Builder& b, const Value& state, const Shape& s, bool wide) {
+  int64_t m = 1;
+  for (int64_t d : s) m *= d;
+  auto word = [&](const Value& v, int64_t i, const Shape& to) {  // u32 halves of state[i]
+    Value x = b.reshape(b.slice(v, {i}, {i + 1}, {1}), {});
+    Value lo = b.convert(x, DType::U32);
+    Value hi = b.convert(op2(b, "shift_right_logical", x, b.constant(32, DType::U64)), DType::U32);
+    return std::make_pair(b.broadcast_in_dim(lo, to, {}), b.broadcast_in_dim(hi, to, {}));
+  };
+  Shape flat{m};
+  auto [k0, k1] = word(state, 0, flat);
+  Value base = b.broadcast_in_dim(b.reshape(b.slice(state, {1}, {2}, {1}), {}), flat, {});
+  Value index = b.iota(Type{DType::U64, flat}, 0);
+  auto draw = [&](int64_t offset) {  // Threefry of counters base + offset + index
+    Value c = op2(b, "add", base, offset ? op2(b, "add", index, b.constant(static_cast<double>(offset), DType::U64, flat)) : index);
+    Value lo = b.convert(c, DType::U32);
+    Value hi = b.convert(op2(b, "shift_right_logical", c, b.constant(32, DType::U64, flat)), DType::U32);
+    return threefry2x32(b, lo, hi, k0, k1);
+  };
+  if (!wide) {
+    auto [first, second] = draw(0);
+    return {b.reshape(first, s), b.reshape(second, s)};
+  }
+  auto join = [&](const std::pair<Value, Value>& w) {
+    Value hi = op2(b, "shift_left", b.convert(w.second, DType::U64), b.constant(32, DType::U64, flat));
+    return b.reshape(op2(b, "or", b.convert(w.first, DType::U64), hi), s);
+  };
+  return {join(draw(0)), join(draw(m))};
+}
+
 namespace {
 using rnd::digits;
 using rnd::fine_type;
@@ -63,9 +121,12 @@ std::vector<Value> uniforms(Ctx& ctx, DType t, const Shape& s, int n = 1) {
 Value uniform(Ctx& ctx, DType t, const Shape& s) { return uniforms(ctx, t, s)[0]; }
 
 // Standard normals by Box-Muller.
+// The two uniforms are the halves of one [2] + s draw, computed elementwise so that XLA
+// fuses them into the output instead of holding the draw (twice the output) in memory.
 Value standard_normal(Ctx& ctx, DType t, const Shape& s) {
-  auto u = uniforms(ctx, fine_type(t), s, 2);
-  return rnd::box_muller(ctx.b, u[0], u[1]);
+  DType ft = fine_type(t);
+  auto [w1, w2] = rnd::threefry_pair(ctx.b, ctx.random_state(), s, ft == DType::F64);
+  return rnd::box_muller(ctx.b, rnd::unit_floats(ctx.b, w1, ft), rnd::unit_floats(ctx.b, w2, ft));
 }
 
 // Float arg i (or a Tensor there, for normal.Tensor_*) as dtype t shaped s.

@@ -16,5 +16,9 @@ DType fine_type(DType t);
 Value unit_floats(Builder& b, const Value& bits, DType t);
 // Standard normals from two independent uniform arrays in [0, 1) (Box-Muller).
 Value box_muller(Builder& b, const Value& u1, const Value& u2);
+// The bits rng_bit_generator(state, [2] + s) draws with THREE_FRY (u64 words when
+// `wide`, else u32), as its two halves shaped s, computed elementwise from the counters:
+// the same values, without the [2] + s array that XLA keeps whole in memory.
+std::pair<Value, Value> threefry_pair(Builder& b, const Value& state, const Shape& s, bool wide);
 
 }  // namespace tpu::lowering::rnd

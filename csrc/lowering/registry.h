@@ -83,6 +83,10 @@ class Ctx {
   // (a dim of size 0 elsewhere), and so must the backend.
   virtual void check_indices(const Value& ok, const std::string& message) { check(ok, message); }
 
+  // The op's generator state (u64[2]) that random_bits draws from, for rules that
+  // compute those same bits elementwise (rnd::threefry_pair).
+  virtual Value random_state() = 0;
+
   // Helpers over the above.
   int64_t i_or(int idx, int64_t dflt) const { return is_none(idx) ? dflt : i(idx); }
   double f_or(int idx, double dflt) const { return is_none(idx) ? dflt : f(idx); }
