@@ -75,3 +75,19 @@ def test_randn_needs_only_its_output_in_device_memory():
         del n
     finally:
         torch.tpu.set_per_process_memory_fraction(1.0)
+
+
+def test_memory_allocated_returns_to_baseline_after_scalar_ops():
+    x = torch.ones(1000, device=D)
+    torch.tpu.synchronize()
+    gc.collect()
+    before = torch.tpu.memory_allocated()
+    stats_before = torch.tpu.memory_stats()["allocated_bytes.all.current"]
+    for i in range(50):
+        y = x * (i + 0.37251)
+        del y
+    gc.collect()
+    torch.tpu.synchronize()
+    assert torch.tpu.memory_allocated() == before
+    assert torch.tpu.memory_stats()["allocated_bytes.all.current"] == stats_before
+    assert torch_tpu.metrics()["scalar_cache_bytes"] > 0

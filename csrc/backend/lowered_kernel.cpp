@@ -874,6 +874,7 @@ runtime::BufferPtr shared_scalar_buffer(const ScalarKey& key) {
   runtime::BufferPtr buf =
       guarded([&] { return runtime::Client::get().from_host(key.bytes, t, {}, key.device); });
   buf->shared_constant = true;
+  buf->mark_cached();
   std::lock_guard<std::mutex> lock(mu);
   auto [it, fresh] = cache.try_emplace(key, buf, order.end());
   if (!fresh) return it->second.first;  // another thread made it meanwhile

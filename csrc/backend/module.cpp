@@ -110,7 +110,7 @@ PYBIND11_MODULE(_C, m) {
     }
     guarded([&] { flush(r); return 0; });
   });
-  m.def("memory_allocated", [](int d) { return settled_memory_stats(d).allocated(); });
+  m.def("memory_allocated", [](int d) { return settled_memory_stats(d).user_bytes(); });
   m.def("max_memory_allocated", [](int d) { return settled_memory_stats(d).peak_bytes.load(); });
   m.def("reset_peak_memory_stats", [](int d) { settled_memory_stats(d).reset_peaks(); });
   m.def("reset_accumulated_memory_stats", [](int d) { settled_memory_stats(d).reset_accumulated(); });
@@ -260,6 +260,11 @@ PYBIND11_MODULE(_C, m) {
       d["h2d_bytes"] = c.h2d_bytes.load();
       d["d2h_transfers"] = c.d2h_transfers.load();
       d["d2h_bytes"] = c.d2h_bytes.load();
+      // Cached scalar buffers: device memory that memory_allocated() leaves out.
+      int64_t scalar_cache_bytes = 0;
+      for (int dev = 0; dev < runtime::Client::get().device_count(); ++dev)
+        scalar_cache_bytes += runtime::Client::get().stats(dev).cache_bytes.load();
+      d["scalar_cache_bytes"] = scalar_cache_bytes;
       d["d2d_transfers"] = c.d2d_transfers.load();
     }
     return d;

@@ -29,7 +29,7 @@ void report_to_profiler(const StorageData* s, int64_t bytes) {
   if (g_memory_history_on.load(std::memory_order_relaxed)) record_storage_event(s, bytes);
   if (!g_device_tracing.load(std::memory_order_relaxed) || !c10::memoryProfilingEnabled()) return;
   const runtime::DeviceStats& st = runtime::Client::get().stats(s->device);
-  size_t live = static_cast<size_t>(std::max<int64_t>(st.live_bytes.load(), 0));
+  size_t live = static_cast<size_t>(std::max<int64_t>(st.user_bytes(), 0));
   c10::reportMemoryUsageToProfiler(const_cast<StorageData*>(s), bytes, live, live,
                                    c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(s->device)));
 }
@@ -64,7 +64,7 @@ void count_unwritten(StorageData& s) {
   }
   st.unwritten_bytes += bytes;
   s.unwritten_bytes = bytes;
-  st.bump_peak(st.allocated());
+  st.bump_peak(st.user_bytes());
 }
 
 class TpuAllocator final : public c10::DeviceAllocator {
@@ -79,7 +79,7 @@ class TpuAllocator final : public c10::DeviceAllocator {
     // One device buffer is one allocation, block and segment (no caching pool between).
     for (auto* bytes : {&out.allocated_bytes, &out.reserved_bytes, &out.active_bytes, &out.requested_bytes}) {
       auto& all = (*bytes)[kAll];
-      all.current = s.allocated();
+      all.current = s.user_bytes();
       all.peak = s.peak_bytes.load();
       all.allocated = s.allocated_bytes.load();
       all.freed = s.freed_bytes.load();

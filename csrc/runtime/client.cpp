@@ -116,12 +116,21 @@ void DeviceStats::reset_accumulated() {
   num_ooms = 0;
 }
 void DeviceStats::reset_peaks() {
-  peak_bytes = live_bytes.load();
+  peak_bytes = user_bytes();
   peak_buffers = live_buffers.load();
 }
 
+void DeviceStats::move_to_cache(int64_t bytes) {
+  cache_bytes.fetch_add(bytes);
+  cache_buffers.fetch_add(1);
+  num_allocs.fetch_sub(1);
+  allocated_bytes.fetch_sub(bytes);
+  live_buffers.fetch_sub(1);
+}
+
 void DeviceStats::add(int64_t bytes) {
-  int64_t now = live_bytes.fetch_add(bytes) + bytes;
+  live_bytes.fetch_add(bytes);
+  int64_t now = user_bytes();
   if (bytes > 0) {
     num_allocs.fetch_add(1);
     allocated_bytes.fetch_add(bytes);
@@ -158,7 +167,20 @@ Buffer::~Buffer() {
     d.error = err;
     c.api()->PJRT_Error_Destroy(&d);
   }
-  c.stats(device_).add(-nbytes_);
+  DeviceStats& st = c.stats(device_);
+  if (cached_) {
+    st.live_bytes.fetch_sub(nbytes_);
+    st.cache_bytes.fetch_sub(nbytes_);
+    st.cache_buffers.fetch_sub(1);
+  } else {
+    st.add(-nbytes_);
+  }
+}
+
+void Buffer::mark_cached() {
+  if (cached_) return;
+  cached_ = true;
+  Client::get().stats(device_).move_to_cache(nbytes_);
 }
 
 Executable::Executable(PJRT_LoadedExecutable* e, size_t num_outputs, int64_t temp_bytes,
@@ -775,7 +797,7 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
   int64_t fresh = exe.output_bytes() + exe.temp_bytes() - (donating ? exe.alias_bytes : 0);
   check_capacity(device, fresh, name);
   DeviceStats& st = stats(device);
-  st.bump_peak(st.live_bytes.load() + fresh);
+  st.bump_peak(st.user_bytes() + fresh);
 
   InlineArray<PJRT_Buffer*> raw(args.size(), nullptr);
   for (size_t i = 0; i < args.size(); ++i) raw[i] = args[i]->raw();

@@ -37,9 +37,14 @@ class Client;
 // A PJRT element type as ours (DType::Invalid when we have none).
 DType dtype_from_pjrt(PJRT_Buffer_Type t);
 
-// Per-device counters; memory figures are live device-buffer bytes we own.
+// Per-device counters; memory figures are live device-buffer bytes we own. Buffers held
+// by the runtime's own caches (cached scalars) count towards the capacity (live_bytes)
+// but not as allocations: user_bytes(), the peaks and the counts are the user's tensors,
+// as CUDA's memory_allocated() returns to its baseline once every tensor is freed.
 struct DeviceStats {
   std::atomic<int64_t> live_bytes{0};
+  std::atomic<int64_t> cache_bytes{0};  // part of live_bytes held by runtime caches
+  std::atomic<int64_t> cache_buffers{0};
   std::atomic<int64_t> peak_bytes{0};
   std::atomic<int64_t> num_allocs{0};
   std::atomic<int64_t> num_frees{0};
@@ -56,6 +61,11 @@ struct DeviceStats {
   void reset_accumulated();  // counts and byte totals since the last reset
   void reset_peaks();
   void bump_peak(int64_t bytes);
+  // The user's tensors, written or not: memory_allocated() (allocated() is the capacity's
+  // figure, runtime caches included).
+  int64_t user_bytes() const { return live_bytes.load() - cache_bytes.load() + unwritten_bytes.load(); }
+  // Moves a just-made buffer of `bytes` from the user's figures to the cache's.
+  void move_to_cache(int64_t bytes);
 };
 
 struct Counters {
@@ -92,7 +102,10 @@ class Buffer : public std::enable_shared_from_this<Buffer> {
   // use as a parameter of its own, so that two operands that happen to be equal do not
   // change the graph's wiring (and compile it again).
   bool shared_constant = false;
+  // Held by a runtime cache: counted in the capacity, not in memory_allocated().
+  void mark_cached();
  private:
+  bool cached_ = false;
   PJRT_Buffer* buf_;
   int device_;
   DType dtype_;

@@ -171,10 +171,10 @@ def memory_stats(device=None) -> dict:
 
 
 def mem_get_info(device=None):
-    """(free, total) bytes: total is the device's capacity (TPU_MEMORY_LIMIT overrides)."""
-    d = _index(device)
-    total = _C.memory_limit(d)
-    return (max(total - _C.memory_allocated(d), 0), total)
+    """(free, total) bytes: total is the device's capacity (TPU_MEMORY_LIMIT overrides).
+    Free leaves out the runtime's cached scalars too, which memory_allocated() does not count."""
+    free, total = torch.accelerator.get_memory_info(_index(device))
+    return (free, total)
 
 
 def set_per_process_memory_fraction(fraction: float, device=None) -> None:
