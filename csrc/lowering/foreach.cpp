@@ -178,32 +178,58 @@ TPU_FOREACH(fe_frac, "frac", "L", "_foreach_frac")
 TPU_FOREACH(fe_zero, "zero", "L", "_foreach_zero", "_foreach_zero_")
 TPU_FOREACH(fe_copy, "copy", "LLx", "_foreach_copy")
 
-// Per-tensor p-norms (clip_grad_norm_), accumulated in f32 for f16/bf16. `ord` is a
-// Scalar, a runtime operand that is not part of the compiled signature, so every
-// norm is computed and the right one selected at run time (XLA fuses the reductions,
-// which read the tensor once).
-TPU_LOWER(fe_norm, "_foreach_norm.Scalar") {
-  Builder& b = ctx.b;
-  std::vector<Value> xs = ctx.list(0), out;
-  for (size_t k = 0; k < xs.size(); ++k) {
-    Type o = ctx.out(static_cast<int>(k));
-    DType t = acc_type(is_float(o.dtype) ? o.dtype : DType::F32);
-    Value p = ctx.scalar(1, t);
-    // A complex element's magnitude (a convert to a real type would keep the real part).
-    Value a = is_complex(xs[k].dtype()) ? b.convert(complex_magnitude(b, xs[k]), t)
-                                        : b.unary("stablehlo.abs", b.convert(xs[k], t));
-    std::vector<int64_t> all = reduce_dims({}, a.rank());
-    auto is = [&](double v) { return b.compare(p, b.constant(v, t), ir::Cmp::EQ); };
-    Value pw = b.binary("stablehlo.power", a, broadcast_to(b, p, a.shape()));
-    Value r = b.binary("stablehlo.power", reduce_sum(b, pw, all), div(b, b.constant(1, t), p));
-    r = b.select(is(0), reduce_sum(b, b.convert(b.compare(a, full_like(b, a, 0), ir::Cmp::NE), t), all), r);
-    r = b.select(is(1), reduce_sum(b, a, all), r);
-    r = b.select(is(2), b.unary("stablehlo.sqrt", reduce_sum(b, mul(b, a, a), all)), r);
-    r = b.select(is(INFINITY), reduce_max(b, a, all), r);
-    r = b.select(is(-INFINITY), reduce_min(b, a, all), r);
-    out.push_back(b.convert(b.reshape(r, o.shape), o.dtype));
+// torch_tpu::stacked_norms (backend/foreach_norm.cpp, behind _foreach_norm): the
+// p-norms of a list sorted by shape, as one vector, accumulated in f32 for f16/bf16.
+// Each run of equal types is stacked on a new leading dim (at most kNormGroup at a time)
+// and reduced together: a few reductions per distinct shape, where a reduction per
+// tensor made a model's norms compile for most of a minute. Each row sums as that
+// tensor alone would. `ord` is a runtime operand (not part of the signature): each
+// element's summand is selected before one sum, and inf/-inf share one max (of |x|, or
+// of -|x| for the minimum).
+constexpr size_t kNormGroup = 64;
+
+static Value stacked_norm_run(Builder& b, const std::vector<Value>& xs, const Value& p, DType t) {
+  std::vector<Value> rows;
+  for (const Value& x : xs) {
+    Shape s = x.shape();
+    s.insert(s.begin(), 1);
+    rows.push_back(b.reshape(x, s));
   }
-  return out;
+  Value x = rows.size() == 1 ? rows[0] : b.concatenate(rows, 0);
+  // A complex element's magnitude (a convert to a real type would keep the real part).
+  Value a = is_complex(x.dtype()) ? b.convert(complex_magnitude(b, x), t) : b.unary("stablehlo.abs", b.convert(x, t));
+  std::vector<int64_t> dims;
+  for (int64_t d = 1; d < a.rank(); ++d) dims.push_back(d);
+  auto is = [&](double v, const Shape& s) { return b.compare(broadcast_to(b, p, s), b.constant(v, t, s), ir::Cmp::EQ); };
+  const Shape& in = a.shape();
+  Value term = b.binary("stablehlo.power", a, broadcast_to(b, p, in));
+  term = b.select(is(0, in), b.convert(b.compare(a, full_like(b, a, 0), ir::Cmp::NE), t), term);
+  term = b.select(is(1, in), a, term);
+  term = b.select(is(2, in), mul(b, a, a), term);
+  Value sum = reduce_sum(b, term, dims);
+  Value most = reduce_max(b, b.select(is(-INFINITY, in), b.unary("stablehlo.negate", a), a), dims);
+  const Shape& s = sum.shape();
+  Value r = b.binary("stablehlo.power", sum, div(b, b.constant(1, t, s), broadcast_to(b, p, s)));
+  r = b.select(b.binary("stablehlo.or", is(0, s), is(1, s)), sum, r);
+  r = b.select(is(2, s), b.unary("stablehlo.sqrt", sum), r);
+  r = b.select(is(INFINITY, s), most, r);
+  return b.select(is(-INFINITY, s), b.unary("stablehlo.negate", most), r);
+}
+
+TPU_LOWER(stacked_norms, "stacked_norms") {
+  Builder& b = ctx.b;
+  std::vector<Value> xs = ctx.list(0), parts;
+  Type o = ctx.out(0);
+  DType t = acc_type(o.dtype);
+  Value p = ctx.scalar(1, t);
+  for (size_t start = 0; start < xs.size();) {
+    size_t end = start + 1;
+    while (end < xs.size() && end - start < kNormGroup && xs[end].dtype() == xs[start].dtype() && xs[end].shape() == xs[start].shape()) ++end;
+    parts.push_back(stacked_norm_run(b, std::vector<Value>(xs.begin() + start, xs.begin() + end), p, t));
+    start = end;
+  }
+  Value r = parts.size() == 1 ? parts[0] : b.concatenate(parts, 0);
+  return {b.convert(r, o.dtype)};
 }
 
 // Per-tensor maximum.
