@@ -53,6 +53,19 @@ namespace {
 std::atomic<int64_t> g_next_program{0};
 }  // namespace
 
+// Operations in StableHLO text: one per result assignment (" = "), regions' included.
+static int64_t count_instructions(const std::string& text) {
+  int64_t n = 0;
+  for (size_t at = text.find(" = "); at != std::string::npos; at = text.find(" = ", at + 3)) ++n;
+  return n;
+}
+
+static int64_t count_instructions(const std::string& function, const std::map<std::string, std::string>& called) {
+  int64_t n = count_instructions(function);
+  for (const auto& [symbol, text] : called) n += count_instructions(text);
+  return n;
+}
+
 Program::Program(const ir::Builder& b, const std::vector<ir::Value>& results, std::string name)
     : name_(std::move(name)), params_(b.params()) {
   id_ = g_next_program++;
@@ -60,6 +73,7 @@ Program::Program(const ir::Builder& b, const std::vector<ir::Value>& results, st
   function_ = b.function(function_name(), results, false);
   recompute_cost_ = ir::recompute_cost(function_);
   functions_ = b.functions();
+  instructions_ = count_instructions(function_, functions_);
   module_ = "module @torch_tpu {\n";
   for (auto& [symbol, text] : functions_) module_ += text;
   module_ += b.function("main", results, true) + "}\n";
@@ -69,6 +83,7 @@ Program::Program(std::vector<ir::Type> params, std::vector<ir::Type> results, st
     : name_(std::move(name)), params_(std::move(params)), results_(std::move(results)) {
   id_ = g_next_program++;
   emit(function_name(), &function_, &functions_, &module_);
+  instructions_ = count_instructions(function_, functions_);
 }
 
 runtime::ExecutablePtr Program::executable() {
@@ -126,6 +141,7 @@ namespace {
 struct Graph {
   std::vector<std::unique_ptr<Node>> nodes;
   int device = -1;
+  int64_t instructions = 0;  // its calls' Program::instructions, summed
 };
 
 std::recursive_mutex g_mu;
@@ -224,6 +240,21 @@ size_t max_graph_ops() {
   return n;
 }
 
+// XLA's compile time grows faster than a program's size once it holds more than about
+// 10^5 operations (1,600 randn calls of 200 operations each: 82 s and 8 GB; a quarter of
+// them: 4.3 s), and cheap per-op limits do not see it: one call can be an elementwise op
+// or a whole random-number generator. A graph about to pass this many operations is cut
+// (where its calls start to repeat, so the pieces share one compile). The 4-layer GPT
+// training step of benchmarks/run.py holds about 8,700.
+size_t max_graph_instructions() {
+  static const size_t n = [] {
+    const char* s = std::getenv("TPU_FUSE_MAX_INSTRUCTIONS");
+    long v = s ? std::atol(s) : 0;
+    return v > 0 ? static_cast<size_t>(v) : size_t{100000};
+  }();
+  return n;
+}
+
 void count_flush(const char* reason) {
   std::lock_guard<std::mutex> lock(metrics().mu);
   metrics().flushes[reason] += 1;
@@ -305,6 +336,9 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
   if (g_graph.device >= 0 && g_graph.device != device) flush("another device");
 
   if (g_graph.nodes.size() >= max_graph_ops() && eager_mode() != EagerMode::DeferAll) flush_bounded("graph size bound");
+  if (eager_mode() != EagerMode::DeferAll && !g_graph.nodes.empty() &&
+      g_graph.instructions + program->instructions() > max_graph_instructions())
+    flush_bounded("graph instruction bound");
   if (eager_mode() != EagerMode::DeferAll && program->recompute_cost() == ir::RecomputeCost::Cheap &&
       chain_after(args) > kMaxCheapChain)
     flush_bounded("cheap chain bound");
@@ -335,6 +369,7 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
     out.emplace_back(std::move(s));
   }
   g_graph.device = device;
+  g_graph.instructions += program->instructions();
   g_graph.nodes.push_back(std::move(node));
   fuse_stats().recorded += 1;
   return out;
@@ -1319,11 +1354,16 @@ void flush_prefix(const char* reason, size_t count) {
     g_graph.device = g.device;
     for (size_t i = count; i < g.nodes.size(); ++i) {
       g.nodes[i]->position = static_cast<int>(i - count);
+      g_graph.instructions += g.nodes[i]->program->instructions();
+      g.instructions -= g.nodes[i]->program->instructions();
       g_graph.nodes.push_back(std::move(g.nodes[i]));
     }
     g.nodes.resize(count);
   }
   count_flush(reason);
+  int64_t largest = fuse_stats().largest_instructions.load();
+  while (g.instructions > largest && !fuse_stats().largest_instructions.compare_exchange_weak(largest, g.instructions)) {
+  }
   Job job;
   job.device = g.device;
 

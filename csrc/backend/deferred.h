@@ -50,6 +50,9 @@ class Program {
   bool loaded();
   // What running it again for a late reader in a fused graph would cost.
   ir::RecomputeCost recompute_cost() const { return recompute_cost_; }
+  // Its size to the compiler: the operations its text holds (its own function's and
+  // those it calls), which a fused graph inlines once per call.
+  int64_t instructions() const { return instructions_; }
 
  private:
   int64_t id_;
@@ -57,6 +60,7 @@ class Program {
   std::vector<ir::Type> params_, results_;
   std::map<std::string, std::string> functions_;
   ir::RecomputeCost recompute_cost_ = ir::RecomputeCost::Never;
+  int64_t instructions_ = 0;
   std::mutex mu_;
   std::weak_ptr<runtime::Executable> exe_;  // the loaded programs' bound owns it
 };
@@ -183,6 +187,7 @@ struct FuseStats {
   std::atomic<int64_t> replays{0};       // graphs re-run op by op after a failure
   std::atomic<int64_t> op_by_op{0};      // new graphs run op by op: shapes churn (shape_churn.h)
   std::atomic<int64_t> recomputed{0};    // values compiled graphs compute again for late readers
+  std::atomic<int64_t> largest_instructions{0};  // the largest graph flushed, in its calls' instructions
   // Host cost of the flush path, microseconds of the working thread's CPU time: the
   // recording thread's flushes, and the launcher's work per graph (of which the plugin's
   // launch call, and dropping the graph's buffers and slots afterwards); and the wall
