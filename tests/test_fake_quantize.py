@@ -238,6 +238,12 @@ X = torch.randn(3, 4)
      (X, X, torch.ones(4), torch.zeros(4)), "axis"),
     (lambda x, s, z: A._fake_quantize_learnable_per_channel_affine(x, s, z, 1, -8, 7, 1.0),
      (X, torch.ones(5), torch.zeros(5)), "not consistent"),
+    (lambda x, s, z: A.fake_quantize_per_channel_affine(x, s, z, 0, 0, 255),
+     (torch.empty(0, 4), torch.empty(0), torch.zeros(0, dtype=torch.int32)), "numel() == 0"),
+    (lambda x, s, z: A._fake_quantize_learnable_per_tensor_affine(x, s, z, 0, 255, 1.0),
+     (X, torch.tensor(0.1), torch.tensor(2.0)), "0-dim"),
+    (lambda g, x, s, z: A._fake_quantize_learnable_per_tensor_affine_backward(g, x, s, z, 0, 255, 1.0),
+     (X, X, torch.tensor(0.1), torch.tensor(2.0)), "0-dim"),
 ], ids=lambda c: c[2])
 def test_errors_match_cpu(case):
     fn, args, key = case

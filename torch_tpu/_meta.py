@@ -118,7 +118,8 @@ def _fq_per_tensor_cachemask_tq(self, scale, zero_point, fake_quant_enabled, qua
 def _fq_per_channel_ok(self, scale, zero_point, axis, quant_min, quant_max, zero_point_dtypes):
     _fq_refuse(self.dtype in _FQ_FLOATS and scale.dtype == torch.float32 and zero_point.dtype in zero_point_dtypes
                and scale.dim() == 1 and zero_point.dim() == 1 and scale.numel() == zero_point.numel()
-               and 0 <= axis < self.dim() and scale.numel() == self.shape[axis] and quant_min <= quant_max,
+               and 0 <= axis < self.dim() and scale.numel() == self.shape[axis] and quant_min <= quant_max
+               and scale.numel() > 0,  # CPU's range check of no zero points raises
                "fake_quantize_per_channel: arguments")
 
 
@@ -129,7 +130,9 @@ def _fq_per_channel_cachemask(self, scale, zero_point, axis, quant_min, quant_ma
 
 
 def _fq_learnable_per_tensor(self, scale, zero_point, quant_min, quant_max, grad_factor=1.0):
-    _fq_refuse(scale.numel() >= 1 and zero_point.numel() >= 1 and quant_min <= quant_max
+    # (CPU reads scale[0]: a 0-d scale or zero point raises its IndexError.)
+    _fq_refuse(scale.dim() >= 1 and zero_point.dim() >= 1
+               and scale.numel() >= 1 and zero_point.numel() >= 1 and quant_min <= quant_max
                and self.dtype in _FQ_FLOATS and scale.dtype in _FQ_FLOATS and zero_point.dtype in _FQ_FLOATS,
                "fake_quantize_learnable: arguments")
     return torch.empty_like(self)
@@ -137,7 +140,8 @@ def _fq_learnable_per_tensor(self, scale, zero_point, quant_min, quant_max, grad
 
 def _fq_learnable_per_tensor_backward(grad, self, scale, zero_point, quant_min, quant_max, grad_factor=1.0):
     f32 = torch.float32
-    _fq_refuse(scale.numel() >= 1 and zero_point.numel() >= 1 and grad.dtype == f32 and self.dtype == f32
+    _fq_refuse(scale.dim() >= 1 and zero_point.dim() >= 1
+               and scale.numel() >= 1 and zero_point.numel() >= 1 and grad.dtype == f32 and self.dtype == f32
                and scale.dtype == f32 and zero_point.dtype == f32 and self.numel() == grad.numel()
                and quant_min <= 0 <= quant_max, "fake_quantize_learnable_backward: arguments")
     if self.numel() == 0:
