@@ -114,6 +114,18 @@ def test_multinomial_rejects_bad_probabilities_like_cpu():
     assert torch.multinomial(torch.tensor([1.0, 0.0], device="tpu"), 2).tolist() == [0, 1]
 
 
+@pytest.mark.parametrize("k, replacement", [(1, True), (1, False), (2, False)])
+def test_multinomial_raises_at_the_call_where_cuda_checks_on_the_host(k, replacement):
+    # Without replacement or for one sample, PyTorch's sampler checks the probabilities
+    # with .item() before it returns: the call raises, not a later unrelated read.
+    for probs in ([-0.1, 0.2, 0.5], [0.0, 0.0, 0.0], [1.0, float("inf"), 1.0]):
+        with pytest.raises(RuntimeError):
+            torch.multinomial(torch.tensor(probs), k, replacement)
+        with pytest.raises(RuntimeError, match="multinomial"):
+            torch.multinomial(torch.tensor(probs, device="tpu"), k, replacement)  # no read
+        assert (torch.arange(3.0, device="tpu") + 1).tolist() == [1.0, 2.0, 3.0]
+
+
 @pytest.mark.parametrize("op", ["exponential_", "geometric_", "log_normal_", "cauchy_"])
 def test_lowered_random_ops_take_a_tpu_generator(op):
     arg = 0.3 if op == "geometric_" else 1.0

@@ -118,6 +118,14 @@ std::string op_key_name(const c10::OperatorName& n) {
   return n.overload_name.empty() ? s : s + "." + n.overload_name;
 }
 
+// Ops whose CUDA kernels read their argument checks on the host (a sync) before they
+// return, so the error is the call's: multinomial without replacement or of one sample
+// (PyTorch's sampler checks the probabilities with .item() on that path).
+static bool checks_at_call(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  if (info.base != "multinomial" || args.size() < 3) return false;
+  return !args[2].toBool() || args[1].toInt() == 1;
+}
+
 bool is_number_type(const c10::TypePtr& t) {
   if (t->kind() == c10::TypeKind::NumberType) return true;
   if (auto opt = t->cast<c10::OptionalType>()) return is_number_type(opt->getElementType());
@@ -1659,11 +1667,14 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   Results results = run(plan->program, keep, k.device, true, recording.owns_lock());
 
   // Debug mode reads each check at once: before the results are committed, so a failed
-  // op leaves the tensors it would have written as they were.
-  bool checks_read = !plan->checks.empty() && eager_mode() == EagerMode::Debug;
+  // op leaves the tensors it would have written as they were. So do the ops whose CUDA
+  // kernels read their checks on the host before returning.
+  bool at_call = !plan->checks.empty() && checks_at_call(info, args);
+  bool checks_read = !plan->checks.empty() && (eager_mode() == EagerMode::Debug || at_call);
   if (checks_read) {
     size_t first_check = results.size() - plan->checks.size();
     for (size_t c = 0; c < plan->checks.size(); ++c) add_device_check(results[first_check + c], plan->checks[c]);
+    if (at_call) verify_device_checks();
   }
 
   // Commit results: new storage buffers for mutated args, new tensors otherwise.
