@@ -22,6 +22,7 @@ class ElementCtx : public Ctx {
   struct Shared {  // per call: each list/scalar argument is fetched once
     std::map<int, std::vector<Value>> lists;
     std::map<std::pair<int, DType>, std::vector<Value>> scalars;
+    std::map<std::pair<int, DType>, Value> shared_scalars;  // 'S': one operand for every element
   };
 
   ElementCtx(Ctx& f, const char* op, const char* kinds, int k, Shared& sh)
@@ -47,6 +48,12 @@ class ElementCtx : public Ctx {
       case 'V': {
         Value v = list_of(i)[0];
         return b.convert(b.reshape(b.slice(v, {k_}, {k_ + 1}, {1}), {}), t);
+      }
+      case 'S': {
+        auto key = std::make_pair(i, t);
+        auto it = sh_.shared_scalars.find(key);
+        if (it == sh_.shared_scalars.end()) it = sh_.shared_scalars.emplace(key, f_.scalar(i, t)).first;
+        return it->second;
       }
       default: return f_.scalar(i, t);
     }
