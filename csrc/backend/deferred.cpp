@@ -231,27 +231,26 @@ std::unique_ptr<Node> new_node() {
   return n;
 }
 
+// A positive count from the environment variable `name`, else `fallback`.
+size_t env_count(const char* name, size_t fallback) {
+  const char* s = std::getenv(name);
+  long v = s ? std::atol(s) : 0;
+  return v > 0 ? static_cast<size_t>(v) : fallback;
+}
+
 size_t max_graph_ops() {
-  static const size_t n = [] {
-    const char* s = std::getenv("TPU_FUSE_MAX_OPS");
-    long v = s ? std::atol(s) : 0;
-    return v > 0 ? static_cast<size_t>(v) : size_t{4096};
-  }();
+  static const size_t n = env_count("TPU_FUSE_MAX_OPS", 4096);
   return n;
 }
 
 // XLA's compile time grows faster than a program's size once it holds more than about
-// 10^5 operations (1,600 randn calls of 200 operations each: 82 s and 8 GB; a quarter of
+// 10^5 operations (1,600 randn calls of about 250 operations each: 82 s and 8 GB; a quarter of
 // them: 4.3 s), and cheap per-op limits do not see it: one call can be an elementwise op
 // or a whole random-number generator. A graph about to pass this many operations is cut
 // (where its calls start to repeat, so the pieces share one compile). The 4-layer GPT
 // training step of benchmarks/run.py holds about 8,700.
 size_t max_graph_instructions() {
-  static const size_t n = [] {
-    const char* s = std::getenv("TPU_FUSE_MAX_INSTRUCTIONS");
-    long v = s ? std::atol(s) : 0;
-    return v > 0 ? static_cast<size_t>(v) : size_t{100000};
-  }();
+  static const size_t n = env_count("TPU_FUSE_MAX_INSTRUCTIONS", 100000);
   return n;
 }
 
