@@ -1071,3 +1071,20 @@ def test_compiled_calls_from_threads_leave_the_eager_mode_alone():
         sys.setswitchinterval(interval)
     assert torch_tpu.get_eager_mode() == before
     assert len(results) == 1000 and all(torch.equal(r, want) for r in results)
+
+
+class _FunctionSubclass(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_torch_function_subclass_input_compiles_on_the_first_call():
+    # The first call ran the graph's eager ops under AOTAutograd's aliasing check, whose
+    # dispatch mode refuses tensor types it does not know: "Multiple dispatch failed".
+    x = torch.randn(3, 4)
+    f = torch.compile(lambda t: (t * 2).sin().sum(1), backend="tpu")
+    for _ in range(2):
+        y = f(x.to("tpu").as_subclass(_FunctionSubclass))
+        assert type(y) is _FunctionSubclass
+        torch.testing.assert_close(y.as_subclass(torch.Tensor).cpu(), (x * 2).sin().sum(1))

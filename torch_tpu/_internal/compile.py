@@ -192,6 +192,7 @@ class _CompiledGraph:
         return None
 
     def _record(self, args):
+        _as_plain_tensors(args)
         capturing = (REPLAY and isinstance(args, list) and not self.replay_declined
                      and len(self._captures) < _MAX_CAPTURES and _graph_call_mode is None)
         # A capture explains one flushed program: calls an earlier graph left pending
@@ -216,6 +217,19 @@ class _CompiledGraph:
         else:
             self.replay_declined = cap.why
         return out
+
+
+def _as_plain_tensors(args):
+    """Inputs of a __torch_function__ Tensor subclass, as plain tensors (in place in the
+    list): the graph is run as eager ops, and on a compiled function's first call
+    AOTAutograd watches them with a dispatch mode that refuses tensor types it does not
+    know (Inductor's generated kernels never meet it). Same data, same storage."""
+    if not isinstance(args, list):
+        return
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and type(a) not in (torch.Tensor, torch.nn.Parameter) \
+                and type(a).__torch_dispatch__ is torch.Tensor.__torch_dispatch__:
+            args[i] = a.as_subclass(torch.Tensor)
 
 
 def _backward_nodes(joint: torch.fx.GraphModule) -> set:
