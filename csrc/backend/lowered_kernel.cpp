@@ -135,7 +135,7 @@ bool is_number_type(const c10::TypePtr& t) {
 
 // Where the program's parameters come from.
 struct Source {
-  enum Kind { Storage, Scalar, CpuTensor, Rng } kind;
+  enum Kind { Storage, Scalar, CpuTensor, Rng, ViewOffset } kind;
   int arg;
   int elem;     // list element, or -1
   DType dtype;  // Scalar: its operand type
@@ -272,7 +272,21 @@ void key_storage(KeyState& k, const at::Tensor& t, const StorageData& s) {
   }
 }
 
-void key_tensor(KeyState& k, const at::Tensor& t) {
+// A view the op only reads, of a value already made (not in the pending graph), that
+// starts past the storage's start or is a dense block of it: its offset is a runtime
+// operand, not part of the program, so a loop over row blocks (x[i * b:(i + 1) * b]) or
+// schedule entries (alphas[t], t = 0 included) reuses one program (one fused graph)
+// instead of compiling one per offset. (Strided views at offset 0, a weight's
+// transpose, stay static: XLA reads them in place.)
+bool offset_is_operand(const at::Tensor& t, bool read_only) {
+  if (!read_only || t.numel() == 0 || t.storage_offset() < 0) return false;
+  const StorageData& s = storage_data(t);
+  bool made = s.value.buffer || (s.value.slot && !s.value.slot->producer);
+  if (!made || !s.pending.empty() || s.copy_of) return false;
+  return t.storage_offset() > 0 || (t.is_contiguous() && t.numel() < s.value.type().numel());
+}
+
+void key_tensor(KeyState& k, const at::Tensor& t, bool read_only = false) {
   if (!t.defined()) {
     k.tag('N');
     return;
@@ -299,7 +313,7 @@ void key_tensor(KeyState& k, const at::Tensor& t) {
   k.tag(static_cast<char>(dt));
   k.ints(t.sizes());
   k.key.put_words(t.strides().data(), t.strides().size());
-  k.word(t.storage_offset());
+  k.word(offset_is_operand(t, read_only) ? -1 : t.storage_offset());
   // Writes queued on the storage stay queued (an out= write joins them): the storage
   // keys as the value they will make, of their type.
   StorageData& s = storage_data(t);
@@ -351,15 +365,16 @@ std::string_view build_key(const OpInfo& info, c10::ArrayRef<IValue> args, KeySt
   k.op = info.name.c_str();
   for (int i = 0; i < info.num_args; ++i) {
     const IValue& v = args[i];
+    bool read_only = std::find(info.mutated.begin(), info.mutated.end(), i) == info.mutated.end();
     if (v.isNone()) {
       k.tag('N');
     } else if (v.isTensor()) {
-      key_tensor(k, v.toTensor());
+      key_tensor(k, v.toTensor(), read_only);
     } else if (v.isTensorList()) {
       auto l = v.toTensorList();
       k.tag('L');
       k.word(static_cast<int64_t>(l.size()));
-      for (const at::Tensor& t : l) key_tensor(k, t);
+      for (const at::Tensor& t : l) key_tensor(k, t, read_only);
     } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
       auto l = v.toOptionalTensorList();
       k.tag('O');
@@ -783,8 +798,16 @@ class KernelCtx final : public lowering::Ctx {
     } else {
       Value s = storage_value(arg, elem);
       if (s.dtype() != dt) s = reinterpret_bytes(b, s, dt);
+      bool read_only = std::find(info_.mutated.begin(), info_.mutated.end(), arg) == info_.mutated.end();
+      Value read;
+      if (offset_is_operand(t, read_only)) {
+        plan_.sources.push_back({Source::ViewOffset, arg, elem, DType::I64});
+        read = ir::read_view_at(b, s, geometry_of(t), b.param(ir::Type{DType::I64, {}}));
+      } else {
+        read = ir::read_view(b, s, geometry_of(t));
+      }
       // Ops the Conjugate/Negative fallbacks let through (mm, dot, ...) see lazy bits.
-      v = apply_math_bits(b, ir::read_view(b, s, geometry_of(t)), t);
+      v = apply_math_bits(b, read, t);
     }
     values_.emplace(key, v);
     return v;
@@ -1650,6 +1673,13 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
         const IValue& v = args[s.arg];
         c10::Scalar sc = s.elem < 0 ? v.toScalar() : v.toList().get(s.elem).toScalar();
         runtime::BufferPtr b = scalar_buffer(sc, s.dtype, k.device, plan->memos[i]);
+        note_host_input(b, HostInput::Constant);
+        keep.push_back(std::move(b));
+        break;
+      }
+      case Source::ViewOffset: {  // a number the view's layout fixes: reused as such on replays
+        const at::Tensor& t = *tensor_at(args, s.arg, s.elem, &tmp);
+        runtime::BufferPtr b = scalar_buffer(c10::Scalar(t.storage_offset()), DType::I64, k.device, plan->memos[i]);
         note_host_input(b, HostInput::Constant);
         keep.push_back(std::move(b));
         break;

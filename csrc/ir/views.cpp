@@ -231,6 +231,16 @@ Value read_view(Builder& b, const Value& storage, const Geometry& g) {
   return b.broadcast_in_dim(v, g.sizes, kept);
 }
 
+Value read_view_at(Builder& b, const Value& storage, const Geometry& g, const Value& offset) {
+  // The elements the view spans from its start (strides are never negative).
+  int64_t span = 1;
+  for (size_t d = 0; d < g.sizes.size(); ++d) span += (g.sizes[d] - 1) * g.strides[d];
+  Value region = b.dynamic_slice(flat(b, storage), {offset}, {span});
+  Geometry at_start = g;
+  at_start.offset = 0;
+  return read_view(b, region, at_start);
+}
+
 // Elementwise x != y by bits (a NaN equals itself, -0 differs from 0).
 // Complex values differ where either part does.
 static Value differs(Builder& b, const Value& x, const Value& y) {

@@ -23,6 +23,9 @@ Value reinterpret(Builder& b, const Value& storage, DType to);
 
 // The view's values, shaped `g.sizes`, read from `storage`.
 Value read_view(Builder& b, const Value& storage, const Geometry& g);
+// The same with the view's offset a runtime operand (an i64 scalar; g.offset unused):
+// one program reads the view wherever it starts. The view must hold an element.
+Value read_view_at(Builder& b, const Value& storage, const Geometry& g, const Value& offset);
 // The storage after writing `value` (shaped `g.sizes`, any dtype: converted) into the view.
 // `storage` may be null when the view covers the whole storage.
 Value write_view(Builder& b, const Value* storage, const Type& storage_type, const Geometry& g,
