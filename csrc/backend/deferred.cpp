@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <deque>
 #include <thread>
 
@@ -625,6 +626,9 @@ std::string fused_text(const std::vector<Call>& calls, const std::vector<ir::Typ
 struct SplitTexts {
   std::string first, second;
   std::vector<int> first_results, second_results;  // indexes into the graph's results
+  // Each program's inputs, in its parameters' order: the graph parameters it reads (their
+  // indexes), and for the second also the values the first hands it (-1 - k: crossing k).
+  std::vector<int> first_params, second_inputs;
   std::vector<int> crossing_from;  // per value the first hands the second: its result index there
   int64_t crossing_bytes = 0;       // of those it returns for the second only
 };
@@ -672,14 +676,36 @@ SplitTexts split_texts(const std::vector<Call>& calls, const std::vector<ir::Typ
   Add add_b = [&](const std::string& sym, const std::string& text) {
     if (imported_b.insert(sym).second) b.add_function(text);
   };
-  std::vector<ir::Value> params_a, params_b;
-  for (const ir::Type& t : param_types) params_a.push_back(a.param(t));
-  for (const ir::Type& t : param_types) params_b.push_back(b.param(t));
+  SplitTexts out;
+  // Each program takes only the graph parameters it reads, in the order it first reads
+  // them: the forward's text then does not depend on what the rest reads (an optimizer's
+  // state, which the first step creates), so the next step's forward is the same program.
+  std::vector<std::optional<ir::Value>> params_a(param_types.size()), params_b(param_types.size());
+  std::vector<int> position_b(param_types.size(), -1);
+  auto param_a = [&](int i) -> ir::Value {
+    if (!params_a[i]) {
+      params_a[i] = a.param(param_types[i]);
+      out.first_params.push_back(i);
+    }
+    return *params_a[i];
+  };
+  auto param_b = [&](int i) -> ir::Value {
+    if (!params_b[i]) {
+      position_b[i] = static_cast<int>(out.second_inputs.size());
+      params_b[i] = b.param(param_types[i]);
+      out.second_inputs.push_back(i);
+    }
+    return *params_b[i];
+  };
+  // A donated parameter stays the second's input even if nothing reads it (a storage
+  // overwritten whole): its buffer is where the new value goes.
+  for (size_t i = 0; i < aliases.size(); ++i)
+    if (aliases[i] >= 0 && plan.position[results[aliases[i]].node] >= cut) param_b(static_cast<int>(i));
   std::vector<std::vector<ir::Value>> values(total), remade(cut);
   std::vector<std::pair<int, int>> crossing_out;         // in the first: (call, output)
   std::map<std::pair<int, int>, ir::Value> crossing_in;  // the second's parameters for them
   std::function<ir::Value(const Wire&)> in_b = [&](const Wire& w) -> ir::Value {
-    if (w.node < 0) return params_b[w.index];
+    if (w.node < 0) return param_b(w.index);
     if (w.node >= cut) return values[w.node][w.index];
     if (again[w.node]) {
       if (remade[w.node].empty()) {
@@ -696,6 +722,7 @@ SplitTexts split_texts(const std::vector<Call>& calls, const std::vector<ir::Typ
     if (fresh) {
       crossing_out.push_back({w.node, w.index});
       it->second = b.param(values[w.node][w.index].type);
+      out.second_inputs.push_back(-static_cast<int>(crossing_out.size()));
     }
     return it->second;
   };
@@ -705,13 +732,12 @@ SplitTexts split_texts(const std::vector<Call>& calls, const std::vector<ir::Typ
     const bool first = n < cut;
     add_functions(p, first ? added_a : added_b, first ? add_a : add_b);
     std::vector<ir::Value> args;
-    for (const Wire& w : g.args) args.push_back(first ? (w.node < 0 ? params_a[w.index] : values[w.node][w.index]) : in_b(w));
+    for (const Wire& w : g.args) args.push_back(first ? (w.node < 0 ? param_a(w.index) : values[w.node][w.index]) : in_b(w));
     // A recomputation ordered after a value of the first program already runs after it.
     if (g.after_arg >= 0 && (first || g.after.node < 0 || g.after.node >= cut))
       args[g.after_arg] = (first ? a : b).after(args[g.after_arg], first ? values[g.after.node][g.after.index] : in_b(g.after));
     values[n] = (first ? a : b).call(p.function_name(), args, p.results());
   }
-  SplitTexts out;
   std::vector<ir::Value> outs_a, outs_b;
   std::vector<int> index_in(results.size(), -1);  // a graph result's index in its program's results
   for (size_t j = 0; j < results.size(); ++j) {
@@ -744,12 +770,12 @@ SplitTexts split_texts(const std::vector<Call>& calls, const std::vector<ir::Typ
     out.crossing_bytes += v.type.numel() * static_cast<int64_t>(itemsize(v.dtype()));
   }
   // Donated parameters alias results of the second program only (the first reads them).
-  std::vector<int> aliases_b(param_types.size() + crossing_in.size(), -1);
+  std::vector<int> aliases_b(out.second_inputs.size(), -1);
   for (size_t i = 0; i < aliases.size(); ++i) {
     int j = aliases[i];
-    if (j >= 0 && plan.position[results[j].node] >= cut) aliases_b[i] = index_in[j];
+    if (j >= 0 && plan.position[results[j].node] >= cut) aliases_b[position_b[i]] = index_in[j];
   }
-  out.first = a.finish(outs_a, std::vector<int>(param_types.size(), -1));
+  out.first = a.finish(outs_a, {});
   out.second = b.finish(outs_b, aliases_b);
   return out;
 }
@@ -920,6 +946,7 @@ struct SplitPrograms {
   std::weak_ptr<runtime::Executable> first, second;
   std::vector<int> first_results, second_results;
   std::vector<int> crossing_from;
+  std::vector<int> first_params, second_inputs;  // as SplitTexts'
 };
 
 // The split pays where recording bounds the step: small ops, whose forward leaves the
@@ -963,12 +990,12 @@ bool run_split(Job& job, const std::vector<runtime::BufferPtr>& params) {
       first = guarded([&] { return compile_cached(t.first, name + ", its forward"); });
       second = guarded([&] { return compile_cached(t.second, name + ", after its forward"); });
       layout = SplitPrograms{true, first, second, std::move(t.first_results), std::move(t.second_results),
-                             std::move(t.crossing_from)};
+                             std::move(t.crossing_from), std::move(t.first_params), std::move(t.second_inputs)};
       std::lock_guard<std::mutex> l(cache_mu);
       cache[job.key] = layout;
     }
     std::vector<runtime::Buffer*> raw;
-    for (auto& p : params) raw.push_back(p.get());
+    for (int i : layout.first_params) raw.push_back(params[i].get());
     ScopedMicros timed_execute(fuse_stats().execute_us);
     produced = guarded([&] { return runtime::Client::get().execute(*first, raw, job.device, false, {}, name); });
   } catch (...) {
@@ -984,14 +1011,20 @@ bool run_split(Job& job, const std::vector<runtime::BufferPtr>& params) {
   g_slot_cv.notify_all();  // the forward's results (a loss) are readable now
 
   try {
-    std::vector<runtime::Buffer*> raw;
-    for (auto& p : params) raw.push_back(p.get());
-    for (int k : layout.crossing_from) raw.push_back(produced[k].get());
     std::vector<bool> in_second(job.results.size(), false);
     for (int j : layout.second_results) in_second[j] = true;
-    std::vector<bool> donate(raw.size(), false);
-    for (size_t i = 0; i < job.donate.size(); ++i)
-      donate[i] = job.donate[i] && job.aliases[i] >= 0 && in_second[job.aliases[i]];
+    std::vector<runtime::Buffer*> raw;
+    std::vector<bool> donate;
+    for (int i : layout.second_inputs) {
+      if (i < 0) {  // a value the first handed over
+        raw.push_back(produced[layout.crossing_from[-1 - i]].get());
+        donate.push_back(false);
+        continue;
+      }
+      raw.push_back(params[i].get());
+      donate.push_back(static_cast<size_t>(i) < job.donate.size() && job.donate[i] && job.aliases[i] >= 0 &&
+                       in_second[job.aliases[i]]);
+    }
     ScopedMicros timed_execute(fuse_stats().execute_us);
     std::vector<runtime::BufferPtr> rest = guarded([&] {
       return runtime::Client::get().execute(*second, raw, job.device, false, donate, name);
@@ -1337,6 +1370,44 @@ void flush_bounded(const char* reason) {
   flush_prefix(reason, cut);
 }
 
+// Leaves out the calls nothing reads: a temporary freed before the flush, a value
+// autograd computed and dropped. XLA would skip their work anyway, but their inputs
+// would stay parameters of the graph (passed and held at every launch), and whether a
+// temporary was still referenced when the graph flushed (the garbage collector's timing)
+// would change the graph's key. Values leave a graph only as outputs (collectives and
+// device checks read theirs), so a call without a referenced result has no effect.
+// Returns how many calls were dropped.
+size_t drop_dead_calls(Graph& g) {
+  std::vector<char> needed(g.nodes.size(), 0);
+  for (size_t n = g.nodes.size(); n-- > 0;) {
+    const Node& node = *g.nodes[n];
+    for (const SlotPtr& s : node.outputs)
+      if (s.use_count() > 1 + s->graph_uses) needed[n] = 1;
+    if (!needed[n]) continue;
+    for (const Operand& in : node.inputs)
+      if (in.slot && in.slot->producer) needed[in.slot->producer->position] = 1;
+  }
+  size_t kept = 0;
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    std::unique_ptr<Node>& node = g.nodes[n];
+    if (!needed[n]) {
+      // Its reads no longer count as the graph's: the values it read keep their liveness.
+      for (const Operand& in : node->inputs)
+        if (in.slot && in.slot->producer) in.slot->graph_uses -= 1;
+      g.instructions -= node->program->instructions();
+      *node = Node{};
+      if (g_spare_nodes.size() < max_graph_ops()) g_spare_nodes.push_back(std::move(node));
+      continue;
+    }
+    node->position = static_cast<int>(kept);
+    if (kept != n) g.nodes[kept] = std::move(node);
+    ++kept;
+  }
+  size_t dropped = g.nodes.size() - kept;
+  g.nodes.resize(kept);
+  return dropped;
+}
+
 void flush_prefix(const char* reason, size_t count) {
   auto lock = graph_lock();
   if (g_graph.nodes.empty()) return;
@@ -1360,6 +1431,8 @@ void flush_prefix(const char* reason, size_t count) {
     g.nodes.resize(count);
   }
   count_flush(reason);
+  fuse_stats().dead_calls += static_cast<int64_t>(drop_dead_calls(g));
+  if (g.nodes.empty()) return;
   int64_t largest = fuse_stats().largest_instructions.load();
   while (g.instructions > largest && !fuse_stats().largest_instructions.compare_exchange_weak(largest, g.instructions)) {
   }

@@ -183,6 +183,7 @@ struct FuseStats {
   std::atomic<int64_t> graph_hits{0};    // ... whose executable was already built
   std::atomic<int64_t> outputs{0};       // values materialized by graphs
   std::atomic<int64_t> elided{0};        // values no one referenced: never materialized
+  std::atomic<int64_t> dead_calls{0};    // recorded calls no one read a result of: left out
   std::atomic<int64_t> donated{0};       // input buffers reused for outputs
   std::atomic<int64_t> replays{0};       // graphs re-run op by op after a failure
   std::atomic<int64_t> op_by_op{0};      // new graphs run op by op: shapes churn (shape_churn.h)

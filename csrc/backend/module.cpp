@@ -225,6 +225,7 @@ PYBIND11_MODULE(_C, m) {
     d["fused_graph_cache_hits"] = fs.graph_hits.load();
     d["fused_outputs"] = fs.outputs.load();
     d["elided_intermediates"] = fs.elided.load();
+    d["dead_calls_dropped"] = fs.dead_calls.load();
     d["largest_graph_instructions"] = fs.largest_instructions.load();
     d["donated_buffers"] = fs.donated.load();
     d["fused_replays"] = fs.replays.load();
