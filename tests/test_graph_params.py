@@ -1,7 +1,9 @@
 """What a fused graph takes as parameters. Calls whose results nothing reads are left out
-of the graph (with their inputs), and when a training step's graph runs as its forward
-and the rest, each program takes only the parameters it reads: so the forward of the
-step after the first (where the optimizer created its state) is the same program."""
+of the graph (with their inputs); when a training step's graph runs as its forward and
+the rest, each program takes only the parameters it reads; and the fills a graph's
+outputs start from (an optimizer's state: zeros_like, then updated in place) run before
+it, so the graph reads them as parameters. The first step's graph, which creates the
+optimizer's state, is then the graph of every later step: one compile on a cold start."""
 import os
 import sys
 
@@ -110,10 +112,14 @@ def test_the_second_step_reuses_the_first_steps_forward(opt):
     with torch_tpu.set_eager_mode(EagerMode.DEFER_NEVER):
         strict, strict_params = train_steps(make_model, make_opt, 3, data)
     compiles = [c for _, c in fused]
-    # A fresh process compiles the first step's forward and rest (2), then only the
-    # second step's rest (its optimizer reads state it created in the first), then nothing.
-    # In a process that ran other tests first, some of these may be compiled already.
-    assert compiles[1] <= 1 and compiles[2] == 0, compiles
+    if opt == "adamw":
+        # Adam's state starts as zeros, hoisted out of the first step's graph: the second
+        # step is the first's graph.
+        assert compiles[1] == 0 and compiles[2] == 0, compiles
+    else:
+        # SGD's momentum starts as a clone of the gradient (another op than the later
+        # steps' update): the second step compiles its rest, not its forward.
+        assert compiles[1] <= 1 and compiles[2] == 0, compiles
     for (lf, _), (ls, _) in zip(fused, strict):
         assert abs(lf - ls) <= 1e-5 * max(1.0, abs(ls))
     # Adam scales rounding noise in gradients that are zero in exact arithmetic (an
@@ -121,3 +127,26 @@ def test_the_second_step_reuses_the_first_steps_forward(opt):
     tol = dict(rtol=1e-3, atol=1e-4) if opt == "adamw" else dict(rtol=1e-5, atol=1e-6)
     for a, b in zip(fused_params, strict_params):
         torch.testing.assert_close(a, b, **tol)
+
+
+def test_fills_updated_in_place_and_kept_are_hoisted_with_the_same_values():
+    x = torch.randn(6, device="tpu")
+    with torch_tpu.set_eager_mode(FUSED):
+        h0 = torch_tpu.metrics()["hoisted_fills"]
+        kept = []
+        for i in range(3):
+            acc = torch.zeros_like(x)  # empty_like, then a fill (torch.zeros reads as zeros, no fill)
+            acc.add_(x * (i + 1))
+            acc[2] = x.sum()
+            ones = torch.ones(2, 3, device="tpu")  # kept as it is
+            kept.append((acc, ones, (acc * 2).sum()))
+            torch_tpu.synchronize()
+        hoisted = torch_tpu.metrics()["hoisted_fills"] - h0
+    assert hoisted == 6  # each step: the zeros acc starts from, and ones
+    xc = x.cpu()
+    for i, (acc, ones, total) in enumerate(kept):
+        want = xc * (i + 1)
+        want[2] = xc.sum()
+        torch.testing.assert_close(acc.cpu(), want)
+        torch.testing.assert_close(ones.cpu(), torch.ones(2, 3))
+        torch.testing.assert_close(total.cpu(), (want * 2).sum())

@@ -134,6 +134,8 @@ struct Node {
   int chain = 0;  // cheap calls (elementwise, reductions, data movement) in a row ending here
   bool backward = false;  // recorded by an autograd backward
   bool compiled = false;  // a compiled graph's replay
+  bool fill = false;      // reads no value, only numbers (a fill, arange): its result is a constant
+  uint64_t serial = 0;    // which recorded call it is (nodes are reused)
   std::thread::id owner;  // the thread that recorded it: its failure is raised there
 };
 
@@ -357,6 +359,10 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
                    torch::autograd::get_current_graph_task_id() != -1;
   node->compiled = !eager;
   node->owner = std::this_thread::get_id();
+  static uint64_t serials = 0;  // under the graph lock
+  node->serial = ++serials;
+  node->fill = std::all_of(node->inputs.begin(), node->inputs.end(),
+                           [](const Operand& in) { return !in.slot && in.buffer && in.buffer->shared_constant; });
   Results out;
   node->outputs.reserve(program->results().size());
   for (size_t i = 0; i < program->results().size(); ++i) {
@@ -387,6 +393,12 @@ void note_replacement(const Operand& fresh, const Operand& old) {
                                                     : old.buffer.get();
   if (fresh.slot->producer) {
     fresh.slot->replaces = r;
+    if (old.slot && old.slot->producer) {  // the storage's value was made in this graph
+      const Slot& o = *old.slot;
+      Node* seed = o.seed ? o.seed : o.producer->fill ? o.producer : nullptr;
+      fresh.slot->seed = seed;
+      fresh.slot->seed_serial = o.seed ? o.seed_serial : seed ? seed->serial : 0;
+    }
     return;
   }
   std::lock_guard<std::mutex> lock(g_slot_mu);  // a queued launch's: its failure reads it
@@ -1408,36 +1420,65 @@ size_t drop_dead_calls(Graph& g) {
   return dropped;
 }
 
-void flush_prefix(const char* reason, size_t count) {
-  auto lock = graph_lock();
-  if (g_graph.nodes.empty()) return;
-  ScopedMicros timed(fuse_stats().flush_us);
-  Graph g = std::move(g_graph);
-  g_graph = Graph{};
-  g_graph.nodes.reserve(std::min(g.nodes.size(), max_graph_ops()));  // the next graph is alike, mostly
-  if (count < g.nodes.size()) {  // the rest stays pending, as a graph of its own
-    // Its reads of the flushed part's values become external: they keep those live.
-    for (size_t i = count; i < g.nodes.size(); ++i)
-      for (const Operand& in : g.nodes[i]->inputs)
-        if (in.slot && in.slot->producer && in.slot->producer->position < static_cast<int>(count))
-          in.slot->graph_uses -= 1;
-    g_graph.device = g.device;
-    for (size_t i = count; i < g.nodes.size(); ++i) {
-      g.nodes[i]->position = static_cast<int>(i - count);
-      g_graph.instructions += g.nodes[i]->program->instructions();
-      g.instructions -= g.nodes[i]->program->instructions();
-      g_graph.nodes.push_back(std::move(g.nodes[i]));
+// The fills a graph's outputs start from run before the graph, each as its own program:
+// an optimizer's state (zeros_like, then updated in place) is then a parameter of the
+// first step's graph, as the state it leaves is of the next step's, and the two steps
+// are one graph (compiled once on a cold start, not twice). A fill whose value is an
+// output as it is goes too. Not in a capture (compiled mode keeps its graph whole).
+// Returns the fills' graph (empty: nothing to hoist, or the graph is only fills).
+Graph hoist_fills(Graph& g) {
+  Graph fills;
+  if (eager_mode() != EagerMode::DeferAndFuse || g_flush_observer || g.nodes.size() < 2) return fills;
+  std::unordered_set<const Node*> in_graph;
+  for (const auto& node : g.nodes) in_graph.insert(node.get());
+  std::vector<char> hoist(g.nodes.size(), 0);
+  size_t count = 0;
+  for (const auto& node : g.nodes) {
+    for (const SlotPtr& s : node->outputs) {
+      if (s.use_count() <= 1 + s->graph_uses) continue;  // not an output
+      const Node* seed = node->fill ? node.get() : nullptr;
+      if (!seed && s->seed && in_graph.count(s->seed) && s->seed->serial == s->seed_serial) seed = s->seed;
+      if (seed && !hoist[seed->position]) {
+        hoist[seed->position] = 1;
+        ++count;
+      }
     }
-    g.nodes.resize(count);
   }
-  count_flush(reason);
-  fuse_stats().dead_calls += static_cast<int64_t>(drop_dead_calls(g));
-  if (g.nodes.empty()) return;
+  if (count == 0 || count == g.nodes.size()) return fills;
+  // The graph's reads of the fills' values become external: they keep those live.
+  for (const auto& node : g.nodes)
+    if (!hoist[node->position])
+      for (const Operand& in : node->inputs)
+        if (in.slot && in.slot->producer && hoist[in.slot->producer->position]) in.slot->graph_uses -= 1;
+  fills.device = g.device;
+  size_t kept = 0;
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    std::unique_ptr<Node>& node = g.nodes[n];
+    if (hoist[n]) {
+      node->position = static_cast<int>(fills.nodes.size());
+      fills.instructions += node->program->instructions();
+      g.instructions -= node->program->instructions();
+      fills.nodes.push_back(std::move(node));
+      continue;
+    }
+    node->position = static_cast<int>(kept);
+    if (kept != n) g.nodes[kept] = std::move(node);
+    ++kept;
+  }
+  g.nodes.resize(kept);
+  fuse_stats().hoisted_fills += static_cast<int64_t>(count);
+  return fills;
+}
+
+// Keys a flushed graph, marks its outputs and donations, and hands it to the launcher.
+// `each_call`: its calls run as their own programs, not as one graph.
+void submit_graph(Graph g, bool each_call) {
   int64_t largest = fuse_stats().largest_instructions.load();
   while (g.instructions > largest && !fuse_stats().largest_instructions.compare_exchange_weak(largest, g.instructions)) {
   }
   Job job;
   job.device = g.device;
+  job.each_call = each_call;
 
   // Wiring and external inputs. The key is binary (raw integers, no formatting): per
   // call its program's id, its argument count and each argument's source (a node and
@@ -1499,13 +1540,6 @@ void flush_prefix(const char* reason, size_t count) {
     for (const SlotPtr& s : node->outputs) s->producer = nullptr;
     job.outs.push_back(std::move(node->outputs));
   }
-  // The part left pending starts its chains afresh (their flushed links are values now).
-  for (auto& node : g_graph.nodes) {
-    int chain = 0;
-    for (const Operand& in : node->inputs)
-      if (in.slot && in.slot->producer) chain = std::max(chain, in.slot->producer->chain);
-    node->chain = node->program->recompute_cost() == ir::RecomputeCost::Cheap ? chain + 1 : 0;
-  }
   for (const Wire& w : job.results) job.result_slots.push_back(job.outs[w.node][w.index]);
   fuse_stats().outputs += static_cast<int64_t>(job.results.size());
   int64_t total = 0;
@@ -1557,6 +1591,43 @@ void flush_prefix(const char* reason, size_t count) {
   assign_donations(job, sole, replaces);
   job.params = std::move(ext);
   launcher().submit(std::move(job));
+}
+
+void flush_prefix(const char* reason, size_t count) {
+  auto lock = graph_lock();
+  if (g_graph.nodes.empty()) return;
+  ScopedMicros timed(fuse_stats().flush_us);
+  Graph g = std::move(g_graph);
+  g_graph = Graph{};
+  g_graph.nodes.reserve(std::min(g.nodes.size(), max_graph_ops()));  // the next graph is alike, mostly
+  if (count < g.nodes.size()) {  // the rest stays pending, as a graph of its own
+    // Its reads of the flushed part's values become external: they keep those live.
+    for (size_t i = count; i < g.nodes.size(); ++i)
+      for (const Operand& in : g.nodes[i]->inputs)
+        if (in.slot && in.slot->producer && in.slot->producer->position < static_cast<int>(count))
+          in.slot->graph_uses -= 1;
+    g_graph.device = g.device;
+    for (size_t i = count; i < g.nodes.size(); ++i) {
+      g.nodes[i]->position = static_cast<int>(i - count);
+      g_graph.instructions += g.nodes[i]->program->instructions();
+      g.instructions -= g.nodes[i]->program->instructions();
+      g_graph.nodes.push_back(std::move(g.nodes[i]));
+    }
+    g.nodes.resize(count);
+  }
+  count_flush(reason);
+  fuse_stats().dead_calls += static_cast<int64_t>(drop_dead_calls(g));
+  if (g.nodes.empty()) return;
+  Graph fills = hoist_fills(g);
+  if (!fills.nodes.empty()) submit_graph(std::move(fills), true);
+  submit_graph(std::move(g), false);
+  // The part left pending starts its chains afresh (their flushed links are values now).
+  for (auto& node : g_graph.nodes) {
+    int chain = 0;
+    for (const Operand& in : node->inputs)
+      if (in.slot && in.slot->producer) chain = std::max(chain, in.slot->producer->chain);
+    node->chain = node->program->recompute_cost() == ir::RecomputeCost::Cheap ? chain + 1 : 0;
+  }
 }
 
 }  // namespace tpu::backend

@@ -84,6 +84,11 @@ struct Slot {
   // the current graph (a buffer or an earlier graph's slot), so a donated input is
   // aliased to its own update.
   const void* replaces = nullptr;
+  // For a value an in-place op wrote into a storage whose first value in this graph a
+  // fill made (zeros_like, then updated in place): that fill's node, while pending, and
+  // the node's serial (nodes are reused: the pointer alone may name a later one).
+  Node* seed = nullptr;
+  uint64_t seed_serial = 0;
   // Set by the launcher thread once the graph ran (or failed); read under slot_mutex().
   runtime::BufferPtr buffer;
   std::exception_ptr error;
@@ -184,6 +189,7 @@ struct FuseStats {
   std::atomic<int64_t> outputs{0};       // values materialized by graphs
   std::atomic<int64_t> elided{0};        // values no one referenced: never materialized
   std::atomic<int64_t> dead_calls{0};    // recorded calls no one read a result of: left out
+  std::atomic<int64_t> hoisted_fills{0}; // fills run before their graph (hoist_fills)
   std::atomic<int64_t> donated{0};       // input buffers reused for outputs
   std::atomic<int64_t> replays{0};       // graphs re-run op by op after a failure
   std::atomic<int64_t> op_by_op{0};      // new graphs run op by op: shapes churn (shape_churn.h)

@@ -78,10 +78,12 @@ void assign(const at::Tensor& dst, Operand value, const at::Tensor* src = nullpt
     // The pending graph already joins the writes into one program.
     Operand cur = storage_value(dst);
     std::string key = "assign:" + vt.str() + "->" + view_key(dst);
-    set_value(s, run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
+    Operand written = run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
       ir::Value v = lowering::coerce(b, b.param(vt), dt, g.sizes);
       return {write_storage_view(b, b.param(st), st, g, v)};  // through the storage's bytes
-    }, {value, cur}, s.device)[0]);
+    }, {value, cur}, s.device)[0];
+    note_replacement(written, cur);  // the storage's new value, as an in-place op's
+    set_value(s, std::move(written));
     return;
   }
   // Part of the storage: queued, run with the writes that follow it at the storage's

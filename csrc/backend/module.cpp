@@ -226,6 +226,7 @@ PYBIND11_MODULE(_C, m) {
     d["fused_outputs"] = fs.outputs.load();
     d["elided_intermediates"] = fs.elided.load();
     d["dead_calls_dropped"] = fs.dead_calls.load();
+    d["hoisted_fills"] = fs.hoisted_fills.load();
     d["largest_graph_instructions"] = fs.largest_instructions.load();
     d["donated_buffers"] = fs.donated.load();
     d["fused_replays"] = fs.replays.load();
