@@ -10,6 +10,7 @@
 
 #include "backend/device.h"
 #include "backend/executor.h"
+#include "backend/storage.h"
 
 namespace tpu::backend {
 
@@ -57,7 +58,50 @@ static void draw_from_tpu_generators(const c10::OperatorHandle& op, torch::jit::
   }
 }
 
+namespace {
+template <typename F>
+void for_each_tensor(const c10::IValue& v, const F& fn) {
+  if (v.isTensor()) {
+    fn(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) fn(t);
+  } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+    auto l = v.toOptionalTensorList();
+    for (size_t j = 0; j < l.size(); ++j)
+      if (std::optional<at::Tensor> o = l.get(j)) fn(*o);
+  }
+}
+}  // namespace
+
+void check_written_on_tpu(c10::ArrayRef<c10::IValue> args, c10::ArrayRef<int> written) {
+  std::optional<at::Device> host;
+  for (int a : written)
+    for_each_tensor(args[a], [&](const at::Tensor& t) {
+      if (!host && t.defined() && !t.is_privateuseone()) host = t.device();
+    });
+  if (!host) return;
+  std::optional<at::Device> tpu;
+  std::optional<c10::DeviceType> generator;
+  for (const c10::IValue& v : args) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (!tpu && t.defined() && t.is_privateuseone())
+        tpu = at::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device_index(t)));
+    });
+    if (v.isGenerator() && v.toGenerator().device().type() != host->type()) generator = v.toGenerator().device().type();
+  }
+  TORCH_CHECK(!tpu, "Expected all tensors to be on the same device, but found at least two devices, ", *tpu, " and ",
+              *host, "!");
+  // No tpu tensor: a tpu Generator brought the op here, which CPU's kernel refuses.
+  TORCH_CHECK(!generator, "Expected a '", host->type(), "' device type for generator but found '", *generator, "'");
+}
+
 void run_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& reason) {
+  const auto& schema_args = op.schema().arguments();
+  std::vector<int> written;
+  for (size_t i = 0; i < schema_args.size(); ++i)
+    if (schema_args[i].alias_info() && schema_args[i].alias_info()->isWrite()) written.push_back(static_cast<int>(i));
+  // (cpu_fallback would write a cpu argument back through a tpu copy kernel)
+  check_written_on_tpu(torch::jit::last(*stack, schema_args.size()), written);
   const auto& name = op.operator_name();
   std::string n = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
   std::string why = reason.empty() ? "no tpu lowering" : reason;

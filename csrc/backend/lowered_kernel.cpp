@@ -1485,6 +1485,10 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   auto own = [&] {
     if (borrowed) borrowed->own();
   };
+  // A cpu tensor written with tpu operands, or by a cpu random op given a tpu Generator
+  // (out= ones with tpu inputs get check_out_device's error).
+  if (!info.mutated.empty() && (!info.is_out || info.generator_arg >= 0))
+    check_written_on_tpu(torch::jit::last(*stack, info.num_args), info.mutated);
   if (info.cpu_indices_arg >= 0) {
     size_t first = stack->size() - info.num_args;
     move_cpu_indices((*stack)[first + info.cpu_indices_arg], (*stack)[first].toTensor().device());
