@@ -100,3 +100,55 @@ def test_cpu_scalar_tensors_still_mix_into_tpu_ops():
     # a cpu 0-dim out with tpu inputs keeps out='s own error
     with pytest.raises(RuntimeError, match="Expected out tensor to have device tpu:0, but got cpu instead"):
         torch.add(s, s, out=torch.empty(()))
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (2, 2)], ids=["0d", "1d", "2d"])
+def test_cpu_fill_from_a_tpu_value_reads_it_like_cuda(shape):
+    for dtype, value in [(torch.float32, 2.5), (torch.int64, 7), (torch.bool, True)]:
+        c = torch.zeros(shape, dtype=dtype)
+        assert c.fill_(torch.tensor(value, device="tpu")) is c
+        assert c.device.type == "cpu" and torch.equal(c, torch.full(shape, value, dtype=dtype))
+    # cast to self's dtype, as fill_ with a Python number
+    c = torch.zeros(shape, dtype=torch.int32)
+    c.fill_(torch.tensor(3.75, device="tpu"))
+    assert torch.equal(c, torch.full(shape, 3, dtype=torch.int32))
+
+
+def test_cpu_fill_from_a_tpu_value_refuses_what_cuda_refuses():
+    c = torch.zeros(3)
+    with pytest.raises(RuntimeError, match="fill_ only supports 0-dimension value tensor but got tensor with 1 dim"):
+        c.fill_(torch.ones(1, device="tpu"))
+    assert torch.equal(c, torch.zeros(3))
+    # a leaf that requires grad refuses the in-place write, as on CPU
+    leaf = torch.zeros(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
+        leaf.fill_(torch.tensor(1.0, device="tpu"))
+
+
+def test_cpu_fill_from_a_tpu_value_under_autograd():
+    x = torch.ones(3, requires_grad=True)
+    y = x * 2
+    y.fill_(torch.tensor(4.0, device="tpu"))
+    assert torch.equal(y.detach(), torch.full((3,), 4.0))
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.zeros(3))  # fill_ cuts the gradient, as on CPU
+
+
+def test_tpu_fill_from_a_cpu_value_still_native():
+    t = torch.zeros(3, device="tpu")
+    with no_fallbacks():
+        t.fill_(torch.tensor(1.5))
+        t.fill_(torch.tensor(2.5, device="tpu"))
+    assert t.cpu().tolist() == [2.5, 2.5, 2.5]
+
+
+def test_fill_from_a_value_on_another_tpu_device():
+    from conftest import run_python
+    r = run_python("""
+import torch
+a = torch.zeros(3, device="tpu:0")
+assert a.fill_(torch.tensor(4.0, device="tpu:1")) is a
+assert a.device == torch.device("tpu:0") and a.cpu().tolist() == [4.0, 4.0, 4.0]
+print("ok")
+""", env={"TPU_NUM_DEVICES": "2"}, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr

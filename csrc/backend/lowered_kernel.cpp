@@ -66,6 +66,7 @@ struct OpInfo {
   bool check_input_overlap = true;     // between a written arg and a read one
   bool check_any_input_overlap = false;  // the same view too (index_add_(0, i, self))
   bool host_fill = false;              // fill_.Scalar, zero_: may run no program
+  bool fill_from_tensor = false;       // fill_.Tensor: a value on another device is read
   int cpu_indices_arg = -1;            // advanced indexing's Tensor?[]: cpu ones move over
   int cpu_tensor_arg = -1;             // a Tensor CUDA's kernel moves to the device (bernoulli's p)
   // Per return: the argument index it aliases, or one of these.
@@ -1300,6 +1301,25 @@ struct BorrowedArgs {
   }
 };
 
+// fill_(self, value) with the value on another device fills self with value.item(), as
+// ATen's fill_ does (a cpu tensor fills from a tpu one, as from a cuda one). True when
+// it did (self is left on the stack: the op returns it).
+bool fill_from_other_device(torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 2);
+  at::Tensor self = args[0].toTensor();
+  const at::Tensor& value = args[1].toTensor();
+  if (!value.is_privateuseone() || self.device() == value.device()) return false;
+  TORCH_CHECK(value.dim() == 0, "fill_ only supports 0-dimension value tensor but got tensor with ", value.dim(),
+              " dimensions.");
+  c10::Scalar v = value.item();
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;  // the fill_ being run is already recorded
+    self.fill_(v);
+  }
+  torch::jit::drop(*stack, 1);
+  return true;
+}
+
 void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
                     BorrowedArgs* borrowed = nullptr);
 
@@ -1485,6 +1505,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   auto own = [&] {
     if (borrowed) borrowed->own();
   };
+  if (info.fill_from_tensor && fill_from_other_device(stack)) return;
   // A cpu tensor written with tpu operands, or by a cpu random op given a tpu Generator
   // (out= ones with tpu inputs get check_out_device's error).
   if (!info.mutated.empty() && (!info.is_out || info.generator_arg >= 0))
@@ -2060,6 +2081,7 @@ int register_lowered_kernels() {
     info.check_any_input_overlap = cpu_forbids_any_input_overlap(base);
     info.check_input_overlap = info.check_any_input_overlap || !cpu_allows_input_overlap(base);
     info.host_fill = info.name == "fill_.Scalar" || info.name == "zero_";
+    info.fill_from_tensor = info.name == "fill_.Tensor";
     info.traced_as_convolution = info.name == "convolution";
     info.pointwise = h->hasTag(at::Tag::pointwise);
     info.promotes_inputs = info.pointwise || promotes_all_inputs(base);
