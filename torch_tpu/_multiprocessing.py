@@ -6,6 +6,11 @@ puts it on the same tpu device index (the bytes travel in the pickle, as a spawn
 arguments need). The receiver gets equal values, not shared memory:
 writes in one process are not seen by the other. Without this the queue's feeder thread
 failed to pickle the tensor and the receiver waited forever.
+
+For the same reason a tpu tensor cannot be put in shared memory: share_memory_() (on a
+tensor, a storage or through Module.share_memory()) raises instead of doing nothing, and
+is_shared() is False. Before, both claimed the tensor was shared, and hogwild-style
+training (children update a shared model in place) silently lost every update.
 """
 import torch
 from torch.multiprocessing import reductions
@@ -39,7 +44,35 @@ def _reducer(original):
     return reduce
 
 
+NOT_SHAREABLE = ("tpu tensors cannot be shared between processes: PJRT has no cross-process device memory, so a "
+                 "tpu tensor passed to another process arrives as a copy and its writes there are not seen here. "
+                 "For hogwild-style training share a CPU copy (model.cpu().share_memory()) and update that.")
+
+
+def _refuse_tpu_sharing() -> None:
+    # Tensor.share_memory_, TypedStorage and Module.share_memory all come to the untyped
+    # storage's methods.
+    share_memory_ = torch.UntypedStorage.share_memory_
+    is_shared = torch.UntypedStorage.is_shared
+
+    def share_memory_tpu_refused(self, *args, **kwargs):
+        if self.device.type == "tpu":
+            raise RuntimeError(NOT_SHAREABLE)
+        return share_memory_(self, *args, **kwargs)
+
+    def is_shared_tpu_false(self):
+        if self.device.type == "tpu":
+            return False
+        return is_shared(self)
+
+    share_memory_tpu_refused.__doc__ = share_memory_.__doc__
+    is_shared_tpu_false.__doc__ = is_shared.__doc__
+    torch.UntypedStorage.share_memory_ = share_memory_tpu_refused
+    torch.UntypedStorage.is_shared = is_shared_tpu_false
+
+
 def install() -> None:
     from multiprocessing.reduction import ForkingPickler
     for cls in (torch.Tensor, torch.nn.Parameter):
         ForkingPickler.register(cls, _reducer(reductions.reduce_tensor))
+    _refuse_tpu_sharing()
