@@ -48,10 +48,14 @@ struct TensorSpec {
   }
 };
 
+// A strided tpu tensor with no lazy conj/neg bit: one storage read as is. A sparse one
+// (an Embedding(sparse=True) weight's gradient) has no storage of its own, so a graph
+// taking or returning one is not replayed.
 bool plain_tpu_tensor(const py::handle& h, at::Tensor* out) {
   if (!THPVariable_Check(h.ptr())) return false;
   at::Tensor t = THPVariable_Unpack(h.ptr());
-  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1 || t.is_conj() || t.is_neg())
+  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1 || t.layout() != c10::kStrided ||
+      t.is_conj() || t.is_neg())
     return false;
   *out = std::move(t);
   return true;
