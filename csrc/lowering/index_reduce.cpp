@@ -157,6 +157,30 @@ static std::string seg_name(const std::string& red) {
   return red;
 }
 
+// CPU's checks of segment_reduce's segments when !unsafe (read at the call, as CPU and
+// CUDA read them on the host): lengths non-negative, each row summing to the data's
+// size along axis; offsets non-decreasing (CPU's kernel refuses a negative length).
+static void check_segments(Ctx& ctx, const Segments& g, int lengths_i, int64_t n) {
+  Builder& b = ctx.b;
+  if (!ctx.is_none(lengths_i)) {
+    Value len = g.len;
+    if (len.type.numel() == 0)  // CPU's lengths.min() of nothing
+      throw std::invalid_argument(
+          "min(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim with "
+          "the 'dim' argument.");
+    ctx.check(all_true(b, b.compare(len, full_like(b, len, 0), Cmp::GE)),
+              "RuntimeError: lengths contains negative value!");
+    Value total = reduce_sum(b, len, {len.rank() - 1});
+    ctx.check(all_true(b, b.compare(total, full_like(b, total, static_cast<double>(n)), Cmp::EQ)),
+              "RuntimeError: segment_reduce(): Expected all rows of lengths along axis to sum to "
+              "data.size(lengths.dim()-1) when !unsafe.");
+  } else if (g.len.type.numel() > 0) {
+    ctx.check(all_true(b, b.compare(g.len, full_like(b, g.len, 0), Cmp::GE)),
+              "RuntimeError: Expected segment_length >= 0 to be true, but got false.  (Could this error message "
+              "be improved?  If so, please report an enhancement request to PyTorch.)");
+  }
+}
+
 // segment_reduce(data, reduce, lengths, indices, offsets, axis, unsafe, initial):
 // each segment folds its elements into `initial` (else the reduction's identity; an
 // empty mean without initial is NaN); mean divides by the segment's length.
@@ -169,6 +193,7 @@ TPU_LOWER(segment_reduce, "segment_reduce") {
   if (!is_float(t)) throw Unsupported("segment_reduce of non-floats");
   int64_t axis = wrap_dim(ctx.i_or(5, 0), x.rank()), n = x.shape()[axis];
   Segments g = segments(ctx, 2, 4, n);
+  if (!ctx.flag_or(6, false)) check_segments(ctx, g, 2, n);
   std::string r = seg_name(red);
   auto [xs, ms] = spread(b, x, g, axis);
   Value id = identity(b, r, t, xs.shape());
