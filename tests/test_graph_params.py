@@ -150,3 +150,59 @@ def test_fills_updated_in_place_and_kept_are_hoisted_with_the_same_values():
         torch.testing.assert_close(acc.cpu(), want)
         torch.testing.assert_close(ones.cpu(), torch.ones(2, 3))
         torch.testing.assert_close(total.cpu(), (want * 2).sum())
+
+
+def test_state_made_by_torch_zeros_joins_the_first_steps_graph():
+    """A state made by torch.zeros (never written: it reads as zeros) and updated in place."""
+    torch.manual_seed(0)
+    w_cpu = torch.randn(8, 8)
+    xs = [torch.randn(4, 8) for _ in range(3)]
+
+    def run(device, mode):
+        w = w_cpu.clone().to(device).requires_grad_()
+        state, out = None, []
+        with torch_tpu.set_eager_mode(mode):
+            for x in xs:
+                c0 = torch_tpu.metrics()["graph_compiles"]
+                loss = (x.to(device) @ w).square().mean()
+                loss.backward()
+                with torch.no_grad():
+                    if state is None:
+                        state = torch.zeros(8, 8, device=device)
+                    state.mul_(0.9).add_(w.grad)
+                    w.sub_(0.1 * state)
+                w.grad = None
+                out.append((loss.item(), torch_tpu.metrics()["graph_compiles"] - c0))
+        return out, w.detach().cpu()
+
+    fused, w_fused = run("tpu", FUSED)
+    cpu, w_ref = run("cpu", EagerMode.DEFER_NEVER)
+    assert [c for _, c in fused][1:] == [0, 0], fused
+    for (a, _), (b, _) in zip(fused, cpu):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b))
+    torch.testing.assert_close(w_fused, w_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_a_split_steps_donations_are_counted():
+    """The rest of a split step donates the parameters it updates (TPU_FUSE_DONATE=1 at
+    process start on the CPU plugin); metrics()['donated_buffers'] counts them."""
+    from conftest import run_python_json
+    code = (
+        "import json, torch, torch_tpu\n"
+        "torch_tpu._C._set_split_at_backward(True)\n"
+        "torch.manual_seed(0)\n"
+        "with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):\n"
+        "    m = torch.nn.Linear(8, 8).to('tpu')\n"
+        "    opt = torch.optim.Adam(m.parameters(), lr=1e-2)\n"
+        "    x = torch.randn(4, 8, device='tpu')\n"
+        "    per_step = []\n"
+        "    for _ in range(3):\n"
+        "        d0 = torch_tpu.metrics()['donated_buffers']\n"
+        "        opt.zero_grad(); loss = m(x).square().mean(); loss.backward(); opt.step(); loss.item()\n"
+        "        torch_tpu.synchronize()\n"
+        "        per_step.append(torch_tpu.metrics()['donated_buffers'] - d0)\n"
+        "print(json.dumps(per_step))\n")
+    env = dict(os.environ, TPU_FUSE_DONATE="1")
+    per_step = run_python_json(code, env=env)
+    # From the second step on, each parameter and its two Adam states give their memory.
+    assert per_step[2] >= 6, per_step

@@ -1043,6 +1043,7 @@ bool run_split(Job& job, const std::vector<runtime::BufferPtr>& params) {
     });
     note_launch(name + ", after its forward", job.device, rest);
     fuse_stats().graphs += 2;
+    for (bool d : donate) fuse_stats().donated += d ? 1 : 0;
     std::lock_guard<std::mutex> lock(g_slot_mu);
     for (size_t k = 0; k < layout.second_results.size(); ++k)
       job.result_slots[layout.second_results[k]]->buffer = rest[k];
@@ -1429,15 +1430,20 @@ size_t drop_dead_calls(Graph& g) {
 Graph hoist_fills(Graph& g) {
   Graph fills;
   if (eager_mode() != EagerMode::DeferAndFuse || g_flush_observer || g.nodes.size() < 2) return fills;
-  std::unordered_set<const Node*> in_graph;
-  for (const auto& node : g.nodes) in_graph.insert(node.get());
+  std::unordered_set<const Node*> in_graph;  // made at the first seed met (a step without fills makes none)
+  auto pending_here = [&](const Node* n) {
+    if (in_graph.empty())
+      for (const auto& node : g.nodes) in_graph.insert(node.get());
+    return in_graph.count(n) > 0;
+  };
   std::vector<char> hoist(g.nodes.size(), 0);
   size_t count = 0;
   for (const auto& node : g.nodes) {
     for (const SlotPtr& s : node->outputs) {
       if (s.use_count() <= 1 + s->graph_uses) continue;  // not an output
       const Node* seed = node->fill ? node.get() : nullptr;
-      if (!seed && s->seed && in_graph.count(s->seed) && s->seed->serial == s->seed_serial) seed = s->seed;
+      // (the pointer is compared before the node is read: a seed flushed before may be freed)
+      if (!seed && s->seed && pending_here(s->seed) && s->seed->serial == s->seed_serial) seed = s->seed;
       if (seed && !hoist[seed->position]) {
         hoist[seed->position] = 1;
         ++count;

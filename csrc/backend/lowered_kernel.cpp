@@ -1325,6 +1325,20 @@ bool fill_from_other_device(torch::jit::Stack* stack) {
 void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
                     BorrowedArgs* borrowed = nullptr);
 
+// See its call in lowered_kernel.
+void start_unwritten_from_zeros(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  auto start = [](const at::Tensor& t) {
+    if (!t.defined() || !t.is_privateuseone()) return;
+    StorageData& s = storage_data(t);
+    if (!s.value && s.pending.empty() && !s.copy_of && s.unreadable.empty() && s.nbytes > 0) storage_value(t);
+  };
+  for (int a : info.mutated) {
+    if (args[a].isTensor()) start(args[a].toTensor());
+    else if (args[a].isTensorList())
+      for (const at::Tensor& t : args[a].toTensorList()) start(t);
+  }
+}
+
 // An out= write into a small part of a storage outside DeferAndFuse (DDP's Reducer
 // divides each gradient into its view of a bucket): the op writes a fresh tensor, whose
 // write joins the storage's queue as copy_'s does (one program per bucket at its next
@@ -1585,6 +1599,15 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     }
     if (computed_in_common_dtype(info, stack)) return;
   }
+
+  // Recording, a storage never written that an in-place op updates starts from recorded
+  // zeros (a constant in the graph, as before) rather than zeros baked into the op's
+  // program: the program reads the storage as the later updates do, and when the updated
+  // value outlives its graph (a state made by torch.zeros) the zeros run before the graph
+  // (deferred.cpp's hoist_fills), so the first step's graph is the next steps'. Not for
+  // fills and random fills, which overwrite without reading.
+  if (!info.is_out && !info.host_fill && info.generator_arg < 0 && !info.mutated.empty() && deferring())
+    start_unwritten_from_zeros(info, args);
 
   thread_local KeyBuffer key_buffer;
   KeyState k(key_buffer);
