@@ -206,3 +206,42 @@ def test_a_split_steps_donations_are_counted():
     per_step = run_python_json(code, env=env)
     # From the second step on, each parameter and its two Adam states give their memory.
     assert per_step[2] >= 6, per_step
+
+
+def test_a_grad_scaler_step_is_one_graph_from_the_first_step():
+    """With a GradScaler the step's graph is cut at scaler.update(), not at the optimizer
+    step inside scaler.step(): the scale's update then belongs to its own step, and the
+    second step is the first's graphs."""
+    def built():
+        m = torch_tpu.metrics()
+        return m["graph_compiles"] + m["graph_loads"]
+
+    def run(mode):
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1)
+        steps = []
+        with torch_tpu.set_eager_mode(mode):
+            model = GPT(vocab=48, d_model=24, n_heads=4, n_layers=2, seq=16).to("tpu")
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            scaler = torch.amp.GradScaler("tpu", init_scale=2.0 ** 14)
+            for _ in range(4):
+                c0 = built()
+                x = torch.randint(0, 48, (2, 16), generator=g).to("tpu")
+                y = torch.randint(0, 48, (2, 16), generator=g).to("tpu")
+                opt.zero_grad()
+                with torch.autocast("tpu", dtype=torch.float16):
+                    loss = model(x, y)[1]
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+                scaler.step(opt)
+                scaler.update()
+                steps.append((loss.item(), built() - c0))
+        return steps, scaler.get_scale()
+
+    fused, fused_scale = run(FUSED)
+    strict, strict_scale = run(EagerMode.DEFER_NEVER)
+    assert [c for _, c in fused][1:] == [0, 0, 0], fused
+    assert fused_scale == strict_scale
+    for (a, _), (b, _) in zip(fused, strict):
+        assert abs(a - b) <= 1e-3 * max(1.0, abs(b))

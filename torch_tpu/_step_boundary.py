@@ -2,19 +2,57 @@
 
 Cutting at the same place every step makes every step's graph the same program, so it
 compiles once; launching without waiting lets Python record the next step meanwhile.
+
+With a GradScaler the step ends at `scaler.update()`, after the optimizer steps it ran:
+cut at the optimizer step, the scale's update would join the next step's graph, which
+the first step's graph lacks, so the second step compiled its graphs again.
 """
+import threading
+
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _C
 
+_scaler = threading.local()  # depth: inside GradScaler.step on this thread
+
+
+def _cut(reason):
+    if _C.get_eager_mode() == 2:  # EagerMode.DEFER_AND_FUSE
+        _C.flush(reason)
+
 
 def _after_optimizer_step(optimizer, args, kwargs):
     if torch.compiler.is_compiling():
         return  # a compiled step is its own program: nothing to cut, no graph break
-    if _C.get_eager_mode() == 2:  # EagerMode.DEFER_AND_FUSE
-        _C.flush("optimizer step")
+    if getattr(_scaler, "depth", 0):
+        return  # a GradScaler's step: cut at its update
+    _cut("optimizer step")
+
+
+def _cut_at_scaler_update(scaler_class):
+    step, update = scaler_class.step, scaler_class.update
+
+    def scaler_step(self, optimizer, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return step(self, optimizer, *args, **kwargs)
+        _scaler.depth = getattr(_scaler, "depth", 0) + 1
+        try:
+            return step(self, optimizer, *args, **kwargs)
+        finally:
+            _scaler.depth -= 1
+
+    def scaler_update(self, *args, **kwargs):
+        out = update(self, *args, **kwargs)
+        if not torch.compiler.is_compiling():
+            _cut("optimizer step")
+        return out
+
+    for new, old in ((scaler_step, step), (scaler_update, update)):
+        new.__doc__, new.__name__, new.__qualname__ = old.__doc__, old.__name__, old.__qualname__
+    scaler_class.step, scaler_class.update = scaler_step, scaler_update
 
 
 # Kept so a benchmark can time a step's recording apart from its launch.
 handle = register_optimizer_step_post_hook(_after_optimizer_step)
+_cut_at_scaler_update(torch.amp.GradScaler)
