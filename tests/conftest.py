@@ -107,3 +107,24 @@ def check(fn, *args, **kw):
 @pytest.fixture
 def tpu():
     return torch.device("tpu")
+
+
+def run_in_spawned(target, args=(), send=None, timeout=120):
+    """Runs `target(*args, q_out)` in a spawned process, or `target(q_in, q_out)` when
+    `send` is given (then put on q_in); returns (its exit code, what it put on q_out).
+    The child is killed if it outlives the wait."""
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q_out = ctx.Queue()
+    q_in = ctx.Queue() if send is not None else None
+    proc = ctx.Process(target=target, args=(q_in, q_out) if q_in is not None else (*args, q_out))
+    proc.start()
+    try:
+        if q_in is not None:
+            q_in.put(send)
+        got = q_out.get(timeout=timeout)
+    finally:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+    return proc.exitcode, got

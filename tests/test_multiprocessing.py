@@ -5,8 +5,9 @@ import io
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from multiprocessing.reduction import ForkingPickler
+
+from conftest import run_in_spawned
 
 
 def _child(q_in, q_out):
@@ -16,20 +17,11 @@ def _child(q_in, q_out):
 
 
 def test_tpu_tensors_cross_a_spawn_queue_as_copies():
-    ctx = mp.get_context("spawn")
-    q_in, q_out = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=_child, args=(q_in, q_out))
-    proc.start()
-    try:
-        x = torch.arange(6.0, device="tpu").view(2, 3).t()  # a non-contiguous view
-        p = torch.nn.Parameter(torch.ones(4, device="tpu"))
-        q_in.put((x, p))
-        dev, values, rg, cls, pdev, prg, psum = q_out.get(timeout=120)
-    finally:
-        proc.join(60)
-        if proc.is_alive():
-            proc.kill()
-    assert proc.exitcode == 0
+    x = torch.arange(6.0, device="tpu").view(2, 3).t()  # a non-contiguous view
+    p = torch.nn.Parameter(torch.ones(4, device="tpu"))
+    code, got = run_in_spawned(_child, send=(x, p))
+    assert code == 0
+    dev, values, rg, cls, pdev, prg, psum = got
     assert dev == "tpu" and not rg and values == x.cpu().tolist()
     assert (cls, pdev, prg, psum) == ("Parameter", "tpu", True, 8.0)
 
@@ -55,18 +47,9 @@ def _echo(args, q_out):
 def test_tpu_tensors_as_spawned_process_arguments():
     # A spawned child's arguments are pickled before it starts: a host copy sent as shared
     # memory lost its file descriptor first, and the child died unpickling it.
-    ctx = mp.get_context("spawn")
     args = [torch.arange(3.0, device="tpu"), torch.tensor([1.5, -2.0], dtype=torch.bfloat16, device="tpu"),
             torch.tensor([[True], [False]], device="tpu"), torch.zeros(0, 2, device="tpu"),
             torch.tensor(7, device="tpu")]
-    q_out = ctx.Queue()
-    proc = ctx.Process(target=_echo, args=(args, q_out))
-    proc.start()
-    try:
-        got = q_out.get(timeout=120)
-    finally:
-        proc.join(60)
-        if proc.is_alive():
-            proc.kill()
-    assert proc.exitcode == 0
+    code, got = run_in_spawned(_echo, (args,))
+    assert code == 0
     assert got == [("tpu", t.dtype, tuple(t.shape), t.cpu().tolist()) for t in args]

@@ -5,7 +5,8 @@ share_memory_() used to do nothing and is_shared() said True, so hogwild-style t
 Now sharing raises, is_shared() is False, and queues still carry tpu tensors as copies."""
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from conftest import run_in_spawned
 
 NOT_SHAREABLE = "tpu tensors cannot be shared between processes"
 
@@ -70,17 +71,8 @@ def test_hogwild_on_a_cpu_copy_sees_the_childrens_updates():
         model.share_memory()
     shared = model.cpu().share_memory()
     before = [p.detach().clone() for p in shared.parameters()]
-    ctx = mp.get_context("spawn")
-    q_out = ctx.Queue()
-    proc = ctx.Process(target=_add_one, args=(shared, q_out))
-    proc.start()
-    try:
-        devices = q_out.get(timeout=120)
-    finally:
-        proc.join(60)
-        if proc.is_alive():
-            proc.kill()
-    assert proc.exitcode == 0 and devices == ["cpu", "cpu"]
+    code, devices = run_in_spawned(_add_one, (shared,))
+    assert code == 0 and devices == ["cpu", "cpu"]
     for p, b in zip(shared.parameters(), before):
         assert torch.equal(p.detach(), b + 1)
 
@@ -91,18 +83,8 @@ def _echo(q_in, q_out):
 
 
 def test_tpu_tensors_still_cross_a_queue_as_copies():
-    ctx = mp.get_context("spawn")
-    q_in, q_out = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=_echo, args=(q_in, q_out))
-    proc.start()
-    try:
-        x = torch.arange(3.0, device="tpu")
-        q_in.put(x)
-        got = q_out.get(timeout=120)
-    finally:
-        proc.join(60)
-        if proc.is_alive():
-            proc.kill()
-    assert proc.exitcode == 0
+    x = torch.arange(3.0, device="tpu")
+    code, got = run_in_spawned(_echo, send=x)
+    assert code == 0
     assert got == ("tpu", False, [0.0, 2.0, 4.0])
     assert not x.is_shared()
