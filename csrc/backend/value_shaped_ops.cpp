@@ -25,18 +25,6 @@ using ir::Builder;
 using ir::Type;
 using ir::Value;
 
-// Positions of `mask` ([n], bool), selected ones first in ascending order (a stable
-// sort), carrying `payload` along; and the number selected.
-std::pair<Value, Value> selected_first(Builder& b, const Value& mask, const Value& payload) {
-  int64_t n = mask.shape()[0];
-  Value key = b.select(mask, b.constant(0, DType::I32, {n}), b.constant(1, DType::I32, {n}));
-  auto sorted = b.sort({key, payload}, 0, true, [](Builder& r, const std::vector<Value>& a) {
-    return std::vector<Value>{r.compare(a[0], a[1], ir::Cmp::LT)};
-  });
-  Value count = lowering::reduce_sum(b, b.convert(mask, DType::I64), {0});
-  return {sorted[1], count};
-}
-
 int64_t read_count(const runtime::BufferPtr& count) {
   int64_t c = 0;
   runtime::Client::get().to_host(*count, &c, sizeof(c));
@@ -47,61 +35,21 @@ Type type_of(const at::Tensor& t, const char* op) {
   return Type{device_dtype(t.scalar_type(), op), std::vector<int64_t>(t.sizes().begin(), t.sizes().end())};
 }
 
-at::Tensor nonzero_tpu(const at::Tensor& self) {
-  return guarded([&] {
-    ReadOfComputed now({self});
-    int64_t n = self.numel(), r = self.dim();
-    int dev = device_index(self);
-    if (n == 0) return at::empty({0, r}, self.options().dtype(at::kLong));
-    Type it = type_of(self, "nonzero");
-    auto res = run_internal("nonzero:" + it.str(), [&](Builder& b) {
-      Value x = b.reshape(b.param(it), {n});
-      auto [order, count] = selected_first(b, b.convert(x, DType::Bool), b.iota(Type{DType::I64, {n}}, 0));
-      std::vector<Value> cols;
-      ir::Shape strides = ir::contiguous_strides(it.shape);
-      for (int64_t d = 0; d < r; ++d) {  // flat position -> coordinate d
-        Value q = b.binary("stablehlo.divide", order, b.constant(double(strides[d]), DType::I64, {n}));
-        Value c = b.binary("stablehlo.remainder", q, b.constant(double(it.shape[d]), DType::I64, {n}));
-        cols.push_back(b.reshape(c, {n, 1}));
-      }
-      Value coords = r ? b.concatenate(cols, 1) : b.constant(0, DType::I64, {n, 0});
-      return std::vector<Value>{coords, count};
-    }, {dense_value(self)}, dev);
-    at::Tensor all = wrap_value(res[0], at::kLong, {n, r}, dev);
-    return all.narrow(0, 0, read_count(resolve(res[1])));
-  });
-}
-
-at::Tensor masked_select_tpu(const at::Tensor& self, const at::Tensor& mask) {
-  check_same_device({self, mask});
-  TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_select: expected BoolTensor for mask, got ",
-              mask.scalar_type());
-  return guarded([&] {
-    ReadOfComputed now({self, mask});
-    std::vector<int64_t> shape = at::infer_size(self.sizes(), mask.sizes());
-    int64_t n = c10::multiply_integers(shape);
-    int dev = device_index(self);
-    if (n == 0) return at::empty({0}, self.options());
-    Type st = type_of(self, "masked_select"), mt = type_of(mask, "masked_select");
-    auto res = run_internal("masked_select:" + st.str() + mt.str(), [&](Builder& b) {
-      Value x = b.reshape(lowering::broadcast_to(b, b.param(st), shape), {n});
-      Value m = b.reshape(lowering::broadcast_to(b, b.param(mt), shape), {n});
-      auto [values, count] = selected_first(b, m, x);
-      return std::vector<Value>{values, count};
-    }, {dense_value(self), dense_value(mask)}, dev);
-    at::Tensor all = wrap_value(res[0], self.scalar_type(), {n}, dev);
-    return all.narrow(0, 0, read_count(resolve(res[1])));
-  });
-}
-
-// ---- equal, unique, unique_consecutive, repeat_interleave ----
-
-// Inclusive prefix sum of 1-D int64 `x` in log2(n) shifted adds.
-Value prefix_sum(Builder& b, Value x) {
+// Inclusive prefix sum of 1-D integer `x`: sums within blocks of 16 by a window
+// reduction, then the blocks' totals summed the same way and added back. About three
+// passes over x and two arrays of its size, where a log-step scan makes log2(n) passes.
+Value prefix_sum(Builder& b, const Value& x) {
+  constexpr int64_t kBlock = 16;
   int64_t n = x.shape()[0];
-  Value zero = b.constant(0, DType::I64);
-  for (int64_t s = 1; s < n; s *= 2) x = lowering::add(b, x, b.slice(b.pad(x, zero, {s}, {0}, {0}), {0}, {n}, {1}));
-  return x;
+  Value zero = b.constant(0, x.dtype());
+  if (n <= kBlock) return b.reduce_window(x, zero, {n}, {1}, {{n - 1, 0}}, "stablehlo.add");
+  int64_t m = (n + kBlock - 1) / kBlock;
+  Value blocks = b.reshape(b.pad(x, zero, {0}, {m * kBlock - n}, {0}), {m, kBlock});
+  Value within = b.reduce_window(blocks, zero, {1, kBlock}, {1, 1}, {{0, 0}, {kBlock - 1, 0}}, "stablehlo.add");
+  Value totals = b.reshape(b.slice(within, {0, kBlock - 1}, {m, kBlock}, {1, 1}), {m});
+  Value before = lowering::sub(b, prefix_sum(b, totals), totals);
+  Value sums = lowering::add(b, within, b.broadcast_in_dim(before, {m, kBlock}, {0}));
+  return b.slice(b.reshape(sums, {m * kBlock}), {0}, {n}, {1});
 }
 
 // 1-D `into` with `upd` written (or added) at positions `at`; positions n drop out.
@@ -112,6 +60,103 @@ Value scatter_1d(Builder& b, const Value& into, const Value& at, const Value& up
     return std::vector<Value>{add ? lowering::add(q, a[0], a[1]) : a[1]};
   });
 }
+
+// Positions within n elements: int32 where they fit (half the working memory).
+DType position_dtype(int64_t n) { return n <= std::numeric_limits<int32_t>::max() ? DType::I32 : DType::I64; }
+
+// `payload` ([n]) at the selected positions of `mask` ([n], bool), packed in order into
+// the front of `rows` (>= the number selected) entries: each goes to its rank among
+// the selected (a prefix sum; no sort of the whole input), the others drop out.
+Value pack_selected(Builder& b, const Value& mask, const Value& payload, int64_t rows) {
+  int64_t n = mask.shape()[0];
+  DType pt = position_dtype(n);
+  Value rank = lowering::sub(b, prefix_sum(b, b.convert(mask, pt)), b.constant(1, pt, {n}));
+  Value at = b.select(mask, rank, b.constant(double(rows), pt, {n}));
+  return scatter_1d(b, b.constant(0, payload.dtype(), {rows}), at, payload, false);
+}
+
+// Rows a result of `count` (>= 1) rows keeps: the least of 2^k and 3 * 2^k that holds
+// them, at most n. Results are views of that many rows, so a result holds at most 1.5x
+// its size, and the counts of a bucket share one program (two per power of two, not
+// one per count: a loop's varying counts do not compile anew each step).
+int64_t bucket_rows(int64_t count, int64_t n) {
+  int64_t p = 1;
+  while (p < count) {
+    if (p >= 2 && p / 2 * 3 >= count) return std::min(p / 2 * 3, n);
+    p *= 2;
+  }
+  return std::min(p, n);
+}
+
+// The number of nonzero elements of `t` (read by the host: the sync CUDA makes too).
+int64_t count_nonzero_of(const at::Tensor& t, int dev) {
+  Type it = type_of(t, "nonzero");
+  int64_t n = t.numel();
+  auto res = run_internal("count_nonzero:" + it.str(), [&](Builder& b) {
+    Value m = b.convert(b.reshape(b.param(it), {n}), DType::Bool);
+    return std::vector<Value>{lowering::reduce_sum(b, b.convert(m, DType::I64), {0})};
+  }, {dense_value(t)}, dev);
+  return read_count(resolve(res[0]));
+}
+
+// nonzero: the elements are counted first; a second program, one per input and bucket
+// of counts, packs the flat positions of the nonzero ones and turns only those into
+// coordinates. The result owns a buffer of its bucket's size, not the input's.
+at::Tensor nonzero_tpu(const at::Tensor& self) {
+  return guarded([&] {
+    ReadOfComputed now({self});
+    int64_t n = self.numel(), r = self.dim();
+    int dev = device_index(self);
+    at::TensorOptions lo = self.options().dtype(at::kLong);
+    if (n == 0) return at::empty({0, r}, lo);
+    int64_t count = count_nonzero_of(self, dev);
+    if (count == 0 || r == 0) return at::empty({count, r}, lo);
+    int64_t rows = bucket_rows(count, n);
+    Type it = type_of(self, "nonzero");
+    auto res = run_internal("nonzero:" + it.str() + ":" + std::to_string(rows), [&](Builder& b) {
+      Value m = b.convert(b.reshape(b.param(it), {n}), DType::Bool);
+      Value flat = b.convert(pack_selected(b, m, b.iota(Type{position_dtype(n), {n}}, 0), rows), DType::I64);
+      std::vector<Value> cols;
+      ir::Shape strides = ir::contiguous_strides(it.shape);
+      for (int64_t d = 0; d < r; ++d) {  // flat position -> coordinate d
+        Value q = b.binary("stablehlo.divide", flat, b.constant(double(strides[d]), DType::I64, {rows}));
+        Value c = b.binary("stablehlo.remainder", q, b.constant(double(it.shape[d]), DType::I64, {rows}));
+        cols.push_back(b.reshape(c, {rows, 1}));
+      }
+      return std::vector<Value>{b.concatenate(cols, 1)};
+    }, {dense_value(self)}, dev);
+    at::Tensor kept = wrap_value(res[0], at::kLong, {rows, r}, dev);
+    return count == rows ? kept : kept.narrow(0, 0, count);
+  });
+}
+
+// masked_select: as nonzero, the values packed instead of positions. A mask broadcast
+// to n elements selects count(mask) * n / mask.numel() of them.
+at::Tensor masked_select_tpu(const at::Tensor& self, const at::Tensor& mask) {
+  check_same_device({self, mask});
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_select: expected BoolTensor for mask, got ",
+              mask.scalar_type());
+  return guarded([&] {
+    ReadOfComputed now({self, mask});
+    std::vector<int64_t> shape = at::infer_size(self.sizes(), mask.sizes());
+    int64_t n = c10::multiply_integers(shape);
+    int dev = device_index(self);
+    if (n == 0) return at::empty({0}, self.options());
+    int64_t count = count_nonzero_of(mask, dev) * (n / mask.numel());
+    if (count == 0) return at::empty({0}, self.options());
+    int64_t rows = bucket_rows(count, n);
+    Type st = type_of(self, "masked_select"), mt = type_of(mask, "masked_select");
+    auto res = run_internal("masked_select:" + st.str() + mt.str() + ":" + std::to_string(rows), [&](Builder& b) {
+      Value x = b.reshape(lowering::broadcast_to(b, b.param(st), shape), {n});
+      Value m = b.reshape(lowering::broadcast_to(b, b.param(mt), shape), {n});
+      return std::vector<Value>{pack_selected(b, m, x, rows)};
+    }, {dense_value(self), dense_value(mask)}, dev);
+    at::Tensor kept = wrap_value(res[0], self.scalar_type(), {rows}, dev);
+    return count == rows ? kept : kept.narrow(0, 0, count);
+  });
+}
+
+// ---- equal, unique, unique_consecutive, repeat_interleave ----
 
 // torch.equal: same sizes and every element equal (NaN never is), compared in the
 // promoted dtype on the device; the host reads one flag.
