@@ -232,3 +232,17 @@ def test_errors_are_cpus():
         torch.masked_select(x.to("tpu"), m.to("tpu"))
     with pytest.raises(RuntimeError, match="Long"):
         torch.nonzero(x.to("tpu"), out=torch.empty(0, dtype=torch.int32, device="tpu"))
+
+
+def test_deferred_input_is_read_in_one_cut_and_the_result_is_computed():
+    # DeferAndFuse: counting runs the pending work once; the packing then launches at
+    # once, so the result is a computed value (not pending work whose reads cut again).
+    x = torch.tensor([0.0, 1.0, 0.0, 2.0, 3.0], device="tpu")
+    with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):
+        for op in (lambda y: y.nonzero(), lambda y: torch.masked_select(y, y > 1)):
+            y = x * 2
+            before = torch_tpu.metrics()["flushes"].get("value needed", 0)
+            r = op(y)
+            assert torch_tpu._C.is_materialized(r)
+            assert torch_tpu.metrics()["flushes"].get("value needed", 0) - before == 1
+    assert x.nonzero().tolist() == [[1], [3], [4]]

@@ -112,6 +112,9 @@ at::Tensor nonzero_tpu(const at::Tensor& self) {
     int64_t count = count_nonzero_of(self, dev);
     if (count == 0 || r == 0) return at::empty({count, r}, lo);
     int64_t rows = bucket_rows(count, n);
+    // The count's read ran what self waited on: the packing runs now, not into a graph
+    // (the result is a computed value, as the count made it before).
+    ReadOfComputed computed({self});
     Type it = type_of(self, "nonzero");
     auto res = run_internal("nonzero:" + it.str() + ":" + std::to_string(rows), [&](Builder& b) {
       Value m = b.convert(b.reshape(b.param(it), {n}), DType::Bool);
@@ -145,6 +148,7 @@ at::Tensor masked_select_tpu(const at::Tensor& self, const at::Tensor& mask) {
     int64_t count = count_nonzero_of(mask, dev) * (n / mask.numel());
     if (count == 0) return at::empty({0}, self.options());
     int64_t rows = bucket_rows(count, n);
+    ReadOfComputed computed({self, mask});  // as nonzero's
     Type st = type_of(self, "masked_select"), mt = type_of(mask, "masked_select");
     auto res = run_internal("masked_select:" + st.str() + mt.str() + ":" + std::to_string(rows), [&](Builder& b) {
       Value x = b.reshape(lowering::broadcast_to(b, b.param(st), shape), {n});
