@@ -416,7 +416,7 @@ namespace {
 std::condition_variable g_slot_cv;  // a graph finished
 void forget_launch_error(const std::exception_ptr& e);  // raised here: not again at sync
 void raise_launch_error();                              // a recorded error, once
-void record_launch_error(const std::exception_ptr& e, std::thread::id owner);  // for its next sync
+void record_launch_error(const std::exception_ptr& e, std::thread::id owner, uint64_t job);  // for its next sync
 bool launch_error_raised(const std::exception_ptr& e);  // reported to the user already
 std::atomic<bool> g_values_lost{false};  // some slot holds an error: inputs are checked per call
 }  // namespace
@@ -824,6 +824,7 @@ struct Job {
   uint64_t correlation = 0;  // ... the op that queued it, for torch.profiler
   int64_t reserved = 0;      // ... its outputs' bytes, counted at its call (reserve_queued)
   int split = 0;  // > 0: the calls from here on (a backward) run as a second program
+  uint64_t serial = 0;  // its place in the launch order (set at submit)
 };
 
 }  // namespace
@@ -875,7 +876,7 @@ void assign_donations(Job& job, const std::vector<bool>& sole, const std::vector
 void release_queued(int device, int64_t bytes);
 
 // The calls' outputs not yet made hold `e`. It is recorded for the next sync of each
-// thread whose call it fails, before any reader can see it (a reader forgets it).
+// thread whose call it fails, before any reader can see it (a reader retires it).
 void fail_calls(const Job& job, size_t from, size_t to, const std::exception_ptr& e) {
   std::vector<std::thread::id> owners;
   {
@@ -885,7 +886,7 @@ void fail_calls(const Job& job, size_t from, size_t to, const std::exception_ptr
         if (!s->buffer && std::find(owners.begin(), owners.end(), job.calls[n].owner) == owners.end())
           owners.push_back(job.calls[n].owner);
   }
-  for (std::thread::id t : owners) record_launch_error(e, t);
+  for (std::thread::id t : owners) record_launch_error(e, t, job.serial);
   g_values_lost.store(true, std::memory_order_release);
   std::lock_guard<std::mutex> lock(g_slot_mu);
   for (size_t n = from; n < to; ++n)
@@ -1155,29 +1156,41 @@ class Launcher {
         std::thread([this] { loop(); }).detach();  // lives as long as the process
         started_ = true;
       }
+      job.serial = ++submitted_;
       queue_.push_back(std::move(job));
       ++pending_;
     }
     cv_.notify_all();
   }
 
-  // A thread's first failed launch is raised at its next sync or value read, not
-  // another thread's: as on CUDA, where the op's own thread sees its out-of-memory.
-  void record(const std::exception_ptr& e, std::thread::id owner) {
+  // A thread's failed launch is raised at its next sync or value read, not another
+  // thread's: as on CUDA, where the op's own thread sees its out-of-memory.
+  void record(const std::exception_ptr& e, std::thread::id owner, uint64_t job) {
     std::lock_guard<std::mutex> lock(mu_);
     // Later jobs failing on the same input: raised already.
-    if (std::find(raised_list_.begin(), raised_list_.end(), e) != raised_list_.end()) return;
-    for (const auto& [t, err] : errors_)
-      if (t == owner) return;
-    errors_.emplace_back(owner, e);
+    if (was_raised_locked(e)) return;
+    // Work the thread queued before it was told of a failure failed with it (a replayed
+    // graph's other ops, a flush's hoisted fills, a job still in flight then).
+    if (auto it = told_through_.find(owner); it != told_through_.end() && job <= it->second) {
+      note_raised(e);
+      drop(e);
+      return;
+    }
+    for (const RecordedError& r : errors_)
+      if (r.owner == owner && r.error == e) return;
+    errors_.push_back({owner, e});
     has_error_.store(true, std::memory_order_release);
   }
 
+  // `e` was raised to the user (reading a value it lost): not again at a sync.
   void forget(const std::exception_ptr& e) {
     std::lock_guard<std::mutex> lock(mu_);
+    const auto self = std::this_thread::get_id();
+    bool own = std::any_of(errors_.begin(), errors_.end(),
+                           [&](const RecordedError& r) { return r.owner == self && r.error == e; });
     note_raised(e);
-    errors_.erase(std::remove_if(errors_.begin(), errors_.end(), [&](const auto& te) { return te.second == e; }),
-                  errors_.end());
+    drop(e);
+    if (own) tell_failure();
     has_error_.store(!errors_.empty(), std::memory_order_release);
   }
 
@@ -1203,7 +1216,7 @@ class Launcher {
 
   bool was_raised(const std::exception_ptr& e) {
     std::lock_guard<std::mutex> lock(mu_);
-    return std::find(raised_list_.begin(), raised_list_.end(), e) != raised_list_.end();
+    return was_raised_locked(e);
   }
 
   void wait_idle() {
@@ -1217,17 +1230,43 @@ class Launcher {
  private:
   std::exception_ptr take_own() {  // under mu_
     auto it = std::find_if(errors_.begin(), errors_.end(),
-                           [](const auto& te) { return te.first == std::this_thread::get_id(); });
+                           [](const RecordedError& r) { return r.owner == std::this_thread::get_id(); });
     if (it == errors_.end()) return nullptr;
-    std::exception_ptr e = it->second;
-    errors_.erase(it);
-    note_raised(e);
+    std::exception_ptr e = it->error;
+    tell_failure();
     has_error_.store(!errors_.empty(), std::memory_order_release);
     return e;
   }
 
+  // This thread is being told its queued work failed. One failure is reported once, as on
+  // CUDA, where the failing op raises and nothing after it runs: a graph replayed op by
+  // op fails in several independent calls, each with its own error, and a flush's fills
+  // run as a job of their own, so whichever of them is raised reports them all. Each is
+  // retired (values it lost are named as an earlier error) and so is any that work queued
+  // until now still brings; work queued later reports its own failure.  Under mu_.
+  void tell_failure() {
+    const auto self = std::this_thread::get_id();
+    told_through_[self] = submitted_;
+    std::vector<std::exception_ptr> told;
+    for (const RecordedError& r : errors_)
+      if (r.owner == self) told.push_back(r.error);
+    for (const std::exception_ptr& e : told) {
+      note_raised(e);
+      drop(e);
+    }
+  }
+
+  void drop(const std::exception_ptr& e) {  // under mu_; every thread's record of it
+    errors_.erase(std::remove_if(errors_.begin(), errors_.end(), [&](const RecordedError& r) { return r.error == e; }),
+                  errors_.end());
+  }
+
+  bool was_raised_locked(const std::exception_ptr& e) {  // under mu_
+    return std::find(raised_list_.begin(), raised_list_.end(), e) != raised_list_.end();
+  }
+
   void note_raised(const std::exception_ptr& e) {  // under mu_
-    if (std::find(raised_list_.begin(), raised_list_.end(), e) != raised_list_.end()) return;
+    if (was_raised_locked(e)) return;
     if (raised_list_.size() >= kRaisedKept) raised_list_.pop_front();
     raised_list_.push_back(e);
   }
@@ -1265,10 +1304,18 @@ class Launcher {
   std::deque<Job> queue_;
   int pending_ = 0;
   bool started_ = false;
-  std::vector<std::pair<std::thread::id, std::exception_ptr>> errors_;  // per thread, its first
+  uint64_t submitted_ = 0;  // jobs submitted so far (the latest one's serial)
+  struct RecordedError {
+    std::thread::id owner;
+    std::exception_ptr error;
+  };
+  std::vector<RecordedError> errors_;  // not raised yet, per thread in the order found
   std::atomic<bool> has_error_{false};  // errors_ is not empty: read without the lock per value read
-  // The latest errors raised to the user: values they lost are named as earlier errors.
-  static constexpr size_t kRaisedKept = 64;
+  // Per thread: the last job submitted when it was last told of a failure.
+  std::unordered_map<std::thread::id, uint64_t> told_through_;
+  // The latest errors raised (or retired) to the user: values they lost are named as
+  // earlier errors. A replay's many independent failures fit.
+  static constexpr size_t kRaisedKept = 1024;
   std::deque<std::exception_ptr> raised_list_;
 };
 
@@ -1279,7 +1326,9 @@ Launcher& launcher() {
 
 void forget_launch_error(const std::exception_ptr& e) { launcher().forget(e); }
 void raise_launch_error() { launcher().raise_recorded(); }
-void record_launch_error(const std::exception_ptr& e, std::thread::id owner) { launcher().record(e, owner); }
+void record_launch_error(const std::exception_ptr& e, std::thread::id owner, uint64_t job) {
+  launcher().record(e, owner, job);
+}
 bool launch_error_raised(const std::exception_ptr& e) { return launcher().was_raised(e); }
 
 }  // namespace
