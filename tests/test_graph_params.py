@@ -129,20 +129,23 @@ def test_the_second_step_reuses_the_first_steps_forward(opt):
         torch.testing.assert_close(a, b, **tol)
 
 
-def test_fills_updated_in_place_and_kept_are_hoisted_with_the_same_values():
+def test_fills_made_every_step_stay_in_their_graph_with_the_same_values():
+    """Outside an optimizer's step fills are not state: hoisting those a backward makes
+    every step (an index's gradient starts from zeros) would cost a launch and a buffer
+    per step. Values are the same either way."""
     x = torch.randn(6, device="tpu")
     with torch_tpu.set_eager_mode(FUSED):
         h0 = torch_tpu.metrics()["hoisted_fills"]
         kept = []
         for i in range(3):
-            acc = torch.zeros_like(x)  # empty_like, then a fill (torch.zeros reads as zeros, no fill)
+            acc = torch.zeros_like(x)
             acc.add_(x * (i + 1))
             acc[2] = x.sum()
-            ones = torch.ones(2, 3, device="tpu")  # kept as it is
+            ones = torch.ones(2, 3, device="tpu")
             kept.append((acc, ones, (acc * 2).sum()))
             torch_tpu.synchronize()
         hoisted = torch_tpu.metrics()["hoisted_fills"] - h0
-    assert hoisted == 6  # each step: the zeros acc starts from, and ones
+    assert hoisted == 0
     xc = x.cpu()
     for i, (acc, ones, total) in enumerate(kept):
         want = xc * (i + 1)
@@ -152,35 +155,56 @@ def test_fills_updated_in_place_and_kept_are_hoisted_with_the_same_values():
         torch.testing.assert_close(total.cpu(), (want * 2).sum())
 
 
+class ZerosMomentum(torch.optim.Optimizer):
+    """Momentum whose state is made by torch.zeros (a storage never written: it reads as
+    zeros) and ones_like."""
+
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                if not st:
+                    st["buf"] = torch.zeros(p.shape, device=p.device)
+                    st["count"] = torch.zeros(2, device=p.device)
+                    st["scale"] = torch.ones_like(p)
+                st["buf"].mul_(0.9).add_(p.grad * st["scale"])
+                st["count"].add_(1.0)
+                p.sub_(group["lr"] * st["buf"])
+
+
 def test_state_made_by_torch_zeros_joins_the_first_steps_graph():
-    """A state made by torch.zeros (never written: it reads as zeros) and updated in place."""
     torch.manual_seed(0)
     w_cpu = torch.randn(8, 8)
     xs = [torch.randn(4, 8) for _ in range(3)]
 
     def run(device, mode):
-        w = w_cpu.clone().to(device).requires_grad_()
-        state, out = None, []
+        w = torch.nn.Parameter(w_cpu.clone().to(device))
+        opt = ZerosMomentum([w])
+        out = []
         with torch_tpu.set_eager_mode(mode):
+            h0 = torch_tpu.metrics()["hoisted_fills"]
             for x in xs:
                 c0 = torch_tpu.metrics()["graph_compiles"]
+                opt.zero_grad()
                 loss = (x.to(device) @ w).square().mean()
                 loss.backward()
-                with torch.no_grad():
-                    if state is None:
-                        state = torch.zeros(8, 8, device=device)
-                    state.mul_(0.9).add_(w.grad)
-                    w.sub_(0.1 * state)
-                w.grad = None
+                opt.step()
                 out.append((loss.item(), torch_tpu.metrics()["graph_compiles"] - c0))
-        return out, w.detach().cpu()
+            hoisted = torch_tpu.metrics()["hoisted_fills"] - h0
+        return out, w.detach().cpu(), opt.state[w]["count"].cpu(), hoisted
 
-    fused, w_fused = run("tpu", FUSED)
-    cpu, w_ref = run("cpu", EagerMode.DEFER_NEVER)
+    fused, w_fused, count_fused, hoisted = run("tpu", FUSED)
+    cpu, w_ref, count_ref, _ = run("cpu", EagerMode.DEFER_NEVER)
+    assert hoisted == 3, hoisted  # buf's zeros, count's zeros, scale
     assert [c for _, c in fused][1:] == [0, 0], fused
     for (a, _), (b, _) in zip(fused, cpu):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(b))
     torch.testing.assert_close(w_fused, w_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(count_fused, count_ref)
 
 
 def test_a_split_steps_donations_are_counted():

@@ -10,7 +10,7 @@ the first step's graph lacks, so the second step compiled its graphs again.
 import threading
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from . import _C
 
@@ -25,6 +25,7 @@ def _cut(reason):
 def _after_optimizer_step(optimizer, args, kwargs):
     if torch.compiler.is_compiling():
         return  # a compiled step is its own program: nothing to cut, no graph break
+    _C._set_recording_state(False)
     if getattr(_scaler, "depth", 0):
         return  # a GradScaler's step: cut at its update
     _cut("optimizer step")
@@ -53,6 +54,30 @@ def _cut_at_scaler_update(scaler_class):
     scaler_class.step, scaler_class.update = scaler_step, scaler_update
 
 
+def _record_state(optimizer, args, kwargs):
+    # Fills an optimizer's step records are its state (made at its first step): the graph
+    # reads them as it reads them at later steps (deferred.cpp's hoist_fills).
+    if not torch.compiler.is_compiling():
+        _C._set_recording_state(True)
+
+
+def _record_scaler_state(scaler_class):
+    lazy_init = scaler_class._lazy_init_scale_growth_tracker
+
+    def init_scale_as_state(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return lazy_init(self, *args, **kwargs)
+        _C._set_recording_state(True)
+        try:
+            return lazy_init(self, *args, **kwargs)
+        finally:
+            _C._set_recording_state(False)
+
+    scaler_class._lazy_init_scale_growth_tracker = init_scale_as_state
+
+
 # Kept so a benchmark can time a step's recording apart from its launch.
 handle = register_optimizer_step_post_hook(_after_optimizer_step)
+state_handle = register_optimizer_step_pre_hook(_record_state)
 _cut_at_scaler_update(torch.amp.GradScaler)
+_record_scaler_state(torch.amp.GradScaler)

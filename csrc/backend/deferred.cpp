@@ -114,6 +114,12 @@ LaunchNow::~LaunchNow() { t_launch_now -= 1; }
 
 bool launching_now() { return t_launch_now > 0 && eager_mode() == EagerMode::DeferAndFuse; }
 
+namespace {
+thread_local bool t_recording_state = false;
+}  // namespace
+bool recording_state() { return t_recording_state; }
+void set_recording_state(bool on) { t_recording_state = on; }
+
 bool deferring() {
   EagerMode m = eager_mode();
   if (t_launch_now > 0 && m == EagerMode::DeferAndFuse) return false;
@@ -361,7 +367,8 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
   node->owner = std::this_thread::get_id();
   static uint64_t serials = 0;  // under the graph lock
   node->serial = ++serials;
-  node->fill = std::all_of(node->inputs.begin(), node->inputs.end(),
+  node->fill = recording_state() &&
+               std::all_of(node->inputs.begin(), node->inputs.end(),
                            [](const Operand& in) { return !in.slot && in.buffer && in.buffer->shared_constant; });
   Results out;
   node->outputs.reserve(program->results().size());
@@ -1474,7 +1481,10 @@ size_t drop_dead_calls(Graph& g) {
 // an optimizer's state (zeros_like, then updated in place) is then a parameter of the
 // first step's graph, as the state it leaves is of the next step's, and the two steps
 // are one graph (compiled once on a cold start, not twice). A fill whose value is an
-// output as it is goes too. Not in a capture (compiled mode keeps its graph whole).
+// output as it is goes too. Only fills recorded as state (recording_state: an optimizer's
+// step, a GradScaler's first scale): hoisting a fill made every step (a backward's zeros
+// for an index's gradient) would cost a launch and a buffer per step and save nothing.
+// Not in a capture (compiled mode keeps its graph whole).
 // Returns the fills' graph (empty: nothing to hoist, or the graph is only fills).
 Graph hoist_fills(Graph& g) {
   Graph fills;

@@ -109,6 +109,11 @@ struct Operand {
 };
 
 bool deferring();  // DeferAndFuse is the current mode
+// While on (this thread), the fills recorded are state that outlives its step (an
+// optimizer's, a GradScaler's): hoist_fills runs them before their graph. Fills made
+// every step (a backward's zeros) stay in their graph, folded as constants.
+bool recording_state();
+void set_recording_state(bool on);
 
 // Records that `fresh` (an in-place op's result) replaces `old` in a storage.
 void note_replacement(const Operand& fresh, const Operand& old);

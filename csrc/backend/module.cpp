@@ -96,6 +96,7 @@ PYBIND11_MODULE(_C, m) {
     }
     settle_autograd_threads();
   });
+  m.def("_set_recording_state", [](bool on) { set_recording_state(on); });  // torch_tpu/_step_boundary.py
   m.def("_split_at_backward", [] { return split_at_backward(); });
   m.def("_set_split_at_backward", [](bool on) { set_split_at_backward(on); });
   // Runs the pending deferred graph without waiting for it (a training step's end).
