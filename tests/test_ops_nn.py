@@ -642,9 +642,9 @@ def test_value_shaped_ops_run_natively():
     torch.tpu.synchronize()  # r materialized: each later graph is just the compare
     torch.nonzero(r > 5)  # 14 rows: 16
     c0 = torch_tpu.metrics()["compiles"]
-    counts = [torch.nonzero(r > k).shape[0] for k in (4, 6, 7)]
-    assert counts == [15, 13, 12]
-    assert torch_tpu.metrics()["compiles"] == c0 + 1  # 12 rows: 12, a size of its own
+    counts = [torch.nonzero(r > k).shape[0] for k in (4, 6)]  # 15 and 13 rows: 16 too
+    assert counts == [15, 13]
+    assert torch_tpu.metrics()["compiles"] == c0
 
 
 def test_printing_a_tensor_runs_natively():
