@@ -16,6 +16,7 @@
 #include "backend/fallback.h"
 #include "backend/storage.h"
 #include "lowering/helpers.h"
+#include "lowering/scan.h"
 #include "lowering/search_util.h"
 
 namespace tpu::backend {
@@ -35,22 +36,9 @@ Type type_of(const at::Tensor& t, const char* op) {
   return Type{device_dtype(t.scalar_type(), op), std::vector<int64_t>(t.sizes().begin(), t.sizes().end())};
 }
 
-// Inclusive prefix sum of 1-D integer `x`: sums within blocks of 16 by a window
-// reduction, then the blocks' totals summed the same way and added back. About three
-// passes over x and two arrays of its size, where a log-step scan makes log2(n) passes.
-Value prefix_sum(Builder& b, const Value& x) {
-  constexpr int64_t kBlock = 16;
-  int64_t n = x.shape()[0];
-  Value zero = b.constant(0, x.dtype());
-  if (n <= kBlock) return b.reduce_window(x, zero, {n}, {1}, {{n - 1, 0}}, "stablehlo.add");
-  int64_t m = (n + kBlock - 1) / kBlock;
-  Value blocks = b.reshape(b.pad(x, zero, {0}, {m * kBlock - n}, {0}), {m, kBlock});
-  Value within = b.reduce_window(blocks, zero, {1, kBlock}, {1, 1}, {{0, 0}, {kBlock - 1, 0}}, "stablehlo.add");
-  Value totals = b.reshape(b.slice(within, {0, kBlock - 1}, {m, kBlock}, {1, 1}), {m});
-  Value before = lowering::sub(b, prefix_sum(b, totals), totals);
-  Value sums = lowering::add(b, within, b.broadcast_in_dim(before, {m, kBlock}, {0}));
-  return b.slice(b.reshape(sums, {m * kBlock}), {0}, {n}, {1});
-}
+// Inclusive prefix sum of 1-D integer `x` (in blocks: about three passes over x and two
+// arrays of its size, where a log-step scan makes log2(n) passes).
+Value prefix_sum(Builder& b, const Value& x) { return lowering::inclusive_scan(b, x, "stablehlo.add", 0); }
 
 // 1-D `into` with `upd` written (or added) at positions `at`; positions n drop out.
 Value scatter_1d(Builder& b, const Value& into, const Value& at, const Value& upd, bool add) {

@@ -1,4 +1,4 @@
-// Reductions and scans. Low-precision floats accumulate in f32 (acc_type), like
+// Reductions. Low-precision floats accumulate in f32 (acc_type), like
 // CPU/CUDA. Rules end by fitting their result to the meta output: keepdim is then a
 // reshape to that shape, and the dtype a convert.
 #include <cmath>
@@ -255,27 +255,6 @@ TPU_LOWER(logsumexp, "logsumexp") {
   Value s = R(reduce_sum(b, R(b.unary("stablehlo.exponential", R(sub(b, x, mk)))), dims));
   return {fit(ctx, add(b, R(b.unary("stablehlo.log", s)), m))};
 }
-
-// Inclusive scan along dim in log2(n) steps (Hillis-Steele): each step combines
-// every element with the one `shift` before it (the identity where there is none).
-// A whole-dim reduce_window would be O(n^2) work off TPU.
-static Value scan(Ctx& ctx, const std::string& op, double init) {
-  Builder& b = ctx.b;
-  Value x = acc_in(ctx);
-  if (x.rank() == 0) return fit(ctx, x);
-  int64_t dim = wrap_dim(ctx.i(1), x.rank()), n = x.shape()[dim], r = x.rank();
-  Value id = b.constant(init, x.dtype());
-  for (int64_t shift = 1; shift < n; shift *= 2) {
-    Shape lo(r, 0), hi(r, 0), in(r, 0), start(r, 0), one(r, 1);
-    lo[dim] = shift;
-    Value moved = b.slice(b.pad(x, id, lo, hi, in), start, x.shape(), one);
-    x = b.binary(op, x, moved);
-  }
-  return fit(ctx, x);
-}
-
-TPU_LOWER(cumsum, "cumsum") { return {scan(ctx, "stablehlo.add", 0)}; }
-TPU_LOWER(cumprod, "cumprod") { return {scan(ctx, "stablehlo.multiply", 1)}; }
 
 // Vector p-norm. p is a Scalar, a runtime operand (plans are shared across its
 // values), so the special orders are picked by selects: inf/-inf are max/min of

@@ -2,6 +2,7 @@
 // kthvalue, mode.
 #include <algorithm>
 
+#include "lowering/scan.h"
 #include "lowering/search_util.h"
 #include "lowering/sort_replay.h"
 
@@ -217,7 +218,7 @@ TPU_LOWER(mode, "mode") {
   Value end = lor(b, is_last, b.compare(a, next, Cmp::NE));
   // Run length at an end: its position minus the previous end's (a running max of the
   // ends, shifted by one).
-  Value ends = inclusive_scan(b, b.select(end, pos, b.constant(-1, DType::I64, s)), "stablehlo.maximum");
+  Value ends = inclusive_scan(b, b.select(end, pos, b.constant(-1, DType::I64, s)), "stablehlo.maximum", r - 1);
   Shape all_but_last = s;
   all_but_last[r - 1] = n - 1;
   Value prev = b.pad(b.slice(ends, Shape(r, 0), all_but_last, one), b.constant(-1, DType::I64), lo, Shape(r, 0),

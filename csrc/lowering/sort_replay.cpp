@@ -10,6 +10,7 @@
 
 #include <algorithm>
 
+#include "lowering/scan.h"
 #include "lowering/search_util.h"
 
 namespace tpu::lowering::replay {
@@ -48,7 +49,7 @@ std::pair<Value, Value> count_two(Builder& b, const Value& f1, const Value& f2) 
   const Shape& s = f1.shape();
   Value packed = add(b, b.convert(f1, DType::I64),
                      b.binary("stablehlo.shift_left", b.convert(f2, DType::I64), b.constant(32, DType::I64, s)));
-  packed = inclusive_scan(b, packed, "stablehlo.add");
+  packed = inclusive_scan(b, packed, "stablehlo.add", packed.rank() - 1);
   Value low = b.binary("stablehlo.and", packed, b.constant(4294967295.0, DType::I64, s));
   Value high = b.binary("stablehlo.shift_right_logical", packed, b.constant(32, DType::I64, s));
   return {b.convert(low, kPos), b.convert(high, kPos)};
@@ -154,7 +155,7 @@ std::pair<Value, Value> heapsort_ranges(Builder& outer, const Value& a, const Va
                        outer.compare(D, pos_const(outer, 0, s), Cmp::EQ));
   Value start = sel(outer, land(outer, is_heap, outer.compare(col, F, Cmp::EQ)), col, pos_const(outer, double(N), s));
   // The first heap range starting at or after each position.
-  Value next = outer.reverse(inclusive_scan(outer, outer.reverse(start, {0}), "stablehlo.minimum"), {0});
+  Value next = outer.reverse(inclusive_scan(outer, outer.reverse(start, {0}), "stablehlo.minimum", 0), {0});
   State t0;
   Value zero = S(outer, 0);
   t0.f = rd(outer, next, zero);
@@ -511,7 +512,7 @@ std::pair<Value, Value> std_sort_rows(Builder& b, const Value& x) {
     return {r[0], r[1]};
   }
   Value nan = is_nan(b, a);
-  Value stretch = sub(b, b.binary("stablehlo.multiply", inclusive_scan(b, as_pos(b, nan), "stablehlo.add"),
+  Value stretch = sub(b, b.binary("stablehlo.multiply", inclusive_scan(b, as_pos(b, nan), "stablehlo.add", 1),
                                   pos_const(b, 2, rs)),
                       as_pos(b, nan));
   auto r = b.sort({stretch, a, ix}, 1, true, [](Builder& q, const std::vector<Value>& v) {
