@@ -1,7 +1,7 @@
-"""Scans (cumsum, cumprod, cummax, cummin, logcumsumexp) over lengths that cross the
-blocks they are computed in (16, and 8 for logcumsumexp: within a block, then the blocks'
-totals, recursively), along every dim, checked against CPU; and their device memory, which
-stays a small multiple of the result."""
+"""Scans (cumsum, cumprod, cummax, cummin, logcumsumexp, and masked_scatter's count of its
+mask) over lengths that cross the blocks they are computed in (16, and 8 for logcumsumexp:
+within a block, then the blocks' totals, recursively), along every dim, checked against CPU;
+and their device memory, which stays a small multiple of the result."""
 
 import pytest
 import torch
@@ -122,4 +122,30 @@ def test_scan_memory_is_a_small_multiple_of_the_result(op):
     per_element = (torch.tpu.max_memory_allocated() - base) / n
     result = 12 if op == "cummax" else 4  # float value, and an int64 index for cummax
     assert per_element <= 2.5 * result, per_element
+    del r
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_masked_scatter_counts_the_mask_across_blocks(n):
+    x = torch.randn(2, n, generator=gen(n))
+    mask = torch.rand(2, n, generator=gen(n + 1)) < 0.4
+    src = torch.randn(2 * n, generator=gen(n + 2))
+    with native():
+        want = x.masked_scatter(mask, src)
+        got = x.to("tpu").masked_scatter(mask.to("tpu"), src.to("tpu")).cpu()
+    assert torch.equal(got, want)
+
+
+def test_masked_scatter_memory_is_a_small_multiple_of_the_result():
+    # its mask count was log2(n) shifted adds: 176 bytes per float of a 2^22 result
+    n = 1 << 20
+    x = torch.randn(n, device="tpu")
+    mask = torch.rand(n, device="tpu") < 0.3
+    src = torch.randn(n, device="tpu")
+    torch.tpu.synchronize()
+    torch.tpu.reset_peak_memory_stats()
+    base = torch.tpu.memory_allocated()
+    r = x.masked_scatter(mask, src)
+    torch.tpu.synchronize()
+    assert (torch.tpu.max_memory_allocated() - base) / n <= 24
     del r

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "lowering/helpers.h"
+#include "lowering/scan.h"
 
 namespace tpu::lowering {
 
@@ -595,8 +596,7 @@ TPU_LOWER(index_put, "index_put", "_index_put_impl", "_unsafe_index_put") {
 }
 
 // The k-th true element of mask (row-major; self and mask broadcast to the result's
-// shape) takes source's k-th element; k is an inclusive count of the mask, in log2(n)
-// shifted adds.
+// shape) takes source's k-th element; k is an inclusive count of the mask (a scan).
 TPU_LOWER(masked_scatter, "masked_scatter") {
   Builder& b = ctx.b;
   // CPU rejects uint8 masks here (masked_fill and indexing still take them).
@@ -613,10 +613,7 @@ TPU_LOWER(masked_scatter, "masked_scatter") {
   ctx.check(b.compare(ones, b.constant(static_cast<double>(m), DType::I64), Cmp::LE),
             "RuntimeError: Number of elements of source < number of ones in mask");
   if (m == 0) return {self};
-  Value k = b.convert(b.reshape(mask, {n}), DType::I64);
-  Value zero = b.constant(0, DType::I64);
-  for (int64_t s = 1; s < n; s *= 2)
-    k = add(b, k, b.slice(b.pad(k, zero, {s}, {0}, {0}), {0}, {n}, {1}));
+  Value k = inclusive_scan(b, b.convert(b.reshape(mask, {n}), DType::I64), "stablehlo.add", 0);
   Value pos = b.binary("stablehlo.maximum", sub(b, k, b.constant(1, DType::I64, {n})),
                        b.constant(0, DType::I64, {n}));
   Value picked = b.gather(b.reshape(src, {m}), b.reshape(pos, {n, 1}), {}, {0}, {0}, 1, {1}, {n});
