@@ -5,6 +5,7 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/native/TypeProperties.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <limits>
@@ -272,31 +273,130 @@ void mm_dtypes(c10::ArrayRef<c10::IValue> args) {  // mm(self, mat2)
   TORCH_CHECK(a == b, "expected m1 and m2 to have the same dtype, but got: ", c10::scalarTypeToTypeMeta(a).name(),
               " != ", c10::scalarTypeToTypeMeta(b).name());
 }
-void bmm_dtypes(c10::ArrayRef<c10::IValue> args) {  // bmm(self, mat2), baddbmm(self, b1, b2)
+void bmm_dtypes(c10::ArrayRef<c10::IValue> args) {  // bmm(self, mat2[, out]): out's dtype as mat2's
   size_t first = args.size() > 2 && args[2].isTensor() ? 1 : 0;
   if (!tensors_at(args, {first, first + 1})) return;
   for (size_t i : {first + 1, size_t{0}})
     TORCH_CHECK(dtype_at(args, i) == dtype_at(args, first), "expected scalar type ", dtype_at(args, first),
                 " but found ", dtype_at(args, i));
 }
-void addmm_dtypes(c10::ArrayRef<c10::IValue> args) {  // addmm / addbmm(self, m1, m2)
+void addmm_dtypes(c10::ArrayRef<c10::IValue> args) {  // addmm(self, m1, m2)
   if (!tensors_at(args, {0, 1, 2})) return;
   TORCH_CHECK(dtype_at(args, 0) == dtype_at(args, 2), "self and mat2 must have the same dtype, but got ",
               dtype_at(args, 0), " and ", dtype_at(args, 2));
   TORCH_CHECK(dtype_at(args, 1) == dtype_at(args, 2), "mat1 and mat2 must have the same dtype, but got ",
               dtype_at(args, 1), " and ", dtype_at(args, 2));
 }
-// addmm(self, m1, m2): self broadcasts to the product's [m, n] (CPU expands it; PyTorch's
-// meta function does not check, and the lowering would fail to compile at the next read).
+
+// The add* matrix products check as CPU does, in its order and words, each its own way:
+// a meta function's checks (ranks, matching sizes, dtypes), then set_output's of an out=
+// tensor or an in-place self, then the kernel's, which expands self to the product's
+// shape. PyTorch's Python meta functions, which tpu runs first, check in another order
+// and words, and not all of self's shape (an expand checked first hid an operand
+// mismatch: "The expanded size ..." for W.addmm_(A, B) with A and B swapped). An
+// in-place form has a check of its own (kernel_check_for); an out= form has one more
+// argument than the functional one.
+const at::Tensor* out_arg(c10::ArrayRef<c10::IValue> args, size_t functional_args) {
+  return args.size() > functional_args && args[functional_args].isTensor() ? &args[functional_args].toTensor()
+                                                                            : nullptr;
+}
+// at::expand's checks of `self` to `sizes`, in its words (naming self's type as on its
+// device), without making the view.
+void check_expands(const at::Tensor& self, c10::IntArrayRef sizes) {
+  TORCH_CHECK(sizes.size() >= static_cast<size_t>(self.dim()), "expand(", self.toString(), "{", self.sizes(),
+              "}, size=", sizes, "): the number of sizes provided (", sizes.size(),
+              ") must be greater or equal to the number of dimensions in the tensor (", self.dim(), ")");
+  (void)at::inferExpandGeometry(self.sizes(), self.strides(), sizes);
+}
+// set_output's checks of a structured kernel's result: an out= tensor of the result's
+// dtype (any shape: it is resized), an in-place self of its dtype and shape.
+void check_out_dtype(const at::Tensor& out, c10::ScalarType dtype) {
+  TORCH_CHECK(out.scalar_type() == dtype, "Expected out tensor to have dtype ", c10::scalarTypeToTypeMeta(dtype),
+              ", but got ", out.dtype(), " instead");
+}
+void check_inplace(const at::Tensor& self, c10::IntArrayRef sizes, c10::ScalarType dtype) {
+  TORCH_CHECK(self.scalar_type() == dtype, "Bad in-place call: input tensor dtype ", self.dtype(),
+              " and output tensor dtype ", c10::scalarTypeToTypeMeta(dtype), " should match");
+  TORCH_CHECK(self.sizes() == sizes, "Bad in-place call: input tensor size ", self.sizes(), " and output tensor size ",
+              sizes, " should match");
+}
+
+// addmm(self, mat1, mat2, beta, alpha[, out]) and addmm_: out of place, self broadcasts
+// to [m, n] (unchecked, the lowering failed to compile at the next read); in place, it is
+// [m, n].
+template <bool in_place>
 void addmm_checks(c10::ArrayRef<c10::IValue> args) {
-  addmm_dtypes(args);
   if (!tensors_at(args, {0, 1, 2})) return;
   const at::Tensor& self = args[0].toTensor();
   const at::Tensor& m1 = args[1].toTensor();
   const at::Tensor& m2 = args[2].toTensor();
-  if (m1.dim() != 2 || m2.dim() != 2) return;  // the meta function's own error
-  std::vector<int64_t> target = {m1.size(0), m2.size(1)};
-  (void)at::inferExpandGeometry(self.sizes(), self.strides(), target);  // CPU's expand error
+  addmm_dtypes(args);
+  TORCH_CHECK(m1.dim() == 2, "mat1 must be a matrix, got ", m1.dim(), "-D tensor");
+  TORCH_CHECK(m2.dim() == 2, "mat2 must be a matrix, got ", m2.dim(), "-D tensor");
+  TORCH_CHECK(m1.size(1) == m2.size(0), "mat1 and mat2 shapes cannot be multiplied (", m1.size(0), "x", m1.size(1),
+              " and ", m2.size(0), "x", m2.size(1), ")");
+  std::vector<int64_t> sizes = {m1.size(0), m2.size(1)};
+  if (in_place) {
+    check_inplace(self, sizes, m1.scalar_type());
+    return;
+  }
+  if (const at::Tensor* out = out_arg(args, 5)) check_out_dtype(*out, m1.scalar_type());
+  check_expands(self, sizes);
+}
+
+// baddbmm(self, batch1, batch2, beta, alpha[, out]) and baddbmm_: CPU's meta function
+// expands self first (reading the batches' sizes it has yet to check) and compares its
+// dtype with batch1's; the result takes batch2's. The kernel reads the result as
+// batch1's dtype where it has products to compute (past 400 of them CPU's other paths
+// word a dtype mismatch otherwise).
+template <bool in_place>
+void baddbmm_checks(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0, 1, 2})) return;
+  const at::Tensor& self = args[0].toTensor();
+  const at::Tensor& b1 = args[1].toTensor();
+  const at::Tensor& b2 = args[2].toTensor();
+  check_expands(self, {b1.size(0), b1.size(1), b2.size(2)});
+  TORCH_CHECK(self.dtype() == b1.dtype(), "Input dtypes must be the same, got: input ", self.dtype(), ", batch1: ",
+              b1.dtype(), ", batch2: ", b2.dtype());
+  TORCH_CHECK(b1.dim() == 3, "batch1 must be a 3D tensor");
+  TORCH_CHECK(b2.dim() == 3, "batch2 must be a 3D tensor");
+  TORCH_CHECK(b2.size(0) == b1.size(0) && b2.size(1) == b1.size(2),
+              "Expected size for first two dimensions of batch2 tensor to be: [", b1.size(0), ", ", b1.size(2),
+              "] but got: [", b2.size(0), ", ", b2.size(1), "].");
+  std::vector<int64_t> sizes = {b1.size(0), b1.size(1), b2.size(2)};
+  if (in_place) {
+    check_inplace(self, sizes, b2.scalar_type());
+  } else if (const at::Tensor* out = out_arg(args, 5)) {
+    check_out_dtype(*out, b2.scalar_type());
+  }
+  bool computes = c10::multiply_integers(sizes) != 0 && b1.size(2) != 0;
+  TORCH_CHECK(!computes || b2.scalar_type() == b1.scalar_type(), "expected scalar type ", b1.scalar_type(),
+              " but found ", b2.scalar_type());
+}
+
+// addbmm(self, batch1, batch2, beta, alpha[, out]) and addbmm_: CPU's kernel expands self
+// to [n, p], checks the batches, then runs addmm_ into the result (self's dtype, or out's)
+// for each batch, whose meta function checks the dtypes. (An in-place self that only
+// broadcasts is resized on CPU: the fallback does it.)
+void addbmm_checks(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0, 1, 2})) return;
+  const at::Tensor& self = args[0].toTensor();
+  const at::Tensor& b1 = args[1].toTensor();
+  const at::Tensor& b2 = args[2].toTensor();
+  check_expands(self, {b1.size(1), b2.size(2)});
+  TORCH_CHECK(b1.dim() == 3, "batch1 must be a 3D tensor");
+  TORCH_CHECK(b2.dim() == 3, "batch2 must be a 3D tensor");
+  TORCH_CHECK(b1.size(0) == b2.size(0), "batch1 and batch2 must have same number of batches, got ", b1.size(0),
+              " and ", b2.size(0));
+  TORCH_CHECK(b1.size(2) == b2.size(1), "Incompatible matrix sizes for bmm (", b1.size(1), "x", b1.size(2), " and ",
+              b2.size(1), "x", b2.size(2), ")");
+  if (b1.size(0) == 0) return;  // no addmm_ runs
+  const at::Tensor* out = out_arg(args, 5);
+  c10::ScalarType result = (out ? *out : self).scalar_type();
+  TORCH_CHECK(result == b2.scalar_type(), "self and mat2 must have the same dtype, but got ", result, " and ",
+              b2.scalar_type());
+  TORCH_CHECK(b1.scalar_type() == b2.scalar_type(), "mat1 and mat2 must have the same dtype, but got ",
+              b1.scalar_type(), " and ", b2.scalar_type());
 }
 // convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
 // groups): CPU's shape checks the meta function skips (bias size, groups dividing the
@@ -393,6 +493,27 @@ void addmv_dtypes(c10::ArrayRef<c10::IValue> args) {  // addmv(self, mat, vec)
   if (!tensors_at(args, {0, 1, 2})) return;
   c10::ScalarType s = dtype_at(args, 0), m = dtype_at(args, 1), v = dtype_at(args, 2);
   TORCH_CHECK(s == m && m == v, "addmv input tensors must have the same dtype, but got ", s, ", ", m, ", and ", v);
+}
+// addmv(self, mat, vec, beta, alpha[, out]) and addmv_: CPU's meta function checks the
+// ranks, the sizes (self has mat's rows or one element) and the dtypes, then set_output
+// the result (vec's dtype).
+template <bool in_place>
+void addmv_checks(c10::ArrayRef<c10::IValue> args) {
+  if (!tensors_at(args, {0, 1, 2})) return;
+  const at::Tensor& self = args[0].toTensor();
+  const at::Tensor& mat = args[1].toTensor();
+  const at::Tensor& vec = args[2].toTensor();
+  TORCH_CHECK(mat.dim() == 2 && vec.dim() == 1 && self.dim() <= 1, "vector + matrix @ vector expected, got ",
+              self.dim(), ", ", mat.dim(), ", ", vec.dim());
+  TORCH_CHECK(mat.size(1) == vec.size(0) && (mat.size(0) == self.numel() || self.numel() == 1),
+              "size mismatch, got input (", self.size(0), "), mat (", mat.size(0), "x", mat.size(1), "), vec (",
+              vec.size(0), ")");
+  addmv_dtypes(args);
+  if (in_place) {
+    check_inplace(self, {mat.size(0)}, vec.scalar_type());
+  } else if (const at::Tensor* out = out_arg(args, 5)) {
+    check_out_dtype(*out, vec.scalar_type());
+  }
 }
 void mv_dtypes(c10::ArrayRef<c10::IValue> args) {  // mv(self, vec): the result takes vec's dtype
   if (!tensors_at(args, {0, 1})) return;
@@ -848,8 +969,10 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"nll_loss_forward", &nll_target_dtype},
       {"mm", &mm_dtypes},
       {"bmm", &bmm_dtypes},
-      {"baddbmm", &bmm_dtypes},
-      {"addmm", &addmm_checks},
+      {"baddbmm", &baddbmm_checks<false>},
+      {"baddbmm_", &baddbmm_checks<true>},
+      {"addmm", &addmm_checks<false>},
+      {"addmm_", &addmm_checks<true>},
       {"convolution", &convolution_checks},
       {"convolution_overrideable", &convolution_checks},
       {"bitwise_not", &bitwise_not_dtype},
@@ -858,8 +981,9 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"_log_softmax", &softmax_out_dtype},
       {"cat", &cat_checks},
       {"stack", &stack_checks},
-      {"addbmm", &addmm_dtypes},
-      {"addmv", &addmv_dtypes},
+      {"addbmm", &addbmm_checks},
+      {"addmv", &addmv_checks<false>},
+      {"addmv_", &addmv_checks<true>},
       {"mv", &mv_dtypes},
       {"dot", &dot_dtypes},
       {"vdot", &dot_dtypes},

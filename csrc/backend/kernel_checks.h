@@ -10,7 +10,8 @@ namespace tpu::backend {
 using KernelCheck = void (*)(c10::ArrayRef<c10::IValue> args);
 
 // The check of an op by its base name (index_put for index_put_ and index_put.out), or
-// nullptr. Runs where a plan is made: the plan key holds what these checks read.
+// nullptr; an in-place op whose self CPU checks as its result has its own, by its name
+// (addmm_). Runs where a plan is made: the plan key holds what these checks read.
 KernelCheck kernel_check_for(const std::string& base);
 
 // Checks of an op's Scalar values, which CPU makes at every call (in its meta function or

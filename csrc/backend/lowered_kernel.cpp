@@ -2096,7 +2096,9 @@ int register_lowered_kernels() {
     if (base == "bernoulli" && sargs.size() > 1 && sargs[1].type()->kind() == c10::TypeKind::TensorType)
       info.cpu_tensor_arg = 1;
     info.check_internal_overlap = !cpu_allows_internal_overlap(base);
-    info.kernel_check = kernel_check_for(base);
+    // An in-place op's own check (its self is the result), else its base's.
+    KernelCheck in_place_check = name.name.back() == '_' ? kernel_check_for(name.name.substr(6)) : nullptr;
+    info.kernel_check = in_place_check ? in_place_check : kernel_check_for(base);
     info.value_check = value_check_for(base);
     info.base = base;
     info.base_overload = name.overload_name.empty() ? base : base + "." + name.overload_name;
