@@ -1,4 +1,4 @@
-"""The add* matrix products (addmm, baddbmm, addbmm, addmv) refuse bad arguments as
+"""The add* matrix products (addmm, baddbmm, addbmm, addmv, addr) refuse bad arguments as
 CPU does: the same error type and message, in CPU's order of checks, raised at the call
 with every tensor untouched, in each eager mode and compiled.
 
@@ -7,7 +7,8 @@ anything compared the operands: `W.addmm_(A, B)` with swapped LoRA factors said 
 expanded size of the tensor (3) must match ..." where CPU says "mat1 and mat2 shapes
 cannot be multiplied (3x12 and 8x3)"; an in-place self of the wrong shape, a 3-D self
 or a 2-D addmv self got expand's or an internal error; out= forms got the meta
-functions' words."""
+functions' words; addr (a composite: self + outer) resized an in-place self that
+broadcasts, broadcast a 3-D self, and took a floating beta for integers."""
 import re
 
 import pytest
@@ -104,6 +105,17 @@ cases("addmv_dtype_and_2d_self", "addmv", ((8, 8), D), (8, 3), (3,))
 cases("addmv_vec_dtype", "addmv", (8,), (8, 3), ((3,), D))
 cases("addmv_one_element_self", "addmv", (1,), (8, 3), (3,), forms=("inplace",))
 cases("addmv_out_dtype", "addmv", (8,), (8, 3), (3,), out=((0,), D), forms=("out",))
+# addr(self, vec1, vec2)
+cases("addr_bad_self", "addr", (8, 12), (8,), (5,))
+cases("addr_bad_self_rows", "addr", (7, 5), (8,), (5,))
+cases("addr_3d_self", "addr", (3, 8, 5), (8,), (5,))
+cases("addr_2d_vec1", "addr", (8, 5), (8, 1), (5,))
+cases("addr_bad_self_and_2d_vec2", "addr", (8, 12), (8,), (5, 1))
+cases("addr_self_broadcasts", "addr", (5,), (8,), (5,), forms=("inplace",))
+cases("addr_self_row_broadcasts", "addr", (1, 5), (8,), (5,), forms=("inplace",))
+cases("addr_float_beta_for_integers", "addr", ((8, 5), L), ((8,), L), ((5,), L), beta=0.5)
+cases("addr_float_alpha_for_bools", "addr", ((8, 5), B), ((8,), B), ((5,), B), alpha=2.5)
+cases("addr_bool_beta_for_integers", "addr", ((8, 5), L), ((8,), L), ((5,), L), beta=True)
 
 
 def normalized(e):
@@ -145,6 +157,9 @@ VALID = {  # calls CPU accepts beside the refused ones: selves that broadcast, i
     "addbmm_bias": ("addbmm", ("fn", "out"), (12,), (2, 8, 3), (2, 3, 12)),
     "addmv": ("addmv", FORMS, (8,), (8, 3), (3,)),
     "addmv_one_element_self": ("addmv", ("fn", "out"), (1,), (8, 3), (3,)),
+    "addr": ("addr", FORMS, (8, 5), (8,), (5,)),
+    "addr_row": ("addr", ("fn", "out"), (1, 5), (8,), (5,)),
+    "addr_integers": ("addr", FORMS, ((8, 5), L), ((8,), L), ((5,), L)),
 }
 
 
@@ -155,7 +170,9 @@ def test_valid_calls_compute_as_cpu_after_a_refusal(mode, case):
     ts, run = call(bad_op, bad_form, *bad_specs, **kw)
     with pytest.raises(RuntimeError):
         run([t.to("tpu") for t in ts])
-    dtype = inputs(specs[-1])[0].dtype  # the result's
+    dtype = inputs(specs[-1])[0].dtype  # the result's (an operand's, but for addr)
+    if op == "addr":
+        dtype = torch.promote_types(inputs(specs[0])[0].dtype, dtype)
     for form in forms:
         ts, run = call(op, form, *specs, out=((0,), dtype), beta=2, alpha=3)
         want = run([t.clone() for t in ts])
@@ -164,9 +181,19 @@ def test_valid_calls_compute_as_cpu_after_a_refusal(mode, case):
         torch.testing.assert_close(got.cpu(), want)
 
 
+def test_addr_backward_still_flows_through_the_checked_kernel(mode):
+    s, v1, v2 = (t.requires_grad_() for t in inputs((8, 5), (8,), (5,)))
+    torch.addr(s, v1, v2, beta=0.5, alpha=2).sum().backward()
+    ts = [t.detach().to("tpu").requires_grad_() for t in (s, v1, v2)]
+    torch.addr(*ts, beta=0.5, alpha=2).sum().backward()
+    for t, c in zip(ts, (s, v1, v2)):
+        torch.testing.assert_close(t.grad.cpu(), c.grad)
+
+
 COMPILED = ["addmm_inner-fn", "addmm_inner-inplace", "addmm_3d_self-fn", "addmm_3d_self-inplace",
             "addmm_self_broadcasts-inplace", "addmv_2d_self-fn", "addmv_one_element_self-inplace",
-            "baddbmm_self_dtype-fn", "addbmm_dtype_and_inner-fn"]
+            "baddbmm_self_dtype-fn", "addbmm_dtype_and_inner-fn", "addr_bad_self-fn", "addr_3d_self-fn",
+            "addr_self_row_broadcasts-inplace", "addr_float_beta_for_integers-fn"]
 
 
 def compiled_error(run, args, backend):
