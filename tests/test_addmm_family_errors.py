@@ -181,6 +181,33 @@ def test_valid_calls_compute_as_cpu_after_a_refusal(mode, case):
         torch.testing.assert_close(got.cpu(), want)
 
 
+PRODUCTS = {  # op, its operands' shapes
+    "addmm": (torch.addmm, (4, 5), (4, 3), (3, 5)),
+    "addmm_": (torch.Tensor.addmm_, (4, 5), (4, 3), (3, 5)),
+    "linear": (torch.nn.functional.linear, (4, 3), (5, 3), (5,)),
+    "bmm": (torch.bmm, (2, 4, 3), (2, 3, 5)),
+    "baddbmm": (torch.baddbmm, (2, 4, 5), (2, 4, 3), (2, 3, 5)),
+    "addbmm": (torch.addbmm, (4, 5), (2, 4, 3), (2, 3, 5)),
+    "mv": (torch.mv, (4, 3), (3,)),
+    "addmv": (torch.addmv, (4,), (4, 3), (3,)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PRODUCTS))
+def test_bool_products_are_refused_as_on_cpu(mode, case):
+    # CPU's kernels (and CUDA's) have no bool case; tpu computed one. (tpu's message names
+    # the op where CPU's names its kernel: "addmm_impl_cpu_" not implemented for 'Bool'.)
+    op, *shapes = PRODUCTS[case]
+    bools = inputs(*((s, B) for s in shapes))
+    for device in ("cpu", "tpu"):
+        args = [t.to(device) for t in bools]
+        with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+            op(*args)
+        assert all(torch.equal(a.cpu(), t) for a, t in zip(args, bools))
+    ints = [t.long() for t in bools]  # integers still compute
+    torch.testing.assert_close(op(*(t.to("tpu") for t in ints)).cpu(), op(*(t.clone() for t in ints)))
+
+
 def test_addr_backward_still_flows_through_the_checked_kernel(mode):
     s, v1, v2 = (t.requires_grad_() for t in inputs((8, 5), (8,), (5,)))
     torch.addr(s, v1, v2, beta=0.5, alpha=2).sum().backward()

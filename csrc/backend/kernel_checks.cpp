@@ -1100,6 +1100,9 @@ ComplexRefusal integral_refusal_for(const std::string& name, const std::string& 
       {"replication_pad2d", {BoolOnly, R::NotImplemented}}, {"replication_pad3d", {BoolOnly, R::NotImplemented}},
       {"rsub", {BoolOnly, R::Runtime}}, {"threshold", {BoolOnly, R::NotImplemented}},
       {"dot", {BoolOnly, R::NotImplemented}}, {"mm", {BoolOnly, R::NotImplemented}},
+      {"addmm", {BoolOnly, R::NotImplemented}}, {"bmm", {BoolOnly, R::NotImplemented}},
+      {"baddbmm", {BoolOnly, R::NotImplemented}}, {"addbmm", {BoolOnly, R::NotImplemented}},
+      {"mv", {BoolOnly, R::NotImplemented}}, {"addmv", {BoolOnly, R::NotImplemented}},
       {"addcmul", {BoolOnly, R::NotImplemented}}, {"max_pool2d_with_indices", {BoolOnly, R::NotImplemented}},
       {"max_pool3d_with_indices", {BoolOnly, R::NotImplemented}},
   };
