@@ -1,5 +1,10 @@
 #include "distributed/tpu_backend.h"
 
+#include <algorithm>
+#include <string>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include "distributed/checks.h"
 #include "distributed/transport.h"
 
@@ -56,9 +61,47 @@ WorkPtr TpuBackend::issued(WorkPtr work) {
   return work;
 }
 
-TpuBackend::TpuBackend(c10::intrusive_ptr<c10d::Backend> host, const std::string& transport)
-    : c10d::Backend(host->getRank(), host->getSize()) {
+TpuBackend::TpuBackend(c10::intrusive_ptr<c10d::Backend> host, const std::string& transport,
+                       std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store)
+    : c10d::Backend(host->getRank(), host->getSize()), timeout_(timeout), store_(std::move(store)) {
   transport_ = choose_transport(std::move(host), transport, &transport_name_);
+}
+
+namespace {
+GroupFactory& group_factory() {
+  static GroupFactory factory;
+  return factory;
+}
+}  // namespace
+
+void set_group_factory(GroupFactory factory) { group_factory() = std::move(factory); }
+
+c10::intrusive_ptr<c10d::Backend> TpuBackend::split(
+    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+    const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  // Every rank refuses a bad rank alike (members would otherwise wait for it to join).
+  for (int r : ranks) check_rank("split_group", r, getSize(), "split");
+  int64_t split = splits_++;
+  auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  // Not a member: nothing to join. Unlike ncclCommSplit, making the new group's backend
+  // takes only its members.
+  if (me == ranks.end()) return nullptr;
+  const GroupFactory& factory = group_factory();
+  TORCH_CHECK(factory, "tpu_dist: split_group needs torch_tpu's process-group factory, which "
+              "importing torch_tpu installs");
+  // The members meet under this group's store, at a key from this split's number and
+  // ranks. c10d's `store` is prefixed with the new group's name, which split_group hashes
+  // from how many groups the process has: after a split that left some ranks out, that
+  // count differs between ranks and members would wait on different keys (NCCL's split
+  // does not meet on the store).
+  c10::intrusive_ptr<c10d::Store> meet = store;
+  if (store_) {
+    std::string key = "tpu_dist/split" + std::to_string(split) + "/";
+    for (size_t i = 0; i < ranks.size(); ++i) key += (i ? "," : "") + std::to_string(ranks[i]);
+    meet = c10::make_intrusive<c10d::PrefixStore>(key + "/", store_->clone());
+  }
+  return factory(meet, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()),
+                 opts ? opts->timeout : timeout_);
 }
 
 WorkPtr TpuBackend::broadcast(TensorList& tensors, const c10d::BroadcastOptions& opts) {

@@ -4,16 +4,37 @@
 #pragma once
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <chrono>
+#include <functional>
 #include <optional>
 #include <vector>
 
 namespace tpu::distributed {
 
+// The options a tpu_dist backend reports. c10d's split_group deep-copies the parent's and
+// hands the copy to split(); Python can copy this type (python.cpp), not c10d's own.
+struct TpuBackendOptions : c10d::Backend::Options {
+  explicit TpuBackendOptions(std::chrono::milliseconds timeout)
+      : c10d::Backend::Options("tpu_dist", timeout) {}
+};
+
+// Makes the tpu_dist backend of a new group: `rank` of `size` processes meeting on
+// `store`. torch_tpu's c10d factory (the one init_process_group and new_group call)
+// installs itself here, so split() makes its groups the same way.
+using GroupFactory = std::function<c10::intrusive_ptr<c10d::Backend>(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout)>;
+void set_group_factory(GroupFactory factory);
+
 class TpuBackend : public c10d::Backend {
  public:
   // `host`: a CPU backend over the same store (Gloo); `transport`: "", "auto", "host",
   // "device" (see choose_transport).
-  TpuBackend(c10::intrusive_ptr<c10d::Backend> host, const std::string& transport);
+  // `store`: the one the group's processes met on (its splits meet under it); none: they
+  // meet on the store c10d gives split().
+  TpuBackend(c10::intrusive_ptr<c10d::Backend> host, const std::string& transport,
+             std::chrono::milliseconds timeout = kBackendDefaultTimeout,
+             c10::intrusive_ptr<c10d::Store> store = {});
   const std::string getBackendName() const override { return "tpu_dist"; }
   const std::string& transport_name() const { return transport_name_; }
   const c10::intrusive_ptr<c10d::Backend>& transport() const { return transport_; }
@@ -65,7 +86,22 @@ class TpuBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
                                                int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
-  void setTimeout(std::chrono::milliseconds timeout) override { transport_->setTimeout(timeout); }
+  void setTimeout(std::chrono::milliseconds timeout) override {
+    timeout_ = timeout;
+    transport_->setTimeout(timeout);
+  }
+  // A copy: c10d's splitGroup writes the child's name and timeout into what it is given.
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override {
+    return c10::make_intrusive<TpuBackendOptions>(timeout_);
+  }
+  // dist.split_group (and DeviceMesh when the default group has a device_id, as CUDA
+  // scripts give NCCL): the ranks of `ranks` in this group get a new tpu_dist backend,
+  // made by the group factory; the others get none (nullptr). Every rank of this group
+  // calls it, in the same order (split_group's rule).
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
   // Every collective runs one on the transport's group: its count numbers ours too
   // (c10d's ProcessGroupWrapper and flight recorder ask for it).
   void setSequenceNumberForGroup() override { transport_->setSequenceNumberForGroup(); }
@@ -80,6 +116,9 @@ class TpuBackend : public c10d::Backend {
   std::optional<std::vector<c10::intrusive_ptr<c10d::Work>>> coalescing_;
   c10::intrusive_ptr<c10d::Backend> transport_;
   std::string transport_name_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  int64_t splits_ = 0;  // split() calls so far: the same count on every rank
 };
 
 }  // namespace tpu::distributed

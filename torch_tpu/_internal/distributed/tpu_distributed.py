@@ -15,11 +15,12 @@ DEFAULT_BACKEND = "cpu:gloo,tpu:tpu_dist"
 
 
 def create_process_group(store, rank, size, timeout):
-    """The c10d factory: a TpuBackend over its own Gloo group on the same store."""
+    """The c10d factory: a TpuBackend over its own Gloo group on the same store. It also
+    makes the groups of dist.split_group (TpuBackend::split calls it back)."""
     _select_visible_chip()
     # Own prefix: the cpu Gloo backend of the same group uses this store too.
     host = dist.ProcessGroupGloo(dist.PrefixStore(f"{BACKEND}/", store), rank, size, timeout)
-    backend = _C._dist_create_backend(host, os.environ.get("TPU_DIST_TRANSPORT", ""))
+    backend = _C._dist_create_backend(host, os.environ.get("TPU_DIST_TRANSPORT", ""), timeout, store)
     _drain_at_exit()
     backend._set_sequence_number_for_group()
     return _checked(backend, store, rank, size, timeout)
@@ -82,6 +83,7 @@ def register():
     if BACKEND.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND, create_process_group, devices=["tpu"])
+    _C._dist_set_group_factory(create_process_group)
     from torch_tpu import _on_import
     _on_import.patch_when_imported("torch.nn.parallel.distributed", "DistributedDataParallel", _allow_bf16_hooks)
     from torch.distributed import distributed_c10d as c10d
