@@ -1,7 +1,6 @@
 #include "distributed/device_collectives.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <set>
@@ -56,19 +55,16 @@ class ProgramWork : public c10d::Work {
 void put(const at::Tensor& dst, const runtime::BufferPtr& value, int device) {
   std::vector<int64_t> dims = value->dims();
   at::Tensor w = backend::wrap_value(backend::Operand(value), dst.scalar_type(), dims, device);
-  // A collective writes into the tensors it was given, whatever their autograd state.
-  at::NoGradGuard no_grad;
-  dst.copy_(w.reshape(dst.sizes()));
+  write_result(dst, w.reshape(dst.sizes()));
 }
 
 // `dst` pieces, in order, from a flat result buffer.
 void put_pieces(const TensorList& dst, const runtime::BufferPtr& value, int device,
                 c10::ScalarType dtype) {
   at::Tensor w = backend::wrap_value(backend::Operand(value), dtype, value->dims(), device);
-  at::NoGradGuard no_grad;
   int64_t at = 0;
   for (auto& d : dst) {
-    d.copy_(w.narrow(0, at, d.numel()).view(d.sizes()));
+    write_result(d, w.narrow(0, at, d.numel()).view(d.sizes()));
     at += d.numel();
   }
 }
@@ -245,6 +241,7 @@ WorkPtr DeviceTransport::allgather(std::vector<TensorList>& outputs, TensorList&
     produced.push_back(launch(s, flat(inputs[0]), "all_gather"));
     put_pieces(outputs[0], produced.back(), local_, inputs[0].scalar_type());
   }
+  bump_versions_as_nccls_all_gather(outputs[0]);
   return finish(OpType::ALLGATHER, "all_gather", std::move(produced), outputs[0]);
 }
 

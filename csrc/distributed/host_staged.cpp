@@ -80,9 +80,7 @@ at::Tensor in_place_view(const at::Tensor& t, bool host_addresses) {
   void* p = runtime::writable_host_address(c, *buf);
   if (!p) return {};
   backend::drop_host_copy(s);  // the collective changes the buffer's bytes in place
-  g_in_place += 1;
-  // A write, as the staged path's copy_ back is: autograd sees the tensor changed.
-  if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+  g_in_place += 1;  // no version bump: as NCCL's writes (staged_work.h's write_result)
   return at::from_blob(p, t.sizes(), [buf](void*) {},
                        at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
 }
@@ -352,7 +350,9 @@ WorkPtr HostStagedTransport::allgather(std::vector<TensorList>& outputs, TensorL
   TensorList in = s.in_read_only(inputs);
   std::vector<TensorList> out{s.out(outputs[0])};
   s.inner.push_back(host_->allgather(out, in, opts));
-  return finish(s, OpType::ALLGATHER, "all_gather", outputs[0]);
+  WorkPtr w = finish(s, OpType::ALLGATHER, "all_gather", outputs[0]);
+  bump_versions_as_nccls_all_gather(outputs[0]);
+  return w;
 }
 
 WorkPtr HostStagedTransport::_allgather_base(at::Tensor& output, at::Tensor& input,

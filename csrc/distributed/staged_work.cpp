@@ -1,7 +1,7 @@
 #include "distributed/staged_work.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
@@ -16,6 +16,24 @@
 
 namespace tpu::distributed {
 
+void write_result(const at::Tensor& dst, const at::Tensor& value) {
+  // Below ADInplaceOrView: no autograd record, no version bump (a view shares its base's
+  // counter, which stays as it was too).
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  // An inference tensor takes the values whatever mode this thread is in (a transport
+  // thread, or a caller outside torch.inference_mode()).
+  std::optional<c10::InferenceMode> inference;
+  if (dst.is_inference()) inference.emplace();
+  dst.copy_(value);
+}
+
+void bump_versions_as_nccls_all_gather(const std::vector<at::Tensor>& outputs) {
+  for (const at::Tensor& o : outputs)
+    if (o.sizes() != outputs[0].sizes()) return;
+  for (const at::Tensor& o : outputs)
+    if (!o.is_inference()) o.unsafeGetTensorImpl()->bump_version();
+}
+
 namespace {
 
 // Puts the host result into the tpu tensor. When the result fills the tensor's whole
@@ -28,7 +46,7 @@ void write_back(const WriteBack& w) {
                d.nbytes() == d.storage().nbytes() && !d.is_conj() && !d.is_neg() &&
                h.is_contiguous() && h.scalar_type() == d.scalar_type() && h.sizes() == d.sizes();
   if (!whole) {
-    d.copy_(h);
+    write_result(d, h);
     return;
   }
   int device = backend::device_index(d);
@@ -37,7 +55,7 @@ void write_back(const WriteBack& w) {
   // The release holds the host tensor (and so its pool block) while the buffer needs it.
   auto buf = runtime::Client::get().from_host_borrowed(h.data_ptr(), st, dims, device,
                                                        [keep = h] {});
-  d.copy_(backend::wrap_value(backend::Operand(buf), h.scalar_type(), h.sizes(), device));
+  write_result(d, backend::wrap_value(backend::Operand(buf), h.scalar_type(), h.sizes(), device));
 }
 
 }  // namespace
@@ -72,16 +90,7 @@ void StagedWork::write_results() {
     if (retrieveOpType() == c10d::OpType::RECVANYSOURCE && inner_.size() == 1)
       source_rank_ = inner_[0]->sourceRank();
     if (before_writes_) before_writes_();
-    // A collective writes into the tensors it was given, as NCCL does, whatever their
-    // autograd state (a pipeline stage receives into leaves that require grad).
-    at::NoGradGuard no_grad;
-    for (auto& w : writes_) {
-      // Inference tensors take the values too, as NCCL's and Gloo's raw writes do,
-      // whatever mode the issuing thread was in (this is a transport thread).
-      std::optional<c10::InferenceMode> inference;
-      if (w.device.is_inference()) inference.emplace();
-      write_back(w);
-    }
+    for (auto& w : writes_) write_back(w);
   } catch (const std::exception& e) {
     try {
       TORCH_CHECK_WITH(DistBackendError, false, "tpu_dist ", what_, " failed: ", e.what());

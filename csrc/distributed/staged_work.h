@@ -25,6 +25,19 @@ struct WriteBack {
   at::Tensor host;
 };
 
+// Writes a collective's result `value` into the tpu tensor `dst` as NCCL's raw writes do:
+// whatever dst's autograd state (a pipeline stage receives into leaves that require grad),
+// inference tensors too, and without bumping autograd's version counter. c10d's in-place
+// collectives carry no alias annotation, so on NCCL and Gloo `y = tanh(w); all_reduce(y)`
+// leaves y's version as it was and backward runs, with the reduced y.
+void write_result(const at::Tensor& dst, const at::Tensor& value);
+
+// NCCL's all_gather into a list of pieces of one shape gathers into a flat tensor and
+// copy_s each piece out of it at the call (ProcessGroupNCCL::allgather): each piece's
+// version goes up once. Pieces of different shapes it receives directly: no change.
+// The same here, where the results themselves are written by write_result.
+void bump_versions_as_nccls_all_gather(const std::vector<at::Tensor>& outputs);
+
 class Sequencer;
 
 class StagedWork : public c10d::Work {
