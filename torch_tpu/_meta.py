@@ -8,15 +8,18 @@ import torch
 _lib = torch.library.Library("aten", "IMPL")
 
 
-def untraced(fn):
+def untraced(fn, calls: bool = True):
     """Marks a Python kernel, and every call it makes, as never traced by torch.compile.
     A kernel runs below the dispatcher; where Dynamo left a frame to eager (a graph break
     in a loop), it would otherwise capture the kernel as a graph of its own, whose
     autograd then saves the kernel's inputs at their version before the kernel writes
-    them (OmDet-Turbo's batch norm: "modified by an inplace operation")."""
+    them (OmDet-Turbo's batch norm: "modified by an inplace operation").
+    `calls=False` marks the function's own frame only: what it calls is met as it would
+    be without it. (Dynamo still inlines the function where it traces a call of it.)"""
     frames = torch._C._dynamo.eval_frame
     skip = frames._FrameAction.SKIP
-    frames.set_code_exec_strategy(fn.__code__, frames._FrameExecStrategy(skip, skip))
+    nested = skip if calls else frames._FrameAction.DEFAULT
+    frames.set_code_exec_strategy(fn.__code__, frames._FrameExecStrategy(skip, nested))
     return fn
 
 

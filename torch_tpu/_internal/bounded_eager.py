@@ -34,6 +34,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from .. import _C
+from .._meta import untraced
 from . import bounded
 from .execution_mode import EagerMode
 from .bounded_ops import _dyn_dims, _expr, _structural
@@ -785,6 +786,9 @@ class _BoundedMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if not _active():
             return func(*args, **kwargs)
+        return self._bounded_call(func, types, args, kwargs)
+
+    def _bounded_call(self, func, types, args, kwargs):
         if func in (torch.Tensor.size, torch.Tensor.shape.__get__) and _dynamic(args[0]):
             shape = _bounded_size(args[0])
             if func is torch.Tensor.size and (len(args) > 1 or "dim" in kwargs):
@@ -800,7 +804,7 @@ class _BoundedMode(TorchFunctionMode):
             size = size[0] if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)) else size
             rest = (args[2],) if func is torch.Tensor.new_full and len(args) > 2 else ()
             kw = dict({"dtype": args[0].dtype, "device": args[0].device}, **kwargs)
-            return self.__torch_function__(_NEW_FACTORIES[func], types, (tuple(size),) + rest, kw)
+            return self._bounded_call(_NEW_FACTORIES[func], types, (tuple(size),) + rest, kw)
         if func == torch.Tensor.data.__get__ and _marked(args[0]):
             args[0]._tpu_bounded_version = None  # may be written through: padded again
         if getattr(func, "__name__", "") in _NO_ENTRY or not _involved(args, kwargs):
@@ -832,6 +836,16 @@ class _BoundedMode(TorchFunctionMode):
             return func(*args, **kwargs)
         finally:
             _STATE.ints = prev
+
+
+# The mode stays installed, and a compiled function that runs code eagerly (past a graph
+# break: an optimizer's step) calls it there while Dynamo looks for frames to compile: it
+# compiled the mode's frame into graphs of its own (set_grad_enabled, each `p.grad` read,
+# up to its recompile limit), and the first one's call closed a fused training step
+# early (two programs a step). The mode's frames are never user code; the call it passes
+# on is met as it would be without the mode.
+untraced(_BoundedMode.__torch_function__, calls=False)
+untraced(_BoundedMode._bounded_call)
 
 
 _NEW_FACTORIES = {torch.Tensor.new_zeros: torch.zeros, torch.Tensor.new_ones: torch.ones,
@@ -902,6 +916,7 @@ def _factory_shape(func, args, ints):
 _MODE = None
 
 
+@untraced
 def _active() -> bool:
     # Compiled mode (Dynamo tracing, AOTAutograd, a bounded graph's call) has its own
     # bounded graphs: marked tensors stay plain there.
