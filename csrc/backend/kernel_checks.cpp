@@ -543,50 +543,6 @@ void no_bool_input(c10::ArrayRef<c10::IValue> args, const char* op) {
 void argmax_input(c10::ArrayRef<c10::IValue> args) { no_bool_input(args, "argmax"); }
 void argmin_input(c10::ArrayRef<c10::IValue> args) { no_bool_input(args, "argmin"); }
 
-// The integers an integral dtype holds (bool: 0 and 1).
-std::pair<int64_t, int64_t> integral_range(c10::ScalarType t) {
-  switch (t) {
-    case c10::kBool: return {0, 1};
-    case c10::kByte: return {0, 255};
-    case c10::kChar: return {-128, 127};
-    case c10::kShort: return {-32768, 32767};
-    case c10::kInt: return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
-    default: return {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
-  }
-}
-
-// random_(from, to) / random_(to): both ends must be values of the dtype (CPU's kernel
-// checks; past a float's exact integers it only warns, and only float16's range is
-// narrower than int64's).
-void random_range(c10::ArrayRef<c10::IValue> args) {
-  c10::ScalarType t = args[0].toTensor().scalar_type();
-  if (c10::isComplexType(t)) {
-    TORCH_CHECK_NOT_IMPLEMENTED(args.size() >= 3, "\"random_\" not implemented for '", t, "'");
-    TORCH_CHECK(false, "random_: check_random_bounds handles only integral, floating-point and boolean types, not '",
-                t, "' (as CPU)");
-  }
-  if (args.size() < 3) return;
-  int64_t lo, hi;
-  if (t == c10::kHalf) {
-    lo = -65504, hi = 65504;
-  } else if (c10::isIntegralType(t, /*includeBool=*/true)) {
-    std::tie(lo, hi) = integral_range(t);
-  } else {
-    return;
-  }
-  std::string name(c10::scalarTypeToTypeMeta(t).name());
-  std::optional<int64_t> from, to;
-  if (args.size() >= 4) {  // (self, from, to?, generator?)
-    from = args[1].toInt();
-    if (!args[2].isNone()) to = args[2].toInt();
-  } else {  // (self, to, generator?)
-    to = args[1].toInt();
-  }
-  TORCH_CHECK(!from || (*from >= lo && *from <= hi), "from is out of bounds for ", name);
-  TORCH_CHECK(!to || *to == std::numeric_limits<int64_t>::min() || (*to - 1 >= lo && *to - 1 <= hi),
-              "to - 1 is out of bounds for ", name);
-}
-
 // bernoulli(p) and bernoulli_(p): CPU's kernel takes floating probabilities only and
 // expands p to self's shape.
 void bernoulli_p(c10::ArrayRef<c10::IValue> args) {
@@ -785,7 +741,7 @@ KernelCheck value_check_for(const std::string& base) {
       {"addcmul", &addc_value},
   };
   auto it = checks.find(base);
-  return it == checks.end() ? nullptr : it->second;
+  return it == checks.end() ? random_value_check_for(base) : it->second;
 }
 
 // The index of index_select / index_add / index_copy / index_fill / index_reduce
@@ -989,7 +945,6 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"vdot", &dot_dtypes},
       {"nll_loss2d_forward", &nll2d_target_dtype},
       {"mean", &mean_out_dtype},
-      {"random", &random_range},
       {"bernoulli", &bernoulli_p},
       {"randperm", &randperm_size},
       {"native_dropout", &dropout_complex},

@@ -3,7 +3,9 @@
 #pragma once
 #include <ATen/core/ivalue.h>
 
+#include <cstdint>
 #include <string>
+#include <utility>
 
 namespace tpu::backend {
 
@@ -18,6 +20,11 @@ KernelCheck kernel_check_for(const std::string& base);
 // kernel) and the plan key leaves out (Scalars are runtime operands), or nullptr. Run at
 // every call, before anything is queued: CPU raises at the call, not at a later read.
 KernelCheck value_check_for(const std::string& base);
+// The random ops' value checks (random_checks.cpp), which value_check_for includes.
+KernelCheck random_value_check_for(const std::string& base);
+
+// The integers an integral dtype holds (bool: 0 and 1; int64's range for the others).
+std::pair<int64_t, int64_t> integral_range(c10::ScalarType t);
 
 // Ops whose CPU kernels refuse complex values (their dtype dispatch, which meta functions
 // do not check), where our general rules would compute something: the error CPU raises

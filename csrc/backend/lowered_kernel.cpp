@@ -59,7 +59,8 @@ struct OpInfo {
   const lowering::Rule* complex_rule = nullptr;  // "complex:<op>": calls with complex values
   int num_args = 0;
   std::vector<int> mutated;      // written args, in schema order
-  std::vector<bool> is_scalar;   // `Scalar` / `Scalar[]` args: runtime operands
+  std::vector<bool> is_scalar;   // `Scalar` / `Scalar[]` args, and the rule's RuntimeArgs: runtime operands
+  const lowering::RuntimeArgs* runtime_args = nullptr;
   int generator_arg = -1;
   bool is_out = false;
   bool check_internal_overlap = true;  // of a written arg (CPU's TensorIterator check)
@@ -127,6 +128,17 @@ static bool checks_at_call(const OpInfo& info, c10::ArrayRef<IValue> args) {
   if (info.base == "segment_reduce") return true;
   if (info.base != "multinomial" || args.size() < 3) return false;
   return !args[2].toBool() || args[1].toInt() == 1;
+}
+
+// An `int` or `float` argument (or an optional one): what RuntimeArgs may name.
+bool is_int_or_float_type(const c10::TypePtr& t) {
+  if (auto opt = t->cast<c10::OptionalType>()) return is_int_or_float_type(opt->getElementType());
+  return t->kind() == c10::TypeKind::IntType || t->kind() == c10::TypeKind::FloatType;
+}
+bool is_runtime_arg(const OpInfo& info, int i) {
+  if (!info.runtime_args) return false;
+  const std::vector<int>& r = info.runtime_args->indices;
+  return std::find(r.begin(), r.end(), i) != r.end();
 }
 
 bool is_number_type(const c10::TypePtr& t) {
@@ -354,6 +366,22 @@ void key_shared_outputs(KeyState& k, const OpInfo& info, c10::ArrayRef<IValue> a
   }
 }
 
+// The class the rule's RuntimeArgs::value_class gives this call's values (0 without one).
+int value_class_of(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  if (!info.runtime_args || !info.runtime_args->value_class) return 0;
+  std::vector<lowering::Number> values;
+  for (int i : info.runtime_args->indices) {
+    lowering::Number n;
+    const IValue& v = args.at(i);
+    if (v.isInt()) n = {false, true, v.toInt(), static_cast<double>(v.toInt())};
+    else if (v.isDouble()) n = {false, false, 0, v.toDouble()};
+    values.push_back(n);
+  }
+  DType self = args.size() > 0 && args[0].isTensor() ? device_dtype(args[0].toTensor().scalar_type(), info.name.c_str())
+                                                     : DType::Invalid;
+  return info.runtime_args->value_class(values, self);
+}
+
 void key_scalar(KeyState& k, const c10::Scalar& s) {
   // 'u': an integer above INT64_MAX, a u64 operand (scalar_param).
   k.tag(s.isFloatingPoint() ? 'f'
@@ -432,6 +460,10 @@ std::string_view build_key(const OpInfo& info, c10::ArrayRef<IValue> args, KeySt
   }
   if (info.mutated.size() > 1 || (info.mutated.size() == 1 && args[info.mutated[0]].isTensorList()))
     key_shared_outputs(k, info, args);
+  if (info.runtime_args && info.runtime_args->value_class) {
+    k.tag('c');
+    k.word(value_class_of(info, args));
+  }
   return k.key.view();
 }
 
@@ -755,6 +787,7 @@ class KernelCtx final : public lowering::Ctx {
     check(ok, message);
   }
   const std::vector<Value>& checks() const { return checks_; }
+  int value_class() const override { return value_class_of(info_, args_); }
 
   Value random_bits(const ir::Type& t) override { return b.rng_bit_generator(random_state(), t).second; }
   Value random_state() override {
@@ -2063,6 +2096,7 @@ int register_lowered_kernels() {
     if (ours) info.ns = "torch_tpu";
     info.rule = rule;
     info.complex_rule = complex_rule;
+    if (rule && !complex_rule) info.runtime_args = lowering::find_runtime_args(*rule);
     const auto& sargs = schema.arguments();
     info.num_args = static_cast<int>(sargs.size());
     for (size_t i = 0; i < sargs.size(); ++i) {
@@ -2071,7 +2105,8 @@ int register_lowered_kernels() {
       bool out = write && a.kwarg_only();
       if (write) info.mutated.push_back(static_cast<int>(i));
       if (out) info.is_out = true;
-      info.is_scalar.push_back(is_number_type(a.type()));
+      info.is_scalar.push_back(is_number_type(a.type()) || (is_runtime_arg(info, static_cast<int>(i)) &&
+                                                            is_int_or_float_type(a.type())));
       if (a.type()->kind() == c10::TypeKind::OptionalType &&
           a.type()->cast<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)
         info.generator_arg = static_cast<int>(i);

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -129,10 +128,11 @@ Value standard_normal(Ctx& ctx, DType t, const Shape& s) {
   return rnd::box_muller(ctx.b, rnd::unit_floats(ctx.b, w1, ft), rnd::unit_floats(ctx.b, w2, ft));
 }
 
-// Float arg i (or a Tensor there, for normal.Tensor_*) as dtype t shaped s.
-Value float_arg(Ctx& ctx, int i, DType t, const Shape& s) {
-  if (ctx.is_tensor(i)) return coerce(ctx.b, ctx.in(i), t, s);
-  return ctx.b.constant(ctx.f(i), t, s);
+// Number arg i (a runtime operand; or a Tensor there, for normal.Tensor_*) as dtype t
+// shaped s; `dflt` where it is omitted.
+Value number_arg(Ctx& ctx, int i, double dflt, DType t, const Shape& s) {
+  if (ctx.is_none(i)) return ctx.b.constant(dflt, t, s);
+  return coerce(ctx.b, ctx.is_tensor(i) ? ctx.in(i) : ctx.scalar(i, t), t, s);
 }
 
 // A 64-bit integer constant, exact beyond 2^53 (constants are spelled from doubles).
@@ -142,21 +142,28 @@ Value u64(Builder& b, uint64_t v, const Shape& s) {
   return op2(b, "or", op2(b, "shift_left", hi, b.constant(32, DType::U64, s)), lo);
 }
 
-// Integers uniform in [lo, lo + range) cast to the output dtype: bits mod range, with
-// 64-bit words when the range needs them (range 0 means 2^64).
-Value random_range(Ctx& ctx, int64_t lo, uint64_t range) {
+// The words a range of random integers needs (RangeRuntimeArgs' value class): 32-bit
+// words mod a range near 2^32 favour low values (P(x < range / 3) was 0.5 at 3 * 2^30),
+// so from 2^28 on 64-bit ones, as CPU and CUDA switch; a range of 2^64 (0 as a u64)
+// takes the words as they are.
+enum RangeWords { kNarrow = 0, kWide = 1, kWhole = 2 };
+int range_words(uint64_t range) {
+  return range == 0 ? kWhole : range >= (uint64_t{1} << 28) ? kWide : kNarrow;
+}
+
+// Integers uniform in [lo, lo + range) cast to the output dtype: bits mod range, where lo
+// and range are i64 runtime values (range read as a u64) and `words` their range_words.
+Value random_range(Ctx& ctx, const Value& lo, const Value& range, int words) {
   Builder& b = ctx.b;
   Type o = ctx.out(0);
-  // 32-bit words mod a range near 2^32 favour low values (P(x < range / 3) was 0.5 at
-  // 3 * 2^30): from 2^28 on, 64-bit words, as CPU and CUDA switch.
-  bool wide = range == 0 || range >= (uint64_t{1} << 28);
-  Value bits = ctx.random_bits(Type{wide ? DType::U64 : DType::U32, o.shape});
-  if (range != 0) {
-    Value r = wide ? u64(b, range, o.shape) : b.constant(static_cast<double>(range), DType::U32, o.shape);
-    bits = op2(b, "remainder", bits, r);
+  Value bits = ctx.random_bits(Type{words == kNarrow ? DType::U32 : DType::U64, o.shape});
+  if (words != kWhole) {
+    Value r = b.bitcast(range, DType::U64);
+    if (words == kNarrow) r = b.convert(r, DType::U32);
+    bits = op2(b, "remainder", bits, b.broadcast_in_dim(r, o.shape, {}));
   }
   Value v = b.bitcast(b.convert(bits, DType::U64), DType::I64);  // wraps like PyTorch's int64 math
-  v = add(b, v, b.bitcast(u64(b, static_cast<uint64_t>(lo), o.shape), DType::I64));
+  v = add(b, v, b.broadcast_in_dim(lo, o.shape, {}));
   return b.convert(v, o.dtype);
 }
 
@@ -176,79 +183,68 @@ Type float_out(Ctx& ctx) {
 }
 }  // namespace
 
-// A number formatted as PyTorch's messages print it (2, 1.5).
-static std::string num(double v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
-}
-
+// from and to are runtime operands; CPU's checks of them (kernel_checks.cpp) run per call.
 TPU_LOWER(uniform_rule, "uniform_", "uniform") {  // from + u * (to - from)
   Type o = float_out(ctx);
   Builder& b = ctx.b;
-  double lo = ctx.f_or(1, 0), hi = ctx.f_or(2, 1);
-  // CPU's argument checks: both ends representable, from <= to, to - from finite.
-  const bool dbl = o.dtype == DType::F64;
-  const std::string tn = dbl ? "double" : o.dtype == DType::F32 ? "float" : o.dtype == DType::F16 ? "c10::Half" : "c10::BFloat16";
-  const double top = dbl ? std::numeric_limits<double>::max() : o.dtype == DType::F16 ? 65504.0
-                     : o.dtype == DType::F32 ? std::numeric_limits<float>::max() : 3.3895313892515355e38;
-  for (auto [v, name] : {std::pair{lo, "from"}, std::pair{hi, "to"}})
-    if (!(v >= -top && v <= top)) throw std::invalid_argument(std::string(name) + " is out of bounds for " + tn);
-  if (lo > hi)
-    throw std::invalid_argument("uniform_ expects to return a [from, to) range, but found from=" + num(lo) +
-                                " > to=" + num(hi));
-  if (!(hi - lo <= top))
-    throw std::invalid_argument("uniform_ expects to-from <= std::numeric_limits<" + tn + ">::max(), but found to=" +
-                                num(hi) + " and from=" + num(lo) + " which result in to-from to exceed the limit");
   Value u = uniform(ctx, o.dtype, o.shape);
-  return {b.convert(add(b, cst(b, u, lo), mul(b, u, cst(b, u, hi - lo))), o.dtype)};
+  Value lo = number_arg(ctx, 1, 0, u.dtype(), o.shape), hi = number_arg(ctx, 2, 1, u.dtype(), o.shape);
+  return {b.convert(add(b, lo, mul(b, u, sub(b, hi, lo))), o.dtype)};
 }
+TPU_RUNTIME_ARGS(uniform_rule, {1, 2});
 // mean + std * z, with mean/std (floats or tensors) at args `at` and `at + 1`.
 static std::vector<Value> normal(Ctx& ctx, int at) {
   Type o = float_out(ctx);
   Builder& b = ctx.b;
   DType t = math_type(o.dtype);
   Value z = standard_normal(ctx, o.dtype, o.shape);
-  Value mean = ctx.is_none(at) ? cst(b, z, 0) : float_arg(ctx, at, t, o.shape);
-  Value std = ctx.is_none(at + 1) ? cst(b, z, 1) : float_arg(ctx, at + 1, t, o.shape);
+  Value mean = number_arg(ctx, at, 0, t, o.shape), std = number_arg(ctx, at + 1, 1, t, o.shape);
   if (ctx.is_tensor(at + 1))  // a float std is checked by PyTorch before it gets here
     ctx.check(all_true(b, b.compare(std, cst(b, std, 0), Cmp::GE)),
               "RuntimeError: normal expects all elements of std >= 0.0");
   return {b.convert(add(b, mean, mul(b, std, z)), o.dtype)};
 }
 TPU_LOWER(normal_rule, "normal_", "normal_functional") { return normal(ctx, 1); }
+TPU_RUNTIME_ARGS(normal_rule, {1, 2});
 TPU_LOWER(normal_tensor_rule, "normal.Tensor_float", "normal.float_Tensor", "normal.Tensor_Tensor") {
   return normal(ctx, 0);
 }
+TPU_RUNTIME_ARGS(normal_tensor_rule, {0, 1});
 TPU_LOWER(log_normal_rule, "log_normal_", "log_normal") {
   Type o = float_out(ctx);
   Builder& b = ctx.b;
   Value z = standard_normal(ctx, o.dtype, o.shape);
-  Value y = add(b, cst(b, z, ctx.f_or(1, 1)), mul(b, cst(b, z, ctx.f_or(2, 2)), z));
+  Value y = add(b, number_arg(ctx, 1, 1, z.dtype(), o.shape), mul(b, number_arg(ctx, 2, 2, z.dtype(), o.shape), z));
   return {b.convert(op1(b, "exponential", y), o.dtype)};
 }
+TPU_RUNTIME_ARGS(log_normal_rule, {1, 2});
 TPU_LOWER(exponential_rule, "exponential_", "exponential") {  // -log(1 - u) / lambda
   Type o = float_out(ctx);
   Builder& b = ctx.b;
   Value u = uniform(ctx, fine_type(o.dtype), o.shape);
   Value y = op1(b, "log", sub(b, cst(b, u, 1), u));
-  return {b.convert(op2(b, "divide", y, cst(b, y, -ctx.f_or(1, 1))), o.dtype)};
+  return {b.convert(op2(b, "divide", y, op1(b, "negate", number_arg(ctx, 1, 1, y.dtype(), o.shape))), o.dtype)};
 }
+TPU_RUNTIME_ARGS(exponential_rule, {1});
 TPU_LOWER(cauchy_rule, "cauchy_", "cauchy") {  // median + sigma * tan(pi (u - 1/2))
   Type o = float_out(ctx);
   Builder& b = ctx.b;
   Value u = uniform(ctx, fine_type(o.dtype), o.shape);
   Value t = op1(b, "tan", mul(b, cst(b, u, M_PI), sub(b, u, cst(b, u, 0.5))));
-  return {b.convert(add(b, cst(b, t, ctx.f_or(1, 0)), mul(b, cst(b, t, ctx.f_or(2, 1)), t)), o.dtype)};
+  Value median = number_arg(ctx, 1, 0, t.dtype(), o.shape), sigma = number_arg(ctx, 2, 1, t.dtype(), o.shape);
+  return {b.convert(add(b, median, mul(b, sigma, t)), o.dtype)};
 }
+TPU_RUNTIME_ARGS(cauchy_rule, {1, 2});
 // Trials until the first success: ceil(log(1 - u) / log(1 - p)), at least 1.
 TPU_LOWER(geometric_rule, "geometric_", "geometric") {
   Type o = ctx.out(0);
   Builder& b = ctx.b;
   Value u = uniform(ctx, fine_type(o.dtype), o.shape);
-  Value q = op2(b, "divide", op1(b, "log", sub(b, cst(b, u, 1), u)), cst(b, u, std::log1p(-ctx.f(1))));
+  Value log_q = op1(b, "log_plus_one", op1(b, "negate", number_arg(ctx, 1, 0.5, u.dtype(), o.shape)));
+  Value q = op2(b, "divide", op1(b, "log", sub(b, cst(b, u, 1), u)), log_q);
   return {b.convert(op2(b, "maximum", op1(b, "ceil", q), cst(b, q, 1)), o.dtype)};
 }
+TPU_RUNTIME_ARGS(geometric_rule, {1});
 
 // 1 with probability p: u < p. Probabilities outside [0, 1] (or NaN) raise as on CPU.
 static std::vector<Value> bernoulli(Ctx& ctx, const Value& p) {
@@ -261,31 +257,43 @@ static std::vector<Value> bernoulli(Ctx& ctx, const Value& p) {
 }
 TPU_LOWER(bernoulli_p_rule, "bernoulli_.float", "bernoulli.p", "bernoulli_.Tensor", "bernoulli.Tensor") {
   Shape s = ctx.out(0).shape;
-  if (!ctx.is_tensor(1)) {
-    double p = ctx.f_or(1, 0.5);
-    if (!(p >= 0 && p <= 1)) throw std::invalid_argument("bernoulli_ expects p to be in [0, 1], but got p=" + num(p));
-    return bernoulli(ctx, ctx.b.constant(p, DType::F32, s));
-  }
+  // A float p is CPU-checked per call (kernel_checks.cpp): the program's own check holds.
+  if (!ctx.is_tensor(1)) return bernoulli(ctx, number_arg(ctx, 1, 0.5, DType::F32, s));
   return bernoulli(ctx, coerce(ctx.b, ctx.in(1), fine_type(ctx.type_of(1).dtype), s));
 }
+TPU_RUNTIME_ARGS(bernoulli_p_rule, {1});
 TPU_LOWER(bernoulli_rule, "bernoulli") {  // self holds the probabilities
   return bernoulli(ctx, coerce(ctx.b, ctx.in(0), fine_type(ctx.type_of(0).dtype), ctx.out(0).shape));
 }
 
-// random_: [from, to), [0, to), or [from or 0, top] with the dtype's default top.
+// random_: [from, to), [0, to), or [from or 0, top] with the dtype's default top. The
+// bounds are runtime operands (randint(0, len(buffer)) reuses its program); CPU's checks
+// of them (from < to, both in the dtype's range) run per call (kernel_checks.cpp).
+namespace {
+// The range random_.from draws: to - from, or top - from + 1 without a `to` (mod 2^64).
+uint64_t from_range(const std::vector<Number>& v, DType self) {
+  uint64_t lo = static_cast<uint64_t>(v[0].i);
+  return v[1].none ? static_cast<uint64_t>(default_top(self)) - lo + 1 : static_cast<uint64_t>(v[1].i) - lo;
+}
+int from_words(const std::vector<Number>& v, DType self) { return range_words(from_range(v, self)); }
+int to_words(const std::vector<Number>& v, DType) { return range_words(static_cast<uint64_t>(v[0].i)); }
+}  // namespace
 TPU_LOWER(random_from_rule, "random_.from", "random.from") {
-  int64_t lo = ctx.i(1);
-  if (ctx.is_none(2)) return {random_range(ctx, lo, static_cast<uint64_t>(default_top(ctx.out(0).dtype)) - lo + 1)};
-  int64_t hi = ctx.i(2);
-  if (hi <= lo) throw Unsupported("random_: empty range");
-  return {random_range(ctx, lo, static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo))};
+  Builder& b = ctx.b;
+  Value lo = ctx.scalar(1, DType::I64);
+  uint64_t past_top = static_cast<uint64_t>(default_top(ctx.out(0).dtype)) + 1;  // 2^63 for int64: u64 math
+  Value hi = ctx.is_none(2) ? b.bitcast(u64(b, past_top, {}), DType::I64) : ctx.scalar(2, DType::I64);
+  return {random_range(ctx, lo, sub(b, hi, lo), ctx.value_class())};
 }
+TPU_RUNTIME_ARGS(random_from_rule, {1, 2}, from_words);
 TPU_LOWER(random_to_rule, "random_.to", "random.to") {
-  if (ctx.i(1) <= 0) throw Unsupported("random_: empty range");
-  return {random_range(ctx, 0, static_cast<uint64_t>(ctx.i(1)))};
+  return {random_range(ctx, ctx.b.constant(0, DType::I64), ctx.scalar(1, DType::I64), ctx.value_class())};
 }
+TPU_RUNTIME_ARGS(random_to_rule, {1}, to_words);
 TPU_LOWER(random_full_rule, "random_", "random") {
-  return {random_range(ctx, 0, static_cast<uint64_t>(default_top(ctx.out(0).dtype)) + 1)};
+  uint64_t range = static_cast<uint64_t>(default_top(ctx.out(0).dtype)) + 1;
+  Value r = ctx.b.bitcast(u64(ctx.b, range, {}), DType::I64);
+  return {random_range(ctx, ctx.b.constant(0, DType::I64), r, range_words(range))};
 }
 
 // Dropout: keep with probability 1 - p and scale kept values by 1 / (1 - p); the mask
@@ -293,23 +301,27 @@ TPU_LOWER(random_full_rule, "random_", "random") {
 TPU_LOWER(native_dropout_rule, "native_dropout") {
   Builder& b = ctx.b;
   Type o = ctx.out(0), mo = ctx.out(1);
-  double p = ctx.f(1);
   bool train = ctx.is_none(2) || ctx.flag(2);
   Value x = ctx.in(0);
   if (!train) return {x, b.constant(1, mo.dtype, mo.shape)};
   DType t = math_type(o.dtype);
-  Value keep = b.compare(uniform(ctx, DType::F32, o.shape), b.constant(1 - p, DType::F32, o.shape), Cmp::LT);
-  double scale = p < 1 ? 1 / (1 - p) : 0;
-  Value y = mul(b, mul(b, b.convert(x, t), b.convert(keep, t)), b.constant(scale, t, o.shape));
+  // p is a runtime operand (a scheduled dropout rate reuses the program), checked per call.
+  Value p = ctx.scalar(1, t);
+  Value q = sub(b, b.constant(1, t), p);
+  Value keep = b.compare(uniform(ctx, DType::F32, o.shape), b.broadcast_in_dim(b.convert(q, DType::F32), o.shape, {}), Cmp::LT);
+  Value scale = b.select(b.compare(p, b.constant(1, t), Cmp::LT), div(b, b.constant(1, t), q), b.constant(0, t));
+  Value y = mul(b, mul(b, b.convert(x, t), b.convert(keep, t)), b.broadcast_in_dim(scale, o.shape, {}));
   return {b.convert(y, o.dtype), b.convert(keep, mo.dtype)};
 }
+TPU_RUNTIME_ARGS(native_dropout_rule, {1});
 TPU_LOWER(native_dropout_backward_rule, "native_dropout_backward") {  // grad * mask * scale
   Builder& b = ctx.b;
   Type o = ctx.out(0);
   DType t = math_type(o.dtype);
   Value g = coerce(b, ctx.in(0), t, o.shape), m = coerce(b, ctx.in(1), t, o.shape);
-  return {b.convert(mul(b, mul(b, g, m), b.constant(ctx.f(2), t, o.shape)), o.dtype)};
+  return {b.convert(mul(b, mul(b, g, m), number_arg(ctx, 2, 1, t, o.shape)), o.dtype)};
 }
+TPU_RUNTIME_ARGS(native_dropout_backward_rule, {2});
 
 // randperm(n, generator, out): the positions 0..n-1 sorted by 64-bit random keys
 // (a uniform permutation up to key collisions, which a stable sort keeps valid).

@@ -8,7 +8,18 @@ std::map<std::string, Rule>& table() {
   static std::map<std::string, Rule> t;
   return t;
 }
+std::map<Rule, RuntimeArgs>& runtime_args_table() {
+  static std::map<Rule, RuntimeArgs> t;
+  return t;
+}
 }  // namespace
+
+void register_runtime_args(Rule rule, const RuntimeArgs& args) { runtime_args_table()[rule] = args; }
+
+const RuntimeArgs* find_runtime_args(Rule rule) {
+  auto it = runtime_args_table().find(rule);
+  return it == runtime_args_table().end() ? nullptr : &it->second;
+}
 
 void register_rule(const char* op, Rule rule) { table()[op] = rule; }
 

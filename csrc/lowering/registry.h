@@ -87,6 +87,9 @@ class Ctx {
   // compute those same bits elementwise (rnd::threefry_pair).
   virtual Value random_state() = 0;
 
+  // The class its RuntimeArgs::value_class gave this call (0 without one).
+  virtual int value_class() const { return 0; }
+
   // Helpers over the above.
   int64_t i_or(int idx, int64_t dflt) const { return is_none(idx) ? dflt : i(idx); }
   double f_or(int idx, double dflt) const { return is_none(idx) ? dflt : f(idx); }
@@ -94,6 +97,27 @@ class Ctx {
 };
 
 using Rule = std::vector<Value> (*)(Ctx&);
+
+// The value of a number argument at one call (none: omitted, or a tensor there).
+struct Number {
+  bool none = true;
+  bool integral = false;
+  int64_t i = 0;
+  double f = 0;
+};
+// The number arguments (`int`, `float`) a rule reads as runtime operands (ctx.scalar), as
+// it reads `Scalar` ones, so that a call with new values reuses the compiled program: a
+// sampler's bound or probability that changes every step (randint(0, len(buffer))) would
+// otherwise compile one program per value. `value_class` maps the values (in the order
+// of `indices`) and the first argument's dtype to a small class that the program may
+// depend on (ctx.value_class()): the width of the random words a range needs. CPU's
+// checks of these values run at every call (backend/kernel_checks.cpp's value checks).
+struct RuntimeArgs {
+  std::vector<int> indices;
+  int (*value_class)(const std::vector<Number>& values, DType self) = nullptr;
+};
+void register_runtime_args(Rule rule, const RuntimeArgs& args);
+const RuntimeArgs* find_runtime_args(Rule rule);
 
 void register_rule(const char* op, Rule rule);
 const Rule* find_rule(const std::string& op);
@@ -107,6 +131,10 @@ struct Registrar {
   }
 };
 
+struct RuntimeArgsRegistrar {
+  RuntimeArgsRegistrar(Rule r, const RuntimeArgs& args) { register_runtime_args(r, args); }
+};
+
 #define TPU_CAT2(a, b) a##b
 #define TPU_CAT(a, b) TPU_CAT2(a, b)
 // TPU_LOWER(fn, "add.Tensor", "add.Scalar") { ...body using ctx... }
@@ -114,5 +142,8 @@ struct Registrar {
   static std::vector<Value> fn(Ctx& ctx);                                         \
   static ::tpu::lowering::Registrar TPU_CAT(reg_, fn)({__VA_ARGS__}, fn);         \
   static std::vector<Value> fn(Ctx& ctx)
+// After a rule: TPU_RUNTIME_ARGS(uniform_rule, {1, 2}) or TPU_RUNTIME_ARGS(fn, {1, 2}, classify).
+#define TPU_RUNTIME_ARGS(fn, ...) \
+  static ::tpu::lowering::RuntimeArgsRegistrar TPU_CAT(runtime_args_, fn)(fn, ::tpu::lowering::RuntimeArgs{__VA_ARGS__})
 
 }  // namespace tpu::lowering
