@@ -1,6 +1,7 @@
 #include "backend/device_checks.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <iterator>
 
 #include <c10/util/Exception.h>
@@ -122,15 +123,20 @@ void verify_device_checks() {
   }
   // Every flag is read (each failed one taints its op's outputs); this thread's first
   // failure is raised, other threads' wait for their own next read.
+  // The flags are read together: copied one by one, each was a round trip to the device.
+  std::vector<runtime::BufferPtr> flags;
+  for (const Check& c : checks) flags.push_back(guarded([&] { return resolve(c.ok); }));
+  std::vector<uint8_t> ok(flags.size(), 1);
+  std::vector<runtime::Client::HostCopy> copies;
+  for (size_t i = 0; i < flags.size(); ++i) copies.push_back({flags[i].get(), &ok[i], 1});
+  guarded([&] {
+    runtime::Client::get().to_host_all(copies);
+    return 0;
+  });
   const Check* failed = nullptr;
-  for (const Check& c : checks) {
-    runtime::BufferPtr b = guarded([&] { return resolve(c.ok); });
-    bool ok = true;
-    guarded([&] {
-      runtime::Client::get().to_host(*b, &ok, 1);
-      return 0;
-    });
-    if (ok) continue;
+  for (size_t i = 0; i < checks.size(); ++i) {
+    const Check& c = checks[i];
+    if (ok[i]) continue;
     poison(c);
     if (c.owner != std::this_thread::get_id()) {
       std::lock_guard<std::mutex> lock(g_mu);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 
 #include "runtime/compile_clock.h"
 #include "runtime/compile_options.h"
@@ -493,6 +494,37 @@ void Client::to_host(const Buffer& b, void* dst, size_t nbytes) {
   await_event(a.event, what);
   counters_.d2h_bytes += static_cast<int64_t>(nbytes);
   counters_.d2h_transfers += 1;
+}
+
+void Client::to_host_all(const std::vector<HostCopy>& copies) {
+  std::vector<PJRT_Event*> events;
+  PJRT_Error* failed = nullptr;
+  std::string what = "device-to-host copy";
+  for (const HostCopy& c : copies) {
+    auto a = ARGS(PJRT_Buffer_ToHostBuffer_Args);
+    a.src = c.buffer->raw();
+    a.dst = c.dst;
+    a.dst_size = c.nbytes;
+    failed = api_->PJRT_Buffer_ToHostBuffer(&a);
+    if (failed) {
+      if (c.buffer->producer) what += " of the result of " + *c.buffer->producer;
+      break;
+    }
+    events.push_back(a.event);
+    counters_.d2h_bytes += static_cast<int64_t>(c.nbytes);
+    counters_.d2h_transfers += 1;
+  }
+  // Every started copy is awaited (its destination must outlive it) before any error.
+  std::exception_ptr first;
+  for (PJRT_Event* ev : events) {
+    try {
+      await_event(ev, "device-to-host copy");
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  check(failed, what);
+  if (first) std::rethrow_exception(first);
 }
 
 bool Client::to_host_range(const Buffer& b, void* dst, int64_t offset, int64_t size) {

@@ -208,6 +208,14 @@ class Client {
                                int device, std::function<void()> release);
   // Copies a whole buffer into `dst` (dense row-major); waits for completion.
   void to_host(const Buffer& b, void* dst, size_t nbytes);
+  // Several such copies, all started before any is awaited: one wait for the lot where
+  // each copy alone is a round trip (a sync's device-check flags, one byte each).
+  struct HostCopy {
+    const Buffer* buffer;
+    void* dst;
+    size_t nbytes;
+  };
+  void to_host_all(const std::vector<HostCopy>& copies);
   // Copies `size` bytes from `offset` of a dense buffer into `dst`; waits. False (nothing
   // copied) when the plugin does not offer raw copies: use to_host then.
   bool to_host_range(const Buffer& b, void* dst, int64_t offset, int64_t size);

@@ -81,6 +81,23 @@ int main() {
     CHECK(fetch<uint16_t>(*C().from_host(h.data(), DType::BF16, {2}, 0)) == h);
   });
 
+  run("to_host_all copies each buffer into its own destination", [] {
+    std::vector<float> f = {1.5f, -2.f, 3.25f};
+    std::vector<uint8_t> p = {1, 0, 1, 1};
+    std::vector<int64_t> i = {-(int64_t(1) << 40)};
+    auto bf = C().from_host(f.data(), DType::F32, {3}, 0);
+    auto bp = C().from_host(p.data(), DType::Bool, {4}, 0);
+    auto bi = C().from_host(i.data(), DType::I64, {}, 0);
+    std::vector<float> of(3);
+    std::vector<uint8_t> op(4, 7);
+    int64_t oi = 0;
+    int64_t transfers = C().counters().d2h_transfers.load();
+    C().to_host_all({{bf.get(), of.data(), 12}, {bp.get(), op.data(), 4}, {bi.get(), &oi, 8}});
+    CHECK(of == f && op == p && oi == i[0]);
+    CHECK(C().counters().d2h_transfers.load() == transfers + 3);
+    C().to_host_all({});  // nothing to copy
+  });
+
   run("fp8 buffers keep their bytes and convert to f32", [] {
     // e4m3fn 0x38 = 1, 0xC4 = -3, 0x7E = 448; e5m2 0x3C = 1, 0xC2 = -3, 0x7B = 57344.
     std::vector<uint8_t> e4 = {0x38, 0xC4, 0x7E}, e5 = {0x3C, 0xC2, 0x7B};
