@@ -286,6 +286,13 @@ def _dispatch(func, args, kwargs):
         # slices it) and the caller gets the view of its valid prefix.
         t = args[0]
         return _unpad(BoundedTensor(func(t._inner, **kwargs), t._exprs, t._values, t._mask))
+    if func.namespace == "c10d":
+        # A collective (dist.all_reduce and the like): no program of ours to pad. It runs
+        # on the true-size values, views of the padded ones' valid prefixes, so an
+        # in-place result lands in the padded value and ranks whose sizes differ fail as
+        # they would with NCCL.
+        unpadded = lambda a: _unpad(a) if isinstance(a, BoundedTensor) else a  # noqa: E731
+        return func(*tree_map(unpadded, args), **tree_map(unpadded, kwargs))
     if func is aten.is_same_size.default:
         return list(args[0].shape) == list(args[1].shape)
     if func in _SHAPE_QUERIES:
