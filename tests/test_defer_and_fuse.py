@@ -12,7 +12,7 @@ import torch
 
 import torch_tpu
 from torch_tpu import EagerMode
-from conftest import ROOT, no_fallbacks, run_python
+from conftest import ROOT, no_fallbacks, run_python, run_python_json
 
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from gpt import GPT, batches  # noqa: E402
@@ -265,6 +265,56 @@ def test_a_graph_whose_shapes_grow_each_step_runs_op_by_op():
     assert float(err) < 1e-4
     assert int(op_by_op) >= 8        # of 14 steps
     assert int(graph_compiles) <= 6  # each step compiled a graph before
+
+
+MOE_LOOP = (
+    "import torch, torch_tpu\n"
+    "from torch_tpu import EagerMode\n"
+    "def run(dev, mode=EagerMode.DEFER_NEVER, steps=14):\n"
+    "    torch.manual_seed(0)\n"
+    "    g = torch.Generator().manual_seed(1)\n"
+    "    losses, per_step = [], []\n"
+    "    with torch_tpu.set_eager_mode(mode):\n"
+    "        gate = (torch.randn(8, 4) / 2).to(dev).requires_grad_()\n"
+    "        ws = [(torch.randn(8, 8) / 3).to(dev).requires_grad_() for _ in range(4)]\n"
+    "        for step in range(steps):\n"
+    "            m0 = torch_tpu.metrics()\n"
+    "            x = torch.randn(32, 8, generator=g).to(dev)\n"
+    "            w, idx = torch.softmax(x @ gate, -1).max(-1)\n"              # the router
+    "            order = torch.argsort(idx, stable=True)\n"
+    "            counts = torch.bincount(idx, minlength=4).tolist()\n"        # tokens per expert
+    "            outs = [torch.tanh(c @ we) for c, we in zip(torch.split(x[order], counts), ws)]\n"
+    "            loss = (torch.cat(outs) * w[order, None] - 0.5).pow(2).mean()\n"
+    "            loss.backward()\n"
+    "            with torch.no_grad():\n"
+    "                for p in [gate] + ws:\n"
+    "                    p -= 0.5 * p.grad\n"
+    "                    p.grad = None\n"
+    "            losses.append(loss.item())\n"
+    "            m1 = torch_tpu.metrics()\n"
+    "            per_step.append([counts] + [m1[k] - m0[k] for k in ('graph_compiles', 'fused_graphs_run_op_by_op')])\n"
+    "    return losses + [p.detach().cpu() for p in [gate] + ws], per_step\n"
+    "ref, _ = run('cpu')\n"
+    "strict, _ = run('tpu')\n"
+    "fused, per_step = run('tpu', EagerMode.DEFER_AND_FUSE)\n"
+    "err = lambda a, b: max(float((torch.as_tensor(x) - torch.as_tensor(y)).abs().max()) for x, y in zip(a, b))\n"
+    "print(json.dumps({'cpu': err(ref, fused), 'strict': err(strict, fused), 'steps': per_step}))\n")
+
+
+def test_a_training_step_whose_expert_sizes_change_each_step_runs_op_by_op():
+    # A mixture of experts: each step splits its tokens among the experts by the router's
+    # counts, so every step's graph (forward and backward) has new shapes, while each
+    # expert's per-size programs recur from step to step. Once a few variants compiled,
+    # the steps run op by op and stop compiling graphs (each compiled two, its forward
+    # and the rest, every step before: the split graph skipped the shape-churn choice).
+    r = run_python_json("import json\n" + MOE_LOOP, env={"TPU_COMPILE_CACHE": "0"})
+    steps = r["steps"]
+    assert r["cpu"] < 1e-5 and r["strict"] < 1e-5, r
+    assert all(a[0] != b[0] for a, b in zip(steps, steps[1:])), steps  # new sizes each step
+    late = steps[-6:]
+    assert sum(s[1] for s in late) == 0, steps       # no graph compiles once settled
+    assert sum(s[2] for s in late) == len(late), steps  # each step ran op by op
+    assert sum(s[1] for s in steps) <= 12, steps     # 2 a step (28 in all) before
 
 
 def train(mode, steps=6):

@@ -960,6 +960,17 @@ void replay(const Job& job, const std::vector<runtime::BufferPtr>& params, bool 
   std::rethrow_exception(first);
 }
 
+// Runs a graph that shape churn sent op by op (run_op_by_op): its programs compile side by
+// side on the compile pool while the first ones run.
+void run_calls_op_by_op(const Job& job, const std::vector<runtime::BufferPtr>& params) {
+  std::unordered_set<const Program*> queued;
+  for (const Call& c : job.calls)
+    if (compile_threads() > 0 && queued.insert(c.program.get()).second && !c.program->loaded())
+      compile_ahead(c.program);
+  fuse_stats().op_by_op += 1;
+  replay(job, params, false);
+}
+
 // A split graph's two executables and how their results map to the graph's.
 struct SplitPrograms {
   bool split = false;  // false: the graph runs whole
@@ -1007,8 +1018,20 @@ bool run_split(Job& job, const std::vector<runtime::BufferPtr>& params) {
         cache[job.key] = SplitPrograms{};
         return false;
       }
+      // A step whose shapes change from step to step (data-dependent sizes) is a new
+      // split graph each time: the same choice as a whole graph's, op by op or compile.
+      GraphStructure structure;
+      for (const Call& c : job.calls) structure.add(*c.program, c.args);
+      bool compiles = !compiled_before(t.first) || !compiled_before(t.second);
+      if (compiles && run_op_by_op(structure)) {
+        run_calls_op_by_op(job, params);
+        return true;
+      }
+      auto t0 = std::chrono::steady_clock::now();
       first = guarded([&] { return compile_cached(t.first, name + ", its forward"); });
       second = guarded([&] { return compile_cached(t.second, name + ", after its forward"); });
+      std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+      if (compiles) note_graph_compiled(structure, took.count());
       layout = SplitPrograms{true, first, second, std::move(t.first_results), std::move(t.second_results),
                              std::move(t.crossing_from), std::move(t.first_params), std::move(t.second_inputs)};
       std::lock_guard<std::mutex> l(cache_mu);
@@ -1136,13 +1159,7 @@ void run_job(Job& job) {
     return;
   }
   if (op_by_op) {
-    // Its programs compile side by side on the compile pool while the first ones run.
-    std::unordered_set<const Program*> queued;
-    for (const Call& c : job.calls)
-      if (compile_threads() > 0 && queued.insert(c.program.get()).second && !c.program->loaded())
-        compile_ahead(c.program);
-    fuse_stats().op_by_op += 1;
-    replay(job, params, false);
+    run_calls_op_by_op(job, params);
     return;
   }
   note_launch(describe_graph(job.calls), job.device, produced);  // a device event for torch.profiler

@@ -35,6 +35,16 @@ struct Variants {
   double compile_seconds = 0;   // ... their compiles' sum
   int op_by_op = 0;             // variants run op by op instead
   std::unordered_set<int64_t> last;  // the latest variant's programs
+  // Programs of any earlier variant: sizes that recur (a mixture of experts' tokens per
+  // expert, drawn from a small range), so their one-op programs serve later variants.
+  std::unordered_set<int64_t> earlier;
+
+  void remember(const std::unordered_set<int64_t>& ids) {
+    if (earlier.size() > kMaxRemembered) earlier.clear();  // a bound, not a cache: forget and relearn
+    earlier.insert(ids.begin(), ids.end());
+    last = ids;
+  }
+  static constexpr size_t kMaxRemembered = 1 << 16;
 };
 
 std::mutex g_mu;
@@ -63,8 +73,9 @@ bool run_op_by_op(const GraphStructure& graph) {
   if (it == g_structures.end() || it->second.compiled < 2) return false;  // no churn seen yet
   Variants& v = it->second;
   // What running op by op would compile: the programs neither loaded nor on disk. Those
-  // the latest variant had too keep their shapes from step to step: compiled once, they
-  // serve the variants still to come (expected: as many as have been).
+  // an earlier variant had too (the latest's, whose shapes stay from step to step, or
+  // any's, whose sizes recur): compiled once, they serve the variants still to come
+  // (expected: as many as have been). Only those never seen are paid for whole.
   int growing = 0, steady = 0, reshaped = 0;
   std::unordered_set<int64_t> seen;
   for (Program* p : graph.programs()) {
@@ -72,9 +83,9 @@ bool run_op_by_op(const GraphStructure& graph) {
     bool kept = v.last.count(p->id()) > 0;
     reshaped += kept ? 0 : 1;
     if (p->loaded() || compiled_before(p->module_text())) continue;
-    (kept ? steady : growing) += 1;
+    (kept || v.earlier.count(p->id()) > 0 ? steady : growing) += 1;
   }
-  v.last = std::move(seen);
+  v.remember(seen);
   // The same programs as the last variant: what changed is not a shape (which values
   // are kept or donated), and such a graph settles and repeats.
   if (reshaped == 0) return false;
@@ -92,7 +103,7 @@ void note_graph_compiled(const GraphStructure& graph, double seconds) {
   Variants& v = g_structures[graph.hash()];
   v.compiled += 1;
   v.compile_seconds += seconds;
-  v.last = ids_of(graph);
+  v.remember(ids_of(graph));
 }
 
 }  // namespace tpu::backend
