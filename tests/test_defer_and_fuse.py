@@ -317,6 +317,41 @@ def test_a_training_step_whose_expert_sizes_change_each_step_runs_op_by_op():
     assert sum(s[1] for s in steps) <= 12, steps     # 2 a step (28 in all) before
 
 
+CYCLING = (
+    "import json, torch, torch_tpu\n"
+    "from torch_tpu import EagerMode\n"
+    "torch.manual_seed(0)\n"
+    "w = (torch.randn(16, 16) / 4).to('tpu').requires_grad_()\n"
+    "per_step = []\n"
+    "with torch_tpu.set_eager_mode(EagerMode.DEFER_AND_FUSE):\n"
+    "    for cycle in range(4):\n"
+    "        for n in (6, 10, 14, 18):\n"  # bucketed lengths, in turn
+    "            m0 = torch_tpu.metrics()\n"
+    "            h = torch.ones(8, 16, device='tpu')\n"  # most of the step keeps its shapes
+    "            for _ in range(8):\n"
+    "                h = torch.tanh(h @ w + 0.1)\n"
+    "            x = torch.randn(n, 16).to('tpu')\n"  # a small part takes the bucket's length
+    "            loss = h.pow(2).mean() + (x @ w).pow(2).mean()\n"
+    "            loss.backward()\n"
+    "            with torch.no_grad():\n"
+    "                w -= 0.1 * w.grad\n"
+    "                w.grad = None\n"
+    "            loss.item()\n"
+    "            m1 = torch_tpu.metrics()\n"
+    "            per_step.append([m1[k] - m0[k] for k in ('graph_compiles', 'fused_graphs_run_op_by_op')])\n"
+    "print(json.dumps(per_step))\n")
+
+
+def test_shapes_that_come_back_compile_and_then_run_fused():
+    # Bucketed lengths cycle: once two variants compiled, a new one may run op by op, but a
+    # variant that comes back compiles its graph, so the later cycles run fused programs
+    # from the graph cache (a variant run op by op for good would stay slower).
+    steps = run_python_json(CYCLING, env={"TPU_COMPILE_CACHE": "0"})
+    assert sum(s[1] for s in steps) >= 1, steps  # new variants ran op by op (the case in question)
+    last = steps[-4:]
+    assert all(s == [0, 0] for s in last), steps
+
+
 def train(mode, steps=6):
     torch.manual_seed(0)
     data = list(batches(vocab=64, seq=32, batch=8, steps=steps))

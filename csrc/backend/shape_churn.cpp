@@ -45,7 +45,16 @@ struct Variants {
     last = ids;
   }
   static constexpr size_t kMaxRemembered = 1 << 16;
+  // Variants (their programs, in order) run op by op: one that comes back compiles, as
+  // bucketed lengths cycle and each bucket is then worth its fused program.
+  std::unordered_set<uint64_t> ran_op_by_op;
 };
+
+uint64_t variant_of(const GraphStructure& g) {
+  uint64_t h = 1469598103934665603ULL;
+  for (Program* p : g.programs()) h = (h ^ static_cast<uint64_t>(p->id())) * 1099511628211ULL;
+  return h;
+}
 
 std::mutex g_mu;
 std::unordered_map<uint64_t, Variants> g_structures;
@@ -94,6 +103,8 @@ bool run_op_by_op(const GraphStructure& graph) {
   int variants = v.compiled + v.op_by_op;
   double predicted = (growing + static_cast<double>(steady) / variants) * per_op / std::max(1, compile_threads());
   if (predicted >= graph_seconds) return false;
+  if (v.ran_op_by_op.size() > Variants::kMaxRemembered) v.ran_op_by_op.clear();
+  if (!v.ran_op_by_op.insert(variant_of(graph)).second) return false;  // it recurs: compile it
   v.op_by_op += 1;
   return true;
 }
