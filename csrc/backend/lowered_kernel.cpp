@@ -775,6 +775,10 @@ class KernelCtx final : public lowering::Ctx {
                     std::vector<int64_t>(t.sizes().begin(), t.sizes().end())};
   }
   bool contiguous(int i) const override { return args_.at(i).toTensor().is_contiguous(); }
+  std::vector<int64_t> strides(int i) const override {
+    auto s = args_.at(i).toTensor().strides();
+    return {s.begin(), s.end()};
+  }
   int num_outs() const override { return static_cast<int>(outs_.size()); }
   ir::Type out(int j) const override { return outs_.at(j); }
 

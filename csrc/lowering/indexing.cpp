@@ -3,6 +3,7 @@
 // Out-of-range indices: PyTorch raises, but index values are unknown when lowering,
 // so they get XLA's semantics instead (gather clamps, scatter drops the update).
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
 #include "lowering/helpers.h"
@@ -106,13 +107,16 @@ TPU_LOWER(stack, "stack") {
 
 // ---- index_select / gather / scatter along one dim ----
 
-// Whole slices of `x` along `dim` at the (1-D or 0-D) positions `index`.
-static Value take_along(Builder& b, const Value& x, int64_t dim, const Value& index) {
+// Slices of `x` along `dim` at the (1-D or 0-D) positions `index`, shaped `out`: whole
+// slices by default, or each slice's leading part (out[d] <= x's size along d != dim).
+static Value take_along(Builder& b, const Value& x, int64_t dim, const Value& index,
+                        std::optional<Shape> out_shape = std::nullopt) {
   int64_t n = index.type.numel();
   Value idx = b.reshape(i64(b, index), {n, 1});
-  Shape sizes = x.shape(), out = x.shape();
-  sizes[dim] = 1;
+  Shape out = out_shape ? *out_shape : x.shape();
   out[dim] = n;
+  Shape sizes = out;
+  sizes[dim] = 1;
   std::vector<int64_t> offset;
   for (int64_t d = 0; d < x.rank(); ++d)
     if (d != dim) offset.push_back(d);
@@ -130,6 +134,28 @@ TPU_LOWER(index_select, "index_select") {
   check_bounds(ctx, ctx.in(2), dim, x.shape()[dim], false);
   Value r = take_along(ctx.b, x, dim, ctx.in(2));
   return {ctx.b.reshape(r, ctx.out(0).shape)};
+}
+
+// A 1-D index repeated along every other dim (PyG's dst.unsqueeze(-1).expand(E, F)):
+// gather and the scatters are then a row gather/scatter, as index_select and index_add
+// are, instead of one with a coordinate tuple per element (5-20x slower). Told from index
+// argument i's layout (stride 0, or size 1, along every dim but `dim`), as its values are
+// unknown here; programs are keyed by layout, so the choice is fixed per program.
+static bool is_row_index(const Ctx& ctx, int i, int64_t dim) {
+  Type t = ctx.type_of(i);
+  auto strides = ctx.strides(i);
+  if (t.numel() == 0 || strides.size() != t.shape.size()) return false;
+  for (int64_t d = 0; d < t.rank(); ++d)
+    if (d != dim && t.shape[d] != 1 && strides[d] != 0) return false;
+  return true;
+}
+
+// That 1-D index (`index` shaped like the operand): its entries along dim.
+static Value row_of(Builder& b, const Value& index, int64_t dim) {
+  int64_t r = index.rank(), n = index.shape()[dim];
+  Shape limit(r, 1);
+  limit[dim] = n;
+  return b.reshape(b.slice(index, Shape(r, 0), limit, Shape(r, 1)), {n});
 }
 
 // Full coordinates (shape index.shape + [rank]) of every element of `index` in the
@@ -153,6 +179,11 @@ TPU_LOWER(gather, "gather") {
   if (x.rank() == 0) x = b.reshape(x, {1});
   if (index.rank() == 0) index = b.reshape(index, {1});
   int64_t dim = wrap_dim(ctx.i(1), x.rank());
+  if (index.rank() == x.rank() && is_row_index(ctx, 2, dim)) {
+    Value row = row_of(b, index, dim);
+    check_bounds(ctx, row, dim, x.shape()[dim], false);
+    return {b.reshape(take_along(b, x, dim, row, index.shape()), ctx.out(0).shape)};
+  }
   check_bounds(ctx, index, dim, x.shape()[dim], false);
   auto all = range(0, x.rank());
   Value r = b.gather(x, coords(b, index, dim), {}, all, all, index.rank(), Shape(x.rank(), 1),
@@ -160,19 +191,26 @@ TPU_LOWER(gather, "gather") {
   return {b.reshape(r, ctx.out(0).shape)};
 }
 
-// self with `updates` (index-shaped) scattered along dim at `index`, combined by `fn`.
-static Value scatter_dim(Builder& b, const Value& self, int64_t dim, const Value& index,
-                         const Value& updates, const ir::RegionFn& fn) {
-  if (index.type.numel() == 0) return self;  // nothing to write (index rank may exceed self's)
-  auto all = range(0, self.rank());
-  return b.scatter(self, coords(b, index, dim), updates, {}, all, all, index.rank(), fn);
-}
+static Value index_scatter(Builder& b, const Value& self, int64_t dim, const Value& index,
+                           const Value& src, const ir::RegionFn& fn);
 
-// Operands of the scatter family, rank >= 1, with src cut to index's shape.
+// Operands of the scatter family, rank >= 1, with src cut to index's shape. `row`: the
+// 1-D index when index is one repeated along the other dims (is_row_index).
 struct ScatterArgs {
   Value self, index, src;
   int64_t dim;
+  std::optional<Value> row;
 };
+
+// self with `updates` (index-shaped) scattered along dim at `index`, combined by `fn`.
+static Value scatter_dim(Builder& b, const Value& self, const ScatterArgs& a, const Value& updates,
+                         const ir::RegionFn& fn) {
+  if (a.index.type.numel() == 0) return self;  // nothing to write (index rank may exceed self's)
+  // Row windows as index's (each at most self's size along the other dims).
+  if (a.row) return index_scatter(b, self, a.dim, *a.row, updates, fn);
+  auto all = range(0, self.rank());
+  return b.scatter(self, coords(b, a.index, a.dim), updates, {}, all, all, a.index.rank(), fn);
+}
 
 static ScatterArgs scatter_args(Ctx& ctx, bool src_is_scalar) {
   Builder& b = ctx.b;
@@ -182,7 +220,8 @@ static ScatterArgs scatter_args(Ctx& ctx, bool src_is_scalar) {
   if (a.self.rank() == 0) a.self = b.reshape(a.self, {1});
   if (a.index.rank() == 0) a.index = b.reshape(a.index, {1});
   a.dim = wrap_dim(ctx.i(1), a.self.rank());
-  check_bounds(ctx, a.index, a.dim, a.self.shape()[a.dim], false);
+  if (a.index.rank() == a.self.rank() && is_row_index(ctx, 2, a.dim)) a.row = row_of(b, a.index, a.dim);
+  check_bounds(ctx, a.row ? *a.row : a.index, a.dim, a.self.shape()[a.dim], false);
   DType t = a.self.dtype();
   if (src_is_scalar) {
     a.src = broadcast_to(b, ctx.scalar(3, t), a.index.shape());
@@ -200,7 +239,7 @@ static Value scatter_with(Ctx& ctx, bool scalar, const ir::RegionFn& fn, bool re
   Builder& b = ctx.b;
   auto a = scatter_args(ctx, scalar);
   DType t = a.self.dtype(), acc = reduces ? acc_type(t) : t;
-  Value r = scatter_dim(b, b.convert(a.self, acc), a.dim, a.index, b.convert(a.src, acc), fn);
+  Value r = scatter_dim(b, b.convert(a.self, acc), a, b.convert(a.src, acc), fn);
   return b.reshape(b.convert(r, t), ctx.out(0).shape);
 }
 
@@ -266,13 +305,13 @@ TPU_LOWER(scatter_reduce_two, "scatter_reduce.two") {
   a.src = b.convert(a.src, t);
   const Shape& s = a.self.shape();
   Value ones = b.constant(1, t, a.index.shape());
-  Value hits = scatter_dim(b, b.constant(0, t, s), a.dim, a.index, ones, accumulate);
+  Value hits = scatter_dim(b, b.constant(0, t, s), a, ones, accumulate);
   Value touched = b.compare(hits, b.constant(0, t, s), Cmp::NE);
   Value base = a.self;
   if (!include_self) {
     base = b.select(touched, identity(b, red, t, s), a.self);
   }
-  Value r = scatter_dim(b, base, a.dim, a.index, a.src, combiner(red));
+  Value r = scatter_dim(b, base, a, a.src, combiner(red));
   if (red == "mean") {
     if (t != st) r = b.convert(b.convert(r, st), t);
     Value n = include_self ? add(b, hits, b.constant(1, t, s)) : hits;

@@ -64,6 +64,9 @@ class Ctx {
   // Whether tensor argument i is contiguous (its layout, not its values): for the few ops
   // whose CPU results depend on it. (Compiled programs are keyed by layout too.)
   virtual bool contiguous(int i) const { throw Unsupported("argument layout unknown"); }
+  // Strides (in elements) of tensor argument i, its layout; empty where unknown. A stride
+  // of 0 says the values repeat along that dim (an expand), which a rule may exploit.
+  virtual std::vector<int64_t> strides(int i) const { return {}; }
 
   // The outputs PyTorch expects (from its meta kernels): rules produce these. An output
   // PyTorch leaves undefined (a backward op's output_mask) has dtype Invalid: return
