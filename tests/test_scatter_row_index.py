@@ -108,6 +108,20 @@ def test_index_narrower_than_self_and_other_dims(mode):
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.float64])
+def test_other_dtypes_every_reduce(mode, dtype):
+    """Integer means floor; bool sums are ors. A narrow index: the counts stop where it ends."""
+    dst, src, self_ = _graph(seed=6, f=6)
+    src, self_ = (src * 5).to(dtype), (self_ * 5).to(dtype)
+    narrow = lambda d: d.unsqueeze(-1).expand(12, 4)  # noqa: E731
+    reduces = ["sum", "amax", "amin"] if dtype == torch.bool else REDUCES
+    for red in reduces:
+        for inc in (True, False):
+            want, got = _both(lambda i, s, x: s.scatter_reduce(0, i, x, red, include_self=inc),
+                              dst, self_, src, expand=narrow)
+            assert torch.equal(got, want), (red, inc)
+
+
 def test_float_sums_match_the_per_element_scatter_bitwise(mode):
     """The row scatter adds in the same (index) order as the per-element one."""
     dst, src, self_ = _graph(n=50, e=400, f=16, seed=5)

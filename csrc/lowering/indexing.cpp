@@ -289,6 +289,23 @@ TPU_LOWER(scatter_value_reduce, "scatter.value_reduce") {
   return {scatter_with(ctx, true, combiner(ctx.str(4)), true)};
 }
 
+// How many updates a row index sends to each element of self: counted once per row
+// (a 1-D scatter), spread along the other dims as far as the index reaches.
+static Value row_hits(Builder& b, const ScatterArgs& a, DType t) {
+  const Shape& s = a.self.shape();
+  int64_t n = a.row->type.numel();
+  Value per_row = index_scatter(b, b.constant(0, t, {s[a.dim]}), 0, *a.row, b.constant(1, t, {n}), accumulate);
+  Value hits = b.broadcast_in_dim(per_row, s, {a.dim});
+  for (int64_t d = 0; d < a.self.rank(); ++d) {
+    int64_t reach = a.index.shape()[d];
+    if (d == a.dim || reach == s[d]) continue;
+    Value inside = b.compare(b.iota(Type{DType::I64, s}, d),
+                             b.constant(static_cast<double>(reach), DType::I64, s), Cmp::LT);
+    hits = b.select(inside, hits, b.constant(0, t, s));
+  }
+  return hits;
+}
+
 // scatter_reduce.two. Without include_self, targets start from the reduction's
 // identity; mean divides by the number of contributions (self counting as one),
 // flooring for integers; untouched positions keep self. bf16/f16 accumulate in f32;
@@ -304,8 +321,8 @@ TPU_LOWER(scatter_reduce_two, "scatter_reduce.two") {
   a.self = b.convert(a.self, t);
   a.src = b.convert(a.src, t);
   const Shape& s = a.self.shape();
-  Value ones = b.constant(1, t, a.index.shape());
-  Value hits = scatter_dim(b, b.constant(0, t, s), a, ones, accumulate);
+  Value hits = a.row ? row_hits(b, a, t)
+                     : scatter_dim(b, b.constant(0, t, s), a, b.constant(1, t, a.index.shape()), accumulate);
   Value touched = b.compare(hits, b.constant(0, t, s), Cmp::NE);
   Value base = a.self;
   if (!include_self) {
