@@ -99,3 +99,84 @@ def test_a_compiled_function_given_views_at_other_offsets():
     f = torch.compile(lambda v: (v * 3).sin().sum(0), backend="tpu")
     for i in (2, 5, 2, 9, 5):
         torch.testing.assert_close(f(xt[i:i + 4]).cpu(), (x[i:i + 4] * 3).sin().sum(0))
+
+
+# Copies that read a view (a dtype change, .to, .contiguous, clone, copy_ into a
+# preallocated tensor or into part of one) take its offset as an operand too: a sampler's
+# `timesteps[i].expand(B).float()` compiled a new program for every step.
+ALL_MODES = [EagerMode.DEFER_NEVER, EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING, EagerMode.DEFER_AND_FUSE]
+
+
+def _copy_into(dtype, n):
+    def f(v):
+        out = torch.empty(n, dtype=dtype, device=v.device)
+        out.copy_(v)
+        return out
+    return f
+
+
+def _copy_into_part(dtype, n):
+    def f(v):
+        out = torch.full((n + 3,), -1, dtype=dtype, device=v.device)
+        out[1:n + 1].copy_(v)
+        return out
+    return f
+
+
+# name: (source maker, given n: storage sizes differ by mode, so no mode finds programs
+# another compiled; view of it at offset i; what the copy does)
+COPIES = {
+    "select_float": (lambda n: torch.arange(50 + n) * 20, lambda x, i: x[i], lambda v: v.float()),
+    "slice_float": (lambda n: torch.arange(50 + n) * 20, lambda x, i: x[i:i + 1], lambda v: v.float()),
+    "expand_float": (lambda n: torch.arange(50 + n) * 20, lambda x, i: x[i].expand(4), lambda v: v.float()),
+    "slice_double": (lambda n: torch.randn(41 + n), lambda x, i: x[i:i + 2], lambda v: v.double()),
+    "expand_half": (lambda n: torch.randn(43 + n), lambda x, i: x[i].expand(2), lambda v: v.half()),
+    "to_bfloat16": (lambda n: torch.randn(45 + n), lambda x, i: x[i:i + 3], lambda v: v.to(torch.bfloat16)),
+    "rows_contiguous": (lambda n: torch.randn(17 + n, 6), lambda x, i: x[i:i + 2, 1:4], lambda v: v.contiguous()),
+    "rows_clone": (lambda n: torch.randn(19 + n, 5), lambda x, i: x[i:i + 3], lambda v: v.clone()),
+    "copy_between_dtypes": (lambda n: torch.arange(47 + n), lambda x, i: x[i:i + 4], _copy_into(torch.float32, 4)),
+    "copy_same_dtype": (lambda n: torch.randn(49 + n), lambda x, i: x[i:i + 4], _copy_into(torch.float32, 4)),
+    "copy_into_part": (lambda n: torch.arange(51 + n), lambda x, i: x[i:i + 4], _copy_into_part(torch.float64, 4)),
+    "dtype_view_float": (lambda n: torch.randn(53 + n), lambda x, i: x.view(torch.int16)[i:i + 3], lambda v: v.float()),
+    "conj_to_complex128": (lambda n: torch.randn(31 + n, dtype=torch.complex64), lambda x, i: x[i:i + 2].conj(),
+                           lambda v: v.to(torch.complex128)),
+}
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("case", sorted(COPIES))
+def test_copies_of_views_compile_once_over_offsets(mode, case):
+    make, view, copy = COPIES[case]
+    x = make(ALL_MODES.index(mode))
+    xt = x.to("tpu")
+    counts = []
+    with torch_tpu.set_eager_mode(mode):
+        # The first two calls compile (DeferAndFuse may run a graph of a structure it
+        # compiled for other shapes op by op once, then compile it); ten more offsets.
+        for i in [11, 12] + list(range(1, 11)):
+            got = copy(view(xt, i)).cpu()
+            want = copy(view(x, i))
+            assert got.dtype == want.dtype and torch.equal(got, want), (i, got, want)
+            counts.append(compiles())
+    assert counts[-1] == counts[1], counts
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_a_sampler_casting_its_timestep_compiles_nothing_in_steady_steps(mode):
+    # diffusers' `for t in scheduler.timesteps`: t = timesteps[i].expand(B).float().
+    torch.manual_seed(0)
+    batch = 3 + ALL_MODES.index(mode)  # no mode finds programs another compiled
+    ts = torch.arange(999, -1, -20)
+    freqs = torch.randn(8)
+    x = torch.randn(batch, 8)
+    tst, ft, xt = ts.to("tpu"), freqs.to("tpu"), x.to("tpu")
+    counts = []
+    with torch_tpu.set_eager_mode(mode):
+        for i in range(14):
+            t = tst[i].expand(batch).float()
+            xt = xt * 0.9 + torch.sin(t[:, None] * ft)
+            t_ref = ts[i].expand(batch).float()
+            x = x * 0.9 + torch.sin(t_ref[:, None] * freqs)
+            torch.testing.assert_close(xt.cpu(), x)
+            counts.append(compiles())
+    assert counts[-1] == counts[2], counts

@@ -50,7 +50,8 @@ void assign(const at::Tensor& dst, Operand value, const at::Tensor* src = nullpt
     TORCH_INTERNAL_ASSERT(sv.buffer);
     if (s.pending.size() >= kMaxPendingWrites) apply_pending(s);
     if (s.pending.empty()) s.pending_type = st;
-    s.pending.push_back({g, dt, sv, true, geometry_of(*src), device_dtype(src->scalar_type(), "copy_")});
+    Operand at = offset_is_operand(*src) ? Operand(view_offset_operand(*src)) : Operand();
+    s.pending.push_back({g, dt, sv, true, geometry_of(*src), device_dtype(src->scalar_type(), "copy_"), at});
     return;
   }
   if (src) value = dense_value(*src);

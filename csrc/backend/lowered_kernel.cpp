@@ -287,20 +287,6 @@ void key_storage(KeyState& k, const at::Tensor& t, const StorageData& s) {
   }
 }
 
-// A view the op only reads, of a value already made (not in the pending graph), that
-// starts past the storage's start or is a dense block of it: its offset is a runtime
-// operand, not part of the program, so a loop over row blocks (x[i * b:(i + 1) * b]) or
-// schedule entries (alphas[t], t = 0 included) reuses one program (one fused graph)
-// instead of compiling one per offset. (Strided views at offset 0, a weight's
-// transpose, stay static: XLA reads them in place.)
-bool offset_is_operand(const at::Tensor& t, bool read_only) {
-  if (!read_only || t.numel() == 0 || t.storage_offset() < 0) return false;
-  const StorageData& s = storage_data(t);
-  bool made = s.value.buffer || (s.value.slot && !s.value.slot->producer);
-  if (!made || !s.pending.empty() || s.copy_of) return false;
-  return t.storage_offset() > 0 || (t.is_contiguous() && t.numel() < s.value.type().numel());
-}
-
 void key_tensor(KeyState& k, const at::Tensor& t, bool read_only = false) {
   if (!t.defined()) {
     k.tag('N');
@@ -2040,6 +2026,13 @@ std::optional<c10::OperatorHandle> functional_of(const c10::FunctionSchema& sche
 }
 
 }  // namespace
+
+runtime::BufferPtr view_offset_operand(const at::Tensor& t) {
+  runtime::BufferPtr b =
+      shared_scalar_buffer(scalar_key(c10::Scalar(t.storage_offset()), DType::I64, device_index(t)));
+  note_host_input(b, HostInput::Constant);  // as a lowered op's ViewOffset source
+  return b;
+}
 
 ir::DotPrecision torch_matmul_precision() {
   at::Float32MatmulPrecision p;

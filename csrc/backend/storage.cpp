@@ -189,6 +189,7 @@ struct ViewCopies {
     DType src_dtype, dtype;  // dtype: the destination's
     ir::Shape sizes;   // the destination's (src broadcast to them)
     ir::Type result;   // the destination storage's value
+    Operand offset;    // view's offset as an i64 operand (offset_is_operand), else empty
   };
   Operand source;
   int device = 0;
@@ -209,21 +210,30 @@ void run_copies(const std::shared_ptr<ViewCopies>& group) {
   if (live.empty()) return;
   ir::Type srct = group->source.type();
   std::string key = "viewcopies*" + std::to_string(live.size()) + ":" + srct.str();
-  for (const auto& c : live)
-    key += ";" + std::string(mlir_name(c.src_dtype)) + c.view.key() + "->" + c.result.str() + "/" +
+  std::vector<Operand> args{group->source};
+  for (const auto& c : live) {
+    ir::Geometry kg = c.view;
+    if (c.offset) {
+      kg.offset = -1;  // an operand: one program for every offset
+      args.push_back(c.offset);
+    }
+    key += ";" + std::string(mlir_name(c.src_dtype)) + kg.key() + "->" + c.result.str() + "/" +
            mlir_name(c.dtype) + ir::Type{c.dtype, c.sizes}.str();
+  }
   Results outs = guarded([&] {
     return run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
       ir::Value src = b.param(srct);
       std::vector<ir::Value> res;
       for (const auto& c : live) {  // as dense_value, then assign() would
-        ir::Value v = ir::read_view(b, reinterpret_bytes(b, src, c.src_dtype), c.view);
+        ir::Value whole = reinterpret_bytes(b, src, c.src_dtype);
+        ir::Value v = c.offset ? ir::read_view_at(b, whole, c.view, b.param(ir::Type{DType::I64, {}}))
+                               : ir::read_view(b, whole, c.view);
         v = lowering::coerce(b, v, c.dtype, c.sizes);
         if (c.result.dtype != c.dtype) v = reinterpret_bytes(b, v, c.result.dtype);
         res.push_back(b.reshape(v, c.result.shape));
       }
       return res;
-    }, {group->source}, group->device);
+    }, args, group->device);
   });
   for (size_t i = 0; i < live.size(); ++i) set_value(*live[i].dst, std::move(outs[i]));
 }
@@ -290,7 +300,8 @@ bool copy_view_later(const at::Tensor& dst, const at::Tensor& src) {
     group->device = s.device;
     g_open_copies = group;
   }
-  group->copies.push_back({&d, g, sdt, dt, dg.sizes, result});
+  group->copies.push_back({&d, g, sdt, dt, dg.sizes, result,
+                           offset_is_operand(src) ? Operand(view_offset_operand(src)) : Operand()});
   d.copy_of = group;
   return true;
 }
@@ -313,7 +324,14 @@ void apply_pending(StorageData& s) {
   for (const PendingWrite& w : writes) {
     args.push_back(w.value);
     key += ";" + w.value.type().str() + "->" + mlir_name(w.dtype) + w.view.key();
-    if (w.from_view) key += std::string("<") + mlir_name(w.source_dtype) + w.source_view.key();
+    if (w.from_view) {
+      ir::Geometry kg = w.source_view;
+      if (w.source_offset) {
+        kg.offset = -1;  // an operand: one program for every offset
+        args.push_back(w.source_offset);
+      }
+      key += std::string("<") + mlir_name(w.source_dtype) + kg.key();
+    }
   }
   // The writes in their order, each as assign() would run it alone: the same bytes.
   set_value(s, guarded([&] {
@@ -321,7 +339,11 @@ void apply_pending(StorageData& s) {
       ir::Value cur = has ? b.param(st) : lowering::constant_any(b, 0, st.dtype, st.shape);
       for (const PendingWrite& w : writes) {
         ir::Value v = b.param(w.value.type());
-        if (w.from_view) v = ir::read_view(b, reinterpret_bytes(b, v, w.source_dtype), w.source_view);
+        if (w.from_view) {
+          ir::Value whole = reinterpret_bytes(b, v, w.source_dtype);
+          v = w.source_offset ? ir::read_view_at(b, whole, w.source_view, b.param(ir::Type{DType::I64, {}}))
+                              : ir::read_view(b, whole, w.source_view);
+        }
         v = lowering::coerce(b, v, w.dtype, w.view.sizes);
         cur = write_storage_view(b, cur, st, w.view, v);
       }
@@ -394,6 +416,14 @@ runtime::BufferPtr materialized(const at::Tensor& t) {
   return b;
 }
 
+bool offset_is_operand(const at::Tensor& t, bool read_only) {
+  if (!read_only || t.numel() == 0 || t.storage_offset() < 0) return false;
+  const StorageData& s = storage_data(t);
+  bool made = s.value.buffer || (s.value.slot && !s.value.slot->producer);
+  if (!made || !s.pending.empty() || s.copy_of) return false;
+  return t.storage_offset() > 0 || (t.is_contiguous() && t.numel() < s.value.type().numel());
+}
+
 std::string view_key(const at::Tensor& t) {
   return mlir_name(device_dtype(t.scalar_type(), "copy")) + geometry_of(t).key() + storage_type(t).str() +
          (storage_of(t).value ? "" : "z");
@@ -410,9 +440,19 @@ Operand dense_value(const at::Tensor& t) {
   bool has = static_cast<bool>(s.value);
   std::vector<Operand> args;
   if (has) args.push_back(s.value);
-  return run_internal("dense:" + view_key(t), [&](ir::Builder& b) -> std::vector<ir::Value> {
+  // A schedule entry's cast (timesteps[i].float()) or a row block's copy: one program
+  // for every offset, as the lowered ops read such views.
+  bool at = has && offset_is_operand(t);
+  ir::Geometry kg = g;
+  if (at) {
+    kg.offset = -1;
+    args.push_back(view_offset_operand(t));
+  }
+  std::string key = "dense:" + std::string(mlir_name(dt)) + kg.key() + st.str() + (has ? "" : "z");
+  return run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
     ir::Value src = has ? b.param(st) : lowering::constant_any(b, 0, st.dtype, st.shape);
     if (src.dtype() != dt) src = reinterpret_bytes(b, src, dt);
+    if (at) return {ir::read_view_at(b, src, g, b.param(ir::Type{DType::I64, {}}))};
     return {ir::read_view(b, src, g)};
   }, args, s.device)[0];
 }

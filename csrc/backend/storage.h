@@ -27,6 +27,8 @@ struct PendingWrite {
   bool from_view = false;
   ir::Geometry source_view;
   DType source_dtype = DType::F32;
+  // Set when source_view's offset is a runtime operand (offset_is_operand): its i64 buffer.
+  Operand source_offset;
 };
 
 struct ViewCopies;
@@ -131,6 +133,16 @@ ir::Type storage_type(const at::Tensor& t);
 Operand storage_value(const at::Tensor& t);
 // The storage's buffer: runs the pending graph if the value is still pending.
 runtime::BufferPtr materialized(const at::Tensor& t);
+// A view a program only reads, of a value already made (not in the pending graph), that
+// starts past the storage's start or is a dense block of it: its offset is a runtime
+// operand, not part of the program, so a loop over row blocks (x[i * b:(i + 1) * b]) or
+// schedule entries (alphas[t].float(), t = 0 included) reuses one program (one fused
+// graph) instead of compiling one per offset. (Strided views at offset 0, a weight's
+// transpose, stay static: XLA reads them in place.) Lowered ops and the copies here
+// (dense_value, queued copies from a view) both ask this.
+bool offset_is_operand(const at::Tensor& t, bool read_only = true);
+// That operand: the view's storage offset, an i64 scalar on its device (lowered_kernel.cpp).
+runtime::BufferPtr view_offset_operand(const at::Tensor& t);
 // dtype, view and storage layout: what a program reading the tensor depends on.
 std::string view_key(const at::Tensor& t);
 // A dense value holding exactly the tensor's values (its storage's value when that fits).
