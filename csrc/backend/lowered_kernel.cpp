@@ -1352,15 +1352,21 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
 
 // See its call in lowered_kernel.
 void start_unwritten_from_zeros(const OpInfo& info, c10::ArrayRef<IValue> args) {
-  auto start = [](const at::Tensor& t) {
+  c10::SmallVector<at::Tensor, 4> unwritten;
+  auto start = [&](const at::Tensor& t) {
     if (!t.defined() || !t.is_privateuseone()) return;
     StorageData& s = storage_data(t);
-    if (!s.value && s.pending.empty() && !s.copy_of && s.unreadable.empty() && s.nbytes > 0) storage_value(t);
+    if (!s.value && s.pending.empty() && !s.copy_of && s.unreadable.empty() && s.nbytes > 0) unwritten.push_back(t);
   };
   for (int a : info.mutated) {
     if (args[a].isTensor()) start(args[a].toTensor());
     else if (args[a].isTensorList())
       for (const at::Tensor& t : args[a].toTensorList()) start(t);
+  }
+  if (deferring()) {  // recorded one by one: hoist_fills runs each state fill before its graph
+    for (const at::Tensor& t : unwritten) storage_value(t);
+  } else if (!unwritten.empty()) {
+    start_from_zeros(unwritten);
   }
 }
 
@@ -1631,7 +1637,13 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   // value outlives its graph (a state made by torch.zeros) the zeros run before the graph
   // (deferred.cpp's hoist_fills), so the first step's graph is the next steps'. Not for
   // fills and random fills, which overwrite without reading.
-  if (!info.is_out && !info.host_fill && info.generator_arg < 0 && !info.mutated.empty() && deferring())
+  // Outside a recording the same holds for an optimizer's state (recording_state: inside
+  // its step): its zeros come first, from one program for all the op's fresh states, so
+  // the first step's update program is the later steps' (it compiled again at step 1).
+  // Zeros made for other in-place ops (torch.zeros, then index_add_) stay folded into
+  // their program, one launch fewer every step.
+  if (!info.is_out && !info.host_fill && info.generator_arg < 0 && !info.mutated.empty() &&
+      (deferring() || recording_state()))
     start_unwritten_from_zeros(info, args);
 
   thread_local KeyBuffer key_buffer;

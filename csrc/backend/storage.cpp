@@ -409,6 +409,33 @@ Operand storage_value(const at::Tensor& t) {
   return s.value;
 }
 
+void start_from_zeros(c10::ArrayRef<at::Tensor> ts) {
+  std::vector<StorageData*> fresh;
+  std::vector<ir::Type> types;
+  std::string key = "zeros";
+  int device = -1;
+  for (const at::Tensor& t : ts) {
+    StorageData& s = storage_of(t);
+    if (s.value || std::find(fresh.begin(), fresh.end(), &s) != fresh.end()) continue;
+    check_readable(s);
+    if (device >= 0 && s.device != device) {  // one program runs on one device
+      storage_value(t);
+      continue;
+    }
+    device = s.device;
+    fresh.push_back(&s);
+    types.push_back(storage_type(t));
+    key += ":" + types.back().str();
+  }
+  if (fresh.empty()) return;
+  Results zeros = run_internal(key, [&](ir::Builder& b) {
+    std::vector<ir::Value> out;
+    for (const ir::Type& ty : types) out.push_back(lowering::constant_any(b, 0, ty.dtype, ty.shape));
+    return out;
+  }, {}, device);
+  for (size_t i = 0; i < fresh.size(); ++i) set_value(*fresh[i], zeros[i]);
+}
+
 runtime::BufferPtr materialized(const at::Tensor& t) {
   StorageData& s = storage_of(t);
   runtime::BufferPtr b = resolve(storage_value(t));

@@ -131,6 +131,9 @@ ir::Geometry geometry_of(const at::Tensor& t);
 ir::Type storage_type(const at::Tensor& t);
 // The storage's value, zeros if nothing was written yet (pending while deferring).
 Operand storage_value(const at::Tensor& t);
+// Gives the never-written storages among `ts` (those that read as zeros) their zeros, all
+// from one program per list of types (storage_value would run one per tensor).
+void start_from_zeros(c10::ArrayRef<at::Tensor> ts);
 // The storage's buffer: runs the pending graph if the value is still pending.
 runtime::BufferPtr materialized(const at::Tensor& t);
 // A view a program only reads, of a value already made (not in the pending graph), that
