@@ -352,6 +352,36 @@ def test_shapes_that_come_back_compile_and_then_run_fused():
     assert all(s == [0, 0] for s in last), steps
 
 
+GROWING = (
+    "import json, torch, torch_tpu\n"
+    "from torch_tpu import EagerMode\n"
+    "torch.manual_seed(0)\n"
+    "w = (torch.randn(16, 16) / 4).to('tpu')\n"
+    "per_pass = []\n"
+    "with torch_tpu.set_eager_mode(EagerMode.DEFER_AND_FUSE):\n"
+    "    for rep in range(3):\n"  # generate() called again: the same lengths once each
+    "        m0 = torch_tpu.metrics()\n"
+    "        ctx = torch.ones(2, 16, device='tpu')\n"
+    "        for n in range(3, 15):\n"  # one more token a step
+    "            h = torch.ones(8, 16, device='tpu')\n"  # most of the step keeps its shapes
+    "            for _ in range(8):\n"
+    "                h = torch.tanh(h @ w + 0.1)\n"
+    "            nxt = (h[-1:] + (ctx @ w).mean(0)).sigmoid()\n"
+    "            ctx = torch.cat([ctx, nxt])\n"
+    "            float(nxt.sum())\n"  # the next token is read back
+    "        m1 = torch_tpu.metrics()\n"
+    "        per_pass.append([m1[k] - m0[k] for k in ('graph_compiles', 'fused_graphs_run_op_by_op')])\n"
+    "print(json.dumps(per_pass))\n")
+
+
+def test_a_decode_loop_run_again_does_not_compile_a_graph_per_length():
+    # Each length comes back once per pass (a generate() called again): its one-op programs
+    # are loaded, so it keeps running op by op; it compiled one graph per length before.
+    passes = run_python_json(GROWING, env={"TPU_COMPILE_CACHE": "0"})
+    assert passes[0][1] >= 8, passes  # the lengths ran op by op (the case in question)
+    assert [p[0] for p in passes[1:]] == [0, 0], passes
+
+
 def train(mode, steps=6):
     torch.manual_seed(0)
     data = list(batches(vocab=64, seq=32, batch=8, steps=steps))

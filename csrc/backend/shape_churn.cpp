@@ -45,9 +45,8 @@ struct Variants {
     last = ids;
   }
   static constexpr size_t kMaxRemembered = 1 << 16;
-  // Variants (their programs, in order) run op by op: one that comes back compiles, as
-  // bucketed lengths cycle and each bucket is then worth its fused program.
-  std::unordered_set<uint64_t> ran_op_by_op;
+  // Variants (their programs, in order) run op by op, and how often each came back.
+  std::unordered_map<uint64_t, int> returns;
 };
 
 uint64_t variant_of(const GraphStructure& g) {
@@ -103,8 +102,14 @@ bool run_op_by_op(const GraphStructure& graph) {
   int variants = v.compiled + v.op_by_op;
   double predicted = (growing + static_cast<double>(steady) / variants) * per_op / std::max(1, compile_threads());
   if (predicted >= graph_seconds) return false;
-  if (v.ran_op_by_op.size() > Variants::kMaxRemembered) v.ran_op_by_op.clear();
-  if (!v.ran_op_by_op.insert(variant_of(graph)).second) return false;  // it recurs: compile it
+  // A variant that comes back compiles once it has come back as often as a quarter of the
+  // variants run op by op: a few bucketed lengths cycling compile at their first return
+  // (each then worth its fused program), while a decode loop's many lengths, each back
+  // once per generate() call, keep running op by op (their one-op programs loaded) rather
+  // than compiling a graph per length at the second call.
+  if (v.returns.size() > Variants::kMaxRemembered) v.returns.clear();
+  auto [seen_before, first_time] = v.returns.try_emplace(variant_of(graph), 0);
+  if (!first_time && ++seen_before->second >= static_cast<int>((v.returns.size() + 3) / 4)) return false;
   v.op_by_op += 1;
   return true;
 }
