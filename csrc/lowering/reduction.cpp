@@ -256,9 +256,20 @@ TPU_LOWER(logsumexp, "logsumexp") {
   return {fit(ctx, add(b, R(b.unary("stablehlo.log", s)), m))};
 }
 
-// Vector p-norm. p is a Scalar, a runtime operand (plans are shared across its
-// values), so the special orders are picked by selects: inf/-inf are max/min of
-// |x|, 0 counts nonzeros, 1 and 2 keep their exact forms, others (sum |x|^p)^(1/p).
+// Vector p-norm. p is a Scalar, a runtime operand (plans are shared across its values);
+// the orders with forms of their own (2, 1, 0, inf, -inf: inf/-inf are max/min of |x|,
+// 0 counts nonzeros) are a value class, so each program holds its order's form alone
+// (clip_grad_norm_'s 2-norm was all six forms picked by selects: 550 instructions of
+// each fused step to compile). Other orders share one program: (sum |x|^p)^(1/p).
+enum NormOrder { kGeneral = 0, kTwo, kOne, kZero, kInf, kMinusInf };
+
+static int norm_order(const std::vector<Number>& values, DType) {
+  const Number& p = values.at(0);
+  if (p.none) return kTwo;
+  double v = p.integral ? static_cast<double>(p.i) : p.f;
+  return v == 2 ? kTwo : v == 1 ? kOne : v == 0 ? kZero : v == INFINITY ? kInf : v == -INFINITY ? kMinusInf : kGeneral;
+}
+
 static Value vector_norm(Ctx& ctx, int p_idx, const std::vector<int64_t>& dims) {
   Builder& b = ctx.b;
   // A complex vector's norm is its magnitudes' norm.
@@ -269,36 +280,37 @@ static Value vector_norm(Ctx& ctx, int p_idx, const std::vector<int64_t>& dims) 
   Value a = b.unary("stablehlo.abs", x);
   // Nothing to reduce: zeros, as CPU gives for any order it accepts here (NaN too).
   if (x.type.numel() == 0) return fit(ctx, reduce_sum(b, a, dims));
-  Value p = ctx.is_none(p_idx) ? b.constant(2, t) : ctx.scalar(p_idx, t);
+  auto nonzeros = [&] { return reduce_sum(b, b.convert(b.convert(x, DType::Bool), t), dims); };
   int64_t reduced = 1;
   for (int64_t d : dims) reduced *= x.shape()[d];
-  if (reduced == 1) {  // CPU's norm of one element is |x| for every order but 0 (NaN too)
-    Value nonzero = reduce_sum(b, b.convert(b.convert(x, DType::Bool), t), dims);
-    Value one = reduce_sum(b, a, dims);
-    return fit(ctx, b.select(b.compare(broadcast_to(b, p, one.shape()), b.constant(0, t, one.shape()), Cmp::EQ),
-                             nonzero, one));
+  int order = ctx.value_class();
+  // CPU's norm of one element is |x| for every order but 0 (NaN too).
+  if (reduced == 1) return fit(ctx, order == kZero ? nonzeros() : reduce_sum(b, a, dims));
+  switch (order) {
+    case kTwo: return fit(ctx, b.unary("stablehlo.sqrt", reduce_sum(b, mul(b, x, x), dims)));
+    case kOne: return fit(ctx, reduce_sum(b, a, dims));
+    case kZero: return fit(ctx, nonzeros());
+    case kInf: return fit(ctx, extremum(b, a, dims, true));
+    case kMinusInf: return fit(ctx, extremum(b, a, dims, false));
+    default: break;
   }
+  Value p = ctx.scalar(p_idx, t);
   Value gen = reduce_sum(b, b.binary("stablehlo.power", a, broadcast_to(b, p, a.shape())), dims);
   const Shape& s = gen.shape();
-  Value ps = broadcast_to(b, p, s);
-  gen = b.binary("stablehlo.power", gen, div(b, b.constant(1, t, s), ps));
-  auto is = [&](double v) { return b.compare(ps, b.constant(v, t, s), Cmp::EQ); };
-  Value r = b.select(is(2), b.unary("stablehlo.sqrt", reduce_sum(b, mul(b, x, x), dims)), gen);
-  r = b.select(is(1), reduce_sum(b, a, dims), r);
-  r = b.select(is(0), reduce_sum(b, b.convert(b.convert(x, DType::Bool), t), dims), r);
-  r = b.select(is(INFINITY), extremum(b, a, dims, true), r);
-  r = b.select(is(-INFINITY), extremum(b, a, dims, false), r);
-  return fit(ctx, r);
+  return fit(ctx, b.binary("stablehlo.power", gen, div(b, b.constant(1, t, s), broadcast_to(b, p, s))));
 }
 
 TPU_LOWER(linalg_vector_norm, "linalg_vector_norm") {
   return {vector_norm(ctx, 1, dims_arg(ctx, 2, ctx.type_of(0).rank()))};
 }
+TPU_RUNTIME_ARGS(linalg_vector_norm, {1}, norm_order);
 TPU_LOWER(norm_scalar, "norm.Scalar") {
   return {vector_norm(ctx, 1, reduce_dims({}, ctx.type_of(0).rank()))};
 }
+TPU_RUNTIME_ARGS(norm_scalar, {1}, norm_order);
 TPU_LOWER(norm_dim, "norm.ScalarOpt_dim") {
   return {vector_norm(ctx, 1, dims_arg(ctx, 2, ctx.type_of(0).rank()))};
 }
+TPU_RUNTIME_ARGS(norm_dim, {1}, norm_order);
 
 }  // namespace tpu::lowering
