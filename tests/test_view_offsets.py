@@ -1,5 +1,5 @@
-"""A view the op only reads, starting past its storage's start, takes its offset as a
-runtime operand: a loop over row blocks of a device-resident dataset, or over a noise
+"""A view the op reads, starting past its storage's start, takes its offset as a
+runtime operand (as a view it writes does: test_view_write_offsets.py): a loop over row blocks of a device-resident dataset, or over a noise
 schedule's entries, reuses one program (one fused graph) instead of compiling one per
 offset. Values equal CPU's for every view kind, in every mode and compiled."""
 
@@ -85,12 +85,16 @@ def test_views_at_every_offset_read_cpus_values(mode, view):
             torch.testing.assert_close(got.cpu(), (fn(x, i) * 2 + 1).exp())
 
 
-def test_an_op_writing_a_view_keeps_its_offset_static():
-    # A written view's offset stays in the program: each writes its own rows.
-    x = torch.zeros(6, 4, device="tpu")
-    for i in range(6):
-        x[i:i + 1].add_(torch.full((1, 4), float(i), device="tpu"))
-    assert x.cpu().tolist() == [[float(i)] * 4 for i in range(6)]
+def test_an_op_writing_a_view_writes_its_own_rows_with_one_program():
+    # A written view's offset is an operand too (test_view_write_offsets.py): the
+    # program that one offset compiled writes each later call's own rows.
+    x = torch.zeros(7, 5, device="tpu")
+    counts = []
+    for i in range(7):
+        x[i:i + 1].add_(torch.full((1, 5), float(i), device="tpu"))
+        counts.append(compiles())
+    assert x.cpu().tolist() == [[float(i)] * 5 for i in range(7)]
+    assert counts[-1] == counts[2], counts  # offset 0 of an unwritten storage, then one program
 
 
 def test_a_compiled_function_given_views_at_other_offsets():

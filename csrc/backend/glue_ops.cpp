@@ -78,11 +78,23 @@ void assign(const at::Tensor& dst, Operand value, const at::Tensor* src = nullpt
   if (deferring()) {
     // The pending graph already joins the writes into one program.
     Operand cur = storage_value(dst);
-    std::string key = "assign:" + vt.str() + "->" + view_key(dst);
+    std::vector<Operand> args{value, cur};
+    // A row of a cache or an output filled step by step: one program for every offset.
+    ir::Geometry kg = g;
+    bool at = offset_is_operand(dst);
+    if (at) {
+      kg.offset = -1;
+      args.push_back(view_offset_operand(dst));
+    }
+    std::string key = "assign:" + vt.str() + "->" + mlir_name(dt) + kg.key() + st.str();
     Operand written = run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
       ir::Value v = lowering::coerce(b, b.param(vt), dt, g.sizes);
-      return {write_storage_view(b, b.param(st), st, g, v)};  // through the storage's bytes
-    }, {value, cur}, s.device)[0];
+      ir::Value storage = b.param(st);
+      std::optional<ir::Value> offset;
+      if (at) offset = b.param(ir::Type{DType::I64, {}});
+      // through the storage's bytes
+      return {write_storage_view(b, storage, st, g, v, offset ? &*offset : nullptr)};
+    }, args, s.device)[0];
     note_replacement(written, cur);  // the storage's new value, as an in-place op's
     set_value(s, std::move(written));
     return;

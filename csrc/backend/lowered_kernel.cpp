@@ -287,7 +287,7 @@ void key_storage(KeyState& k, const at::Tensor& t, const StorageData& s) {
   }
 }
 
-void key_tensor(KeyState& k, const at::Tensor& t, bool read_only = false) {
+void key_tensor(KeyState& k, const at::Tensor& t) {
   if (!t.defined()) {
     k.tag('N');
     return;
@@ -314,7 +314,10 @@ void key_tensor(KeyState& k, const at::Tensor& t, bool read_only = false) {
   k.tag(static_cast<char>(dt));
   k.ints(t.sizes());
   k.key.put_words(t.strides().data(), t.strides().size());
-  k.word(offset_is_operand(t, read_only) ? -1 : t.storage_offset());
+  // An operand's offset (read or written): the plan takes it where the key says so. The
+  // plan asks again once pending writes ran, which only turns a static offset into an
+  // operand, never back (a program keyed -1 never holds an offset).
+  k.word(offset_is_operand(t) ? -1 : t.storage_offset());
   // Writes queued on the storage stay queued (an out= write joins them): the storage
   // keys as the value they will make, of their type.
   StorageData& s = storage_data(t);
@@ -382,16 +385,15 @@ std::string_view build_key(const OpInfo& info, c10::ArrayRef<IValue> args, KeySt
   k.op = info.name.c_str();
   for (int i = 0; i < info.num_args; ++i) {
     const IValue& v = args[i];
-    bool read_only = std::find(info.mutated.begin(), info.mutated.end(), i) == info.mutated.end();
     if (v.isNone()) {
       k.tag('N');
     } else if (v.isTensor()) {
-      key_tensor(k, v.toTensor(), read_only);
+      key_tensor(k, v.toTensor());
     } else if (v.isTensorList()) {
       auto l = v.toTensorList();
       k.tag('L');
       k.word(static_cast<int64_t>(l.size()));
-      for (const at::Tensor& t : l) key_tensor(k, t, read_only);
+      for (const at::Tensor& t : l) key_tensor(k, t);
     } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
       auto l = v.toOptionalTensorList();
       k.tag('O');
@@ -806,6 +808,24 @@ class KernelCtx final : public lowering::Ctx {
     return v;
   }
 
+  // The tensor arg's storage offset as an i64 parameter where offset_is_operand says so,
+  // else null: asked once per tensor (after its storage's pending writes ran), so an
+  // in-place op reads and writes its view at the same operand.
+  const Value* view_offset(int arg, int elem) {
+    auto key = std::make_pair(arg, elem);
+    auto it = offsets_.find(key);
+    if (it == offsets_.end()) {
+      at::Tensor tmp;
+      std::optional<Value> v;
+      if (offset_is_operand(*tensor_at(args_, arg, elem, &tmp))) {
+        plan_.sources.push_back({Source::ViewOffset, arg, elem, DType::I64});
+        v = b.param(ir::Type{DType::I64, {}});
+      }
+      it = offsets_.emplace(key, std::move(v)).first;
+    }
+    return it->second ? &*it->second : nullptr;
+  }
+
  private:
   Value tensor_value(int arg, int elem) {
     auto key = std::make_pair(arg, elem);
@@ -826,14 +846,8 @@ class KernelCtx final : public lowering::Ctx {
     } else {
       Value s = storage_value(arg, elem);
       if (s.dtype() != dt) s = reinterpret_bytes(b, s, dt);
-      bool read_only = std::find(info_.mutated.begin(), info_.mutated.end(), arg) == info_.mutated.end();
-      Value read;
-      if (offset_is_operand(t, read_only)) {
-        plan_.sources.push_back({Source::ViewOffset, arg, elem, DType::I64});
-        read = ir::read_view_at(b, s, geometry_of(t), b.param(ir::Type{DType::I64, {}}));
-      } else {
-        read = ir::read_view(b, s, geometry_of(t));
-      }
+      const Value* offset = view_offset(arg, elem);
+      Value read = offset ? ir::read_view_at(b, s, geometry_of(t), *offset) : ir::read_view(b, s, geometry_of(t));
       // Ops the Conjugate/Negative fallbacks let through (mm, dot, ...) see lazy bits.
       v = apply_math_bits(b, read, t);
     }
@@ -861,6 +875,7 @@ class KernelCtx final : public lowering::Ctx {
   bool f64_;
   std::map<std::pair<int, int>, Value> values_;
   std::map<std::pair<int, int>, Value> storages_;
+  std::map<std::pair<int, int>, std::optional<Value>> offsets_;
   std::vector<Value> checks_;
 };
 
@@ -990,7 +1005,8 @@ Value write_into_storage(ir::Builder& b, KernelCtx& ctx, int arg, int elem, cons
     Value bytes = reinterpret_bytes(b, b.reshape(val, {val.type.numel()}), st.dtype);
     return b.reshape(bytes, st.shape);
   }
-  return write_storage_view(b, base ? *base : ctx.storage_value(arg, elem), st, g, val);
+  Value cur = base ? *base : ctx.storage_value(arg, elem);
+  return write_storage_view(b, cur, st, g, val, ctx.view_offset(arg, elem));
 }
 
 // A complex tensor among the arguments (or a complex Scalar) or the outputs.
@@ -2041,11 +2057,14 @@ std::optional<c10::OperatorHandle> functional_of(const c10::FunctionSchema& sche
 
 }  // namespace
 
-runtime::BufferPtr view_offset_operand(const at::Tensor& t) {
-  runtime::BufferPtr b =
-      shared_scalar_buffer(scalar_key(c10::Scalar(t.storage_offset()), DType::I64, device_index(t)));
+runtime::BufferPtr view_offset_operand(int64_t offset, int device) {
+  runtime::BufferPtr b = shared_scalar_buffer(scalar_key(c10::Scalar(offset), DType::I64, device));
   note_host_input(b, HostInput::Constant);  // as a lowered op's ViewOffset source
   return b;
+}
+
+runtime::BufferPtr view_offset_operand(const at::Tensor& t) {
+  return view_offset_operand(t.storage_offset(), device_index(t));
 }
 
 ir::DotPrecision torch_matmul_precision() {

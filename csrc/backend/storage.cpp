@@ -321,16 +321,26 @@ void apply_pending(StorageData& s) {
   std::vector<Operand> args;
   if (has) args.push_back(s.value);
   std::string key = "assign*" + std::to_string(writes.size()) + ":" + st.str() + (has ? "" : "z");
+  // A write's offset into the storage is an operand as a read's is (a loop filling the
+  // rows of an output: one program); the storage's bytes seen as the write's dtype.
+  auto at_operand = [&](const PendingWrite& w) {
+    return offset_is_operand(w.view, st.numel() * itemsize(st.dtype) / itemsize(w.dtype));
+  };
   for (const PendingWrite& w : writes) {
     args.push_back(w.value);
-    key += ";" + w.value.type().str() + "->" + mlir_name(w.dtype) + w.view.key();
+    ir::Geometry kg = w.view;
+    if (at_operand(w)) {
+      kg.offset = -1;
+      args.push_back(view_offset_operand(w.view.offset, s.device));
+    }
+    key += ";" + w.value.type().str() + "->" + mlir_name(w.dtype) + kg.key();
     if (w.from_view) {
-      ir::Geometry kg = w.source_view;
+      ir::Geometry sg = w.source_view;
       if (w.source_offset) {
-        kg.offset = -1;  // an operand: one program for every offset
+        sg.offset = -1;  // an operand: one program for every offset
         args.push_back(w.source_offset);
       }
-      key += std::string("<") + mlir_name(w.source_dtype) + kg.key();
+      key += std::string("<") + mlir_name(w.source_dtype) + sg.key();
     }
   }
   // The writes in their order, each as assign() would run it alone: the same bytes.
@@ -339,13 +349,15 @@ void apply_pending(StorageData& s) {
       ir::Value cur = has ? b.param(st) : lowering::constant_any(b, 0, st.dtype, st.shape);
       for (const PendingWrite& w : writes) {
         ir::Value v = b.param(w.value.type());
+        std::optional<ir::Value> offset;
+        if (at_operand(w)) offset = b.param(ir::Type{DType::I64, {}});
         if (w.from_view) {
           ir::Value whole = reinterpret_bytes(b, v, w.source_dtype);
           v = w.source_offset ? ir::read_view_at(b, whole, w.source_view, b.param(ir::Type{DType::I64, {}}))
                               : ir::read_view(b, whole, w.source_view);
         }
         v = lowering::coerce(b, v, w.dtype, w.view.sizes);
-        cur = write_storage_view(b, cur, st, w.view, v);
+        cur = write_storage_view(b, cur, st, w.view, v, offset ? &*offset : nullptr);
       }
       return {cur};
     }, args, s.device)[0];
@@ -443,12 +455,17 @@ runtime::BufferPtr materialized(const at::Tensor& t) {
   return b;
 }
 
-bool offset_is_operand(const at::Tensor& t, bool read_only) {
-  if (!read_only || t.numel() == 0 || t.storage_offset() < 0) return false;
+bool offset_is_operand(const ir::Geometry& g, int64_t storage_numel) {
+  if (g.offset < 0 || g.numel() == 0) return false;
+  return g.offset > 0 || (g.is_contiguous() && g.numel() < storage_numel);
+}
+
+bool offset_is_operand(const at::Tensor& t) {
+  if (t.numel() == 0 || t.storage_offset() < 0) return false;
   const StorageData& s = storage_data(t);
   bool made = s.value.buffer || (s.value.slot && !s.value.slot->producer);
   if (!made || !s.pending.empty() || s.copy_of) return false;
-  return t.storage_offset() > 0 || (t.is_contiguous() && t.numel() < s.value.type().numel());
+  return offset_is_operand(geometry_of(t), s.value.type().numel());
 }
 
 std::string view_key(const at::Tensor& t) {
@@ -570,10 +587,12 @@ ir::Value as_storage(ir::Builder& b, const ir::Value& v, const ir::Type& st) {
 }
 
 ir::Value write_storage_view(ir::Builder& b, const ir::Value& cur, const ir::Type& st, const ir::Geometry& g,
-                             const ir::Value& v) {
+                             const ir::Value& v, const ir::Value* offset) {
   ir::Value val = v.dtype() == DType::Bool && st.dtype != DType::Bool ? b.convert(v, DType::U8) : v;
   ir::Value as_dt = reinterpret_bytes(b, cur, val.dtype());
-  return as_storage(b, ir::write_view(b, &as_dt, as_dt.type, g, val), st);
+  ir::Value written = offset ? ir::write_view_at(b, as_dt, g, val, *offset)
+                             : ir::write_view(b, &as_dt, as_dt.type, g, val);
+  return as_storage(b, written, st);
 }
 
 ir::Value conj_value(ir::Builder& b, const ir::Value& v) {

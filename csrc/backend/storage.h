@@ -136,16 +136,20 @@ Operand storage_value(const at::Tensor& t);
 void start_from_zeros(c10::ArrayRef<at::Tensor> ts);
 // The storage's buffer: runs the pending graph if the value is still pending.
 runtime::BufferPtr materialized(const at::Tensor& t);
-// A view a program only reads, of a value already made (not in the pending graph), that
-// starts past the storage's start or is a dense block of it: its offset is a runtime
-// operand, not part of the program, so a loop over row blocks (x[i * b:(i + 1) * b]) or
-// schedule entries (alphas[t].float(), t = 0 included) reuses one program (one fused
-// graph) instead of compiling one per offset. (Strided views at offset 0, a weight's
-// transpose, stay static: XLA reads them in place.) Lowered ops and the copies here
-// (dense_value, queued copies from a view) both ask this.
-bool offset_is_operand(const at::Tensor& t, bool read_only = true);
+// A view a program reads or writes, of a value already made (not in the pending graph),
+// that starts past the storage's start or is a dense block of it: its offset is a
+// runtime operand, not part of the program, so a loop over row blocks
+// (x[i * b:(i + 1) * b]), schedule entries (alphas[t].float(), t = 0 included), or the
+// rows of a preallocated output or cache it fills (out[t] = h, cache[:, pos] = k) reuses
+// one program (one fused graph) instead of compiling one per offset. (Strided views at
+// offset 0, a weight's transpose, stay static: XLA reads them in place.) Lowered ops and
+// the copies here (dense_value, queued copies from and into a view) all ask this.
+bool offset_is_operand(const at::Tensor& t);
+// Its geometric part, for a view `g` of a storage of `storage_numel` elements.
+bool offset_is_operand(const ir::Geometry& g, int64_t storage_numel);
 // That operand: the view's storage offset, an i64 scalar on its device (lowered_kernel.cpp).
 runtime::BufferPtr view_offset_operand(const at::Tensor& t);
+runtime::BufferPtr view_offset_operand(int64_t offset, int device);
 // dtype, view and storage layout: what a program reading the tensor depends on.
 std::string view_key(const at::Tensor& t);
 // A dense value holding exactly the tensor's values (its storage's value when that fits).
@@ -173,9 +177,10 @@ ir::Value reinterpret_bytes(ir::Builder& b, const ir::Value& storage, DType to);
 ir::Value as_storage(ir::Builder& b, const ir::Value& v, const ir::Type& st);
 // The storage `cur` (of type `st`) after writing `v` (of the view's dtype) into the view
 // `g` of its bytes seen as `v`'s dtype. A bool view of other bytes writes bytes (bools
-// read from them would turn every byte the write leaves alone into 0 or 1).
+// read from them would turn every byte the write leaves alone into 0 or 1). `offset`:
+// the view's offset as an i64 operand (offset_is_operand), else g.offset.
 ir::Value write_storage_view(ir::Builder& b, const ir::Value& cur, const ir::Type& st, const ir::Geometry& g,
-                             const ir::Value& v);
+                             const ir::Value& v, const ir::Value* offset = nullptr);
 // The complex conjugate of a complex value.
 ir::Value conj_value(ir::Builder& b, const ir::Value& v);
 // A tensor's lazy conjugate / negative bits applied to its stored values `v` (both are

@@ -231,14 +231,22 @@ Value read_view(Builder& b, const Value& storage, const Geometry& g) {
   return b.broadcast_in_dim(v, g.sizes, kept);
 }
 
-Value read_view_at(Builder& b, const Value& storage, const Geometry& g, const Value& offset) {
-  // The elements the view spans from its start (strides are never negative).
+// The elements a view that holds one spans from its start (strides are never negative).
+static int64_t span_of(const Geometry& g) {
   int64_t span = 1;
   for (size_t d = 0; d < g.sizes.size(); ++d) span += (g.sizes[d] - 1) * g.strides[d];
-  Value region = b.dynamic_slice(flat(b, storage), {offset}, {span});
-  Geometry at_start = g;
-  at_start.offset = 0;
-  return read_view(b, region, at_start);
+  return span;
+}
+
+static Geometry at_start(const Geometry& g) {
+  Geometry s = g;
+  s.offset = 0;
+  return s;
+}
+
+Value read_view_at(Builder& b, const Value& storage, const Geometry& g, const Value& offset) {
+  Value region = b.dynamic_slice(flat(b, storage), {offset}, {span_of(g)});
+  return read_view(b, region, at_start(g));
 }
 
 // Elementwise x != y by bits (a NaN equals itself, -0 differs from 0).
@@ -290,6 +298,18 @@ Value write_view(Builder& b, const Value* storage, const Type& st, const Geometr
     });
   }
   return b.reshape(out, st.shape);
+}
+
+Value write_view_at(Builder& b, const Value& storage, const Geometry& g, const Value& value,
+                    const Value& offset) {
+  if (g.numel() == 0) return storage;
+  // The region the view spans, written as a view at its start, then put back where it
+  // was taken: the view lies inside the storage, so neither the slice nor the update
+  // is ever clamped. (A dense view's region is the view: only the update remains.)
+  Value f = flat(b, storage);
+  Value region = b.dynamic_slice(f, {offset}, {span_of(g)});
+  region = write_view(b, &region, region.type, at_start(g), value);
+  return b.reshape(b.dynamic_update_slice(f, region, {offset}), storage.shape());
 }
 
 }  // namespace tpu::ir

@@ -30,5 +30,9 @@ Value read_view_at(Builder& b, const Value& storage, const Geometry& g, const Va
 // `storage` may be null when the view covers the whole storage.
 Value write_view(Builder& b, const Value* storage, const Type& storage_type, const Geometry& g,
                  const Value& value);
+// The same with the view's offset a runtime operand (an i64 scalar; g.offset unused), as
+// read_view_at reads it: one program writes the view wherever it starts.
+Value write_view_at(Builder& b, const Value& storage, const Geometry& g, const Value& value,
+                    const Value& offset);
 
 }  // namespace tpu::ir
