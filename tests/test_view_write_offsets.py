@@ -48,6 +48,7 @@ ROWS = 10  # of the written buffer; its columns: 10 and more
 WRITES = {
     "setitem_row": (10, lambda buf, i, v: buf.__setitem__(i, v * 2)),
     "setitem_scalar": (10, lambda buf, i, v: buf.__setitem__(i, float(i))),
+    "setitem_from_host": (10, lambda buf, i, v: buf.__setitem__(i, v.cpu() * i)),
     "slice_copy": (9, lambda buf, i, v: buf[i:i + 2].copy_(v.expand(2, -1))),
     "row_from_view": (10, lambda buf, i, v: buf.__setitem__(i, buf[i - 1] * 2)),
     "add_row": (10, lambda buf, i, v: buf[i].add_(v)),
@@ -108,48 +109,59 @@ def test_an_rnn_filling_its_preallocated_output_compiles_once():
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
-def test_a_decode_loop_with_a_hand_written_kv_cache_compiles_once(mode):
+@pytest.mark.parametrize("one_storage", [False, True], ids=["cache_per_tensor", "one_storage_for_all"])
+def test_a_decode_loop_with_a_hand_written_kv_cache_compiles_once(mode, one_storage):
+    # Two layers; their keys and values in four caches, or in one storage (cache[l, 0] is
+    # layer l's keys): four writes into it per step, all but the first into a value the
+    # step computed.
     torch.manual_seed(2)
-    B, S, D = 2, 14, 8 + 2 * ALL_MODES.index(mode)
-    wq, wk, wv, wo = (torch.randn(D, D) / math.sqrt(D) for _ in range(4))
+    L, B, S = 2, 2, 14
+    D = 8 + 2 * ALL_MODES.index(mode) + (1 if one_storage else 0)  # no case reuses another's programs
+    ws = [[torch.randn(D, D) / math.sqrt(D) for _ in range(4)] for _ in range(L)]
     x = torch.randn(B, 1, D)
 
     def run(device):
-        ws = [w.to(device) for w in (wq, wk, wv, wo)]
-        cache_k = torch.zeros(B, S, D, device=device)
-        cache_v = torch.zeros(B, S, D, device=device)
+        wd = [[w.to(device) for w in layer] for layer in ws]
+        if one_storage:
+            whole = torch.zeros(L, 2, B, S, D, device=device)
+            caches = [(whole[l, 0], whole[l, 1]) for l in range(L)]
+        else:
+            caches = [tuple(torch.zeros(B, S, D, device=device) for _ in range(2)) for _ in range(L)]
         h = x.to(device)
         steps, counts = [], []
         for pos in range(S):
-            q, k, v = (h @ w for w in ws[:3])
-            cache_k[:, pos:pos + 1] = k
-            cache_v[:, pos:pos + 1] = v
-            scores = q @ cache_k.transpose(1, 2) / math.sqrt(D)
-            scores = scores.masked_fill(torch.arange(S, device=device) > pos, float("-inf"))
-            h = torch.tanh(scores.softmax(-1) @ cache_v @ ws[3]) + h
+            for (wq, wk, wv, wo), (cache_k, cache_v) in zip(wd, caches):
+                q, k, v = h @ wq, h @ wk, h @ wv
+                cache_k[:, pos:pos + 1] = k
+                cache_v[:, pos:pos + 1] = v
+                scores = q @ cache_k.transpose(1, 2) / math.sqrt(D)
+                scores = scores.masked_fill(torch.arange(S, device=device) > pos, float("-inf"))
+                h = torch.tanh(scores.softmax(-1) @ cache_v @ wo) + h
             steps.append(h.cpu())  # a stopping check reads each step
             counts.append(compiles())
-        return steps, counts, cache_k.cpu(), cache_v.cpu()
+        return steps, counts, [c.cpu() for pair in caches for c in pair]
 
-    want, _, want_k, want_v = run("cpu")
+    want, _, want_caches = run("cpu")
     with torch_tpu.set_eager_mode(mode):
-        got, counts, got_k, got_v = run("tpu")
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(got_k, want_k, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(got_v, want_v, rtol=1e-4, atol=1e-5)
-    # The first step writes an unwritten cache at offset 0; from the fourth on, no compile.
+        got, counts, got_caches = run("tpu")
+    for g, w in zip(got + got_caches, want + want_caches):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)  # matmuls: f32 rounding
+    # The first step writes unwritten caches at offset 0; from the fourth on, no compile.
     assert counts[-1] == counts[3], counts
 
 
 def test_queued_writes_at_operand_offsets_keep_their_order():
     # Strict queues copies into parts of a storage and runs them as one program: writes
     # at operand offsets overlap and land in order, the later one winning.
+    # A view taken before the writes sees them (it aliases the storage they replace).
     buf = torch.zeros(10, 4)
     buf_t = buf.to("tpu")
+    alias, alias_t = buf[2:5, 1:], buf_t[2:5, 1:]
     for i in range(1, 7):
         for b in (buf, buf_t):
             b[i:i + 3] = float(i)
             b[i + 1] = -float(i)
             b[i + 1:i + 2, 1:3] = 10.0 * i
+            b[i + 2:i + 4].mul_(2)
         assert torch.equal(buf_t.cpu(), buf), i
+        assert torch.equal(alias_t.cpu(), alias), i

@@ -81,7 +81,7 @@ void assign(const at::Tensor& dst, Operand value, const at::Tensor* src = nullpt
     std::vector<Operand> args{value, cur};
     // A row of a cache or an output filled step by step: one program for every offset.
     ir::Geometry kg = g;
-    bool at = offset_is_operand(dst);
+    bool at = offset_is_operand(dst, /*written=*/true);
     if (at) {
       kg.offset = -1;
       args.push_back(view_offset_operand(dst));

@@ -148,6 +148,10 @@ bool is_number_type(const c10::TypePtr& t) {
   return false;
 }
 
+bool is_written(const OpInfo& info, int arg) {
+  return std::find(info.mutated.begin(), info.mutated.end(), arg) != info.mutated.end();
+}
+
 // Where the program's parameters come from.
 struct Source {
   enum Kind { Storage, Scalar, CpuTensor, Rng, ViewOffset } kind;
@@ -287,7 +291,7 @@ void key_storage(KeyState& k, const at::Tensor& t, const StorageData& s) {
   }
 }
 
-void key_tensor(KeyState& k, const at::Tensor& t) {
+void key_tensor(KeyState& k, const at::Tensor& t, bool written = false) {
   if (!t.defined()) {
     k.tag('N');
     return;
@@ -314,10 +318,10 @@ void key_tensor(KeyState& k, const at::Tensor& t) {
   k.tag(static_cast<char>(dt));
   k.ints(t.sizes());
   k.key.put_words(t.strides().data(), t.strides().size());
-  // An operand's offset (read or written): the plan takes it where the key says so. The
-  // plan asks again once pending writes ran, which only turns a static offset into an
-  // operand, never back (a program keyed -1 never holds an offset).
-  k.word(offset_is_operand(t) ? -1 : t.storage_offset());
+  // An operand's offset: the plan takes it where the key says so. The plan asks again
+  // once pending writes ran, which only turns a static offset into an operand, never
+  // back (a program keyed -1 never holds an offset).
+  k.word(offset_is_operand(t, written) ? -1 : t.storage_offset());
   // Writes queued on the storage stay queued (an out= write joins them): the storage
   // keys as the value they will make, of their type.
   StorageData& s = storage_data(t);
@@ -385,15 +389,16 @@ std::string_view build_key(const OpInfo& info, c10::ArrayRef<IValue> args, KeySt
   k.op = info.name.c_str();
   for (int i = 0; i < info.num_args; ++i) {
     const IValue& v = args[i];
+    bool written = is_written(info, i);
     if (v.isNone()) {
       k.tag('N');
     } else if (v.isTensor()) {
-      key_tensor(k, v.toTensor());
+      key_tensor(k, v.toTensor(), written);
     } else if (v.isTensorList()) {
       auto l = v.toTensorList();
       k.tag('L');
       k.word(static_cast<int64_t>(l.size()));
-      for (const at::Tensor& t : l) key_tensor(k, t);
+      for (const at::Tensor& t : l) key_tensor(k, t, written);
     } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
       auto l = v.toOptionalTensorList();
       k.tag('O');
@@ -808,16 +813,16 @@ class KernelCtx final : public lowering::Ctx {
     return v;
   }
 
-  // The tensor arg's storage offset as an i64 parameter where offset_is_operand says so,
-  // else null: asked once per tensor (after its storage's pending writes ran), so an
-  // in-place op reads and writes its view at the same operand.
+  // The tensor arg's storage offset as an i64 parameter where offset_is_operand says so
+  // (as the key asked it), else null: asked once per tensor, so an in-place op reads and
+  // writes its view at the same operand.
   const Value* view_offset(int arg, int elem) {
     auto key = std::make_pair(arg, elem);
     auto it = offsets_.find(key);
     if (it == offsets_.end()) {
       at::Tensor tmp;
       std::optional<Value> v;
-      if (offset_is_operand(*tensor_at(args_, arg, elem, &tmp))) {
+      if (offset_is_operand(*tensor_at(args_, arg, elem, &tmp), is_written(info_, arg))) {
         plan_.sources.push_back({Source::ViewOffset, arg, elem, DType::I64});
         v = b.param(ir::Type{DType::I64, {}});
       }

@@ -460,12 +460,14 @@ bool offset_is_operand(const ir::Geometry& g, int64_t storage_numel) {
   return g.offset > 0 || (g.is_contiguous() && g.numel() < storage_numel);
 }
 
-bool offset_is_operand(const at::Tensor& t) {
+bool offset_is_operand(const at::Tensor& t, bool written) {
   if (t.numel() == 0 || t.storage_offset() < 0) return false;
   const StorageData& s = storage_data(t);
-  bool made = s.value.buffer || (s.value.slot && !s.value.slot->producer);
-  if (!made || !s.pending.empty() || s.copy_of) return false;
-  return offset_is_operand(geometry_of(t), s.value.type().numel());
+  if (!written) {
+    bool made = s.value.buffer || (s.value.slot && !s.value.slot->producer);
+    if (!made || !s.pending.empty() || s.copy_of) return false;
+  }
+  return offset_is_operand(geometry_of(t), static_cast<int64_t>(s.nbytes) / t.element_size());
 }
 
 std::string view_key(const at::Tensor& t) {

@@ -136,15 +136,19 @@ Operand storage_value(const at::Tensor& t);
 void start_from_zeros(c10::ArrayRef<at::Tensor> ts);
 // The storage's buffer: runs the pending graph if the value is still pending.
 runtime::BufferPtr materialized(const at::Tensor& t);
-// A view a program reads or writes, of a value already made (not in the pending graph),
-// that starts past the storage's start or is a dense block of it: its offset is a
-// runtime operand, not part of the program, so a loop over row blocks
-// (x[i * b:(i + 1) * b]), schedule entries (alphas[t].float(), t = 0 included), or the
-// rows of a preallocated output or cache it fills (out[t] = h, cache[:, pos] = k) reuses
-// one program (one fused graph) instead of compiling one per offset. (Strided views at
-// offset 0, a weight's transpose, stay static: XLA reads them in place.) Lowered ops and
-// the copies here (dense_value, queued copies from and into a view) all ask this.
-bool offset_is_operand(const at::Tensor& t);
+// A view a program reads, of a value already made (not in the pending graph), that
+// starts past the storage's start or is a dense block of it: its offset is a runtime
+// operand, not part of the program, so a loop over row blocks (x[i * b:(i + 1) * b]) or
+// schedule entries (alphas[t].float(), t = 0 included) reuses one program (one fused
+// graph) instead of compiling one per offset. (Strided views at offset 0, a weight's
+// transpose, stay static: XLA reads them in place; a view of a value computed in the
+// pending graph stays static, a slice XLA fuses into its consumers.) A view a program
+// writes (`written`) takes the operand whatever its storage holds: the rows of a
+// preallocated output or a cache filled step by step (out[t] = h, cache[l, 0, :, pos] =
+// k, several such writes into one storage per step) reuse one program, the write an
+// update in place at any offset. Lowered ops and the copies here (dense_value, queued
+// copies from and into a view) all ask this.
+bool offset_is_operand(const at::Tensor& t, bool written = false);
 // Its geometric part, for a view `g` of a storage of `storage_numel` elements.
 bool offset_is_operand(const ir::Geometry& g, int64_t storage_numel);
 // That operand: the view's storage offset, an i64 scalar on its device (lowered_kernel.cpp).
