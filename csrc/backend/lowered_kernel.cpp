@@ -931,39 +931,60 @@ ScalarKey scalar_key(const c10::Scalar& s, DType t, int device) {
   return key;
 }
 
+// Scalars' bytes on the device, least recently used dropped past `capacity`.
+class ScalarBuffers {
+ public:
+  explicit ScalarBuffers(size_t capacity) : capacity_(capacity) {}
+  runtime::BufferPtr get(const ScalarKey& key) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = cache_.find(key);
+      if (it != cache_.end()) {
+        order_.splice(order_.begin(), order_, it->second.second);
+        return it->second.first;
+      }
+    }
+    DType t = static_cast<DType>(key.dtype);
+    runtime::BufferPtr buf =
+        guarded([&] { return runtime::Client::get().from_host(key.bytes, t, {}, key.device); });
+    buf->shared_constant = true;
+    buf->mark_cached();
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [it, fresh] = cache_.try_emplace(key, buf, order_.end());
+    if (!fresh) return it->second.first;  // another thread made it meanwhile
+    order_.push_front(key);
+    it->second.second = order_.begin();
+    if (cache_.size() > capacity_) {
+      cache_.erase(order_.back());
+      order_.pop_back();
+    }
+    return buf;
+  }
+
+ private:
+  const size_t capacity_;
+  std::mutex mu_;
+  std::list<ScalarKey> order_;  // most recently used first
+  std::unordered_map<ScalarKey, std::pair<runtime::BufferPtr, std::list<ScalarKey>::iterator>, ScalarKeyHash>
+      cache_;
+};
+
 // A scalar's bytes on the device, from a cache shared by all plans.
 runtime::BufferPtr shared_scalar_buffer(const ScalarKey& key) {
   // Small host->device copies of the same value (lr, betas, eps) are cached. The
-  // cache is least-recently-used and small: values that change every step (Adam's bias
-  // corrections) would otherwise pile up as device memory that grows with the step count.
-  constexpr size_t kCapacity = 256;
-  static std::mutex mu;
-  static std::list<ScalarKey> order;  // most recently used first
-  static std::unordered_map<ScalarKey, std::pair<runtime::BufferPtr, std::list<ScalarKey>::iterator>,
-                            ScalarKeyHash> cache;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) {
-      order.splice(order.begin(), order, it->second.second);
-      return it->second.first;
-    }
-  }
-  DType t = static_cast<DType>(key.dtype);
-  runtime::BufferPtr buf =
-      guarded([&] { return runtime::Client::get().from_host(key.bytes, t, {}, key.device); });
-  buf->shared_constant = true;
-  buf->mark_cached();
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = cache.try_emplace(key, buf, order.end());
-  if (!fresh) return it->second.first;  // another thread made it meanwhile
-  order.push_front(key);
-  it->second.second = order.begin();
-  if (cache.size() > kCapacity) {
-    cache.erase(order.back());
-    order.pop_back();
-  }
-  return buf;
+  // cache is small: values that change every step (Adam's bias corrections) would
+  // otherwise pile up as device memory that grows with the step count.
+  static ScalarBuffers values(256);
+  return values.get(key);
+}
+
+// A view's storage offset on the device. Apart from the values above and larger: a
+// step writes and reads views at the same offsets every step (a DDP bucket's gradients,
+// a flat buffer's parameters, hundreds of them), which the values changing every step
+// would push out of a small cache, costing a host-to-device copy each.
+runtime::BufferPtr offset_buffer(int64_t offset, int device) {
+  static ScalarBuffers offsets(1 << 14);
+  return offsets.get(scalar_key(c10::Scalar(offset), DType::I64, device));
 }
 
 runtime::BufferPtr scalar_buffer(const c10::Scalar& s, DType t, int device, ScalarMemo& memo) {
@@ -1787,7 +1808,7 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
       }
       case Source::ViewOffset: {  // a number the view's layout fixes: reused as such on replays
         const at::Tensor& t = *tensor_at(args, s.arg, s.elem, &tmp);
-        runtime::BufferPtr b = scalar_buffer(c10::Scalar(t.storage_offset()), DType::I64, k.device, plan->memos[i]);
+        runtime::BufferPtr b = offset_buffer(t.storage_offset(), k.device);
         note_host_input(b, HostInput::Constant);
         keep.push_back(std::move(b));
         break;
@@ -2063,7 +2084,7 @@ std::optional<c10::OperatorHandle> functional_of(const c10::FunctionSchema& sche
 }  // namespace
 
 runtime::BufferPtr view_offset_operand(int64_t offset, int device) {
-  runtime::BufferPtr b = shared_scalar_buffer(scalar_key(c10::Scalar(offset), DType::I64, device));
+  runtime::BufferPtr b = offset_buffer(offset, device);
   note_host_input(b, HostInput::Constant);  // as a lowered op's ViewOffset source
   return b;
 }
