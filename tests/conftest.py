@@ -17,6 +17,14 @@ os.environ.setdefault("TPU_COMPILE_CACHE_DIR", tempfile.mkdtemp(prefix="torch_tp
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture(autouse=True)
+def _fresh_shape_churn_history():
+    """Each test starts with no fused-graph variants seen, as a fresh process: another
+    test's model of the same architecture (at other sizes) would count as shape churn."""
+    torch_tpu._C._forget_shape_churn()
+    yield
+
+
 def all_fallbacks() -> dict:
     """CPU fallbacks per op so far: the C++ fallback's and decomposition kernels' host trips."""
     from torch_tpu import _decompositions

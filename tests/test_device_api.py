@@ -192,6 +192,29 @@ def test_per_process_memory_fraction_caps_allocations_as_on_cuda():
         torch.tpu.set_per_process_memory_fraction(1)
 
 
+def test_runtime_caches_give_way_under_a_memory_fraction():
+    # Views read at many offsets leave each offset cached on the device (as are scalars):
+    # runtime caches count towards the limit, not memory_allocated(). A cap just above
+    # the user's tensors empties them before refusing, as CUDA's allocator frees its
+    # cached blocks, instead of refusing work that fits.
+    base = torch.arange(4096.0, device="tpu")
+    for i in range(0, 4000, 4):
+        base[i:i + 2].sum()
+    torch.tpu.synchronize()
+    assert torch_tpu.metrics()["scalar_cache_bytes"] > 4000
+    capacity = torch.tpu.mem_get_info()[1]
+    try:
+        torch.tpu.set_per_process_memory_fraction((torch.tpu.memory_allocated() + 4000) / capacity)
+        assert (base[:10] + 1).sum().item() == 55.0
+        with pytest.raises(torch.OutOfMemoryError, match="TPU out of memory. Tried to allocate"):
+            (torch.ones(1000, 1000, device="tpu") + 1).cpu()
+        assert torch_tpu.metrics()["scalar_cache_bytes"] < 4000
+        assert (base[5:8] * 2).tolist() == [10.0, 12.0, 14.0]  # cached again as needed
+    finally:
+        torch.tpu.set_per_process_memory_fraction(1.0)
+    assert base.sum().item() == 4095 * 4096 / 2
+
+
 def test_bf16_support_and_memory_summary():
     assert torch.tpu.is_bf16_supported() is True
     t = torch.ones(1024, 256, device="tpu")

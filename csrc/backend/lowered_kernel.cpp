@@ -934,7 +934,15 @@ ScalarKey scalar_key(const c10::Scalar& s, DType t, int device) {
 // Scalars' bytes on the device, least recently used dropped past `capacity`.
 class ScalarBuffers {
  public:
-  explicit ScalarBuffers(size_t capacity) : capacity_(capacity) {}
+  // Lives for the process (the client keeps its release hook): make it with `new`.
+  explicit ScalarBuffers(size_t capacity) : capacity_(capacity) {
+    runtime::Client::get().on_memory_pressure([this] { clear(); });
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cache_.clear();
+    order_.clear();
+  }
   runtime::BufferPtr get(const ScalarKey& key) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -974,7 +982,7 @@ runtime::BufferPtr shared_scalar_buffer(const ScalarKey& key) {
   // Small host->device copies of the same value (lr, betas, eps) are cached. The
   // cache is small: values that change every step (Adam's bias corrections) would
   // otherwise pile up as device memory that grows with the step count.
-  static ScalarBuffers values(256);
+  static ScalarBuffers& values = *new ScalarBuffers(256);
   return values.get(key);
 }
 
@@ -983,7 +991,7 @@ runtime::BufferPtr shared_scalar_buffer(const ScalarKey& key) {
 // a flat buffer's parameters, hundreds of them), which the values changing every step
 // would push out of a small cache, costing a host-to-device copy each.
 runtime::BufferPtr offset_buffer(int64_t offset, int device) {
-  static ScalarBuffers offsets(1 << 14);
+  static ScalarBuffers& offsets = *new ScalarBuffers(1 << 14);
   return offsets.get(scalar_key(c10::Scalar(offset), DType::I64, device));
 }
 

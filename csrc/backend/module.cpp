@@ -10,6 +10,7 @@
 #include "backend/executor.h"
 #include "backend/kernel_checks.h"
 #include "backend/memory_history.h"
+#include "backend/shape_churn.h"
 #include "backend/storage.h"
 #include "backend/streams.h"
 #include "runtime/client.h"
@@ -99,6 +100,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_recording_state", [](bool on) { set_recording_state(on); });  // torch_tpu/_step_boundary.py
   m.def("_split_at_backward", [] { return split_at_backward(); });
   m.def("_set_split_at_backward", [](bool on) { set_split_at_backward(on); });
+  m.def("_forget_shape_churn", [] { forget_shape_churn(); });  // tests/conftest.py
   // Runs the pending deferred graph without waiting for it (a training step's end).
   m.def("flush", [](const std::string& reason) {
     py::gil_scoped_release nogil;

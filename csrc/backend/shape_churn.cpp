@@ -122,4 +122,9 @@ void note_graph_compiled(const GraphStructure& graph, double seconds) {
   v.remember(ids_of(graph));
 }
 
+void forget_shape_churn() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_structures.clear();
+}
+
 }  // namespace tpu::backend

@@ -34,4 +34,7 @@ bool run_op_by_op(const GraphStructure& graph);
 // A compiled (not loaded) variant of `graph` took `seconds`.
 void note_graph_compiled(const GraphStructure& graph, double seconds);
 
+// Forgets every structure's variants (tests start from none, as a fresh process does).
+void forget_shape_churn();
+
 }  // namespace tpu::backend

@@ -380,8 +380,25 @@ int64_t Client::memory_limit(int device) {
   return capacity_.at(device);
 }
 
+void Client::on_memory_pressure(std::function<void()> release) {
+  std::lock_guard<std::mutex> lock(releasers_mu_);
+  releasers_.push_back(std::move(release));
+}
+
+bool Client::over_limit(int device, int64_t extra, int64_t reserved) {
+  return stats(device).live_bytes.load() + reserved + extra > memory_limit(device);
+}
+
 void Client::check_capacity(int device, int64_t extra, const std::string& what, int64_t reserved) {
   Client& c = *this;
+  if (over_limit(device, extra, reserved) && stats(device).cache_bytes.load() > 0) {
+    std::vector<std::function<void()>> releasers;
+    {
+      std::lock_guard<std::mutex> lock(releasers_mu_);
+      releasers = releasers_;
+    }
+    for (auto& release : releasers) release();
+  }
   int64_t limit = c.memory_limit(device);
   int64_t live = c.stats(device).live_bytes.load() + reserved;
   if (live + extra > limit) {

@@ -266,7 +266,12 @@ class Client {
   void set_device_memory_limit(int device, int64_t bytes) { device_limit_.at(device) = bytes; }
   // Raises OutOfMemory (worded as CUDA's) when `extra` more bytes, beside those live and
   // `reserved` for launches not made yet, would pass the limit; `what` names the op.
+  // Before raising, it empties the caches registered below and checks again: buffers a
+  // cache holds (scalars, view offsets) give way to the user's, as a caching allocator's
+  // free blocks do.
   void check_capacity(int device, int64_t extra, const std::string& what, int64_t reserved = 0);
+  // `release` empties a cache of device buffers (those still in use elsewhere stay).
+  void on_memory_pressure(std::function<void()> release);
 
   // Raises Error carrying the plugin's message if `err` is non-null (and frees it).
   void check(PJRT_Error* err, const std::string& what) const;
@@ -289,11 +294,14 @@ class Client {
   void reap(bool all, int device);
   void await_event(PJRT_Event* ev, const std::string& what);
   int64_t device_capacity(int device) const;
+  bool over_limit(int device, int64_t extra, int64_t reserved);
 
   const PJRT_Api* api_ = nullptr;
   PJRT_Client* client_ = nullptr;
   std::vector<PJRT_Device*> devices_;
   std::vector<std::unique_ptr<DeviceStats>> stats_;
+  std::mutex releasers_mu_;
+  std::vector<std::function<void()>> releasers_;
   std::string platform_;
   bool donation_safe_ = true;
   bool portable_ = true;  // more than one device: executables choose theirs per launch
