@@ -9,6 +9,7 @@
 #include <ATen/EmptyTensor.h>
 #include <c10/core/DeviceGuard.h>
 
+#include "backend/device.h"
 #include "backend/device_checks.h"
 #include "backend/executor.h"
 #include "backend/storage.h"
@@ -86,7 +87,22 @@ c10::Storage storage_holding(Operand value, size_t nbytes, int device) {
 // Hidden, as pybind11 is: it holds Python objects.
 class __attribute__((visibility("hidden"))) CapturedGraph {
  public:
-  CapturedGraph(const py::list& args, const std::vector<int>& mutated) : mutated_(mutated) {
+  // `apart`: the call is a training step's forward, backward or update after them, whose
+  // program joins the step's pending graph (see begin_side_recording): it is recorded
+  // apart from that graph, explained, then (recorded_apart) discarded and replayed into
+  // it by the caller. A step's first program is then the one its later steps run.
+  CapturedGraph(const py::list& args, const std::vector<int>& mutated, bool apart) : mutated_(mutated) {
+    if (apart) {
+      std::vector<Operand> pending;
+      for (size_t k = 0; k < args.size(); ++k) {
+        at::Tensor t;
+        if (plain_tpu_tensor(args[k], &t) && storage_of(t).value) pending.push_back(storage_of(t).value);
+      }
+      begin_side_recording(pending);
+      apart_ = true;
+      // The recording draws random states the replay draws again: it gives them back.
+      for (int d = 0; d < device_count(); ++d) rng_offsets_.push_back(default_generator(d).get_offset());
+    }
     // A storage never written reads as zeros, which the recorded program bakes in as a
     // constant: the capture then matches only calls whose input is unwritten again
     // (right for a zero tangent AOTAutograd makes afresh each call). An input the graph
@@ -117,6 +133,8 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
         in.tensor = true;
         in.spec = TensorSpec::of(t);
         in.entry = sd.value ? identity(sd.value) : nullptr;  // none: never written (zeros)
+        in.entry_value = sd.value;
+        if (!sd.pending.empty() || sd.copy_of) plain_storages_ = false;
         if (sd.value) in.type = sd.value.type();
         in.storage = t.storage().getWeakStorageImpl();
         for (size_t e = 0; e < inputs_.size(); ++e)
@@ -137,6 +155,8 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
   }
 
   bool ready() const { return static_cast<bool>(graph_); }
+  // Its recording was discarded (nothing ran): the caller replays the call.
+  bool recorded_apart() const { return recorded_apart_; }
   // Why the last replay did not match (which input, in what).
   const std::string& miss_reason() const { return miss_; }
   const std::string& why() const { return why_; }
@@ -155,6 +175,12 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
 
   // After the recorded call: flush, then explain the program in terms of the graph.
   void finish(const py::list& outs);
+  // The recorded call raised.
+  void abort() {
+    set_flush_observer(nullptr);
+    g_active_clear();
+    if (apart_) end_side_recording(/*drop=*/false);
+  }
 
   // Launches the program on `args` when they look like the recorded ones (clearing
   // `args`, as the boxed call does); None otherwise, leaving `args` alone. `how`:
@@ -169,6 +195,7 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
     bool tensor = false;
     TensorSpec spec;
     const void* entry = nullptr;  // the storage's value at the call
+    Operand entry_value;          // ... itself (a discarded recording puts it back)
     ir::Type type;
     int shares = -1;              // an earlier input on the same storage
     c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
@@ -195,6 +222,14 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
   void decline(std::string why) {
     if (why_.empty()) why_ = std::move(why);
   }
+  void explain(const py::list& outs);
+  void drop_recording();
+  static void g_active_clear();
+
+  bool apart_ = false;           // recorded apart from the pending graph
+  bool recorded_apart_ = false;  // ... and discarded
+  bool plain_storages_ = true;   // no input storage has queued view copies
+  std::vector<uint64_t> rng_offsets_;  // each device generator's offset at the call
 
   std::vector<Input> inputs_;
   std::vector<int> mutated_;
@@ -228,10 +263,53 @@ void note_device_check(const Operand& ok, const std::string& message) {
   if (CapturedGraph* c = g_active.load()) c->check(ok, message);
 }
 
+void CapturedGraph::g_active_clear() { g_active.store(nullptr); }
+
 void CapturedGraph::finish(const py::list& outs) {
-  flush("compiled graph");
+  const bool apart = apart_ && side_recording();  // not spoiled by a value read meanwhile
+  if (apart) flush_held("compiled graph");
+  else flush("compiled graph");
   set_flush_observer(nullptr);
   g_active.store(nullptr);
+  explain(outs);
+  if (!apart_) return;
+  if (apart && graph_ && !held_calls_own()) {  // another thread's ops joined the recording
+    graph_.reset();
+    decline("another thread's ops joined its recording");
+  }
+  for (const Input& in : inputs_) {  // a storage's queued view copies are not put back
+    c10::intrusive_ptr<c10::StorageImpl> st = in.tensor ? in.storage.lock() : nullptr;
+    const auto* sd = st ? static_cast<const StorageData*>(st->data_ptr().get_context()) : nullptr;
+    if (sd && (!sd->pending.empty() || sd->copy_of)) plain_storages_ = false;
+  }
+  if (apart && graph_ && plain_storages_) {
+    drop_recording();
+    return;
+  }
+  end_side_recording(/*drop=*/false);  // it runs as recorded, after the set-aside graph
+}
+
+// The recording is discarded: its writes into inputs are undone and its random draws
+// given back, so the caller's replay computes the call as the recording would have.
+void CapturedGraph::drop_recording() {
+  end_side_recording(/*drop=*/true);
+  for (const Input& in : inputs_) {
+    if (!in.tensor) continue;
+    c10::intrusive_ptr<c10::StorageImpl> st = in.storage.lock();
+    if (!st) continue;
+    auto* sd = static_cast<StorageData*>(st->data_ptr().get_context());
+    const void* now = sd->value ? identity(sd->value) : nullptr;
+    if (now != in.entry) set_value(*sd, in.entry_value);
+  }
+  for (size_t d = 0; d < rng_offsets_.size(); ++d) {
+    at::Generator g = default_generator(static_cast<int>(d));
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_offset(rng_offsets_[d]);
+  }
+  recorded_apart_ = true;
+}
+
+void CapturedGraph::explain(const py::list& outs) {
   if (!why_.empty()) return;
   if (reports_.size() != 1)
     return decline(reports_.empty() ? "the graph ran no program" : "the graph was flushed in parts");
@@ -446,10 +524,12 @@ void bind_captured_graph(py::module_& m) {
       .def_property_readonly("ready", &CapturedGraph::ready)
       .def_property_readonly("why", &CapturedGraph::why)
       .def_property_readonly("miss", &CapturedGraph::miss_reason)
+      .def_property_readonly("recorded_apart", &CapturedGraph::recorded_apart)
       .def("replay", &CapturedGraph::replay, py::arg("args"), py::arg("how") = 0);
   // Starts watching a graph's recorded call; `mutated`: the inputs it writes.
-  m.def("_capture_begin", [](const py::list& args, const std::vector<int>& mutated) {
-    auto c = std::make_shared<CapturedGraph>(args, mutated);
+  // `apart`: a training step's graph, recorded apart and replayed into its pending graph.
+  m.def("_capture_begin", [](const py::list& args, const std::vector<int>& mutated, bool apart) {
+    auto c = std::make_shared<CapturedGraph>(args, mutated, apart);
     CapturedGraph* raw = c.get();
     set_flush_observer([raw](const FlushReport& r) { raw->flushed(r); });
     g_active.store(raw);
@@ -458,10 +538,7 @@ void bind_captured_graph(py::module_& m) {
   // Flushes the recorded call and explains it (ready) or says why not (why).
   m.def("_capture_end", [](CapturedGraph& c, const py::list& outs) { c.finish(outs); });
   // Abandons a capture (the recorded call raised).
-  m.def("_capture_abort", [](CapturedGraph& c) {
-    set_flush_observer(nullptr);
-    g_active.store(nullptr);
-  });
+  m.def("_capture_abort", [](CapturedGraph& c) { c.abort(); });
 }
 
 }  // namespace tpu::backend

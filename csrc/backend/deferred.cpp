@@ -156,6 +156,25 @@ struct Graph {
 std::recursive_mutex g_mu;
 Graph g_graph;
 
+// A compiled graph's first call recorded apart (begin_side_recording), under g_mu.
+struct SideRecording {
+  bool active = false;
+  Graph stashed;  // the pending graph set aside
+  // The set-aside graph's values the recording reads as made: their producers, cleared
+  // while it records (a flush wires them as inputs), restored at its end.
+  std::vector<std::pair<SlotPtr, Node*>> unlinked;
+  std::unordered_set<const Slot*> unlinked_ids;
+  bool reads_unlinked = false;  // a recorded op read one of them
+  bool holding = false;         // the next submitted job is held, not run
+  bool held = false;
+};
+SideRecording g_side;
+void spoil_side_recording();
+bool in_pending_graph(const Node* n) {
+  return n->position >= 0 && static_cast<size_t>(n->position) < g_graph.nodes.size() &&
+         g_graph.nodes[n->position].get() == n;
+}
+
 // Slots outlive their graph (storages hold them) and are mostly freed on the launcher
 // thread, so the recording thread's allocations never find them cached: freed slots'
 // memory is kept on a free list for the next slots.
@@ -350,6 +369,14 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
   if (eager_mode() != EagerMode::DeferAll && program->recompute_cost() == ir::RecomputeCost::Cheap &&
       chain_after(args) > kMaxCheapChain)
     flush_bounded("cheap chain bound");
+  if (g_side.active) {
+    for (const Operand& in : args) {
+      if (!in.slot) continue;
+      if (in.slot->producer && !in_pending_graph(in.slot->producer)) spoil_side_recording();  // another pending value
+      else if (g_side.unlinked_ids.count(in.slot.get())) g_side.reads_unlinked = true;
+      if (!g_side.active) break;
+    }
+  }
   std::unique_ptr<Node> node = new_node();
   node->program = program;
   node->inputs.assign(std::make_move_iterator(args.begin()), std::make_move_iterator(args.end()));
@@ -492,6 +519,7 @@ runtime::BufferPtr resolve(const Operand& v) {
   TORCH_INTERNAL_ASSERT(v.slot, "resolving an empty operand");
   {
     auto lock = graph_lock();
+    if (!v.slot->producer && g_side.active && g_side.unlinked_ids.count(v.slot.get())) spoil_side_recording();
     if (v.slot->producer) flush("value needed");
   }
   std::unique_lock<std::mutex> lock(g_slot_mu);
@@ -832,7 +860,10 @@ struct Job {
   int64_t reserved = 0;      // ... its outputs' bytes, counted at its call (reserve_queued)
   int split = 0;  // > 0: the calls from here on (a backward) run as a second program
   uint64_t serial = 0;  // its place in the launch order (set at submit)
+  bool compiled = false;  // holds a compiled graph's call: always compiled (see run_job)
 };
+
+std::optional<Job> g_held_job;  // a side recording's final flush (under g_mu)
 
 }  // namespace
 
@@ -1023,7 +1054,7 @@ bool run_split(Job& job, const std::vector<runtime::BufferPtr>& params) {
       GraphStructure structure;
       for (const Call& c : job.calls) structure.add(*c.program, c.args);
       bool compiles = !compiled_before(t.first) || !compiled_before(t.second);
-      if (compiles && run_op_by_op(structure)) {
+      if (compiles && !job.compiled && run_op_by_op(structure)) {
         run_calls_op_by_op(job, params);
         return true;
       }
@@ -1137,7 +1168,9 @@ void run_job(Job& job) {
       GraphStructure structure;
       for (const Call& c : job.calls) structure.add(*c.program, c.args);
       bool compiles = !compiled_before(text);
-      op_by_op = compiles && run_op_by_op(structure);
+      // Not a graph holding a compiled graph's call: Dynamo specialized the graph to this
+      // shape already, and op by op its calls are whole graphs that compile as well.
+      op_by_op = compiles && !job.compiled && run_op_by_op(structure);
       if (!op_by_op) {
         auto t0 = std::chrono::steady_clock::now();
         exe = guarded([&] { return compile_cached(text, describe_graph(job.calls)); });
@@ -1608,7 +1641,10 @@ void submit_graph(Graph g, bool each_call) {
     }
   }
   for (const auto& node : g.nodes)
-    if (node->compiled) job.split = 0;
+    if (node->compiled) {
+      job.split = 0;
+      job.compiled = true;
+    }
   put(static_cast<int32_t>(job.split));
   key.push_back('>');
   for (const auto& node : g.nodes) {
@@ -1672,11 +1708,20 @@ void submit_graph(Graph g, bool each_call) {
   }
   assign_donations(job, sole, replaces);
   job.params = std::move(ext);
+  if (g_side.holding) {  // a side recording's final flush: explained, not run (yet)
+    g_side.holding = false;
+    g_side.held = true;
+    g_held_job = std::move(job);
+    return;
+  }
   launcher().submit(std::move(job));
 }
 
 void flush_prefix(const char* reason, size_t count) {
   auto lock = graph_lock();
+  // A side recording's graph reading values the set-aside graph has not made: that
+  // graph runs first.
+  if (g_side.active && !g_side.holding && g_side.reads_unlinked) spoil_side_recording();
   if (g_graph.nodes.empty()) return;
   ScopedMicros timed(fuse_stats().flush_us);
   Graph g = std::move(g_graph);
@@ -1750,6 +1795,105 @@ ProgramPtr graph_program(const FlushedGraphPtr& graph) {
 size_t pending_ops() {
   auto lock = graph_lock();
   return g_graph.nodes.size();
+}
+
+namespace {
+// Gives the set-aside values their producers back (under g_mu).
+void relink_side_inputs() {
+  for (auto& [slot, producer] : g_side.unlinked) slot->producer = producer;
+  g_side.unlinked.clear();
+  g_side.unlinked_ids.clear();
+}
+
+// Ends a side recording: the set-aside graph is pending again, with the side graph's
+// remaining calls after it (under g_mu).
+Graph rejoin_side_recording() {
+  relink_side_inputs();
+  g_side.active = false;
+  g_side.reads_unlinked = false;
+  Graph side = std::move(g_graph);
+  g_graph = std::move(g_side.stashed);
+  g_side.stashed = Graph{};
+  return side;
+}
+
+// Flushes the pending graph unobserved (a capture explains only its own call's graph).
+void flush_unobserved(const char* reason) {
+  auto observer = std::move(g_flush_observer);
+  g_flush_observer = nullptr;
+  flush_prefix(reason, std::numeric_limits<size_t>::max());
+  g_flush_observer = std::move(observer);
+}
+
+void spoil_side_recording() {
+  if (!g_side.active) return;
+  Graph side = rejoin_side_recording();
+  flush_unobserved("compiled graph reads a pending value");
+  // The side graph's reads of those values are now reads of made values (external).
+  g_graph = std::move(side);
+}
+
+}  // namespace
+
+void begin_side_recording(const std::vector<Operand>& inputs) {
+  auto lock = graph_lock();
+  TORCH_INTERNAL_ASSERT(!g_side.active && !g_held_job, "a side recording inside another");
+  g_side = SideRecording{};
+  g_side.active = true;
+  g_side.stashed = std::move(g_graph);
+  g_graph = Graph{};
+  for (const Operand& in : inputs) {
+    if (!in.slot || !in.slot->producer || !g_side.unlinked_ids.insert(in.slot.get()).second) continue;
+    g_side.unlinked.push_back({in.slot, in.slot->producer});
+    in.slot->producer = nullptr;
+  }
+}
+
+bool side_recording() {
+  auto lock = graph_lock();
+  return g_side.active;
+}
+
+void flush_held(const char* reason) {
+  auto lock = graph_lock();
+  g_side.holding = g_side.active;
+  flush(reason);
+  g_side.holding = false;
+}
+
+bool held_calls_own() {
+  auto lock = graph_lock();
+  if (!g_held_job) return true;
+  for (const Call& c : g_held_job->calls)
+    if (c.owner != std::this_thread::get_id()) return false;
+  return true;
+}
+
+void end_side_recording(bool drop) {
+  auto lock = graph_lock();
+  std::optional<Job> held = std::move(g_held_job);
+  g_held_job.reset();
+  g_side.held = false;
+  // Calls recorded after the held flush (none, unless another thread's): they read the
+  // set-aside graph's values as made, so that graph runs first and they stay pending.
+  if (g_side.active && !g_graph.nodes.empty()) spoil_side_recording();
+  if (g_side.active) {
+    Graph side = rejoin_side_recording();  // empty
+    if (!drop && held) flush_unobserved("compiled graph recorded apart");  // the held job reads its values
+  }
+  if (!held) return;
+  if (!drop) {
+    launcher().submit(std::move(*held));
+    return;
+  }
+  // Discarded: its values are never made. Nothing should read them (the caller restores
+  // what the recording wrote); one that does raises instead of waiting forever.
+  auto e = std::make_exception_ptr(std::runtime_error(
+      "torch_tpu internal error: a value of a compiled graph's discarded first recording was read"));
+  std::lock_guard<std::mutex> l(g_slot_mu);
+  for (SlotList& outs : held->outs)
+    for (SlotPtr& sl : outs)
+      if (!sl->buffer) sl->error = e;
 }
 
 std::vector<SlotPtr> relaunch(const FlushedGraphPtr& graph, std::vector<Operand> params,

@@ -231,6 +231,27 @@ void set_flush_observer(std::function<void(const FlushReport&)> fn);
 ProgramPtr graph_program(const FlushedGraphPtr& graph);
 // Calls recorded in the pending graph and not flushed yet.
 size_t pending_ops();
+
+// A compiled graph's first call inside a training step (captured_graph.cpp) is recorded
+// apart: the pending graph (the step's earlier calls) is set aside and the call's ops
+// record into a graph of their own, reading `inputs` (values pending in the set-aside
+// graph) as if they were made. Its final flush (flush_held) is explained by the capture
+// but not run: the call is then replayed as one call of the pending graph, so the step's
+// first program is the one its later steps run (compiled once, not once per graph and
+// then again joined). Whatever needs a value the set-aside graph has not made (a host
+// read of an input, a flush that reads one, an op reading another pending value) first
+// flushes the set-aside graph, and the call goes on recorded as usual ("spoiled").
+void begin_side_recording(const std::vector<Operand>& inputs);
+// Whether a side recording is on (not spoiled, not ended).
+bool side_recording();
+// Flushes the side recording, holding its job (explained, not run).
+void flush_held(const char* reason);
+// Whether the held job's calls are all this thread's (another thread's ops joined it).
+bool held_calls_own();
+// Ends a side recording. `drop`: the held job is discarded (its values are never made;
+// the caller restores what it wrote) and the set-aside graph is pending again; else the
+// set-aside graph is flushed, then the held job runs after it. No-op when none is on.
+void end_side_recording(bool drop);
 // Launches `graph` again on `params` (same types as its first inputs; buffers or slots
 // of flushed graphs). `bind` sees the fresh result slots before donation is decided, as
 // a flush would (a caller writes them into storages there). Inputs nobody else holds

@@ -169,7 +169,7 @@ class _CompiledGraph:
         try:
             out = self._replay(args, how) if isinstance(args, list) and _graph_call_mode is None else None
             if out is None:
-                out = self._record(args)
+                out = self._record(args, how)
         finally:
             _C._set_thread_eager_mode(saved)
         if prev == _DEBUG:
@@ -191,14 +191,21 @@ class _CompiledGraph:
                 return template[0](t if t is not None else c for t, c in zip(tensors, template[1]))
         return None
 
-    def _record(self, args):
+    def _record(self, args, how=_LAUNCH):
         _as_plain_tensors(args)
         capturing = (REPLAY and isinstance(args, list) and not self.replay_declined
                      and len(self._captures) < _MAX_CAPTURES and _graph_call_mode is None)
-        # A capture explains one flushed program: calls an earlier graph left pending
-        # (a deferred forward) are flushed first.
-        _C.flush("before compiled graph")
-        cap = _C._capture_begin(args, self._mutated) if capturing else None
+        # A capture explains one flushed program. A call that joins the step's pending
+        # graph (a forward, a backward after it, the update after both) is recorded apart
+        # from that graph (captured_graph.cpp), then replayed into it: the step's first
+        # program is the one later steps run, so each shape compiles once (recorded on
+        # its own, each graph compiled alone and the joined step a step later again).
+        # Other calls flush what is pending (a deferred forward) first.
+        apart = capturing and how != _LAUNCH
+        if not apart:
+            _C.flush("before compiled graph")
+        cap = _C._capture_begin(args, self._mutated, apart) if capturing else None
+        kept = list(args) if apart else None  # the call clears `args`; the replay reads them
         try:
             with _graph_call_mode if _graph_call_mode is not None else contextlib.nullcontext():
                 out = self._gm(args)
@@ -213,7 +220,15 @@ class _CompiledGraph:
         _C._capture_end(cap, list(out))  # flushes, then explains the program
         if cap.ready:
             consts = [None if isinstance(o, torch.Tensor) else o for o in out]
-            self._captures.append((cap, (type(out), consts)))
+            template = (type(out), consts)
+            self._captures.append((cap, template))
+            if cap.recorded_apart:  # discarded, inputs as they were: the replay computes it
+                del out
+                tensors = cap.replay(kept, how)
+                if tensors is None:
+                    raise RuntimeError(f"torch_tpu compiled mode: a graph's first call does not match "
+                                       f"its own capture ({cap.miss})")
+                return template[0](t if t is not None else c for t, c in zip(tensors, template[1]))
         else:
             self.replay_declined = cap.why
         return out
