@@ -133,7 +133,7 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
         in.tensor = true;
         in.spec = TensorSpec::of(t);
         in.entry = sd.value ? identity(sd.value) : nullptr;  // none: never written (zeros)
-        in.entry_value = sd.value;
+        if (apart) in.entry_value = sd.value;  // (held only through the call: donation)
         if (!sd.pending.empty() || sd.copy_of) plain_storages_ = false;
         if (sd.value) in.type = sd.value.type();
         in.storage = t.storage().getWeakStorageImpl();
@@ -179,6 +179,7 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
   void abort() {
     set_flush_observer(nullptr);
     g_active_clear();
+    for (Input& in : inputs_) in.entry_value = Operand();
     if (apart_) end_side_recording(/*drop=*/false);
   }
 
@@ -230,6 +231,7 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
   bool recorded_apart_ = false;  // ... and discarded
   bool plain_storages_ = true;   // no input storage has queued view copies
   std::vector<uint64_t> rng_offsets_;  // each device generator's offset at the call
+  std::vector<const void*> recorded_checks_;  // the recording's device checks' flags
 
   std::vector<Input> inputs_;
   std::vector<int> mutated_;
@@ -273,6 +275,12 @@ void CapturedGraph::finish(const py::list& outs) {
   g_active.store(nullptr);
   explain(outs);
   if (!apart_) return;
+  struct Release {  // the inputs' values, held for the call only
+    std::vector<Input>& inputs;
+    ~Release() {
+      for (Input& in : inputs) in.entry_value = Operand();
+    }
+  } release{inputs_};
   if (apart && graph_ && !held_calls_own()) {  // another thread's ops joined the recording
     graph_.reset();
     decline("another thread's ops joined its recording");
@@ -292,6 +300,8 @@ void CapturedGraph::finish(const py::list& outs) {
 // The recording is discarded: its writes into inputs are undone and its random draws
 // given back, so the caller's replay computes the call as the recording would have.
 void CapturedGraph::drop_recording() {
+  forget_device_checks(recorded_checks_);  // flags never computed; the replay adds its own
+  recorded_checks_.clear();
   end_side_recording(/*drop=*/true);
   for (const Input& in : inputs_) {
     if (!in.tensor) continue;
@@ -417,6 +427,7 @@ void CapturedGraph::explain(const py::list& outs) {
     if (!used[j]) return decline("a result outlives the call outside its outputs");
   }
   host_inputs_.clear();
+  for (auto& [ok, message] : checks_) recorded_checks_.push_back(ok);
   checks_.clear();
   graph_ = r.graph;
   device_ = r.device;

@@ -104,6 +104,16 @@ void add_device_check(Operand ok, std::string message, const std::vector<c10::St
   if (eager_mode() == EagerMode::Debug || n > kMaxOutstanding) verify_device_checks();
 }
 
+void forget_device_checks(const std::vector<const void*>& oks) {
+  if (oks.empty()) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_checks.erase(std::remove_if(g_checks.begin(), g_checks.end(),
+                                [&](const Check& c) {
+                                  return c.ok.slot && std::find(oks.begin(), oks.end(), c.ok.slot.get()) != oks.end();
+                                }),
+                 g_checks.end());
+}
+
 void verify_device_checks() {
   std::vector<Check> checks;
   std::string earlier;  // this thread's failure another thread read

@@ -20,6 +20,9 @@ void add_device_check(Operand ok, std::string message, const std::vector<c10::St
 // (a read of values the pending graph does not compute) flags still pending stay for
 // the read that runs their graph: reading them would run it.
 void verify_device_checks();
+// Forgets the outstanding checks whose flag is one of `oks` (a discarded recording's:
+// their flags are never computed; its replay adds its own).
+void forget_device_checks(const std::vector<const void*>& oks);
 
 // Raises a failed check's message as the type its tag asks for: "RuntimeError: " and
 // "LinAlgError: " (torch.linalg.LinAlgError, as CPU's LAPACK failures) prefixes, else

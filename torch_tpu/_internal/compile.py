@@ -25,6 +25,9 @@ that does not match records again (and is captured too); a graph the capture can
 explain (it reads a tensor that is not an input, a CPU tensor's value) always records.
 A compiled optimizer step would be such a graph through its host step counters; on tpu
 they are device tensors (see _capturable_steps_on_tpu), so it replays.
+A first call that joins a step's pending graph (fuse_steps) is recorded apart from it,
+explained, discarded and replayed into it, so a shape's first step compiles the one
+program its later steps run.
 
 `torch.compile(model, backend="tpu")` finds the backend through the
 `torch_dynamo_backends` entry point (no import of torch_tpu needed). A plain
