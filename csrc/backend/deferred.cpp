@@ -860,7 +860,7 @@ struct Job {
   int64_t reserved = 0;      // ... its outputs' bytes, counted at its call (reserve_queued)
   int split = 0;  // > 0: the calls from here on (a backward) run as a second program
   uint64_t serial = 0;  // its place in the launch order (set at submit)
-  bool compiled = false;  // holds a compiled graph's call: always compiled (see run_job)
+  bool compiled = false;  // a compiled graph's: always compiled (see run_job)
 };
 
 std::optional<Job> g_held_job;  // a side recording's final flush (under g_mu)
@@ -1168,8 +1168,8 @@ void run_job(Job& job) {
       GraphStructure structure;
       for (const Call& c : job.calls) structure.add(*c.program, c.args);
       bool compiles = !compiled_before(text);
-      // Not a graph holding a compiled graph's call: Dynamo specialized the graph to this
-      // shape already, and op by op its calls are whole graphs that compile as well.
+      // Not a compiled graph's (recorded, or holding its replay): Dynamo specialized it
+      // to this shape already, and a replay's calls are whole graphs compiling as well.
       op_by_op = compiles && !job.compiled && run_op_by_op(structure);
       if (!op_by_op) {
         auto t0 = std::chrono::steady_clock::now();
@@ -1640,6 +1640,9 @@ void submit_graph(Graph g, bool each_call) {
       break;
     }
   }
+  // A compiled graph's recording (its thread records in DeferAll) or a graph joining a
+  // compiled graph's replay.
+  job.compiled = eager_mode() == EagerMode::DeferAll;
   for (const auto& node : g.nodes)
     if (node->compiled) {
       job.split = 0;
