@@ -198,9 +198,10 @@ def test_runtime_caches_give_way_under_a_memory_fraction():
     # the user's tensors empties them before refusing, as CUDA's allocator frees its
     # cached blocks, instead of refusing work that fits.
     base = torch.arange(4096.0, device="tpu")
-    for i in range(0, 4000, 4):
-        base[i:i + 2].sum()
-    torch.tpu.synchronize()
+    with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_NEVER):  # each read its own program
+        for i in range(0, 4000, 4):
+            base[i:i + 2].sum()
+        torch.tpu.synchronize()
     assert torch_tpu.metrics()["scalar_cache_bytes"] > 4000
     capacity = torch.tpu.mem_get_info()[1]
     try:

@@ -50,6 +50,7 @@ from ._internal.sync import synchronize  # noqa: E402
 from ._metrics import metrics, metrics_report  # noqa: E402
 from . import api  # noqa: E402
 from . import _step_boundary  # noqa: E402,F401  (cuts deferred graphs at optimizer steps)
+from . import _module_state  # noqa: E402,F401  (modules' parameters and buffers are state)
 from . import _accelerate  # noqa: E402  (Hugging Face accelerate/Trainer default to tpu)
 from . import _multiprocessing  # noqa: E402  (tpu tensors through torch.multiprocessing)
 

@@ -76,8 +76,25 @@ def _record_scaler_state(scaler_class):
     scaler_class._lazy_init_scale_growth_tracker = init_scale_as_state
 
 
+def _cut_at_optimizer_construction(optimizer_class):
+    # A model made on the device records its initialization (random and zero fills of
+    # its parameters) before its first step: cut there, or the first step's graph holds
+    # the initialization and the second step's graph, without it, is another to compile.
+    init = optimizer_class.__init__
+
+    def optimizer_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if not torch.compiler.is_compiling():
+            _cut("optimizer made")
+
+    optimizer_init.__doc__, optimizer_init.__name__ = init.__doc__, init.__name__
+    optimizer_init.__qualname__ = init.__qualname__
+    optimizer_class.__init__ = optimizer_init
+
+
 # Kept so a benchmark can time a step's recording apart from its launch.
 handle = register_optimizer_step_post_hook(_after_optimizer_step)
 state_handle = register_optimizer_step_pre_hook(_record_state)
 _cut_at_scaler_update(torch.amp.GradScaler)
+_cut_at_optimizer_construction(torch.optim.Optimizer)
 _record_scaler_state(torch.amp.GradScaler)

@@ -1420,6 +1420,36 @@ void start_unwritten_from_zeros(const OpInfo& info, c10::ArrayRef<IValue> args) 
   }
 }
 
+// A parameter or module buffer never written (zero-initialized on the device: zeros_,
+// a BatchNorm's running mean) gets its zeros before an op reads or updates it, rather
+// than being read as zeros baked into the op's program: the next step reads the written
+// storage, and a program baked with zeros would be another one to compile (a fused step
+// twice over). Strict and Debug make them in one program for all the op's such args;
+// DeferAndFuse records them as state, run before the step's graph (hoist_fills).
+void start_state_from_zeros(const OpInfo& info, c10::ArrayRef<IValue> args) {
+  c10::SmallVector<at::Tensor, 4> unwritten;
+  auto start = [&](const at::Tensor& t) {
+    if (!t.defined() || !t.is_privateuseone()) return;
+    StorageData& s = storage_data(t);
+    if (s.value || !s.pending.empty() || s.copy_of || !s.unreadable.empty() || s.nbytes == 0) return;
+    if (s.module_state || t.requires_grad()) unwritten.push_back(t);
+  };
+  for (size_t a = 0; a < args.size(); ++a) {
+    if (args[a].isTensor()) start(args[a].toTensor());
+    else if (args[a].isTensorList())
+      for (const at::Tensor& t : args[a].toTensorList()) start(t);
+  }
+  if (unwritten.empty()) return;
+  if (deferring()) {
+    bool was = recording_state();
+    set_recording_state(true);
+    for (const at::Tensor& t : unwritten) storage_value(t);
+    set_recording_state(was);
+  } else {
+    start_from_zeros(unwritten);
+  }
+}
+
 // An out= write into a small part of a storage outside DeferAndFuse (DDP's Reducer
 // divides each gradient into its view of a bucket): the op writes a fresh tensor, whose
 // write joins the storage's queue as copy_'s does (one program per bucket at its next
@@ -1692,9 +1722,10 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   // the first step's update program is the later steps' (it compiled again at step 1).
   // Zeros made for other in-place ops (torch.zeros, then index_add_) stay folded into
   // their program, one launch fewer every step.
-  if (!info.is_out && !info.host_fill && info.generator_arg < 0 && !info.mutated.empty() &&
-      (deferring() || recording_state()))
-    start_unwritten_from_zeros(info, args);
+  if (!info.is_out && !info.host_fill && info.generator_arg < 0) {
+    start_state_from_zeros(info, args);
+    if (!info.mutated.empty() && (deferring() || recording_state())) start_unwritten_from_zeros(info, args);
+  }
 
   thread_local KeyBuffer key_buffer;
   KeyState k(key_buffer);

@@ -101,6 +101,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("_split_at_backward", [] { return split_at_backward(); });
   m.def("_set_split_at_backward", [](bool on) { set_split_at_backward(on); });
   m.def("_forget_shape_churn", [] { forget_shape_churn(); });  // tests/conftest.py
+  m.def("_mark_module_state", [](const at::Tensor& t) {  // torch_tpu/_module_state.py
+    // (a tensor subclass's wrapper, DTensor's, holds no storage of ours)
+    if (!t.defined() || !t.is_privateuseone() || !t.has_storage()) return;
+    if (StorageData* s = storage_record(*t.storage().unsafeGetStorageImpl())) s->module_state = true;
+  });
   // Runs the pending deferred graph without waiting for it (a training step's end).
   m.def("flush", [](const std::string& reason) {
     py::gil_scoped_release nogil;

@@ -67,6 +67,10 @@ struct StorageData {
   uint64_t tag = kTag;
   // Bytes counted as allocated while the storage holds no value (set_value keeps it).
   int64_t unwritten_bytes = 0;
+  // A module's parameter or buffer (torch_tpu/_module_state.py): state a step reads
+  // and updates every step, so never read as zeros baked into a program (see
+  // start_state_from_zeros in lowered_kernel.cpp).
+  bool module_state = false;
   ~StorageData();
 };
 
