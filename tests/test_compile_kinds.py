@@ -145,3 +145,33 @@ def test_nan_passes_through_max_min_and_the_clamps_xla_forms(mode, n, dtype):
             want, got = f(x), f(x.to("tpu")).cpu()
             assert torch.equal(got.isnan(), want.isnan()), f"{name}: {got[:9].tolist()} vs {want[:9].tolist()}"
             torch.testing.assert_close(got, want, equal_nan=True, msg=name)
+
+
+THREADS_PROGRAM = (
+    "import json, torch, torch_tpu\n"
+    "a = torch.linspace(-1, 1, 24 * 16, device='tpu').reshape(24, 16)\n"
+    "b = torch.linspace(0, 2, 16 * 8, device='tpu').reshape(16, 8)\n"
+    "with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_NEVER):\n"
+    "    c = (a @ b).cpu()\n"
+    "with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):\n"
+    "    z = ((a * 0.731) @ b).tanh().sum().item()\n"
+    "m = torch_tpu.metrics()\n"
+    "print(json.dumps({'c': c.tolist(), 'z': z, 'op': m['op_compiles'], 'graph': m['graph_compiles'],\n"
+    "                  'hits': m.get('disk_cache_hits', 0)}))\n"
+)
+
+
+def test_fused_graphs_keep_threaded_contractions_one_op_programs_do_not(tmp_path):
+    # A small matmul's one-op program runs on one thread (TPU_CPU_THREADED_MACS), which keys
+    # its own disk-cache entry; a fused graph keeps the threaded default whatever its size
+    # (one-threaded, XLA:CPU compiles each small dot as its own LLVM kernel), so with the
+    # rule off (0) the graph is the same compiled program and loads from the cache.
+    env = {"TPU_COMPILE_CACHE_DIR": str(tmp_path)}
+    first = run_python_json(THREADS_PROGRAM, env=env)
+    assert first["graph"] == 1 and first["op"] >= 2
+    threaded = run_python_json(THREADS_PROGRAM, env={**env, "TPU_CPU_THREADED_MACS": "0"})
+    assert threaded["graph"] == 0, "the fused graph's compile options changed with the one-op rule"
+    assert threaded["op"] >= 1, "one-op programs lost their one-thread contractions"
+    assert threaded["c"] == first["c"] and threaded["z"] == first["z"]
+    again = run_python_json(THREADS_PROGRAM, env=env)
+    assert again["op"] == 0 and again["graph"] == 0

@@ -78,8 +78,8 @@ static const std::string& cache_identity() {
 // ir::FusedModule; anything else is one op's program.
 static bool is_graph(const std::string& text) { return text.rfind("module @torch_tpu_fused", 0) == 0; }
 
-// One op's program compiles with Fast effort, a graph with Full; the size of its
-// contractions picks how they use threads (runtime::cpu_threaded_macs).
+// One op's program compiles with Fast effort, a graph with Full; a one-op program's
+// contraction size picks how they use threads (runtime::cpu_threaded_macs).
 static runtime::CompileEffort effort_of(const std::string& text) {
   return is_graph(text) ? runtime::CompileEffort::Full : runtime::CompileEffort::Fast;
 }
@@ -89,6 +89,7 @@ static runtime::ProgramTraits traits_of(const std::string& text) {
   t.largest_contraction_macs = ir::largest_contraction_macs(text);
   t.largest_tensor_elements = ir::largest_tensor_elements(text);
   t.uses_float8 = ir::uses_float8(text);
+  t.fused_graph = is_graph(text);
   return t;
 }
 

@@ -718,8 +718,8 @@ void Client::await_event(PJRT_Event* ev, const std::string& what) {
 }
 
 const std::string& Client::compile_options_for(CompileEffort effort, const ProgramTraits& traits) const {
-  bool one_thread = !compile_options_one_thread_.empty() && traits.largest_contraction_macs >= 0 &&
-                    traits.largest_contraction_macs < cpu_threaded_macs();
+  bool one_thread = !compile_options_one_thread_.empty() && !traits.fused_graph &&
+                    traits.largest_contraction_macs >= 0 && traits.largest_contraction_macs < cpu_threaded_macs();
   bool fast = effort == CompileEffort::Fast && !fast_rejected_;
   bool small = fast && !compile_options_fast_small_.empty() && traits.largest_tensor_elements >= 0 &&
                traits.largest_tensor_elements <= cpu_small_program_elements() && !traits.uses_float8;

@@ -28,6 +28,7 @@ struct ProgramTraits {
   int64_t largest_contraction_macs = -1;  // multiply-adds of its largest dot/convolution; -1: unknown
   int64_t largest_tensor_elements = -1;   // elements of its largest tensor; -1: unknown
   bool uses_float8 = false;               // any float8 element type
+  bool fused_graph = false;               // a fused or compiled graph of many ops, not one op's program
 };
 
 // TPU_CPU_SMALL_PROGRAM_ELEMENTS: on the XLA CPU plugin, a one-op (Fast) program whose
@@ -39,10 +40,13 @@ struct ProgramTraits {
 // float8_e4m3fn (tests/test_quantized.py).
 int64_t cpu_small_program_elements();
 
-// TPU_CPU_THREADED_MACS: on the XLA CPU plugin, a program whose largest contraction has
-// fewer multiply-adds than this runs its matmuls and convolutions on one thread (XLA's
+// TPU_CPU_THREADED_MACS: on the XLA CPU plugin, a one-op program whose largest contraction
+// has fewer multiply-adds than this runs its matmuls and convolutions on one thread (XLA's
 // xla_cpu_multi_thread_eigen off): handing a small one to the thread pool costs more than
-// it gains. 0 turns it off. The default is from benchmarks/eigen_threads.py.
+// it gains. 0 turns it off. The default is from benchmarks/eigen_threads.py. Fused and
+// compiled graphs keep the threaded default: with it off, XLA:CPU emits every small dot
+// as its own LLVM-IR GEMM kernel (100-300 ms of compile each; 98 of a 4-micro-step GPT
+// step's 153 dots, about half its LLVM time) instead of calling Eigen.
 int64_t cpu_threaded_macs();
 
 // `portable`: the executable may run on any of the client's devices (chosen per launch);

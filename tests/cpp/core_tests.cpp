@@ -292,6 +292,15 @@ int main() {
     if (C().platform() == "cpu")  // one-threaded contractions: the XLA CPU plugin's option
       CHECK(C().compile_options_for(runtime::CompileEffort::Full, small) !=
             C().compile_options_for(runtime::CompileEffort::Full, large));
+    // A fused graph keeps threaded contractions however small (else XLA:CPU compiles each
+    // small dot as its own LLVM kernel); a one-op program of the same size does not.
+    runtime::ProgramTraits small_graph = small;
+    small_graph.fused_graph = true;
+    CHECK(C().compile_options_for(runtime::CompileEffort::Full, small_graph) ==
+          C().compile_options_for(runtime::CompileEffort::Full, large));
+    if (C().platform() == "cpu")
+      CHECK(C().compile_options_for(runtime::CompileEffort::Fast, small) !=
+            C().compile_options_for(runtime::CompileEffort::Fast, large));
     // A portable executable (more than one device) differs only by that field: 2 bytes.
     CHECK(runtime::portable_compile_options(runtime::CompileEffort::Full, {}, false).size() + 2 ==
           runtime::portable_compile_options(runtime::CompileEffort::Full, {}, true).size());
