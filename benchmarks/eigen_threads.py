@@ -3,12 +3,14 @@
     .venv/bin/python benchmarks/eigen_threads.py [--rounds 2] [--out benchmarks/results]
 
 Fresh processes, alternating, so a busy machine's noise falls on both: "threaded" compiles
-every program with XLA's default multi-threaded Eigen contractions (TPU_CPU_THREADED_MACS=0),
-"one thread" every program with them on one thread. Per case: the median time of a call
-until the device is done, for matmuls and convolutions of growing size (their
-multiply-adds) and for the small and the big GPT's DeferAndFuse training step (one
-program each; their largest contraction in the name). The default threshold is the size
-below which one thread won every case here. Writes eigen_threads.{json,md}.
+every one-op program with XLA's default multi-threaded Eigen contractions
+(TPU_CPU_THREADED_MACS=0), "one thread" every one-op program with them on one thread. Per
+case: the median time of a call until the device is done, for matmuls and convolutions of
+growing size (their multiply-adds). The default threshold is the size below which one
+thread won every case here. Fused graphs are always threaded (one-threaded, XLA:CPU
+compiled each small dot as its own LLVM kernel: the 4-micro-step GPT step's cold compile
+took 40 % more CPU, and no steady step measured faster), so no graph is timed here.
+Writes eigen_threads.{json,md}.
 """
 import argparse
 import json
@@ -42,7 +44,6 @@ def cases():
 def probe(steps):
     import torch
     import torch_tpu  # noqa: F401
-    sys.path.insert(0, HERE)
     res = {}
     for name, (macs, fn) in cases().items():
         fn()
@@ -54,11 +55,6 @@ def probe(steps):
             torch.tpu.synchronize()
             ts.append(time.perf_counter() - t)
         res[name] = {"macs": macs, "ms": 1e3 * statistics.median(ts)}
-    import run
-    for name, (wl, macs) in {"small GPT fused step": ("small_gpt_train", 256 * 64 * 256),
-                             "GPT fused step": ("gpt_train", 2048 * 256 * 1024)}.items():
-        row = run.measure(wl, "fused", max(5, steps // 6), 3, False)
-        res[name] = {"macs": macs, "ms": 1e3 * row["median_step_s"]}
     print(json.dumps(res))
 
 
