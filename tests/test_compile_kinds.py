@@ -149,9 +149,9 @@ def test_nan_passes_through_max_min_and_the_clamps_xla_forms(mode, n, dtype):
 
 THREADS_PROGRAM = (
     "import json, torch, torch_tpu\n"
-    "a = torch.linspace(-1, 1, 24 * 16, device='tpu').reshape(24, 16)\n"
-    "b = torch.linspace(0, 2, 16 * 8, device='tpu').reshape(16, 8)\n"
     "with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_NEVER):\n"
+    "    a = torch.linspace(-1, 1, 24 * 16, device='tpu').reshape(24, 16)\n"
+    "    b = torch.linspace(0, 2, 16 * 8, device='tpu').reshape(16, 8)\n"
     "    c = (a @ b).cpu()\n"
     "with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):\n"
     "    z = ((a * 0.731) @ b).tanh().sum().item()\n"
