@@ -79,6 +79,27 @@ def test_a_model_made_on_the_device_compiles_nothing_after_its_first_step(mode, 
         torch.testing.assert_close(got.cpu(), exp, rtol=1e-5, atol=1e-6, msg=k)
 
 
+def test_a_model_made_on_meta_then_to_empty_compiles_nothing_after_its_first_step(mode):
+    # The meta-device flow (FSDP2's): to_empty makes fresh, unwritten tensors, then
+    # reset_parameters initializes them (zeros for biases and running statistics).
+    width = 23 + 2 * MODES.index(mode)
+    with torch.device("meta"):
+        model = conv_bn(width)
+    model.to_empty(device="tpu")
+    torch.manual_seed(0)
+    for m in model.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    initial = copy.deepcopy(model)
+    x = torch.randn(3, 3, 8, 8)
+    counts, losses = train(model, x.to("tpu"), 4)
+    assert counts[1:] == [0, 0, 0], counts
+    ref = conv_bn(width)
+    ref.load_state_dict({k: v.cpu() for k, v in initial.state_dict().items()})
+    _, want = train(ref, x, 4)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-5, atol=1e-6)
+
+
 def test_a_zero_initialized_parameter_reads_as_zeros(mode):
     with torch.device("tpu"):
         lin = nn.Linear(4, 6)

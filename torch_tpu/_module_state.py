@@ -7,16 +7,37 @@ next step reads the written storage, another program to compile. Marked storages
 their zeros first (lowered_kernel.cpp's start_state_from_zeros). Parameters are also
 known by requires_grad; buffers are known only here.
 """
+import torch
 from torch.nn.modules.module import (register_module_buffer_registration_hook,
                                      register_module_parameter_registration_hook)
 
 from . import _C
 
 
+def _mark_tensor(tensor):
+    if tensor is None or tensor.device.type != "tpu":
+        return
+    local = getattr(tensor, "_local_tensor", None)  # a DTensor: its shard is what ops read
+    _C._mark_module_state(local if isinstance(local, torch.Tensor) else tensor)
+
+
 def _mark(module, name, tensor):
-    if tensor is not None and tensor.device.type == "tpu":
-        _C._mark_module_state(tensor)
+    _mark_tensor(tensor)
+
+
+def _mark_after_to_empty(to_empty):
+    # to_empty replaces every parameter and buffer without registering them again.
+    def module_to_empty(self, *args, **kwargs):
+        out = to_empty(self, *args, **kwargs)
+        for t in (*self.parameters(), *self.buffers()):
+            _mark_tensor(t)
+        return out
+
+    module_to_empty.__doc__, module_to_empty.__name__ = to_empty.__doc__, to_empty.__name__
+    module_to_empty.__qualname__ = to_empty.__qualname__
+    return module_to_empty
 
 
 buffer_handle = register_module_buffer_registration_hook(_mark)
 parameter_handle = register_module_parameter_registration_hook(_mark)
+torch.nn.Module.to_empty = _mark_after_to_empty(torch.nn.Module.to_empty)
