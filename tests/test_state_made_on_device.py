@@ -66,12 +66,16 @@ def test_a_model_made_on_the_device_compiles_nothing_after_its_first_step(mode, 
     torch.manual_seed(0)
     with torch.device("tpu"):
         model = make(width)
-    initial = copy.deepcopy(model)  # (read after training: reading now would run what is pending)
     x = torch.randn(*shape[:1], *((shape[1], width // 2 + 5, width // 2 + 5) if len(shape) == 4 else shape[1:]))
+    trains_as_on_cpu_without_recompiling(model, make(width), x)
+
+
+def trains_as_on_cpu_without_recompiling(model, ref, x):
+    """Trains `model` (tpu) 4 steps: nothing compiles after step 0, and losses and state
+    equal those of `ref` (the same module on the CPU) trained from the same values."""
+    initial = copy.deepcopy(model)  # (read after training: reading now would run what is pending)
     counts, losses = train(model, x.to("tpu"), 4)
     assert counts[1:] == [0, 0, 0], counts
-    # The same model on the CPU, from the same initial values.
-    ref = make(width)
     ref.load_state_dict({k: v.cpu() for k, v in initial.state_dict().items()})
     _, want = train(ref, x, 4)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-5, atol=1e-6)
@@ -90,14 +94,7 @@ def test_a_model_made_on_meta_then_to_empty_compiles_nothing_after_its_first_ste
     for m in model.modules():
         if hasattr(m, "reset_parameters"):
             m.reset_parameters()
-    initial = copy.deepcopy(model)
-    x = torch.randn(3, 3, 8, 8)
-    counts, losses = train(model, x.to("tpu"), 4)
-    assert counts[1:] == [0, 0, 0], counts
-    ref = conv_bn(width)
-    ref.load_state_dict({k: v.cpu() for k, v in initial.state_dict().items()})
-    _, want = train(ref, x, 4)
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-5, atol=1e-6)
+    trains_as_on_cpu_without_recompiling(model, conv_bn(width), torch.randn(3, 3, 8, 8))
 
 
 def test_a_zero_initialized_parameter_reads_as_zeros(mode):
