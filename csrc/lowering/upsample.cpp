@@ -1,4 +1,4 @@
-// Upsampling backwards (nearest, nearest-exact, linear, bicubic), the linear/bicubic
+// Upsampling backwards (nearest, nearest-exact, linear, bicubic), the nearest, linear and bicubic
 // forwards and the antialiased bilinear/bicubic resize, forward and backward. Every mode is separable: along one dim,
 // output o reads taps idx[o][k] with weights w[o][k]. The tap tables depend on shapes and
 // scales only, so they are computed here (in CPU's math type, with PyTorch's CPU formulas,
@@ -348,6 +348,87 @@ std::vector<Value> forward(Ctx& ctx, Mode m, int n) {
   return {b.convert(x, o.dtype)};
 }
 
+// Nearest/nearest-exact forward along dim d: each output reads one input, so no math and
+// no dtype change. The source indices are static, so the cheapest form is picked from
+// them: an unchanged dim is left alone, an integer upsample (o -> o / f) is a broadcast
+// plus reshape, an evenly strided pick (o -> a + o * s) a strided slice, and any other
+// ratio a gather by a constant index list (in range by construction: no bound check).
+Value nearest_dim(Builder& b, const Value& x, int64_t d, const std::vector<int64_t>& idx) {
+  Shape s = x.shape();
+  int64_t in = s[d], out = static_cast<int64_t>(idx.size()), r = x.rank();
+  auto follows = [&](auto f) {
+    for (int64_t o = 0; o < out; ++o)
+      if (idx[o] != f(o)) return false;
+    return true;
+  };
+  if (in == out && follows([](int64_t o) { return o; })) return x;
+  if (out % in == 0 && follows([&](int64_t o) { return o / (out / in); })) {
+    Shape wide = s;
+    wide.insert(wide.begin() + d + 1, out / in);
+    std::vector<int64_t> dims;
+    for (int64_t i = 0; i < r; ++i) dims.push_back(i <= d ? i : i + 1);
+    Shape res = s;
+    res[d] = out;
+    return b.reshape(b.broadcast_in_dim(x, wide, dims), res);
+  }
+  int64_t start = idx[0], step = out > 1 ? idx[1] - idx[0] : 1;
+  if (step > 0 && follows([&](int64_t o) { return start + o * step; })) {
+    Shape lo(r, 0), hi = s, st(r, 1);
+    lo[d] = start, hi[d] = start + (out - 1) * step + 1, st[d] = step;
+    return b.slice(x, lo, hi, st);
+  }
+  std::vector<int64_t> offset, sizes = s;
+  for (int64_t i = 0; i < r; ++i)
+    if (i != d) offset.push_back(i);
+  sizes[d] = 1;
+  Shape res = s;
+  res[d] = out;
+  return b.gather(x, b.reshape(const_i64(b, idx), {out, 1}), offset, {d}, {d}, 1, sizes, res);
+}
+
+// CPU's 1-d and 3-d forwards (its generic N-d kernel) pick indices unlike its 2-d one and
+// the backwards (make_taps): no out == in / out == 2 * in shortcuts, the scale in the math
+// type (double for float64), and nearest-exact as floorf(max(s * (o + 0.5) - 0.5, 0) + 0.5)
+// with the multiply-add fused, as CPU's build computes it.
+template <class T>
+std::vector<int64_t> generic_nearest_idx(Mode m, int64_t in, int64_t out, Scale s) {
+  T sc = (s && *s > 0) ? static_cast<T>(1.0 / *s) : static_cast<T>(in) / static_cast<T>(out);
+  std::vector<int64_t> idx;
+  for (int64_t o = 0; o < out; ++o) {
+    float real;
+    if (m == Mode::NearestExact) {
+      T src = std::fma(sc, static_cast<T>(o) + T(0.5), T(-0.5));
+      real = static_cast<float>(static_cast<double>(src < T(0) ? T(0) : src) + 0.5);
+    } else {
+      real = static_cast<float>(sc * static_cast<T>(o));
+    }
+    idx.push_back(std::min(static_cast<int64_t>(std::floor(real)), in - 1));
+  }
+  return idx;
+}
+
+// upsample_nearest{1,2,3}d / _upsample_nearest_exact{1,2,3}d: self, output_size, scales...
+// (the .vec overloads are composite: they reach the backend as these). Indices as CPU's:
+// the given scale when one is passed, clamped to in - 1; 2-d as make_taps (CPU's 2-d
+// kernel, any layout), 1-d and 3-d as generic_nearest_idx.
+std::vector<Value> nearest_forward(Ctx& ctx, Mode m, int n) {
+  Builder& b = ctx.b;
+  Type o = ctx.out(0);
+  Value x = ctx.in(0);
+  if (x.type.numel() == 0 || o.numel() == 0) return {b.constant(0, o.dtype, o.shape)};
+  auto sc = scales(ctx, 2, n);
+  int64_t r = x.rank();
+  for (int i = n - 1; i >= 0; --i) {
+    int64_t d = r - n + i;
+    int64_t in = x.shape()[d], out = o.shape[d];
+    std::vector<int64_t> idx = n == 2                ? make_taps<float>(m, in, out, false, sc[i]).idx
+                               : o.dtype == DType::F64 ? generic_nearest_idx<double>(m, in, out, sc[i])
+                                                       : generic_nearest_idx<float>(m, in, out, sc[i]);
+    x = nearest_dim(b, x, d, idx);
+  }
+  return {x};
+}
+
 // Antialiased forward: self, output_size, align_corners, scales_h, scales_w.
 std::vector<Value> aa_forward(Ctx& ctx, bool cubic) {
   Builder& b = ctx.b;
@@ -368,6 +449,18 @@ std::vector<Value> aa_forward(Ctx& ctx, bool cubic) {
 
 }  // namespace
 
+TPU_LOWER(upsample_nearest1d, "upsample_nearest1d") { return nearest_forward(ctx, Mode::Nearest, 1); }
+TPU_LOWER(upsample_nearest2d, "upsample_nearest2d") { return nearest_forward(ctx, Mode::Nearest, 2); }
+TPU_LOWER(upsample_nearest3d, "upsample_nearest3d") { return nearest_forward(ctx, Mode::Nearest, 3); }
+TPU_LOWER(upsample_nearest_exact1d, "_upsample_nearest_exact1d") {
+  return nearest_forward(ctx, Mode::NearestExact, 1);
+}
+TPU_LOWER(upsample_nearest_exact2d, "_upsample_nearest_exact2d") {
+  return nearest_forward(ctx, Mode::NearestExact, 2);
+}
+TPU_LOWER(upsample_nearest_exact3d, "_upsample_nearest_exact3d") {
+  return nearest_forward(ctx, Mode::NearestExact, 3);
+}
 TPU_LOWER(upsample_nearest1d_bw, "upsample_nearest1d_backward") { return backward(ctx, Mode::Nearest, 1, false); }
 TPU_LOWER(upsample_nearest2d_bw, "upsample_nearest2d_backward") { return backward(ctx, Mode::Nearest, 2, false); }
 TPU_LOWER(upsample_nearest3d_bw, "upsample_nearest3d_backward") { return backward(ctx, Mode::Nearest, 3, false); }
