@@ -154,3 +154,36 @@ def test_profile_memory_counts_tpu_storages_per_op():
         print(json.dumps([rows["aten::empty"], rows["aten::mul"]]))
     """)
     assert out == [4 << 20, 4 << 20], out
+
+
+def test_cuda_activity_from_gpu_code_profiles_the_tpu_device():
+    # A GPU program's profiler call, unchanged: CUDA is not available, so its CUDA activity
+    # records tpu device time and memory instead of host events only.
+    out = _run("""
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                         profile_memory=True) as prof:
+                z = (x @ w).relu()
+                z.sum().item()
+        rows = {e.key: e for e in prof.key_averages()}
+        with warnings.catch_warnings(record=True) as caught_legacy:
+            warnings.simplefilter("always")
+            with torch.autograd.profiler.profile(use_cuda=True, use_kineto=False) as legacy:
+                (x @ w).relu().sum().item()
+        legacy_mm = [e for e in legacy.key_averages() if e.key == "aten::mm"][0]
+        print(json.dumps(dict(
+            mm_dev=rows["aten::mm"].self_device_time_total,
+            mm_mem=rows["aten::mm"].self_device_memory_usage,
+            warned=[str(c.message) for c in caught],
+            where=[c.filename for c in caught],
+            legacy_mm_dev=legacy_mm.self_device_time_total,
+            legacy_warned=[str(c.message) for c in caught_legacy])))
+    """)
+    assert out["mm_dev"] > 0 and out["mm_mem"] == 128 * 128 * 4, out
+    assert out["legacy_mm_dev"] > 0, out
+    for warned in (out["warned"], out["legacy_warned"]):
+        assert any("records the tpu device" in w for w in warned), warned
+        assert not any("CUDA is not available, disabling" in w for w in warned), warned
+    assert out["where"] == ["<string>"], out  # the warning points at the user's call

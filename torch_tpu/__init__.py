@@ -79,6 +79,9 @@ _transformer.install()
 from . import _data_parallel  # noqa: E402  (torch.nn.DataParallel's copies between tpu devices)
 
 _data_parallel.install()
+from . import _profiler  # noqa: E402  (the profiler's CUDA activity records tpu)
+
+_profiler.install()
 from . import _quantized  # noqa: E402  (torchao's int8 x int8 -> int32 mm on _int_mm)
 
 _quantized.register()
