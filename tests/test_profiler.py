@@ -180,7 +180,7 @@ def test_cuda_activity_from_gpu_code_profiles_the_tpu_device():
             where=[c.filename for c in caught],
             legacy_mm_dev=legacy_mm.self_device_time_total,
             legacy_warned=[str(c.message) for c in caught_legacy])))
-    """)
+    """, env={"TPU_DEFER_AND_FUSE": "0"})  # Strict: device times are linked to their ops
     assert out["mm_dev"] > 0 and out["mm_mem"] == 128 * 128 * 4, out
     assert out["legacy_mm_dev"] > 0, out
     for warned in (out["warned"], out["legacy_warned"]):
