@@ -21,6 +21,7 @@
 #include "backend/dtypes.h"
 #include "backend/executor.h"
 #include "backend/storage.h"
+#include "backend/sync_debug.h"
 #include "ir/views.h"
 #include "lowering/helpers.h"
 
@@ -339,6 +340,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
       auto buf = runtime::Client::get().from_host(host.data_ptr(), st, dims, device_index(self));
       assign(self, buf);
     } else if (self.is_cpu() && src.is_privateuseone()) {
+      note_synchronizing_op("a copy to the CPU: .cpu(), .item(), .tolist(), printing");
       ReadOfComputed now({src});  // values already computed: read apart from pending work
       note_host_read();
       verify_device_checks();     // values read back must not come from a failed op

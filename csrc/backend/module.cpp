@@ -13,6 +13,7 @@
 #include "backend/shape_churn.h"
 #include "backend/storage.h"
 #include "backend/streams.h"
+#include "backend/sync_debug.h"
 #include "runtime/client.h"
 #include "runtime/disk_cache.h"
 #include "runtime/host_cpu.h"
@@ -101,6 +102,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_split_at_backward", [] { return split_at_backward(); });
   m.def("_set_split_at_backward", [](bool on) { set_split_at_backward(on); });
   m.def("_forget_shape_churn", [] { forget_shape_churn(); });  // tests/conftest.py
+  m.def("_set_sync_debug_mode", [](int mode) { set_sync_debug_mode(static_cast<SyncDebugMode>(mode)); });
+  m.def("_get_sync_debug_mode", [] { return static_cast<int>(sync_debug_mode()); });
   m.def("_mark_module_state", [](const at::Tensor& t) {  // torch_tpu/_module_state.py
     // (a tensor subclass's wrapper, DTensor's, holds no storage of ours)
     if (!t.defined() || !t.is_privateuseone() || !t.has_storage()) return;

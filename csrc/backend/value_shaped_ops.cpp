@@ -15,6 +15,7 @@
 #include "backend/executor.h"
 #include "backend/fallback.h"
 #include "backend/storage.h"
+#include "backend/sync_debug.h"
 #include "lowering/helpers.h"
 #include "lowering/scan.h"
 #include "lowering/search_util.h"
@@ -92,6 +93,7 @@ int64_t count_nonzero_of(const at::Tensor& t, int dev) {
 // coordinates. The result owns a buffer of its bucket's size, not the input's.
 at::Tensor nonzero_tpu(const at::Tensor& self) {
   return guarded([&] {
+    note_synchronizing_op("aten::nonzero");  // the output size depends on values
     ReadOfComputed now({self});
     int64_t n = self.numel(), r = self.dim();
     int dev = device_index(self);
@@ -128,6 +130,7 @@ at::Tensor masked_select_tpu(const at::Tensor& self, const at::Tensor& mask) {
   TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_select: expected BoolTensor for mask, got ",
               mask.scalar_type());
   return guarded([&] {
+    note_synchronizing_op("aten::masked_select");  // the output size depends on values
     ReadOfComputed now({self, mask});
     std::vector<int64_t> shape = at::infer_size(self.sizes(), mask.sizes());
     int64_t n = c10::multiply_integers(shape);
@@ -158,6 +161,7 @@ bool equal_tpu(const at::Tensor& self, const at::Tensor& other) {
   if (self.sizes() != other.sizes()) return false;
   if (self.numel() == 0) return true;
   return guarded([&] {
+    note_synchronizing_op("aten::equal");  // the host reads the answer
     ReadOfComputed now({self, other});
     int dev = device_index(self);
     Type st = type_of(self, "equal"), ot = type_of(other, "equal");
@@ -188,6 +192,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_impl(const at::Tensor& sel
   if (n == 0)
     return {at::empty({0}, self.options()), want_inverse ? at::empty(self.sizes(), none.options()) : none,
             want_counts ? at::empty({0}, none.options()) : none};
+  note_synchronizing_op(consecutive ? "aten::unique_consecutive" : "aten::unique");  // the output size depends on values
   ReadOfComputed now({self});
   int dev = device_index(self);
   Type it = type_of(self, "unique");
@@ -276,6 +281,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> unique_slices(cons
     TORCH_CHECK(self.size(dim) == 0, "There are 0 sized dimensions, and they aren't selected, so unique cannot be applied");
     return std::make_tuple(at::empty(self.sizes(), self.options()), at::empty({0}, lo), at::empty({0}, lo));
   }
+  note_synchronizing_op("aten::unique_dim");  // the output size depends on values
   ReadOfComputed now({self});
   int dev = device_index(self);
   Type it = type_of(self, "unique_dim");
@@ -357,6 +363,7 @@ at::Tensor repeat_interleave_tpu(const at::Tensor& repeats, std::optional<c10::S
   TORCH_CHECK(repeats.scalar_type() == at::kLong || repeats.scalar_type() == at::kInt,
               "repeats has to be Long or Int tensor");
   return guarded([&] {
+    note_synchronizing_op("aten::repeat_interleave");  // the output size depends on values
     ReadOfComputed now({repeats});
     int64_t n = repeats.numel();
     int dev = device_index(repeats);
@@ -419,6 +426,7 @@ at::Tensor bincount_tpu(const at::Tensor& self, const std::optional<at::Tensor>&
   // CPU's and CUDA's result types: counts, float weights summed as float, others as double.
   at::ScalarType out = !weights ? at::kLong : weights->scalar_type() == at::kFloat ? at::kFloat : at::kDouble;
   return guarded([&] {
+    note_synchronizing_op("aten::bincount");  // the output size depends on values
     ReadOfComputed now(weights ? std::initializer_list<std::reference_wrapper<const at::Tensor>>{self, *weights}
                                : std::initializer_list<std::reference_wrapper<const at::Tensor>>{self});
     int64_t n = self.numel();

@@ -371,6 +371,24 @@ def ipc_collect() -> None:
     is freed when both sides have released it."""
 
 
+def set_sync_debug_mode(debug_mode) -> None:
+    """As torch.cuda's: 0 / "default" does nothing, 1 / "warn" warns and 2 / "error" raises
+    at each op that makes the host wait for device values (a read back to the CPU, an
+    output size that depends on values). torch.tpu.synchronize() never counts."""
+    if isinstance(debug_mode, str):
+        modes = {"default": 0, "warn": 1, "error": 2}
+        if debug_mode not in modes:
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+        debug_mode = modes[debug_mode]
+    if debug_mode not in (0, 1, 2):
+        raise RuntimeError(f"invalid value of debug_mode {debug_mode!r}, expected 0, 1 or 2")
+    _C._set_sync_debug_mode(int(debug_mode))
+
+
+def get_sync_debug_mode() -> int:
+    return _C._get_sync_debug_mode()
+
+
 def get_arch_list() -> list:
     return []
 
