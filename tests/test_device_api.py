@@ -425,3 +425,42 @@ def test_an_out_of_memory_in_place_update_leaves_its_tensor_as_it_was(mode):
         print("ok")
     """), env=env, timeout=180)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_deprecated_and_introspection_names_of_torch_cuda():
+    # Names older or library code calls on torch.cuda, answered as torch.cuda does.
+    import warnings
+    x = torch.ones(1024, device="tpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert torch.tpu.memory_cached() == torch.tpu.memory_reserved() >= x.nbytes
+        assert torch.tpu.max_memory_cached() == torch.tpu.max_memory_reserved()
+        torch.tpu.reset_max_memory_cached()
+    assert [w.category for w in caught] == [FutureWarning] * 3
+    assert torch.tpu.max_memory_allocated() == torch.tpu.memory_allocated()  # the peak was reset
+    nested = torch.tpu.memory_stats_as_nested_dict()
+    flat = torch.tpu.memory_stats()
+    assert nested["allocated_bytes"]["all"]["current"] == flat["allocated_bytes.all.current"]
+    assert nested["bytes_limit"] == flat["bytes_limit"]
+    assert torch.tpu.get_allocator_backend() == "native"
+    assert torch.tpu.is_current_stream_capturing() is False
+    del x
+
+
+def test_nvtx_ranges_are_profiler_ranges():
+    from torch.profiler import profile
+    nvtx = torch.tpu.nvtx
+    with profile() as prof:
+        with nvtx.range("step {}", 7):
+            assert nvtx.range_push("forward") == 1
+            (torch.ones(4, device="tpu") + 1).sum().item()
+            assert nvtx.range_pop() == 1
+        rid = nvtx.range_start("across")
+        nvtx.range_end(rid)
+        nvtx.mark("instant")
+    assert nvtx.range_pop() == -1  # nothing open
+    names = {e.name for e in prof.events()}
+    assert {"step 7", "forward", "across", "instant"} <= names, names
+    by_name = {e.name: e for e in prof.events()}
+    assert by_name["step 7"].time_range.start <= by_name["forward"].time_range.start
+    assert by_name["forward"].time_range.end <= by_name["step 7"].time_range.end

@@ -1,5 +1,6 @@
 """`torch.tpu`: the device module, shaped like `torch.cuda`."""
 import contextlib
+import warnings
 
 import torch
 
@@ -159,6 +160,46 @@ def reset_max_memory_allocated(device=None) -> None:
 def reset_accumulated_memory_stats(device=None) -> None:
     """Zeroes the accumulated counts (allocations); current and peak bytes stay."""
     _C.reset_accumulated_memory_stats(_index(device))
+
+
+def memory_cached(device=None) -> int:
+    warnings.warn("torch.tpu.memory_cached has been renamed to torch.tpu.memory_reserved", FutureWarning)
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None) -> int:
+    warnings.warn("torch.tpu.max_memory_cached has been renamed to torch.tpu.max_memory_reserved",
+                  FutureWarning)
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_cached(device=None) -> None:
+    warnings.warn("torch.tpu.reset_max_memory_cached now calls torch.tpu.reset_peak_memory_stats, "
+                  "which resets all peak memory stats", FutureWarning)
+    reset_peak_memory_stats(device)
+
+
+def memory_stats_as_nested_dict(device=None) -> dict:
+    """memory_stats() with its dotted keys as nested dicts ("allocated_bytes.all.peak")."""
+    nested = {}
+    for key, value in memory_stats(device).items():
+        *path, last = key.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return nested
+
+
+def get_allocator_backend() -> str:
+    """PJRT's own buffers, freed with their last tensor (no caching allocator to choose)."""
+    return "native"
+
+
+def is_current_stream_capturing() -> bool:
+    """No stream is ever capturing: tpu has no CUDA-graph capture (libraries ask before
+    syncing or allocating)."""
+    return False
 
 
 def memory_stats(device=None) -> dict:
@@ -425,5 +466,5 @@ def stream(s):
         _C.set_device(prev_device)
 
 
-from . import amp, memory  # noqa: E402  (torch.tpu.amp, torch.tpu.memory)
+from . import amp, memory, nvtx  # noqa: E402  (torch.tpu.amp, torch.tpu.memory, torch.tpu.nvtx)
 from .memory import memory_snapshot  # noqa: E402,F401
