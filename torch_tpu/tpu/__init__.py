@@ -466,5 +466,6 @@ def stream(s):
         _C.set_device(prev_device)
 
 
-from . import amp, memory, nvtx  # noqa: E402  (torch.tpu.amp, torch.tpu.memory, torch.tpu.nvtx)
+from . import amp, graphs, memory, nvtx  # noqa: E402  (torch.tpu.amp, .graphs, .memory, .nvtx)
+from .graphs import CUDAGraph, TPUGraph, graph, graph_pool_handle, make_graphed_callables  # noqa: E402,F401
 from .memory import memory_snapshot  # noqa: E402,F401
