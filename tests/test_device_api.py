@@ -464,3 +464,36 @@ def test_nvtx_ranges_are_profiler_ranges():
     by_name = {e.name: e for e in prof.events()}
     assert by_name["step 7"].time_range.start <= by_name["forward"].time_range.start
     assert by_name["forward"].time_range.end <= by_name["step 7"].time_range.end
+
+
+def test_legacy_tensor_types_as_torch_cuda_has_them():
+    T = torch.tpu.FloatTensor
+    t = T(2, 3)
+    assert t.device.type == "tpu" and t.dtype == torch.float32 and t.shape == (2, 3)
+    assert T().shape == torch.FloatTensor().shape == (0,)
+    assert T(torch.Size([4])).shape == (4,)
+    assert T([1, 2]).cpu().tolist() == [1.0, 2.0]
+    assert isinstance(t, T) and not isinstance(t, torch.tpu.LongTensor)
+    assert not isinstance(torch.ones(1), T)  # a CPU tensor is no tpu type
+    x = torch.tensor([1.5, -2.5])
+    y = x.type(torch.tpu.LongTensor)
+    assert isinstance(y, torch.tpu.LongTensor) and y.cpu().tolist() == [1, -2]
+    assert x.type(torch.DoubleTensor).dtype == torch.float64  # CPU types as before
+    assert y.type() == "torch.tpu.LongTensor"
+    assert torch.tpu.ByteTensor([1, 2]).fill_(3).cpu().tolist() == [3, 3]
+    assert torch.tpu.BFloat16Tensor(3).dtype == torch.bfloat16
+
+
+def test_torch_cuda_submodules_and_queries():
+    import importlib
+    for sub in ("random", "streams", "nvtx", "graphs", "amp", "memory"):
+        assert importlib.import_module(f"torch.tpu.{sub}") is getattr(torch.tpu, sub)
+    torch.tpu.random.manual_seed(3)
+    a = torch.randn(3, device="tpu").cpu()
+    torch.tpu.manual_seed(3)
+    assert torch.equal(a, torch.randn(3, device="tpu").cpu())
+    assert torch.tpu.streams.Stream is torch.tpu.Stream and torch.tpu.streams.Event is torch.tpu.Event
+    assert torch.tpu.is_tf32_supported() is False and torch.tpu.has_half is True
+    assert torch.tpu.can_device_access_peer(0, torch.tpu.device_count() - 1) is True
+    with pytest.raises(RuntimeError, match="does not exist"):
+        torch.tpu.can_device_access_peer(0, torch.tpu.device_count())

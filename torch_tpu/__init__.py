@@ -40,7 +40,8 @@ _decompositions.register()
 from . import tpu as _tpu_module  # noqa: E402
 
 torch._register_device_module("tpu", _tpu_module)
-sys.modules["torch.tpu.amp"], sys.modules["torch.tpu.memory"] = _tpu_module.amp, _tpu_module.memory
+for _sub in ("amp", "graphs", "memory", "nvtx", "random", "streams"):  # import torch.tpu.<sub>
+    sys.modules[f"torch.tpu.{_sub}"] = getattr(_tpu_module, _sub)
 torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
 )

@@ -1,5 +1,6 @@
 """`torch.tpu`: the device module, shaped like `torch.cuda`."""
 import contextlib
+import sys
 import warnings
 
 import torch
@@ -189,6 +190,21 @@ def memory_stats_as_nested_dict(device=None) -> dict:
             node = node.setdefault(part, {})
         node[last] = value
     return nested
+
+
+def is_tf32_supported() -> bool:
+    """No TensorFloat-32 here: float32 matmuls follow torch.set_float32_matmul_precision
+    ("high" and "medium" take bfloat16 passes)."""
+    return False
+
+
+def can_device_access_peer(device, peer_device) -> bool:
+    """Every tpu device can copy to every other one (PJRT's device-to-device copies)."""
+    _index(device), _index(peer_device)  # an invalid ordinal raises, as on CUDA
+    return True
+
+
+has_half = True
 
 
 def get_allocator_backend() -> str:
@@ -467,5 +483,9 @@ def stream(s):
 
 
 from . import amp, graphs, memory, nvtx  # noqa: E402  (torch.tpu.amp, .graphs, .memory, .nvtx)
+from . import random, streams  # noqa: E402  (torch.cuda.random's and torch.cuda.streams' names)
+from . import legacy_types as _legacy_types  # noqa: E402
+
+_legacy_types.install(sys.modules[__name__])  # torch.tpu.FloatTensor, ...
 from .graphs import CUDAGraph, TPUGraph, graph, graph_pool_handle, make_graphed_callables  # noqa: E402,F401
 from .memory import memory_snapshot  # noqa: E402,F401

@@ -1,0 +1,2 @@
+"""torch.cuda.streams' names."""
+from . import Event, Stream  # noqa: F401
