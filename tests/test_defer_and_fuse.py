@@ -412,6 +412,39 @@ def test_training_matches_strict_with_few_executions_and_no_recompiles():
     assert m()["flushes"].get("optimizer step", 0) >= len(got)
 
 
+def test_optimizer_steps_inside_the_backward_cut_the_graph_once_at_its_end():
+    # Optimizer in backward (a per-parameter step from each gradient hook): the training
+    # step ends with the backward, so its graph is cut there once, not at each parameter's
+    # step (which ran one fused graph per parameter).
+    def run(mode):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.GELU(), torch.nn.Linear(24, 12),
+                                    torch.nn.LayerNorm(12), torch.nn.Linear(12, 3)).to("tpu")
+        opts = {p: torch.optim.AdamW([p], lr=1e-2) for p in model.parameters()}
+
+        def hook(p):
+            opts[p].step()
+            opts[p].zero_grad()
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(hook)
+        x, y = torch.randn(16, 12).to("tpu"), torch.randint(0, 3, (16,)).to("tpu")
+        losses, graphs = [], []
+        with torch_tpu.set_eager_mode(mode):
+            for _ in range(4):
+                g0 = m()["fused_graphs"]
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                losses.append(loss.item())
+                graphs.append(m()["fused_graphs"] - g0)
+        return losses, graphs, [p.detach().cpu() for p in model.parameters()]
+
+    ref, _, ref_params = run(EagerMode.DEFER_NEVER)
+    got, graphs, params = run(FUSED)
+    assert max(abs(a - b) for a, b in zip(ref, got)) < 1e-5, (ref, got)
+    torch.testing.assert_close(params, ref_params, rtol=1e-5, atol=1e-6)
+    assert max(graphs[1:]) <= 3, graphs  # forward, backward with every update, the loss read (was 9+)
+
+
 REMAT_PROBE = (
     "import sys, torch, torch_tpu\n"
     "sys.path.insert(0, 'examples')\n"

@@ -22,12 +22,23 @@ def _cut(reason):
         _C.flush(reason)
 
 
+_cut_queued_for = threading.local()  # the backward whose end already cuts the graph
+
+
 def _after_optimizer_step(optimizer, args, kwargs):
     if torch.compiler.is_compiling():
         return  # a compiled step is its own program: nothing to cut, no graph break
     _C._set_recording_state(False)
     if getattr(_scaler, "depth", 0):
         return  # a GradScaler's step: cut at its update
+    task = torch._C._current_graph_task_id()
+    if task != -1:
+        # An optimizer step inside a backward (per-parameter steps from gradient hooks): the
+        # training step ends with the backward, so cut once there, not at every parameter.
+        if getattr(_cut_queued_for, "task", None) != task:
+            _cut_queued_for.task = task
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: _cut("optimizer step"))
+        return
     _cut("optimizer step")
 
 
