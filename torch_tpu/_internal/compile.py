@@ -137,6 +137,7 @@ class _CompiledGraph:
         self._gm = gm
         self._first = True
         self._mutated = _mutated_inputs(gm)
+        self._input_outputs = _outputs_that_are_inputs(gm)
         self._captures = []        # (capture, output template), one per input layout
         self.replay_declined = ""  # why the capture could not explain the graph
         self.role = role
@@ -187,12 +188,24 @@ class _CompiledGraph:
         return out
 
     def _replay(self, args, how):
+        inputs = list(args) if self._input_outputs else None  # the call may clear `args`
         for cap, template in (self._captures if REPLAY else ()):
             tensors = cap.replay(args, how)  # None: the inputs do not match; args untouched
             if tensors is not None:
                 counters["compiled_replays"] += 1
-                return template[0](t if t is not None else c for t, c in zip(tensors, template[1]))
+                return self._outputs(tensors, template, inputs)
         return None
+
+    def _outputs(self, tensors, template, inputs):
+        # An output that is a graph input comes back as that very tensor, as the graph
+        # itself returns it: AOTAutograd saves such inputs for the backward, whose version
+        # check must see an in-place change made after the forward (a new tensor over the
+        # same storage has a version counter of its own, so the backward read the changed
+        # values without an error).
+        outs = [t if t is not None else c for t, c in zip(tensors, template[1])]
+        for k, i in self._input_outputs.items():
+            outs[k] = inputs[i]
+        return template[0](outs)
 
     def _record(self, args, how=_LAUNCH):
         _as_plain_tensors(args)
@@ -227,14 +240,23 @@ class _CompiledGraph:
             self._captures.append((cap, template))
             if cap.recorded_apart:  # discarded, inputs as they were: the replay computes it
                 del out
+                inputs = list(kept)
                 tensors = cap.replay(kept, how)
                 if tensors is None:
                     raise RuntimeError(f"torch_tpu compiled mode: a graph's first call does not match "
                                        f"its own capture ({cap.miss})")
-                return template[0](t if t is not None else c for t, c in zip(tensors, template[1]))
+                return self._outputs(tensors, template, inputs)
         else:
             self.replay_declined = cap.why
         return out
+
+
+def _outputs_that_are_inputs(gm: torch.fx.GraphModule) -> dict:
+    """{output position: input position} of the graph's outputs that are its inputs."""
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    values = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+    return {k: placeholders[v] for k, v in enumerate(values) if v in placeholders}
 
 
 def _as_plain_tensors(args):
