@@ -120,3 +120,28 @@ def test_making_an_optimizer_runs_the_models_initialization_in_defer_and_fuse():
 
 def flushes(reason):
     return torch_tpu.metrics()["flushes"].get(reason, 0)
+
+
+def test_a_buffer_assigned_in_a_compiled_forward_breaks_no_graph():
+    # Marking module state is host bookkeeping that Dynamo cannot trace: a buffer assigned
+    # in forward (self.n = self.n + 1) broke the graph at every call (fullgraph=True raised).
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("n", torch.zeros(()))
+
+        def forward(self, a):
+            self.n = self.n + 1
+            return a * self.n
+
+    dynamo.reset()
+    counters.clear()
+    m = Counter().to("tpu")
+    f = torch.compile(m, backend="tpu", fullgraph=True)
+    for _ in range(3):
+        out = f(torch.ones(3, device="tpu"))
+    assert out.cpu().tolist() == [3.0] * 3 and m.n.item() == 3.0
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])

@@ -22,6 +22,10 @@ def _mark_tensor(tensor):
 
 
 def _mark(module, name, tensor):
+    # Dynamo traces the hook of a buffer assigned in forward (self.n = self.n + 1): no
+    # mark there (a call it cannot trace broke the graph); the value is computed anyway.
+    if torch.compiler.is_compiling():
+        return
     _mark_tensor(tensor)
 
 
