@@ -1088,3 +1088,26 @@ def test_a_torch_function_subclass_input_compiles_on_the_first_call():
         y = f(x.to("tpu").as_subclass(_FunctionSubclass))
         assert type(y) is _FunctionSubclass
         torch.testing.assert_close(y.as_subclass(torch.Tensor).cpu(), (x * 2).sin().sum(1))
+
+
+def test_a_python_float_that_changes_becomes_a_graph_input():
+    # Sizes stay static without dynamism, but a float argument that changes (a scale, a
+    # temperature) is a graph input from its second value on, as with stock backends:
+    # two graphs, not one per value until the recompile limit.
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+    dynamo.reset()
+    counters.clear()
+
+    def f(x, s):
+        return x * s + s
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.randn(4, 8, device="tpu")
+    for s in [1.0, 2.0, 3.5, 4.0, 5.0, 6.25, 7.0, 8.0, 9.0, 10.0]:
+        torch.testing.assert_close(cf(x, s).cpu(), f(x.cpu(), s))
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    # A size that changes is still specialized (no dynamism asked): a new graph per size.
+    for n in (5, 6):
+        torch.testing.assert_close(cf(torch.ones(n, device="tpu"), 2.0).cpu(), f(torch.ones(n), 2.0))
+    assert counters["stats"]["unique_graphs"] == 4, dict(counters["stats"])

@@ -704,6 +704,7 @@ def _patch_dynamo() -> None:
     _capturable_steps_on_tpu(OptimizerVariable)
     _static_gradients_on_tpu()
     _no_guard_profiling_for_tpu_graphs()
+    _floats_stay_automatic()
     from .compile_fake import install
     install()  # fake-tensor rules for tpu where PyTorch's meta kernels are CUDA's
 
@@ -791,6 +792,25 @@ def _is_tpu_backend(fn) -> bool:
 
 # One entry per frame Dynamo is compiling (nested frames stack): is its backend ours?
 _frames_for_tpu = []
+# The same stack: does the frame's backend take static sizes only (ours without dynamism)?
+_static_frames = []
+
+
+def _floats_stay_automatic() -> None:
+    """In a frame compiled for static sizes, Dynamo's automatic dynamism is off for sizes
+    and integers (a size it made dynamic on its own could only be refused unbounded, so
+    the frame is specialized to the new size, as with dynamic=False; mark_dynamic and
+    dynamic=True still ask) but stays on for Python floats, which become graph inputs."""
+    from torch._dynamo import pgo
+    update = pgo.update_automatic_dynamic
+
+    @functools.wraps(update)
+    def update_automatic_dynamic(tx, name, entry, **kwargs):
+        if _static_frames and _static_frames[-1] and not isinstance(entry.scalar, float):
+            with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+                return update(tx, name, entry, **kwargs)
+        return update(tx, name, entry, **kwargs)
+    pgo.update_automatic_dynamic = update_automatic_dynamic
 
 
 def _no_guard_profiling_for_tpu_graphs() -> None:
@@ -817,12 +837,15 @@ def _no_guard_profiling_for_tpu_graphs() -> None:
         # encoder's and the decoder's lengths) could only be refused unbounded: the frame
         # is specialized to the new size instead, as with dynamic=False. mark_dynamic and
         # dynamic=True still ask for dynamic sizes.
+        # Python floats stay automatic: one that changed (a learning rate from a schedule)
+        # becomes a graph input at the next compile, as with stock backends, instead of a
+        # new graph per value until the recompile limit (_floats_stay_automatic).
         static = backend is not None and not backend.dynamism
+        _static_frames.append(static)
         try:
-            with torch._dynamo.config.patch(automatic_dynamic_shapes=False) if static \
-                    else contextlib.nullcontext():
-                return compile_frame(*args, **kwargs)
+            return compile_frame(*args, **kwargs)
         finally:
+            _static_frames.pop()
             _frames_for_tpu.pop()
 
     def profile_guard_manager(root, scope, n_iters):
