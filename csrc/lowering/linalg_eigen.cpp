@@ -1,10 +1,15 @@
 // Symmetric eigendecomposition (two-sided Jacobi) and SVD (one-sided Jacobi on the
-// columns), both with the parallel round-robin ordering: each round rotates n/2 disjoint
-// pairs at once, elementwise with a gather of each index's partner (O(n^2) a round).
-// Rounds run in a while loop until a whole sweep rotates nothing (or a sweep cap).
+// columns), both with the parallel round-robin ordering kept in a fixed layout: index k
+// pairs with k + h (h = n/2, n padded to even with a zero row/column), so a round's n/2
+// disjoint rotations act on the two halves with slices and elementwise math (no gathers,
+// no index arithmetic), and a static shuffle (slices + concatenate) moves the indices to
+// the next round's pairs. n-1 rounds make a sweep and bring the layout back; sweeps run
+// until the off-diagonal part (eigh) or the columns' Gram matrix (SVD) passes the test
+// that would leave a further sweep without a rotation (or a sweep cap).
 // Matrices are flattened to (B, m, n) and scaled to max |a| = 1 first (no overflow).
 // Results are sorted like LAPACK's (eigenvalues ascending, singular values descending).
 #include <cmath>
+#include <functional>
 
 #include "lowering/helpers.h"
 
@@ -25,96 +30,76 @@ constexpr int64_t kMaxSweeps = 24;
 
 static double eps_of(DType t) { return t == DType::F64 ? 2.220446049250313e-16 : 1.1920928955078125e-07; }
 
-// x (B, n) spread over (B, n, n) along dims {0, d}.
-static Value spread2(Builder& b, const Value& x, int64_t d) {
-  Shape s{x.shape()[0], x.shape()[1], x.shape()[1]};
-  return b.broadcast_in_dim(x, s, {0, d});
-}
-
 static Value swap_last(Builder& b, const Value& x) { return b.transpose(x, {0, 2, 1}); }
 
 static Value matmul3(Builder& b, const Value& x, const Value& y) {
   return b.dot_general(x, y, {0}, {0}, {2}, {1}, x.dtype(), ir::DotPrecision::Highest);
 }
 
-// Per-row sums of x (B, n, n) where mask holds: (B, n).
-static Value masked_rows(Builder& b, const Value& mask, const Value& x) {
-  return reduce_sum(b, b.select(mask, x, full_like(b, x, 0)), {2});
+// x[lo:hi] along dim of x (B, r, c).
+static Value part(Builder& b, const Value& x, int64_t dim, int64_t lo, int64_t hi) {
+  Shape start{0, 0, 0}, limit = x.shape();
+  start[dim] = lo, limit[dim] = hi;
+  return b.slice(x, start, limit, {1, 1, 1});
 }
 
-// The pairs of one round of the parallel (round-robin) ordering over n indices.
-struct Round {
-  Value partner;  // (n, 1) i64: the index paired with i (i itself when i sits out)
-  Value lo;       // (B, n): i is the smaller of its pair
-  Value paired;   // (B, n)
-  Value mask;     // (B, n, n): k == partner[i]
-};
-
-// Circle method over big = n rounded up to even: i < big-1 meets (r - i) mod (big-1), or
-// big-1 when that is i itself; index n (odd n) is a bye. Any big-1 consecutive rounds
-// meet every pair once.
-static Round round_pairs(Builder& b, const Value& round, int64_t batch, int64_t n) {
-  int64_t big = n + n % 2, rounds = big - 1;
-  Type vt{DType::I64, {n}};
-  Value i = b.iota(vt, 0);
-  Value r = b.binary("stablehlo.remainder", round, idx_const(b, rounds));
-  Value rs = b.constant(static_cast<double>(rounds), DType::I64, {n});
-  Value j = b.binary("stablehlo.remainder", add(b, sub(b, b.broadcast_in_dim(r, {n}, {}), i), rs), rs);
-  Value lastp = b.binary("stablehlo.remainder", mul(b, r, idx_const(b, big / 2)), idx_const(b, rounds));
-  Value top = b.constant(static_cast<double>(big - 1), DType::I64, {n});
-  Value p = b.select(b.compare(j, i, Cmp::EQ), top, j);
-  p = b.select(b.compare(i, top, Cmp::EQ), b.broadcast_in_dim(lastp, {n}, {}), p);
-  Value has = b.compare(p, b.constant(static_cast<double>(n), DType::I64, {n}), Cmp::LT);
-  p = b.select(has, p, i);
-  Shape sq{batch, n, n}, vec{batch, n};
-  Value mask = b.compare(b.iota(Type{DType::I64, sq}, 2), b.broadcast_in_dim(p, sq, {1}), Cmp::EQ);
-  return {b.reshape(p, {n, 1}), b.broadcast_in_dim(b.compare(i, p, Cmp::LT), vec, {1}),
-          b.broadcast_in_dim(has, vec, {1}), mask};
+// x[:, lo:hi] of x (B, n).
+static Value part2(Builder& b, const Value& x, int64_t lo, int64_t hi) {
+  return b.slice(x, {0, lo}, {x.shape()[0], hi}, {1, 1});
 }
 
-// x[..., partner] along dim 2 (columns) or 1 (rows) of x (B, r, c).
-static Value permute(Builder& b, const Value& x, const Value& partner, int64_t dim) {
-  Shape sizes = x.shape();
-  sizes[dim] = 1;
-  std::vector<int64_t> offs = dim == 2 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0, 2};
-  return b.gather(x, partner, offs, {dim}, {dim}, 1, sizes, x.shape());
+// Moves the indices along dim (size n = 2h) to the next round: 0 stays, the others step
+// along the cycle 1 -> 2 -> .. -> h-1 -> 2h-1 -> 2h-2 -> .. -> h -> 1 (the circle method:
+// any n-1 consecutive rounds pair every two indices once; n-1 steps are the identity).
+static Value next_round(Builder& b, const Value& x, int64_t dim) {
+  int64_t h = x.shape()[dim] / 2;
+  if (h < 2) return x;
+  std::vector<Value> parts{part(b, x, dim, 0, 1), part(b, x, dim, h, h + 1)};
+  if (h > 2) parts.push_back(part(b, x, dim, 1, h - 1));
+  parts.push_back(part(b, x, dim, h + 1, 2 * h));
+  parts.push_back(part(b, x, dim, h - 1, h));
+  return b.concatenate(parts, dim);
 }
 
+// One rotation per pair (p = k, q = k + h): J[p,p] = J[q,q] = c, J[p,q] = s, J[q,p] = -s
+// with t = s/c the smaller root of t^2 + 2 zeta t - 1 = 0, zeta = (a_qq - a_pp) / (2 a_pq),
+// so that (J^T a J)[p,q] = 0. Pairs flagged `small` (and degenerate ones) get t = 0.
 struct Rotation {
-  Value c, ss;   // (B, n): x J = x c - x[:, partner] ss (columns); J^T x likewise on rows
-  Value active;  // (B, n): the pair is rotated
+  Value t, c, s;  // (B, h)
+  Value active;   // (B, h): the pair is rotated
 };
 
-// Per index of a pair (p < q) with entries g_pp, g_qq, g_pq: J[p,p] = J[q,q] = c,
-// J[p,q] = s, J[q,p] = -s with t = s/c the smaller root of t^2 + 2 zeta t - 1 = 0,
-// zeta = (g_qq - g_pp) / (2 g_pq), so that (J^T g J)[p,q] = 0. `small` pairs stay.
-static Rotation rotation(Builder& b, const Round& rd, const Value& d, const Value& dp,
-                         const Value& gpq, const Value& small) {
-  Value app = b.select(rd.lo, d, dp), aqq = b.select(rd.lo, dp, d);
+static Rotation rotation(Builder& b, const Value& app, const Value& aqq, const Value& apq, const Value& small) {
   Value diff = sub(b, aqq, app), zero = full_like(b, diff, 0), one = full_like(b, diff, 1);
   Value sgn = b.select(b.compare(diff, zero, Cmp::GE), one, full_like(b, diff, -1));
   Value den = add(b, b.unary("stablehlo.abs", diff),
-                  b.unary("stablehlo.sqrt", add(b, mul(b, diff, diff), mul(b, full_like(b, diff, 4), mul(b, gpq, gpq)))));
-  Value active = b.binary("stablehlo.and", rd.paired,
-                          b.unary("stablehlo.not", b.binary("stablehlo.or", small, b.compare(den, zero, Cmp::EQ))));
-  Value tt = b.select(active, div(b, mul(b, full_like(b, diff, 2), mul(b, gpq, sgn)), b.select(active, den, one)), zero);
-  Value c = b.unary("stablehlo.rsqrt", add(b, one, mul(b, tt, tt)));
-  Value s = mul(b, tt, c);
-  // x J's column i adds J[partner, i] x[:, partner]: -s for p, +s for q.
-  return {c, b.select(rd.lo, s, b.unary("stablehlo.negate", s)), active};
+                  b.unary("stablehlo.sqrt", add(b, mul(b, diff, diff), mul(b, full_like(b, diff, 4), mul(b, apq, apq)))));
+  Value active = b.unary("stablehlo.not", b.binary("stablehlo.or", small, b.compare(den, zero, Cmp::EQ)));
+  Value t = b.select(active, div(b, mul(b, full_like(b, diff, 2), mul(b, apq, sgn)), b.select(active, den, one)), zero);
+  Value c = b.unary("stablehlo.rsqrt", add(b, one, mul(b, t, t)));
+  return {t, c, mul(b, t, c), active};
 }
 
-// x J (dim 2) or J^T x (dim 1) for x (B, r, n) / (B, n, c).
-static Value rotate(Builder& b, const Value& x, const Round& rd, const Rotation& rot, int64_t dim) {
-  Value c = b.broadcast_in_dim(rot.c, x.shape(), {0, dim});
-  Value ss = b.broadcast_in_dim(rot.ss, x.shape(), {0, dim});
-  return sub(b, mul(b, x, c), mul(b, permute(b, x, rd.partner, dim), ss));
+// x J along dim 2 (columns p, q become c x_p - s x_q, s x_p + c x_q) or J^T x along dim 1
+// (the same on rows), for x (B, r, n) / (B, n, c).
+static Value rotate(Builder& b, const Value& x, const Rotation& r, int64_t dim) {
+  int64_t h = x.shape()[dim] / 2;
+  Value xp = part(b, x, dim, 0, h), xq = part(b, x, dim, h, 2 * h);
+  Value c = b.broadcast_in_dim(r.c, xp.shape(), {0, dim}), s = b.broadcast_in_dim(r.s, xp.shape(), {0, dim});
+  return b.concatenate({sub(b, mul(b, c, xp), mul(b, s, xq)), add(b, mul(b, s, xp), mul(b, c, xq))}, dim);
 }
 
-// Whether a rotation was applied: (quiet rounds so far + 1) or 0.
-static Value next_quiet(Builder& b, const Value& quiet, const Value& active) {
-  Value any = b.reduce(active, b.constant(0, DType::Bool), {0, 1}, "stablehlo.or");
-  return b.select(any, idx_const(b, 0), add(b, quiet, idx_const(b, 1)));
+// Elements count, offset and stride of x (B, n, n) flattened to (B, n*n): x[i, i + off].
+static Value diagonal(Builder& b, const Value& x, int64_t off, int64_t count) {
+  int64_t batch = x.shape()[0], n = x.shape()[1];
+  Value flat = b.reshape(x, {batch, n * n});
+  return b.slice(flat, {0, off}, {batch, off + (count - 1) * (n + 1) + 1}, {1, n + 1});
+}
+
+// x (B, r, c) with `rows` / `cols` zero rows / columns added at the end.
+static Value pad_zero(Builder& b, const Value& x, int64_t rows, int64_t cols) {
+  if (rows == 0 && cols == 0) return x;
+  return b.pad(x, b.constant(0, x.dtype()), {0, 0, 0}, {0, rows, cols}, {0, 0, 0});
 }
 
 // Per-matrix max |x| over (B, r, c), with 1 for zero matrices: (B).
@@ -143,42 +128,87 @@ static std::pair<Value, Value> sort_keys(Builder& b, const Value& keys, bool asc
   return {sorted[0], perm_matrix(b, sorted[1], keys.dtype())};
 }
 
-// Eigen-decomposition of symmetric a (B, n, n): (ascending eigenvalues (B, n), vectors).
-// Pairs with |a_pq| <= eps ||A||_F stay; a rotated pair's a_pq is set to 0. Done after
-// a whole sweep of rounds without a rotation.
-static std::pair<Value, Value> jacobi_eigh(Builder& b, const Value& a) {
-  int64_t batch = a.shape()[0], n = a.shape()[1], rounds = n + n % 2 - 1;
-  DType t = a.dtype();
-  Value scale = scale_of(b, a);
-  Value x = divide_by(b, a, scale);
-  Value fro = b.unary("stablehlo.sqrt", reduce_sum(b, mul(b, x, x), {1, 2}));  // (B)
-  Value thresh = b.broadcast_in_dim(mul(b, fro, full_like(b, fro, eps_of(t))), {batch, n}, {0});
-  Type st{DType::I64, {batch, n, n}};
-  Value diag = b.compare(b.iota(st, 1), b.iota(st, 2), Cmp::EQ);
+// Runs sweeps of `rounds` rounds over state {x, v...} (the first a matrix, v optional)
+// until `done(state)` or the sweep cap; `round(state)` is one round, shuffle included.
+using StateFn = std::function<std::vector<Value>(Builder&, const std::vector<Value>&)>;
+using DoneFn = std::function<Value(Builder&, const Value&)>;
+static std::vector<Value> sweeps(Builder& b, const std::vector<Value>& init, int64_t rounds, const DoneFn& done,
+                                 const StateFn& round) {
+  std::vector<Value> st{idx_const(b, 0), done(b, init[0])};
+  st.insert(st.end(), init.begin(), init.end());
   auto out = b.while_loop(
-      {idx_const(b, 0), idx_const(b, 0), x, eye3(b, t, batch, n, n)},
+      st,
       [&](Builder& bb, const std::vector<Value>& s) {
-        Value more = bb.compare(s[0], idx_const(bb, kMaxSweeps * rounds), Cmp::LT);
-        return std::vector<Value>{bb.binary("stablehlo.and", more, bb.compare(s[1], idx_const(bb, rounds), Cmp::LT))};
+        Value more = bb.compare(s[0], idx_const(bb, kMaxSweeps), Cmp::LT);
+        return std::vector<Value>{bb.binary("stablehlo.and", more, bb.unary("stablehlo.not", s[1]))};
       },
       [&](Builder& bb, const std::vector<Value>& s) {
-        Round rd = round_pairs(bb, s[0], batch, n);
-        const Value& y = s[2];
-        Value d = masked_rows(bb, diag, y);
-        Value dp = masked_rows(bb, rd.mask, spread2(bb, d, 2));
-        Value gpq = bb.select(rd.lo, masked_rows(bb, rd.mask, y), masked_rows(bb, rd.mask, swap_last(bb, y)));
-        Value small = bb.compare(bb.unary("stablehlo.abs", gpq), thresh, Cmp::LE);
-        Rotation rot = rotation(bb, rd, d, dp, gpq, small);
-        Value z = rotate(bb, rotate(bb, y, rd, rot, 2), rd, rot, 1);
-        Value zero_pq = bb.binary("stablehlo.and", rd.mask, spread2(bb, rot.active, 1));
-        z = bb.select(zero_pq, full_like(bb, z, 0), z);
-        return std::vector<Value>{add(bb, s[0], idx_const(bb, 1)), next_quiet(bb, s[1], rot.active), z,
-                                  rotate(bb, s[3], rd, rot, 2)};
+        std::vector<Value> in{idx_const(bb, 0)};
+        in.insert(in.end(), s.begin() + 2, s.end());
+        auto r = bb.while_loop(
+            in,
+            [&](Builder& c, const std::vector<Value>& x) {
+              return std::vector<Value>{c.compare(x[0], idx_const(c, rounds), Cmp::LT)};
+            },
+            [&](Builder& c, const std::vector<Value>& x) {
+              std::vector<Value> next{add(c, x[0], idx_const(c, 1))};
+              auto moved = round(c, std::vector<Value>(x.begin() + 1, x.end()));
+              next.insert(next.end(), moved.begin(), moved.end());
+              return next;
+            });
+        std::vector<Value> next{add(bb, s[0], idx_const(bb, 1)), done(bb, r[1])};
+        next.insert(next.end(), r.begin() + 1, r.end());
+        return next;
       });
-  Value w = masked_rows(b, diag, out[2]);
+  return std::vector<Value>(out.begin() + 2, out.end());
+}
+
+// Eigen-decomposition of symmetric a (B, n, n): (ascending eigenvalues (B, n), vectors
+// (B, n, n), or none without want_v). Pairs with |a_pq| <= eps ||A||_F stay; a rotated
+// pair gets a_pq = 0 and its diagonal updated as a_pp - t a_pq, a_qq + t a_pq (exact in
+// exact arithmetic, and more accurate than rotating the diagonal entries).
+static std::pair<Value, Value> jacobi_eigh(Builder& b, const Value& a, bool want_v) {
+  int64_t batch = a.shape()[0], n0 = a.shape()[1], n = n0 + n0 % 2, h = n / 2;
+  DType t = a.dtype();
+  Value scale = scale_of(b, a);
+  Value x = pad_zero(b, divide_by(b, a, scale), n - n0, n - n0);
+  Value fro = b.unary("stablehlo.sqrt", reduce_sum(b, mul(b, x, x), {1, 2}));  // (B)
+  Value thresh = mul(b, fro, full_like(b, fro, eps_of(t)));
+  Value thresh_h = b.broadcast_in_dim(thresh, {batch, h}, {0});
+  Shape sq{batch, n, n};
+  Value diag = b.compare(b.iota(Type{DType::I64, sq}, 1), b.iota(Type{DType::I64, sq}, 2), Cmp::EQ);
+  // |i - j| == h: the entries a_pq, a_qp of each pair.
+  Value pq = b.compare(b.unary("stablehlo.abs", sub(b, b.iota(Type{DType::I64, sq}, 1), b.iota(Type{DType::I64, sq}, 2))),
+                       b.constant(static_cast<double>(h), DType::I64, sq), Cmp::EQ);
+  auto done = [&](Builder& bb, const Value& y) {
+    Value off = reduce_max(bb, bb.select(diag, full_like(bb, y, 0), bb.unary("stablehlo.abs", y)), {1, 2});
+    return bb.reduce(bb.compare(off, thresh, Cmp::LE), bb.constant(1, DType::Bool), {0}, "stablehlo.and");
+  };
+  auto round = [&](Builder& bb, const std::vector<Value>& s) {
+    const Value& y = s[0];
+    Value d = diagonal(bb, y, 0, n), apq = diagonal(bb, y, h, h);
+    Value app = part2(bb, d, 0, h), aqq = part2(bb, d, h, n);
+    Value small = bb.compare(bb.unary("stablehlo.abs", apq), thresh_h, Cmp::LE);
+    Rotation r = rotation(bb, app, aqq, apq, small);
+    Value z = rotate(bb, rotate(bb, y, r, 1), r, 2);
+    Value tq = mul(bb, r.t, apq);
+    Value dn = bb.concatenate({sub(bb, app, tq), add(bb, aqq, tq)}, 1);
+    Value pqn = bb.select(r.active, full_like(bb, apq, 0), apq);
+    z = bb.select(diag, bb.broadcast_in_dim(dn, sq, {0, 1}), z);
+    z = bb.select(pq, bb.broadcast_in_dim(bb.concatenate({pqn, pqn}, 1), sq, {0, 1}), z);
+    std::vector<Value> next{next_round(bb, next_round(bb, z, 1), 2)};
+    if (want_v) next.push_back(next_round(bb, rotate(bb, s[1], r, 2), 2));
+    return next;
+  };
+  std::vector<Value> init{x};
+  if (want_v) init.push_back(eye3(b, t, batch, n, n));
+  auto out = sweeps(b, init, n - 1, done, round);
+  Value w = part2(b, diagonal(b, out[0], 0, n), 0, n0);
   w = mul(b, w, b.broadcast_in_dim(scale, w.shape(), {0}));
   auto [ws, perm] = sort_keys(b, w, true);
-  return {ws, matmul3(b, out[3], perm)};
+  if (!want_v) return {ws, Value{}};
+  Value v = n == n0 ? out[1] : b.slice(out[1], {0, 0, 0}, {batch, n0, n0}, {1, 1, 1});
+  return {ws, matmul3(b, v, perm)};
 }
 
 // Whether every element of x is finite: a bool scalar.
@@ -204,8 +234,9 @@ TPU_LOWER(linalg_eigh, "_linalg_eigh") {
   // LAPACK fails on non-finite input (its error code is not reproduced).
   ctx.check(all_finite(b, sym), "LinAlgError: linalg.eigh: The algorithm failed to converge because the input matrix "
                                 "is ill-conditioned or has too many repeated eigenvalues");
-  auto [w, v] = jacobi_eigh(b, sym);
-  Value vv = vo.numel() == 0 ? b.constant(0, vo.dtype, vo.shape) : b.reshape(v, vo.shape);
+  bool want_v = vo.numel() > 0;
+  auto [w, v] = jacobi_eigh(b, sym, want_v);
+  Value vv = want_v ? b.reshape(v, vo.shape) : b.constant(0, vo.dtype, vo.shape);
   return {b.reshape(w, wo.shape), vv};
 }
 
@@ -216,38 +247,48 @@ struct Svd {
 // SVD of a (B, m, n) with m >= n by one-sided Jacobi: A V converges to orthogonal
 // columns U S. U is then completed (zero singular values, full_matrices) and
 // re-orthonormalized by a Householder QR of U's columns, with R's signs folded back.
-static Svd jacobi_svd(Builder& b, const Value& a, bool want_u, int64_t mu) {
-  int64_t batch = a.shape()[0], m = a.shape()[1], n = a.shape()[2], rounds = n + n % 2 - 1;
+// want_v false (singular values only) skips V, and so U.
+static Svd jacobi_svd(Builder& b, const Value& a, bool want_u, int64_t mu, bool want_v = true) {
+  int64_t batch = a.shape()[0], m = a.shape()[1], n0 = a.shape()[2], n = n0 + n0 % 2, h = n / 2;
   DType t = a.dtype();
+  want_u = want_u && want_v;
   Value scale = scale_of(b, a);
-  Value x = divide_by(b, a, scale);
+  Value x = pad_zero(b, divide_by(b, a, scale), 0, n - n0);
+  // Pairs whose columns are orthogonal to tol (relative) stay: g_pq^2 <= tol^2 g_pp g_qq.
   double tol = 2 * eps_of(t) * std::sqrt(static_cast<double>(m));
-  // Pairs whose columns are orthogonal to tol (relative) stay; done after a whole
-  // sweep of rounds without a rotation.
-  auto out = b.while_loop(
-      {idx_const(b, 0), idx_const(b, 0), x, eye3(b, t, batch, n, n)},
-      [&](Builder& bb, const std::vector<Value>& s) {
-        Value more = bb.compare(s[0], idx_const(bb, kMaxSweeps * rounds), Cmp::LT);
-        return std::vector<Value>{bb.binary("stablehlo.and", more, bb.compare(s[1], idx_const(bb, rounds), Cmp::LT))};
-      },
-      [&](Builder& bb, const std::vector<Value>& s) {
-        Round rd = round_pairs(bb, s[0], batch, n);
-        const Value& y = s[2];
-        Value yp = permute(bb, y, rd.partner, 2);
-        Value d = reduce_sum(bb, mul(bb, y, y), {1}), dp = reduce_sum(bb, mul(bb, yp, yp), {1});
-        Value gpq = reduce_sum(bb, mul(bb, y, yp), {1});
-        Value small = bb.compare(mul(bb, gpq, gpq), mul(bb, full_like(bb, d, tol * tol), mul(bb, d, dp)), Cmp::LE);
-        Rotation rot = rotation(bb, rd, d, dp, gpq, small);
-        Value c = bb.broadcast_in_dim(rot.c, y.shape(), {0, 2}), ss = bb.broadcast_in_dim(rot.ss, y.shape(), {0, 2});
-        Value z = sub(bb, mul(bb, y, c), mul(bb, yp, ss));
-        return std::vector<Value>{add(bb, s[0], idx_const(bb, 1)), next_quiet(bb, s[1], rot.active), z,
-                                  rotate(bb, s[3], rd, rot, 2)};
-      });
-  Value y = out[2];
-  Value norms = b.unary("stablehlo.sqrt", reduce_sum(b, mul(b, y, y), {1}));  // (B, n)
+  Shape sq{batch, n, n};
+  Value diag = b.compare(b.iota(Type{DType::I64, sq}, 1), b.iota(Type{DType::I64, sq}, 2), Cmp::EQ);
+  auto done = [&](Builder& bb, const Value& y) {
+    Value g = bb.dot_general(y, y, {0}, {0}, {1}, {1}, t, ir::DotPrecision::Highest);  // y^T y
+    Value d = diagonal(bb, g, 0, n);
+    Value bound = mul(bb, full_like(bb, g, tol * tol), mul(bb, bb.broadcast_in_dim(d, sq, {0, 1}),
+                                                           bb.broadcast_in_dim(d, sq, {0, 2})));
+    Value ok = bb.binary("stablehlo.or", diag, bb.compare(mul(bb, g, g), bound, Cmp::LE));
+    return bb.reduce(ok, bb.constant(1, DType::Bool), {0, 1, 2}, "stablehlo.and");
+  };
+  auto round = [&](Builder& bb, const std::vector<Value>& s) {
+    const Value& y = s[0];
+    Value yp = part(bb, y, 2, 0, h), yq = part(bb, y, 2, h, n);
+    Value d = reduce_sum(bb, mul(bb, yp, yp), {1}), dq = reduce_sum(bb, mul(bb, yq, yq), {1});
+    Value g = reduce_sum(bb, mul(bb, yp, yq), {1});
+    Value small = bb.compare(mul(bb, g, g), mul(bb, full_like(bb, d, tol * tol), mul(bb, d, dq)), Cmp::LE);
+    Rotation r = rotation(bb, d, dq, g, small);
+    std::vector<Value> next{next_round(bb, rotate(bb, y, r, 2), 2)};
+    if (want_v) next.push_back(next_round(bb, rotate(bb, s[1], r, 2), 2));
+    return next;
+  };
+  std::vector<Value> init{x};
+  if (want_v) init.push_back(eye3(b, t, batch, n, n));
+  auto out = sweeps(b, init, n - 1, done, round);
+  Value y = n == n0 ? out[0] : part(b, out[0], 2, 0, n0);
+  Value norms = b.unary("stablehlo.sqrt", reduce_sum(b, mul(b, y, y), {1}));  // (B, n0)
   auto [s, perm] = sort_keys(b, norms, false);
-  Svd r{Value{}, mul(b, s, b.broadcast_in_dim(scale, s.shape(), {0})), matmul3(b, out[3], perm)};
+  Svd r{Value{}, mul(b, s, b.broadcast_in_dim(scale, s.shape(), {0})), Value{}};
+  if (!want_v) return r;
+  Value v = n == n0 ? out[1] : b.slice(out[1], {0, 0, 0}, {batch, n0, n0}, {1, 1, 1});
+  r.v = matmul3(b, v, perm);
   if (!want_u) return r;
+  n = n0;
   Value ys = matmul3(b, y, perm);
   Value sb = b.broadcast_in_dim(s, ys.shape(), {0, 2});
   Value zero = full_like(b, sb, 0);
@@ -256,9 +297,7 @@ static Svd jacobi_svd(Builder& b, const Value& a, bool want_u, int64_t mu) {
   auto [f, tau] = householder_qr(b, u0);
   Value q = apply_householder(b, f, tau, eye3(b, t, batch, m, mu), true, false, true);
   // sign(R_jj) for j < n (1 where R_jj is 0), 1 for the completed columns.
-  Type st{DType::I64, {batch, n, n}};
-  Value rd = masked_rows(b, b.compare(b.iota(st, 1), b.iota(st, 2), Cmp::EQ),
-                         b.slice(f, {0, 0, 0}, {batch, n, n}, {1, 1, 1}));
+  Value rd = diagonal(b, b.slice(f, {0, 0, 0}, {batch, n, n}, {1, 1, 1}), 0, n);
   Value sg = b.select(b.compare(rd, full_like(b, rd, 0), Cmp::LT), full_like(b, rd, -1), full_like(b, rd, 1));
   if (mu > n) sg = b.concatenate({sg, b.constant(1, t, {batch, mu - n})}, 1);
   r.u = mul(b, q, b.broadcast_in_dim(sg, q.shape(), {0, 2}));
@@ -297,7 +336,7 @@ TPU_LOWER(linalg_svd, "_linalg_svd") {
   bool wide = m < n;  // the SVD of A^T: A = V S U^T
   Value x = wide ? swap_last(b, a3) : a3;
   int64_t rows = wide ? n : m, cols = wide ? m : n;
-  Svd r = jacobi_svd(b, x, uv, full ? rows : cols);
+  Svd r = jacobi_svd(b, x, uv, full ? rows : cols, uv);
   Value s = b.reshape(r.s, so.shape);
   if (!uv) return {b.constant(0, uo.dtype, uo.shape), s, b.constant(0, vo.dtype, vo.shape)};
   Value u = wide ? r.v : r.u;
