@@ -173,7 +173,7 @@ static std::pair<Value, Value> jacobi_eigh(Builder& b, const Value& a, bool want
   Value scale = scale_of(b, a);
   Value x = pad_zero(b, divide_by(b, a, scale), n - n0, n - n0);
   Value fro = b.unary("stablehlo.sqrt", reduce_sum(b, mul(b, x, x), {1, 2}));  // (B)
-  Value thresh = mul(b, fro, full_like(b, fro, eps_of(t)));
+  Value thresh = mul(b, fro, full_like(b, fro, eps_of(t) / std::sqrt(static_cast<double>(n))));
   Value thresh_h = b.broadcast_in_dim(thresh, {batch, h}, {0});
   Shape sq{batch, n, n};
   Value diag = b.compare(b.iota(Type{DType::I64, sq}, 1), b.iota(Type{DType::I64, sq}, 2), Cmp::EQ);
@@ -203,11 +203,20 @@ static std::pair<Value, Value> jacobi_eigh(Builder& b, const Value& a, bool want
   std::vector<Value> init{x};
   if (want_v) init.push_back(eye3(b, t, batch, n, n));
   auto out = sweeps(b, init, n - 1, done, round);
-  Value w = part2(b, diagonal(b, out[0], 0, n), 0, n0);
+  Value w = part2(b, diagonal(b, out[0], 0, n), 0, n0), v;
+  if (want_v) {
+    v = n == n0 ? out[1] : b.slice(out[1], {0, 0, 0}, {batch, n0, n0}, {1, 1, 1});
+    // Thousands of rotations leave V ~sqrt(rotations) eps off orthogonal: one Newton-Schulz
+    // step, V (3I - V^T V) / 2, takes that to ~eps; the eigenvalues are then the Rayleigh
+    // quotients v^T A v (error ~eps ||A|| plus the square of V's).
+    Value vtv = b.dot_general(v, v, {0}, {0}, {1}, {1}, t, ir::DotPrecision::Highest);
+    v = matmul3(b, v, sub(b, mul(b, eye3(b, t, batch, n0, n0), full_like(b, vtv, 1.5)), mul(b, vtv, full_like(b, vtv, 0.5))));
+    Value a0 = divide_by(b, a, scale);
+    w = reduce_sum(b, mul(b, v, matmul3(b, a0, v)), {1});
+  }
   w = mul(b, w, b.broadcast_in_dim(scale, w.shape(), {0}));
   auto [ws, perm] = sort_keys(b, w, true);
   if (!want_v) return {ws, Value{}};
-  Value v = n == n0 ? out[1] : b.slice(out[1], {0, 0, 0}, {batch, n0, n0}, {1, 1, 1});
   return {ws, matmul3(b, v, perm)};
 }
 
