@@ -89,6 +89,30 @@ static Value rotate(Builder& b, const Value& x, const Rotation& r, int64_t dim) 
   return b.concatenate({sub(b, mul(b, c, xp), mul(b, s, xq)), add(b, mul(b, s, xp), mul(b, c, xq))}, dim);
 }
 
+// J^T y J for symmetric y (B, n, n), by its four (h, h) blocks (each output block mixes
+// the four input blocks elementwise: one pass, no intermediate). The pairs' own entries
+// take the given values: diagonals app / aqq (B, h), off-diagonals apq (B, h).
+static Value two_sided(Builder& b, const Value& y, const Rotation& r, const Value& app, const Value& aqq,
+                       const Value& apq) {
+  int64_t batch = y.shape()[0], h = y.shape()[1] / 2;
+  auto blk = [&](int64_t i, int64_t j) { return b.slice(y, {0, i, j}, {batch, i + h, j + h}, {1, 1, 1}); };
+  Value ypp = blk(0, 0), ypq = blk(0, h), yqp = blk(h, 0), yqq = blk(h, h);
+  Shape bs{batch, h, h};
+  Value cr = b.broadcast_in_dim(r.c, bs, {0, 1}), sr = b.broadcast_in_dim(r.s, bs, {0, 1});
+  Value cc = b.broadcast_in_dim(r.c, bs, {0, 2}), sc = b.broadcast_in_dim(r.s, bs, {0, 2});
+  auto lin = [&](const Value& c, const Value& x, const Value& s, const Value& z, bool minus) {
+    return minus ? sub(b, mul(b, c, x), mul(b, s, z)) : add(b, mul(b, s, x), mul(b, c, z));
+  };
+  // Rows first (J^T y): row p = c y_p - s y_q, row q = s y_p + c y_q; then columns.
+  Value rpp = lin(cr, ypp, sr, yqp, true), rpq = lin(cr, ypq, sr, yqq, true);
+  Value rqp = lin(cr, ypp, sr, yqp, false), rqq = lin(cr, ypq, sr, yqq, false);
+  Value eye = b.compare(b.iota(Type{DType::I64, bs}, 1), b.iota(Type{DType::I64, bs}, 2), Cmp::EQ);
+  auto mend = [&](const Value& z, const Value& v) { return b.select(eye, b.broadcast_in_dim(v, bs, {0, 1}), z); };
+  Value zpp = mend(lin(cc, rpp, sc, rpq, true), app), zpq = mend(lin(cc, rpp, sc, rpq, false), apq);
+  Value zqp = mend(lin(cc, rqp, sc, rqq, true), apq), zqq = mend(lin(cc, rqp, sc, rqq, false), aqq);
+  return b.concatenate({b.concatenate({zpp, zpq}, 2), b.concatenate({zqp, zqq}, 2)}, 1);
+}
+
 // Elements count, offset and stride of x (B, n, n) flattened to (B, n*n): x[i, i + off].
 static Value diagonal(Builder& b, const Value& x, int64_t off, int64_t count) {
   int64_t batch = x.shape()[0], n = x.shape()[1];
@@ -178,8 +202,6 @@ static std::pair<Value, Value> jacobi_eigh(Builder& b, const Value& a, bool want
   Shape sq{batch, n, n};
   Value diag = b.compare(b.iota(Type{DType::I64, sq}, 1), b.iota(Type{DType::I64, sq}, 2), Cmp::EQ);
   // |i - j| == h: the entries a_pq, a_qp of each pair.
-  Value pq = b.compare(b.unary("stablehlo.abs", sub(b, b.iota(Type{DType::I64, sq}, 1), b.iota(Type{DType::I64, sq}, 2))),
-                       b.constant(static_cast<double>(h), DType::I64, sq), Cmp::EQ);
   auto done = [&](Builder& bb, const Value& y) {
     Value off = reduce_max(bb, bb.select(diag, full_like(bb, y, 0), bb.unary("stablehlo.abs", y)), {1, 2});
     return bb.reduce(bb.compare(off, thresh, Cmp::LE), bb.constant(1, DType::Bool), {0}, "stablehlo.and");
@@ -190,12 +212,8 @@ static std::pair<Value, Value> jacobi_eigh(Builder& b, const Value& a, bool want
     Value app = part2(bb, d, 0, h), aqq = part2(bb, d, h, n);
     Value small = bb.compare(bb.unary("stablehlo.abs", apq), thresh_h, Cmp::LE);
     Rotation r = rotation(bb, app, aqq, apq, small);
-    Value z = rotate(bb, rotate(bb, y, r, 1), r, 2);
     Value tq = mul(bb, r.t, apq);
-    Value dn = bb.concatenate({sub(bb, app, tq), add(bb, aqq, tq)}, 1);
-    Value pqn = bb.select(r.active, full_like(bb, apq, 0), apq);
-    z = bb.select(diag, bb.broadcast_in_dim(dn, sq, {0, 1}), z);
-    z = bb.select(pq, bb.broadcast_in_dim(bb.concatenate({pqn, pqn}, 1), sq, {0, 1}), z);
+    Value z = two_sided(bb, y, r, sub(bb, app, tq), add(bb, aqq, tq), bb.select(r.active, full_like(bb, apq, 0), apq));
     std::vector<Value> next{next_round(bb, next_round(bb, z, 1), 2)};
     if (want_v) next.push_back(next_round(bb, rotate(bb, s[1], r, 2), 2));
     return next;
