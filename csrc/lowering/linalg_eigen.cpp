@@ -48,17 +48,45 @@ static Value part2(Builder& b, const Value& x, int64_t lo, int64_t hi) {
   return b.slice(x, {0, lo}, {x.shape()[0], hi}, {1, 1});
 }
 
+// The index ranges [lo, hi) that next_round concatenates, over n = 2h indices.
+static std::vector<std::pair<int64_t, int64_t>> round_pieces(int64_t h) {
+  if (h < 2) return {{0, 2 * h}};
+  std::vector<std::pair<int64_t, int64_t>> p{{0, 1}, {h, h + 1}};
+  if (h > 2) p.push_back({1, h - 1});
+  p.push_back({h + 1, 2 * h});
+  p.push_back({h - 1, h});
+  return p;
+}
+
 // Moves the indices along dim (size n = 2h) to the next round: 0 stays, the others step
 // along the cycle 1 -> 2 -> .. -> h-1 -> 2h-1 -> 2h-2 -> .. -> h -> 1 (the circle method:
 // any n-1 consecutive rounds pair every two indices once; n-1 steps are the identity).
 static Value next_round(Builder& b, const Value& x, int64_t dim) {
   int64_t h = x.shape()[dim] / 2;
   if (h < 2) return x;
-  std::vector<Value> parts{part(b, x, dim, 0, 1), part(b, x, dim, h, h + 1)};
-  if (h > 2) parts.push_back(part(b, x, dim, 1, h - 1));
-  parts.push_back(part(b, x, dim, h + 1, 2 * h));
-  parts.push_back(part(b, x, dim, h - 1, h));
+  std::vector<Value> parts;
+  for (auto [lo, hi] : round_pieces(h)) parts.push_back(part(b, x, dim, lo, hi));
   return b.concatenate(parts, dim);
+}
+
+// next_round along both dims of the matrix held as blocks {pp, pq, qp, qq} (B, h, h):
+// one concatenation of slices of the blocks, which XLA fuses with their computation
+// (shuffling rows, then columns of the assembled matrix wrote it twice more a round).
+static Value next_round_2d(Builder& b, const std::vector<Value>& blocks) {
+  int64_t batch = blocks[0].shape()[0], h = blocks[0].shape()[1];
+  auto pieces = round_pieces(h);
+  if (h < 2)
+    return b.concatenate({b.concatenate({blocks[0], blocks[1]}, 2), b.concatenate({blocks[2], blocks[3]}, 2)}, 1);
+  std::vector<Value> rows;
+  for (auto [r0, r1] : pieces) {
+    std::vector<Value> cols;
+    for (auto [c0, c1] : pieces) {
+      int64_t bi = (r0 >= h ? 2 : 0) + (c0 >= h ? 1 : 0), ro = r0 >= h ? h : 0, co = c0 >= h ? h : 0;
+      cols.push_back(b.slice(blocks[bi], {0, r0 - ro, c0 - co}, {batch, r1 - ro, c1 - co}, {1, 1, 1}));
+    }
+    rows.push_back(b.concatenate(cols, 2));
+  }
+  return b.concatenate(rows, 1);
 }
 
 // One rotation per pair (p = k, q = k + h): J[p,p] = J[q,q] = c, J[p,q] = s, J[q,p] = -s
@@ -110,7 +138,7 @@ static Value two_sided(Builder& b, const Value& y, const Rotation& r, const Valu
   auto mend = [&](const Value& z, const Value& v) { return b.select(eye, b.broadcast_in_dim(v, bs, {0, 1}), z); };
   Value zpp = mend(lin(cc, rpp, sc, rpq, true), app), zpq = mend(lin(cc, rpp, sc, rpq, false), apq);
   Value zqp = mend(lin(cc, rqp, sc, rqq, true), apq), zqq = mend(lin(cc, rqp, sc, rqq, false), aqq);
-  return b.concatenate({b.concatenate({zpp, zpq}, 2), b.concatenate({zqp, zqq}, 2)}, 1);
+  return next_round_2d(b, {zpp, zpq, zqp, zqq});
 }
 
 // Elements count, offset and stride of x (B, n, n) flattened to (B, n*n): x[i, i + off].
@@ -187,6 +215,15 @@ static std::vector<Value> sweeps(Builder& b, const std::vector<Value>& init, int
   return std::vector<Value>(out.begin() + 2, out.end());
 }
 
+// Thousands of rotations leave V (B, n, n) ~sqrt(rotations) eps off orthogonal: one
+// Newton-Schulz step, V (3I - V^T V) / 2, takes that to ~eps (two matmuls).
+static Value newton_schulz(Builder& b, const Value& v) {
+  int64_t batch = v.shape()[0], n = v.shape()[1];
+  Value vtv = b.dot_general(v, v, {0}, {0}, {1}, {1}, v.dtype(), ir::DotPrecision::Highest);
+  Value three_halves = mul(b, eye3(b, v.dtype(), batch, n, n), full_like(b, vtv, 1.5));
+  return matmul3(b, v, sub(b, three_halves, mul(b, vtv, full_like(b, vtv, 0.5))));
+}
+
 // Eigen-decomposition of symmetric a (B, n, n): (ascending eigenvalues (B, n), vectors
 // (B, n, n), or none without want_v). Pairs with |a_pq| <= eps ||A||_F stay; a rotated
 // pair gets a_pq = 0 and its diagonal updated as a_pp - t a_pq, a_qq + t a_pq (exact in
@@ -214,7 +251,7 @@ static std::pair<Value, Value> jacobi_eigh(Builder& b, const Value& a, bool want
     Rotation r = rotation(bb, app, aqq, apq, small);
     Value tq = mul(bb, r.t, apq);
     Value z = two_sided(bb, y, r, sub(bb, app, tq), add(bb, aqq, tq), bb.select(r.active, full_like(bb, apq, 0), apq));
-    std::vector<Value> next{next_round(bb, next_round(bb, z, 1), 2)};
+    std::vector<Value> next{z};
     if (want_v) next.push_back(next_round(bb, rotate(bb, s[1], r, 2), 2));
     return next;
   };
@@ -224,11 +261,9 @@ static std::pair<Value, Value> jacobi_eigh(Builder& b, const Value& a, bool want
   Value w = part2(b, diagonal(b, out[0], 0, n), 0, n0), v;
   if (want_v) {
     v = n == n0 ? out[1] : b.slice(out[1], {0, 0, 0}, {batch, n0, n0}, {1, 1, 1});
-    // Thousands of rotations leave V ~sqrt(rotations) eps off orthogonal: one Newton-Schulz
-    // step, V (3I - V^T V) / 2, takes that to ~eps; the eigenvalues are then the Rayleigh
-    // quotients v^T A v (error ~eps ||A|| plus the square of V's).
-    Value vtv = b.dot_general(v, v, {0}, {0}, {1}, {1}, t, ir::DotPrecision::Highest);
-    v = matmul3(b, v, sub(b, mul(b, eye3(b, t, batch, n0, n0), full_like(b, vtv, 1.5)), mul(b, vtv, full_like(b, vtv, 0.5))));
+    // The eigenvalues are then the Rayleigh quotients v^T A v (error ~eps ||A|| plus the
+    // square of V's).
+    v = newton_schulz(b, v);
     Value a0 = divide_by(b, a, scale);
     w = reduce_sum(b, mul(b, v, matmul3(b, a0, v)), {1});
   }
@@ -280,7 +315,7 @@ static Svd jacobi_svd(Builder& b, const Value& a, bool want_u, int64_t mu, bool 
   DType t = a.dtype();
   want_u = want_u && want_v;
   Value scale = scale_of(b, a);
-  Value x = pad_zero(b, divide_by(b, a, scale), 0, n - n0);
+  Value x0 = divide_by(b, a, scale), x = pad_zero(b, x0, 0, n - n0);
   // Pairs whose columns are orthogonal to tol (relative) stay: g_pq^2 <= tol^2 g_pp g_qq.
   double tol = 2 * eps_of(t) * std::sqrt(static_cast<double>(m));
   Shape sq{batch, n, n};
@@ -307,12 +342,17 @@ static Svd jacobi_svd(Builder& b, const Value& a, bool want_u, int64_t mu, bool 
   std::vector<Value> init{x};
   if (want_v) init.push_back(eye3(b, t, batch, n, n));
   auto out = sweeps(b, init, n - 1, done, round);
-  Value y = n == n0 ? out[0] : part(b, out[0], 2, 0, n0);
+  Value y = n == n0 ? out[0] : part(b, out[0], 2, 0, n0), v;
+  if (want_v) {
+    // As in jacobi_eigh: V made orthogonal to ~eps, and A V recomputed from it, so that
+    // U S V^T reproduces A to ~eps instead of the rotations' accumulated rounding.
+    v = newton_schulz(b, n == n0 ? out[1] : b.slice(out[1], {0, 0, 0}, {batch, n0, n0}, {1, 1, 1}));
+    y = matmul3(b, x0, v);
+  }
   Value norms = b.unary("stablehlo.sqrt", reduce_sum(b, mul(b, y, y), {1}));  // (B, n0)
   auto [s, perm] = sort_keys(b, norms, false);
   Svd r{Value{}, mul(b, s, b.broadcast_in_dim(scale, s.shape(), {0})), Value{}};
   if (!want_v) return r;
-  Value v = n == n0 ? out[1] : b.slice(out[1], {0, 0, 0}, {batch, n0, n0}, {1, 1, 1});
   r.v = matmul3(b, v, perm);
   if (!want_u) return r;
   n = n0;
