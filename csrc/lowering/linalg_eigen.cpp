@@ -141,7 +141,7 @@ static Value two_sided(Builder& b, const Value& y, const Rotation& r, const Valu
   return next_round_2d(b, {zpp, zpq, zqp, zqq});
 }
 
-// Elements count, offset and stride of x (B, n, n) flattened to (B, n*n): x[i, i + off].
+// x[i, i + off] for i < count of x (B, n, n): a strided slice of x flattened to (B, n*n).
 static Value diagonal(Builder& b, const Value& x, int64_t off, int64_t count) {
   int64_t batch = x.shape()[0], n = x.shape()[1];
   Value flat = b.reshape(x, {batch, n * n});
@@ -225,7 +225,8 @@ static Value newton_schulz(Builder& b, const Value& v) {
 }
 
 // Eigen-decomposition of symmetric a (B, n, n): (ascending eigenvalues (B, n), vectors
-// (B, n, n), or none without want_v). Pairs with |a_pq| <= eps ||A||_F stay; a rotated
+// (B, n, n), or none without want_v). Pairs with |a_pq| <= eps ||A||_F / sqrt(n) stay
+// (<= eps ||A||_2: the looser eps ||A||_F left twice the residual); a rotated
 // pair gets a_pq = 0 and its diagonal updated as a_pp - t a_pq, a_qq + t a_pq (exact in
 // exact arithmetic, and more accurate than rotating the diagonal entries).
 static std::pair<Value, Value> jacobi_eigh(Builder& b, const Value& a, bool want_v) {
