@@ -151,6 +151,10 @@ struct Graph {
   std::vector<std::unique_ptr<Node>> nodes;
   int device = -1;
   int64_t instructions = 0;  // its calls' Program::instructions, summed
+  // Gradient accumulation's cuts (cut_at_micro_step): where its latest backward ended
+  // (0: none yet), and, in a graph begun at such a cut, the call that began its forward.
+  size_t backward_end = 0;
+  ProgramPtr micro_start;
 };
 
 std::recursive_mutex g_mu;
@@ -340,6 +344,33 @@ void set_split_at_backward(bool on) { split_at_backward_flag().store(on); }
 
 static void check_inputs_not_lost(const Program& program, const Operands& args);
 
+// Gradient accumulation records forward, backward, forward, backward..., then the update:
+// as one graph, XLA inlines and compiles every micro-step's copy (compile time grows with
+// their count). Cut where a backward ended once the next forward starts, and the micro-steps'
+// graphs repeat: the 2nd..last hit the fused-graph cache. A new forward is a call of the
+// program that began this graph (or the previous micro-step's forward) that reads no value
+// pending here: an update or a gradient clip reads the gradients, so a step without
+// accumulation keeps its backward and update together. Called for eager calls outside a
+// backward once a backward ended in the pending graph (under g_mu).
+void cut_at_micro_step(const ProgramPtr& program, const Operands& args) {
+  Graph& g = g_graph;
+  if (g.nodes.back()->backward) g.backward_end = g.nodes.size();
+  const ProgramPtr& start = g.micro_start ? g.micro_start : g.nodes.front()->program;
+  if (program != start || g_side.active) return;
+  for (const Operand& in : args)
+    if (in.slot && in.slot->producer) return;
+  flush_prefix("micro-step", g.backward_end);
+  g_graph.micro_start = program;
+}
+
+// The last micro-step's graph, flushed with the update after it: its forward and backward
+// run as the earlier micro-steps' graph (cached), the update as a graph of its own.
+static void cut_last_micro_step() {
+  Graph& g = g_graph;
+  if (g.micro_start && g.backward_end > 0 && g.backward_end < g.nodes.size() && !g_side.active)
+    flush_prefix("micro-step", g.backward_end);
+}
+
 Results run(const ProgramPtr& program, Operands args, int device, bool eager, bool graph_locked) {
   check_inputs_not_lost(*program, args);
   const bool defer = deferring();
@@ -377,6 +408,11 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
       if (!g_side.active) break;
     }
   }
+  // Ops an autograd backward records (eager ones: a compiled graph keeps its own cuts).
+  const bool backward = eager && eager_mode() == EagerMode::DeferAndFuse && split_at_backward() &&
+                        torch::autograd::get_current_graph_task_id() != -1;
+  if (!backward && eager && !g_graph.nodes.empty() && (g_graph.backward_end || g_graph.nodes.back()->backward))
+    cut_at_micro_step(program, args);
   std::unique_ptr<Node> node = new_node();
   node->program = program;
   node->inputs.assign(std::make_move_iterator(args.begin()), std::make_move_iterator(args.end()));
@@ -387,9 +423,7 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
     }
   node->chain = program->recompute_cost() == ir::RecomputeCost::Cheap ? node->chain + 1 : 0;
   node->position = static_cast<int>(g_graph.nodes.size());
-  // Ops an autograd backward records (eager ones: a compiled graph keeps its own cuts).
-  node->backward = eager && eager_mode() == EagerMode::DeferAndFuse && split_at_backward() &&
-                   torch::autograd::get_current_graph_task_id() != -1;
+  node->backward = backward;
   node->compiled = !eager;
   node->owner = std::this_thread::get_id();
   static uint64_t serials = 0;  // under the graph lock
@@ -1472,7 +1506,11 @@ void settle_launched() {
   launcher().wait_quiet();
 }
 
-void flush(const char* reason) { flush_prefix(reason, std::numeric_limits<size_t>::max()); }
+void flush(const char* reason) {
+  auto lock = graph_lock();
+  cut_last_micro_step();
+  flush_prefix(reason, std::numeric_limits<size_t>::max());
+}
 
 // A full graph is cut where its first op recurs last (in its second half): a loop body
 // that starts a graph then starts the next one too, so the cut points, and with them
