@@ -152,9 +152,10 @@ struct Graph {
   int device = -1;
   int64_t instructions = 0;  // its calls' Program::instructions, summed
   // Gradient accumulation's cuts (cut_at_micro_step): where its latest backward ended
-  // (0: none yet), and, in a graph begun at such a cut, the call that began its forward.
+  // (0: none yet), the program its forward began with, and whether a cut began it.
   size_t backward_end = 0;
-  ProgramPtr micro_start;
+  ProgramPtr forward_start;
+  bool micro_step = false;
 };
 
 std::recursive_mutex g_mu;
@@ -347,27 +348,39 @@ static void check_inputs_not_lost(const Program& program, const Operands& args);
 // Gradient accumulation records forward, backward, forward, backward..., then the update:
 // as one graph, XLA inlines and compiles every micro-step's copy (compile time grows with
 // their count). Cut where a backward ended once the next forward starts, and the micro-steps'
-// graphs repeat: the 2nd..last hit the fused-graph cache. A new forward is a call of the
-// program that began this graph (or the previous micro-step's forward) that reads no value
-// pending here: an update or a gradient clip reads the gradients, so a step without
+// graphs repeat: the 2nd..last hit the fused-graph cache. A forward starts with a call that
+// reads values none of which is pending (a parameter, the data), not only numbers (a fill);
+// another call of that program after the backward, reading no pending value, starts the
+// next. An update or a gradient clip reads the gradients, pending: a step without
 // accumulation keeps its backward and update together. Called for eager calls outside a
 // backward once a backward ended in the pending graph (under g_mu).
+bool reads_a_value_none_pending(const Operands& args) {
+  bool value = false;
+  for (const Operand& in : args) {
+    if (in.slot && in.slot->producer) return false;
+    value = value || in.slot || (in.buffer && !in.buffer->shared_constant);
+  }
+  return value;
+}
+
 void cut_at_micro_step(const ProgramPtr& program, const Operands& args) {
   Graph& g = g_graph;
-  if (g.nodes.back()->backward) g.backward_end = g.nodes.size();
-  const ProgramPtr& start = g.micro_start ? g.micro_start : g.nodes.front()->program;
-  if (program != start || g_side.active) return;
-  for (const Operand& in : args)
-    if (in.slot && in.slot->producer) return;
+  if (g.nodes.back()->backward) {
+    g.backward_end = g.nodes.size();
+    for (size_t i = 0; !g.forward_start && i < g.nodes.size() && !g.nodes[i]->backward; ++i)
+      if (reads_a_value_none_pending(g.nodes[i]->inputs)) g.forward_start = g.nodes[i]->program;
+  }
+  if (program != g.forward_start || g_side.active || !reads_a_value_none_pending(args)) return;
   flush_prefix("micro-step", g.backward_end);
-  g_graph.micro_start = program;
+  g_graph.forward_start = program;
+  g_graph.micro_step = true;
 }
 
 // The last micro-step's graph, flushed with the update after it: its forward and backward
 // run as the earlier micro-steps' graph (cached), the update as a graph of its own.
 static void cut_last_micro_step() {
   Graph& g = g_graph;
-  if (g.micro_start && g.backward_end > 0 && g.backward_end < g.nodes.size() && !g_side.active)
+  if (g.micro_step && g.backward_end > 0 && g.backward_end < g.nodes.size() && !g_side.active)
     flush_prefix("micro-step", g.backward_end);
 }
 
