@@ -72,11 +72,12 @@ def test_a_small_step_runs_as_forward_and_rest_with_the_same_values():
 
 
 def test_accumulated_backwards_split_once_and_match():
-    # Two forward/backward pairs before each update: the cut falls at the first backward
-    # only (the second forward runs with the rest), and values match the unsplit graph.
+    # Two forward/backward pairs before each update: each pair's graph is cut where its
+    # backward ends (test_accumulation_cuts.py) and runs as its forward and its backward,
+    # the update alone; values match the unsplit graph (one program a step).
     got, got_params, got_execs = train(True, SmallGPT, GPT_DATA, accumulate=2, steps=3)
     want, want_params, want_execs = train(False, SmallGPT, GPT_DATA, accumulate=2, steps=3)
-    assert got_execs[1:] == [2, 2] and want_execs[1:] == [1, 1], (got_execs, want_execs)
+    assert got_execs[1:] == [5, 5] and want_execs[1:] == [1, 1], (got_execs, want_execs)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
     for a, b in zip(got_params, want_params):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
