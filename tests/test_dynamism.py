@@ -597,3 +597,36 @@ def test_a_dynamic_size_used_as_a_value_that_cannot_be_computed_is_refused_by_na
         f(x)
     err = str(not_implemented(e.value))
     assert op in err and "torch_tpu bounded dynamism" in err, err
+
+
+def test_select_gradients_along_a_static_dimension_match_float64_one_graph():
+    # qkv[:, :, 0] of a fused projection (nn.MultiheadAttention's pattern) with a dynamic
+    # sequence length: its gradient, select_backward, was refused as an unknown op.
+    w = torch.randn(8, 24, dtype=torch.float64, requires_grad=True)
+    wt = w.detach().float().to("tpu").requires_grad_()
+
+    def f(x, w):
+        qkv = (x @ w).unflatten(-1, (3, 8))
+        return (qkv[:, :, 0] * qkv[:, :, 1] - qkv[:, :, 2]).sum()
+
+    cf = torch.compile(f, backend=backend())
+    before = torch_tpu.metrics()
+    for T in (5, 9, 12):
+        x = torch.randn(2, T, 8, dtype=torch.float64)
+        xt = x.float().to("tpu")
+        dynamism.mark_dynamic(xt, 1, 3, 32)
+        cf(xt, wt).backward()
+        f(x, w).backward()
+        torch.testing.assert_close(wt.grad.cpu().double(), w.grad, rtol=1e-5, atol=1e-4)
+        w.grad = wt.grad = None
+    assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 2  # forward, backward
+
+
+def test_select_gradients_along_the_dynamic_dimension_are_refused_by_name():
+    f = torch.compile(lambda t: t[:, 0].sum(), backend=backend())
+    x = torch.randn(3, 6).to("tpu").requires_grad_()
+    dynamism.mark_dynamic(x, 1, 2, 16)
+    with pytest.raises(Exception) as e:
+        f(x).backward()
+    err = not_implemented(e.value)
+    assert "dynamic dimension" in str(err), err

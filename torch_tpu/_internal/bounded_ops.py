@@ -221,6 +221,14 @@ def _slice_backward_ok(node) -> bool:
     return _slice_rule(sizes[dim], g.shape[dim], *node.args[3:6])
 
 
+def _select_backward_ok(node) -> bool:
+    """select_backward (zeros with the gradient at the index): right along a static
+    dimension, where the padding of the others lands in the result's padding (the
+    gradient of qkv[:, :, 0] with a dynamic sequence length)."""
+    sizes = [_val(s) for s in node.args[1]]
+    return not isinstance(sizes[node.args[2] % len(sizes)], torch.SymInt)
+
+
 def _cat_ok(node, dim) -> bool:
     """cat along a dynamic dimension: right when every operand but the last is static
     along it (the valid part is theirs, then the last's valid prefix, with the padding
@@ -307,6 +315,10 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
                     "or its output is not shaped like its indices")
         if op is aten.slice_backward.default:
             if _slice_backward_ok(n):
+                continue
+            _refuse(op, "acts on a dynamic dimension")
+        if op is aten.select_backward.default:
+            if _select_backward_ok(n):
                 continue
             _refuse(op, "acts on a dynamic dimension")
         if op is aten.constant_pad_nd.default:
