@@ -613,6 +613,8 @@ struct Call {
   ProgramPtr program;
   std::vector<Wire> args;
   std::thread::id owner;  // the thread that issued it
+  bool backward = false;  // recorded by an autograd backward
+  bool repeats = false;   // ... and runs a forward call again: same program, same inputs
 };
 
 std::string describe_graph(const std::vector<Call>& calls) {
@@ -641,6 +643,41 @@ RematPolicy remat_policy() {
 // Readers more than this many calls after a value's earlier readers get a recomputation.
 constexpr int kRematGap = 4;
 
+// A backward that runs forward calls again (activation checkpointing's recomputation)
+// calls the same programs on the same values: in one program XLA merges the two copies
+// and keeps the forward's activations live until the backward, so checkpointing saved
+// nothing. Such a call reads one argument through after() on the backward's latest value
+// made before it (not itself such a call): the copies differ, and the recomputation
+// waits until the backward gets there. The argument is its smallest computed one (after()
+// may copy it), or, reading only the graph's inputs, its largest (what its costly part,
+// a matmul, surely reads; a scalar would leave that part mergeable). Fenced calls are not
+// recomputed again.
+void fence_recomputations(const std::vector<Call>& calls, std::vector<ir::GraphCall>& graph,
+                          const std::vector<int64_t>& param_bytes) {
+  auto bytes = [&](const Wire& w) { return w.node < 0 ? param_bytes[w.index] : graph[w.node].out_bytes[w.index]; };
+  Wire anchor{-1, 0};  // the backward's latest value
+  for (size_t n = 0; n < calls.size(); ++n) {
+    if (!calls[n].backward) continue;
+    if (!calls[n].repeats) {
+      if (!graph[n].out_bytes.empty() && graph[n].out_bytes[0] > 0) anchor = {static_cast<int>(n), 0};
+      continue;
+    }
+    int computed = -1, input = -1;
+    for (size_t i = 0; i < calls[n].args.size(); ++i) {
+      const Wire& w = calls[n].args[i];
+      int& best = w.node >= 0 ? computed : input;
+      if (bytes(w) > 0 && (best < 0 || (w.node >= 0 ? bytes(w) < bytes(calls[n].args[best])
+                                                     : bytes(w) > bytes(calls[n].args[best]))))
+        best = static_cast<int>(i);
+    }
+    int k = computed >= 0 ? computed : input;
+    if (k < 0 || anchor.node < 0) continue;
+    graph[n].after_arg = k;
+    graph[n].after = anchor;
+    graph[n].recomputable = false;
+  }
+}
+
 // The calls of a graph in the order they run, with the recomputations rematerialization adds.
 ir::Rematerialized remat_plan(const std::vector<Call>& calls, const std::vector<ir::Type>& param_types) {
   auto bytes = [](const ir::Type& t) { return t.numel() * static_cast<int64_t>(itemsize(t.dtype)); };
@@ -667,6 +704,7 @@ ir::Rematerialized remat_plan(const std::vector<Call>& calls, const std::vector<
   }
   std::vector<int64_t> param_bytes;
   for (const ir::Type& t : param_types) param_bytes.push_back(bytes(t));
+  fence_recomputations(calls, graph, param_bytes);
   ir::Rematerialized plan = ir::rematerialize(graph, param_bytes, kRematGap);
   fuse_stats().recomputed += plan.recomputed;
   return plan;
@@ -1636,6 +1674,30 @@ Graph hoist_fills(Graph& g) {
   return fills;
 }
 
+// Per node: recorded by a backward that runs a forward node again (the same program on
+// the same inputs: activation checkpointing's recomputation), for fence_recomputations.
+std::vector<bool> backward_repeats(const Graph& g) {
+  std::vector<bool> repeats(g.nodes.size(), false);
+  if (std::none_of(g.nodes.begin(), g.nodes.end(), [](const auto& n) { return n->backward; })) return repeats;
+  auto signature = [](const Node& node) {
+    std::string s = std::to_string(node.program->id());
+    for (const Operand& in : node.inputs) {
+      if (in.slot && in.slot->producer)
+        s += ",n" + std::to_string(in.slot->producer->position) + ":" + std::to_string(in.slot->index);
+      else  // an input: the same storage (equal scalars share one buffer)
+        s += ",p" + std::to_string(reinterpret_cast<uintptr_t>(in.slot ? static_cast<const void*>(in.slot.get())
+                                                                         : in.buffer.get()));
+    }
+    return s;
+  };
+  std::unordered_set<std::string> forward;
+  for (const auto& node : g.nodes) {
+    if (!node->backward) forward.insert(signature(*node));
+    else repeats[node->position] = forward.count(signature(*node)) > 0;
+  }
+  return repeats;
+}
+
 // Keys a flushed graph, marks its outputs and donations, and hands it to the launcher.
 // `each_call`: its calls run as their own programs, not as one graph.
 void submit_graph(Graph g, bool each_call) {
@@ -1655,10 +1717,12 @@ void submit_graph(Graph g, bool each_call) {
   std::vector<Operand> ext;
   std::unordered_map<const void*, int> ext_index;
   job.calls.reserve(g.nodes.size());
+  std::vector<bool> repeats = backward_repeats(g);
   for (const auto& node : g.nodes) {
-    Call c{node->program, {}, node->owner};
+    Call c{node->program, {}, node->owner, node->backward, repeats[node->position]};
     c.args.reserve(node->inputs.size());
     put(node->program->id());
+    key.push_back(c.repeats ? 'r' : node->backward ? 'b' : 'f');
     put(static_cast<int32_t>(node->inputs.size()));
     for (const Operand& in : node->inputs) {
       if (in.slot && in.slot->producer) {
@@ -1685,7 +1749,7 @@ void submit_graph(Graph g, bool each_call) {
   // value) is read when the forward is done, while the backward and the update still run
   // and the host records the next step.
   // (Not a graph with compiled graphs in it: their forward and backward join on purpose.)
-  for (size_t n = 1; n < g.nodes.size(); ++n) {
+  for (size_t n = 1; n < g.nodes.size() && split_at_backward(); ++n) {
     if (g.nodes[n]->backward) {
       if (!g.nodes[n - 1]->backward) job.split = static_cast<int>(n);
       break;

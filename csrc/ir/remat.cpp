@@ -241,6 +241,7 @@ Rematerialized rematerialize(const std::vector<GraphCall>& calls, const std::vec
       ++out.recomputed;
     }
     GraphCall call = calls[c];
+    if (call.after_arg >= 0) call.after = place(call.after);  // a caller's fence
     for (size_t k = 0; k < call.args.size(); ++k) {
       auto it = subst.find({c, static_cast<int>(k)});
       if (it == subst.end()) call.args[k] = place(call.args[k]);

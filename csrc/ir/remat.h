@@ -21,8 +21,9 @@ struct GraphCall {
   bool recomputable = false;  // cheap and deterministic: may run twice
   int gap = 0;                // readers this many calls after the earlier ones get a
                               // recomputation (0: rematerialize's `gap`)
-  // Set on a recomputation: args[after_arg] is read through Builder::after(., after),
-  // which keeps it apart from the original and after `after` exists.
+  // Set on a recomputation (or by the caller, on a call it fences): args[after_arg] is
+  // read through Builder::after(., after), which keeps it apart from the original and
+  // after `after` exists.
   int after_arg = -1;
   GraphRef after;
 };
