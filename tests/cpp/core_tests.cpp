@@ -340,6 +340,23 @@ int main() {
     CHECK(ir::rematerialize(g, {400}, 4).recomputed == 0);
   });
 
+  run("rematerialize: a caller's fence (after_arg on an original call) follows its value", [&] {
+    // DeferAndFuse fences checkpointing's recomputation this way; the copy placed before
+    // call 11 moves the calls after it, the fence's value included.
+    auto g = chain_graph(12, ir::GraphRef{-1, 0}, true);
+    ir::GraphCall fenced;
+    fenced.fn = 12;
+    fenced.out_bytes = {400};
+    fenced.args = {ir::GraphRef{11, 0}};
+    fenced.after_arg = 0;
+    fenced.after = ir::GraphRef{11, 0};
+    g.push_back(fenced);
+    ir::Rematerialized r = ir::rematerialize(g, {400}, 4);
+    CHECK(r.recomputed == 1 && r.position[11] == 12);
+    const ir::GraphCall& got = r.calls[r.position[12]];
+    CHECK(got.after_arg == 0 && got.after.node == r.position[11] && got.args[0].node == r.position[11]);
+  });
+
   run("rematerialize: inputs that died early are recomputed too, or nothing is", [&] {
     // Call 1 reads call 0, which nothing else reads late: 0 must run again first.
     auto g = chain_graph(12, ir::GraphRef{0, 0}, true);
