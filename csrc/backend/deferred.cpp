@@ -1749,7 +1749,7 @@ void submit_graph(Graph g, bool each_call) {
   // value) is read when the forward is done, while the backward and the update still run
   // and the host records the next step.
   // (Not a graph with compiled graphs in it: their forward and backward join on purpose.)
-  for (size_t n = 1; n < g.nodes.size() && split_at_backward(); ++n) {
+  for (size_t n = 1; n < g.nodes.size(); ++n) {
     if (g.nodes[n]->backward) {
       if (!g.nodes[n - 1]->backward) job.split = static_cast<int>(n);
       break;
