@@ -1676,21 +1676,23 @@ Graph hoist_fills(Graph& g) {
 
 // Per node: recorded by a backward that runs a forward node again (the same program on
 // the same inputs: activation checkpointing's recomputation), for fence_recomputations.
+// Compared by a hash of the program and the inputs' identities (run at every flush: no
+// strings); a collision only fences a call, which changes no value.
 std::vector<bool> backward_repeats(const Graph& g) {
   std::vector<bool> repeats(g.nodes.size(), false);
   if (std::none_of(g.nodes.begin(), g.nodes.end(), [](const auto& n) { return n->backward; })) return repeats;
   auto signature = [](const Node& node) {
-    std::string s = std::to_string(node.program->id());
+    uint64_t h = std::hash<uint64_t>()(static_cast<uint64_t>(node.program->id()));
+    auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
     for (const Operand& in : node.inputs) {
-      if (in.slot && in.slot->producer)
-        s += ",n" + std::to_string(in.slot->producer->position) + ":" + std::to_string(in.slot->index);
+      if (in.slot && in.slot->producer)  // a value of the graph: its node and output
+        mix((static_cast<uint64_t>(in.slot->producer->position) << 20) ^ static_cast<uint64_t>(in.slot->index) ^ 1);
       else  // an input: the same storage (equal scalars share one buffer)
-        s += ",p" + std::to_string(reinterpret_cast<uintptr_t>(in.slot ? static_cast<const void*>(in.slot.get())
-                                                                         : in.buffer.get()));
+        mix(reinterpret_cast<uintptr_t>(in.slot ? static_cast<const void*>(in.slot.get()) : in.buffer.get()));
     }
-    return s;
+    return h;
   };
-  std::unordered_set<std::string> forward;
+  std::unordered_set<uint64_t> forward;
   for (const auto& node : g.nodes) {
     if (!node->backward) forward.insert(signature(*node));
     else repeats[node->position] = forward.count(signature(*node)) > 0;
