@@ -1111,3 +1111,24 @@ def test_a_python_float_that_changes_becomes_a_graph_input():
     for n in (5, 6):
         torch.testing.assert_close(cf(torch.ones(n, device="tpu"), 2.0).cpu(), f(torch.ones(n), 2.0))
     assert counters["stats"]["unique_graphs"] == 4, dict(counters["stats"])
+
+
+def test_compile_options_are_the_backends_arguments(capsys):
+    # options= was ignored, unknown keys included; it now sets TpuBackend's arguments,
+    # accepts TorchTPU's own options, and refuses other keys as Inductor does.
+    import torch._dynamo as dynamo
+    dynamo.reset()
+    f = lambda x: (x * 2).sin()  # noqa: E731
+    x = torch.randn(4, device="tpu")
+    torch.testing.assert_close(torch.compile(f, backend="tpu", options={"debug": True})(x).cpu(), f(x.cpu()))
+    assert "aten.sin" in capsys.readouterr().out  # debug prints the graph
+    dynamo.reset()
+    opts = {"precompile_steps": 0, "enable_serialization": True, "memory_budget": 1.0}
+    torch.testing.assert_close(torch.compile(f, backend="tpu", options=opts)(x).cpu(), f(x.cpu()))
+    dynamo.reset()
+    with pytest.raises(Exception, match="Unexpected optimization option triton.cudagraphs"):
+        torch.compile(f, backend="tpu", options={"triton.cudagraphs": True})(x)
+    assert (x * 1).sum().item() == x.sum().item()  # usable after
+    dynamo.reset()
+    # The default backend (Inductor, sent here for tpu graphs) keeps Inductor's options to itself.
+    torch.testing.assert_close(torch.compile(f, options={"triton.cudagraphs": False})(x).cpu(), f(x.cpu()))

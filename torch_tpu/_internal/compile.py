@@ -565,7 +565,8 @@ class TpuBackend:
     (eager padding between them would join the program: see _lower).
     Options of Google's TorchTPU this backend has no use for
     (`enable_serialization`, `precompile_steps`, ...) are accepted and ignored: the
-    executable caches already persist compiled programs.
+    executable caches already persist compiled programs. `torch.compile(backend="tpu",
+    options={...})` sets these arguments (with_options); other keys are refused.
     """
 
     def __init__(self, debug: bool = False, dynamism: bool | None = None, memory_budget: float = 0.0,
@@ -582,8 +583,26 @@ class TpuBackend:
             fuse_steps = os.environ.get("TPU_COMPILED_FUSE_STEPS", "1") != "0" and not dynamism
         self.fuse_steps = fuse_steps
 
+    # torch.compile(backend="tpu", options={...}): this backend's own arguments, and the
+    # TorchTPU options it accepts and ignores; any other key is refused, as Inductor does.
+    OPTIONS = ("debug", "dynamism", "memory_budget", "recompute", "fuse_steps")
+    IGNORED_OPTIONS = ("enable_serialization", "precompile_steps")
+
+    def with_options(self, options) -> "TpuBackend":
+        unknown = sorted(set(options) - set(self.OPTIONS) - set(self.IGNORED_OPTIONS))
+        if unknown:
+            raise RuntimeError(f"Unexpected optimization option {unknown[0]} for backend 'tpu', known options "
+                               f"are {sorted(self.OPTIONS + self.IGNORED_OPTIONS)}")
+        kwargs = {k: getattr(self, k) for k in self.OPTIONS}
+        kwargs.update({k: v for k, v in options.items() if k in self.OPTIONS})
+        if "dynamism" in options and "fuse_steps" not in options:
+            kwargs["fuse_steps"] = None  # its default follows dynamism
+        return TpuBackend(**kwargs)
+
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, **ignored):
-        # `mode=` and `options=` (from torch.compile) have no meaning here.
+        # `mode=` has no meaning here; `options=` are this backend's arguments.
+        if ignored.get("options"):
+            return self.with_options(ignored["options"])(gm, example_inputs)
         from torch._dynamo.backends.common import aot_autograd
         from torch._guards import CompileContext
 
@@ -752,6 +771,9 @@ def _tpu_backend_of(fn):
         inner = getattr(fn, "_torchdynamo_orig_backend", None)
         if inner is None and isinstance(fn, torch._TorchCompileWrapper):
             inner = fn.compiler_fn
+            options = fn.kwargs.get("options")
+            if options and isinstance(inner, TpuBackend):
+                return inner.with_options(options)  # the backend torch.compile will call
         if inner is None:
             return None
         fn = inner
