@@ -1,16 +1,36 @@
-"""torch.load of tpu tensors: a restored storage is raw bytes copied from the host; a
-tensor spanning it gets the storage's value in its own dtype and shape (the same bits,
-csrc/backend/serialization.cpp), so programs after a checkpoint are the ones before it."""
+"""torch.load of tpu tensors: PyTorch restores each storage as raw bytes copied from the
+host, then rebuilds the tensors over it. During a load the bytes stay on the host until a
+tensor is set onto the storage, and are then uploaded once in that tensor's dtype and
+shape (csrc/backend/serialization.cpp): no program per shape, and programs after a
+checkpoint are the ones before it."""
+import functools
+
 import torch
 import torch._utils
+import torch.serialization
 
 from . import _C
+
+
+def _in_load_scope(load):
+    @functools.wraps(load)
+    def scoped(*args, **kwargs):
+        _C._begin_load()
+        try:
+            return load(*args, **kwargs)
+        finally:
+            _C._end_load()  # uploads what no tensor took (a storage loaded by itself)
+
+    return scoped
 
 
 def install():
     original = torch._utils._rebuild_tensor
     if getattr(original, "_tpu_shapes_storage", False):
         return
+    # torch.load calls these by their module names at call time (both file formats).
+    torch.serialization._load = _in_load_scope(torch.serialization._load)
+    torch.serialization._legacy_load = _in_load_scope(torch.serialization._legacy_load)
 
     def _rebuild_tensor(storage, storage_offset, size, stride):
         t = original(storage, storage_offset, size, stride)

@@ -214,6 +214,13 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   return self;
 }
 
+// torch.load rebuilds a tensor by setting it onto a restored storage: bytes it kept on
+// the host are uploaded in the tensor's dtype and shape (serialization.cpp).
+void upload_loaded_bytes_as(const at::Tensor& self) {
+  StorageData* s = storage_record(*self.storage().unsafeGetStorageImpl());
+  if (s && s->loaded_bytes.defined()) upload_loaded_bytes(*s, &self);
+}
+
 at::Tensor& set_storage(at::Tensor& self, c10::Storage src, int64_t offset, c10::IntArrayRef size,
                         c10::IntArrayRef stride) {
   // A view past the storage's end grows it first, as CPU's set_ does.
@@ -225,7 +232,9 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage src, int64_t offset, c10:
                                  : at::detail::computeStorageNbytes(size, stride, isz, offset);
     if (src.resizable()) grow_storage(src, need, src.device());
   }
-  return at::cpu::set_(self, src, offset, size, stride);
+  at::cpu::set_(self, src, offset, size, stride);
+  upload_loaded_bytes_as(self);
+  return self;
 }
 
 // set_() with no source: a fresh empty tpu storage, as CPU's and CUDA's set_ give.
@@ -240,7 +249,9 @@ at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& src) {
 
 at::Tensor& set_source_storage(at::Tensor& self, c10::Storage src) {
   int64_t n = static_cast<int64_t>(src.nbytes() / self.dtype().itemsize());
-  return at::cpu::set_(self, src, 0, {n}, {});
+  at::cpu::set_(self, src, 0, {n}, {});
+  upload_loaded_bytes_as(self);
+  return self;
 }
 
 // The stored values `v` of src turned into those dst must store: src's lazy
@@ -309,6 +320,41 @@ at::Tensor view_of_host_copy(const at::Tensor& src) {
       .as_strided(src.sizes(), src.strides(), src.storage_offset());
 }
 
+// Copies `src`, a tpu tensor spanning its whole storage densely, to the CPU tensor
+// `self` from the storage's buffer as it is: the host copy of a dense buffer is the
+// storage's bytes whatever their dtype and shape, so reading the storage as bytes
+// (torch.save copies each storage as uint8) or in another shape runs no program. False
+// (nothing done) for part of a storage, where a program cuts the part out, and for a
+// bool view of other bytes, which programs read as bools.
+bool copy_whole_storage_to_host(at::Tensor& self, const at::Tensor& src) {
+  size_t nbytes = src.storage().nbytes();
+  if (src.storage_offset() != 0 || !src.is_contiguous() || src.nbytes() != nbytes || src.numel() == 0) return false;
+  StorageData& s = storage_of(src);
+  if (s.nbytes != nbytes) return false;
+  check_readable(s);
+  runtime::BufferPtr buf;
+  if (s.value) {  // else never written: zeros
+    buf = materialized(src);
+    if (static_cast<size_t>(buf->nbytes()) != nbytes) return false;
+    if (src.scalar_type() == at::kBool && buf->dtype() != DType::Bool) return false;
+  }
+  bool direct = self.is_contiguous() && self.scalar_type() == src.scalar_type() && self.sizes() == src.sizes() &&
+                !src.is_conj() && !src.is_neg() && !self.is_conj() && !self.is_neg();
+  at::Tensor host = direct ? self
+                           : at::empty({static_cast<int64_t>(nbytes)}, src.options().device(at::kCPU).dtype(at::kByte))
+                                 .view(src.scalar_type()).view(src.sizes());
+  if (buf)
+    runtime::Client::get().to_host(*buf, host.data_ptr(), nbytes);
+  else
+    std::memset(host.data_ptr(), 0, nbytes);
+  if (direct) return true;
+  // The buffer holds the stored values; lazy conjugate/negative bits apply on top.
+  if (src.is_conj()) host = host.conj();
+  if (src.is_neg()) host = at::_neg_view(host);
+  self.copy_(host);
+  return true;
+}
+
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   // src must broadcast to self, as CPU's copy_ checks (with its messages), before anything
   // is queued: a write of the wrong shape would only fail when the storage is next read.
@@ -329,6 +375,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   }
   return guarded([&]() -> at::Tensor& {
     if (self.is_privateuseone() && src.is_cpu()) {
+      if (defer_loaded_bytes(self, src)) return self;  // torch.load's bytes: uploaded typed later
       // Sent as it is; the device program casts and broadcasts.
       at::Tensor host = src.resolve_conj().resolve_neg();  // lazy bits are host views
       // self's own bits: store the values that read back as src's (both self-inverse).
@@ -351,6 +398,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
         self.copy_(host);
         return self;
       }
+      if (copy_whole_storage_to_host(self, src)) return self;
       auto buf = dense_buffer(src);
       if (self.is_contiguous() && self.scalar_type() == src.scalar_type() && self.sizes() == src.sizes() &&
           !src.is_conj() && !src.is_neg() && !self.is_conj() && !self.is_neg()) {

@@ -149,7 +149,7 @@ StorageData* storage_record(const c10::StorageImpl& impl) {
   return s;
 }
 
-StorageData& storage_data(const at::Tensor& t) {
+static StorageData& record_of(const at::Tensor& t) {
   // By reference: a copy of the Storage would count a reference up and down.
   const c10::StorageImpl* impl = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
   const c10::DataPtr& data = impl->data_ptr();
@@ -160,6 +160,33 @@ StorageData& storage_data(const at::Tensor& t) {
   TORCH_CHECK_NOT_IMPLEMENTED(s, "tpu: this storage is not one the tpu backend made; a slice of a tpu "
                               "UntypedStorage must start at byte 0 (storage[0:n]), or use a tensor view");
   return *s;
+}
+
+StorageData& storage_data(const at::Tensor& t) {
+  StorageData& s = record_of(t);
+  if (s.loaded_bytes.defined()) upload_loaded_bytes(s);  // used before a tensor gave its dtype
+  return s;
+}
+
+void upload_loaded_bytes(StorageData& s, const at::Tensor* as) {
+  DType dt = DType::U8;
+  std::vector<int64_t> dims{static_cast<int64_t>(s.nbytes)};
+  if (as) {
+    bool spans = as->storage_offset() == 0 && as->is_contiguous() && as->numel() > 0 && as->nbytes() == s.nbytes;
+    if (!spans) {
+      if (!s.loaded_dtype) s.loaded_dtype = as->scalar_type();
+      return;  // a later tensor may span it
+    }
+    dt = device_dtype(as->scalar_type(), "torch.load");
+    dims.assign(as->sizes().begin(), as->sizes().end());
+  } else if (s.loaded_dtype && s.nbytes % c10::elementSize(*s.loaded_dtype) == 0) {
+    dt = device_dtype(*s.loaded_dtype, "torch.load");
+    dims = {static_cast<int64_t>(s.nbytes / c10::elementSize(*s.loaded_dtype))};
+  }
+  at::Tensor host = std::move(s.loaded_bytes);
+  s.loaded_bytes = at::Tensor();
+  s.loaded_dtype.reset();
+  set_value(s, runtime::Client::get().from_host(host.data_ptr(), dt, dims, s.device));
 }
 
 StorageData& storage_of(const at::Tensor& t) {

@@ -71,6 +71,13 @@ struct StorageData {
   // and updates every step, so never read as zeros baked into a program (see
   // start_state_from_zeros in lowered_kernel.cpp).
   bool module_state = false;
+  // Host bytes torch.load restored into this whole storage, not uploaded yet (the CPU
+  // tensor read from the checkpoint, which nothing else writes): uploaded in the dtype
+  // and shape of the tensor rebuilt over them, one host-to-device copy and no program
+  // (serialization.cpp). Any other use of the storage uploads them first, as bytes.
+  at::Tensor loaded_bytes;
+  // The dtype of a tensor set onto the storage that does not span it (upload_loaded_bytes).
+  std::optional<c10::ScalarType> loaded_dtype;
   ~StorageData();
 };
 
@@ -138,6 +145,15 @@ Operand storage_value(const at::Tensor& t);
 // Gives the never-written storages among `ts` (those that read as zeros) their zeros, all
 // from one program per list of types (storage_value would run one per tensor).
 void start_from_zeros(c10::ArrayRef<at::Tensor> ts);
+// torch.load (serialization.cpp). While a load runs on this thread, a copy of host
+// bytes into the whole of a fresh storage (the uint8 copy torch.load restores each
+// storage with) keeps them on the host as `loaded_bytes`; true when it did.
+bool defer_loaded_bytes(const at::Tensor& dst, const at::Tensor& src);
+// Uploads `s.loaded_bytes` as its value: in the dtype and shape of `as` (a tensor set
+// onto the storage) where it spans the storage; a tensor that does not span it gives
+// the dtype of a flat value (uploaded once the load ends or the storage is used);
+// without one, in the dtype such a tensor gave, else as bytes.
+void upload_loaded_bytes(StorageData& s, const at::Tensor* as = nullptr);
 // The storage's buffer: runs the pending graph if the value is still pending.
 runtime::BufferPtr materialized(const at::Tensor& t);
 // A view a program reads, of a value already made (not in the pending graph), that
