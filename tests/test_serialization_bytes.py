@@ -161,14 +161,17 @@ def test_save_runs_no_program(mode):
     assert all(torch.equal(got[k], xs[k]) for k in xs)
 
 
-def test_load_runs_no_program(mode):
+def test_load_runs_no_program(mode, tmp_path):
     xs = {f"w{i}": torch.randn(31 + 3 * i, 13 + i) for i in range(10)}
-    tpu_file, cpu_file = io.BytesIO(), io.BytesIO()
+    tpu_file, cpu_file, path = io.BytesIO(), io.BytesIO(), tmp_path / "ckpt.pt"
     torch.save({k: v.to("tpu") for k, v in xs.items()}, tpu_file)
     torch.save(xs, cpu_file)
+    torch.save(xs, path)
     torch_tpu.synchronize()
-    for f, kw in ((tpu_file, {}), (cpu_file, {"map_location": "tpu"}), (tpu_file, {"mmap": False})):
-        f.seek(0)
+    for f, kw in ((tpu_file, {}), (cpu_file, {"map_location": "tpu"}), (tpu_file, {"weights_only": True}),
+                  (path, {"map_location": "tpu", "mmap": True})):
+        if hasattr(f, "seek"):
+            f.seek(0)
         before = counts()
         got = torch.load(f, **kw)
         torch_tpu.synchronize()
@@ -185,3 +188,23 @@ def test_loaded_storage_holds_its_tensors_dtype_and_shape():
     assert torch.equal(got.cpu(), x)
     assert torch.equal(got.view(-1).cpu(), x.view(-1))
     assert counts() == before
+
+
+def test_load_onto_a_second_device():
+    from conftest import run_python_json
+    got = run_python_json("""
+import io, json, torch, torch_tpu
+x = torch.randn(7, 5)
+b = io.BytesIO(); torch.save({"x": x.to("tpu:1"), "v": x.to("tpu:1")[2:]}, b)
+out = []
+for ml in (None, "tpu:1", {"tpu:1": "tpu:0"}):
+    b.seek(0)
+    before = torch_tpu.metrics()["executions"]
+    l = torch.load(b, map_location=ml)
+    n = torch_tpu.metrics()["executions"] - before
+    out.append([str(l["x"].device), str(l["v"].device), n, torch.equal(l["x"].cpu(), x),
+                torch.equal(l["v"].cpu(), x[2:]), (l["x"] * 2).cpu().equal(x * 2)])
+print(json.dumps(out))
+""", env={"TPU_NUM_DEVICES": "2"})
+    assert got == [["tpu:1", "tpu:1", 0, True, True, True], ["tpu:1", "tpu:1", 0, True, True, True],
+                   ["tpu:0", "tpu:0", 0, True, True, True]]
