@@ -81,7 +81,7 @@ def test_issue18_targets_are_each_a_value_and_whether_it_is_met():
             {"workload": "small_gpt_train", "mode": "fused", "median_step_s": 0.009},
             {"workload": "small_gpt_train", "mode": "strict", "median_step_s": 0.020}]
     bounds = [{"workload": "gpt_train", "floor_fused_s": 0.5}]
-    starts = [{"mode": "strict", "cold": {"first_step_s": 2.0, "dynamo_import_s": 0.4},
+    starts = [{"mode": "strict", "cold": {"first_step_s": 2.0, "dynamo_import_s": 0.4, "process_cpu_s": 2.3, "cores": 2},
                "warm": {"first_step_s": 1.5, "dynamo_import_s": 0.2}}]
     probes = {"tiny_op": {"strict_per_op_s": 3e-6, "fused_record_per_op_s": 1e-6, "launch_floor_per_op_s": 2e-6,
                              "dispatch_floor_per_op_s": 1.5e-6, "dispatch_launch_floor_per_op_s": 2.5e-6},
@@ -148,6 +148,10 @@ def test_issue18_targets_are_each_a_value_and_whether_it_is_met():
           1.6 / 4.6, True)
     check("gpt_train strict warm first step less importing torch._dynamo / 1.16 s before (<= 1.1)",
           1.3 / 1.16, False)
+    # The cold step's CPU seconds over its cores: the floor of that target (not a target).
+    name = ("gpt_train strict cold first step's CPU seconds (all threads, less importing torch._dynamo) over its "
+            "2 cores / 4.6 s before (a floor, with this much work)")
+    assert t[name] == pytest.approx(2.3 / 2 / 4.6) and bench.met(name, t[name]) is None
     assert t["cold full conformance run, minutes (<= 20)"] is None
     assert bench.met("cold full conformance run, minutes (<= 20)", None) is None
     # --quick sizes are not comparable with the reference starts.
