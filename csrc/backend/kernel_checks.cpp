@@ -690,6 +690,8 @@ void sub_bool(c10::ArrayRef<c10::IValue> args) {
 // common dtype (a bool or float alpha would otherwise be cast into an integer result).
 void alpha_value(c10::ArrayRef<c10::IValue> args) {
   if (args.size() < 3 || !args[0].isTensor() || !is_scalar(args[2])) return;
+  // An integer alpha (the default 1) passes whatever the common dtype: not computed.
+  if (args[2].isInt()) return;
   const at::Tensor& self = args[0].toTensor();
   c10::ScalarType t = args[1].isTensor()   ? at::result_type(self, args[1].toTensor())
                       : is_scalar(args[1]) ? at::result_type(self, args[1].toScalar())

@@ -494,7 +494,17 @@ bool offset_is_operand(const at::Tensor& t, bool written) {
     bool made = s.value.buffer || (s.value.slot && !s.value.slot->producer);
     if (!made || !s.pending.empty() || s.copy_of) return false;
   }
-  return offset_is_operand(geometry_of(t), static_cast<int64_t>(s.nbytes) / t.element_size());
+  // As offset_is_operand(geometry_of(t), ...), without building the geometry: every
+  // lowered op asks this of each operand.
+  if (t.storage_offset() > 0) return true;
+  if (t.numel() >= static_cast<int64_t>(s.nbytes) / t.element_size()) return false;
+  int64_t expected = 1;
+  for (int64_t i = t.dim() - 1; i >= 0; --i) {
+    if (t.sizes()[i] == 1) continue;
+    if (t.strides()[i] != expected) return false;
+    expected *= t.sizes()[i];
+  }
+  return true;
 }
 
 std::string view_key(const at::Tensor& t) {
