@@ -41,10 +41,25 @@ bool foreach_elements_share_memory(c10::ArrayRef<c10::IValue> args, int written_
   return false;
 }
 
+bool foreach_spans_devices(c10::ArrayRef<c10::IValue> args) {
+  int device = -1;
+  for (const c10::IValue& v : args) {
+    if (!v.isTensorList()) continue;
+    for (const at::Tensor& t : v.toTensorList()) {
+      if (!t.defined() || !t.is_privateuseone()) continue;
+      int d = t.device().index();
+      if (device >= 0 && d != device) return true;
+      device = d;
+    }
+  }
+  return false;
+}
+
 void run_foreach_per_element(const c10::OperatorHandle& op, torch::jit::Stack* stack, int num_args) {
   std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
   size_t n = 0;
   for (const c10::IValue& v : args) n = std::max(n, list_length(v));
+  std::vector<c10::List<at::Tensor>> returns;  // one per return, once the first call gave them
   for (size_t k = 0; k < n; ++k) {
     torch::jit::Stack one;
     for (const c10::IValue& v : args) {
@@ -62,8 +77,13 @@ void run_foreach_per_element(const c10::OperatorHandle& op, torch::jit::Stack* s
       }
     }
     op.callBoxed(&one);
+    if (returns.empty()) returns.resize(one.size());
+    for (size_t r = 0; r < one.size() && r < returns.size(); ++r)
+      if (one[r].isTensorList())
+        for (const at::Tensor& t : one[r].toTensorList()) returns[r].push_back(t);
   }
   torch::jit::drop(*stack, num_args);
+  for (auto& l : returns) stack->emplace_back(std::move(l));
 }
 
 }  // namespace tpu::backend

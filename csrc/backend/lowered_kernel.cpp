@@ -83,6 +83,7 @@ struct OpInfo {
   KernelCheck value_check = nullptr;   // what CPU checks of Scalar values at every call
   ComplexRefusal complex_refusal = ComplexRefusal::None;  // CPU refuses complex values
   int dtype_arg = -1;  // an out= op's `ScalarType? dtype`: a given one must be out's
+  bool foreach = false;                // a _foreach_ op
   bool foreach_in_place = false;       // _foreach_add_ & co: writes its first list
   bool promotes_inputs = false;        // CPU computes in its tensor inputs' common dtype
   bool pointwise = false;              // ... and a pointwise op's result has that dtype
@@ -1650,7 +1651,8 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   auto args = torch::jit::last(*stack, info.num_args);
   metrics().op_calls += 1;
   if (info.value_check) info.value_check(args);
-  if (info.foreach_in_place && foreach_elements_share_memory(args, 0)) {
+  if ((info.foreach_in_place && foreach_elements_share_memory(args, 0)) ||
+      (info.foreach && foreach_spans_devices(args))) {
     own();
     run_foreach_per_element(op, stack, info.num_args);
     return;
@@ -2233,7 +2235,8 @@ int register_lowered_kernels() {
     info.base = base;
     info.base_overload = name.overload_name.empty() ? base : base + "." + name.overload_name;
     info.complex_refusal = complex_refusal_for(info.base_overload, base);
-    info.foreach_in_place = base.rfind("_foreach_", 0) == 0 && name.name.back() == '_' &&
+    info.foreach = base.rfind("_foreach_", 0) == 0;
+    info.foreach_in_place = info.foreach && name.name.back() == '_' &&
                             info.mutated.size() == 1 && info.mutated[0] == 0;
     info.check_any_input_overlap = cpu_forbids_any_input_overlap(base);
     info.check_input_overlap = info.check_any_input_overlap || !cpu_allows_input_overlap(base);
