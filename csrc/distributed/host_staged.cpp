@@ -108,8 +108,8 @@ struct Ranges {
 
 struct HostStagedTransport::Staging {
   // `typed`: Gloo's collective dispatches on the dtype (send/recv move raw bytes).
-  Staging(HostPool& p, bool addresses, const char* w, bool typed = true)
-      : pool(p), what(w), typed(typed), host_addresses(addresses) {
+  Staging(HostPool& p, Sequencer& q, bool addresses, const char* w, bool typed = true)
+      : pool(p), sequencer(q), what(w), typed(typed), host_addresses(addresses) {
     // The host tensors staged here are ordinary tensors even under torch.inference_mode():
     // the transport's threads (outside that mode) write them in place. (Leaving the mode
     // turns grad mode on: off again, as it was.)
@@ -121,6 +121,7 @@ struct HostStagedTransport::Staging {
   std::optional<c10::InferenceMode> ordinary_tensors;
   std::optional<at::NoGradGuard> no_grad;
   HostPool& pool;
+  Sequencer& sequencer;
   const char* what;  // the collective, for errors
   bool typed;
   bool host_addresses;  // read device memory in place where it is host memory
@@ -131,12 +132,24 @@ struct HostStagedTransport::Staging {
   }
   std::vector<WorkPtr> inner;
   std::vector<WriteBack> writes;
+  std::vector<const void*> touched;  // storages read or written before the Work completes
+
+  // Before the collective reads or writes t's memory: an earlier collective of this
+  // group still reading or writing it finishes first, as NCCL's stream orders them
+  // (an async all_reduce of x, then another of x, reduces the first one's result).
+  void touch(const at::Tensor& t) {
+    if (!t.defined()) return;
+    const void* storage = t.storage().unsafeGetStorageImpl();
+    sequencer.wait_for_earlier(storage);
+    touched.push_back(storage);
+  }
   TensorList averaged;  // host results of an AVG, summed by the transport
 
   // A host copy of a tpu tensor's values (waits for them: pending work runs first),
   // copied straight into reused staging memory.
   at::Tensor in(const at::Tensor& t) {
     if (typed) check_host_dtype(what, t);
+    touch(t);
     at::Tensor h = pool.take(t.sizes(), t.scalar_type());
     at::Tensor v = host_view(t, host_addresses);
     if (v.defined())  // one plain copy: no transfer, no event, no thread hop
@@ -149,6 +162,7 @@ struct HostStagedTransport::Staging {
   // itself where it is host memory, else a copy.
   at::Tensor in_read_only(const at::Tensor& t) {
     if (typed) check_host_dtype(what, t);
+    touch(t);
     at::Tensor v = host_view(t, host_addresses);
     return v.defined() ? v : in(t);
   }
@@ -161,6 +175,7 @@ struct HostStagedTransport::Staging {
   // memory where it may be written in place, else staging memory written back.
   at::Tensor out(const at::Tensor& t) {
     if (typed) check_host_dtype(what, t);
+    touch(t);
     at::Tensor h = in_place_view(t, host_addresses);
     if (h.defined()) return h;
     h = pool.take(t.sizes(), t.scalar_type());
@@ -169,6 +184,7 @@ struct HostStagedTransport::Staging {
   }
   at::Tensor inout(const at::Tensor& t) {
     if (typed) check_host_dtype(what, t);
+    touch(t);
     at::Tensor h = in_place_view(t, host_addresses);
     if (h.defined()) return h;
     h = in(t);
@@ -245,15 +261,19 @@ WorkPtr HostStagedTransport::finish(Staging& s, OpType op, const char* what, Ten
       }
     };
   }
+  // What later collectives must wait for: the storages it read or writes in place, and
+  // those its results are written back into.
+  for (const WriteBack& wb : s.writes) s.touched.push_back(wb.device.storage().unsafeGetStorageImpl());
   auto w = c10::make_intrusive<StagedWork>(getRank(), op, what, std::move(s.inner),
                                            std::move(s.writes), std::move(divide),
                                            std::move(results));
+  w->set_touched(std::move(s.touched));
   sequencer_->enqueue(w);
   return w;
 }
 
 WorkPtr HostStagedTransport::broadcast(TensorList& tensors, const c10d::BroadcastOptions& opts) {
-  Staging s(pool_, host_addresses_, "broadcast");
+  Staging s(pool_, *sequencer_, host_addresses_, "broadcast");
   bool root = getRank() == opts.rootRank;
   TensorList h = root ? s.in(tensors) : s.out(tensors);
   s.inner.push_back(host_->broadcast(h, opts));
@@ -262,12 +282,13 @@ WorkPtr HostStagedTransport::broadcast(TensorList& tensors, const c10d::Broadcas
 
 
 WorkPtr HostStagedTransport::allreduce(TensorList& tensors, const c10d::AllreduceOptions& opts) {
-  Staging s(pool_, host_addresses_, "all_reduce");
+  Staging s(pool_, *sequencer_, host_addresses_, "all_reduce");
   if (tensors.size() == 1 && pipelined(tensors[0], chunk_bytes_, host_addresses_)) {
     // Copied to the host and reduced chunk by chunk: each chunk's Gloo all-reduce runs
     // while the next chunk is copied.
     at::Tensor& t = tensors[0];
     check_host_dtype("all_reduce", t);
+    s.touch(t);
     at::Tensor h = pool_.take(t.sizes(), t.scalar_type());
     int64_t item = h.element_size(), per = std::max<int64_t>(1, chunk_bytes_ / item);
     int64_t n = h.numel();
@@ -298,7 +319,7 @@ WorkPtr HostStagedTransport::allreduce(TensorList& tensors, const c10d::Allreduc
 WorkPtr HostStagedTransport::allreduce_coalesced(TensorList& tensors,
                                                  const c10d::AllreduceCoalescedOptions& opts) {
   // One transport collective per tensor (Gloo's coalesced form wants one dtype).
-  Staging s(pool_, host_addresses_, "all_reduce_coalesced");
+  Staging s(pool_, *sequencer_, host_addresses_, "all_reduce_coalesced");
   s.check_dtypes(tensors);
   c10d::AllreduceOptions o;
   o.timeout = opts.timeout;
@@ -311,7 +332,7 @@ WorkPtr HostStagedTransport::allreduce_coalesced(TensorList& tensors,
 }
 
 WorkPtr HostStagedTransport::reduce(TensorList& tensors, const c10d::ReduceOptions& opts) {
-  Staging s(pool_, host_addresses_, "reduce");
+  Staging s(pool_, *sequencer_, host_addresses_, "reduce");
   bool root = getRank() == opts.rootRank;
   TensorList h = root ? TensorList{s.inout(tensors[0])} : s.in(tensors);
   c10d::ReduceOptions o = opts;
@@ -324,7 +345,7 @@ WorkPtr HostStagedTransport::reduce(TensorList& tensors, const c10d::ReduceOptio
 
 WorkPtr HostStagedTransport::allgather(std::vector<TensorList>& outputs, TensorList& inputs,
                                        const c10d::AllgatherOptions& opts) {
-  Staging s(pool_, host_addresses_, "all_gather");
+  Staging s(pool_, *sequencer_, host_addresses_, "all_gather");
   int64_t most = 0;
   bool even = true;
   for (const at::Tensor& o : outputs[0]) {
@@ -357,7 +378,7 @@ WorkPtr HostStagedTransport::allgather(std::vector<TensorList>& outputs, TensorL
 
 WorkPtr HostStagedTransport::_allgather_base(at::Tensor& output, at::Tensor& input,
                                              const c10d::AllgatherOptions& opts) {
-  Staging s(pool_, host_addresses_, "all_gather_into_tensor");
+  Staging s(pool_, *sequencer_, host_addresses_, "all_gather_into_tensor");
   // Flat on the host: Gloo wants the output as inputs stacked along dimension 0.
   at::Tensor in = s.in_read_only(input).view(-1), out = s.out(output).view(-1);
   s.inner.push_back(host_->_allgather_base(out, in, opts));
@@ -367,7 +388,7 @@ WorkPtr HostStagedTransport::_allgather_base(at::Tensor& output, at::Tensor& inp
 WorkPtr HostStagedTransport::allgather_coalesced(std::vector<TensorList>& outputs,
                                                  TensorList& inputs,
                                                  const c10d::AllgatherOptions& opts) {
-  Staging s(pool_, host_addresses_, "all_gather_coalesced");
+  Staging s(pool_, *sequencer_, host_addresses_, "all_gather_coalesced");
   s.check_dtypes(inputs);
   TensorList results;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -382,7 +403,7 @@ WorkPtr HostStagedTransport::allgather_coalesced(std::vector<TensorList>& output
 WorkPtr HostStagedTransport::allgather_into_tensor_coalesced(TensorList& outputs,
                                                              TensorList& inputs,
                                                              const c10d::AllgatherOptions& opts) {
-  Staging s(pool_, host_addresses_, "all_gather_into_tensor_coalesced");
+  Staging s(pool_, *sequencer_, host_addresses_, "all_gather_into_tensor_coalesced");
   s.check_dtypes(inputs);
   s.check_dtypes(outputs);
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -394,7 +415,7 @@ WorkPtr HostStagedTransport::allgather_into_tensor_coalesced(TensorList& outputs
 
 WorkPtr HostStagedTransport::gather(std::vector<TensorList>& outputs, TensorList& inputs,
                                     const c10d::GatherOptions& opts) {
-  Staging s(pool_, host_addresses_, "gather");
+  Staging s(pool_, *sequencer_, host_addresses_, "gather");
   // Gloo's gather takes no complex dtype (its other collectives do): complex values
   // travel as their (real, imaginary) pairs.
   auto as_real = [](TensorList ts) {
@@ -411,7 +432,7 @@ WorkPtr HostStagedTransport::gather(std::vector<TensorList>& outputs, TensorList
 
 WorkPtr HostStagedTransport::scatter(TensorList& outputs, std::vector<TensorList>& inputs,
                                      const c10d::ScatterOptions& opts) {
-  Staging s(pool_, host_addresses_, "scatter");
+  Staging s(pool_, *sequencer_, host_addresses_, "scatter");
   std::vector<TensorList> in;
   if (getRank() == opts.rootRank) in.push_back(s.in(inputs[0]));
   TensorList out = s.out(outputs);
@@ -421,7 +442,7 @@ WorkPtr HostStagedTransport::scatter(TensorList& outputs, std::vector<TensorList
 
 WorkPtr HostStagedTransport::reduce_scatter(TensorList& outputs, std::vector<TensorList>& inputs,
                                             const c10d::ReduceScatterOptions& opts) {
-  Staging s(pool_, host_addresses_, "reduce_scatter");
+  Staging s(pool_, *sequencer_, host_addresses_, "reduce_scatter");
   std::vector<TensorList> in{s.in(inputs[0])};
   TensorList out = s.out(outputs);
   c10d::ReduceScatterOptions o = opts;
@@ -432,13 +453,15 @@ WorkPtr HostStagedTransport::reduce_scatter(TensorList& outputs, std::vector<Ten
 
 WorkPtr HostStagedTransport::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                   const c10d::ReduceScatterOptions& opts) {
-  Staging s(pool_, host_addresses_, "reduce_scatter_tensor");
+  Staging s(pool_, *sequencer_, host_addresses_, "reduce_scatter_tensor");
   if (pipelined(input, chunk_bytes_, host_addresses_) && output.numel() > 0) {
     // Chunk by chunk, as all_reduce: chunk c takes elements [a, a + len) of every rank's
     // block. Its pieces are copied next to each other ([rank][len]), so each chunk is one
     // contiguous Gloo reduce-scatter whose output is [a, a + len) of this rank's result.
     check_host_dtype("reduce_scatter_tensor", input);
     check_host_dtype("reduce_scatter_tensor", output);
+    s.touch(input);
+    s.touch(output);
     int64_t world = getSize(), m = output.numel();
     at::Tensor hin = pool_.take({world * m}, input.scalar_type());
     at::Tensor hout = pool_.take(output.sizes(), output.scalar_type());
@@ -475,7 +498,7 @@ WorkPtr HostStagedTransport::_reduce_scatter_base(at::Tensor& output, at::Tensor
 
 WorkPtr HostStagedTransport::reduce_scatter_tensor_coalesced(
     TensorList& outputs, TensorList& inputs, const c10d::ReduceScatterOptions& opts) {
-  Staging s(pool_, host_addresses_, "reduce_scatter_tensor_coalesced");
+  Staging s(pool_, *sequencer_, host_addresses_, "reduce_scatter_tensor_coalesced");
   s.check_dtypes(inputs);
   s.check_dtypes(outputs);
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -491,7 +514,7 @@ WorkPtr HostStagedTransport::alltoall_base(at::Tensor& output, at::Tensor& input
                                            std::vector<int64_t>& output_splits,
                                            std::vector<int64_t>& input_splits,
                                            const c10d::AllToAllOptions& opts) {
-  Staging s(pool_, host_addresses_, "all_to_all_single");
+  Staging s(pool_, *sequencer_, host_addresses_, "all_to_all_single");
   at::Tensor in = s.in(input), out = s.out(output);
   s.inner.push_back(host_->alltoall_base(out, in, output_splits, input_splits, opts));
   return finish(s, OpType::ALLTOALL_BASE, "all_to_all_single", {output});
@@ -499,7 +522,7 @@ WorkPtr HostStagedTransport::alltoall_base(at::Tensor& output, at::Tensor& input
 
 WorkPtr HostStagedTransport::alltoall(TensorList& outputs, TensorList& inputs,
                                       const c10d::AllToAllOptions& opts) {
-  Staging s(pool_, host_addresses_, "all_to_all");
+  Staging s(pool_, *sequencer_, host_addresses_, "all_to_all");
   bool even = true;
   for (size_t i = 0; i < inputs.size(); ++i)
     even = even && inputs[i].numel() == inputs[0].numel() && outputs[i].numel() == inputs[0].numel();
@@ -537,28 +560,28 @@ WorkPtr HostStagedTransport::alltoall(TensorList& outputs, TensorList& inputs,
 }
 
 WorkPtr HostStagedTransport::send(TensorList& tensors, int dst, int tag) {
-  Staging s(pool_, host_addresses_, "send", /*typed=*/false);
+  Staging s(pool_, *sequencer_, host_addresses_, "send", /*typed=*/false);
   TensorList h = s.in_read_only(tensors);
   s.inner.push_back(host_->send(h, dst, tag));
   return finish(s, OpType::SEND, "send", {});
 }
 
 WorkPtr HostStagedTransport::recv(TensorList& tensors, int src, int tag) {
-  Staging s(pool_, host_addresses_, "recv", /*typed=*/false);
+  Staging s(pool_, *sequencer_, host_addresses_, "recv", /*typed=*/false);
   TensorList h = s.out(tensors);
   s.inner.push_back(host_->recv(h, src, tag));
   return finish(s, OpType::RECV, "recv", tensors);
 }
 
 WorkPtr HostStagedTransport::recvAnysource(TensorList& tensors, int tag) {
-  Staging s(pool_, host_addresses_, "recv", /*typed=*/false);
+  Staging s(pool_, *sequencer_, host_addresses_, "recv", /*typed=*/false);
   TensorList h = s.out(tensors);
   s.inner.push_back(host_->recvAnysource(h, tag));
   return finish(s, OpType::RECVANYSOURCE, "recv", tensors);
 }
 
 WorkPtr HostStagedTransport::barrier(const c10d::BarrierOptions& opts) {
-  Staging s(pool_, host_addresses_, "barrier");
+  Staging s(pool_, *sequencer_, host_addresses_, "barrier");
   s.inner.push_back(host_->barrier(opts));
   return finish(s, OpType::BARRIER, "barrier", {});
 }

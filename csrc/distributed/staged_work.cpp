@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <optional>
 #include <set>
 
@@ -148,6 +149,15 @@ int StagedWork::sourceRank() const {
   return inner_[0]->sourceRank();
 }
 
+bool StagedWork::touches(const void* storage) const {
+  return std::find(touched_.begin(), touched_.end(), storage) != touched_.end();
+}
+
+void StagedWork::wait_completed() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_; });
+}
+
 bool StagedWork::wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   if (timeout == kNoTimeout) {
@@ -226,6 +236,19 @@ void Sequencer::enqueue(const c10::intrusive_ptr<StagedWork>& work) {
       if (s) s->on_transport_done(raw, err);
     });
   }
+}
+
+void Sequencer::wait_for_earlier(const void* storage) {
+  c10::intrusive_ptr<StagedWork> last;  // Works complete in order: the last one suffices
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = queue_.rbegin(); it != queue_.rend(); ++it)
+      if ((*it)->touches(storage)) {
+        last = *it;
+        break;
+      }
+  }
+  if (last) last->wait_completed();
 }
 
 void Sequencer::on_transport_done(StagedWork* w, std::exception_ptr err) {

@@ -53,6 +53,11 @@ class StagedWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return results_; }
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  // The storages (StorageImpl addresses) the collective reads or writes until it completes.
+  void set_touched(std::vector<const void*> storages) { touched_ = std::move(storages); }
+  bool touches(const void* storage) const;
+  // Waits until it completed, its error (if any) left to its own wait().
+  void wait_completed();
 
  private:
   friend class Sequencer;
@@ -79,6 +84,7 @@ class StagedWork : public c10d::Work {
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  std::vector<const void*> touched_;
 };
 
 // Completes StagedWorks in the order they were issued (two collectives may write the
@@ -88,6 +94,10 @@ class Sequencer : public std::enable_shared_from_this<Sequencer> {
   Sequencer();
   ~Sequencer();  // stops the helper thread (after what it waits for)
   void enqueue(const c10::intrusive_ptr<StagedWork>& work);
+  // Collectives on one group run in issue order on NCCL (one stream): a collective issued
+  // while an earlier one that reads or writes the same storage has not finished sees its
+  // result. The later one waits for the last such Work before it reads or writes `storage`.
+  void wait_for_earlier(const void* storage);
   // Waits until every enqueued Work completed and no transport thread is still inside
   // this sequencer (dropping references, running future callbacks).
   void drain_all();
