@@ -72,3 +72,33 @@ def test_collectives_through_staging_copies_run_in_issue_order():
     res = run_python_json(PROGRAM, env={"TPU_NUM_DEVICES": "2", "TPU_DIST_HOST_ADDRESSES": "0"}, timeout=240)
     for r in ("0", "1"):
         assert res[r] == WANT, (r, res[r])
+
+
+DROP_PROGRAM = r"""
+import datetime, json, threading, time, torch, torch.distributed as dist, torch_tpu
+from torch_tpu import _C
+store = dist.HashStore(); world = 2; res = {}
+def rank(r):
+    torch.tpu.set_device(r)
+    host = dist.ProcessGroupGloo(dist.PrefixStore("g/", store), r, world, datetime.timedelta(seconds=30))
+    b = _C._dist_create_backend(host, "host")
+    x = (torch.ones(3) * (r + 1)).to(f"tpu:{r}")
+    if r == 1:
+        time.sleep(1.0)  # rank 0's collective is still in flight when it drops everything
+    w = b.allreduce([x], dist.AllreduceOptions())
+    if r == 1:
+        w.wait(); res[r] = x.cpu().tolist()
+    del w, x, b  # rank 0: its Work now holds the last reference to x's Python object
+    res.setdefault(r, "dropped")
+ts = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+[t.start() for t in ts]; [t.join(60) for t in ts]
+print(json.dumps({str(k): v for k, v in res.items()}))
+"""
+
+
+def test_dropping_a_backend_with_a_collective_in_flight_does_not_hang():
+    # Python dropping a backend waits (holding the GIL) for its in-flight Works; the
+    # transport thread finishing one freed a tensor whose Python object needs the GIL,
+    # so both waited forever (session 58's CI: this file's debug case hung at teardown).
+    res = run_python_json(DROP_PROGRAM, env={"TPU_NUM_DEVICES": "2"}, timeout=60)
+    assert res == {"0": "dropped", "1": [3.0, 3.0, 3.0]}, res

@@ -36,6 +36,17 @@ def _free_port():
 def launch(suite, world, env=None, timeout=150, script=HERE):
     """Runs `suite` of `script` in `world` rank processes; returns {rank: {check: result}}
     (plus "__rc" and "__out", the exit code and output tail)."""
+    # The free port is free when picked, not always when rank 0's store listens on it:
+    # another test's processes (Gloo opens many connections) can take it in between.
+    # Such a launch ran nothing: it runs again on another port.
+    for _ in range(3):
+        results = _launch_once(suite, world, env, timeout, script)
+        if not any("EADDRINUSE" in res["__out"] and res["__rc"] != 0 for res in results.values()):
+            break
+    return results
+
+
+def _launch_once(suite, world, env, timeout, script):
     port, outdir = _free_port(), tempfile.mkdtemp(prefix="tpu_dist_")
     e = dict(os.environ, **(env or {}))
     procs = [subprocess.Popen([sys.executable, script, suite, str(r), str(world), str(port), outdir],

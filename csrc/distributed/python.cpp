@@ -13,6 +13,14 @@ namespace tpu::distributed {
 
 void bind(pybind11::module_& m) {
   namespace py = pybind11;
+  Sequencer::set_wait_scope([](const std::function<void()>& wait) {
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release no_gil;
+      wait();
+    } else {
+      wait();
+    }
+  });
   // `host`: the CPU backend (a ProcessGroupGloo over a prefixed store) the host-staged
   // transport runs on; `store`: the one the group's processes meet on (where its splits
   // meet). Returned as _TpuDistBackend, a c10d Backend.

@@ -295,9 +295,19 @@ void Sequencer::complete_ready() {
   }
 }
 
+namespace {
+std::atomic<Sequencer::WaitScope> g_wait_scope{nullptr};
+}  // namespace
+
+void Sequencer::set_wait_scope(WaitScope scope) { g_wait_scope.store(scope); }
+
 void Sequencer::drain_all() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return queue_.empty() && active_ == 0; });
+  auto wait = [this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return queue_.empty() && active_ == 0; });
+  };
+  if (WaitScope scope = g_wait_scope.load()) scope(wait);
+  else wait();
 }
 
 void Sequencer::helper_loop() {

@@ -101,6 +101,11 @@ class Sequencer : public std::enable_shared_from_this<Sequencer> {
   // Waits until every enqueued Work completed and no transport thread is still inside
   // this sequencer (dropping references, running future callbacks).
   void drain_all();
+  // What drain_all() runs its wait inside. python.cpp installs one that lets go of the
+  // GIL when the caller holds it (Python dropping the last reference to a backend):
+  // completing a Work can free a tensor whose Python object needs the GIL.
+  using WaitScope = void (*)(const std::function<void()>& wait);
+  static void set_wait_scope(WaitScope scope);
   // drain_all() on every live sequencer. Called before the interpreter finalizes: a
   // transport thread that then dropped the last reference to a tensor with a Python
   // object (or ran a Python callback) would take the GIL and be torn down mid-C++ frame.
