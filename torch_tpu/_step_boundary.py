@@ -17,9 +17,21 @@ from . import _C
 _scaler = threading.local()  # depth: inside GradScaler.step on this thread
 
 
-def _cut(reason):
-    if _C.get_eager_mode() == 2:  # EagerMode.DEFER_AND_FUSE
+def _cut(reason, optimizers=()):
+    if _C.get_eager_mode() != 2:  # EagerMode.DEFER_AND_FUSE
+        return
+    if optimizers and _C._pending_graphs() > 1:
+        # Several devices' graphs pending (a training thread per device): this step cuts
+        # its parameters' devices' graphs only. Cutting the others too would cut them
+        # wherever their threads had got to, different at every step (new programs).
+        _C.flush(reason, _devices_of(optimizers))
+    else:
         _C.flush(reason)
+
+
+def _devices_of(optimizers):
+    return sorted({p.device.index for o in optimizers for g in o.param_groups for p in g["params"]
+                   if p.device.type == "tpu"})
 
 
 _cut_queued_for = threading.local()  # the backward whose end already cuts the graph
@@ -37,9 +49,9 @@ def _after_optimizer_step(optimizer, args, kwargs):
         # training step ends with the backward, so cut once there, not at every parameter.
         if getattr(_cut_queued_for, "task", None) != task:
             _cut_queued_for.task = task
-            torch.autograd.Variable._execution_engine.queue_callback(lambda: _cut("optimizer step"))
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: _cut("optimizer step", [optimizer]))
         return
-    _cut("optimizer step")
+    _cut("optimizer step", [optimizer])
 
 
 def _cut_at_scaler_update(scaler_class):
@@ -53,11 +65,13 @@ def _cut_at_scaler_update(scaler_class):
             return step(self, optimizer, *args, **kwargs)
         finally:
             _scaler.depth -= 1
+            _scaler.stepped = getattr(_scaler, "stepped", []) + [optimizer]  # cut at update
 
     def scaler_update(self, *args, **kwargs):
         out = update(self, *args, **kwargs)
         if not torch.compiler.is_compiling():
-            _cut("optimizer step")
+            stepped, _scaler.stepped = getattr(_scaler, "stepped", []), []
+            _cut("optimizer step", stepped)
         return out
 
     for new, old in ((scaler_step, step), (scaler_update, update)):

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <optional>
 #include <deque>
 #include <thread>
@@ -159,7 +160,12 @@ struct Graph {
 };
 
 std::recursive_mutex g_mu;
-Graph g_graph;
+Graph g_graph;  // the pending graph ops are recorded into: that of the last op's device
+// The other devices' pending graphs, set aside (under g_mu): threads driving different
+// devices (nn.DataParallel, the autograd engine's device threads) interleave their ops,
+// and a graph cut wherever they did would cut at points that depend on timing (new
+// programs to compile at every step). None reads another's pending values.
+std::map<int, Graph> g_parked;
 
 // A compiled graph's first call recorded apart (begin_side_recording), under g_mu.
 struct SideRecording {
@@ -296,6 +302,8 @@ void count_flush(const char* reason) {
 
 void flush_prefix(const char* reason, size_t count);
 void flush_bounded(const char* reason);
+void switch_pending_graph(int device);  // parks the pending graph, resumes `device`'s
+void flush_pending_graph_of(int device, const char* reason);
 
 // XLA fuses a chain of cheap ops into one kernel, and its CPU compiler's time grows much
 // faster than the chain (1,000 elementwise ops in a row: 4.5 s, 2,000: 28 s, 4,096:
@@ -404,7 +412,13 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
   }
   std::unique_lock<std::recursive_mutex> lock;
   if (!graph_locked) lock = graph_lock();
-  if (g_graph.device >= 0 && g_graph.device != device) flush("another device");
+  if (g_graph.device != device && (g_graph.device >= 0 || !g_parked.empty())) {
+    if (g_side.active) flush("another device");  // a compiled graph's recording stays one graph
+    else switch_pending_graph(device);
+  }
+  if (!g_parked.empty())
+    for (const Operand& in : args)  // another device's graph makes it: that graph runs first
+      if (in.slot && in.slot->producer && in.slot->device != device) flush_pending_graph_of(in.slot->device, "another device's value");
 
   if (g_graph.nodes.size() >= max_graph_ops() && eager_mode() != EagerMode::DeferAll) flush_bounded("graph size bound");
   if (eager_mode() != EagerMode::DeferAll && !g_graph.nodes.empty() &&
@@ -567,7 +581,7 @@ runtime::BufferPtr resolve(const Operand& v) {
   {
     auto lock = graph_lock();
     if (!v.slot->producer && g_side.active && g_side.unlinked_ids.count(v.slot.get())) spoil_side_recording();
-    if (v.slot->producer) flush("value needed");
+    if (v.slot->producer) flush_pending_graph_of(v.slot->device, "value needed");
   }
   std::unique_lock<std::mutex> lock(g_slot_mu);
   g_slot_cv.wait(lock, [&] { return v.slot->buffer || v.slot->error; });
@@ -1557,10 +1571,61 @@ void settle_launched() {
   launcher().wait_quiet();
 }
 
-void flush(const char* reason) {
-  auto lock = graph_lock();
+namespace {
+void flush_active(const char* reason) {
   cut_last_micro_step();
   flush_prefix(reason, std::numeric_limits<size_t>::max());
+}
+
+void flush_parked(std::map<int, Graph>::iterator it, const char* reason) {
+  Graph active = std::move(g_graph);
+  g_graph = std::move(it->second);
+  g_parked.erase(it);
+  flush_active(reason);
+  g_graph = std::move(active);
+}
+}  // namespace
+
+void switch_pending_graph(int device) {
+  if (g_graph.device >= 0) {  // (a graph leaves the set-aside ones when it becomes active)
+    TORCH_INTERNAL_ASSERT(!g_parked.count(g_graph.device), "two pending graphs for tpu:", g_graph.device);
+    g_parked[g_graph.device] = std::move(g_graph);
+  }
+  auto it = g_parked.find(device);
+  if (it != g_parked.end()) {
+    g_graph = std::move(it->second);
+    g_parked.erase(it);
+  } else {
+    g_graph = Graph{};
+  }
+  g_graph.device = device;
+  fuse_stats().device_switches += 1;
+}
+
+void flush_pending_graph_of(int device, const char* reason) {
+  auto it = g_parked.find(device);
+  if (it != g_parked.end()) flush_parked(it, reason);
+  else flush_active(reason);
+}
+
+void flush(const char* reason) {
+  auto lock = graph_lock();
+  flush_active(reason);
+  while (!g_parked.empty()) flush_parked(g_parked.begin(), reason);
+}
+
+void flush_devices(const char* reason, const std::vector<int>& devices) {
+  auto lock = graph_lock();
+  for (int d : devices) {
+    auto it = g_parked.find(d);
+    if (it != g_parked.end()) flush_parked(it, reason);
+    else if (g_graph.device == d) flush_active(reason);
+  }
+}
+
+size_t pending_graphs() {
+  auto lock = graph_lock();
+  return g_parked.size() + (g_graph.nodes.empty() ? 0 : 1);
 }
 
 // A full graph is cut where its first op recurs last (in its second half): a loop body
@@ -1914,7 +1979,9 @@ ProgramPtr graph_program(const FlushedGraphPtr& graph) {
 
 size_t pending_ops() {
   auto lock = graph_lock();
-  return g_graph.nodes.size();
+  size_t n = g_graph.nodes.size();
+  for (const auto& [device, g] : g_parked) n += g.nodes.size();
+  return n;
 }
 
 namespace {
@@ -1958,6 +2025,7 @@ void spoil_side_recording() {
 void begin_side_recording(const std::vector<Operand>& inputs) {
   auto lock = graph_lock();
   TORCH_INTERNAL_ASSERT(!g_side.active && !g_held_job, "a side recording inside another");
+  while (!g_parked.empty()) flush_parked(g_parked.begin(), "compiled graph");  // it records one graph
   g_side = SideRecording{};
   g_side.active = true;
   g_side.stashed = std::move(g_graph);

@@ -167,9 +167,14 @@ class LaunchNow {
 // True on a thread inside a LaunchNow scope while DeferAndFuse is the mode.
 bool launching_now();
 
-// Hands the pending graph (if any) to the launcher thread, which compiles (once per
-// graph shape) and launches it as one program. `reason` is counted in the metrics.
+// Hands the pending graphs (if any; one per device) to the launcher thread, which
+// compiles (once per graph shape) and launches each as one program. `reason` is counted
+// in the metrics.
 void flush(const char* reason);
+// The same for `devices`' pending graphs only (a training step of one device's thread).
+void flush_devices(const char* reason, const std::vector<int>& devices);
+// How many devices have a pending graph.
+size_t pending_graphs();
 
 // Whether DeferAndFuse runs a graph with a backward as two programs, its forward and the
 // rest (where its ops are small; default on, TPU_SPLIT_AT_BACKWARD=0 turns it off).
@@ -194,6 +199,7 @@ struct FuseStats {
   std::atomic<int64_t> outputs{0};       // values materialized by graphs
   std::atomic<int64_t> elided{0};        // values no one referenced: never materialized
   std::atomic<int64_t> dead_calls{0};    // recorded calls no one read a result of: left out
+  std::atomic<int64_t> device_switches{0};  // ops on another device than the last: graphs set aside, not cut
   std::atomic<int64_t> hoisted_fills{0}; // fills run before their graph (hoist_fills)
   std::atomic<int64_t> donated{0};       // input buffers reused for outputs
   std::atomic<int64_t> replays{0};       // graphs re-run op by op after a failure

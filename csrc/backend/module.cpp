@@ -110,7 +110,8 @@ PYBIND11_MODULE(_C, m) {
     if (StorageData* s = storage_record(*t.storage().unsafeGetStorageImpl())) s->module_state = true;
   });
   // Runs the pending deferred graph without waiting for it (a training step's end).
-  m.def("flush", [](const std::string& reason) {
+  // Of `devices` only, when given (a step of one device's training thread).
+  m.def("flush", [](const std::string& reason, std::optional<std::vector<int>> devices) {
     py::gil_scoped_release nogil;
     static std::mutex mu;
     static std::set<std::string> reasons;  // flush() keeps the pointer: intern the text
@@ -119,8 +120,13 @@ PYBIND11_MODULE(_C, m) {
       std::lock_guard<std::mutex> lock(mu);
       r = reasons.insert(reason).first->c_str();
     }
-    guarded([&] { flush(r); return 0; });
-  });
+    guarded([&] {
+      if (devices) flush_devices(r, *devices);
+      else flush(r);
+      return 0;
+    });
+  }, py::arg("reason"), py::arg("devices") = py::none());
+  m.def("_pending_graphs", [] { return guarded([] { return pending_graphs(); }); });
   m.def("memory_allocated", [](int d) { return settled_memory_stats(d).user_bytes(); });
   m.def("max_memory_allocated", [](int d) { return settled_memory_stats(d).peak_bytes.load(); });
   m.def("reset_peak_memory_stats", [](int d) { settled_memory_stats(d).reset_peaks(); });
@@ -237,6 +243,7 @@ PYBIND11_MODULE(_C, m) {
     d["fused_outputs"] = fs.outputs.load();
     d["elided_intermediates"] = fs.elided.load();
     d["dead_calls_dropped"] = fs.dead_calls.load();
+    d["pending_graph_switches"] = fs.device_switches.load();
     d["hoisted_fills"] = fs.hoisted_fills.load();
     d["largest_graph_instructions"] = fs.largest_instructions.load();
     d["donated_buffers"] = fs.donated.load();
