@@ -183,7 +183,8 @@ class BoundedTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, inner, exprs, values, mask=None):
         true = [_value(e, values) for e in exprs]
-        r = torch.Tensor._make_wrapper_subclass(cls, true, dtype=inner.dtype, device=inner.device,
+        r = torch.Tensor._make_wrapper_subclass(cls, true, _layout_strides(inner, true),
+                                                dtype=inner.dtype, device=inner.device,
                                                 requires_grad=False)
         r._inner, r._exprs, r._values, r._mask = inner, list(exprs), dict(values), mask
         return r
@@ -194,6 +195,78 @@ class BoundedTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return _dispatch(func, args, kwargs or {})
+
+
+def _layout_strides(inner, true):
+    """The wrapper's strides: laid out as the padded value is, so that PyTorch's layout
+    decisions on the wrapper (is_contiguous, whether reshape can be a view) hold for the
+    padded value the op runs on. A transposed value must not claim contiguous strides:
+    .contiguous() would return it as it is and a later view of the padded value fail."""
+    if inner.is_contiguous():
+        return _contiguous_strides(true)
+    from torch._prims_common import is_non_overlapping_and_dense_or_false as dense
+    if not dense(inner):
+        # A slice or an expand: its own strides, which a true-size view can never merge
+        # across a padded dimension (reshape then copies, as the padded value needs).
+        return list(inner.stride())
+    # Dense in another order (a transpose): dense strides of the true sizes in that order.
+    strides, acc = [0] * inner.dim(), 1
+    for d in sorted(range(inner.dim()), key=lambda d: (inner.stride(d), -d)):
+        strides[d] = acc
+        acc *= max(true[d], 1)
+    return strides
+
+
+def _contiguous_strides(shape):
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return out[::-1]
+
+
+# Padded copies of marked tensors (by storage): a write into one would not reach the
+# marked tensor.
+_ENTRIES = {}
+
+
+def _remember_entry(inner):
+    from torch.multiprocessing.reductions import StorageWeakRef
+    for k in [k for k, ref in _ENTRIES.items() if ref.expired()]:
+        del _ENTRIES[k]
+    _ENTRIES[inner.untyped_storage()._cdata] = StorageWeakRef(inner.untyped_storage())
+
+
+def _writes_a_marked_copy(a) -> bool:
+    """Whether `a` is a plain tensor viewing the padded copy of a marked tensor (a slice
+    of static size along the marked dimension, xt[:, :2])."""
+    if not isinstance(a, torch.Tensor) or isinstance(a, BoundedTensor) or a.device.type != "tpu":
+        return False
+    ref = _ENTRIES.get(a.untyped_storage()._cdata)
+    return ref is not None and not ref.expired()
+
+
+def _check_inplace(func, args):
+    """In-place pointwise ops (linear's bias add_ on its matmul's result, `h += x`) run
+    on the padded value: the valid part gets the true values, the padding stays padding,
+    and views of it see the write as they share its storage. Other in-place ops, writes
+    into a plain tensor and writes into the padded copy of a marked tensor are refused."""
+    schema = func._schema
+    self_ = args[0] if args else None
+    writes = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    ok = torch.Tag.pointwise in func.tags and len(writes) == 1 and \
+        writes[0].name == schema.arguments[0].name and isinstance(self_, BoundedTensor)
+    if ok:
+        ref = _ENTRIES.get(self_._inner.untyped_storage()._cdata)
+        if ref is not None and not ref.expired():
+            raise NotImplementedError(
+                f"torch_tpu bounded dynamism: {func} writes into a tensor marked with "
+                "mark_dynamic (or a view of it) in eager DeferAndFuse; use its out-of-place "
+                "form")
+        return
+    raise NotImplementedError(
+        f"torch_tpu bounded dynamism: {func} writes into a tensor with a dynamic dimension "
+        "in eager DeferAndFuse; use its out-of-place form")
 
 
 def _unpad(t: BoundedTensor) -> torch.Tensor:
@@ -215,9 +288,12 @@ def to_bounded(t: torch.Tensor) -> torch.Tensor:
     cached = getattr(t, "_tpu_bounded", None)
     # The padded copy is stale once the storage was written: through the base or another
     # view (they share t's version counter), or possibly through .data (which does not:
-    # reading it drops the copy, _BoundedMode).
+    # reading it drops the copy, _BoundedMode). It is also made again when t's
+    # requires_grad changed since (mark_dynamic makes it: a requires_grad_() after the
+    # mark gave a copy outside autograd, and x's gradient was lost).
     if cached is not None and cached() is not None and \
-            getattr(t, "_tpu_bounded_version", None) == t._version:
+            getattr(t, "_tpu_bounded_version", None) == t._version and \
+            getattr(t, "_tpu_bounded_grad", None) == t.requires_grad:
         return cached()
     info = getattr(t, "_tpu_dynamism", {})
     exprs, values = _marked_exprs(t)
@@ -242,7 +318,10 @@ def to_bounded(t: torch.Tensor) -> torch.Tensor:
         b = _Enter.apply(t, b)
     t._tpu_bounded = weakref.ref(b)
     t._tpu_bounded_strong = b  # lives as long as the marked tensor
+    if inner.untyped_storage()._cdata != t.untyped_storage()._cdata:
+        _remember_entry(inner)  # a copy (at the bound, t itself: writes reach it)
     t._tpu_bounded_version = t._version
+    t._tpu_bounded_grad = t.requires_grad
     return b
 
 
@@ -272,7 +351,7 @@ _SIZE_LIST_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.def
                   aten.expand.default, aten.new_zeros.default, aten.new_ones.default,
                   aten.new_empty.default, aten.new_full.default, aten.full.default,
                   aten.zeros.default, aten.ones.default, aten.empty.memory_format,
-                  aten.slice_backward.default}
+                  aten.slice_backward.default, aten.select_backward.default}
 # Ops that return no tensor and read no values: they see the padded tensors.
 _SHAPE_QUERIES = {aten._fused_sdp_choice.default} if hasattr(aten, "_fused_sdp_choice") else set()
 
@@ -298,10 +377,9 @@ def _dispatch(func, args, kwargs):
     if func in _SHAPE_QUERIES:
         return func(*tree_map(lambda a: a._inner if isinstance(a, BoundedTensor) else a, args),
                     **tree_map(lambda a: a._inner if isinstance(a, BoundedTensor) else a, kwargs))
-    if func._schema.is_mutable:
-        raise NotImplementedError(
-            f"torch_tpu bounded dynamism: {func} writes into a tensor with a dynamic dimension "
-            "in eager DeferAndFuse; use its out-of-place form")
+    inplace = func._schema.is_mutable
+    if inplace:
+        _check_inplace(func, args)
     leaves, spec = tree_flatten((args, kwargs))
     rename = _Renamer()
     leaves = [rename.leaf(a) for a in leaves]
@@ -318,7 +396,14 @@ def _dispatch(func, args, kwargs):
     if g is None:
         g = _OpGraph(func, leaves, spec, values)
         _GRAPHS[key] = g
+    if inplace and leaves[0]._inner is not args[0]._inner:
+        # _promote_plain padded it again: the write would land in a copy.
+        raise NotImplementedError(
+            f"torch_tpu bounded dynamism: {func} writes into a tensor whose static size meets "
+            "a dynamic one in eager DeferAndFuse; use its out-of-place form")
     out = g.run(leaves, values)
+    if inplace:
+        return args[0]  # its padded value was written in place
     if func in _VIEW_OPS and isinstance(leaves[0], BoundedTensor) and isinstance(out, BoundedTensor):
         _remember_view(leaves[0], out)
     return out
@@ -415,9 +500,14 @@ def _aligned(func, leaves, i):
         return list(enumerate(idx._exprs)) if isinstance(idx, BoundedTensor) else []
     if func in (aten.mm.default, aten.bmm.default) and i in (0, 1):
         other = leaves[1 - i]
-        if isinstance(other, BoundedTensor):
-            return [(p.dim() - 1, other._exprs[-2])] if i == 0 else [(p.dim() - 2, other._exprs[-1])]
-        return []
+        if not isinstance(other, BoundedTensor):
+            return []
+        pairs = [(p.dim() - 1, other._exprs[-2])] if i == 0 else [(p.dim() - 2, other._exprs[-1])]
+        if func is aten.bmm.default:
+            # The batch: matmul of a transposed (s, B, D) by a weight expands the weight
+            # to the true batch size, with plain ints.
+            pairs.append((0, other._exprs[0]))
+        return pairs
     return [(d, e) for b in leaves if isinstance(b, BoundedTensor) and b.shape == p.shape
             for d, e in enumerate(b._exprs)]
 
@@ -519,6 +609,12 @@ def _resolve_sizes(func, sizes, src_exprs, values_items):
         elif src_exprs is not None and func is aten.slice_backward.default:
             # The sliced input's sizes: each a constant off the gradient's (s - 1 -> s).
             score = sum(sympy.expand(c - e).is_number for c, e in zip(combo, src_exprs))
+        elif src_exprs is not None and func is aten.select_backward.default:
+            # The selected input's sizes: the gradient's with the selected one inserted
+            # (the gradient of qkv[0] of MultiheadAttention's packed projection).
+            if not any(list(combo[:k] + combo[k + 1:]) == list(src_exprs)
+                       for k in range(len(combo))):
+                continue
         if score > best_score:
             bests, best_score = [combo], score
         elif score == best_score and combo not in bests:
@@ -814,7 +910,15 @@ class _BoundedMode(TorchFunctionMode):
             return self._bounded_call(_NEW_FACTORIES[func], types, (tuple(size),) + rest, kw)
         if func == torch.Tensor.data.__get__ and _marked(args[0]):
             args[0]._tpu_bounded_version = None  # may be written through: padded again
-        if getattr(func, "__name__", "") in _NO_ENTRY or not _involved(args, kwargs):
+        name = getattr(func, "__name__", "")
+        if _ENTRIES and args and (name.startswith("__i") or name.endswith("_") and
+                                  not name.endswith("__") and name not in _NOT_WRITES) and \
+                _writes_a_marked_copy(args[0]):
+            raise NotImplementedError(
+                f"torch_tpu bounded dynamism: {name} writes into a view of a tensor marked "
+                "with mark_dynamic in eager DeferAndFuse (the write would not reach the "
+                "tensor); use its out-of-place form")
+        if name in _NO_ENTRY or not _involved(args, kwargs):
             return func(*args, **kwargs)  # attributes, autograd calls, nothing bounded
         leaves, spec = tree_flatten((args, kwargs))
         if any(_marked(a) for a in leaves):
@@ -861,6 +965,9 @@ _NEW_FACTORIES = {torch.Tensor.new_zeros: torch.zeros, torch.Tensor.new_ones: to
 _ARITHMETIC = {"__mul__", "__rmul__", "__add__", "__radd__", "__sub__", "__rsub__",
                "__truediv__", "__rtruediv__", "mul", "add", "sub", "div", "true_divide",
                "multiply", "subtract", "divide"}
+
+# In-place methods that write no values.
+_NOT_WRITES = {"requires_grad_", "detach_", "share_memory_", "retain_grad_"}
 
 # Calls that neither compute on a marked tensor nor read its size.
 _NO_ENTRY = {"__get__", "__set__", "backward", "register_hook", "retain_grad",
