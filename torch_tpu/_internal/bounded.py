@@ -34,7 +34,7 @@ import sympy
 import torch
 
 from .bounded_ops import (_FILLS, _INDEX_SHAPED, _MASKED_OPS, _MEANS, _SCANS, _STATIC_DIM_OPS,
-                          _dyn_dims, _expr, _mean_dims, _polynomial, _refuse, _same_shape,
+                          _dyn_dims, _is_out_dtype, _expr, _mean_dims, _polynomial, _refuse, _same_shape,
                           _structural, _tensor_overload, _val, _value_args, check_graph)
 
 aten = torch.ops.aten
@@ -215,6 +215,13 @@ def _rewrite(gm, b, mask_inputs):
             args = _sanitize(b, n, list(args), m_of)
         if op is aten.index.Tensor:
             args = _index_args(b, n, list(args), m_of)
+        if op in _INDEX_SHAPED:
+            args = _index_shaped_args(b, n, list(args), m_of)
+        if _is_out_dtype(op) and n.args[0] is aten.mm.default:
+            # out_dtype(mm, int32, a, b): a matmul, its operands' padding set to 0.
+            args = list(args)
+            for i in (2, 3):
+                args[i] = _filled(b, n, i, args[i], m_of(n.args[i]), 0)
         if op is aten.slice_backward.default and \
                 isinstance(_val(n.args[1][n.args[2]]), torch.SymInt):
             args = list(args)  # the gradient's padding would land in the valid part
@@ -470,6 +477,20 @@ def _index_args(b, n, args, m_of):
     return args
 
 
+def _index_shaped_args(b, n, args, m_of):
+    """gather's index for the padded tensor: padded index positions read element 0, as
+    index.Tensor's do (what is there, an arange's t - 1 - i, may be out of range; the
+    bounds check would fail at every size but the bound)."""
+    i = _INDEX_SHAPED[n.target]
+    m = m_of(n.args[i])
+    if m is _UNKNOWN:
+        raise NotImplementedError(
+            f"torch_tpu bounded dynamism: the index of {n.target} has a dynamic dimension "
+            f"whose valid part cannot be told ({_val(n.args[i]).shape})")
+    args[i] = _fill(b, args[i], m, 0, _val(n.args[i]).dtype)
+    return args
+
+
 def _compound_mask(b, n, m_of):
     """Mask of an op's output with a compound dimension: views carry their input's."""
     if n.target is aten.cat.default:
@@ -521,10 +542,11 @@ def _compound_mask(b, n, m_of):
             return _UNKNOWN
         return b.call(aten.expand.default, b.call(aten.unsqueeze.default, m, -1),
                       b.padded(_val(n)))
-    if n.target in (aten.mm.default, aten.addmm.default):
+    target, op_args = (n.args[0], n.args[2:]) if _is_out_dtype(n.target) else (n.target, n.args)
+    if target in (aten.mm.default, aten.addmm.default):
         # Rows of the product are the rows of the left operand (K, N static here).
-        a = n.args[0] if n.target is aten.mm.default else n.args[1]
-        ma, mb = m_of(a), m_of(n.args[1] if n.target is aten.mm.default else n.args[2])
+        a = op_args[0] if target is aten.mm.default else op_args[1]
+        ma, mb = m_of(a), m_of(op_args[1] if target is aten.mm.default else op_args[2])
         if ma is None or ma is _UNKNOWN or mb is not None or _dyn_dims(_val(a))[-1:] == [1]:
             return _UNKNOWN
         shape = b.padded(_val(n))
@@ -541,11 +563,17 @@ def _compound_mask(b, n, m_of):
     if n.target in _INDEX_SHAPED:
         m = m_of(n.args[_INDEX_SHAPED[n.target]])
         return _UNKNOWN if m is None else m
-    x = n.args[0] if n.args else None
+    if _is_out_dtype(n.target):  # a pointwise op (_OUT_DTYPE_OK) on its arguments
+        x, rest = (n.args[2] if len(n.args) > 2 else None), n.args[3:]
+        pointwise = True
+    else:
+        x, rest = (n.args[0] if n.args else None), n.args[1:]
+        # (another higher-order op has no tags: its mask is not known)
+        pointwise = n.target in _SAME_MASK or n.target in _SCANS or \
+            torch.Tag.pointwise in getattr(n.target, "tags", ())
     m = m_of(x)
-    pointwise = n.target in _SAME_MASK or n.target in _SCANS or torch.Tag.pointwise in n.target.tags
     if m is None and pointwise and any(isinstance(a, torch.fx.Node) and m_of(a) is not None
-                                       for a in n.args[1:]):
+                                       for a in rest):
         m = _ALL_VALID  # a static first operand (broadcast): the others' masks tell
     elif m is None and (n.target is aten.expand.default or pointwise) and \
             all(_polynomial(_expr(s)) for s in _val(n).shape):
@@ -558,12 +586,11 @@ def _compound_mask(b, n, m_of):
         return b.call(aten.reshape.default if n.target is not aten.expand.default
                       else aten.expand.default, m, shape)
     if n.target in _MOVES:  # the mask moves as the data does
-        rest = [a for a in n.args[1:]]
         if any(isinstance(a, torch.fx.Node) for a in rest):
             return _UNKNOWN
         return b.call(n.target, m, *rest)
     if pointwise:
-        others = [m_of(a) for a in n.args[1:] if isinstance(a, torch.fx.Node)]
+        others = [m_of(a) for a in rest if isinstance(a, torch.fx.Node)]
         for o in others:
             if o is _UNKNOWN:
                 return _UNKNOWN

@@ -58,6 +58,34 @@ _STATIC_DIM_OPS = {
     aten.split_with_sizes.default: "dim", aten.select.int: "dim", aten.slice.Tensor: "dim",
 }
 
+# Reductions, sorts and selections along their `dim` argument only (None: every
+# dimension): row-wise with respect to the other dimensions, so right along static ones
+# (greedy decoding's logits.argmax(-1) of a dynamic sequence); refused along a dynamic one.
+_ALONG_DIM = {
+    aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim,
+    aten.sort.default, aten.sort.stable, aten.topk.default, aten.kthvalue.default,
+    aten.median.dim, aten.nanmedian.dim, aten.mode.default,
+    aten.var.correction, aten.std.correction, aten.var_mean.correction,
+    aten.std_mean.correction, aten.var.dim, aten.std.dim, aten.logsumexp.default,
+    aten.linalg_vector_norm.default, aten.norm.ScalarOpt_dim, aten.prod.dim_int,
+    aten.nansum.default, aten.aminmax.default,
+}
+
+
+def _along_static_dims(n) -> bool:
+    """Whether `n` (an op of _ALONG_DIM) acts along static dimensions only."""
+    x = _val(n.args[0])
+    schema = n.target._schema.arguments
+    i = next(k for k, a in enumerate(schema) if a.name == "dim")
+    dims = n.args[i] if i < len(n.args) and not schema[i].kwarg_only else \
+        n.kwargs.get("dim", schema[i].default_value if schema[i].has_default_value() else None)
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        dims = range(x.dim())  # every dimension
+    elif isinstance(dims, int):
+        dims = [dims]
+    dyn = set(_dyn_dims(x))
+    return x.dim() == 0 or not any(d % x.dim() in dyn for d in dims)
+
 
 # Ops that fill a tensor with a Scalar: a size as that value is filled in after the op
 # (bounded._rewrite: fill.Tensor with the true size).
@@ -283,6 +311,9 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target is operator.getitem:
             continue
+        if _is_out_dtype(n.target):
+            _check_out_dtype(n)
+            continue
         if not isinstance(n.target, torch._ops.OpOverload):
             continue  # SymInt arithmetic (operator.mul, sym_size) on the bounds
         ins = [a for a in n.all_input_nodes]
@@ -337,6 +368,12 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
             if _static_dims_ok(n, _STATIC_DIM_OPS[op]):
                 continue
             _refuse(op, "acts on a dynamic dimension")
+        if op in _ALONG_DIM:
+            if uses_size:
+                _refuse(op, "takes a dynamic size as an argument")
+            if _along_static_dims(n):
+                continue
+            _refuse(op, "reduces, sorts or selects along a dynamic dimension")
         if op in _MEANS:
             continue  # masked, and the divisor is corrected with the true sizes (bounded._mean)
         if torch.Tag.pointwise in op.tags:
@@ -345,6 +382,27 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
 
 
 _MEANS = {aten.mean.dim, aten.mean.default}
+
+
+def _is_out_dtype(target) -> bool:
+    return isinstance(target, torch._ops.HigherOrderOperator) and target.name() == "out_dtype"
+
+
+# out_dtype(op, dtype, *args) (torchao's int8 matmul): ops it may wrap on dynamic sizes.
+# mm contracts (its operands masked, bounded._out_dtype_args); the others are pointwise.
+_OUT_DTYPE_OK = {aten.mm.default, aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor,
+                 aten.div.Scalar}
+
+
+def _check_out_dtype(n):
+    """out_dtype(op, dtype, *args) on dynamic sizes: as its op, where that is known right."""
+    ins = n.all_input_nodes
+    touches = any(_dyn_dims(_val(a)) for a in ins) or _dyn_dims(_val(n))
+    if any(isinstance(_val(a), torch.SymInt) for a in ins):
+        _refuse(f"out_dtype({n.args[0]})", "takes a dynamic size as an argument")
+    if touches and n.args[0] not in _OUT_DTYPE_OK:
+        _refuse(f"out_dtype({n.args[0]})",
+                "is not in the list of ops supported across a dynamic dimension")
 
 
 def _tensor_overload(n, values):
@@ -392,7 +450,8 @@ def _refuse(op, why):
         f"addmm, embedding, nll_loss, scaled_dot_product_attention, index with integer "
         f"indices; full/new_full/full_like/fill of a size, arange(n); slice with step 1 and a "
         f"static start; select (with an index or a size); cat with every operand but the last "
-        f"static along the dimension; layer_norm and split over static dimensions. Mark "
+        f"static along the dimension; layer_norm and split over static dimensions; argmax/max/sort/"
+        f"topk/var/std/logsumexp/norm/prod and the like along static dimensions. Mark "
         f"fewer dimensions dynamic or compile with dynamic=False.")
 
 
