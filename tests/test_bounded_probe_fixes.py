@@ -274,3 +274,31 @@ for t in (5, 17, 9):
 print(json.dumps(res))
 """, env=COMPILED)
     assert out == [0.0] * 3, out
+
+
+def test_host_reads_of_marked_and_bounded_tensors():
+    # tolist, printing, iterating rows along the marked dimension and torch.save failed
+    # (a subclass's tolist; repr's masked_select; unbind of a varying row count; a weakref
+    # on the tensor); the shape printed as a bare tuple.
+    out = run_python_json(PRELUDE + """
+import io
+res = []
+for t in (5, 9):
+    x = torch.randn(2, t, 4)
+    xt = marked(x)
+    y = xt * 2  # a BoundedTensor
+    buf = io.BytesIO()
+    torch.save(xt, buf)
+    buf.seek(0)
+    loaded = torch.load(buf)
+    res.append([
+        xt.tolist() == x.tolist(), y[0, :, 0].tolist() == (x * 2)[0, :, 0].tolist(),
+        ("%.4f" % x[0, 0, 0].item()) in repr(xt), "device='tpu:0'" in repr(xt),
+        f"{xt[1, 2, 3]:.3f}" == f"{x[1, 2, 3]:.3f}",
+        [r.sum().item() for r in y[0]] == [r.sum().item() for r in (x * 2)[0]],
+        len(list(xt.unbind(1))) == t, str(xt.shape) == str(x.shape), str(y.size()) == str(x.shape),
+        torch.equal(loaded.cpu(), x), diff(loaded * 2, x * 2) == 0.0,
+    ])
+print(json.dumps(res))
+""", env=FUSED)
+    assert out == [[True] * 11] * 2, out

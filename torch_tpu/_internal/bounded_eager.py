@@ -26,7 +26,6 @@ import functools
 import itertools
 import logging
 import threading
-import weakref
 
 import sympy
 import torch
@@ -164,6 +163,11 @@ class BoundedInt(int):
 class BoundedSize(tuple):
     """`x.shape` of a BoundedTensor: true sizes, BoundedInt where dynamic."""
 
+    def __repr__(self):  # printed as the shape it stands for
+        return f"torch.Size({[int(s) for s in self]})"
+
+    __str__ = __repr__
+
     def numel(self):
         n = 1
         for s in self:
@@ -291,10 +295,10 @@ def to_bounded(t: torch.Tensor) -> torch.Tensor:
     # reading it drops the copy, _BoundedMode). It is also made again when t's
     # requires_grad changed since (mark_dynamic makes it: a requires_grad_() after the
     # mark gave a copy outside autograd, and x's gradient was lost).
-    if cached is not None and cached() is not None and \
+    if cached is not None and cached.bounded is not None and \
             getattr(t, "_tpu_bounded_version", None) == t._version and \
             getattr(t, "_tpu_bounded_grad", None) == t.requires_grad:
-        return cached()
+        return cached.bounded
     info = getattr(t, "_tpu_dynamism", {})
     exprs, values = _marked_exprs(t)
     padded = []
@@ -316,13 +320,28 @@ def to_bounded(t: torch.Tensor) -> torch.Tensor:
     b = BoundedTensor(inner, exprs, values)
     if t.requires_grad:
         b = _Enter.apply(t, b)
-    t._tpu_bounded = weakref.ref(b)
-    t._tpu_bounded_strong = b  # lives as long as the marked tensor
+    t._tpu_bounded = _Cached(b)  # lives as long as the marked tensor
     if inner.untyped_storage()._cdata != t.untyped_storage()._cdata:
         _remember_entry(inner)  # a copy (at the bound, t itself: writes reach it)
     t._tpu_bounded_version = t._version
     t._tpu_bounded_grad = t.requires_grad
     return b
+
+
+class _Cached:
+    """A marked tensor's BoundedTensor, kept on it. Pickled (torch.save, deepcopy) as
+    empty: the copy is made again from the tensor (a weakref here made torch.save of a
+    marked tensor fail)."""
+
+    def __init__(self, bounded=None):
+        self.bounded = bounded
+
+    def __reduce__(self):
+        return (_Cached, ())
+
+
+# torch.load's default (weights_only) loader may make one: it holds nothing.
+torch.serialization.add_safe_globals([_Cached])
 
 
 def _marked_exprs(t):
@@ -897,6 +916,12 @@ class _BoundedMode(TorchFunctionMode):
             if func is torch.Tensor.size and (len(args) > 1 or "dim" in kwargs):
                 return shape[args[1] if len(args) > 1 else kwargs["dim"]]
             return shape
+        if func in _HOST_READS and args and _dynamic(args[0]):
+            return _host_read(func, args, kwargs)
+        if func in (torch.Tensor.unbind, torch.unbind) and args and _dynamic(args[0]):
+            dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+            if isinstance(_bounded_size(args[0])[dim], BoundedInt):
+                return _unbind(args[0], dim)
         if func in _NEW_FACTORIES and _dynamic(args[0]):
             # x.new_zeros(...): the factory with x's dtype and device. Its sizes are then
             # known as the caller wrote them (a BoundedInt dynamic, a plain int static),
@@ -957,6 +982,26 @@ class _BoundedMode(TorchFunctionMode):
 # on is met as it would be without the mode.
 untraced(_BoundedMode.__torch_function__, calls=False)
 untraced(_BoundedMode._bounded_call)
+
+
+# Reads of the values on the host: they see the true-size value (a view of the padded
+# one's valid prefix), as .cpu() and .item() do; they failed (tolist on a subclass;
+# printing computes masked_select over the whole tensor).
+_HOST_READS = {torch.Tensor.tolist, torch.Tensor.__repr__, torch.Tensor.__format__}
+
+
+def _host_read(func, args, kwargs):
+    # A marked tensor's own storage holds its true value (writes into its padded copy
+    # are refused).
+    t = args[0]
+    return func(_unpad(t) if isinstance(t, BoundedTensor) else t, *args[1:], **kwargs)
+
+
+def _unbind(t, dim=0):
+    """unbind (iterating rows) along a dynamic dimension: the rows of the true-size value
+    (one program cannot have a row count that varies; a row at a static index past the
+    marked minimum is not in every size's range), plain tensors as a marked tensor's."""
+    return (_unpad(t) if isinstance(t, BoundedTensor) else t).unbind(dim)
 
 
 _NEW_FACTORIES = {torch.Tensor.new_zeros: torch.zeros, torch.Tensor.new_ones: torch.ones,

@@ -25,7 +25,7 @@ def mark_dynamic(tensor: torch.Tensor, dimension: int, lower_bound: int, upper_b
     info[dim] = (lower_bound, upper_bound)
     tensor._tpu_dynamism = info
     if getattr(tensor, "_tpu_bounded", None) is not None:
-        del tensor._tpu_bounded, tensor._tpu_bounded_strong  # marked again: padded again
+        del tensor._tpu_bounded  # marked again: padded again
     from . import bounded_eager
     if tensor.device.type == "tpu" and bounded_eager._active():
         # Eager DeferAndFuse runs ops on a marked tensor padded to the bound
