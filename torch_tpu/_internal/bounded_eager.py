@@ -21,6 +21,7 @@ symbol, so `torch.arange(t)` and `x.view(b, t, ...)` stay bounded. Sizes that C+
 back as plain ints (autograd's sum_to_size views) are matched to the inputs' symbols by
 value; an ambiguous or inconsistent match raises NotImplementedError, never guesses.
 """
+import collections
 import contextlib
 import functools
 import itertools
@@ -295,10 +296,11 @@ def to_bounded(t: torch.Tensor) -> torch.Tensor:
     # reading it drops the copy, _BoundedMode). It is also made again when t's
     # requires_grad changed since (mark_dynamic makes it: a requires_grad_() after the
     # mark gave a copy outside autograd, and x's gradient was lost).
-    if cached is not None and cached.bounded is not None and \
+    if getattr(cached, "bounded", None) is not None and \
             getattr(t, "_tpu_bounded_version", None) == t._version and \
             getattr(t, "_tpu_bounded_grad", None) == t.requires_grad:
         return cached.bounded
+    # (a loaded tensor's is an empty OrderedDict: see _Cached)
     info = getattr(t, "_tpu_dynamism", {})
     exprs, values = _marked_exprs(t)
     padded = []
@@ -329,19 +331,16 @@ def to_bounded(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Cached:
-    """A marked tensor's BoundedTensor, kept on it. Pickled (torch.save, deepcopy) as
-    empty: the copy is made again from the tensor (a weakref here made torch.save of a
-    marked tensor fail)."""
+    """A marked tensor's BoundedTensor, kept on it. Pickled (torch.save, deepcopy) as an
+    empty OrderedDict, which torch.load's weights-only loader takes in any process: the
+    copy is made again from the tensor (a weakref here made torch.save of a marked tensor
+    fail)."""
 
     def __init__(self, bounded=None):
         self.bounded = bounded
 
     def __reduce__(self):
-        return (_Cached, ())
-
-
-# torch.load's default (weights_only) loader may make one: it holds nothing.
-torch.serialization.add_safe_globals([_Cached])
+        return (collections.OrderedDict, ())
 
 
 def _marked_exprs(t):
