@@ -208,7 +208,7 @@ def _layout_strides(inner, true):
     padded value the op runs on. A transposed value must not claim contiguous strides:
     .contiguous() would return it as it is and a later view of the padded value fail."""
     if inner.is_contiguous():
-        return _contiguous_strides(true)
+        return bounded._contiguous_strides(true)
     from torch._prims_common import is_non_overlapping_and_dense_or_false as dense
     if not dense(inner):
         # A slice or an expand: its own strides, which a true-size view can never merge
@@ -220,14 +220,6 @@ def _layout_strides(inner, true):
         strides[d] = acc
         acc *= max(true[d], 1)
     return strides
-
-
-def _contiguous_strides(shape):
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= max(n, 1)
-    return out[::-1]
 
 
 # Padded copies of marked tensors (by storage): a write into one would not reach the
