@@ -9,7 +9,7 @@ import pytest
 
 from conftest import run_python_json
 
-ENV = {"TPU_NUM_DEVICES": "2", "TPU_DEFER_AND_FUSE": "1", "TPU_COMPILE_CACHE": "0"}
+ENV = {"TPU_NUM_DEVICES": "2", "TPU_DEFER_AND_FUSE": "1", "TPU_LAUNCH_BLOCKING": "0", "TPU_COMPILE_CACHE": "0"}
 
 THREAD_PER_DEVICE = r"""
 import copy, json, threading, torch, torch.nn as nn, torch_tpu

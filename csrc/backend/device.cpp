@@ -104,7 +104,7 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     flush("synchronize");
     wait_launched();
     runtime::Client::get().synchronize(d);
-    verify_device_checks();
+    verify_device_checks(d);
   }
 };
 C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);

@@ -114,7 +114,11 @@ void forget_device_checks(const std::vector<const void*>& oks) {
                  g_checks.end());
 }
 
-void verify_device_checks() {
+static int device_of(const Operand& v) {
+  return v.slot ? v.slot->device : v.buffer ? v.buffer->device() : -1;
+}
+
+void verify_device_checks(int device) {
   std::vector<Check> checks;
   std::string earlier;  // this thread's failure another thread read
   {
@@ -122,6 +126,12 @@ void verify_device_checks() {
     if (!g_failed_elsewhere.empty()) earlier = take_own_failure();
     if (g_checks.empty() && earlier.empty()) return;
     checks.swap(g_checks);
+    if (device >= 0) {  // the other devices' flags stay, in order
+      auto other = std::stable_partition(checks.begin(), checks.end(),
+                                         [&](const Check& c) { return device_of(c.ok) == device; });
+      g_checks.assign(std::make_move_iterator(other), std::make_move_iterator(checks.end()));
+      checks.erase(other, checks.end());
+    }
   }
   if (launching_now()) {  // pending() takes the graph lock: not under g_mu
     auto waits = std::stable_partition(checks.begin(), checks.end(),

@@ -18,8 +18,10 @@ void add_device_check(Operand ok, std::string message, const std::vector<c10::St
 // Reads every outstanding flag; raises IndexError with the first failed one's message
 // (RuntimeError when the message starts with "RuntimeError: "). Inside a LaunchNow scope
 // (a read of values the pending graph does not compute) flags still pending stay for
-// the read that runs their graph: reading them would run it.
-void verify_device_checks();
+// the read that runs their graph: reading them would run it. With a `device`, only
+// that device's flags (a synchronize of one device, as CUDA's reports its own context's
+// device-side asserts); the others stay for their device's sync or a later read.
+void verify_device_checks(int device = -1);
 // Forgets the outstanding checks whose flag is one of `oks` (a discarded recording's:
 // their flags are never computed; its replay adds its own).
 void forget_device_checks(const std::vector<const void*>& oks);

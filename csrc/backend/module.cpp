@@ -85,7 +85,7 @@ PYBIND11_MODULE(_C, m) {
       client().synchronize(d);
       return 0;
     });
-    verify_device_checks();
+    verify_device_checks(d);  // -1: every device's
   });
   // At exit: launch what is pending and let it finish, ignoring errors nobody will read.
   m.def("_drain", [] {
