@@ -127,3 +127,68 @@ def test_hf_gradient_checkpointing_lowers_the_fused_steps_peak():
     assert ckpt["peak"] < 0.6 * plain["peak"], (ckpt["peak"], plain["peak"])  # 59 -> 31 MiB (67 before the fence)
     assert ckpt["cpu_diff"] < 1e-4 and plain["cpu_diff"] < 1e-4, runs
     assert max(abs(a - b) for a, b in zip(ckpt["losses"], plain["losses"])) < 1e-6, runs
+
+
+# The same blocks under torch.compile(backend="tpu") (Strict eager mode around it): the
+# compiled forward and backward, with and without fuse_steps (one program per step, or
+# one per graph). Prints the peak of the third step, the losses and the difference from CPU.
+COMPILED_PROBE = """
+import json, sys, torch, torch.nn as nn, torch_tpu
+from torch.utils.checkpoint import checkpoint
+mode, fuse_steps = sys.argv[1], sys.argv[2]
+
+def train(device):
+    torch.manual_seed(0)
+    blocks = nn.ModuleList([nn.Sequential(nn.Linear(128, 1024), nn.GELU(), nn.Linear(1024, 128), nn.Tanh())
+                            for _ in range(8)]).to(device)
+    opt = torch.optim.SGD(blocks.parameters(), lr=0.05)
+    x = torch.randn(1024, 128).to(device)
+
+    def loss_of(x):
+        h = x
+        for b in blocks:
+            h = b(h) if mode == "none" else checkpoint(b, h, use_reentrant=False)
+        return h.pow(2).mean()
+    if device == "tpu":
+        loss_of = torch.compile(loss_of, backend="tpu", options={"fuse_steps": fuse_steps})
+    losses = []
+    for step in range(3):
+        if step == 2 and device == "tpu":
+            torch.tpu.synchronize()
+            torch.tpu.reset_peak_memory_stats()
+        loss = loss_of(x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    peak = torch.tpu.max_memory_allocated() if device == "tpu" else 0
+    return peak, losses, [p.detach().cpu() for p in blocks.parameters()]
+
+peak, losses, params = train("tpu")
+_, cpu_losses, cpu_params = train("cpu")
+diff = max(max((a - b).abs().max().item() for a, b in zip(params, cpu_params)),
+           max(abs(a - b) for a, b in zip(losses, cpu_losses)))
+fallbacks = sum(torch_tpu.metrics()["fallbacks"].values())
+print(json.dumps({"peak": peak, "losses": losses, "cpu_diff": diff, "fallbacks": fallbacks}))
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_probe(mode, fuse_steps):
+    script = COMPILED_PROBE.replace("sys.argv[1], sys.argv[2]", f"{mode!r}, {fuse_steps!r}")
+    r = run_python(script, env={"TPU_COMPILE_CACHE": "0", "TPU_DEFER_AND_FUSE": "0", "TPU_LAUNCH_BLOCKING": "0"})
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("fuse_steps", [True, False])
+def test_checkpointing_lowers_the_compiled_steps_peak(fuse_steps):
+    plain, ckpt = compiled_probe("none", fuse_steps), compiled_probe("nonreentrant", fuse_steps)
+    # Without the fences the backward program made every region again first (or, in one
+    # program per step, merged the recomputation with the forward): no lower peak at all
+    # (s59 probe: 36 MiB with and without checkpointing).
+    assert ckpt["peak"] < 0.75 * plain["peak"], (ckpt["peak"], plain["peak"])
+    for got in (plain, ckpt):
+        assert got["fallbacks"] == 0
+        assert got["cpu_diff"] < 1e-4, got
+    assert max(abs(a - b) for a, b in zip(ckpt["losses"], plain["losses"])) < 1e-6, (ckpt, plain)

@@ -141,6 +141,8 @@ struct Node {
   int chain = 0;  // cheap calls (elementwise, reductions, data movement) in a row ending here
   bool backward = false;  // recorded by an autograd backward
   bool compiled = false;  // a compiled graph's replay
+  // Recorded for a compiled backward: one of its ops, or its recomputation of a forward value.
+  RecordingRole role = RecordingRole::None;
   bool fill = false;      // reads no value, only numbers (a fill, arange): its result is a constant
   uint64_t serial = 0;    // which recorded call it is (nodes are reused)
   std::thread::id owner;  // the thread that recorded it: its failure is raised there
@@ -351,6 +353,14 @@ std::atomic<bool>& split_at_backward_flag() {
 bool split_at_backward() { return split_at_backward_flag().load(std::memory_order_relaxed); }
 void set_split_at_backward(bool on) { split_at_backward_flag().store(on); }
 
+thread_local RecordingRole t_recording_role = RecordingRole::None;
+int set_recording_role(int role) {
+  TORCH_CHECK(role >= 0 && role <= 2, "set_recording_role: ", role, " is not a RecordingRole");
+  const int was = static_cast<int>(t_recording_role);
+  t_recording_role = static_cast<RecordingRole>(role);
+  return was;
+}
+
 static void check_inputs_not_lost(const Program& program, const Operands& args);
 
 // Gradient accumulation records forward, backward, forward, backward..., then the update:
@@ -452,6 +462,7 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
   node->position = static_cast<int>(g_graph.nodes.size());
   node->backward = backward;
   node->compiled = !eager;
+  node->role = eager ? t_recording_role : RecordingRole::None;
   node->owner = std::this_thread::get_id();
   static uint64_t serials = 0;  // under the graph lock
   node->serial = ++serials;
@@ -1786,7 +1797,10 @@ void submit_graph(Graph g, bool each_call) {
   job.calls.reserve(g.nodes.size());
   std::vector<bool> repeats = backward_repeats(g);
   for (const auto& node : g.nodes) {
-    Call c{node->program, {}, node->owner, node->backward, repeats[node->position]};
+    // A compiled backward's ops are fenced as an eager backward's: its partition names
+    // the recomputations (the same program again need not be in this graph).
+    Call c{node->program, {}, node->owner, node->backward || node->role != RecordingRole::None,
+           repeats[node->position] || node->role == RecordingRole::Recomputation};
     c.args.reserve(node->inputs.size());
     put(node->program->id());
     key.push_back(c.repeats ? 'r' : node->backward ? 'b' : 'f');

@@ -180,6 +180,13 @@ size_t pending_graphs();
 // rest (where its ops are small; default on, TPU_SPLIT_AT_BACKWARD=0 turns it off).
 bool split_at_backward();
 void set_split_at_backward(bool on);
+
+// What the ops this thread records for a compiled backward graph are, so its flush fences
+// the recomputations of forward values (activation checkpointing) as an eager backward's
+// are: set by torch_tpu/_internal/compile.py while it records such a graph.
+enum class RecordingRole : int { None = 0, Backward = 1, Recomputation = 2 };
+// Sets this thread's role; returns the one it had.
+int set_recording_role(int role);
 // Waits until every flushed graph has been launched; raises the first failure since the
 // last call.
 void wait_launched();

@@ -101,6 +101,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_recording_state", [](bool on) { set_recording_state(on); });  // torch_tpu/_step_boundary.py
   m.def("_split_at_backward", [] { return split_at_backward(); });
   m.def("_set_split_at_backward", [](bool on) { set_split_at_backward(on); });
+  m.def("_set_recording_role", &set_recording_role);
   m.def("_forget_shape_churn", [] { forget_shape_churn(); });  // tests/conftest.py
   m.def("_set_sync_debug_mode", [](int mode) { set_sync_debug_mode(static_cast<SyncDebugMode>(mode)); });
   m.def("_get_sync_debug_mode", [] { return static_cast<int>(sync_debug_mode()); });

@@ -131,6 +131,8 @@ class _CompiledGraph:
         # AOTAutograd passes a list we may clear, so inputs die early. An instance
         # attribute: the torch._dynamo.disable wrapper of backward graphs copies __dict__.
         self._boxed_call = True
+        if role == "backward":
+            _mark_recomputations(gm)
         from torch.fx.graph import _BoxedCodeGen
         gm.graph.set_codegen(_BoxedCodeGen())
         gm.recompile()
@@ -222,6 +224,7 @@ class _CompiledGraph:
             _C.flush("before compiled graph")
         cap = _C._capture_begin(args, self._mutated, apart) if capturing else None
         kept = list(args) if apart else None  # the call clears `args`; the replay reads them
+        role = _C._set_recording_role(_BACKWARD if self.role == "backward" else _NO_ROLE)
         try:
             with _graph_call_mode if _graph_call_mode is not None else contextlib.nullcontext():
                 out = self._gm(args)
@@ -230,6 +233,8 @@ class _CompiledGraph:
                 _C._capture_abort(cap)
             _C.flush("compiled graph")
             raise
+        finally:
+            _C._set_recording_role(role)
         if cap is None:
             _C.flush("compiled graph")  # only values still referenced become outputs
             return out
@@ -249,6 +254,37 @@ class _CompiledGraph:
         else:
             self.replay_declined = cap.why
         return out
+
+
+# What the ops a compiled graph records are (deferred.h's RecordingRole): a backward's
+# flush fences its recomputations of forward values as an eager backward's are.
+_NO_ROLE, _BACKWARD, _RECOMPUTATION = 0, 1, 2
+
+
+def _mark_recomputations(gm: torch.fx.GraphModule) -> None:
+    """Brackets a backward graph's runs of torch.utils.checkpoint recomputations (the
+    partition's copies of a region's forward ops) with calls that set the recording role.
+    Their flush then has each wait for the backward's latest value before it: in one
+    program XLA would otherwise make them all first (or merge them with a fused step's
+    forward), every region's activations live at once, and checkpointing saved nothing.
+    The budget's own recomputations (no region) are left as they are: they run first
+    anyway, and apart from the forward they would be computed twice."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    recompute = (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
+    graph, current = gm.graph, _BACKWARD
+    for n in list(graph.nodes):
+        if n.op == "output":
+            break
+        if n.op != "call_function":
+            continue
+        want = _RECOMPUTATION if "ac_graph_id" in n.meta and n.meta.get("recompute") in recompute else _BACKWARD
+        if want != current:
+            with graph.inserting_before(n):
+                graph.call_function(_C._set_recording_role, (want,))
+            current = want
+    if current != _BACKWARD:
+        with graph.inserting_before(next(n for n in graph.nodes if n.op == "output")):
+            graph.call_function(_C._set_recording_role, (_BACKWARD,))
 
 
 def _outputs_that_are_inputs(gm: torch.fx.GraphModule) -> dict:
@@ -419,9 +455,12 @@ def _partition(recompute: str):
         if recompute == "cheap":
             _recompute_cheap_ops(joint)
         budget = torch._functorch.config.activation_memory_budget
-        if _must_save(joint) and budget == 0:
-            # A budget of 0 saves the inputs alone (tags ignored); just above it the
-            # partition saves the inputs and the tagged values.
+        checkpointed = any("ac_graph_id" in n.meta for n in joint.graph.nodes)
+        if (_must_save(joint) or checkpointed) and budget == 0:
+            # A budget of 0 saves the inputs alone (tags ignored): the backward then runs
+            # the whole forward again first, all its activations live at once. Just above
+            # it the partition saves the inputs and the tagged values: torch.utils.checkpoint
+            # regions' outputs, each region made again just before its backward.
             budget = 1e-6
         with torch._functorch.config.patch(activation_memory_budget=budget):
             return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
