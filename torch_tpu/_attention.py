@@ -56,7 +56,9 @@ def _jagged_sdpa(original):
                                "must divide query's)")
 
         def padded(t, size=None):  # (B, H, j, D) -> (B, H, L, D)
-            return torch.nested.to_padded_tensor(t.transpose(1, 2), 0.0, size).transpose(1, 2)
+            # The aten op, not torch.nested.to_padded_tensor: that one takes int sizes, which
+            # would fix a symbolic longest length to a constant under torch.compile.
+            return torch.ops.aten.to_padded_tensor(t.transpose(1, 2), 0.0, size).transpose(1, 2)
         # A jagged tensor pads to its cached longest sequence, or to its token count when
         # none is cached: value takes key's length, whichever of the two key had.
         q, k = padded(query), padded(key)
