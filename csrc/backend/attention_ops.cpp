@@ -113,9 +113,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   return {laid_out_like(dq, q), laid_out_like(dk, k), laid_out_like(dv, v), at::Tensor()};
 }
 
+// nn.TransformerEncoder's fast path (eval, with a padding mask) asks whether every mask row
+// is its tokens first, then padding. The answer needs only the mask: CPU's kernel takes `t`
+// for its sizes alone, so here `t` stays on the device (the CPU fallback copied all of it to
+// the host). CPU's checks and messages, and its computation: the first padded position
+// equals the token count in every row. The host reads one flag.
+bool nested_tensor_from_mask_left_aligned(const at::Tensor& t, const at::Tensor& mask) {
+  TORCH_CHECK(mask.scalar_type() == at::ScalarType::Bool, "Expected mask to be of ScalarType Bool, but got ",
+              mask.scalar_type(), " instead.");
+  TORCH_CHECK(mask.dim() == 2, "Padding mask should be 2D");
+  TORCH_CHECK(t.dim() == 3, "Input should be a 3D tensor, N * L * D");
+  int64_t n = t.size(0), l = t.size(1);
+  TORCH_CHECK(mask.size(0) == n && mask.size(1) == l, "Mask size should match input size");
+  at::Tensor first_pad = at::cat({mask, at::zeros({n, 1}, mask.options())}, 1).to(at::kInt).argmin(1);
+  at::Tensor tokens = mask.cumsum(1).select(1, l - 1);  // CPU's IndexError when l == 0
+  return first_pad.equal(tokens);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_nested_tensor_from_mask_left_aligned", nested_tensor_from_mask_left_aligned);
   m.impl("_fused_sdp_choice", fused_sdp_choice);
   m.impl("_scaled_dot_product_fused_attention_overrideable", attention_forward);
   m.impl("_scaled_dot_product_fused_attention_overrideable_backward", attention_backward);
