@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <algorithm>
+#include <cstring>
 #include <ctime>
 #include <condition_variable>
 #include <cstdlib>
@@ -636,7 +637,7 @@ namespace {
 using Wire = ir::GraphRef;
 struct Call {
   ProgramPtr program;
-  std::vector<Wire> args;
+  c10::SmallVector<Wire, 4> args;  // inline: one Call per op flushed or queued, no allocation
   std::thread::id owner;  // the thread that issued it
   bool backward = false;  // recorded by an autograd backward
   bool repeats = false;   // ... and runs a forward call again: same program, same inputs
@@ -710,7 +711,7 @@ ir::Rematerialized remat_plan(const std::vector<Call>& calls, const std::vector<
   for (size_t n = 0; n < calls.size(); ++n) {
     ir::GraphCall g;
     g.fn = static_cast<int>(n);
-    g.args = calls[n].args;
+    g.args.assign(calls[n].args.begin(), calls[n].args.end());
     for (const ir::Type& t : calls[n].program->results()) g.out_bytes.push_back(bytes(t));
     ir::RecomputeCost cost = calls[n].program->recompute_cost();
     if (remat_policy() == RematPolicy::Off) {
@@ -1789,21 +1790,33 @@ void submit_graph(Graph g, bool each_call) {
   // Wiring and external inputs. The key is binary (raw integers, no formatting): per
   // call its program's id, its argument count and each argument's source (a node and
   // output, or -1 and an external input), then one byte per output (live or elided).
+  // Written through a pointer into a buffer sized for it (appends cost a call each).
   std::string& key = job.key;
-  key.reserve(g.nodes.size() * 32);
-  auto put = [&key](auto v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  size_t key_bytes = sizeof(int32_t) + 1;
+  for (const auto& node : g.nodes)
+    key_bytes += sizeof(int64_t) + 1 + sizeof(int32_t) + node->inputs.size() * 2 * sizeof(int32_t) +
+                 node->outputs.size();
+  key.resize(key_bytes);
+  char* at = key.data();
+  auto put = [&at](auto v) {
+    std::memcpy(at, &v, sizeof v);
+    at += sizeof v;
+  };
+  auto put_char = [&at](char c) { *at++ = c; };
   std::vector<Operand> ext;
+  ext.reserve(g.nodes.size());
   std::unordered_map<const void*, int> ext_index;
   job.calls.reserve(g.nodes.size());
+  job.outs.reserve(g.nodes.size());
   std::vector<bool> repeats = backward_repeats(g);
   for (const auto& node : g.nodes) {
     // A compiled backward's ops are fenced as an eager backward's: its partition names
     // the recomputations (the same program again need not be in this graph).
-    Call c{node->program, {}, node->owner, node->backward || node->role != RecordingRole::None,
-           repeats[node->position] || node->role == RecordingRole::Recomputation};
-    c.args.reserve(node->inputs.size());
-    put(node->program->id());
-    key.push_back(c.repeats ? 'r' : node->backward ? 'b' : 'f');
+    Call& c = job.calls.emplace_back(Call{node->program, {}, node->owner,
+                                          node->backward || node->role != RecordingRole::None,
+                                          repeats[node->position] || node->role == RecordingRole::Recomputation});
+    put(static_cast<int64_t>(node->program->id()));
+    put_char(c.repeats ? 'r' : node->backward ? 'b' : 'f');
     put(static_cast<int32_t>(node->inputs.size()));
     for (const Operand& in : node->inputs) {
       if (in.slot && in.slot->producer) {
@@ -1822,7 +1835,6 @@ void submit_graph(Graph g, bool each_call) {
       put(static_cast<int32_t>(c.args.back().node));
       put(static_cast<int32_t>(c.args.back().index));
     }
-    job.calls.push_back(std::move(c));
   }
   // A slot is an output when something besides the graph holds it (a storage, a caller):
   // more references than its node's and its readers' in this graph.
@@ -1845,14 +1857,15 @@ void submit_graph(Graph g, bool each_call) {
       job.compiled = true;
     }
   put(static_cast<int32_t>(job.split));
-  key.push_back('>');
+  put_char('>');
   for (const auto& node : g.nodes) {
     for (const SlotPtr& s : node->outputs) {
       bool live = s.use_count() > 1 + s->graph_uses;
-      key.push_back(live ? '1' : '0');
+      put_char(live ? '1' : '0');
       if (live) job.results.push_back({node->position, s->index});
     }
   }
+  key.resize(static_cast<size_t>(at - key.data()));
   for (auto& node : g.nodes) {
     for (const SlotPtr& s : node->outputs) s->producer = nullptr;
     job.outs.push_back(std::move(node->outputs));

@@ -12,7 +12,7 @@
 
 namespace tpu::backend {
 
-void GraphStructure::add(Program& program, const std::vector<ir::GraphRef>& args) {
+void GraphStructure::add(Program& program, c10::ArrayRef<ir::GraphRef> args) {
   for (char c : program.name())
     if (!std::isdigit(static_cast<unsigned char>(c))) text_ += c;
   text_ += '(';

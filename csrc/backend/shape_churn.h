@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/ArrayRef.h>
+
 #include "backend/deferred.h"
 #include "ir/builder.h"
 
@@ -19,7 +21,7 @@ namespace tpu::backend {
 // they carry) and how they are wired. Variants of one structure differ only in those.
 class GraphStructure {
  public:
-  void add(Program& program, const std::vector<ir::GraphRef>& args);
+  void add(Program& program, c10::ArrayRef<ir::GraphRef> args);
   uint64_t hash() const;
   const std::vector<Program*>& programs() const { return programs_; }
 
