@@ -301,6 +301,30 @@ void count_flush(const char* reason) {
   metrics().flushes[reason] += 1;
 }
 
+// Buffers uploaded from the host while a device's graph records (under g_mu), by
+// address, with how many of its calls read each: one nothing but those calls holds is
+// kept alive by the pending graph alone (before_upload). Cleared when the graph flushes.
+struct Upload {
+  std::weak_ptr<runtime::Buffer> buffer;
+  int reads = 0;
+};
+std::map<int, std::unordered_map<const runtime::Buffer*, Upload>> g_uploads;
+
+void count_upload_reads(int device, const Operands& args) {
+  auto d = g_uploads.find(device);
+  if (d == g_uploads.end()) return;
+  for (const Operand& in : args) {
+    if (!in.buffer) continue;
+    auto u = d->second.find(in.buffer.get());
+    if (u != d->second.end() && u->second.buffer.lock() == in.buffer) u->second.reads += 1;
+  }
+}
+
+size_t max_held_upload_bytes() {
+  static const size_t n = env_count("TPU_FUSE_MAX_HELD_UPLOADS", size_t{1} << 20);
+  return n;
+}
+
 }  // namespace
 
 void flush_prefix(const char* reason, size_t count);
@@ -451,6 +475,7 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
                         torch::autograd::get_current_graph_task_id() != -1;
   if (!backward && eager && !g_graph.nodes.empty() && (g_graph.backward_end || g_graph.nodes.back()->backward))
     cut_at_micro_step(program, args);
+  if (!g_uploads.empty()) count_upload_reads(device, args);
   std::unique_ptr<Node> node = new_node();
   node->program = program;
   node->inputs.assign(std::make_move_iterator(args.begin()), std::make_move_iterator(args.end()));
@@ -1620,6 +1645,37 @@ void flush_pending_graph_of(int device, const char* reason) {
   else flush_active(reason);
 }
 
+void before_upload(int device) {
+  if (!deferring()) return;
+  auto lock = graph_lock();
+  if (g_side.active) return;  // a compiled graph's recording stays one graph
+  auto d = g_uploads.find(device);
+  if (d == g_uploads.end()) return;
+  size_t held = 0;
+  for (auto u = d->second.begin(); u != d->second.end();) {
+    runtime::BufferPtr b = u->second.buffer.lock();
+    if (!b) {
+      u = d->second.erase(u);
+      continue;
+    }
+    // Held by this lock and by the calls reading it only: its tensor is gone.
+    if (u->second.reads > 0 && b.use_count() == 1 + u->second.reads) held += static_cast<size_t>(b->nbytes());
+    ++u;
+  }
+  if (held < max_held_upload_bytes()) return;
+  // Graphs flushed here before are waited for (their uploads are freed once they ran):
+  // recording on while the launcher lags piled them up again (the peak then depended on
+  // timing). This one runs while the next is recorded.
+  launcher().wait_quiet();
+  flush_pending_graph_of(device, "held uploads bound");
+}
+
+void note_upload(const runtime::BufferPtr& buffer, int device) {
+  if (!deferring()) return;
+  auto lock = graph_lock();
+  g_uploads[device][buffer.get()] = Upload{buffer, 0};
+}
+
 void flush(const char* reason) {
   auto lock = graph_lock();
   flush_active(reason);
@@ -1938,6 +1994,7 @@ void flush_prefix(const char* reason, size_t count) {
   ScopedMicros timed(fuse_stats().flush_us);
   Graph g = std::move(g_graph);
   g_graph = Graph{};
+  g_uploads.erase(g.device);  // its calls' reads end with it (the rest's are not counted)
   g_graph.nodes.reserve(std::min(g.nodes.size(), max_graph_ops()));  // the next graph is alike, mostly
   if (count < g.nodes.size()) {  // the rest stays pending, as a graph of its own
     // Its reads of the flushed part's values become external: they keep those live.

@@ -176,6 +176,17 @@ void flush_devices(const char* reason, const std::vector<int>& devices);
 // How many devices have a pending graph.
 size_t pending_graphs();
 
+// Host-to-device uploads while deferring (a copy from the CPU). Activation offloading
+// (save_on_cpu) uploads each saved value just before autograd's backward reads it and
+// drops it right after: Strict frees each once its op ran, but a pending graph holds
+// them all until it runs, so the backward peaked at every offloaded value at once.
+// `before_upload` runs `device`'s pending graph first when it alone holds at least
+// TPU_FUSE_MAX_HELD_UPLOADS bytes (default 1 MiB) of earlier uploads nothing else
+// references (after the graphs it flushed before have run, which frees theirs);
+// `note_upload` records an upload for that count.
+void before_upload(int device);
+void note_upload(const runtime::BufferPtr& buffer, int device);
+
 // Whether DeferAndFuse runs a graph with a backward as two programs, its forward and the
 // rest (where its ops are small; default on, TPU_SPLIT_AT_BACKWARD=0 turns it off).
 bool split_at_backward();

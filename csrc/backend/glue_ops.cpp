@@ -384,7 +384,9 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
       host = host.contiguous();
       DType st = device_dtype(host.scalar_type(), "copy_");
       std::vector<int64_t> dims(host.sizes().begin(), host.sizes().end());
+      before_upload(device_index(self));  // a pending graph holding many dropped uploads runs first
       auto buf = runtime::Client::get().from_host(host.data_ptr(), st, dims, device_index(self));
+      note_upload(buf, device_index(self));
       assign(self, buf);
     } else if (self.is_cpu() && src.is_privateuseone()) {
       note_synchronizing_op("a copy to the CPU: .cpu(), .item(), .tolist(), printing");
