@@ -57,7 +57,9 @@ MiB = 2 ** 20
 @functools.lru_cache(maxsize=None)  # each run serves every test that asks for it
 def probe(fused, offload, pin=True):
     code = PROBE.replace("OFFLOAD", repr(offload)).replace("PIN", repr(pin))
-    return run_python_json(code, env={"TPU_DEFER_AND_FUSE": "1" if fused else "0"}, timeout=600)
+    # The unfused runs keep the caller's TPU_LAUNCH_BLOCKING (Strict or Debug).
+    env = {"TPU_DEFER_AND_FUSE": "1", "TPU_LAUNCH_BLOCKING": "0"} if fused else {"TPU_DEFER_AND_FUSE": "0"}
+    return run_python_json(code, env=env, timeout=600)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["strict", "fused"])
