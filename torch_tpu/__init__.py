@@ -52,6 +52,9 @@ from ._metrics import metrics, metrics_report  # noqa: E402
 from . import api  # noqa: E402
 from . import _step_boundary  # noqa: E402,F401  (cuts deferred graphs at optimizer steps)
 from . import _module_state  # noqa: E402,F401  (modules' parameters and buffers are state)
+from . import _sparse_optim  # noqa: E402  (SparseAdam/Adagrad steps on sparse gradients)
+
+_sparse_optim.install()
 from . import _accelerate  # noqa: E402  (Hugging Face accelerate/Trainer default to tpu)
 from . import _multiprocessing  # noqa: E402  (tpu tensors through torch.multiprocessing)
 

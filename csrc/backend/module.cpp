@@ -33,6 +33,7 @@ void donate_storage(const at::Tensor& t, const std::string& what);
 void bind_dlpack(pybind11::module_& m);    // dlpack.cpp
 void bind_serialization(pybind11::module_& m);  // serialization.cpp
 void bind_captured_graph(pybind11::module_& m);  // captured_graph.cpp
+void bind_sparse_optim(pybind11::module_& m);    // sparse_optim.cpp
 }  // namespace tpu::backend
 namespace tpu::distributed {
 void bind(pybind11::module_& m);  // csrc/distributed/python.cpp
@@ -51,6 +52,7 @@ PYBIND11_MODULE(_C, m) {
   bind_dlpack(m);
   bind_serialization(m);
   bind_captured_graph(m);
+  bind_sparse_optim(m);
   bind_memory_history(m);
   m.def("_init", [](std::vector<std::pair<std::string, std::string>> candidates) {
     runtime::set_plugin_candidates(std::move(candidates));
