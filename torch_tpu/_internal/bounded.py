@@ -33,7 +33,8 @@ import operator
 import sympy
 import torch
 
-from .bounded_ops import (_FILLS, _INDEX_SHAPED, _MASKED_OPS, _MEANS, _SCANS, _STATIC_DIM_OPS,
+from .bounded_ops import (_FILLS, _INDEX_SHAPED, _MASKED_OPS, _MEANS, _POSITIONAL, _SCANS,
+                          _SCATTERS, _STATIC_DIM_OPS, _UNTAGGED_POINTWISE,
                           _dyn_dims, _is_out_dtype, _expr, _mean_dims, _polynomial, _refuse, _same_shape,
                           _structural, _tensor_overload, _val, _value_args, check_graph)
 
@@ -217,6 +218,8 @@ def _rewrite(gm, b, mask_inputs):
             args = _index_args(b, n, list(args), m_of)
         if op in _INDEX_SHAPED:
             args = _index_shaped_args(b, n, list(args), m_of)
+        if op in _SCATTERS:
+            args = _scatter_args(b, n, list(args), m_of)
         if _is_out_dtype(op) and n.args[0] is aten.mm.default:
             # out_dtype(mm, int32, a, b): a matmul, its operands' padding set to 0.
             args = list(args)
@@ -491,6 +494,18 @@ def _index_shaped_args(b, n, args, m_of):
     return args
 
 
+def _scatter_args(b, n, args, m_of):
+    """A scatter's index for the padded tensor: padded index positions write index 0 of
+    their own (padding) row, never a valid one, and are never out of range."""
+    m = m_of(n.args[2])
+    if m is _UNKNOWN:
+        raise NotImplementedError(
+            f"torch_tpu bounded dynamism: the index of {n.target} has a dynamic dimension "
+            f"whose valid part cannot be told ({_val(n.args[2]).shape})")
+    args[2] = _fill(b, args[2], m, 0, _val(n.args[2]).dtype)
+    return args
+
+
 def _compound_mask(b, n, m_of):
     """Mask of an op's output with a compound dimension: views carry their input's."""
     if n.target is aten.cat.default:
@@ -560,6 +575,9 @@ def _compound_mask(b, n, m_of):
             if ma is not None and ma is not _UNKNOWN and _same_shape(_val(n), _val(a)):
                 return ma
         return _UNKNOWN
+    if n.target in _SCATTERS:  # shaped like self, whose rows it writes
+        m = m_of(n.args[0])
+        return _UNKNOWN if m is None else m
     if n.target in _INDEX_SHAPED:
         m = m_of(n.args[_INDEX_SHAPED[n.target]])
         return _UNKNOWN if m is None else m
@@ -569,7 +587,8 @@ def _compound_mask(b, n, m_of):
     else:
         x, rest = (n.args[0] if n.args else None), n.args[1:]
         # (another higher-order op has no tags: its mask is not known)
-        pointwise = n.target in _SAME_MASK or n.target in _SCANS or \
+        pointwise = n.target in _SAME_MASK or n.target in _SCANS or n.target in _POSITIONAL or \
+            n.target in _UNTAGGED_POINTWISE or \
             torch.Tag.pointwise in getattr(n.target, "tags", ())
     m = m_of(x)
     if m is None and pointwise and any(isinstance(a, torch.fx.Node) and m_of(a) is not None

@@ -251,7 +251,7 @@ def _check_inplace(func, args):
     schema = func._schema
     self_ = args[0] if args else None
     writes = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    ok = torch.Tag.pointwise in func.tags and len(writes) == 1 and \
+    ok = (torch.Tag.pointwise in func.tags or func in bounded._UNTAGGED_POINTWISE) and len(writes) == 1 and \
         writes[0].name == schema.arguments[0].name and isinstance(self_, BoundedTensor)
     if ok:
         ref = _ENTRIES.get(self_._inner.untyped_storage()._cdata)
@@ -946,6 +946,8 @@ class _BoundedMode(TorchFunctionMode):
             leaves = [rename.leaf(a) for a in leaves]
             args, kwargs = tree_unflatten(leaves, spec)
             ints = [a for a in leaves if isinstance(a, BoundedInt)]
+        if func in (torch.prod, torch.Tensor.prod) and _Prod.applies(args, kwargs):
+            return _Prod.apply(args[0], *_Prod.dims(args, kwargs))
         if ints and func in _PREFIX_FACTORIES:
             return _factory(func, args, kwargs, ints)
         if ints and getattr(func, "__name__", "") in _ARITHMETIC:
@@ -1111,9 +1113,90 @@ def outside_eager_bounds(fn):
     return run
 
 
+def _value_selecting_backward(grad, dim, indices, sizes, keepdim):
+    """The gradient of max/min/sort/topk/kthvalue/median along a static dimension of a
+    bounded tensor: zeros at the bound with the gradient scattered into them. PyTorch's
+    own (its composite kernel) makes the zeros with the true sizes as plain ints, which
+    a bounded index cannot scatter into (the padded shapes disagree). Other gradients
+    take PyTorch's kernel."""
+    op = aten.value_selecting_reduction_backward.default
+    d = dim % max(len(sizes), 1)
+    if not isinstance(indices, BoundedTensor) or not _active() or \
+            not isinstance(grad, torch.Tensor) or grad.device.type != "tpu":
+        return op.decompose(grad, dim, indices, sizes, keepdim)
+    if not isinstance(grad, BoundedTensor):
+        # At the indices' true sizes (sum's gradient, expanded with plain ints): the
+        # indices' sizes, padded as a pointwise op pads it (free for an expanded one).
+        grad = _promote_plain(aten.mul.Tensor, [indices, grad], indices._values)[1]
+        if not isinstance(grad, BoundedTensor):
+            return op.decompose(grad, dim, indices, sizes, keepdim)
+    g, i = (grad, indices) if keepdim else (grad.unsqueeze(d), indices.unsqueeze(d))
+    if g._exprs[d].free_symbols or i._exprs != g._exprs:
+        return op.decompose(grad, dim, indices, sizes, keepdim)  # refused there, by name
+    exprs = list(g._exprs)
+    exprs[d] = sympy.Integer(int(sizes[d]))
+    bnd = _bounds()
+    padded = [int(e.xreplace(bnd)) for e in exprs]
+    # A constant at the bound: one program for every size (the plain zeros at the true
+    # size would be padded per size).
+    zeros = BoundedTensor(torch.zeros(padded, dtype=g.dtype, device=g._inner.device),
+                          exprs, g._values)
+    return zeros.scatter(d, i, g)
+
+
+class _Prod(torch.autograd.Function):
+    """prod along a static dimension of a bounded tensor that needs its gradient.
+    PyTorch's backward for a tensor subclass (prod_safe_zeros_backward) cats a tensor of
+    ones made with the true sizes as plain ints, which the bounded operand cannot meet;
+    this one makes them like the input (bounded), with the same formula: the product of
+    the elements before each one times the product of those after it (right with zeros)."""
+
+    @staticmethod
+    def applies(args, kwargs):
+        x = args[0] if args else None
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        return isinstance(x, BoundedTensor) and isinstance(dim, int) and \
+            x.requires_grad and torch.is_grad_enabled() and \
+            not x._exprs[dim % x.dim()].free_symbols and \
+            set(kwargs) <= {"dim", "keepdim"} and len(args) <= 3  # (no dtype: a cast's gradient)
+
+    @staticmethod
+    def dims(args, kwargs):
+        dim = args[1] if len(args) > 1 else kwargs["dim"]
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        return dim, keepdim
+
+    @staticmethod
+    def forward(ctx, x, dim, keepdim):
+        ctx.save_for_backward(x)
+        ctx.dim, ctx.keepdim = dim % x.dim(), keepdim
+        return x.prod(dim, keepdim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        d, n = ctx.dim, x.shape[ctx.dim]
+        if not ctx.keepdim:
+            grad = grad.unsqueeze(d)
+        if n == 1:
+            return grad.expand(x.shape), None, None
+        ones = torch.ones_like(x.narrow(d, 0, 1))
+        before = torch.cat([ones, x.narrow(d, 0, n - 1)], d).cumprod(d)
+        after = torch.cat([ones, x.narrow(d, 1, n - 1).flip(d)], d).cumprod(d).flip(d)
+        return grad * before * after, None, None
+
+
+_LIB = None
+
+
 def enable() -> None:
     """Installs the mode (once): called when a tensor is marked dynamic."""
-    global _MODE
+    global _MODE, _LIB
     if _MODE is None:
         _MODE = _BoundedMode()
         _MODE.__enter__()
+    if _LIB is None:
+        # Above the Python key (a bounded gradient's zeros must be bounded too).
+        _LIB = torch.library.Library("aten", "IMPL")
+        _LIB.impl("value_selecting_reduction_backward", _value_selecting_backward,
+                  "AutogradPrivateUse1")

@@ -51,6 +51,33 @@ _SIZE_ARGS_OK = {aten._scaled_dot_product_fused_attention_overrideable_backward.
 # Ops whose output is shaped like an index argument (its position) and reads the data at
 # the index's values: its valid part is the index's, and valid indices read valid data.
 _INDEX_SHAPED = {aten.gather.default: 2}
+# tril/triu: output element (i, j) is input element (i, j) or 0, by j - i against a static
+# diagonal; the padded tensor holds the valid part at the same indices, so its valid part
+# comes out as the true op's (a causal mask built from the dynamic length).
+_POSITIONAL = {aten.tril.default, aten.triu.default}
+# Scatters along a static dimension (max/sort/topk's backward scatters the gradient into
+# zeros along the reduced one): row-wise in the others, where the index's dynamic sizes
+# are self's, so each valid index row writes a valid row (padded index positions are set
+# to 0 in the rewrite, bounded._scatter_args: they write into padding rows).
+_SCATTERS = {aten.scatter.src, aten.scatter.value, aten.scatter_add.default,
+             aten.scatter.reduce, aten.scatter.value_reduce}
+
+
+def _scatter_ok(n) -> bool:
+    """A scatter whose `dim` is static in self and the index, and whose index's dynamic
+    dimensions are self's (the same size) in the same place."""
+    x, idx = _val(n.args[0]), _val(n.args[2])
+    d = n.args[1] % max(x.dim(), 1)
+    if x.dim() == 0 or isinstance(x.shape[d], torch.SymInt) or isinstance(idx.shape[d], torch.SymInt):
+        return False
+    return all(not isinstance(i, torch.SymInt) or str(_expr(i)) == str(_expr(s))
+               for i, s in zip(idx.shape, x.shape))
+
+
+# In-place elementwise ops without PyTorch's pointwise tag (the norm's backward fills
+# where the norm is 0): on a padded value, as their out-of-place forms.
+_UNTAGGED_POINTWISE = {aten.masked_fill_.Scalar, aten.masked_fill_.Tensor}
+
 # Ops fine while they act on static dimensions only (their argument names them).
 _STATIC_DIM_OPS = {
     aten.native_layer_norm.default: "normalized", aten.native_layer_norm_backward.default: "normalized",
@@ -356,6 +383,17 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
             if _pad_ok(node=n):
                 continue
             _refuse(op, "pads a dynamic dimension by a dynamic amount")
+        if op in _POSITIONAL:
+            if uses_size:
+                _refuse(op, "takes a dynamic size as its diagonal")
+            continue
+        if op in _SCATTERS:
+            if uses_size:
+                _refuse(op, "takes a dynamic size as an argument")
+            if _scatter_ok(n):
+                continue
+            _refuse(op, "scatters along a dynamic dimension, or its index's dynamic sizes are "
+                    "not its input's")
         if op in _SCANS or op in _REWRITTEN:
             if uses_size:
                 _refuse(op, "takes a dynamic size as an argument")
@@ -376,7 +414,7 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
             _refuse(op, "reduces, sorts or selects along a dynamic dimension")
         if op in _MEANS:
             continue  # masked, and the divisor is corrected with the true sizes (bounded._mean)
-        if torch.Tag.pointwise in op.tags:
+        if torch.Tag.pointwise in op.tags or op in _UNTAGGED_POINTWISE:
             continue  # sizes used as values become program operands (checked above)
         _refuse(op, "is not in the list of ops supported across a dynamic dimension")
 
@@ -448,7 +486,7 @@ def _refuse(op, why):
         f"for it. Supported across dynamic dimensions: pointwise ops, shape ops, sum/mean/amax/"
         f"amin/any/all, cumsum/cumprod/logcumsumexp/cummax/cummin, flip, softmax, mm/bmm/"
         f"addmm, embedding, nll_loss, scaled_dot_product_attention, index with integer "
-        f"indices; full/new_full/full_like/fill of a size, arange(n); slice with step 1 and a "
+        f"indices; tril/triu with a static diagonal; scatter along a static dimension; full/new_full/full_like/fill of a size, arange(n); slice with step 1 and a "
         f"static start; select (with an index or a size); cat with every operand but the last "
         f"static along the dimension; layer_norm and split over static dimensions; argmax/max/sort/"
         f"topk/var/std/logsumexp/norm/prod and the like along static dimensions. Mark "
