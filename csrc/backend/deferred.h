@@ -53,6 +53,8 @@ class Program {
   // Its size to the compiler: the operations its text holds (its own function's and
   // those it calls), which a fused graph inlines once per call.
   int64_t instructions() const { return instructions_; }
+  // One step of a recurrence (an RNN cell's rule says so): see kMaxRecurrentSteps.
+  bool recurrent_step() const { return recurrent_step_; }
 
  private:
   int64_t id_;
@@ -61,6 +63,7 @@ class Program {
   std::map<std::string, std::string> functions_;
   ir::RecomputeCost recompute_cost_ = ir::RecomputeCost::Never;
   int64_t instructions_ = 0;
+  bool recurrent_step_ = false;
   std::mutex mu_;
   std::weak_ptr<runtime::Executable> exe_;  // the loaded programs' bound owns it
 };

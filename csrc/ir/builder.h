@@ -120,6 +120,10 @@ class Builder {
   DotPrecision matmul_precision() const { return matmul_precision_; }
   // Whether the program so far depends on the matmul precision.
   bool reads_matmul_precision() const { return reads_matmul_precision_; }
+  // Set by a rule whose program is one step of a recurrence (an RNN cell): a fused graph
+  // holds a bounded number of them (backend/deferred.cpp).
+  void mark_recurrent_step() { recurrent_step_ = true; }
+  bool recurrent_step() const { return recurrent_step_; }
   Value gather(const Value& operand, const Value& indices, const std::vector<int64_t>& offset_dims,
                const std::vector<int64_t>& collapsed_dims, const std::vector<int64_t>& start_index_map,
                int64_t index_vector_dim, const Shape& slice_sizes, const Shape& out_shape);
@@ -165,6 +169,7 @@ class Builder {
   int depth_ = 1;
   DotPrecision matmul_precision_ = DotPrecision::Highest;  // PyTorch's default
   bool reads_matmul_precision_ = false;
+  bool recurrent_step_ = false;
 };
 
 // Helpers shared by rules.

@@ -36,6 +36,7 @@ Value placeholder(Builder& b) { return b.constant(0, DType::F32); }
 // gates i, f, g, o; cy = f*cx + i*g; hy = o*tanh(cy); workspace = activated gates.
 TPU_LOWER(fused_lstm_cell, "_thnn_fused_lstm_cell") {
   Builder& b = ctx.b;
+  b.mark_recurrent_step();
   Value gates = add(b, with_bias(ctx, acc_in(ctx, 0), 3), with_bias(ctx, acc_in(ctx, 1), 4));
   Value cx = acc_in(ctx, 2);
   int64_t h = cx.shape()[1];
@@ -49,6 +50,7 @@ TPU_LOWER(fused_lstm_cell, "_thnn_fused_lstm_cell") {
 // (grad_hy, grad_cy, cx, cy, workspace, has_bias) -> (grad_gates, grad_cx, grad_bias).
 TPU_LOWER(fused_lstm_cell_backward, "_thnn_fused_lstm_cell_backward_impl") {
   Builder& b = ctx.b;
+  b.mark_recurrent_step();
   if (ctx.is_none(0) && ctx.is_none(1)) return {placeholder(b), placeholder(b), placeholder(b)};
   Value cx = acc_in(ctx, 2), cy = acc_in(ctx, 3), ws = acc_in(ctx, 4);
   int64_t h = cx.shape()[1];
@@ -72,6 +74,7 @@ TPU_LOWER(fused_lstm_cell_backward, "_thnn_fused_lstm_cell_backward_impl") {
 // r, z, n; n = tanh(in + r*hn); hy = n + z*(hx - n); workspace = [r, z, n, hx, hn].
 TPU_LOWER(fused_gru_cell, "_thnn_fused_gru_cell") {
   Builder& b = ctx.b;
+  b.mark_recurrent_step();
   Value ig = with_bias(ctx, acc_in(ctx, 0), 3), hg = with_bias(ctx, acc_in(ctx, 1), 4);
   Value hx = acc_in(ctx, 2);
   int64_t h = hx.shape()[1];
@@ -87,6 +90,7 @@ TPU_LOWER(fused_gru_cell, "_thnn_fused_gru_cell") {
 // grad_input_bias, grad_hidden_bias).
 TPU_LOWER(fused_gru_cell_backward, "_thnn_fused_gru_cell_backward") {
   Builder& b = ctx.b;
+  b.mark_recurrent_step();
   Value ghy = acc_in(ctx, 0), ws = acc_in(ctx, 1);
   int64_t h = ghy.shape()[1];
   Value r = chunk(b, ws, 0, h), z = chunk(b, ws, 1, h), n = chunk(b, ws, 2, h);
