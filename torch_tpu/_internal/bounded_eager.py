@@ -401,6 +401,8 @@ def _dispatch(func, args, kwargs):
         values.update(rename.leaf(b).values)
     leaves = _sizes_as_symbols(func, leaves, spec, values)
     leaves = _promote_plain(func, leaves, values)
+    if func in _INDEX_OPS:
+        leaves, values = _host_checked_index(func, leaves, spec, values)
     key = (func, spec, tuple(_signature(a) for a in leaves))
     g = _GRAPHS.get(key)
     if g is None:
@@ -417,6 +419,89 @@ def _dispatch(func, args, kwargs):
     if func in _VIEW_OPS and isinstance(leaves[0], BoundedTensor) and isinstance(out, BoundedTensor):
         _remember_view(leaves[0], out)
     return out
+
+
+_INDEX_OPS = {aten.select.int, aten.slice.Tensor, aten.select_backward.default,
+              aten.slice_backward.default}
+
+
+def _host_checked_index(func, leaves, spec, values):
+    """select/slice (and their gradients) at a static index along a dynamic dimension:
+    an index past the marked minimum (x[:, 5], x[:, -3], x.narrow(1, 4, 2)) holds only for
+    some sizes. The index is checked against the true size here, at each call (CPU's
+    error where it is out of range), and the op's graph is built for the sizes from the
+    least one it holds for up to the bound: the same padded shapes, so one more program
+    per such index, reused at every size. Other cases are left to the op's rules."""
+    args, kwargs = tree_unflatten(leaves, spec)
+    names = [a.name for a in func._schema.arguments]
+    a = {a.name: a.default_value for a in func._schema.arguments if a.has_default_value()}
+    a.update(zip(names, args))
+    a.update(kwargs)
+    backward = func in (aten.select_backward.default, aten.slice_backward.default)
+    if backward:
+        sizes = list(a["input_sizes"])
+        d = a["dim"] % len(sizes)
+        size = sizes[d]
+        if not isinstance(size, _Sym):
+            return leaves, values
+        e = size.expr
+    else:
+        x = a["self"]
+        if not isinstance(x, BoundedTensor):
+            return leaves, values
+        d = a["dim"] % x.dim()
+        e = x._exprs[d]
+    if not isinstance(e, sympy.Symbol) or e not in values:
+        return leaves, values  # a compound size (s - 1): left to the rules
+    n = values[e]
+    if func in (aten.select.int, aten.select_backward.default):
+        idx = a["index"]
+        if not isinstance(idx, int) or (backward and idx < 0):
+            return leaves, values  # (a negative index's gradient lands at n + idx)
+        if not backward and not -n <= idx < n:
+            # CPU's error (type and message), from the op at the true sizes
+            true = torch.empty([_value(s, x._values) for s in x._exprs], device="meta")
+            func(true, a["dim"], idx)
+        least = idx + 1 if idx >= 0 else -idx
+    else:
+        start, end, step = a["start"], a["end"], a["step"]
+        start = 0 if start is None else start
+        if not (isinstance(start, int) and isinstance(end, int) and step == 1 and
+                0 <= start <= end < 2 ** 62):
+            return leaves, values
+        least = end  # (from the end of the true size on, CPU's slice is shorter)
+    if least > n or least <= _RANGES[e][0]:
+        return leaves, values  # not held here (the rules refuse), or held at every size
+    new = _narrowed(e, least)
+    sub = {e: new}
+    out = []
+    for v in leaves:
+        if isinstance(v, BoundedTensor) and e in v._values:
+            v = BoundedTensor(v._inner, [sympy.sympify(s).xreplace(sub) for s in v._exprs],
+                              {sub.get(k, k): m for k, m in v._values.items()}, v._mask)
+        elif isinstance(v, _Sym):
+            v = _Sym(sympy.sympify(v.expr).xreplace(sub))
+        out.append(v)
+    return out, {sub.get(k, k): m for k, m in values.items()}
+
+
+def _narrowed(s, least):
+    """A symbol like `s` (same marked bounds) whose sizes start at `least`."""
+    key = ("from", s, least)
+    if key not in _SYMS:
+        from torch._dynamo.source import ConstantSource
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, StrictMinMaxConstraint
+        from torch.utils._sympy.value_ranges import ValueRanges
+        hi = _RANGES[s][1]
+        env = _env()
+        new = env.create_symbol(hi, ConstantSource(f"tpu_dynamic_{s}_from_{least}"),
+                                dynamic_dim=DimDynamic.DYNAMIC,
+                                constraint_dim=StrictMinMaxConstraint(
+                                    vr=ValueRanges(least, hi), warn_only=False))
+        _SYMS[key] = env.create_symintnode(new, hint=hi)
+        _RANGES[new] = (least, hi)
+        _MARKED[new] = _MARKED[s]  # the next op renames it back to its marked symbol
+    return _SYMS[key].node.expr
 
 
 # Plain tensors at a true dynamic size that met a bounded one and had to be padded per
