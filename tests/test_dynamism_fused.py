@@ -152,8 +152,11 @@ except ValueError as e:
 a, b = torch.randn(5, 3).to("tpu"), torch.randn(7, 3).to("tpu")
 dynamism.mark_dynamic(a, 0, 1, 16)
 dynamism.mark_dynamic(b, 0, 1, 16)
+# a slice to a static end within the true size is checked on the host and computed;
+# one past it (CPU's is shorter: the true size) is refused
+res["slice_in_range"] = ((a.t() @ b[:5]).cpu() - a.cpu().t() @ b.cpu()[:5]).abs().max().item()
 try:
-    a.sum(0) + (a.t() @ b[:5])
+    a.sum(0) + (a.t() @ b[:9])
 except NotImplementedError as e:
     res["slice"] = str(e)
 try:
@@ -164,6 +167,7 @@ print(json.dumps(res))
 """, env=FUSED)
     assert "outside [17, 128]" in out["bounds"]
     assert "aten.slice.Tensor" in out["slice"] and "bounded dynamism" in out["slice"]
+    assert out["slice_in_range"] < 1e-5, out
     # a shape error, as on the CPU, with the sizes and the bounds as marked (the
     # symbol's range starts at 2)
     assert "aten.cat.default needs Eq(" in out["mixed"], out["mixed"]
