@@ -15,6 +15,23 @@ namespace tpu::backend {
 
 constexpr int64_t kMath = 0, kOverrideable = 4;  // sdp::SDPBackend
 
+// CPU's default choice tries its flash kernel first, and that check reads the mask's
+// size(-2): a 0-D or 1-D mask raises IndexError there (its math path, chosen by hand,
+// broadcasts it). Raised here on the calls that reach that check on CPU: flash enabled,
+// dense 4-D inputs, no dropout, one batch size, heads equal (or grouped, with enable_gqa),
+// no empty input, and a mask that needs no gradient.
+static void check_mask_rank_as_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const std::optional<at::Tensor>& mask, double dropout_p, bool enable_gqa) {
+  if (!mask || !mask->defined() || mask->dim() >= 2 || mask->requires_grad()) return;
+  if (!at::globalContext().userEnabledFlashSDP() || dropout_p > 0.0) return;
+  if (q.is_nested() || k.is_nested() || v.is_nested() || q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return;
+  if (q.sym_size(0) != k.sym_size(0) || q.sym_size(0) != v.sym_size(0)) return;
+  if (q.sym_numel() == 0 || k.sym_numel() == 0 || v.sym_numel() == 0) return;
+  c10::SymInt hq = q.sym_size(1), hk = k.sym_size(1), hv = v.sym_size(1);
+  if (enable_gqa ? (hk != hv || hq % hk != 0) : (hq != hk || hq != hv)) return;
+  (void)mask->sym_size(-2);  // CPU's IndexError, with its message
+}
+
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double dropout_p, bool,
                          std::optional<double>, bool enable_gqa) {
@@ -34,6 +51,7 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   if (q.key_set().has(c10::DispatchKey::FuncTorchBatched) ||
       c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode))
     return kMath;
+  check_mask_rank_as_cpu(q, k, v, mask, dropout_p, enable_gqa);
   bool fused = dense && same_heads && floats && mask_ok && dropout_p == 0.0 && !enable_gqa && sz(q, 2) > 0 &&
                sz(k, 2) > 0;
   // torch.nn.attention.sdpa_kernel / torch.backends.cuda.enable_*_sdp: a CUDA script that
