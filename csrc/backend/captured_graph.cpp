@@ -170,6 +170,24 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
   void check(const Operand& ok, const std::string& message) {
     if (ok.slot) checks_[ok.slot.get()] = message;
   }
+  // A 0-D tensor made from a Python number while recording (torch.tensor(-inf) in a
+  // higher-order op's eager body, which runs at each call): a constant of the graph, as a
+  // Python scalar argument is. On tpu its upload is; on the CPU the tensor is, while no
+  // in-place op changes it (its version).
+  void constant_tensor(const at::Tensor& t) {
+    if (t.dim() != 0) return;
+    if (t.is_cpu()) {
+      constant_cpu_.emplace_back(t, t._version());
+    } else if (t.is_privateuseone()) {
+      const Operand& v = storage_of(t).value;
+      if (v.buffer && !v.slot) host_input(v.buffer, HostInput::Constant);
+    }
+  }
+  bool constant_cpu(const at::Tensor& t) const {
+    for (const auto& [c, version] : constant_cpu_)
+      if (c.unsafeGetTensorImpl() == t.unsafeGetTensorImpl() && t._version() == version) return true;
+    return false;
+  }
   void flushed(const FlushReport& r) { reports_.push_back(r); }
   void host_read() { decline("the graph reads a device value on the host (.item(), .tolist())"); }
 
@@ -179,6 +197,7 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
   void abort() {
     set_flush_observer(nullptr);
     g_active_clear();
+    constant_cpu_.clear();
     for (Input& in : inputs_) in.entry_value = Operand();
     if (apart_) end_side_recording(/*drop=*/false);
   }
@@ -236,6 +255,7 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
   std::vector<Input> inputs_;
   std::vector<int> mutated_;
   std::map<const void*, std::pair<runtime::BufferPtr, HostInput>> host_inputs_;
+  std::vector<std::pair<at::Tensor, int64_t>> constant_cpu_;  // (tensor, its version), while recording
   std::map<const void*, std::string> checks_;
   std::vector<FlushReport> reports_;
   std::string why_, miss_;
@@ -258,6 +278,10 @@ std::atomic<CapturedGraph*> g_active{nullptr};
 void note_host_input(const runtime::BufferPtr& b, HostInput kind) {
   if (CapturedGraph* c = g_active.load()) c->host_input(b, kind);
 }
+bool noted_constant(const at::Tensor& cpu) {
+  CapturedGraph* c = g_active.load();
+  return c && c->constant_cpu(cpu);
+}
 void note_host_read() {
   if (CapturedGraph* c = g_active.load()) c->host_read();
 }
@@ -273,6 +297,7 @@ void CapturedGraph::finish(const py::list& outs) {
   else flush("compiled graph");
   set_flush_observer(nullptr);
   g_active.store(nullptr);
+  constant_cpu_.clear();
   explain(outs);
   if (!apart_) return;
   struct Release {  // the inputs' values, held for the call only
@@ -548,6 +573,12 @@ void bind_captured_graph(py::module_& m) {
   });
   // Flushes the recorded call and explains it (ready) or says why not (why).
   m.def("_capture_end", [](CapturedGraph& c, const py::list& outs) { c.finish(outs); });
+  // Marks a 0-D tensor made from a Python number during the active capture's recording
+  // as a constant (compile.py's _PythonNumberTensors).
+  m.def("_capture_note_constant", [](const at::Tensor& t) {
+    auto lock = graph_lock();  // other threads' ops may note host inputs meanwhile
+    if (CapturedGraph* c = g_active.load()) c->constant_tensor(t);
+  });
   // Abandons a capture (the recorded call raised).
   m.def("_capture_abort", [](CapturedGraph& c) { c.abort(); });
 }

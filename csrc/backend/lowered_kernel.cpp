@@ -1834,8 +1834,10 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
       case Source::CpuTensor: {
         const at::Tensor& cpu = *tensor_at(args, s.arg, s.elem, &tmp);
         runtime::BufferPtr b = scalar_buffer(cpu_scalar(cpu), s.dtype, k.device, plan->memos[i]);
-        // A wrapped Python number is the graph's constant (or a number input, guarded).
-        note_host_input(b, cpu.unsafeGetTensorImpl()->is_wrapped_number() ? HostInput::Constant : HostInput::Varying);
+        // A wrapped Python number is the graph's constant (or a number input, guarded), as
+        // is torch.tensor(number) made while recording.
+        bool constant = cpu.unsafeGetTensorImpl()->is_wrapped_number() || noted_constant(cpu);
+        note_host_input(b, constant ? HostInput::Constant : HostInput::Varying);
         keep.push_back(std::move(b));
         break;
       }

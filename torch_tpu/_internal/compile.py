@@ -90,6 +90,28 @@ def graph_calls_under(mode):
         _graph_call_mode = prev
 
 
+class _PythonNumberTensors(torch.overrides.TorchFunctionMode):
+    """While a capture records a graph's call: `torch.tensor(number)` is a constant of the
+    graph, as a Python scalar argument of an op is. A higher-order op's eager body runs at
+    each call and makes such tensors (flex_attention's `torch.tensor(-inf, device=...)` is
+    an upload, its backward's `torch.tensor(0)` a CPU scalar); without this the capture
+    could not tell them from a CPU tensor's varying value, and the graph recorded anew
+    (and uploaded) at every call."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            # The mode is off while it handles a call: the op's body runs with it on again,
+            # dispatched as the op's own call would be past this mode.
+            with self:
+                keys = torch._ops._compute_keyset(args, kwargs, func.non_fallthrough_keys)
+                return func.dispatch(keys.highestPriorityTypeId(), *args, **kwargs)
+        out = func(*args, **kwargs)
+        if func is torch.tensor and args and type(args[0]) in (int, float, bool):
+            _C._capture_note_constant(out)
+        return out
+
+
 def _mutated_inputs(gm: torch.fx.GraphModule) -> list:
     """Inputs the graph writes (AOTAutograd's copy_ epilogue), by position."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -226,7 +248,8 @@ class _CompiledGraph:
         kept = list(args) if apart else None  # the call clears `args`; the replay reads them
         role = _C._set_recording_role(_BACKWARD if self.role == "backward" else _NO_ROLE)
         try:
-            with _graph_call_mode if _graph_call_mode is not None else contextlib.nullcontext():
+            with (_graph_call_mode if _graph_call_mode is not None
+                  else _PythonNumberTensors() if cap is not None else contextlib.nullcontext()):
                 out = self._gm(args)
         except BaseException:
             if cap is not None:
