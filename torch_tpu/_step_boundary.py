@@ -20,11 +20,13 @@ _scaler = threading.local()  # depth: inside GradScaler.step on this thread
 def _cut(reason, optimizers=()):
     if _C.get_eager_mode() != 2:  # EagerMode.DEFER_AND_FUSE
         return
-    if optimizers and _C._pending_graphs() > 1:
-        # Several devices' graphs pending (a training thread per device): this step cuts
-        # its parameters' devices' graphs only. Cutting the others too would cut them
-        # wherever their threads had got to, different at every step (new programs).
-        _C.flush(reason, _devices_of(optimizers))
+    devices = _devices_of(optimizers)
+    if devices:
+        # This thread's graphs of its parameters' devices only (its backward joined them).
+        # Cutting other threads' or devices' graphs too (a training thread per device, or
+        # threads sharing one) would cut them wherever those had got to, different at
+        # every step (new programs).
+        _C.flush(reason, devices)
     else:
         _C.flush(reason)
 
@@ -110,7 +112,7 @@ def _cut_at_optimizer_construction(optimizer_class):
     def optimizer_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         if not torch.compiler.is_compiling():
-            _cut("optimizer made")
+            _cut("optimizer made", [self])
 
     optimizer_init.__doc__, optimizer_init.__name__ = init.__doc__, init.__name__
     optimizer_init.__qualname__ = init.__qualname__

@@ -23,6 +23,7 @@
 #include "backend/compile_ahead.h"
 #include "backend/shape_churn.h"
 #include "backend/executor.h"
+#include "backend/streams.h"
 #include "backend/profiler.h"
 #include "ir/fusion.h"
 #include "ir/remat.h"
@@ -148,6 +149,7 @@ struct Node {
   bool fill = false;      // reads no value, only numbers (a fill, arange): its result is a constant
   uint64_t serial = 0;    // which recorded call it is (nodes are reused)
   std::thread::id owner;  // the thread that recorded it: its failure is raised there
+  int64_t lane = 0;       // the recording lane of its graph (recording_lane)
 };
 
 namespace {
@@ -155,6 +157,7 @@ namespace {
 struct Graph {
   std::vector<std::unique_ptr<Node>> nodes;
   int device = -1;
+  int64_t lane = 0;  // recording_lane: a thread's work on the device
   int64_t instructions = 0;  // its calls' Program::instructions, summed
   int recurrent_steps = 0;   // its calls of recurrent-step programs
   // Gradient accumulation's cuts (cut_at_micro_step): where its latest backward ended
@@ -165,12 +168,14 @@ struct Graph {
 };
 
 std::recursive_mutex g_mu;
-Graph g_graph;  // the pending graph ops are recorded into: that of the last op's device
-// The other devices' pending graphs, set aside (under g_mu): threads driving different
-// devices (nn.DataParallel, the autograd engine's device threads) interleave their ops,
-// and a graph cut wherever they did would cut at points that depend on timing (new
-// programs to compile at every step). None reads another's pending values.
-std::map<int, Graph> g_parked;
+Graph g_graph;  // the pending graph ops are recorded into: that of the last op's device and lane
+// The other devices' and lanes' pending graphs, set aside (under g_mu): threads driving
+// different devices (nn.DataParallel, the autograd engine's device threads), or serving
+// requests on one device, interleave their ops, and a graph cut wherever they did would
+// cut at points that depend on timing (new programs to compile at every step). A read of
+// another graph's pending value runs that graph first.
+using GraphKey = std::pair<int, int64_t>;  // device, lane
+std::map<GraphKey, Graph> g_parked;
 
 // A compiled graph's first call recorded apart (begin_side_recording), under g_mu.
 struct SideRecording {
@@ -331,8 +336,8 @@ size_t max_held_upload_bytes() {
 
 void flush_prefix(const char* reason, size_t count);
 void flush_bounded(const char* reason);
-void switch_pending_graph(int device);  // parks the pending graph, resumes `device`'s
-void flush_pending_graph_of(int device, const char* reason);
+void switch_pending_graph(int device, int64_t lane);  // parks the pending graph, resumes that lane's
+void flush_pending_graph_of(int device, int64_t lane, const char* reason);
 
 // XLA fuses a chain of cheap ops into one kernel, and its CPU compiler's time grows much
 // faster than the chain (1,000 elementwise ops in a row: 4.5 s, 2,000: 28 s, 4,096:
@@ -455,13 +460,16 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
   }
   std::unique_lock<std::recursive_mutex> lock;
   if (!graph_locked) lock = graph_lock();
-  if (g_graph.device != device && (g_graph.device >= 0 || !g_parked.empty())) {
+  const int64_t lane = recording_lane(device);
+  if ((g_graph.device != device || g_graph.lane != lane) && (g_graph.device >= 0 || !g_parked.empty())) {
     if (g_side.active) flush("another device");  // a compiled graph's recording stays one graph
-    else switch_pending_graph(device);
+    else switch_pending_graph(device, lane);
   }
   if (!g_parked.empty())
-    for (const Operand& in : args)  // another device's graph makes it: that graph runs first
-      if (in.slot && in.slot->producer && in.slot->device != device) flush_pending_graph_of(in.slot->device, "another device's value");
+    for (const Operand& in : args)  // another graph makes it: that graph runs first
+      if (in.slot && in.slot->producer && !in_pending_graph(in.slot->producer))
+        flush_pending_graph_of(in.slot->device, in.slot->producer->lane,
+                               in.slot->device != device ? "another device's value" : "another thread's value");
 
   if (g_graph.nodes.size() >= max_graph_ops() && eager_mode() != EagerMode::DeferAll) flush_bounded("graph size bound");
   if (eager_mode() != EagerMode::DeferAll && !g_graph.nodes.empty() &&
@@ -501,6 +509,7 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
   node->compiled = !eager;
   node->role = eager ? t_recording_role : RecordingRole::None;
   node->owner = std::this_thread::get_id();
+  node->lane = lane;
   static uint64_t serials = 0;  // under the graph lock
   node->serial = ++serials;
   node->fill = recording_state() &&
@@ -518,6 +527,7 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
     out.emplace_back(std::move(s));
   }
   g_graph.device = device;
+  g_graph.lane = lane;
   g_graph.instructions += program->instructions();
   g_graph.nodes.push_back(std::move(node));
   fuse_stats().recorded += 1;
@@ -629,7 +639,7 @@ runtime::BufferPtr resolve(const Operand& v) {
   {
     auto lock = graph_lock();
     if (!v.slot->producer && g_side.active && g_side.unlinked_ids.count(v.slot.get())) spoil_side_recording();
-    if (v.slot->producer) flush_pending_graph_of(v.slot->device, "value needed");
+    if (v.slot->producer) flush_pending_graph_of(v.slot->device, v.slot->producer->lane, "value needed");
   }
   std::unique_lock<std::mutex> lock(g_slot_mu);
   g_slot_cv.wait(lock, [&] { return v.slot->buffer || v.slot->error; });
@@ -1625,7 +1635,7 @@ void flush_active(const char* reason) {
   flush_prefix(reason, std::numeric_limits<size_t>::max());
 }
 
-void flush_parked(std::map<int, Graph>::iterator it, const char* reason) {
+void flush_parked(std::map<GraphKey, Graph>::iterator it, const char* reason) {
   Graph active = std::move(g_graph);
   g_graph = std::move(it->second);
   g_parked.erase(it);
@@ -1634,12 +1644,16 @@ void flush_parked(std::map<int, Graph>::iterator it, const char* reason) {
 }
 }  // namespace
 
-void switch_pending_graph(int device) {
-  if (g_graph.device >= 0) {  // (a graph leaves the set-aside ones when it becomes active)
-    TORCH_INTERNAL_ASSERT(!g_parked.count(g_graph.device), "two pending graphs for tpu:", g_graph.device);
-    g_parked[g_graph.device] = std::move(g_graph);
+void switch_pending_graph(int device, int64_t lane) {
+  // (a graph leaves the set-aside ones when it becomes active; an empty one in no
+  // micro-step is dropped: threads come and go)
+  const Graph& g = g_graph;
+  if (g.device >= 0 && (!g.nodes.empty() || g.micro_step || g.forward_start || g.backward_end)) {
+    GraphKey key{g.device, g.lane};
+    TORCH_INTERNAL_ASSERT(!g_parked.count(key), "two pending graphs for tpu:", g.device, " lane ", g.lane);
+    g_parked[key] = std::move(g_graph);
   }
-  auto it = g_parked.find(device);
+  auto it = g_parked.find({device, lane});
   if (it != g_parked.end()) {
     g_graph = std::move(it->second);
     g_parked.erase(it);
@@ -1647,13 +1661,14 @@ void switch_pending_graph(int device) {
     g_graph = Graph{};
   }
   g_graph.device = device;
+  g_graph.lane = lane;
   fuse_stats().device_switches += 1;
 }
 
-void flush_pending_graph_of(int device, const char* reason) {
-  auto it = g_parked.find(device);
+void flush_pending_graph_of(int device, int64_t lane, const char* reason) {
+  auto it = g_parked.find({device, lane});
   if (it != g_parked.end()) flush_parked(it, reason);
-  else flush_active(reason);
+  else if (g_graph.device == device && g_graph.lane == lane) flush_active(reason);
 }
 
 void before_upload(int device) {
@@ -1678,7 +1693,7 @@ void before_upload(int device) {
   // recording on while the launcher lags piled them up again (the peak then depended on
   // timing). This one runs while the next is recorded.
   launcher().wait_quiet();
-  flush_pending_graph_of(device, "held uploads bound");
+  flush_pending_graph_of(device, recording_lane(device), "held uploads bound");
 }
 
 void note_upload(const runtime::BufferPtr& buffer, int device) {
@@ -1695,16 +1710,14 @@ void flush(const char* reason) {
 
 void flush_devices(const char* reason, const std::vector<int>& devices) {
   auto lock = graph_lock();
-  for (int d : devices) {
-    auto it = g_parked.find(d);
-    if (it != g_parked.end()) flush_parked(it, reason);
-    else if (g_graph.device == d) flush_active(reason);
-  }
+  for (int d : devices) flush_pending_graph_of(d, recording_lane(d), reason);
 }
 
 size_t pending_graphs() {
   auto lock = graph_lock();
-  return g_parked.size() + (g_graph.nodes.empty() ? 0 : 1);
+  size_t n = g_graph.nodes.empty() ? 0 : 1;
+  for (const auto& [key, g] : g_parked) n += g.nodes.empty() ? 0 : 1;
+  return n;
 }
 
 // A full graph is cut where its first op recurs last (in its second half): a loop body
@@ -2014,6 +2027,7 @@ void flush_prefix(const char* reason, size_t count) {
         if (in.slot && in.slot->producer && in.slot->producer->position < static_cast<int>(count))
           in.slot->graph_uses -= 1;
     g_graph.device = g.device;
+    g_graph.lane = g.lane;
     for (size_t i = count; i < g.nodes.size(); ++i) {
       g.nodes[i]->position = static_cast<int>(i - count);
       g_graph.instructions += g.nodes[i]->program->instructions();
@@ -2076,7 +2090,7 @@ ProgramPtr graph_program(const FlushedGraphPtr& graph) {
 size_t pending_ops() {
   auto lock = graph_lock();
   size_t n = g_graph.nodes.size();
-  for (const auto& [device, g] : g_parked) n += g.nodes.size();
+  for (const auto& [key, g] : g_parked) n += g.nodes.size();
   return n;
 }
 

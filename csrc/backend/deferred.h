@@ -170,13 +170,14 @@ class LaunchNow {
 // True on a thread inside a LaunchNow scope while DeferAndFuse is the mode.
 bool launching_now();
 
-// Hands the pending graphs (if any; one per device) to the launcher thread, which
-// compiles (once per graph shape) and launches each as one program. `reason` is counted
-// in the metrics.
+// Hands the pending graphs (if any; one per device and recording lane: streams.h) to
+// the launcher thread, which compiles (once per graph shape) and launches each as one
+// program. `reason` is counted in the metrics.
 void flush(const char* reason);
-// The same for `devices`' pending graphs only (a training step of one device's thread).
+// The same for this thread's lanes of `devices` only (a training step's end: another
+// thread's graph, or another device's, is cut where that one ends its steps).
 void flush_devices(const char* reason, const std::vector<int>& devices);
-// How many devices have a pending graph.
+// How many pending graphs hold calls.
 size_t pending_graphs();
 
 // Host-to-device uploads while deferring (a copy from the CPU). Activation offloading

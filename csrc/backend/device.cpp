@@ -67,7 +67,7 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream getStream(c10::Device d) const override { return current_stream(d.index()); }
   c10::Stream getDefaultStream(c10::Device d) const override {
     if (!d.has_index()) d = getDevice();
-    return c10::Stream(c10::Stream::DEFAULT, d);
+    return default_stream(d.index());
   }
   c10::Stream exchangeStream(c10::Stream s) const override { return exchange_stream(s); }
   c10::DeviceIndex deviceCount() const noexcept override {

@@ -69,6 +69,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("in_bad_fork", [] { return runtime::Client::forked_after_init(); });
   m.def("device_kind", [](int d) { return client().device_kind(d); });
   // torch.Event.elapsed_time refuses subclasses (torch.tpu.Event): the same, by event_id.
+  // This thread's default stream on `device` (the main thread's is 0; streams.h).
+  m.def("_default_stream_id", [](int device) { return default_stream(static_cast<c10::DeviceIndex>(device)).id(); });
   m.def("event_elapsed_ms", [](uintptr_t start, uintptr_t end) {
     return elapsed_ms(reinterpret_cast<void*>(start), reinterpret_cast<void*>(end));
   });
@@ -113,7 +115,7 @@ PYBIND11_MODULE(_C, m) {
     if (StorageData* s = storage_record(*t.storage().unsafeGetStorageImpl())) s->module_state = true;
   });
   // Runs the pending deferred graph without waiting for it (a training step's end).
-  // Of `devices` only, when given (a step of one device's training thread).
+  // Of this thread's graphs of `devices` only, when given (a training step's end).
   m.def("flush", [](const std::string& reason, std::optional<std::vector<int>> devices) {
     py::gil_scoped_release nogil;
     static std::mutex mu;

@@ -5,6 +5,11 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include <torch/csrc/autograd/graph_task.h>
 
 #include "backend/deferred.h"
 #include "backend/device.h"
@@ -15,8 +20,36 @@ namespace tpu::backend {
 namespace {
 
 constexpr int kMaxDevices = 64;
-thread_local std::array<c10::StreamId, kMaxDevices> t_current{};  // 0: the default stream
+// Per device, the current stream's id + 1 and its lane + 1 (0: this thread's default).
+thread_local std::array<c10::StreamId, kMaxDevices> t_current{};
+thread_local std::array<c10::StreamId, kMaxDevices> t_lane{};
+thread_local c10::StreamId t_default = -1;  // this thread's default stream (-1: not yet given)
 std::atomic<c10::StreamId> g_next_id{1};
+const std::thread::id g_main_thread = std::this_thread::get_id();  // the one loading the module
+
+// Each stream's lane: a thread's default stream is its own lane, a stream made by a
+// thread is in that thread's lane (a side stream does not split its thread's graph).
+std::mutex g_lanes_mu;
+std::unordered_map<c10::StreamId, c10::StreamId> g_lanes;
+
+c10::StreamId lane_of(c10::StreamId id) {
+  std::lock_guard<std::mutex> lock(g_lanes_mu);
+  auto it = g_lanes.find(id);
+  return it == g_lanes.end() ? id : it->second;
+}
+
+c10::StreamId thread_default() {
+  if (t_default < 0) {
+    // Autograd's device threads run backwards on their forwards' streams: whatever they
+    // record outside a node's stream belongs with the main thread's work.
+    bool shared = std::this_thread::get_id() == g_main_thread ||
+                  torch::autograd::get_current_graph_task_id() != -1;
+    t_default = shared ? 0 : g_next_id++;
+    std::lock_guard<std::mutex> lock(g_lanes_mu);
+    g_lanes[t_default] = t_default;
+  }
+  return t_default;
+}
 
 c10::DeviceIndex resolve(c10::DeviceIndex d) {
   if (d < 0) d = static_cast<c10::DeviceIndex>(current_device());
@@ -52,17 +85,31 @@ struct TpuEvent {
 
 c10::Stream current_stream(c10::DeviceIndex device) {
   c10::DeviceIndex d = resolve(device);
-  return make(d, t_current[d]);
+  return make(d, t_current[d] ? t_current[d] - 1 : thread_default());
 }
+
+c10::Stream default_stream(c10::DeviceIndex device) { return make(resolve(device), thread_default()); }
 
 c10::Stream exchange_stream(const c10::Stream& s) {
   c10::DeviceIndex d = resolve(s.device_index());
-  c10::Stream old = make(d, t_current[d]);
-  t_current[d] = s.id();
+  c10::Stream old = make(d, t_current[d] ? t_current[d] - 1 : thread_default());
+  t_current[d] = s.id() + 1;
+  t_lane[d] = lane_of(s.id()) + 1;
   return old;
 }
 
-c10::Stream new_stream(c10::DeviceIndex device) { return make(resolve(device), g_next_id++); }
+c10::Stream new_stream(c10::DeviceIndex device) {
+  c10::StreamId id = g_next_id++;
+  c10::StreamId lane = thread_default();
+  std::lock_guard<std::mutex> lock(g_lanes_mu);
+  g_lanes[id] = lane;
+  return make(resolve(device), id);
+}
+
+int64_t recording_lane(int device) {
+  if (device < 0 || device >= kMaxDevices) return thread_default();
+  return t_lane[device] ? t_lane[device] - 1 : thread_default();
+}
 
 void record_event(void** event, const c10::Stream& s, c10::EventFlag flag) {
   auto* e = static_cast<TpuEvent*>(*event);

@@ -383,8 +383,12 @@ def current_stream(device=None) -> Stream:
 
 
 def default_stream(device=None) -> Stream:
+    """This thread's default stream: the main thread's is id 0, every other thread has its
+    own (CUDA's per-thread default streams), so DeferAndFuse records each thread's work as
+    a graph of its own."""
     s = current_stream(device)
-    return Stream(stream_id=0, device_index=s.device_index, device_type=s.device_type)
+    return Stream(stream_id=_C._default_stream_id(s.device_index), device_index=s.device_index,
+                  device_type=s.device_type)
 
 
 def set_stream(stream) -> None:
