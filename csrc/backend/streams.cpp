@@ -27,8 +27,9 @@ thread_local c10::StreamId t_default = -1;  // this thread's default stream (-1:
 std::atomic<c10::StreamId> g_next_id{1};
 const std::thread::id g_main_thread = std::this_thread::get_id();  // the one loading the module
 
-// Each stream's lane: a thread's default stream is its own lane, a stream made by a
-// thread is in that thread's lane (a side stream does not split its thread's graph).
+// The lanes of streams made by threads: a stream made by a thread is in that thread's
+// lane (a side stream does not split its thread's graph). A thread's default stream is
+// its own lane, not kept here (nn.DataParallel makes threads at every forward).
 std::mutex g_lanes_mu;
 std::unordered_map<c10::StreamId, c10::StreamId> g_lanes;
 
@@ -44,9 +45,7 @@ c10::StreamId thread_default() {
     // record outside a node's stream belongs with the main thread's work.
     bool shared = std::this_thread::get_id() == g_main_thread ||
                   torch::autograd::get_current_graph_task_id() != -1;
-    t_default = shared ? 0 : g_next_id++;
-    std::lock_guard<std::mutex> lock(g_lanes_mu);
-    g_lanes[t_default] = t_default;
+    t_default = shared ? 0 : g_next_id++;  // (its own lane: not kept in g_lanes)
   }
   return t_default;
 }
