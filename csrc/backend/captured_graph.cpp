@@ -175,8 +175,7 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
   // Python scalar argument is. On tpu its upload is; on the CPU the tensor is, while no
   // in-place op changes it (its version).
   void constant_tensor(const at::Tensor& t) {
-    if (t.dim() != 0) return;
-    if (t.is_cpu()) {
+    if (t.is_cpu() && t.dim() == 0) {
       constant_cpu_.emplace_back(t, t._version());
     } else if (t.is_privateuseone()) {
       const Operand& v = storage_of(t).value;
@@ -578,6 +577,24 @@ void bind_captured_graph(py::module_& m) {
   m.def("_capture_note_constant", [](const at::Tensor& t) {
     auto lock = graph_lock();  // other threads' ops may note host inputs meanwhile
     if (CapturedGraph* c = g_active.load()) c->constant_tensor(t);
+  });
+  // A graph module's tensor constant's buffer, taken when the graph is made (compile.py's
+  // _tensor_constants): a later call's recording reads that buffer, while the tensor's
+  // storage may by then name a pending copy of it.
+  m.def("_constant_buffer", [](const at::Tensor& t) -> py::object {
+    if (!t.is_privateuseone() || !t.has_storage()) return py::none();
+    runtime::BufferPtr b;
+    {
+      py::gil_scoped_release nogil;
+      b = guarded([&] { return resolve(storage_of(t).value); });
+    }
+    return py::capsule(new runtime::BufferPtr(std::move(b)),
+                       [](void* p) { delete static_cast<runtime::BufferPtr*>(p); });
+  });
+  m.def("_capture_note_constant_buffer", [](const py::capsule& c) {
+    auto lock = graph_lock();
+    if (CapturedGraph* cg = g_active.load())
+      cg->host_input(*static_cast<runtime::BufferPtr*>(c.get_pointer()), HostInput::Constant);
   });
   // Abandons a capture (the recorded call raised).
   m.def("_capture_abort", [](CapturedGraph& c) { c.abort(); });

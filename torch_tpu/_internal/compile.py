@@ -112,6 +112,25 @@ class _PythonNumberTensors(torch.overrides.TorchFunctionMode):
         return out
 
 
+def _tensor_constants(gm: torch.fx.GraphModule) -> list:
+    """The buffers of the tpu tensors the graph module holds for literal tensors of the compiled code
+    (`torch.tensor(-inf, device=x.device)`: `_tensor_constant0`...). Nothing writes them (a
+    graph's own writes are functional), so a capture replays them as constants; without
+    this it declined ("reads a tpu value that is not among its inputs") and the graph
+    recorded anew at every call. Parameters and buffers (which an optimizer or a later
+    call may change) are not among them."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "get_attr" or not n.target.split(".")[-1].startswith("_tensor_constant"):
+            continue
+        t = gm
+        for part in n.target.split("."):
+            t = getattr(t, part, None)
+        if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter) and t.device.type == "tpu":
+            out.append(_C._constant_buffer(t))
+    return out
+
+
 def _mutated_inputs(gm: torch.fx.GraphModule) -> list:
     """Inputs the graph writes (AOTAutograd's copy_ epilogue), by position."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -162,6 +181,7 @@ class _CompiledGraph:
         self._first = True
         self._mutated = _mutated_inputs(gm)
         self._input_outputs = _outputs_that_are_inputs(gm)
+        self._constants = _tensor_constants(gm)
         self._captures = []        # (capture, output template), one per input layout
         self.replay_declined = ""  # why the capture could not explain the graph
         self.role = role
@@ -245,6 +265,9 @@ class _CompiledGraph:
         if not apart:
             _C.flush("before compiled graph")
         cap = _C._capture_begin(args, self._mutated, apart) if capturing else None
+        if cap is not None:
+            for b in self._constants:
+                _C._capture_note_constant_buffer(b)
         kept = list(args) if apart else None  # the call clears `args`; the replay reads them
         role = _C._set_recording_role(_BACKWARD if self.role == "backward" else _NO_ROLE)
         try:
