@@ -71,25 +71,29 @@ def _env():
     return _ENV
 
 
-def _symbol(lo: int, hi: int, k: int = 0) -> torch.SymInt:
+def _symbol(lo: int, hi: int, k: int = 0, least: int = 0) -> torch.SymInt:
     """The k-th symbol of the marked bounds [lo, hi]: dimensions marked alike get the
-    same symbol where their sizes are equal, the next ones where not (_Renamer)."""
-    if (lo, hi, k) not in _SYMS:
+    same symbol where their sizes are equal, the next ones where not (_Renamer). With
+    `least`, one whose sizes start there: what a static index or slice past the marked
+    minimum holds for (_host_checked_index), kept by the ops after it."""
+    low = max(lo, 2, least)  # sizes 0 and 1 broadcast differently: never one symbol with 2..
+    key = (lo, hi, k) if low == max(lo, 2) else (lo, hi, k, low)
+    if key not in _SYMS:
         from torch._dynamo.source import ConstantSource
         from torch.fx.experimental.symbolic_shapes import DimDynamic, StrictMinMaxConstraint
         from torch.utils._sympy.value_ranges import ValueRanges
         env = _env()
-        low = max(lo, 2)  # sizes 0 and 1 broadcast differently: never one symbol with 2..
-        s = env.create_symbol(hi, ConstantSource(f"tpu_dynamic_{lo}_{hi}_{k}"),
+        name = "_".join(map(str, key))
+        s = env.create_symbol(hi, ConstantSource(f"tpu_dynamic_{name}"),
                               dynamic_dim=DimDynamic.DYNAMIC,
                               constraint_dim=StrictMinMaxConstraint(vr=ValueRanges(low, hi),
                                                                     warn_only=False))
         # The hint is the bound: a guard that holds only for the size seen first (a size
         # compared with a static one) fails here instead of being baked in.
-        _SYMS[(lo, hi, k)] = env.create_symintnode(s, hint=hi)
+        _SYMS[key] = env.create_symintnode(s, hint=hi)
         _RANGES[s] = (low, hi)
         _MARKED[s] = (lo, hi)
-    return _SYMS[(lo, hi, k)]
+    return _SYMS[key]
 
 
 class _Renamer:
@@ -97,17 +101,26 @@ class _Renamer:
     distinct size met, in argument and dimension order, gets the k-th symbol. Sizes
     marked alike meet as one symbol where equal and as two where not (a query of 5 and
     a key of 7), and the op's graph is the same at every step whose sizes compare the
-    same way."""
+    same way. A size that some argument has from a narrowed symbol (sizes from 4 on:
+    x[:, 2:]) gets the narrowed one for all (`leaves`: the op's arguments)."""
 
-    def __init__(self):
-        self.seen, self.count = {}, {}
+    def __init__(self, leaves=()):
+        self.seen, self.count, self.least = {}, {}, {}
+        for a in leaves:
+            syms = a._values.items() if isinstance(a, BoundedTensor) else \
+                a.values.items() if isinstance(a, BoundedInt) else ()
+            for x, v in syms:
+                key = (_MARKED[x], v)
+                self.least[key] = max(self.least.get(key, 0), _RANGES[x][0])
 
     def __call__(self, s, value):
         key = (_MARKED[s], value)
         if key not in self.seen:
-            k = self.count.get(key[0], 0)
-            self.count[key[0]] = k + 1
-            self.seen[key] = _symbol(*key[0], k).node.expr
+            least = max(self.least.get(key, 0), _RANGES[s][0])
+            count_key = (key[0], least)
+            k = self.count.get(count_key, 0)
+            self.count[count_key] = k + 1
+            self.seen[key] = _symbol(*key[0], k, least).node.expr
         return self.seen[key]
 
     def exprs(self, exprs, values):
@@ -268,7 +281,7 @@ def _check_inplace(func, args):
 
 def _unpad(t: BoundedTensor) -> torch.Tensor:
     """The true-size value, a view of the padded one's valid prefix."""
-    if not all(isinstance(e, (sympy.Symbol, sympy.Integer)) or not e.free_symbols for e in t._exprs):
+    if not all(_prefix_size(e) for e in t._exprs):
         raise NotImplementedError(
             f"torch_tpu bounded dynamism: a tensor of the compound dynamic shape "
             f"{tuple(t._exprs)} cannot be read outside the padded program; view it back to "
@@ -278,6 +291,16 @@ def _unpad(t: BoundedTensor) -> torch.Tensor:
         if e.free_symbols:
             x = x.narrow(d, 0, _value(e, t._values))
     return x
+
+
+def _prefix_size(e) -> bool:
+    """A size whose valid part is the padded dimension's prefix: static, a symbol, or a
+    symbol plus a constant (x[:, 2:], x[:, :-1]; not 2*s, a flattened (2, s))."""
+    e = sympy.sympify(e)
+    if not e.free_symbols or isinstance(e, sympy.Symbol):
+        return True
+    sym, const = e.as_independent(*e.free_symbols, as_Add=True)[::-1]
+    return isinstance(sym, sympy.Symbol) and const.is_Integer
 
 
 def to_bounded(t: torch.Tensor) -> torch.Tensor:
@@ -314,6 +337,7 @@ def to_bounded(t: torch.Tensor) -> torch.Tensor:
     b = BoundedTensor(inner, exprs, values)
     if t.requires_grad:
         b = _Enter.apply(t, b)
+        _note_exprs(b)
     t._tpu_bounded = _Cached(b)  # lives as long as the marked tensor
     if inner.untyped_storage()._cdata != t.untyped_storage()._cdata:
         _remember_entry(inner)  # a copy (at the bound, t itself: writes reach it)
@@ -391,7 +415,7 @@ def _dispatch(func, args, kwargs):
     if inplace:
         _check_inplace(func, args)
     leaves, spec = tree_flatten((args, kwargs))
-    rename = _Renamer()
+    rename = _Renamer(leaves + list(_STATE.ints))
     leaves = [rename.leaf(a) for a in leaves]
     values = {}
     for a in leaves:
@@ -402,7 +426,7 @@ def _dispatch(func, args, kwargs):
     leaves = _sizes_as_symbols(func, leaves, spec, values)
     leaves = _promote_plain(func, leaves, values)
     if func in _INDEX_OPS:
-        leaves, values = _host_checked_index(func, leaves, spec, values)
+        leaves, spec, values = _host_checked_index(func, leaves, spec, values)
     key = (func, spec, tuple(_signature(a) for a in leaves))
     g = _GRAPHS.get(key)
     if g is None:
@@ -431,7 +455,11 @@ def _host_checked_index(func, leaves, spec, values):
     some sizes. The index is checked against the true size here, at each call (CPU's
     error where it is out of range), and the op's graph is built for the sizes from the
     least one it holds for up to the bound: the same padded shapes, so one more program
-    per such index, reused at every size. Other cases are left to the op's rules."""
+    per such index, reused at every size. A slice from a static start that reaches the
+    true size (x[:, 2:], x[:, 2:100]: CPU clamps the end) is built for the sizes that
+    leave it at least 2 long (1 would broadcast), or at the true size where it is shorter.
+    Other cases are left to the op's rules."""
+    unchanged = leaves, spec, values
     args, kwargs = tree_unflatten(leaves, spec)
     names = [a.name for a in func._schema.arguments]
     a = {a.name: a.default_value for a in func._schema.arguments if a.has_default_value()}
@@ -443,21 +471,21 @@ def _host_checked_index(func, leaves, spec, values):
         d = a["dim"] % len(sizes)
         size = sizes[d]
         if not isinstance(size, _Sym):
-            return leaves, values
+            return unchanged
         e = size.expr
     else:
         x = a["self"]
         if not isinstance(x, BoundedTensor):
-            return leaves, values
+            return unchanged
         d = a["dim"] % x.dim()
         e = x._exprs[d]
     if not isinstance(e, sympy.Symbol) or e not in values:
-        return leaves, values  # a compound size (s - 1): left to the rules
+        return unchanged  # a compound size (s - 1): left to the rules
     n = values[e]
     if func in (aten.select.int, aten.select_backward.default):
         idx = a["index"]
         if not isinstance(idx, int) or (backward and idx < 0):
-            return leaves, values  # (a negative index's gradient lands at n + idx)
+            return unchanged  # (a negative index's gradient lands at n + idx)
         if not backward and not -n <= idx < n:
             # CPU's error (type and message), from the op at the true sizes
             true = torch.empty([_value(s, x._values) for s in x._exprs], device="meta")
@@ -466,12 +494,26 @@ def _host_checked_index(func, leaves, spec, values):
     else:
         start, end, step = a["start"], a["end"], a["step"]
         start = 0 if start is None else start
+        end = _OPEN if end is None else end
         if not (isinstance(start, int) and isinstance(end, int) and step == 1 and
-                0 <= start <= end < 2 ** 62):
-            return leaves, values
-        least = end  # (from the end of the true size on, CPU's slice is shorter)
+                0 <= start <= end):
+            return unchanged
+        if end < n:
+            least = end  # (from the end of the true size on, CPU's slice is shorter)
+        elif n - start >= 2 and start > 0:
+            least = start + 2  # to the true size: open, at least 2 long
+            if end != _OPEN:
+                args, kwargs, spec = _with_arg(func, args, kwargs, "end", _OPEN)
+        elif start > 0:
+            least = end = n  # 0 or 1 long: at the true size, static
+            args, kwargs, spec = _with_arg(func, args, kwargs, "end", n)
+            if start > n:  # (CPU clamps the start too: empty)
+                args, kwargs, spec = _with_arg(func, args, kwargs, "start", n)
+        else:
+            return unchanged  # x[:, :k] with k past the true size is x itself
+        leaves = tree_flatten((args, kwargs))[0]
     if least > n or least <= _RANGES[e][0]:
-        return leaves, values  # not held here (the rules refuse), or held at every size
+        return leaves, spec, values  # not held here (the rules refuse), or held at every size
     new = _narrowed(e, least)
     sub = {e: new}
     out = []
@@ -482,26 +524,27 @@ def _host_checked_index(func, leaves, spec, values):
         elif isinstance(v, _Sym):
             v = _Sym(sympy.sympify(v.expr).xreplace(sub))
         out.append(v)
-    return out, {sub.get(k, k): m for k, m in values.items()}
+    return out, spec, {sub.get(k, k): m for k, m in values.items()}
+
+
+_OPEN = 2 ** 63 - 1  # a slice's end that is the size (x[:, 2:])
+
+
+def _with_arg(func, args, kwargs, name, value):
+    """(args, kwargs, spec) of a call with the argument `name` set to value."""
+    pos = [a.name for a in func._schema.arguments].index(name)
+    args, kwargs = list(args), dict(kwargs)
+    if pos < len(args):
+        args[pos] = value
+    else:
+        kwargs[name] = value
+    args = tuple(args)
+    return args, kwargs, tree_flatten((args, kwargs))[1]
 
 
 def _narrowed(s, least):
     """A symbol like `s` (same marked bounds) whose sizes start at `least`."""
-    key = ("from", s, least)
-    if key not in _SYMS:
-        from torch._dynamo.source import ConstantSource
-        from torch.fx.experimental.symbolic_shapes import DimDynamic, StrictMinMaxConstraint
-        from torch.utils._sympy.value_ranges import ValueRanges
-        hi = _RANGES[s][1]
-        env = _env()
-        new = env.create_symbol(hi, ConstantSource(f"tpu_dynamic_{s}_from_{least}"),
-                                dynamic_dim=DimDynamic.DYNAMIC,
-                                constraint_dim=StrictMinMaxConstraint(
-                                    vr=ValueRanges(least, hi), warn_only=False))
-        _SYMS[key] = env.create_symintnode(new, hint=hi)
-        _RANGES[new] = (least, hi)
-        _MARKED[new] = _MARKED[s]  # the next op renames it back to its marked symbol
-    return _SYMS[key].node.expr
+    return _symbol(*_MARKED[s], 0, least).node.expr
 
 
 # Plain tensors at a true dynamic size that met a bounded one and had to be padded per
@@ -646,6 +689,8 @@ def _sizes_as_symbols(func, leaves, spec, values):
         # gradient back to the shape a forward view came from, which it remembers.
         hint = _VIEWED.get((src_exprs, sizes))
         bests = [c for c in bests if hint is not None and _same_exprs(c, hint)]
+    if len(bests) > 1:
+        bests = _by_forward_inputs(bests)
     if len(bests) != 1:
         raise NotImplementedError(
             f"torch_tpu bounded dynamism: cannot tell which sizes of {func}{sizes} are the "
@@ -655,6 +700,38 @@ def _sizes_as_symbols(func, leaves, spec, values):
     for i, c, n in zip(flat_pos, best, sizes):
         new[i] = -1 if int(n) == -1 else _Sym(c) if c.free_symbols else int(c)
     return [_Sym(a.symbol) if isinstance(a, BoundedInt) else a for a in new]
+
+
+# Where a backward node's forward inputs were bounded: grad_fn.metadata[_EXPRS_KEY] maps
+# the output's number to its sizes (noted in _BoundedMode and to_bounded).
+_EXPRS_KEY = "torch_tpu_bounded_exprs"
+
+
+def _note_exprs(out):
+    """Notes the sizes of the bounded outputs of a call that autograd recorded."""
+    for t in tree_flatten(out)[0]:
+        if isinstance(t, BoundedTensor) and t.grad_fn is not None:
+            t.grad_fn.metadata.setdefault(_EXPRS_KEY, {})[t.output_nr] = tuple(t._exprs)
+
+
+def _by_forward_inputs(bests):
+    """Of tied readings of a size list met in a backward (sum's gradient expanded to
+    (4, 4, 4) from (4, s, 1) at s = 4: (4, s, 4) or (4, s, s)), those whose dynamic
+    dimensions are those of one of the node's forward inputs: autograd sizes the gradient
+    of an input by that input's sizes, as plain ints."""
+    node = torch._C._current_autograd_node()
+    if node is None:
+        return bests
+    pattern = lambda exprs: tuple(bool(sympy.sympify(e).free_symbols) for e in exprs)  # noqa: E731
+    seen = set()
+    for fn, nr in node.next_functions:
+        if fn is None:
+            continue
+        exprs = fn.metadata.get(_EXPRS_KEY, {}).get(nr)
+        if exprs is not None:
+            seen.add(pattern(exprs))
+    kept = [c for c in bests if pattern(c) in seen]
+    return kept or bests
 
 
 @functools.lru_cache(maxsize=4096)
@@ -984,7 +1061,10 @@ class _BoundedMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if not _active():
             return func(*args, **kwargs)
-        return self._bounded_call(func, types, args, kwargs)
+        out = self._bounded_call(func, types, args, kwargs)
+        if torch.is_grad_enabled() and isinstance(out, (torch.Tensor, tuple, list)):
+            _note_exprs(out)  # how its backward will size the gradients (_by_forward_inputs)
+        return out
 
     def _bounded_call(self, func, types, args, kwargs):
         if func in (torch.Tensor.size, torch.Tensor.shape.__get__) and _dynamic(args[0]):
@@ -1027,12 +1107,12 @@ class _BoundedMode(TorchFunctionMode):
             args, kwargs = tree_unflatten(leaves, spec)
         ints = [a for a in leaves if isinstance(a, BoundedInt)]
         if ints:  # in one set of symbols: sizes marked alike are one symbol where equal
-            rename = _Renamer()
+            rename = _Renamer(leaves)
             leaves = [rename.leaf(a) for a in leaves]
             args, kwargs = tree_unflatten(leaves, spec)
             ints = [a for a in leaves if isinstance(a, BoundedInt)]
         if func in (torch.prod, torch.Tensor.prod) and _Prod.applies(args, kwargs):
-            return _Prod.apply(args[0], *_Prod.dims(args, kwargs))
+            return _Prod.apply(_Prod.cast(args, kwargs), *_Prod.dims(args, kwargs))
         if ints and func in _PREFIX_FACTORIES:
             return _factory(func, args, kwargs, ints)
         if ints and getattr(func, "__name__", "") in _ARITHMETIC:
@@ -1243,7 +1323,14 @@ class _Prod(torch.autograd.Function):
         return isinstance(x, BoundedTensor) and isinstance(dim, int) and \
             x.requires_grad and torch.is_grad_enabled() and \
             not x._exprs[dim % x.dim()].free_symbols and \
-            set(kwargs) <= {"dim", "keepdim"} and len(args) <= 3  # (no dtype: a cast's gradient)
+            set(kwargs) <= {"dim", "keepdim", "dtype"} and len(args) <= 3
+
+    @staticmethod
+    def cast(args, kwargs):
+        """The input in prod's `dtype`: the product is computed there, and the cast's
+        gradient (autograd's) takes the gradient back to the input's dtype."""
+        dtype = kwargs.get("dtype")
+        return args[0] if dtype is None else args[0].to(dtype)
 
     @staticmethod
     def dims(args, kwargs):
