@@ -108,11 +108,15 @@ cases = {
     "to_end_sum": lambda x: x[:, 3:9].sum(1),
     "start_past_end": lambda x: x[:, 5:100] * 3,  # empty below 6
 }
-# a slice 0 or 1 long (below start + 2) is built at its true size: a program for each
-# such size (at most start + 2 of them); from start + 2 on one for all. Then repeats.
-print(json.dumps(run(cases, (2, None, 4), (7, 3, 5, 2, 8, 6, 4, 7, 3, 5))))
+# per start: one program for the sizes leaving it empty, one for 1 long, one for the
+# sizes from start + 2 on. The lengths three times: a step's graph may close at another
+# op at a repeated length of the second pass; the third builds nothing more.
+print(json.dumps(run(cases, (2, None, 4), (7, 3, 5, 2, 8, 6, 4) * 3)))
 """, env=MODES[mode], timeout=600)
-    _check(out, mode)
+    for k, r in out.items():
+        assert max(r["err"]) < 1e-4, (k, r)
+        if mode != "strict":
+            assert sum(r["new"][-7:]) <= 1, (k, r)
 
 
 @pytest.mark.parametrize("mode", list(MODES))

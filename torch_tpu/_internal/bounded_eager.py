@@ -457,7 +457,8 @@ def _host_checked_index(func, leaves, spec, values):
     least one it holds for up to the bound: the same padded shapes, so one more program
     per such index, reused at every size. A slice from a static start that reaches the
     true size (x[:, 2:], x[:, 2:100]: CPU clamps the end) is built for the sizes that
-    leave it at least 2 long (1 would broadcast), or at the true size where it is shorter.
+    leave it at least 2 long (1 would broadcast), for the one size leaving it 1 long, and
+    as x[:, 0:0] where it is empty: at most three programs per start.
     Other cases are left to the op's rules."""
     unchanged = leaves, spec, values
     args, kwargs = tree_unflatten(leaves, spec)
@@ -504,11 +505,13 @@ def _host_checked_index(func, leaves, spec, values):
             least = start + 2  # to the true size: open, at least 2 long
             if end != _OPEN:
                 args, kwargs, spec = _with_arg(func, args, kwargs, "end", _OPEN)
+        elif start >= n:
+            least = 0  # empty (CPU clamps the start too): one program, x[:, 0:0]
+            args, kwargs, spec = _with_arg(func, args, kwargs, "start", 0)
+            args, kwargs, spec = _with_arg(func, args, kwargs, "end", 0)
         elif start > 0:
-            least = end = n  # 0 or 1 long: at the true size, static
+            least = end = n  # 1 long: static, for the size start + 1
             args, kwargs, spec = _with_arg(func, args, kwargs, "end", n)
-            if start > n:  # (CPU clamps the start too: empty)
-                args, kwargs, spec = _with_arg(func, args, kwargs, "start", n)
         else:
             return unchanged  # x[:, :k] with k past the true size is x itself
         leaves = tree_flatten((args, kwargs))[0]
