@@ -499,8 +499,10 @@ def _host_checked_index(func, leaves, spec, values):
         if not (isinstance(start, int) and isinstance(end, int) and step == 1 and
                 0 <= start <= end):
             return unchanged
-        if end < n:
-            least = end  # (from the end of the true size on, CPU's slice is shorter)
+        if end <= n:
+            # in range (x[:, 4:6] at 6 too): the same static slice at every size from its
+            # end on; only an end past the true size takes the clamped path below
+            least = end
         elif n - start >= 2 and start > 0:
             least = start + 2  # to the true size: open, at least 2 long
             if end != _OPEN:
