@@ -64,6 +64,11 @@ static int64_t count_instructions(const std::string& text) {
   return n;
 }
 
+static bool has_slice_write(const std::string& function) {
+  return function.find("stablehlo.dynamic_update_slice") != std::string::npos ||
+         function.find("stablehlo.scatter") != std::string::npos;
+}
+
 static int64_t count_instructions(const std::string& function, const std::map<std::string, std::string>& called) {
   int64_t n = count_instructions(function);
   for (const auto& [symbol, text] : called) n += count_instructions(text);
@@ -79,6 +84,7 @@ Program::Program(const ir::Builder& b, const std::vector<ir::Value>& results, st
   functions_ = b.functions();
   instructions_ = count_instructions(function_, functions_);
   recurrent_step_ = b.recurrent_step();
+  writes_slices_ = has_slice_write(function_);
   module_ = "module @torch_tpu {\n";
   for (auto& [symbol, text] : functions_) module_ += text;
   module_ += b.function("main", results, true) + "}\n";
@@ -89,6 +95,7 @@ Program::Program(std::vector<ir::Type> params, std::vector<ir::Type> results, st
   id_ = g_next_program++;
   emit(function_name(), &function_, &functions_, &module_);
   instructions_ = count_instructions(function_, functions_);
+  writes_slices_ = has_slice_write(function_);
 }
 
 runtime::ExecutablePtr Program::executable() {
@@ -782,6 +789,48 @@ ir::Rematerialized remat_plan(const std::vector<Call>& calls, const std::vector<
   return plan;
 }
 
+// A recurrence written into slices of a buffer (`last = f(last, x[t]); out[t] = last`)
+// gives each slice write an update whose producers are the whole recurrence so far, all
+// cheap. XLA copies cheap producers into every reader's fusion, so each of the T writes
+// computed the recurrence again: the optimized program, and its compile time, grew with
+// T² (a GAE loop over T=64: 60 s). Such an update (made by a cheap call, read by a slice
+// write not as the buffer it writes, and by another cheap call: the recurrence goes on
+// from it) is kept whole (ir::Builder::materialized), and all its readers read that.
+// Returns, per call of `plan`, which outputs are.
+std::vector<std::vector<bool>> recurrence_writes(const std::vector<Call>& calls, const ir::Rematerialized& plan) {
+  const size_t n = plan.calls.size();
+  std::vector<std::vector<bool>> written(n), read_cheap(n), keep(n);
+  auto program = [&](size_t node) -> const Program& { return *calls[plan.calls[node].fn].program; };
+  for (size_t c = 0; c < n; ++c) {
+    const size_t outs = program(c).results().size();
+    written[c].assign(outs, false);
+    read_cheap[c].assign(outs, false);
+    keep[c].assign(outs, false);
+  }
+  for (size_t c = 0; c < n; ++c) {
+    const Program& p = program(c);
+    for (const Wire& w : plan.calls[c].args) {
+      if (w.node < 0) continue;
+      const ir::Type& t = program(w.node).results()[w.index];
+      bool buffer = std::any_of(p.results().begin(), p.results().end(), [&](const ir::Type& r) {
+        return r.dtype == t.dtype && r.shape == t.shape;
+      });
+      if (p.writes_slices() && !buffer) written[w.node][w.index] = true;
+      else if (p.recompute_cost() == ir::RecomputeCost::Cheap) read_cheap[w.node][w.index] = true;
+    }
+  }
+  int64_t kept = 0;
+  for (size_t c = 0; c < n; ++c) {
+    if (program(c).recompute_cost() != ir::RecomputeCost::Cheap) continue;
+    for (size_t i = 0; i < keep[c].size(); ++i) {
+      keep[c][i] = written[c][i] && read_cheap[c][i];
+      kept += keep[c][i] ? 1 : 0;
+    }
+  }
+  fuse_stats().materialized += kept;
+  return keep;
+}
+
 void add_functions(const Program& p, std::unordered_set<int64_t>& added,
                    const std::function<void(const std::string&, const std::string&)>& add) {
   if (!added.insert(p.id()).second) return;
@@ -794,6 +843,7 @@ std::vector<ir::Value> emit_calls(ir::FusedModule& m, const std::vector<Call>& c
                                   const std::vector<ir::Type>& param_types, const std::vector<Wire>& results,
                                   const std::function<void(const std::string&, const std::string&)>& add) {
   ir::Rematerialized plan = remat_plan(calls, param_types);
+  const std::vector<std::vector<bool>> kept = recurrence_writes(calls, plan);
   std::vector<ir::Value> params;
   for (const ir::Type& t : param_types) params.push_back(m.param(t));
   std::unordered_set<int64_t> added;
@@ -806,6 +856,8 @@ std::vector<ir::Value> emit_calls(ir::FusedModule& m, const std::vector<Call>& c
     for (const Wire& w : g.args) args.push_back(value(w));
     if (g.after_arg >= 0) args[g.after_arg] = m.after(args[g.after_arg], value(g.after));
     values.push_back(m.call(p.function_name(), args, p.results()));
+    for (size_t i = 0; i < values.back().size(); ++i)
+      if (kept[values.size() - 1][i]) values.back()[i] = m.materialized(values.back()[i]);
   }
   std::vector<ir::Value> outs;
   for (const Wire& w : results) outs.push_back(values[plan.position[w.node]][w.index]);
@@ -840,6 +892,7 @@ struct SplitTexts {
 SplitTexts split_texts(const std::vector<Call>& calls, const std::vector<ir::Type>& param_types,
                        const std::vector<Wire>& results, const std::vector<int>& aliases, int split) {
   ir::Rematerialized plan = remat_plan(calls, param_types);
+  const std::vector<std::vector<bool>> kept = recurrence_writes(calls, plan);
   // Recomputations placed just before the backward's first op are the backward's.
   const int cut = plan.position[split - 1] + 1;
   const int total = static_cast<int>(plan.calls.size());
@@ -941,6 +994,8 @@ SplitTexts split_texts(const std::vector<Call>& calls, const std::vector<ir::Typ
     if (g.after_arg >= 0 && (first || g.after.node < 0 || g.after.node >= cut))
       args[g.after_arg] = (first ? a : b).after(args[g.after_arg], first ? values[g.after.node][g.after.index] : in_b(g.after));
     values[n] = (first ? a : b).call(p.function_name(), args, p.results());
+    for (size_t i = 0; i < values[n].size(); ++i)
+      if (kept[n][i]) values[n][i] = (first ? a : b).materialized(values[n][i]);
   }
   std::vector<ir::Value> outs_a, outs_b;
   std::vector<int> index_in(results.size(), -1);  // a graph result's index in its program's results

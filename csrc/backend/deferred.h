@@ -55,6 +55,9 @@ class Program {
   int64_t instructions() const { return instructions_; }
   // One step of a recurrence (an RNN cell's rule says so): see kMaxRecurrentSteps.
   bool recurrent_step() const { return recurrent_step_; }
+  // It writes into part of an operand (dynamic_update_slice or scatter): see
+  // recurrence_writes in deferred.cpp.
+  bool writes_slices() const { return writes_slices_; }
 
  private:
   int64_t id_;
@@ -64,6 +67,7 @@ class Program {
   ir::RecomputeCost recompute_cost_ = ir::RecomputeCost::Never;
   int64_t instructions_ = 0;
   bool recurrent_step_ = false;
+  bool writes_slices_ = false;
   std::mutex mu_;
   std::weak_ptr<runtime::Executable> exe_;  // the loaded programs' bound owns it
 };
@@ -227,6 +231,7 @@ struct FuseStats {
   std::atomic<int64_t> replays{0};       // graphs re-run op by op after a failure
   std::atomic<int64_t> op_by_op{0};      // new graphs run op by op: shapes churn (shape_churn.h)
   std::atomic<int64_t> recomputed{0};    // values compiled graphs compute again for late readers
+  std::atomic<int64_t> materialized{0};  // ... and keep whole: a recurrence's updates written into slices
   std::atomic<int64_t> largest_instructions{0};  // the largest graph flushed, in its calls' instructions
   // Host cost of the flush path, microseconds of the working thread's CPU time: the
   // recording thread's flushes, and the launcher's work per graph (of which the plugin's

@@ -255,6 +255,7 @@ PYBIND11_MODULE(_C, m) {
     d["fused_replays"] = fs.replays.load();
     d["fused_graphs_run_op_by_op"] = fs.op_by_op.load();
     d["recomputed_values"] = fs.recomputed.load();
+    d["materialized_values"] = fs.materialized.load();
     d["fused_flush_seconds"] = fs.flush_us.load() * 1e-6;
     d["fused_flush_wait_seconds"] = fs.flush_wait_us.load() * 1e-6;
     d["fused_launch_seconds"] = fs.launch_us.load() * 1e-6;

@@ -444,6 +444,35 @@ Value Builder::after(const Value& x, const Value& dep) {
   return binary("stablehlo.add", x, broadcast_in_dim(zx, x.shape(), {}));
 }
 
+Value Builder::materialized(const Value& x) {
+  if (is_complex(x.dtype()) || x.type.numel() == 0) return x;
+  // Two copies of x's bits (as unsigned integers: NaN payloads and signed zeros survive,
+  // and XLA:CPU's fast float max plays no part), the second or-ed with a zero the
+  // compiler cannot know (as in after()), reduced by max: x again, by a reduction the
+  // simplifier cannot see through.
+  const bool flag = x.dtype() == DType::Bool;
+  const int64_t size = itemsize(x.dtype());
+  const DType bits = flag ? DType::Bool
+                     : size == 1 ? DType::U8
+                     : size == 2 ? DType::U16
+                     : size == 4 ? DType::U32
+                                 : DType::U64;
+  Shape zero(x.rank(), 0), one(x.rank(), 1);
+  Value d0 = x.rank() ? reshape(slice(x, zero, one, one), {}) : x;
+  if (!is_float(d0.dtype())) d0 = convert(d0, DType::F32);
+  Value z = binary("stablehlo.minimum", convert(compare(d0, d0, Cmp::NE), DType::I32), constant(0, DType::I32));
+  Shape two = x.shape();
+  two.insert(two.begin(), 2);
+  std::vector<int64_t> dims;
+  for (int i = 0; i < x.rank(); ++i) dims.push_back(i + 1);
+  Value copies = broadcast_in_dim(bitcast(x, bits), two, dims);
+  Value second = binary("stablehlo.and", convert(iota(Type{DType::I32, two}, 0), bits),
+                        broadcast_in_dim(convert(z, bits), two, {}));
+  Value m = reduce(binary("stablehlo.or", copies, second), constant(0, bits), {0},
+                   flag ? "stablehlo.or" : "stablehlo.maximum");
+  return bitcast(m, x.dtype());
+}
+
 std::vector<Value> Builder::optimization_barrier(const std::vector<Value>& xs) {
   std::vector<Type> types;
   for (auto& x : xs) types.push_back(x.type);

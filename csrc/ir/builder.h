@@ -104,6 +104,11 @@ class Builder {
   Value after(const Value& x, const Value& dep);
   std::vector<Value> sort(const std::vector<Value>& xs, int64_t dim, bool stable,
                           const RegionFn& comparator);
+  // x unchanged, bit for bit, as a value XLA computes once: the result of a reduction,
+  // which XLA never copies into several fusions, where it copies a chain of cheap ops
+  // into every reader (XLA:CPU drops optimization barriers before fusion). Complex x is
+  // returned as it is.
+  Value materialized(const Value& x);
 
   // f32 operands take the program's matmul precision (set_matmul_precision), unless
   // `fixed` names one: products that spell out sums, pooling or linear algebra are

@@ -54,6 +54,17 @@ Value FusedModule::after(const Value& x, const Value& dep) {
   return call(fn, {x, dep}, {x.type})[0];
 }
 
+Value FusedModule::materialized(const Value& x) {
+  std::string& fn = materialized_fns_[x.type.str()];
+  if (fn.empty()) {
+    fn = prefix_ + "materialized" + std::to_string(materialized_fns_.size());
+    Builder b;
+    Value px = b.param(x.type);
+    functions_ += b.function(fn, {b.materialized(px)}, false);
+  }
+  return call(fn, {x}, {x.type})[0];
+}
+
 std::string FusedModule::finish(const std::vector<Value>& results,
                                 const std::vector<int>& aliases) const {
   std::string m = "module @torch_tpu_fused {\n" + functions_ + "  func.func public @main(";

@@ -24,6 +24,9 @@ class FusedModule {
                           const std::vector<Type>& results);
   // x read through Builder::after(x, dep), as a call of a helper function.
   Value after(const Value& x, const Value& dep);
+  // x as Builder::materialized makes it, as a call of a helper function: XLA computes x
+  // once instead of copying its producers into each reader's fusion.
+  Value materialized(const Value& x);
   // The module text. `aliases[i]` >= 0 lets parameter i's buffer be reused for that
   // result (the caller donates the buffer at launch).
   std::string finish(const std::vector<Value>& results, const std::vector<int>& aliases) const;
@@ -37,6 +40,7 @@ class FusedModule {
   std::string functions_;
   std::string body_;
   std::map<std::string, std::string> after_fns_;  // by operand types
+  std::map<std::string, std::string> materialized_fns_;  // by operand type
   int next_ = 0;
 };
 
