@@ -272,6 +272,12 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
 
 namespace {
 std::atomic<CapturedGraph*> g_active{nullptr};
+// Set (on the recording thread) while an ATen op of the recorded graph runs whose
+// arguments hold Python numbers and no CPU tensor. A CPU 0-D tensor its kernel reads then
+// came from those numbers: functorch's batching rules (a flex_attention score_mod's
+// `score * 0.5` under vmap) convert the wrapped number to the other operand's dtype,
+// a plain CPU tensor that no longer says it was a number.
+thread_local bool t_number_scope = false;
 }  // namespace
 
 void note_host_input(const runtime::BufferPtr& b, HostInput kind) {
@@ -279,7 +285,7 @@ void note_host_input(const runtime::BufferPtr& b, HostInput kind) {
 }
 bool noted_constant(const at::Tensor& cpu) {
   CapturedGraph* c = g_active.load();
-  return c && c->constant_cpu(cpu);
+  return c && ((t_number_scope && cpu.dim() == 0) || c->constant_cpu(cpu));
 }
 void note_host_read() {
   if (CapturedGraph* c = g_active.load()) c->host_read();
@@ -577,6 +583,13 @@ void bind_captured_graph(py::module_& m) {
   m.def("_capture_note_constant", [](const at::Tensor& t) {
     auto lock = graph_lock();  // other threads' ops may note host inputs meanwhile
     if (CapturedGraph* c = g_active.load()) c->constant_tensor(t);
+  });
+  // Enters (true) or leaves an ATen op call whose host values are only Python numbers
+  // (compile.py's _PythonNumberTensors); returns the previous state.
+  m.def("_capture_number_scope", [](bool on) {
+    bool prev = t_number_scope;
+    t_number_scope = on;
+    return prev;
   });
   // A graph module's tensor constant's buffer, taken when the graph is made (compile.py's
   // _tensor_constants): a later call's recording reads that buffer, while the tensor's

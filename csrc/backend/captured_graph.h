@@ -26,7 +26,9 @@ enum class HostInput {
 };
 void note_host_input(const runtime::BufferPtr& b, HostInput kind);
 // Whether the active capture knows `cpu` (0-D) as made from a Python number while it
-// records, unchanged since: its value is then a constant of the graph.
+// records, unchanged since, or it is read inside an ATen op call whose only host values
+// are Python numbers of the graph (compile.py's number scope): its value is then a
+// constant of the graph.
 bool noted_constant(const at::Tensor& cpu);
 // A device value read on the host while recording (`.item()` of an input): what the graph
 // did with it (a size, a constant) is baked into the program, so the capture declines.

@@ -106,10 +106,38 @@ class _PythonNumberTensors(torch.overrides.TorchFunctionMode):
             with self:
                 keys = torch._ops._compute_keyset(args, kwargs, func.non_fallthrough_keys)
                 return func.dispatch(keys.highestPriorityTypeId(), *args, **kwargs)
-        out = func(*args, **kwargs)
+        if not _numbers_only_aten_call(func, args, kwargs):
+            out = func(*args, **kwargs)
+        else:
+            prev = _C._capture_number_scope(True)
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                _C._capture_number_scope(prev)
         if func is torch.tensor and args and type(args[0]) in (int, float, bool):
             _C._capture_note_constant(out)
         return out
+
+
+def _numbers_only_aten_call(func, args, kwargs) -> bool:
+    """An ATen op whose arguments hold a Python number and no CPU tensor: a CPU scalar its
+    kernel reads is one of those numbers, a constant of the graph (Dynamo bakes the
+    number in or guards on it; a number input of the graph is compared at each replay).
+    Under vmap (flex_attention's score_mod: `score * 0.5`, `tanh(score / 30) * 30`)
+    functorch's batching rule turns the number into a plain CPU tensor of the score's dtype
+    before our kernel sees it; without this the capture took it for a CPU value that may
+    vary and the graph recorded anew at every call. Custom ops are left out: their Python
+    bodies may read a varying CPU value."""
+    if not isinstance(func, torch._ops.OpOverload) or func.namespace not in ("aten", "prims"):
+        return False
+    number = False
+    for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(a, torch.Tensor):
+            if a.device.type == "cpu":
+                return False
+        elif type(a) in (int, float, bool):
+            number = True
+    return number
 
 
 def _tensor_constants(gm: torch.fx.GraphModule) -> list:
