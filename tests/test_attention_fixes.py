@@ -103,8 +103,7 @@ def _causal(b, h, q, kv):
 
 
 def _relbias(score, b, h, q, kv):
-    # Integer arithmetic only: a Python float in a score_mod still makes the capture
-    # decline (functorch's batching turns the wrapped number into a plain CPU scalar).
+    # Integer arithmetic (float score_mods: tests/test_compile_float_constants.py).
     return score + (q - kv)
 
 

@@ -57,7 +57,9 @@ def _run(cf, qkv, grad, device="tpu", **kw):
     q, k, v = (t.to(device).requires_grad_(grad) for t in qkv)
     out = cf(q, k, v, **kw)
     if grad:
-        out.sum().backward()
+        # An explicit cotangent: with `out.sum().backward()` a Debug-mode backward graph
+        # declines its capture (its expanded seed, on main too, any compiled graph).
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(device))
         return [t.detach().cpu() for t in (out, q.grad, k.grad, v.grad)]
     return [out.cpu()]
 
@@ -72,7 +74,7 @@ def _reference(qkv, score_mod, grad, causal=True):
     out = s.softmax(-1) @ v
     if not grad:
         return [out.detach()]
-    out.sum().backward()
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).double())
     return [out.detach(), q.grad, k.grad, v.grad]
 
 
@@ -164,3 +166,65 @@ def test_changing_python_float_changes_result():
         got = _run(cf, qkv, False, score_mod=score_mod)[0]
         ref = _reference(qkv, score_mod, False, causal=False)[0]
         torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=1e-5)
+
+
+def _where_inf(x):
+    return torch.where(x > 0, x, torch.tensor(-float("inf"), device=x.device)).softmax(-1)
+
+
+def _where_table(x):
+    w = torch.tensor([1.0, -2.0, 0.5, 3.0] * 4, device=x.device)
+    return (torch.where(x > 0, x * w, torch.tensor(-1e4, device=x.device)) * 0.5).logsumexp(-1)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("fn", [_where_inf, _where_table], ids=["where_inf", "table"])
+def test_backward_reading_a_literal_replays(fn, mode):
+    """A backward graph that reads a literal tensor of the compiled code (AOTAutograd gives
+    it a copy of the forward's `_tensor_constant0`, computed while the forward recorded)
+    replays too; it recorded all its ops again at every call."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(0)
+    with torch_tpu.set_eager_mode(mode):
+        cf = torch.compile(fn, backend="tpu")
+
+        def step():
+            x = torch.randn(8, 16, generator=gen)
+            g = torch.randn(8, 16, generator=gen)[:, 0] if fn is _where_table else torch.randn(8, 16, generator=gen)
+            xd = x.to("tpu").requires_grad_()
+            y = cf(xd)
+            y.backward(g.to("tpu"))
+            return x, g, y.detach().cpu(), xd.grad.cpu()
+
+        for _ in range(2):
+            step()
+        for _ in range(3):
+            (x, g, y, gx), d = _deltas(step)
+            assert d["compiled_graph_calls"] == 2 and d["compiled_replays"] == 2, d
+            xc = x.clone().requires_grad_()
+            yc = fn(xc)
+            yc.backward(g)
+            torch.testing.assert_close(y, yc.detach())
+            torch.testing.assert_close(gx, xc.grad)
+
+
+@torch.library.custom_op("tpu_test_float_consts::add_scaled_cpu_noise", mutates_args=())
+def _add_scaled_cpu_noise(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return x + torch.rand(()) * scale
+
+
+@_add_scaled_cpu_noise.register_fake
+def _(x, scale):
+    return torch.empty_like(x)
+
+
+def test_custom_op_with_a_number_still_reads_its_cpu_value_anew():
+    """A custom op called with a Python number, whose body draws a CPU random scalar that
+    its device op reads: not a number of the graph, so each call draws afresh."""
+    torch._dynamo.reset()
+    cf = torch.compile(lambda x: _add_scaled_cpu_noise(x, 2.0) * 0.5, backend="tpu")
+    x = torch.zeros(4, device="tpu")
+    outs = [cf(x).cpu() for _ in range(4)]
+    assert len({round(o[0].item(), 6) for o in outs}) == 4  # a fresh draw every call
+    for o in outs:
+        assert torch.all((o >= 0) & (o <= 1))

@@ -599,7 +599,16 @@ void bind_captured_graph(py::module_& m) {
     runtime::BufferPtr b;
     {
       py::gil_scoped_release nogil;
-      b = guarded([&] { return resolve(storage_of(t).value); });
+      b = guarded([&] {
+        StorageData& sd = storage_of(t);
+        runtime::BufferPtr buf = resolve(sd.value);
+        // A copy computed by a program (AOTAutograd's copy of the constant for a backward
+        // graph, made while the forward recorded) keeps naming its slot, which a recording
+        // reads under the slot's identity, not the buffer's: the capture could not name it
+        // and the backward recorded anew at every call. The storage holds the buffer now.
+        if (sd.value.slot) set_value(sd, Operand(buf));
+        return buf;
+      });
     }
     return py::capsule(new runtime::BufferPtr(std::move(b)),
                        [](void* p) { delete static_cast<runtime::BufferPtr*>(p); });
