@@ -57,8 +57,6 @@ def _run(cf, qkv, grad, device="tpu", **kw):
     q, k, v = (t.to(device).requires_grad_(grad) for t in qkv)
     out = cf(q, k, v, **kw)
     if grad:
-        # An explicit cotangent: with `out.sum().backward()` a Debug-mode backward graph
-        # declines its capture (its expanded seed, on main too, any compiled graph).
         out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(device))
         return [t.detach().cpu() for t in (out, q.grad, k.grad, v.grad)]
     return [out.cpu()]
@@ -228,3 +226,43 @@ def test_custom_op_with_a_number_still_reads_its_cpu_value_anew():
     assert len({round(o[0].item(), 6) for o in outs}) == 4  # a fresh draw every call
     for o in outs:
         assert torch.all((o >= 0) & (o <= 1))
+
+
+def _sin2(x):
+    return (x * 2).sin() * 0.5
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("fn", ["sin2", "flex_scale"])
+def test_backward_of_a_summed_output_replays(fn, mode):
+    """`f(x).sum().backward()`: the backward graph's cotangent is AOTAutograd's contiguous
+    copy of the expanded seed, which Debug queues until its first read. Read inside the
+    recording, the program read the seed instead of the input and the capture declined
+    (every compiled backward recorded at each call in Debug)."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(0)
+    with torch_tpu.set_eager_mode(mode):
+        if fn == "sin2":
+            cf, ref = torch.compile(_sin2, backend="tpu"), _sin2
+            shape = (8, 16)
+        else:
+            cf = torch.compile(lambda q: flex_attention(q, q, q, score_mod=_scale), backend="tpu")
+            shape = (1, H, L, D)
+
+            def ref(q):
+                return _scale(q @ q.transpose(-1, -2) / D ** 0.5, None, None, None, None).softmax(-1) @ q
+
+        def step():
+            x = torch.randn(shape, generator=gen)
+            xd = x.to("tpu").requires_grad_()
+            cf(xd).sum().backward()
+            return x, xd.grad.cpu()
+
+        for _ in range(2):
+            step()
+        for _ in range(2):
+            (x, gx), d = _deltas(step)
+            assert d["compiled_graph_calls"] == 2 and d["compiled_replays"] == 2, d
+            xc = x.double().requires_grad_()
+            ref(xc).sum().backward()
+            torch.testing.assert_close(gx.double(), xc.grad, atol=2e-5, rtol=1e-5)

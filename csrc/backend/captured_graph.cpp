@@ -110,8 +110,11 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
     // (exp_avg...) unwritten, so its second step recorded and compiled the update again,
     // and the joined step program a step later. Such storages get their zeros first,
     // recorded and flushed as one small program of their own (compiled off this thread),
-    // so the graph's program reads them as inputs like any other.
-    bool zeroed = false;
+    // so the graph's program reads them as inputs like any other. So do queued copies
+    // into an input (Debug's eager `.contiguous()` of a backward's expanded seed is a
+    // copy of a view left to its first read): run inside the recording, the program read
+    // the copy's source, which is no input, and the capture declined.
+    bool settle = false;
     for (size_t k = 0; k < args.size(); ++k) {
       Input in;
       at::Tensor t;
@@ -121,14 +124,16 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
           decline("input " + std::to_string(k) + " is not a plain tpu tensor");
           return;
         }
-        StorageData& sd = storage_of(t);
+        StorageData& queued = storage_data(t);
+        if (queued.copy_of || !queued.pending.empty()) settle = true;
+        StorageData& sd = storage_of(t);  // (records the queued copies)
         if (!sd.unreadable.empty()) {
           decline("input " + std::to_string(k) + " holds nothing to read");
           return;
         }
         if (!sd.value && std::find(mutated.begin(), mutated.end(), static_cast<int>(k)) != mutated.end()) {
           storage_value(t);
-          zeroed = true;
+          settle = true;
         }
         in.tensor = true;
         in.spec = TensorSpec::of(t);
@@ -151,7 +156,7 @@ class __attribute__((visibility("hidden"))) CapturedGraph {
       }
       inputs_.push_back(std::move(in));
     }
-    if (zeroed) flush("zeros of compiled graph inputs");
+    if (settle) flush("zeros and queued copies of compiled graph inputs");
   }
 
   bool ready() const { return static_cast<bool>(graph_); }
