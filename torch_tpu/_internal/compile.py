@@ -40,9 +40,11 @@ import contextlib
 import functools
 import operator
 import os
+import re
 import time
 import warnings
 
+import sympy
 import torch
 
 from .. import _C
@@ -583,6 +585,8 @@ def _check_dynamism(example_inputs, dynamism) -> bool:
         return False
     from torch.utils._sympy.numbers import int_oo
     env = _shape_env(example_inputs)
+    if env is not None:
+        _bound_marked_sizes(env)
     unbounded = []
     for s in syms:
         r = env.var_to_range.get(s) if env is not None else None
@@ -619,6 +623,37 @@ def _check_dynamism(example_inputs, dynamism) -> bool:
             "torch.compile) to compile one program for every size up to the bounds, or drop the "
             "marks to compile per size.")
     return True
+
+
+def _bound_marked_sizes(env) -> None:
+    """Gives the sizes marked with torch_tpu.dynamism.mark_dynamic their bounds. Dynamo
+    saw them as plain dynamic sizes (maybe_mark_dynamic): the marks are read from the
+    frame's real tensors (by each graph input's source) and the symbols' ranges narrowed
+    to [min, max]; Dynamo then guards the frame on the narrowed range. A guard from
+    tracing (x[:, 5]: the size >= 6) narrows the range further, the graph then serving
+    that part of the bounds (another size is another graph, or CPU's IndexError)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+        tx = InstructionTranslator.current_tx()
+    except Exception:
+        return
+    if tx is None:
+        return
+    for tf in tx.output.tracked_fakes:
+        fake = tf.fake
+        if not isinstance(fake, torch.Tensor):
+            continue
+        try:
+            real = tx.output.resolve_source_value(tf.source)
+        except Exception:  # a source that cannot be read back: no marks from it
+            continue
+        for dim, (lo, hi) in getattr(real, "_tpu_dynamism", {}).items():
+            n = fake.shape[dim] if dim < fake.dim() else None
+            if not isinstance(n, torch.SymInt):
+                continue  # specialized (0 or 1, or a static graph)
+            expr = env.replace(n.node.expr)
+            if isinstance(expr, sympy.Symbol):
+                env.constrain_symbol_range(expr, max(lo, 2), hi)
 
 
 def _strictly_dynamic() -> set:
@@ -837,6 +872,7 @@ def _patch_dynamo() -> None:
     _static_gradients_on_tpu()
     _no_guard_profiling_for_tpu_graphs()
     _floats_stay_automatic()
+    _true_sizes_in_index_errors()
     from .compile_fake import install
     install()  # fake-tensor rules for tpu where PyTorch's meta kernels are CUDA's
 
@@ -946,6 +982,52 @@ def _floats_stay_automatic() -> None:
                 return update(tx, name, entry, **kwargs)
         return update(tx, name, entry, **kwargs)
     pgo.update_automatic_dynamic = update_automatic_dynamic
+
+
+# A size expression in a traced error message: a symbol (s27), maybe scaled and offset.
+_SIZE_TERM = r"(?:\d+\*)?[su]\d+"
+_SIZE_EXPR = re.compile(rf"\b{_SIZE_TERM}(?:\s[-+]\s(?:{_SIZE_TERM}|\d+)\b)*")
+
+
+def _with_true_sizes(msg: str, shape_env) -> str:
+    """`msg` with each size expression of the symbols replaced by its value at this call."""
+    values = {s: v for s, v in (getattr(shape_env, "backed_var_to_val", None)
+                                or shape_env.var_to_val).items()}
+    by_name = {s.name: s for s in values}
+
+    def true_size(m):
+        try:
+            e = sympy.sympify(m.group(0), locals=by_name).xreplace(values)
+        except (sympy.SympifyError, TypeError, SyntaxError):
+            return m.group(0)
+        return str(int(e)) if e.is_Integer else m.group(0)
+    return _SIZE_EXPR.sub(true_size, msg)
+
+
+def _true_sizes_in_index_errors() -> None:
+    """An index out of range along a dynamic size fails while Dynamo traces (the meta
+    kernel checks it against the symbol): the IndexError names the symbol ("with size
+    s27"). In frames for this backend it names the true size, as CPU's does (also a
+    kernel's RuntimeError or ValueError: narrow's "exceeds dimension size")."""
+    from torch._dynamo import utils
+    from torch._dynamo.exc import TorchRuntimeError
+    impl = utils._get_fake_value_impl
+
+    @functools.wraps(impl)
+    def _get_fake_value_impl(node, tx, *args, **kwargs):
+        try:
+            return impl(node, tx, *args, **kwargs)
+        except (IndexError, RuntimeError, ValueError) as e:
+            env = getattr(tx.fake_mode, "shape_env", None)
+            if type(e) not in (IndexError, RuntimeError, ValueError, TorchRuntimeError) or \
+                    env is None or not (_frames_for_tpu and _frames_for_tpu[-1]) or \
+                    len(e.args) != 1 or not isinstance(e.args[0], str):
+                raise  # (Dynamo's other exceptions derive from RuntimeError: left as they are)
+            # (Dynamo words a kernel's RuntimeError "... size (s27: hint = 5)")
+            msg = re.sub(r"\(([su]\d+): hint = (\d+)\)", r"(\2)", e.args[0])
+            e.args = (_with_true_sizes(msg, env),)
+            raise
+    utils._get_fake_value_impl = _get_fake_value_impl
 
 
 def _no_guard_profiling_for_tpu_graphs() -> None:

@@ -3,7 +3,9 @@
 A dimension marked dynamic with bounds lets one Dynamo graph serve every size in
 [min, max] (no Dynamo recompile per size), and with TpuBackend(dynamism=True) one
 compiled program: the graph runs padded to the bound with the true size as an operand
-(bounded.py). Compiled mode refuses dynamic sizes without bounds (NotImplementedError).
+(bounded.py). Code that branches on the size (a static index x[:, 5] needs it >= 6, a
+slice end x[:, :6]) splits the range at the branch: a graph for each side met, a few in
+all; a size where CPU raises (x[:, 5] at 3) raises CPU's error. Compiled mode refuses dynamic sizes without bounds (NotImplementedError).
 In eager DeferAndFuse the same rules give one fused program for every size
 (bounded_eager.py); Strict and Debug run marked tensors at their true sizes.
 """
@@ -19,8 +21,11 @@ def mark_dynamic(tensor: torch.Tensor, dimension: int, lower_bound: int, upper_b
     if not lower_bound <= tensor.shape[dim] <= upper_bound:
         raise ValueError(f"mark_dynamic: size {tensor.shape[dim]} of dimension {dim} is "
                          f"outside [{lower_bound}, {upper_bound}]")
-    # Dynamo's lower bound for a dynamic size is 2 (0 and 1 are specialized).
-    torch._dynamo.mark_dynamic(tensor, dim, min=max(lower_bound, 2), max=upper_bound)
+    # A hint, not Dynamo's strict constraint: with min/max Dynamo refuses any guard that
+    # narrows the range (x[:, 5] guards the size >= 6, an error where CPU has values).
+    # The compiled backend bounds the symbol itself (compile._bound_marked_sizes), so
+    # such a guard only narrows the graph's range; the bound becomes a guard as well.
+    torch._dynamo.maybe_mark_dynamic(tensor, dim)
     info = dict(getattr(tensor, "_tpu_dynamism", {}))
     info[dim] = (lower_bound, upper_bound)
     tensor._tpu_dynamism = info
