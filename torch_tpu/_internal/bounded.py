@@ -191,10 +191,10 @@ def _rewrite(gm, b, mask_inputs):
         v = _val(p)
         if not _dyn_dims(v):
             masks[p] = None
-        elif _structural(v):
-            masks[p] = b.structural_mask(v)
-        else:
+        elif p in mask_phs:
             masks[p] = mask_phs[p]
+        else:  # each dynamic size a symbol, or a symbol + c: a prefix
+            masks[p] = b.prefix_mask(v)
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "output"):
             continue
@@ -260,6 +260,8 @@ def _rewrite(gm, b, mask_inputs):
             env[n] = _flip(b, n, args[0])
         elif op is aten.select.int and not _plain_select(n):
             env[n] = _select(b, n, args[0])
+        elif op is aten.select_backward.default and _dynamic_select_backward(n):
+            env[n] = _select_backward(b, n, args[0])
         elif op is aten.slice.Tensor and isinstance(_val(n.args[2]) if len(n.args) > 2 else None,
                                                     torch.SymInt):
             env[n] = _gathered_slice(b, n, args[0])
@@ -421,6 +423,28 @@ def _select(b, n, x):
     e = _expr(idx) if isinstance(idx, torch.SymInt) else _expr(v.shape[d]) + idx
     i = b.call(aten.view.default, b.size_value(sympy.expand(e)), [1])
     return b.call(aten.select.int, b.call(aten.index_select.default, x, d, i), d, 0)
+
+
+def _dynamic_select_backward(n) -> bool:
+    """select_backward along a dynamic dimension at an index from the end or a size."""
+    sizes, idx = [_val(s) for s in n.args[1]], _val(n.args[3])
+    return isinstance(sizes[n.args[2] % len(sizes)], torch.SymInt) and \
+        (isinstance(idx, torch.SymInt) or idx < 0)
+
+
+def _select_backward(b, n, g):
+    """select_backward at the true index (x[:, -1]'s gradient): the gradient where the
+    index along the padded dimension is the true one, zeros elsewhere."""
+    out = _val(n)
+    d, idx = n.args[2] % out.dim(), _val(n.args[3])
+    e = _expr(idx) if isinstance(idx, torch.SymInt) else _expr(out.shape[d]) + idx
+    shape = b.padded(out)
+    r = b.call(aten.arange.default, shape[d], dtype=torch.int64, device=b.device)
+    hit = b.call(aten.eq.Tensor, r, b.size_value(sympy.expand(e)))
+    hit = b.call(aten.expand.default, b.call(aten.view.default, hit,
+                                             [shape[d] if k == d else 1 for k in range(len(shape))]), shape)
+    g = b.call(aten.expand.default, b.call(aten.unsqueeze.default, g, d), shape)
+    return b.call(aten.where.self, hit, g, b.call(aten.zeros_like.default, g))
 
 
 def _gathered_slice(b, n, x):
@@ -733,7 +757,10 @@ class BoundedGraph:
                         for s in syms}
         self._bounds = {s: sympy.Integer(hi) for s, (_, hi) in self._ranges.items()}
         self._syms = sorted(syms, key=str)
-        mask_inputs = [p for p, v in zip(phs, vals) if _dyn_dims(v) and not _structural(v)]
+        # (an input at a size symbol + c, the gradient of x[:, 2:], is a prefix: its mask
+        # follows from its shape as a bare symbol's does)
+        mask_inputs = [p for p, v in zip(phs, vals) if _dyn_dims(v) and not _structural(v)
+                       and not _prefix_shape(v)]
         self._ins = []
         for v in vals:
             if isinstance(v, torch.SymInt):
@@ -757,7 +784,9 @@ class BoundedGraph:
                 self._outs.append(("sym", _expr(v)))
             elif isinstance(v, torch.Tensor) and _dyn_dims(v):
                 exprs = [_expr(s) for s in v.shape]
-                if _structural(v):
+                if _structural(v) or (i < n_user and _prefix_shape(v)):
+                    # (A size symbol + c, x[:, 2:], holds its valid part as a prefix too:
+                    # every op that moves data along a dynamic dimension keeps it so.)
                     # A user's output gets the strides eager's op gives (a prefix view
                     # of the padded buffer is strided across a dynamic inner dimension);
                     # one saved for the backward stays a view (found padded again there).
@@ -796,6 +825,10 @@ class BoundedGraph:
             for e, s in zip(exprs, a.shape):
                 if isinstance(e, sympy.Symbol) and e not in values:
                     values[e] = int(s)
+                elif isinstance(e, sympy.Add) and len(e.free_symbols) == 1:
+                    sym = next(iter(e.free_symbols))  # symbol + c (_prefix_shape)
+                    if (e - sym).is_Integer and sym not in values:
+                        values[sym] = int(s) - int(e - sym)
         for s, (lo, hi) in self._ranges.items():
             if s not in values:
                 raise RuntimeError(f"torch_tpu bounded dynamism: cannot tell the size {s} from "
@@ -862,6 +895,16 @@ class BoundedGraph:
         return res
 
 
+def _prefix_shape(v) -> bool:
+    """Whether each dynamic size of `v` is one symbol plus a constant (x[:, 2:]: s - 2)."""
+    def prefix(e):
+        if isinstance(e, sympy.Symbol) or not e.free_symbols:
+            return True
+        return isinstance(e, sympy.Add) and len(e.free_symbols) == 1 and \
+            (e - next(iter(e.free_symbols))).is_Integer
+    return all(prefix(_expr(s)) if isinstance(s, torch.SymInt) else True for s in v.shape)
+
+
 def _aliased(v, vals):
     """The index of the static input whose storage the fake output `v` views, or None."""
     for i, a in enumerate(vals):
@@ -876,6 +919,14 @@ def _restrided(o, strides):
     layout already is that (dimensions of size 1 aside), else a copy laid out so."""
     if all(n <= 1 or a == b for n, a, b in zip(o.shape, o.stride(), strides)):
         return o
+    broadcast = [d for d, (n, st) in enumerate(zip(o.shape, strides)) if st == 0 and n > 1]
+    if broadcast:
+        # An expanded output (sum's gradient): copying into stride 0 would write one
+        # element many times; its one row is laid out, then expanded again.
+        row = o
+        for d in broadcast:
+            row = row.narrow(d, 0, 1)
+        return _restrided(row, strides).expand(o.shape)
     with _strict():  # per size: a small program of its own, like the padding
         if list(strides) == _contiguous_strides(o.shape):
             return o.contiguous()

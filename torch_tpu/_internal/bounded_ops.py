@@ -279,9 +279,12 @@ def _slice_backward_ok(node) -> bool:
 def _select_backward_ok(node) -> bool:
     """select_backward (zeros with the gradient at the index): right along a static
     dimension, where the padding of the others lands in the result's padding (the
-    gradient of qkv[:, :, 0] with a dynamic sequence length)."""
-    sizes = [_val(s) for s in node.args[1]]
-    return not isinstance(sizes[node.args[2] % len(sizes)], torch.SymInt)
+    gradient of qkv[:, :, 0] with a dynamic sequence length); along a dynamic one at a
+    static index from the start (x[:, 1]: below the true size, Dynamo's guard), whose
+    gradient lands at that index of the valid prefix, the padding left zero. At an index
+    from the end or a size (x[:, -1]) the rewrite puts it at the true index
+    (bounded._select_backward)."""
+    return True
 
 
 def _cat_ok(node, dim) -> bool:
