@@ -623,11 +623,18 @@ def test_select_gradients_along_a_static_dimension_match_float64_one_graph():
     assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 2  # forward, backward
 
 
-def test_select_gradients_along_the_dynamic_dimension_are_refused_by_name():
-    f = torch.compile(lambda t: t[:, 0].sum(), backend=backend())
-    x = torch.randn(3, 6).to("tpu").requires_grad_()
-    dynamism.mark_dynamic(x, 1, 2, 16)
-    with pytest.raises(Exception) as e:
-        f(x).backward()
-    err = not_implemented(e.value)
-    assert "dynamic dimension" in str(err), err
+def test_select_gradients_along_the_dynamic_dimension_match_float64():
+    # t[:, 0] and t[:, -1] along the dynamic dimension: select_backward was refused; the
+    # gradient lands at the index (from the true size for -1), the padding left zero.
+    for f in (lambda t: (t[:, 0] ** 2).sum(), lambda t: (t[:, -1] * t.sum(1)).sum()):
+        cf = torch.compile(f, backend=backend())
+        before = torch_tpu.metrics()
+        for T in (6, 3, 11, 6):
+            x = torch.randn(3, T, dtype=torch.float64)
+            xt = x.float().to("tpu").requires_grad_()
+            dynamism.mark_dynamic(xt, 1, 2, 16)
+            cf(xt).backward()
+            xc = x.clone().requires_grad_()
+            f(xc).backward()
+            torch.testing.assert_close(xt.grad.cpu().double(), xc.grad, rtol=1e-5, atol=1e-5)
+        assert delta(before, torch_tpu.metrics(), "compiled_graphs")["compiled_graphs"] == 2
