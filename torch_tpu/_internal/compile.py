@@ -627,18 +627,28 @@ def _check_dynamism(example_inputs, dynamism) -> bool:
 
 def _bound_marked_sizes(env) -> None:
     """Gives the sizes marked with torch_tpu.dynamism.mark_dynamic their bounds. Dynamo
-    saw them as plain dynamic sizes (maybe_mark_dynamic): the marks are read from the
-    frame's real tensors (by each graph input's source) and the symbols' ranges narrowed
-    to [min, max]; Dynamo then guards the frame on the narrowed range. A guard from
-    tracing (x[:, 5]: the size >= 6) narrows the range further, the graph then serving
-    that part of the bounds (another size is another graph, or CPU's IndexError)."""
+    saw them as plain dynamic sizes (maybe_mark_dynamic): the symbols' ranges are
+    narrowed to [min, max] here, and Dynamo then guards the frame on the narrowed range.
+    A guard from tracing (x[:, 5]: the size >= 6) narrows the range further, the graph
+    then serving that part of the bounds (another size is another graph, or CPU's
+    IndexError)."""
+    for sym, lo, hi in _marked_sizes(env):
+        env.constrain_symbol_range(sym, max(lo, 2), hi)
+
+
+def _marked_sizes(env=None):
+    """(symbol, min, max) of the sizes marked with torch_tpu.dynamism.mark_dynamic in the
+    frame Dynamo is compiling: the marks are read from the frame's real tensors, found
+    by each graph input's source."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
         tx = InstructionTranslator.current_tx()
-    except Exception:
-        return
+    except Exception:  # not under Dynamo
+        return []
     if tx is None:
-        return
+        return []
+    env = env if env is not None else tx.output.shape_env
+    out = []
     for tf in tx.output.tracked_fakes:
         fake = tf.fake
         if not isinstance(fake, torch.Tensor):
@@ -653,12 +663,14 @@ def _bound_marked_sizes(env) -> None:
                 continue  # specialized (0 or 1, or a static graph)
             expr = env.replace(n.node.expr)
             if isinstance(expr, sympy.Symbol):
-                env.constrain_symbol_range(expr, max(lo, 2), hi)
+                out.append((expr, lo, hi))
+    return out
 
 
 def _strictly_dynamic() -> set:
     """Symbols of the sizes the frame being compiled marked with torch._dynamo.mark_dynamic
-    (Dynamo raises if they are specialized), when Dynamo is compiling one."""
+    (Dynamo raises if they are specialized) or torch_tpu.dynamism.mark_dynamic (bounded:
+    specializing them would compile per size), when Dynamo is compiling one."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
         tx = InstructionTranslator.current_tx()
@@ -672,7 +684,7 @@ def _strictly_dynamic() -> set:
         for c, n in zip(sizes, shape):
             if c is not None and not getattr(c, "warn_only", True) and isinstance(n, torch.SymInt):
                 out |= n.node.expr.free_symbols
-    return out
+    return out | {sym for sym, _, _ in _marked_sizes()}
 
 
 def _shape_env(example_inputs):
