@@ -155,10 +155,12 @@ bool is_written(const OpInfo& info, int arg) {
 
 // Where the program's parameters come from.
 struct Source {
-  enum Kind { Storage, Scalar, CpuTensor, Rng, ViewOffset } kind;
+  // Number: a value the rule fixed when building (Builder::number), passed as an operand.
+  enum Kind { Storage, Scalar, CpuTensor, Rng, ViewOffset, Number } kind;
   int arg;
   int elem;     // list element, or -1
-  DType dtype;  // Scalar: its operand type
+  DType dtype;  // Scalar, Number: its operand type
+  double number = 0;
 };
 
 struct ScalarKey {
@@ -680,7 +682,15 @@ class KernelCtx final : public lowering::Ctx {
  public:
   KernelCtx(ir::Builder& b, const OpInfo& info, c10::ArrayRef<IValue> args, Plan& plan,
             std::vector<ir::Type> outs, bool f64)
-      : Ctx(b), info_(info), args_(args), plan_(plan), outs_(std::move(outs)), f64_(f64) {}
+      : Ctx(b), info_(info), args_(args), plan_(plan), outs_(std::move(outs)), f64_(f64) {
+    b.set_number_operands([this](ir::Builder& bb, double v, DType t) {
+      // f16/bf16 numbers travel as f32 (an exact count there), others in their dtype.
+      DType pt = t == DType::F64 || t == DType::F32 ? t : DType::F32;
+      plan_.sources.push_back({Source::Number, -1, -1, pt, v});
+      return bb.convert(bb.param(ir::Type{pt, {}}), t);
+    });
+  }
+  ~KernelCtx() override { b.set_number_operands(nullptr); }
 
   const std::string& op() const override { return info_.name; }
   int num_args() const override { return info_.num_args; }
@@ -1845,6 +1855,12 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
         const IValue& v = args[s.arg];
         c10::Scalar sc = s.elem < 0 ? v.toScalar() : v.toList().get(s.elem).toScalar();
         runtime::BufferPtr b = scalar_buffer(sc, s.dtype, k.device, plan->memos[i]);
+        note_host_input(b, HostInput::Constant);
+        keep.push_back(std::move(b));
+        break;
+      }
+      case Source::Number: {  // fixed by the plan: reused as such on replays
+        runtime::BufferPtr b = scalar_buffer(c10::Scalar(s.number), s.dtype, k.device, plan->memos[i]);
         note_host_input(b, HostInput::Constant);
         keep.push_back(std::move(b));
         break;

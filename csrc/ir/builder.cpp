@@ -68,6 +68,11 @@ Value Builder::param(const Type& t) {
   return Value{"%arg" + std::to_string(params_.size() - 1), t};
 }
 
+Value Builder::number(double v, DType t) {
+  if (!number_operand_ || depth_ > 1) return constant(v, t);
+  return number_operand_(*this, v, t);
+}
+
 Value Builder::raw(const std::string& op, const std::vector<Value>& operands,
                    const std::string& attrs, const Type& result) {
   Value v{fresh(), result};

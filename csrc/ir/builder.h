@@ -50,6 +50,15 @@ class Builder {
   // Function parameters, in the order the caller passes buffers.
   Value param(const Type& t);
   int num_params() const { return static_cast<int>(params_.size()); }
+  // A number fixed when the program is built (a count from the shapes) that the program
+  // takes as a runtime operand, not a literal: XLA rewrites x / literal into
+  // x * (1 / literal), which is not the correctly rounded quotient that CPU's division
+  // gives (a mean of 1000 copies of 60000.f gives 60000.0039). The backend running the
+  // program supplies the operand (set_number_operands); without it, or inside a region
+  // (which cannot see parameters), this is a literal.
+  Value number(double v, DType t);
+  using NumberOperandFn = std::function<Value(Builder&, double v, DType t)>;
+  void set_number_operands(NumberOperandFn fn) { number_operand_ = std::move(fn); }
 
   // Elementwise. Operands of binary ops must already share shape and dtype.
   Value unary(const std::string& op, const Value& x);
@@ -168,6 +177,7 @@ class Builder {
   void emit_block(const std::vector<Type>& arg_types, const RegionFn& fn);   // "{...}"
 
   std::vector<Type> params_;
+  NumberOperandFn number_operand_;
   std::map<std::string, std::string> functions_;  // by symbol
   std::ostringstream body_;
   int next_ = 0;

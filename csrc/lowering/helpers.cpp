@@ -233,6 +233,31 @@ Value sub(Builder& b, const Value& x, const Value& y) { return b.binary("stableh
 Value mul(Builder& b, const Value& x, const Value& y) { return b.binary("stablehlo.multiply", x, y); }
 Value div(Builder& b, const Value& x, const Value& y) { return b.binary("stablehlo.divide", x, y); }
 
+Value div_count(Builder& b, const Value& x, double n) {
+  bool pow2 = n > 0 && std::exp2(std::ilogb(n)) == n;
+  if (is_complex(x.dtype()) || pow2) return div(b, x, b.constant(n, x.dtype(), x.shape()));
+  return div(b, x, broadcast_to(b, b.number(n, x.dtype()), x.shape()));
+}
+
+Value reduce_precision(Builder& b, const Value& x, DType t) {
+  bool bf = t == DType::BF16;
+  if (!bf && t != DType::F16) throw std::logic_error("internal: reduce_precision to a dtype other than bf16/f16");
+  return b.raw("stablehlo.reduce_precision", {x},
+               std::string("exponent_bits = ") + (bf ? "8" : "5") + " : i32, mantissa_bits = " + (bf ? "7" : "10") + " : i32",
+               x.type);
+}
+
+Value mul_uncontracted(Builder& b, const Value& x, const Value& y) {
+  DType bits = x.dtype() == DType::F64 ? DType::I64 : DType::I32;
+  Value p = b.bitcast(mul(b, x, y), bits);
+  p = b.binary("stablehlo.xor", p, broadcast_to(b, b.number(0, bits), p.shape()));
+  return b.bitcast(p, x.dtype());
+}
+
+Value opaque(Builder& b, const Value& c) {
+  return mul(b, c, broadcast_to(b, b.number(1, c.dtype()), c.shape()));
+}
+
 Value matmul2d(Builder& b, const Value& x, const Value& y, DType out) {
   DType acc = acc_type(out);
   Value r = b.dot_general(b.convert(x, out), b.convert(y, out), {}, {}, {1}, {0}, acc, ir::DotPrecision::Highest);

@@ -63,6 +63,20 @@ Value add(Builder& b, const Value& x, const Value& y);
 Value sub(Builder& b, const Value& x, const Value& y);
 Value mul(Builder& b, const Value& x, const Value& y);
 Value div(Builder& b, const Value& x, const Value& y);
+// x / n correctly rounded, as CPU divides a sum by its count: XLA turns a division by a
+// literal into a product with its reciprocal (60000 averaged over 1000 elements gives
+// 60000.0039), so n is a runtime operand (Builder::number) unless it is a power of two.
+// Complex x keeps the literal: CPU's complex division scales by 1/n too.
+Value div_count(Builder& b, const Value& x, double n);
+// x (f32/f64) rounded to bf16 or f16 and kept in its dtype, as one op XLA keeps (it may
+// drop a convert pair as excess precision).
+Value reduce_precision(Builder& b, const Value& x, DType t);
+// x * y (f32/f64) rounded on its own: XLA:CPU contracts a product that feeds a sum into
+// one fused multiply-add (rounded once). The product's bits pass through an xor with a
+// runtime 0 (Builder::number), which neither XLA nor LLVM can see through.
+Value mul_uncontracted(Builder& b, const Value& x, const Value& y);
+// `c`, made from literals only (a divisor), hidden from XLA's folding as c * (runtime 1).
+Value opaque(Builder& b, const Value& c);
 // Matrix product of 2-D values with f32 accumulation for low-precision inputs, exact
 // in f32 whatever the matmul precision (its users spell sums as products).
 Value matmul2d(Builder& b, const Value& x, const Value& y, DType out);

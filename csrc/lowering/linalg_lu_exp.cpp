@@ -60,7 +60,7 @@ TPU_LOWER(linalg_matrix_exp, "linalg_matrix_exp") {
   Value p = eye;
   for (int k = 18; k >= 1; --k) {
     Value xp = k == 18 ? x : bmm(b, x, p);
-    p = add(b, eye, div(b, xp, b.constant(k, t, a.shape())));
+    p = add(b, eye, div_count(b, xp, k));
   }
   // Square each matrix s times: the loop runs to the largest s, the others stop early.
   Value smax = r > 2 ? reduce_max(b, s, lead) : s;

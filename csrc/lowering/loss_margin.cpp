@@ -46,11 +46,11 @@ TPU_LOWER(multi_margin_loss, "multi_margin_loss") {
                         {}, {0}, {0}, 1, {1}, {n});
     h = mul(b, h, b.broadcast_in_dim(wy, nc, {0}));
   }
-  Value l = div(b, reduce_sum(b, b.select(is_y, b.constant(0, t, nc), h), {1}), b.constant(static_cast<double>(c), t, {n}));
+  Value l = div_count(b, reduce_sum(b, b.select(is_y, b.constant(0, t, nc), h), {1}), static_cast<double>(c));
   int64_t red = ctx.i(5);
   if (red != kNone) {
     l = reduce_sum(b, l, {0});
-    if (red == kMean) l = div(b, l, b.constant(static_cast<double>(n), t));
+    if (red == kMean) l = div_count(b, l, static_cast<double>(n));
   }
   return {b.convert(b.reshape(l, o.shape), o.dtype)};
 }
@@ -143,10 +143,10 @@ TPU_LOWER(multilabel_margin_loss_forward, "multilabel_margin_loss_forward") {
   x = b.reshape(x, {n, c});
   Multilabel m = multilabel(ctx, x, ctx.in(1), n, c);
   Value a = active(b, m, m.is_target, n, c);
-  Value l = reduce_sum(b, b.select(a, div(b, m.z, b.constant(static_cast<double>(c), t, m.z.shape())),
+  Value l = reduce_sum(b, b.select(a, div_count(b, m.z, static_cast<double>(c)),
                                    b.constant(0, t, m.z.shape())), {1, 2});  // (N)
   int64_t red = ctx.i(2);
-  if (red == kMean) l = div(b, reduce_sum(b, l, {0}), b.constant(static_cast<double>(n), t));
+  if (red == kMean) l = div_count(b, reduce_sum(b, l, {0}), static_cast<double>(n));
   if (red == kSum) l = reduce_sum(b, l, {0});
   Type it = ctx.out(1);
   return {b.convert(b.reshape(l, o.shape), o.dtype), b.reshape(b.convert(m.is_target, it.dtype), it.shape)};

@@ -31,13 +31,11 @@ static int64_t count(const Shape& s, const std::vector<int64_t>& dims) {
   return n;
 }
 static Value mean_over(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
-  Value s = reduce_sum(b, x, dims);
-  return div(b, s, scalar_like(b, static_cast<double>(count(x.shape(), dims)), s));
+  return div_count(b, reduce_sum(b, x, dims), static_cast<double>(count(x.shape(), dims)));
 }
 // mean_over with a compensated sum (within about an ulp of the exact mean).
 static Value exact_mean_over(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
-  Value s = compensated_sum(b, x, dims);
-  return div(b, s, scalar_like(b, static_cast<double>(count(x.shape(), dims)), s));
+  return div_count(b, compensated_sum(b, x, dims), static_cast<double>(count(x.shape(), dims)));
 }
 
 // Whether output j of a backward op is wanted: PyTorch leaves the ones its
@@ -285,7 +283,7 @@ static Value loss_grad(Ctx& ctx, const Value& go, const Shape& shape, int64_t re
   if (reduction == 1) {
     double n = 1;
     for (auto s : shape) n *= s;
-    g = div(b, g, b.constant(n, t, shape));
+    g = div_count(b, g, n);
   }
   return g;
 }
@@ -503,7 +501,7 @@ static Value pool_pad(Builder& b, const Value& x, const Pool& p, double v) {
 // clipped to the padded input (count_include_pad) or to the input itself.
 static Value avg_divisor(Ctx& ctx, const Pool& p, DType t, bool include_pad, int div_i) {
   Builder& b = ctx.b;
-  if (!ctx.is_none(div_i)) return b.constant(static_cast<double>(ctx.i(div_i)), t, {p.oh, p.ow});
+  if (!ctx.is_none(div_i)) return broadcast_to(b, b.number(static_cast<double>(ctx.i(div_i)), t), {p.oh, p.ow});
   Value ones = b.constant(1, t, {p.h, p.w});
   Pool q = p;
   if (include_pad) {
@@ -511,8 +509,9 @@ static Value avg_divisor(Ctx& ctx, const Pool& p, DType t, bool include_pad, int
     q.h += 2 * p.ph, q.w += 2 * p.pw, q.ph = 0, q.pw = 0;
   }
   Value padded = pool_pad(b, ones, q, 0);
-  return b.reduce_window(padded, b.constant(0, t), {p.kh, p.kw}, {p.sh, p.sw}, {{0, 0}, {0, 0}},
-                         "stablehlo.add");
+  // Opaque: XLA would fold the counts and multiply by their reciprocals; CPU divides.
+  return opaque(b, b.reduce_window(padded, b.constant(0, t), {p.kh, p.kw}, {p.sh, p.sw}, {{0, 0}, {0, 0}},
+                                   "stablehlo.add"));
 }
 
 TPU_LOWER(avg_pool2d, "avg_pool2d") {

@@ -48,7 +48,7 @@ struct BatchStats {
 static BatchStats batch_stats(Builder& b, const Value& x) {
   auto dims = stat_dims(x.rank());
   Value sum = compensated_sum(b, x, dims);
-  Value mean = div(b, sum, full_like(b, sum, count(x.shape())));
+  Value mean = div_count(b, sum, count(x.shape()));
   Value dev = sub(b, x, chan(b, mean, x.dtype(), x.shape()));
   return {mean, dev, compensated_sum(b, mul(b, dev, dev), dims)};
 }
@@ -75,7 +75,7 @@ static Value normalize(Ctx& ctx, const Value& dev, const Value& std, int w_idx, 
 TPU_LOWER(batch_norm_no_stats, "_native_batch_norm_legit.no_stats") {
   Value x = acc_input(ctx);
   BatchStats st = batch_stats(ctx.b, x);
-  Value var = div(ctx.b, st.sq_dev_sum, full_like(ctx.b, st.sq_dev_sum, count(x.shape())));
+  Value var = div_count(ctx.b, st.sq_dev_sum, count(x.shape()));
   Value sd = std_eps(ctx.b, var, ctx.f(5));
   return {as_out(ctx, normalize(ctx, st.dev, sd, 1, 2), 0), as_out(ctx, st.mean, 1), as_out(ctx, recip(ctx.b, sd), 2)};
 }
@@ -111,8 +111,8 @@ TPU_LOWER(batch_norm_functional, "_native_batch_norm_legit_functional") {
   }
   BatchStats st = batch_stats(b, x);
   double n = count(x.shape());
-  Value sd = std_eps(b, div(b, st.sq_dev_sum, full_like(b, st.sq_dev_sum, n)), ctx.f(7));
-  Value unbiased = div(b, st.sq_dev_sum, full_like(b, st.sq_dev_sum, n - 1));
+  Value sd = std_eps(b, div_count(b, st.sq_dev_sum, n), ctx.f(7));
+  Value unbiased = div_count(b, st.sq_dev_sum, n - 1);
   double m = ctx.f(6);
   auto blend = [&](const Value& batch, const Value& running) {
     return add(b, mul(b, full_like(b, batch, m), batch), mul(b, full_like(b, running, 1 - m), running));
@@ -157,8 +157,8 @@ TPU_LOWER(native_batch_norm_backward, "native_batch_norm_backward") {
     Value dx = g;
     if (train) {
       double n = count(s);
-      Value mg = chan(b, div(b, *sg, full_like(b, *sg, n)), t, s);
-      Value mgx = chan(b, div(b, *sgx, full_like(b, *sgx, n)), t, s);
+      Value mg = chan(b, div_count(b, *sg, n), t, s);
+      Value mgx = chan(b, div_count(b, *sgx, n), t, s);
       dx = sub(b, sub(b, g, mg), mul(b, xhat, mgx));
     }
     outs.push_back(as_out(ctx, mul(b, dx, scale), 0));

@@ -56,8 +56,7 @@ static Value mean_of(Ctx& ctx, const std::vector<int64_t>& dims) {
   Value x = acc_in_direct(ctx);
   Value s = reduce_sum(b, x, dims);
   // An empty reduction divides 0 by 0: NaN, as PyTorch.
-  Value n = b.constant(static_cast<double>(count(x.shape(), dims)), s.dtype(), s.shape());
-  return fit(ctx, div(b, s, n));
+  return fit(ctx, div_count(b, s, static_cast<double>(count(x.shape(), dims))));
 }
 
 TPU_LOWER(mean_all, "mean") { return {mean_of(ctx, reduce_dims({}, ctx.type_of(0).rank()))}; }
@@ -180,13 +179,14 @@ static std::pair<Value, Value> var_and_mean(Ctx& ctx) {
   auto dims = dims_arg(ctx, 1, x.rank());
   double n = static_cast<double>(count(x.shape(), dims));
   Value s = reduce_sum(b, x, dims);
-  Value mean = div(b, s, b.constant(n, s.dtype(), s.shape()));
+  Value mean = div_count(b, s, n);
   Value d = sub(b, x, broadcast_to(b, keep_dims(b, mean, x.shape(), dims), x.shape()));
   Value sq = is_complex(in) ? complex_abs_squared(b, d) : mul(b, d, d);
   Value ss = reduce_sum(b, sq, dims);
   DType rt = ss.dtype();
   Value corr = ctx.is_none(2) ? b.constant(1, rt) : ctx.scalar(2, rt);
-  Value denom = sub(b, b.constant(n, rt), corr);
+  // A runtime n: XLA would fold N - 1 and divide by its reciprocal.
+  Value denom = sub(b, b.number(n, rt), corr);
   denom = b.binary("stablehlo.maximum", denom, b.constant(0, rt));
   Value var = div(b, ss, broadcast_to(b, denom, ss.shape()));
   return {var, mean};
