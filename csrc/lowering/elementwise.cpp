@@ -405,16 +405,27 @@ TPU_LOWER(pow_rule, "pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar", "pow
   // An integer tensor to a negative integer Scalar is refused on the host at each call
   // (backend/kernel_checks.cpp): the Scalar is a runtime operand.
   bool scalar_exponent = ctx.is_tensor(0) && !ctx.is_tensor(1);
-  bool half = ctx.out(0).dtype == DType::F16;
+  DType o = ctx.out(0).dtype;
   // CPU rounds a Scalar base to the tensor's dtype; a Scalar exponent it reads as is.
   auto mapper = ctx.is_tensor(0) ? map : map_cast;
-  return mapper(ctx, {0, 1}, [scalar_exponent, half](Builder& b, const Vs& x) {
+  return mapper(ctx, {0, 1}, [scalar_exponent, o](Builder& b, const Vs& x) {
     if (is_integral(x[0].dtype())) return int_pow(b, x[0], x[1]);
-    Value p = op2(b, "power", x[0], x[1]);
-    // CPU's and CUDA's kernels take sqrt for a Scalar exponent of 0.5 and 1 / sqrt for
-    // -0.5, which part from pow at -0 and -inf (-0 and NaN for 0.5); CPU's float16
-    // kernel computes pow itself (+0 and inf there).
-    if (!scalar_exponent || half) return p;
+    if (!scalar_exponent) return op2(b, "power", x[0], x[1]);
+    // A Scalar exponent, as CPU's pow_tensor_scalar_kernel (and CUDA's): float16 takes
+    // pow(x, half(e)) for every e; otherwise sqrt for 0.5, 1 / sqrt for -0.5 and 1 / x
+    // for -1 (which part from pow at -0 and -inf), and for an exponent that is 2, 3 or -2
+    // in the dtype (bf16 rounds it) the products x * x, x * x * x and 1 / (x * x), each
+    // step rounded to the dtype (not pow, which is a different rounding of the same value).
+    bool narrow = o == DType::F16 || o == DType::BF16;
+    Value e = narrow ? reduce_precision(b, x[1], o) : x[1];
+    Value p = op2(b, "power", x[0], e);
+    if (o == DType::F16) return p;
+    auto rnd = [&](const Value& v) { return narrow ? reduce_precision(b, v, o) : v; };
+    Value sq = rnd(mul(b, x[0], x[0]));
+    p = b.select(cmpk(b, e, 2, Cmp::EQ), sq, p);
+    p = b.select(cmpk(b, e, 3, Cmp::EQ), mul(b, sq, x[0]), p);
+    p = b.select(cmpk(b, e, -2, Cmp::EQ), div(b, cst(b, sq, 1), sq), p);
+    p = b.select(cmpk(b, x[1], -1, Cmp::EQ), div(b, cst(b, x[0], 1), x[0]), p);
     Value root = op1(b, "sqrt", x[0]);
     p = b.select(cmpk(b, x[1], 0.5, Cmp::EQ), root, p);
     return b.select(cmpk(b, x[1], -0.5, Cmp::EQ), op2(b, "divide", cst(b, root, 1), root), p);

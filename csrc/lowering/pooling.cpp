@@ -61,13 +61,7 @@ static Value i64_vector(Builder& b, const std::vector<int64_t>& v) {
 
 // Rounds float values to bfloat16's or float16's precision, kept in float (a convert
 // pair could be dropped as excess precision).
-static Value round_to(Builder& b, const Value& x, DType t) {
-  bool bf = t == DType::BF16;
-  return b.raw("stablehlo.reduce_precision", {x},
-               std::string("exponent_bits = ") + (bf ? "8" : "5") + " : i32, mantissa_bits = " + (bf ? "7" : "10") +
-                   " : i32",
-               x.type);
-}
+static Value round_to(Builder& b, const Value& x, DType t) { return reduce_precision(b, x, t); }
 
 // CPU's 3-d adaptive average for bfloat16/float16 sums each window in the dtype, element by
 // element in (d, h, w) order, then divides by the three lengths one at a time, rounding
