@@ -12,6 +12,7 @@
 #include "backend/dtypes.h"
 #include "backend/executor.h"
 #include "backend/storage.h"
+#include "lowering/factory.h"
 #include "lowering/histogram.h"
 
 namespace tpu::backend {
@@ -125,7 +126,7 @@ std::pair<at::Tensor, std::vector<at::Tensor>> run_histogramdd(const at::Tensor&
       for (int64_t j = 0; j < d; ++j) {
         Value lj = b.reshape(b.slice(left, {j}, {j + 1}, {1}), {});
         Value rj = b.reshape(b.slice(right, {j}, {j + 1}, {1}), {});
-        edges.push_back(hist::linspace(b, lj, rj, counts[j] + 1, xt.dtype));
+        edges.push_back(lowering::linspace_values(b, lj, rj, counts[j] + 1, xt.dtype));
       }
     }
     out.push_back(hist::histogram(b, x, edges, w, density,

@@ -1,6 +1,8 @@
 // Histograms with CPU's bin arithmetic (see histogram.h), and the histc rule.
 #include "lowering/histogram.h"
 
+#include "lowering/factory.h"
+
 #include "lowering/search_util.h"
 
 namespace tpu::lowering::hist {
@@ -26,23 +28,6 @@ Outer outer_from_data(Builder& b, const Value& x) {
   o.left = b.select(same, sub(b, o.left, half), o.left);
   o.right = b.select(same, add(b, o.right, half), o.right);
   return o;
-}
-
-// CPU's linspace: step = (end - start) / (steps - 1) in t; the first half counts up
-// from start, the rest down from end, each a fused multiply-add rounded once (f64
-// holds the f32 product exactly).
-Value linspace(Builder& b, const Value& left, const Value& right, int64_t steps, DType t) {
-  Value start = b.convert(left, t), end = b.convert(right, t);
-  if (steps == 1) return b.reshape(start, {1});
-  Value step = div(b, sub(b, end, start), b.constant(double(steps - 1), t));
-  Shape s{steps};
-  Value idx = b.iota(Type{DType::F64, s}, 0);
-  Value st = broadcast_to(b, b.convert(step, DType::F64), s);
-  Value up = add(b, broadcast_to(b, b.convert(start, DType::F64), s), mul(b, st, idx));
-  Value rev = sub(b, b.constant(double(steps - 1), DType::F64, s), idx);
-  Value down = sub(b, broadcast_to(b, b.convert(end, DType::F64), s), mul(b, st, rev));
-  Value first_half = b.compare(idx, b.constant(double(steps / 2), DType::F64, s), Cmp::LT);
-  return b.convert(b.select(first_half, up, down), t);
 }
 
 // Bin of each element of column x [M] over `edges` [E] (both dtype t), as int64; -1
@@ -154,7 +139,7 @@ TPU_LOWER(histc, "histc") {
   auto finite = [&](const Value& v) { return b.raw("stablehlo.is_finite", {v}, "", Type{DType::Bool, {}}); };
   ctx.check(search::land(b, finite(lo), finite(hi)), "RuntimeError: torch.histc: range of [min, max] is not finite");
   ctx.check(b.compare(lo, hi, Cmp::LT), "RuntimeError: torch.histc: max must be larger than min");
-  Value edges = hist::linspace(b, lo, hi, bins + 1, t);
+  Value edges = linspace_values(b, lo, hi, bins + 1, t);
   return {b.convert(hist::histogram(b, flat, {edges}, std::nullopt, false, hist::Find::Linear), out_t)};
 }
 

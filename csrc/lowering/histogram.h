@@ -20,8 +20,7 @@ struct Outer {
 };
 Outer outer_from_data(Builder& b, const Value& x);
 
-// linspace(left, right, steps) in dtype t from f64 scalars, as CPU's kernel rounds it.
-Value linspace(Builder& b, const Value& left, const Value& right, int64_t steps, DType t);
+// (Edges over [left, right]: linspace_values, lowering/factory.h.)
 
 // The D-dim histogram of the rows of x [M, D] over `edges` (1-D, dtype of x), with
 // optional weights [M], divided by total and bin volume when `density`.
