@@ -190,3 +190,18 @@ def test_logspace_bits_match_cpu(dtype):
             want = torch.logspace(a, b, n, base=base, dtype=dtype)
             got = torch.logspace(a, b, n, base=base, dtype=dtype, device=DEV)
             assert bits_equal(got, want), (a, b, n, base)
+
+
+# ---- complex sgn ----
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_sgn_special_values_as_cpu_scalar_loop(dtype):
+    # CPU's scalar loop (the same on every ISA) divides by complex(|z|): an infinite part
+    # gives NaN + NaN i (was NaN + 0i / 0 + NaN i).
+    inf, nan = float("inf"), float("nan")
+    z = torch.tensor([complex(inf, 0), complex(0, inf), complex(-inf, 2), complex(3, -inf),
+                      complex(inf, inf), complex(nan, 1), complex(-0.0, 1), complex(0, -0.0)], dtype=dtype)
+    want = torch.stack([v.sgn() for v in z])  # one element at a time: the scalar loop
+    got = z.to(DEV).sgn().cpu()
+    assert bits_equal(got.real.nan_to_num(7.0), want.real.nan_to_num(7.0))
+    assert bits_equal(got.imag.nan_to_num(7.0), want.imag.nan_to_num(7.0))

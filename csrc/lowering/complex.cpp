@@ -6,6 +6,7 @@
 // and sign-like ops are spelled out on the real and imaginary parts.
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include "lowering/elementwise.h"
 #include "lowering/helpers.h"
@@ -429,12 +430,18 @@ TPU_LOWER(c_pow, "complex:pow.Tensor_Tensor", "complex:pow.Tensor_Scalar", "comp
 TPU_LOWER(c_abs, "complex:abs") {
   return imap(ctx, [](Builder& b, const Vs& x) { return cabs(b, x[0]); });
 }
-// sgn(z) = z / |z| with a real divisor (as CUDA; parts keep their zero signs), and 0 at 0.
+// sgn(z) = z / |z| with a real divisor (as CUDA and CPU's vector kernel; parts keep their
+// zero signs), and 0 at 0. An infinite |z| gives NaN + NaN i, as CPU's scalar loop (the
+// same on every instruction set; c10::complex's division there), where a part-by-part
+// division would leave 0 / inf = 0 in one part.
 TPU_LOWER(c_sgn, "complex:sgn") {
   return omap(ctx, {0}, [](Builder& b, const Vs& x) {
     Value z = x[0];
     Value r = cabs(b, z);
     Value q = cplx(b, div(b, re(b, z), r), div(b, im(b, z), r));  // part by part: keeps a zero's sign
+    Value inf = b.compare(r, b.constant(std::numeric_limits<double>::infinity(), r.dtype(), r.shape()), Cmp::EQ);
+    Value nan = b.constant(std::numeric_limits<double>::quiet_NaN(), r.dtype(), r.shape());
+    q = b.select(inf, cplx(b, nan, nan), q);
     return b.select(b.compare(r, zero_like(b, r), Cmp::EQ), zero_like(b, z), q);
   });
 }
