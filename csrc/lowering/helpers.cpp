@@ -234,8 +234,10 @@ Value mul(Builder& b, const Value& x, const Value& y) { return b.binary("stableh
 Value div(Builder& b, const Value& x, const Value& y) { return b.binary("stablehlo.divide", x, y); }
 
 Value div_count(Builder& b, const Value& x, double n) {
-  bool pow2 = n > 0 && std::exp2(std::ilogb(n)) == n;
-  if (is_complex(x.dtype()) || pow2) return div(b, x, b.constant(n, x.dtype(), x.shape()));
+  // Every count an operand, powers of two too (their literal would be exact): a program
+  // then keeps its operands as the size changes, so shape churn (a decode loop's growing
+  // length) sees one structure, not another at each power of two.
+  if (is_complex(x.dtype())) return div(b, x, b.constant(n, x.dtype(), x.shape()));
   return div(b, x, broadcast_to(b, b.number(n, x.dtype()), x.shape()));
 }
 

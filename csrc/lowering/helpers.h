@@ -65,7 +65,7 @@ Value mul(Builder& b, const Value& x, const Value& y);
 Value div(Builder& b, const Value& x, const Value& y);
 // x / n correctly rounded, as CPU divides a sum by its count: XLA turns a division by a
 // literal into a product with its reciprocal (60000 averaged over 1000 elements gives
-// 60000.0039), so n is a runtime operand (Builder::number) unless it is a power of two.
+// 60000.0039), so n is a runtime operand (Builder::number), a power of two too.
 // Complex x keeps the literal: CPU's complex division scales by 1/n too.
 Value div_count(Builder& b, const Value& x, double n);
 // x (f32/f64) rounded to bf16 or f16 and kept in its dtype, as one op XLA keeps (it may
