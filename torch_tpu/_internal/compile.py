@@ -44,7 +44,6 @@ import re
 import time
 import warnings
 
-import sympy
 import torch
 
 from .. import _C
@@ -662,7 +661,7 @@ def _marked_sizes(env=None):
             if not isinstance(n, torch.SymInt):
                 continue  # specialized (0 or 1, or a static graph)
             expr = env.replace(n.node.expr)
-            if isinstance(expr, sympy.Symbol):
+            if expr.is_Symbol:
                 out.append((expr, lo, hi))
     return out
 
@@ -1003,6 +1002,8 @@ _SIZE_EXPR = re.compile(rf"\b{_SIZE_TERM}(?:\s[-+]\s(?:{_SIZE_TERM}|\d+)\b)*")
 
 def _with_true_sizes(msg: str, shape_env) -> str:
     """`msg` with each size expression of the symbols replaced by its value at this call."""
+    import sympy  # here: importing it costs 0.3 s, which a process's first op must not pay
+
     values = {s: v for s, v in (getattr(shape_env, "backed_var_to_val", None)
                                 or shape_env.var_to_val).items()}
     by_name = {s.name: s for s in values}
