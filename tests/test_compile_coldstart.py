@@ -68,7 +68,7 @@ def test_cold_compiled_step_then_a_second_process_compiles_nothing(tmp_path, mod
     # program (without it) compiles at step 2 (before: 5 programs at step 1, 1 at step 2).
     first = cold["steps"][0]
     assert first["flushes"].get("compiled graph") == 3, first
-    made = first["flushes"].get("before compiled graph", 0) + first["flushes"].get("zeros of compiled graph inputs", 0)
+    made = first["flushes"].get("before compiled graph", 0) + first["flushes"].get("zeros and queued copies of compiled graph inputs", 0)
     assert steps == ([1 + made, 0, 0, 0] if mode == "DEFER_NEVER" else [1, 1, 0, 0]), cold["steps"]
     assert all(s["executions"] == 1 and s["compiled_replays"] == 3 for s in cold["steps"][1:]), cold["steps"]
     assert cold["hits"] == 0
