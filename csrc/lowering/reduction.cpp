@@ -178,25 +178,33 @@ static std::pair<Value, Value> var_and_mean(Ctx& ctx) {
   Value x = is_complex(in) ? ctx.b.convert(ctx.in(0), acc_type(in)) : acc_in_direct(ctx);
   auto dims = dims_arg(ctx, 1, x.rank());
   double n = static_cast<double>(count(x.shape(), dims));
-  Value s = reduce_sum(b, x, dims);
-  Value mean = div_count(b, s, n);
-  Value d = sub(b, x, broadcast_to(b, keep_dims(b, mean, x.shape(), dims), x.shape()));
-  Value sq = is_complex(in) ? complex_abs_squared(b, d) : mul(b, d, d);
-  Value ss = reduce_sum(b, sq, dims);
+  auto centered = [&](const Value& m) {
+    return sub(b, x, broadcast_to(b, keep_dims(b, m, x.shape(), dims), x.shape()));
+  };
+  auto abs2 = [&](const Value& v) { return is_complex(in) ? complex_abs_squared(b, v) : mul(b, v, v); };
   // The mean, rounded to the dtype, leaves every deviation off by (exact mean - mean), and
   // the squares' sum then holds n times its square: rows offset by 1e5 came out 1.8e-4
-  // off where CPU (Welford in double) is 6e-8. The deviations' own sum measures the offset
-  // and takes it out (the corrected two-pass algorithm); rounding cannot make it negative.
-  Value sd = reduce_sum(b, d, dims);
-  Value offset = div_count(b, is_complex(in) ? complex_abs_squared(b, sd) : mul(b, sd, sd), n);
-  ss = b.binary("stablehlo.maximum", sub(b, ss, offset), b.constant(0, ss.dtype(), ss.shape()));
+  // off where CPU (Welford in double) is 6e-8. The deviations' sum measures that offset:
+  // it moves the centre (m2) and is taken out of the squares' sum (the corrected two-pass
+  // algorithm; rounding cannot make it negative). var_mean returns m1: sum / n, correctly
+  // rounded where the sum is exact, as CPU's.
+  // Each reduce reads its own deviations: XLA:CPU stores a reduce's elementwise input, and
+  // one set of deviations feeding two reduces kept two input-sized temporaries alive.
+  Value m1 = div_count(b, reduce_sum(b, x, dims), n);
+  Value sd1 = reduce_sum(b, centered(m1), dims);
+  Value m2 = add(b, m1, div_count(b, sd1, n));
+  Value ss = reduce_sum(b, abs2(centered(m2)), dims);
+  // sum(x - m2) = sd1 - n (m2 - m1); m2 - m1 is exact (the two are close).
+  Value sd = sub(b, sd1, mul(b, broadcast_to(b, b.number(n, m2.dtype()), m2.shape()), sub(b, m2, m1)));
+  ss = b.binary("stablehlo.maximum", sub(b, ss, div_count(b, abs2(sd), n)),
+                b.constant(0, ss.dtype(), ss.shape()));
   DType rt = ss.dtype();
   Value corr = ctx.is_none(2) ? b.constant(1, rt) : ctx.scalar(2, rt);
   // A runtime n: XLA would fold N - 1 and divide by its reciprocal.
   Value denom = sub(b, b.number(n, rt), corr);
   denom = b.binary("stablehlo.maximum", denom, b.constant(0, rt));
   Value var = div(b, ss, broadcast_to(b, denom, ss.shape()));
-  return {var, mean};
+  return {var, m1};
 }
 
 TPU_LOWER(var, "var.correction") { return {fit(ctx, var_and_mean(ctx).first)}; }
