@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "lowering/helpers.h"
+#include "lowering/special_util.h"
 
 namespace tpu::lowering {
 
@@ -85,6 +86,37 @@ Value blocked_sum(Builder& b, const Value& x, const std::vector<int64_t>& dims) 
   Value ones = b.constant(1, x.dtype(), Shape{rows / block, block});
   Value per_block = b.dot_general(ones, m, {0}, {0}, {1}, {1}, x.dtype(), ir::DotPrecision::Highest);
   return b.reshape(reduce_sum(b, per_block, {0}), kept);
+}
+
+static Value finite(Builder& b, const Value& x) {
+  return b.raw("stablehlo.is_finite", {x}, "", Type{DType::Bool, x.shape()});
+}
+
+std::vector<Value> combine_products(Builder& b, const std::vector<Value>& x, const std::vector<Value>& y) {
+  const Value &p1 = x[0], &e1 = x[1], &p2 = y[0], &e2 = y[1];
+  auto [p, e] = sp::two_product(b, p1, p2);
+  // An overflowing split (or an infinite product) makes the error NaN: drop it there.
+  e = b.select(finite(b, e), e, full_like(b, e, 0));
+  return {p, add(b, e, add(b, mul(b, p1, e2), mul(b, p2, e1)))};
+}
+
+Value products_result(Builder& b, const Value& p, const Value& e) {
+  // p alone where the error is 0 or not finite: keeps -0.0, inf and NaN as they are.
+  Value keep = b.binary("stablehlo.or", b.unary("stablehlo.not", finite(b, e)),
+                        b.compare(e, full_like(b, e, 0), ir::Cmp::EQ));
+  return b.select(keep, p, add(b, p, e));
+}
+
+Value accurate_prod(Builder& b, const Value& x, const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= x.shape()[d];
+  if (x.dtype() != DType::F32 || n < kCompensatedProductCount)
+    return b.reduce(x, b.constant(1, x.dtype()), dims, "stablehlo.multiply");
+  Value one = b.constant(1, x.dtype()), zero = b.constant(0, x.dtype());
+  auto pe = b.reduce({x, full_like(b, x, 0)}, {one, zero}, dims, [](Builder& r, const std::vector<Value>& a) {
+    return combine_products(r, {a[0], a[1]}, {a[2], a[3]});
+  });
+  return products_result(b, pe[0], pe[1]);
 }
 
 }  // namespace tpu::lowering

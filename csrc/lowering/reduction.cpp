@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "lowering/compensated_sum.h"
 #include "lowering/helpers.h"
 
 namespace tpu::lowering {
@@ -65,8 +66,7 @@ TPU_LOWER(mean_dim, "mean.dim") { return {mean_of(ctx, dims_arg(ctx, 1, ctx.type
 // CPU multiplies f16/bf16 in that dtype, rounding at every step in an order set by its
 // vector width and thread count; here the product is taken in f32 and rounded once.
 static Value prod_of(Ctx& ctx, const std::vector<int64_t>& dims) {
-  Value x = acc_in(ctx);
-  return fit(ctx, ctx.b.reduce(x, ctx.b.constant(1, x.dtype()), dims, "stablehlo.multiply"));
+  return fit(ctx, accurate_prod(ctx.b, acc_in(ctx), dims));
 }
 
 TPU_LOWER(prod_all, "prod") { return {prod_of(ctx, reduce_dims({}, ctx.type_of(0).rank()))}; }

@@ -2,6 +2,7 @@
 // inclusive scan of an associative, commutative combine in blocks (inclusive_scan, scan.h).
 #include "lowering/scan.h"
 
+#include "lowering/compensated_sum.h"
 #include "lowering/search_util.h"
 
 namespace tpu::lowering {
@@ -94,7 +95,15 @@ static Value cum_arith(Ctx& ctx, const std::string& op) {
   Builder& b = ctx.b;
   Type t = ctx.out(0);
   Value x = b.convert(b.convert(ctx.in(0), t.dtype), acc_type(t.dtype));
-  if (x.rank() > 0) x = inclusive_scan(b, x, op, wrap_dim(ctx.i(1), x.rank()));
+  if (x.rank() == 0) return b.reshape(b.convert(x, t.dtype), t.shape);
+  int64_t dim = wrap_dim(ctx.i(1), x.rank());
+  if (op == "stablehlo.multiply" && t.dtype == DType::F32 && x.shape()[dim] >= kCompensatedProductCount) {
+    auto pe = inclusive_scan(b, {x, full_like(b, x, 0)}, {b.constant(1, x.dtype()), b.constant(0, x.dtype())},
+                             dim, combine_products, 8);
+    x = products_result(b, pe[0], pe[1]);
+  } else {
+    x = inclusive_scan(b, x, op, dim);
+  }
   return b.reshape(b.convert(x, t.dtype), t.shape);
 }
 
