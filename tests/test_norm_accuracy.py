@@ -209,3 +209,46 @@ def test_layer_norm_backward_of_a_mean_is_rounding_only(row, factor):
     with no_fallbacks():
         tpu = _layer_norm_backward(x, grad, w, b, torch.float32, "tpu")["dx"].abs().max().item()
     assert tpu <= factor * max(cpu, EPS32 * grad[0, 0, 0].item()), f"|dx| {tpu:.3g}, CPU {cpu:.3g}"
+
+
+# Layer norm over several dims (a vision LayerNorm([C, H, W])) and over one long row, of
+# inputs offset by 1e3: XLA:CPU's reduce over several dims rounded 6e-4 of the output's
+# scale (CPU 2e-5); rows are now one flattened dim, and rows from 4096 elements on take a
+# compensated mean. Group norm's per-channel weight and bias gradients are compensated sums.
+@pytest.mark.parametrize("shape,normalized", [((4, 16, 32, 32), (16, 32, 32)), ((2, 64, 56, 56), (64, 56, 56)),
+                                              ((4, 16384), (16384,)), ((3, 5, 8, 512), (8, 512))])
+def test_layer_norm_over_large_or_several_dims_of_offset_input(shape, normalized):
+    g = _gen(11)
+    x = torch.randn(*shape, generator=g) + 1e3
+    w, b = torch.randn(*normalized, generator=g), torch.randn(*normalized, generator=g)
+    ref = F.layer_norm(x.double(), normalized, w.double(), b.double())
+    with no_fallbacks():
+        got = F.layer_norm(x.to("tpu"), normalized, w.to("tpu"), b.to("tpu"))
+    err = ((got.cpu().double() - ref).abs().max() / ref.abs().max()).item()
+    assert err < 3e-5, err  # plain reduces: 5.6e-5 to 6.2e-4
+
+
+def test_layer_norm_statistics_keep_their_shapes_over_several_dims():
+    x = torch.randn(2, 3, 4, 5, generator=_gen(12)) + 10
+    out, mean, rstd = torch.native_layer_norm(x.to("tpu"), (4, 5), None, None, 1e-5)
+    o, m, r = torch.native_layer_norm(x, (4, 5), None, None, 1e-5)
+    assert mean.shape == m.shape == (2, 3, 1, 1) and rstd.shape == r.shape
+    torch.testing.assert_close(mean.cpu(), m)
+    torch.testing.assert_close(rstd.cpu(), r)
+    torch.testing.assert_close(out.cpu(), o)
+
+
+def test_group_norm_parameter_gradients_of_offset_input():
+    g = _gen(13)
+    x = torch.randn(4, 6, 20, 20, generator=g) + 1e3
+    gy = torch.randn(4, 6, 20, 20, generator=g)
+    ref = nn.GroupNorm(3, 6).double()
+    tpu = nn.GroupNorm(3, 6).to("tpu")
+    ref(x.double()).backward(gy.double())
+    tpu(x.to("tpu")).backward(gy.to("tpu"))
+    for name in ("weight", "bias"):
+        want = getattr(ref, name).grad
+        got = getattr(tpu, name).grad.cpu().double()
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        # bias: plain sums were 8.2e-7 (CPU 7e-8)
+        assert err < (3e-7 if name == "bias" else 1e-4), (name, err)
