@@ -1132,3 +1132,31 @@ def test_compile_options_are_the_backends_arguments(capsys):
     dynamo.reset()
     # The default backend (Inductor, sent here for tpu graphs) keeps Inductor's options to itself.
     torch.testing.assert_close(torch.compile(f, options={"triton.cudagraphs": False})(x).cpu(), f(x.cpu()))
+
+
+def _train_then_eval(m, x):
+    m.train()
+    m(x)  # updates the running statistics (buffers the graph writes)
+    m.eval()
+    y = m(x)  # reads the updated statistics in the same graph
+    m.train()
+    return y
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_updated_and_read_in_one_graph_has_eager_gradients(affine):
+    # The backward recomputed the training batch norm from the running statistics the
+    # step had already written: the eval norm's input gradient used a variance updated
+    # twice (0.215 for 0.291), silently.
+    torch._dynamo.reset()
+    x0 = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0)) * 10 + 5
+    grads, stats = [], []
+    for compiled in (False, True):
+        m = torch.nn.BatchNorm2d(3, affine=affine).to("tpu")
+        x = x0.to("tpu").requires_grad_()
+        f = torch.compile(_train_then_eval, backend="tpu") if compiled else _train_then_eval
+        f(m, x).sum().backward()
+        grads.append(x.grad.cpu())
+        stats.append((m.running_mean.cpu(), m.running_var.cpu()))
+    torch.testing.assert_close(grads[1], grads[0])
+    torch.testing.assert_close(stats[1], stats[0])

@@ -436,11 +436,20 @@ def _must_save(joint: torch.fx.GraphModule) -> int:
     backward = _backward_nodes(joint)
     tagged = []
 
-    def save(n):  # a multi-output op is saved through its getitems
-        if isinstance(n.meta.get("val"), (tuple, list)):
-            tagged.extend(u for u in n.users if u.target is operator.getitem and u not in backward)
-        else:
+    def save(n):
+        if not isinstance(n.meta.get("val"), (tuple, list)):
             tagged.append(n)
+            return
+        # A multi-output op is saved through copies of its results: the partition reads no
+        # tag on a getitem, and recomputed its tuple (a training batch norm read the running
+        # stats the step had already written, and an eval batch norm after it in the same
+        # graph got the twice-updated variance in its gradient).
+        for u in [u for u in n.users if u.target is operator.getitem and u not in backward]:
+            with joint.graph.inserting_after(u):
+                kept = joint.graph.call_function(torch.ops.aten.clone.default, (u,))
+            kept.meta.update({k: v for k, v in u.meta.items() if k in ("val", "tensor_meta", "ac_graph_id")})
+            u.replace_all_uses_with(kept, delete_user_cb=lambda user: user is not kept)
+            tagged.append(kept)
 
     def save_dropout(n):
         # The partition never saves a getitem as such (its tag is not read), and may
