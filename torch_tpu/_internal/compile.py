@@ -36,6 +36,7 @@ here: graphs whose tensors live on tpu are routed to this backend instead.
 
 The eager mode is process-wide: tpu ops another Python thread runs during a graph's call join its program.
 """
+import collections
 import contextlib
 import functools
 import operator
@@ -67,7 +68,11 @@ counters = {
 }
 
 
-_MAX_CAPTURES = 8  # input layouts one graph keeps programs for
+_MAX_CAPTURES = 8  # input layouts one graph keeps programs for (per size signature)
+# Size signatures a graph with unbounded dynamic sizes keeps programs for: past it the
+# least recently used one's captures are dropped (met again, it records and captures
+# anew; its compiled executable is still in the runtime's cache, so no XLA compile).
+_MAX_SIZES = 64
 REPLAY = True      # False: every call records (tests compare the two paths)
 # AOTAutograd's common-subexpression pass over joint graphs: its first use imports
 # Inductor's pattern matcher (much of Inductor) and it copies the graph, together about
@@ -197,7 +202,7 @@ class _CompiledGraph:
     """
 
     def __init__(self, gm: torch.fx.GraphModule, debug: bool, role: str = "inference",
-                 fuse_steps: bool = True):
+                 fuse_steps: bool = True, per_size: bool = False):
         # AOTAutograd passes a list we may clear, so inputs die early. An instance
         # attribute: the torch._dynamo.disable wrapper of backward graphs copies __dict__.
         self._boxed_call = True
@@ -212,6 +217,10 @@ class _CompiledGraph:
         self._input_outputs = _outputs_that_are_inputs(gm)
         self._constants = _tensor_constants(gm)
         self._captures = []        # (capture, output template), one per input layout
+        # Unbounded dynamic sizes (dynamic=True, automatic dynamic shapes): the graph is
+        # symbolic and each call's concrete sizes (and int inputs) pick its own captures.
+        self._per_size = per_size
+        self._by_size = collections.OrderedDict()  # size signature -> captures
         self.replay_declined = ""  # why the capture could not explain the graph
         self.role = role
         self.fuse_steps = fuse_steps
@@ -244,9 +253,10 @@ class _CompiledGraph:
         # This thread records in DeferAll; other threads keep the process's mode.
         saved = _C._set_thread_eager_mode(_DEFER_ALL)
         try:
-            out = self._replay(args, how) if isinstance(args, list) and _graph_call_mode is None else None
+            captures = self._captures_for(args)
+            out = self._replay(args, how, captures) if isinstance(args, list) and _graph_call_mode is None else None
             if out is None:
-                out = self._record(args, how)
+                out = self._record(args, how, captures)
         finally:
             _C._set_thread_eager_mode(saved)
         if prev == _DEBUG:
@@ -260,9 +270,27 @@ class _CompiledGraph:
             self._first = False
         return out
 
-    def _replay(self, args, how):
+    def _captures_for(self, args) -> list:
+        """The captures for this call's sizes: the graph's one list, or with per-size
+        programs the list of the call's size signature (its tensors' shapes and int
+        inputs: the values of the graph's symbols), the least recently used dropped past
+        _MAX_SIZES. Floats stay out of the key (a number input that varies per call)."""
+        if not self._per_size or not isinstance(args, list):
+            return self._captures
+        key = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a if type(a) is int else None
+                    for a in args)
+        captures = self._by_size.get(key)
+        if captures is None:
+            captures = self._by_size[key] = []
+            if len(self._by_size) > _MAX_SIZES:
+                self._by_size.popitem(last=False)
+        else:
+            self._by_size.move_to_end(key)
+        return captures
+
+    def _replay(self, args, how, captures):
         inputs = list(args) if self._input_outputs else None  # the call may clear `args`
-        for cap, template in (self._captures if REPLAY else ()):
+        for cap, template in (captures if REPLAY else ()):
             tensors = cap.replay(args, how)  # None: the inputs do not match; args untouched
             if tensors is not None:
                 counters["compiled_replays"] += 1
@@ -280,10 +308,11 @@ class _CompiledGraph:
             outs[k] = inputs[i]
         return template[0](outs)
 
-    def _record(self, args, how=_LAUNCH):
+    def _record(self, args, how=_LAUNCH, captures=None):
         _as_plain_tensors(args)
+        captures = self._captures if captures is None else captures
         capturing = (REPLAY and isinstance(args, list) and not self.replay_declined
-                     and len(self._captures) < _MAX_CAPTURES and _graph_call_mode is None)
+                     and len(captures) < _MAX_CAPTURES and _graph_call_mode is None)
         # A capture explains one flushed program. A call that joins the step's pending
         # graph (a forward, a backward after it, the update after both) is recorded apart
         # from that graph (captured_graph.cpp), then replayed into it: the step's first
@@ -317,7 +346,7 @@ class _CompiledGraph:
         if cap.ready:
             consts = [None if isinstance(o, torch.Tensor) else o for o in out]
             template = (type(out), consts)
-            self._captures.append((cap, template))
+            captures.append((cap, template))
             if cap.recorded_apart:  # discarded, inputs as they were: the replay computes it
                 del out
                 inputs = list(kept)
@@ -579,18 +608,25 @@ def _symbols(example_inputs):
     return syms
 
 
-def _check_dynamism(example_inputs, dynamism) -> bool:
-    """Dynamic sizes compile only when bounded (mark_dynamic with min and max); returns
-    whether the graph keeps bounded dynamic sizes (one program for every size).
+# What a graph's sizes ask of the backend (_check_dynamism).
+_STATIC, _BOUNDED, _PER_SIZE = "static", "bounded", "per_size"
 
-    A size Dynamo made dynamic without a bound only as a hint (maybe_mark_dynamic,
-    dynamic=True, automatic dynamic shapes) is specialized here: a guard on its value,
-    so the graph compiles static for it and Dynamo compiles again for another size, as
-    for a graph with no dynamism. A size marked dynamic without bounds by
-    torch._dynamo.mark_dynamic (which must not be specialized) is refused."""
+
+def _check_dynamism(example_inputs, dynamism) -> str:
+    """How the graph is compiled: _STATIC (no dynamic sizes), _BOUNDED (sizes bounded
+    by mark_dynamic: one padded program for every size, bounded.py) or _PER_SIZE.
+
+    Sizes Dynamo made dynamic only as a hint (dynamic=True, automatic dynamic shapes,
+    maybe_mark_dynamic), with no bounded mark in the graph, stay symbolic: Dynamo traces
+    the frame once and the graph, run through the eager kernels at each call's concrete
+    sizes, records and captures a program per size signature (_CompiledGraph), replayed
+    for that signature afterwards. Beside bounded sizes such hints are specialized (a
+    guard on the value: Dynamo compiles again for another size). A size marked dynamic
+    without bounds by torch._dynamo.mark_dynamic (which must not be specialized) is
+    refused, as is a data-dependent size without a bound."""
     syms = _symbols(example_inputs)
     if not syms:
-        return False
+        return _STATIC
     from torch.utils._sympy.numbers import int_oo
     env = _shape_env(example_inputs)
     if env is not None:
@@ -611,26 +647,36 @@ def _check_dynamism(example_inputs, dynamism) -> bool:
             "dim, min, max) (or torch._dynamo.mark_dynamic(tensor, dim, min=..., max=...)); or use "
             "torch._dynamo.maybe_mark_dynamic, or no mark and torch.compile(..., dynamic=False), "
             "to compile per size.")
+    hints = _size_hints(env, syms)
+    if missing := [s for s in syms if s not in strict and hints.get(s) is None]:
+        raise NotImplementedError(
+            f"torch_tpu compiled mode: the graph has a data-dependent size ({missing[0]}) without "
+            "a bound; compile with torch.compile(..., dynamic=False) or mark it with "
+            "torch_tpu.dynamism.mark_dynamic(tensor, dim, min, max).")
+    if not any(s in strict for s in syms):
+        return _PER_SIZE
     if unbounded and env is not None:
         from torch.fx.experimental.symbolic_shapes import guard_int
         for s in unbounded:  # Dynamo adds these guards to the frame's
-            hint = getattr(env, "backed_var_to_val", None)
-            hint = (hint if hint is not None else env.var_to_val).get(s)
-            if hint is None:
-                raise NotImplementedError(
-                    f"torch_tpu compiled mode: the graph has a data-dependent size ({s}) without "
-                    "a bound; compile with torch.compile(..., dynamic=False) or mark it with "
-                    "torch_tpu.dynamism.mark_dynamic(tensor, dim, min, max).")
-            guard_int(env.create_symintnode(s, hint=int(hint)))
+            guard_int(env.create_symintnode(s, hint=int(hints[s])))
         if not _symbols(example_inputs):
-            return False
+            return _STATIC
     if dynamism is False:
         raise NotImplementedError(
             "torch_tpu compiled mode: the graph has dynamic sizes bounded by mark_dynamic, but "
             "TpuBackend(dynamism=False). Use TpuBackend() (or backend='tpu', or plain "
             "torch.compile) to compile one program for every size up to the bounds, or drop the "
             "marks to compile per size.")
-    return True
+    return _BOUNDED
+
+
+def _size_hints(env, syms) -> dict:
+    """{symbol: its value at the call Dynamo traced} (None: data-dependent)."""
+    if env is None:
+        return {}
+    hints = getattr(env, "backed_var_to_val", None)
+    hints = hints if hints is not None else env.var_to_val
+    return {s: hints.get(s) for s in syms}
 
 
 def _bound_marked_sizes(env) -> None:
@@ -781,16 +827,16 @@ class TpuBackend:
             warnings.warn("torch_tpu compiled mode: a graph with a nested tensor input runs eagerly "
                           "(its ragged dimension has no bound to compile for)", stacklevel=2)
             return gm.forward
-        bounded = _check_dynamism(example_inputs, self.dynamism)
+        sizes = _check_dynamism(example_inputs, self.dynamism)
         cid = CompileContext.current_compile_id()
         if cid is not None and (cid.frame_compile_id or 0) > 0:
             counters["compiled_recompiles"] += 1
         t0 = time.perf_counter()
-        lower = functools.partial(self._lower, role="forward")
-        lower_bw = functools.partial(self._lower, role="backward")
-        lower_inf = functools.partial(self._lower, role="inference")
+        lower = functools.partial(self._lower, role="forward", sizes=sizes)
+        lower_bw = functools.partial(self._lower, role="backward", sizes=sizes)
+        lower_inf = functools.partial(self._lower, role="inference", sizes=sizes)
         decompositions = _decompositions()
-        if bounded:
+        if sizes == _BOUNDED:
             from .bounded_ops import decompositions as bounded_decompositions
             decompositions.update(bounded_decompositions())
         try:
@@ -807,14 +853,16 @@ class TpuBackend:
             counters["compiled_lowering_seconds"] += dt
             counters["compiled_aot_seconds"] += dt
 
-    def _lower(self, gm: torch.fx.GraphModule, example_inputs, role: str = "inference"):
+    def _lower(self, gm: torch.fx.GraphModule, example_inputs, role: str = "inference", sizes: str = _STATIC):
         _views_that_copy_when_needed(gm)
-        bounded = bool(_symbols(example_inputs))
+        symbolic = bool(_symbols(example_inputs))
+        per_size = symbolic and sizes == _PER_SIZE
+        bounded = symbolic and not per_size
         # Bounded graphs keep a program per graph: eager padding between them (per size in
         # DeferAndFuse) would join their step's program and make it vary with the sizes.
 
         def compiled(g):
-            return _CompiledGraph(g, self.debug, role, self.fuse_steps and not bounded)
+            return _CompiledGraph(g, self.debug, role, self.fuse_steps and not bounded, per_size)
         if bounded:  # (checked): one program for the bound
             from .bounded import BoundedGraph, user_outputs
             return BoundedGraph(gm, compiled, user_outputs(gm))
@@ -983,21 +1031,23 @@ def _is_tpu_backend(fn) -> bool:
 
 # One entry per frame Dynamo is compiling (nested frames stack): is its backend ours?
 _frames_for_tpu = []
-# The same stack: does the frame's backend take static sizes only (ours without dynamism)?
+# The same stack: is the frame's backend ours without dynamism (Python ints kept static)?
 _static_frames = []
 
 
 def _floats_stay_automatic() -> None:
-    """In a frame compiled for static sizes, Dynamo's automatic dynamism is off for sizes
-    and integers (a size it made dynamic on its own could only be refused unbounded, so
-    the frame is specialized to the new size, as with dynamic=False; mark_dynamic and
-    dynamic=True still ask) but stays on for Python floats, which become graph inputs."""
+    """In a frame for our backend without dynamism, Dynamo's automatic dynamism stays on
+    for sizes (a tensor met again at another size: the graph keeps the size symbolic and
+    compiles a program per size, see _check_dynamism) and for Python floats (graph
+    inputs), but is off for Python ints: one that changed is specialized to its new
+    value (a recompile), as before, rather than becoming a graph input that each new
+    value would record and compile a program for."""
     from torch._dynamo import pgo
     update = pgo.update_automatic_dynamic
 
     @functools.wraps(update)
     def update_automatic_dynamic(tx, name, entry, **kwargs):
-        if _static_frames and _static_frames[-1] and not isinstance(entry.scalar, float):
+        if _static_frames and _static_frames[-1] and isinstance(entry.scalar, int):
             with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
                 return update(tx, name, entry, **kwargs)
         return update(tx, name, entry, **kwargs)
@@ -1071,14 +1121,13 @@ def _no_guard_profiling_for_tpu_graphs() -> None:
         if backend is None and _is_inductor(fn) and _has_tpu_tensor(args[2] if len(args) > 2 else kwargs.get("locals")):
             backend = tpu_backend
         _frames_for_tpu.append(backend is not None)
-        # Without dynamism a size Dynamo would make dynamic on its own (a frame met again
-        # at another size: a new batch, or after a graph break the same layer code at the
-        # encoder's and the decoder's lengths) could only be refused unbounded: the frame
-        # is specialized to the new size instead, as with dynamic=False. mark_dynamic and
-        # dynamic=True still ask for dynamic sizes.
-        # Python floats stay automatic: one that changed (a learning rate from a schedule)
+        # A size Dynamo makes dynamic on its own (a frame met again at another size: a new
+        # batch, or after a graph break the same layer code at the encoder's and the
+        # decoder's lengths) stays symbolic, a program per size (_check_dynamism).
+        # Without dynamism Python ints are specialized per value (_floats_stay_automatic);
+        # floats stay automatic: one that changed (a learning rate from a schedule)
         # becomes a graph input at the next compile, as with stock backends, instead of a
-        # new graph per value until the recompile limit (_floats_stay_automatic).
+        # new graph per value until the recompile limit.
         static = backend is not None and not backend.dynamism
         _static_frames.append(static)
         try:
