@@ -160,6 +160,7 @@ net = net.to("tpu")
 opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
 opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
 f = torch.compile(net, backend="tpu", dynamic=True)
+step = torch.compile(opt.step, backend="tpu") if COMPILED_STEP else opt.step
 g = torch.Generator().manual_seed(1)
 res = {"loss": 0.0, "grad": 0.0, "param": 0.0}
 before = metrics()
@@ -175,7 +176,7 @@ for b, t in shapes:
     want.backward()
     res["loss"] = max(res["loss"], diff(loss, want))
     res["grad"] = max(res["grad"], max(diff(p.grad, q.grad) for p, q in zip(net.parameters(), ref.parameters())))
-    opt.step()
+    step()
     opt_ref.step()
 res["param"] = max(diff(p, q) for p, q in zip(net.parameters(), ref.parameters()))
 res["calls"] = delta(before)
@@ -184,13 +185,73 @@ print(json.dumps(res))
 """
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
-def test_training_steps_over_varying_sizes_match_cpu_and_compile_once(mode):
-    out = run_python_json(PRELUDE + TRAIN, env=MODES[mode])
+@pytest.mark.parametrize("mode,step", [(m, "eager") for m in sorted(MODES)] +
+                         [("strict", "compiled"), ("fused", "compiled")])
+def test_training_steps_over_varying_sizes_match_cpu_and_compile_once(mode, step):
+    # The model's forward and backward graphs keep the batch and sequence sizes symbolic;
+    # a compiled optimizer step (static sizes) joins each step's program (fuse_steps).
+    out = run_python_json(PRELUDE + f"COMPILED_STEP = {step == 'compiled'}\n" + TRAIN, env=MODES[mode])
     assert out["loss"] < 1e-5 and out["grad"] < 1e-5 and out["param"] < 1e-4, out
-    assert (out["frames"], out["graphs"], out["limit_hits"]) == (1, 1, 0), out
-    # One forward and one backward graph for all ten steps (8 sizes, 2 met again).
+    # One forward and one backward graph for all ten steps (8 sizes, 2 met again); the
+    # compiled step is a graph of its own (its frames: the model's one, then the
+    # optimizer's, which Dynamo enters through a few graph-less frames).
+    steps = 1 if step == "compiled" else 0
+    assert (out["graphs"], out["limit_hits"]) == (1 + steps, 0), out
+    assert out["frames"] == 1 or steps, out
     calls = out["calls"]
-    assert calls["compiled_graphs"] == 2 and calls["compiled_recompiles"] == 0, out
-    assert calls["compiled_graph_calls"] == 20, out
-    assert calls["compiled_replays"] >= 4, out  # the repeated sizes' forward and backward
+    assert calls["compiled_graphs"] == 2 + steps and calls["compiled_recompiles"] == 0, out
+    assert calls["compiled_graph_calls"] == 20 + 10 * steps, out
+    assert calls["compiled_replays"] >= 4 + 9 * steps, out  # the repeated sizes' forward and backward
+
+
+def test_size_signatures_past_the_bound_drop_the_least_recently_used(monkeypatch):
+    # A graph keeps captures for _MAX_SIZES signatures; the one met longest ago is dropped
+    # and, met again, records once more (right values either way).
+    import torch
+
+    import torch_tpu
+    from torch_tpu._internal import compile as compiled
+    monkeypatch.setattr(compiled, "_MAX_SIZES", 2)
+    torch._dynamo.reset()
+
+    def fn(x):
+        return x.sin() * x.shape[0]
+    f = torch.compile(fn, backend="tpu", dynamic=True)
+    replayed = []
+    for n in (3, 4, 3, 5, 3, 4, 5):
+        before = torch_tpu.metrics()["compiled_replays"]
+        x = torch.randn(n)
+        torch.testing.assert_close(f(x.to("tpu")).cpu(), fn(x))
+        replayed.append(torch_tpu.metrics()["compiled_replays"] - before)
+    # 5 drops 4 (3 was met since), 4 then drops 5: each comes back recording.
+    assert replayed == [0, 0, 1, 0, 1, 0, 0], replayed
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_serving_threads_at_varying_lengths_share_one_graph(mode):
+    # Four threads serve requests of 12 lengths through one compiled function (session
+    # 62's case): before, the frame met its recompile limit and served eagerly.
+    out = run_python_json(PRELUDE + FUNCTION + """
+import threading
+f = torch.compile(fn, backend="tpu", dynamic=True)
+torch.manual_seed(0)
+w = torch.randn(8, 8)
+wt = w.to("tpu")
+f(torch.randn(2, 3, 8).to("tpu"), wt)  # the first call compiles
+errs = []
+def serve(k):
+    g = torch.Generator().manual_seed(k)
+    for i in range(12):
+        x = torch.randn(2, 3 + (i * 5 + k) % 12, 8, generator=g)
+        errs.append(diff(f(x.to("tpu"), wt), fn(x, w)))
+threads = [threading.Thread(target=serve, args=(k,)) for k in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+res = {"err": max(errs), "calls": len(errs)}
+res.update(dynamo_counts())
+print(json.dumps(res))
+""", env=MODES[mode])
+    assert out["calls"] == 48 and out["err"] < 1e-4, out
+    assert (out["frames"], out["graphs"], out["limit_hits"]) == (1, 1, 0), out

@@ -57,12 +57,12 @@ def test_grouped_mm_fake_rule_keeps_pytorchs_checks_elsewhere():
             torch._grouped_mm(at, bt, offs=mode.from_tensor(torch.tensor([4], dtype=torch.int32).to("tpu")))
 
 
-def test_a_frame_met_at_a_second_size_is_specialized_not_refused():
+def test_a_frame_met_at_a_second_size_is_compiled_not_refused():
     """Dynamo makes a size dynamic when a frame meets it at a second value (automatic
-    dynamic shapes); without bounds the backend could only refuse the graph. M2M-100's
+    dynamic shapes); without bounds the backend once could only refuse the graph. M2M-100's
     layers, compiled apart after a graph break, meet the encoder's and the decoder's
-    lengths in one step. Frames for TpuBackend() (no dynamism) are specialized per size
-    instead, as with dynamic=False: one recompile, static graphs, right values."""
+    lengths in one step. The second size's graph keeps it symbolic, a program per size
+    (test_compile_dynamic_sizes.py): one recompile, right values."""
     torch.manual_seed(0)
     w = torch.randn(8, 8)
     f = torch.compile(lambda x, w: torch.tanh(x @ w).sum(0), backend="tpu")

@@ -29,6 +29,14 @@ A first call that joins a step's pending graph (fuse_steps) is recorded apart fr
 explained, discarded and replayed into it, so a shape's first step compiles the one
 program its later steps run.
 
+Sizes dynamic without a bound (dynamic=True, maybe_mark_dynamic, Dynamo's automatic
+dynamic shapes) stay symbolic in the graph (_check_dynamism): Dynamo traces the frame
+once, and each call runs the ATen graph at its concrete sizes (sym_size nodes and SymInt
+arithmetic are plain ints then), so the recording above is a static program for those
+sizes. Captures are kept per size signature (_CompiledGraph._captures_for): a size met
+again replays, a new one records and captures, no Dynamo recompile. Sizes bounded by
+mark_dynamic take bounded.py's padded program instead.
+
 `torch.compile(model, backend="tpu")` finds the backend through the
 `torch_dynamo_backends` entry point (no import of torch_tpu needed). A plain
 `torch.compile(model)` reaches Inductor, which has no tpu code generator of its own
@@ -42,6 +50,7 @@ import functools
 import operator
 import os
 import re
+import threading
 import time
 import warnings
 
@@ -73,6 +82,7 @@ _MAX_CAPTURES = 8  # input layouts one graph keeps programs for (per size signat
 # least recently used one's captures are dropped (met again, it records and captures
 # anew; its compiled executable is still in the runtime's cache, so no XLA compile).
 _MAX_SIZES = 64
+_by_size_lock = threading.Lock()
 REPLAY = True      # False: every call records (tests compare the two paths)
 # AOTAutograd's common-subexpression pass over joint graphs: its first use imports
 # Inductor's pattern matcher (much of Inductor) and it copies the graph, together about
@@ -279,13 +289,14 @@ class _CompiledGraph:
             return self._captures
         key = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a if type(a) is int else None
                     for a in args)
-        captures = self._by_size.get(key)
-        if captures is None:
-            captures = self._by_size[key] = []
-            if len(self._by_size) > _MAX_SIZES:
-                self._by_size.popitem(last=False)
-        else:
-            self._by_size.move_to_end(key)
+        with _by_size_lock:  # serving threads call one graph at their own sizes
+            captures = self._by_size.get(key)
+            if captures is None:
+                captures = self._by_size[key] = []
+                if len(self._by_size) > _MAX_SIZES:
+                    self._by_size.popitem(last=False)
+            else:
+                self._by_size.move_to_end(key)
         return captures
 
     def _replay(self, args, how, captures):
@@ -757,10 +768,11 @@ class TpuBackend:
 
     `debug` prints each ATen graph as it is lowered. Dynamic sizes bounded by
     `torch_tpu.dynamism.mark_dynamic` compile to one program for every size up to the
-    bound (bounded.py) unless `dynamism=False`; `dynamism=True` also keeps Dynamo's
-    automatic dynamic shapes on (a size it makes dynamic on its own has no bound and is
-    compiled per size) and fuse_steps off by default. Sizes dynamic only as a hint
-    (maybe_mark_dynamic, dynamic=True) are compiled per size. `memory_budget` is AOTAutograd's activation memory budget
+    bound (bounded.py) unless `dynamism=False`; `dynamism=True` also makes changing
+    Python ints dynamic (automatic dynamic shapes) and turns fuse_steps off by default.
+    Sizes dynamic without a bound (maybe_mark_dynamic, dynamic=True, automatic dynamic
+    shapes) stay symbolic, one Dynamo graph with a program per concrete size signature
+    (see _check_dynamism). `memory_budget` is AOTAutograd's activation memory budget
     for the forward/backward partition: 0.0 (the default) saves only what cannot be
     recomputed, and the backward program recomputes the rest inside itself, as
     DeferAndFuse's one program per step does: a compiled GPT step then peaks below
