@@ -224,6 +224,17 @@ def _convolution_overrideable(*args):
     return torch.ops.aten.convolution(*args)
 
 
+def _fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, indices):
+    """grad_input, shaped (and laid out, contiguous) as CPU's. What CPU would refuse, or read
+    out of bounds for (indices of another shape), is refused here, so CPU gives its answer."""
+    ok = (self.dim() in (4, 5) and grad_output.dim() == self.dim() and len(output_size) == 3
+          and list(grad_output.shape[-3:]) == list(output_size) and grad_output.shape[:-3] == self.shape[:-3]
+          and indices.shape == grad_output.shape and indices.dtype == torch.int64
+          and grad_output.dtype == self.dtype)
+    _fq_refuse(ok, "fractional_max_pool3d_backward: arguments")
+    return self.new_empty(self.shape)
+
+
 _KERNELS = {
     "convolution_overrideable": _convolution_overrideable,
     "_padded_dense_to_jagged_forward": _padded_dense_to_jagged,
@@ -237,6 +248,7 @@ _KERNELS = {
     "geqrf.a": _geqrf_out,
     "linalg_lstsq": _linalg_lstsq,
     "multi_margin_loss_backward": _grad_like_input,
+    "fractional_max_pool3d_backward": _fractional_max_pool3d_backward,
     "multilabel_margin_loss_backward": _grad_like_input,
     "_ctc_loss_backward": _grad_like_input,
     # random samplers (lowering/random_samplers.cpp)

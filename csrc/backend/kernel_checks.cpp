@@ -918,6 +918,41 @@ void multinomial_samples(c10::ArrayRef<c10::IValue> args) {
               "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
 }
 
+// upsample_{linear1d,bilinear2d,bicubic2d,trilinear3d}(self, output_size, align_corners,
+// ...): CPU's kernels refuse an empty spatial input or output (the meta functions pass
+// them, and ours would return zeros), then an empty non-batch dimension.
+template <int64_t Rank>
+void upsample_sizes(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 2 || !args[0].isTensor() || !args[1].isIntList()) return;
+  const at::Tensor& self = args[0].toTensor();
+  std::vector<int64_t> out = args[1].toIntVector();
+  if (self.dim() != Rank + 2 || static_cast<int64_t>(out.size()) != Rank) return;  // the meta function's error
+  static const char* names[] = {"D", "H", "W"};
+  bool positive = true;
+  std::string in_str, out_str;
+  for (int64_t i = 0; i < Rank; ++i) {
+    int64_t in_i = self.size(2 + i);
+    positive = positive && in_i > 0 && out[i] > 0;
+    const char* sep = i ? ", " : "";
+    in_str += sep + std::string(names[3 - Rank + i]) + ": " + std::to_string(in_i);
+    out_str += sep + std::string(names[3 - Rank + i]) + ": " + std::to_string(out[i]);
+  }
+  TORCH_CHECK(positive, "Input and output sizes should be greater than 0, but got input (", in_str, ")",
+              Rank == 1 ? " and output (" : " output (", out_str, ")");
+  TORCH_CHECK(self.numel() != 0 || c10::multiply_integers(self.sizes().begin() + 1, self.sizes().end()) != 0,
+              "Non-empty ", Rank + 2, "D data tensor expected but got a tensor with sizes ", self.sizes());
+}
+
+// grid_sampler_2d(input, grid, ...): CPU's kernel refuses an empty spatial dimension (the
+// 3-d meta function checks it, the 2-d one does not).
+void grid_sampler_2d_input(c10::ArrayRef<c10::IValue> args) {
+  if (args.empty() || !args[0].isTensor()) return;
+  const at::Tensor& input = args[0].toTensor();
+  for (int64_t i = 2; i < input.dim(); ++i)
+    TORCH_CHECK(input.size(i) > 0, "grid_sampler(): expected input to have non-empty spatial dimensions, ",
+                "but input has sizes ", input.sizes(), " with dimension ", i, " being empty");
+}
+
 KernelCheck kernel_check_for(const std::string& base) {
   static const std::unordered_map<std::string, KernelCheck> checks = {
       {"index", &index_checks},
@@ -976,6 +1011,11 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"sub", &sub_bool},
       {"rsub", &sub_bool},
       {"_scaled_mm", &scaled_mm_scales},
+      {"upsample_linear1d", &upsample_sizes<1>},
+      {"upsample_bilinear2d", &upsample_sizes<2>},
+      {"upsample_bicubic2d", &upsample_sizes<2>},
+      {"upsample_trilinear3d", &upsample_sizes<3>},
+      {"grid_sampler_2d", &grid_sampler_2d_input},
   };
   auto it = checks.find(base);
   return it == checks.end() ? nullptr : it->second;

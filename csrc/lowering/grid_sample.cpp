@@ -35,9 +35,9 @@ struct Sampler {
     Value lo = b.compare(x, k(0), Cmp::LE), hi = b.compare(x, k(static_cast<double>(sz - 1)), Cmp::GE);
     Value r = b.select(lo, k(0), b.select(hi, k(static_cast<double>(sz - 1)), x));
     Value g = b.select(b.binary("stablehlo.or", lo, hi), k(0), k(1));
-    // NaN reads as coordinate 0, as CPU's and CUDA's kernels end up doing (a reflected
-    // inf is NaN too).
-    r = b.select(b.compare(x, x, Cmp::NE), k(0), r);
+    // NaN (a reflected inf too) reads as coordinate 0 in CPU's vectorized 2-d kernel and as
+    // size - 1 in its scalar 3-d one (std::min(size - 1, NaN) keeps size - 1).
+    r = b.select(b.compare(x, x, Cmp::NE), k(n == 3 ? static_cast<double>(sz - 1) : 0), r);
     return {r, g};
   }
   std::pair<Value, Value> reflect(const Value& x, int64_t twice_lo, int64_t twice_hi) const {
@@ -260,8 +260,11 @@ std::vector<Value> forward(Ctx& ctx) {
   Value idx = stack(b, ts, [](const Tap& tp) { return tp.row; });
   Value ok = per_tap_point(b, stack(b, ts, [](const Tap& tp) { return tp.ok; }), s);
   Value w = per_tap_point(b, stack(b, ts, [](const Tap& tp) { return tp.w; }), s);
-  Value v = mul(b, gather_taps(b, as_rows(b, input, s), idx, s, T), w);
-  v = b.select(ok, v, b.constant(0, t, v.shape()));
+  Value v = gather_taps(b, as_rows(b, input, s), idx, s, T);
+  // CPU's 2-d kernel multiplies the weight by a masked-out 0, so a NaN/inf coordinate's NaN
+  // weight gives NaN under zeros padding; its 3-d kernel skips such taps.
+  if (s.n == 2) v = mul(b, b.select(ok, v, b.constant(0, t, v.shape())), w);
+  else v = b.select(ok, mul(b, v, w), b.constant(0, t, v.shape()));
   return {b.convert(to_output(b, reduce_sum(b, v, {0}), o.shape), o.dtype)};
 }
 
@@ -284,7 +287,8 @@ std::vector<Value> backward(Ctx& ctx) {
   Value g = b.transpose(b.reshape(go, {s.N, s.C, s.P}), {0, 2, 1});
   g = b.broadcast_in_dim(g, {T, s.N, s.P, s.C}, {1, 2, 3});
   Value idx = stack(b, ts, [](const Tap& tp) { return tp.row; });
-  Value ok = per_tap_point(b, stack(b, ts, [](const Tap& tp) { return tp.ok; }), s);
+  Value ok_tp = stack(b, ts, [](const Tap& tp) { return tp.ok; });  // (T, N, P)
+  Value ok = per_tap_point(b, ok_tp, s);
   Value zero = b.constant(0, t, {T, s.N, s.P, s.C});
   auto sum = [](Builder& b, const std::vector<Value>& a) { return std::vector<Value>{add(b, a[0], a[1])}; };
   Value din = b.constant(0, t, {s.N * s.S, s.C});
@@ -299,7 +303,10 @@ std::vector<Value> backward(Ctx& ctx) {
     Value gsum = reduce_sum(b, gv, {3});  // over channels: (T, N, P)
     for (int64_t d = 0; d < s.n; ++d) {
       Value dw = stack(b, ts, [d](const Tap& tp) { return tp.dw[d]; });
-      dsrc[d] = reduce_sum(b, mul(b, gsum, dw), {0});
+      Value term = mul(b, gsum, dw);
+      // As in the forward: CPU's 3-d kernel skips outside taps, its 2-d one keeps 0 * NaN.
+      if (s.n == 3) term = b.select(ok_tp, term, b.constant(0, t, term.shape()));
+      dsrc[d] = reduce_sum(b, term, {0});
     }
   }
   Value in_grad = zeros(gi), grid_grad = zeros(gg);
