@@ -244,3 +244,47 @@ TRAINING_RETRY = """
 @pytest.mark.parametrize("mode", MODES)
 def test_training_retry_after_out_of_memory(mode):
     run_script(TRAINING_RETRY, mode)
+
+
+CHECKED_READER_OF_FAILED_GRAPH = """
+    # A compiled forward that fails at its launch (its OOM is found by the launcher), read
+    # by a loss with a device-side index check queued before the failure is known: the
+    # check's op never ran, so nothing reads its flag later. Its loss once surfaced at the
+    # next read of anything, naming a parameter "lost to an earlier error".
+    import torch.nn as nn, torch.nn.functional as F
+    MB = 1 << 20
+    total = torch.tpu.get_device_properties(0).total_memory
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(d)
+    compiled = torch.compile(model, backend="tpu")
+    x = torch.randn(4096, 256, device=d)
+    y = torch.randint(0, 10, (4096,), device=d)
+    w = torch.randn(512, 512, device=d)
+    torch.tpu.synchronize()
+    before = [q.detach().cpu().clone() for q in model.parameters()]
+    for trial in range(4):
+        torch.tpu.set_per_process_memory_fraction((torch.tpu.memory_allocated() + 4 * MB) / total)
+        try:
+            busy = w
+            for _ in range(6):                   # the launcher is busy: the loss queues first
+                busy = busy @ w
+            out = compiled(x)                    # 16 MiB at its launch
+            loss = F.cross_entropy(out, y)
+            torch.tpu.synchronize()
+            raise AssertionError("no out-of-memory error")
+        except torch.OutOfMemoryError:
+            pass
+        finally:
+            torch.tpu.set_per_process_memory_fraction(1.0)
+        out = loss = busy = None
+        for q, b in zip(model.parameters(), before):
+            assert torch.equal(q.detach().cpu(), b), trial
+    torch.tpu.synchronize()                      # nothing left to raise
+    small = x[:64]
+    assert torch.allclose(compiled(small).cpu(), model(small).cpu(), atol=1e-5)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_failed_compiled_graph_leaves_parameters_readable(mode):
+    run_script(CHECKED_READER_OF_FAILED_GRAPH, mode)

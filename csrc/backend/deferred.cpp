@@ -639,7 +639,8 @@ bool pending(const Operand& v) {
   return v.slot->producer != nullptr;
 }
 
-runtime::BufferPtr resolve(const Operand& v) {
+namespace {
+runtime::BufferPtr resolve_value(const Operand& v, bool reported_is_null) {
   raise_launch_error();  // a failed launch's error reaches the next value read, as a sync's
   if (v.buffer) return v.buffer;
   TORCH_INTERNAL_ASSERT(v.slot, "resolving an empty operand");
@@ -653,6 +654,7 @@ runtime::BufferPtr resolve(const Operand& v) {
   if (v.slot->error) {
     std::exception_ptr e = v.slot->error;
     lock.unlock();
+    if (reported_is_null && launch_error_raised(e)) return nullptr;
     raise_lost(e, "reading a tpu tensor:");
   }
   runtime::BufferPtr b = v.slot->buffer;
@@ -660,6 +662,10 @@ runtime::BufferPtr resolve(const Operand& v) {
   raise_launch_error();  // a job before this value's failed (jobs run in order)
   return b;
 }
+}  // namespace
+
+runtime::BufferPtr resolve(const Operand& v) { return resolve_value(v, false); }
+runtime::BufferPtr resolve_unless_reported(const Operand& v) { return resolve_value(v, true); }
 
 Results run_internal(const std::string& key,
                      const std::function<std::vector<ir::Value>(ir::Builder&)>& build,

@@ -152,6 +152,10 @@ Results run_internal(const std::string& key,
 
 // The buffer behind `v`, running the pending graph if it is still pending.
 runtime::BufferPtr resolve(const Operand& v);
+// The same, but nullptr where `v` was lost to a failure the user was told of already (a
+// device-side check's flag whose op never ran: there is nothing to check). A failure not
+// reported yet is raised, as resolve raises it.
+runtime::BufferPtr resolve_unless_reported(const Operand& v);
 // True when `v` has its buffer (does not wait).
 bool is_ready(const Operand& v);
 // True while `v` waits in the pending graph: reading it flushes that graph.

@@ -145,7 +145,26 @@ void verify_device_checks(int device) {
   // failure is raised, other threads' wait for their own next read.
   // The flags are read together: copied one by one, each was a round trip to the device.
   std::vector<runtime::BufferPtr> flags;
-  for (const Check& c : checks) flags.push_back(guarded([&] { return resolve(c.ok); }));
+  for (size_t i = 0; i < checks.size(); ++i) {
+    try {
+      flags.push_back(guarded([&] { return resolve_unless_reported(checks[i].ok); }));
+    } catch (...) {  // a failure raised here (now reported): the unread flags stay, in order
+      std::lock_guard<std::mutex> lock(g_mu);
+      g_checks.insert(g_checks.begin(), std::make_move_iterator(checks.begin() + static_cast<std::ptrdiff_t>(i)),
+                      std::make_move_iterator(checks.end()));
+      throw;
+    }
+  }
+  // A flag whose op never ran (it failed, and that failure was raised): nothing to check,
+  // and raising its loss again would blame whatever reads next (a model's weight).
+  size_t kept = 0;
+  for (size_t i = 0; i < checks.size(); ++i)
+    if (flags[i] && kept++ != i) {
+      flags[kept - 1] = std::move(flags[i]);
+      checks[kept - 1] = std::move(checks[i]);
+    }
+  flags.resize(kept);
+  checks.erase(checks.begin() + static_cast<std::ptrdiff_t>(kept), checks.end());
   std::vector<uint8_t> ok(flags.size(), 1);
   std::vector<runtime::Client::HostCopy> copies;
   for (size_t i = 0; i < flags.size(); ++i) copies.push_back({flags[i].get(), &ok[i], 1});
