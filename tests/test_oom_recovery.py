@@ -288,3 +288,94 @@ CHECKED_READER_OF_FAILED_GRAPH = """
 @pytest.mark.parametrize("mode", MODES)
 def test_failed_compiled_graph_leaves_parameters_readable(mode):
     run_script(CHECKED_READER_OF_FAILED_GRAPH, mode)
+
+
+STATE_MADE_IN_FAILED_STEP = """
+    # A storage made in the failing work from a constant (zeros_like, as Adam's lazy
+    # exp_avg) and then written goes back to that constant, as one made before goes back
+    # to its value: a retry finds it usable. (Strict and Debug raise at the call that
+    # passes the limit, before it is made.)
+    MB = 1 << 20
+    total = torch.tpu.get_device_properties(0).total_memory
+    old = torch.ones(4, device=d)
+    torch.tpu.synchronize()
+    state = {}
+    torch.tpu.set_per_process_memory_fraction((torch.tpu.memory_allocated() + 2 * MB) / total)
+    try:
+        parts = [torch.full((MB // 16,), 1.0, device=d) for _ in range(12)]   # 3 MiB
+        g = parts[-1][:4]
+        state["acc"] = torch.zeros(4, device=d)
+        state["acc"].add_(g)
+        state["full"] = torch.full((4,), 7.0, device=d)
+        state["full"].mul_(g)
+        old.add_(g)
+        sum(p.sum() for p in parts).item()
+        raise AssertionError("no out-of-memory error")
+    except torch.OutOfMemoryError:
+        pass
+    finally:
+        torch.tpu.set_per_process_memory_fraction(1.0)
+    parts = g = None
+    assert old.tolist() == [1.0] * 4
+    if mode == "defer_and_fuse":
+        assert state["acc"].tolist() == [0.0] * 4
+        assert state["full"].tolist() == [7.0] * 4
+    else:
+        assert state == {}, state
+    acc = state.setdefault("acc", torch.zeros(4, device=d))
+    acc.add_(1)
+    assert acc.tolist() == [1.0] * 4
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_state_made_in_failed_work_goes_back_to_its_constant(mode):
+    run_script(STATE_MADE_IN_FAILED_STEP, mode)
+
+
+ADAM_FIRST_STEP_RETRY = """
+    # "Catch OOM, halve the batch, retry" with Adam, whose state its first step makes: the
+    # retry trains on at the size that fits (the failed tries' state was not kept lost).
+    import torch.nn as nn, torch.nn.functional as F
+    MB = 1 << 20
+    total = torch.tpu.get_device_properties(0).total_memory
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).to(d)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    data, target = torch.randn(4096, 64), torch.randint(0, 10, (4096,))
+    torch.tpu.synchronize()
+    before = [q.detach().cpu().clone() for q in model.parameters()]
+
+    def step(batch):
+        x, y = data[:batch].to(d), target[:batch].to(d)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    torch.tpu.set_per_process_memory_fraction((torch.tpu.memory_allocated() + 2 * MB) / total)
+    try:
+        batch, ooms = 4096, 0
+        while True:
+            try:
+                first = step(batch)
+                break
+            except torch.OutOfMemoryError:
+                ooms += 1
+                opt.zero_grad(set_to_none=True)
+                assert all(torch.equal(q.detach().cpu(), b) for q, b in zip(model.parameters(), before))
+                batch //= 2
+                assert batch >= 16, "never fit"
+        assert ooms >= 1 and batch < 4096, (ooms, batch)
+        losses = [first] + [step(batch) for _ in range(4)]
+    finally:
+        torch.tpu.set_per_process_memory_fraction(1.0)
+    assert losses[-1] < losses[0], losses
+    assert not all(torch.equal(q.detach().cpu(), b) for q, b in zip(model.parameters(), before))
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_adam_first_step_retry_trains_on(mode):
+    run_script(ADAM_FIRST_STEP_RETRY, mode)

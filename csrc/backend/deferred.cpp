@@ -153,7 +153,10 @@ struct Node {
   bool compiled = false;  // a compiled graph's replay
   // Recorded for a compiled backward: one of its ops, or its recomputation of a forward value.
   RecordingRole role = RecordingRole::None;
-  bool fill = false;      // reads no value, only numbers (a fill, arange): its result is a constant
+  bool fill = false;      // a constant recorded as state (hoist_fills runs it before its graph)
+  // Reads no value, only numbers (a fill, arange, an unwritten storage's zeros): the value
+  // a storage first made in a failed graph goes back to (restore_seeded_values).
+  bool constant = false;
   uint64_t serial = 0;    // which recorded call it is (nodes are reused)
   std::thread::id owner;  // the thread that recorded it: its failure is raised there
   int64_t lane = 0;       // the recording lane of its graph (recording_lane)
@@ -519,9 +522,9 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
   node->lane = lane;
   static uint64_t serials = 0;  // under the graph lock
   node->serial = ++serials;
-  node->fill = recording_state() &&
-               std::all_of(node->inputs.begin(), node->inputs.end(),
-                           [](const Operand& in) { return !in.slot && in.buffer && in.buffer->shared_constant; });
+  node->constant = std::all_of(node->inputs.begin(), node->inputs.end(),
+                               [](const Operand& in) { return !in.slot && in.buffer && in.buffer->shared_constant; });
+  node->fill = recording_state() && node->constant;
   Results out;
   node->outputs.reserve(program->results().size());
   for (size_t i = 0; i < program->results().size(); ++i) {
@@ -555,7 +558,7 @@ void note_replacement(const Operand& fresh, const Operand& old) {
     fresh.slot->replaces = r;
     if (old.slot && old.slot->producer) {  // the storage's value was made in this graph
       const Slot& o = *old.slot;
-      Node* seed = o.seed ? o.seed : o.producer->fill ? o.producer : nullptr;
+      Node* seed = o.seed ? o.seed : o.producer->constant ? o.producer : nullptr;
       fresh.slot->seed = seed;
       fresh.slot->seed_serial = o.seed ? o.seed_serial : seed ? seed->serial : 0;
     }
@@ -1073,6 +1076,9 @@ struct Job {
   std::vector<int> aliases;
   std::vector<bool> donate;
   std::vector<std::exception_ptr> param_errors;  // inputs earlier jobs failed to make (or empty)
+  // Per result (or empty): the constant call whose value its storage held first in this
+  // graph (zeros_like then updated in place), {-1, 0} if none (restore_seeded_values).
+  std::vector<Wire> result_seeds;
   bool each_call = false;  // Strict's queued launches: each call its own program, no graph
   uint64_t correlation = 0;  // ... the op that queued it, for torch.profiler
   int64_t reserved = 0;      // ... its outputs' bytes, counted at its call (reserve_queued)
@@ -1167,6 +1173,25 @@ void keep_replaced_values(const Job& job, const std::vector<runtime::BufferPtr>&
   }
 }
 
+// After a failed launch, a storage first made in the graph by a constant (zeros_like,
+// full, an unwritten storage's zeros) and then written goes back to that constant, as a
+// storage made before the graph goes back to its value (keep_replaced_values): a retry
+// finds an optimizer's new state as it was made, not lost. `values`: the replay's.
+void restore_seeded_values(const Job& job, const std::vector<std::vector<runtime::BufferPtr>>& values) {
+  std::lock_guard<std::mutex> lock(g_slot_mu);
+  for (size_t j = 0; j < job.result_seeds.size() && j < job.result_slots.size(); ++j) {
+    const SlotPtr& r = job.result_slots[j];
+    const Wire& w = job.result_seeds[j];
+    if (r->buffer || !r->error || w.node < 0 || static_cast<size_t>(w.node) >= values.size()) continue;
+    const std::vector<runtime::BufferPtr>& made = values[w.node];
+    if (static_cast<size_t>(w.index) >= made.size() || !made[w.index]) continue;
+    const runtime::BufferPtr& v = made[w.index];
+    if (v->dtype() != r->type().dtype || v->dims() != r->type().shape) continue;
+    r->buffer = v;
+    r->error = nullptr;
+  }
+}
+
 // After a failed fused launch (or with an input that failed): runs the calls one by
 // one, so the error names the op that failed. A call that reads a failed value fails
 // with it; the others run (a graph may hold several threads' independent ops).
@@ -1206,6 +1231,7 @@ void replay(const Job& job, const std::vector<runtime::BufferPtr>& params, bool 
   }
   if (!first) return;
   keep_replaced_values(job, params);
+  restore_seeded_values(job, values);
   std::rethrow_exception(first);
 }
 
@@ -1302,6 +1328,7 @@ bool run_split(Job& job, const std::vector<runtime::BufferPtr>& params) {
   }
   g_slot_cv.notify_all();  // the forward's results (a loss) are readable now
 
+  bool donates = false;  // the second's inputs it was to consume (they are not held here then)
   try {
     std::vector<bool> in_second(job.results.size(), false);
     for (int j : layout.second_results) in_second[j] = true;
@@ -1317,6 +1344,7 @@ bool run_split(Job& job, const std::vector<runtime::BufferPtr>& params) {
       donate.push_back(static_cast<size_t>(i) < job.donate.size() && job.donate[i] && job.aliases[i] >= 0 &&
                        in_second[job.aliases[i]]);
     }
+    donates = std::find(donate.begin(), donate.end(), true) != donate.end();
     ScopedMicros timed_execute(fuse_stats().execute_us);
     std::vector<runtime::BufferPtr> rest = guarded([&] {
       return runtime::Client::get().execute(*second, raw, job.device, false, donate, name);
@@ -1329,6 +1357,7 @@ bool run_split(Job& job, const std::vector<runtime::BufferPtr>& params) {
       job.result_slots[layout.second_results[k]]->buffer = rest[k];
   } catch (...) {
     fail_calls(job, 0, job.calls.size(), std::current_exception());  // the second's results (the first's are set)
+    if (!donates) keep_replaced_values(job, params);  // an optimizer's in-place updates: as before the step
     throw;
   }
   return true;
@@ -1859,7 +1888,11 @@ Graph hoist_fills(Graph& g) {
       if (s.use_count() <= 1 + s->graph_uses) continue;  // not an output
       const Node* seed = node->fill ? node.get() : nullptr;
       // (the pointer is compared before the node is read: a seed flushed before may be freed)
-      if (!seed && s->seed && pending_here(s->seed) && s->seed->serial == s->seed_serial) seed = s->seed;
+      if (!seed && s->seed && pending_here(s->seed) && s->seed->serial == s->seed_serial && s->seed->fill) {
+        seed = s->seed;
+        // Its storage's value before this graph is now the fill's: a failure restores it.
+        if (!s->replaces && seed->outputs.size() == 1) s->replaces = seed->outputs[0].get();
+      }
       if (seed && !hoist[seed->position]) {
         hoist[seed->position] = 1;
         ++count;
@@ -2007,6 +2040,17 @@ void submit_graph(Graph g, bool each_call) {
     }
   }
   key.resize(static_cast<size_t>(at - key.data()));
+  {
+    std::unordered_set<const Node*> here;
+    for (const auto& node : g.nodes) here.insert(node.get());
+    for (const Wire& w : job.results) {
+      const Slot& r = *g.nodes[w.node]->outputs[w.index];
+      // (the pointer is compared before the node is read: a seed flushed before may be freed)
+      bool seeded = r.seed && !r.replaces && here.count(r.seed) && r.seed->serial == r.seed_serial;
+      if (seeded && job.result_seeds.empty()) job.result_seeds.assign(job.results.size(), Wire{-1, 0});
+      if (seeded) job.result_seeds[static_cast<size_t>(&w - job.results.data())] = Wire{r.seed->position, 0};
+    }
+  }
   for (auto& node : g.nodes) {
     for (const SlotPtr& s : node->outputs) s->producer = nullptr;
     job.outs.push_back(std::move(node->outputs));
