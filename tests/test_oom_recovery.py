@@ -379,3 +379,28 @@ ADAM_FIRST_STEP_RETRY = """
 @pytest.mark.parametrize("mode", MODES)
 def test_adam_first_step_retry_trains_on(mode):
     run_script(ADAM_FIRST_STEP_RETRY, mode)
+
+
+MESSAGE_NAMES_THIS_CALL = """
+    # A cached program is named by its first call (its scalars then); an out-of-memory at
+    # a later call names that call's own arguments.
+    MB = 1 << 20
+    total = torch.tpu.get_device_properties(0).total_memory
+    x = torch.ones(MB // 4, device=d)
+    keep = x.add(9, alpha=2)
+    torch.tpu.synchronize()
+    torch.tpu.set_per_process_memory_fraction((torch.tpu.memory_allocated() + MB // 2) / total)
+    try:
+        if mode == "defer_and_fuse":             # raised at the sync, by the graph's replay
+            expect(torch.OutOfMemoryError, "Tried to allocate", lambda: x.add(13, alpha=5).sum().item())
+        else:
+            m = expect(torch.OutOfMemoryError, "Tried to allocate", lambda: x.add(13, alpha=5))
+            assert "Long[], 5)" in m, m
+    finally:
+        torch.tpu.set_per_process_memory_fraction(1.0)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_out_of_memory_names_this_calls_scalars(mode):
+    run_script(MESSAGE_NAMES_THIS_CALL, mode)

@@ -450,6 +450,24 @@ static void cut_last_micro_step() {
     flush_prefix("micro-step", g.backward_end);
 }
 
+namespace {
+thread_local std::string (*t_describe_call)(const void*) = nullptr;
+thread_local const void* t_call = nullptr;
+
+// The op call this thread runs `program` for, as an error at the call names it.
+std::string call_name(const Program& program) { return t_describe_call ? t_describe_call(t_call) : program.name(); }
+}  // namespace
+
+NamingCall::NamingCall(std::string (*describe)(const void*), const void* call)
+    : prev_describe_(t_describe_call), prev_call_(t_call) {
+  t_describe_call = describe;
+  t_call = call;
+}
+NamingCall::~NamingCall() {
+  t_describe_call = prev_describe_;
+  t_call = prev_call_;
+}
+
 Results run(const ProgramPtr& program, Operands args, int device, bool eager, bool graph_locked) {
   check_inputs_not_lost(*program, args);
   const bool defer = deferring();
@@ -463,7 +481,10 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
       if (!a.buffer) a = resolve(a);
       raw.push_back(a.buffer.get());
     }
-    std::vector<runtime::BufferPtr> outs = launch(*program->executable(), raw, device, program->name());
+    runtime::Executable& exe = *program->executable();
+    std::string named;  // over the limit: the error names this call
+    if (runtime::Client::get().over_limit(device, exe.output_bytes() + exe.temp_bytes())) named = call_name(*program);
+    std::vector<runtime::BufferPtr> outs = launch(exe, raw, device, named.empty() ? program->name() : named);
     Results results;
     for (runtime::BufferPtr& b : outs) results.emplace_back(std::move(b));
     return results;
@@ -615,6 +636,10 @@ std::string error_text(const std::exception_ptr& e) {
 }
 }  // namespace
 
+namespace {
+std::string call_name(const Program& program);
+}  // namespace
+
 // An op reading a value an earlier failed launch lost raises at its call, before anything
 // is written or launched: running it would drop its write or spread the failure silently.
 static void check_inputs_not_lost(const Program& program, const Operands& args) {
@@ -626,7 +651,7 @@ static void check_inputs_not_lost(const Program& program, const Operands& args) 
       std::lock_guard<std::mutex> lock(g_slot_mu);
       if (!a.slot->buffer) e = a.slot->error;
     }
-    if (e) raise_lost(e, program.name() + ":");
+    if (e) raise_lost(e, call_name(program) + ":");
   }
 }
 
@@ -1659,7 +1684,12 @@ int64_t reserve_queued(const Program& program, int device) {
     return c.stats(device).live_bytes.load() + g_queued_bytes[device].load() + bytes > c.memory_limit(device);
   };
   if (over() && !launcher().idle()) launcher().wait_quiet();
-  guarded([&] { c.check_capacity(device, bytes, program.name(), g_queued_bytes[device].load()); return 0; });
+  std::string named;  // over the limit: the error names this call
+  if (c.over_limit(device, bytes, g_queued_bytes[device].load())) named = call_name(program);
+  guarded([&] {
+    c.check_capacity(device, bytes, named.empty() ? program.name() : named, g_queued_bytes[device].load());
+    return 0;
+  });
   g_queued_bytes[device] += bytes;
   return bytes;
 }

@@ -141,6 +141,20 @@ struct Operands {
   Operand* end() const { return first + count; }
   size_t size() const { return count; }
 };
+// While one lives, this thread's op call names itself on demand: a program a cached plan
+// runs is named by its first call (its scalars then), so an error raised at this call
+// (out of memory, a lost input) names the op with this call's own arguments.
+class NamingCall {
+ public:
+  NamingCall(std::string (*describe)(const void*), const void* call);
+  ~NamingCall();
+  NamingCall(const NamingCall&) = delete;
+  NamingCall& operator=(const NamingCall&) = delete;
+
+ private:
+  std::string (*prev_describe_)(const void*);
+  const void* prev_call_;
+};
 // `graph_locked`: the caller holds graph_lock() (it read the operands under it).
 Results run(const ProgramPtr& program, Operands args, int device, bool eager = true,
             bool graph_locked = false);

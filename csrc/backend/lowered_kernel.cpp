@@ -1882,7 +1882,18 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
       }
     }
   }
-  Results results = run(plan->program, keep, k.device, true, recording.owns_lock());
+  struct Call {
+    const OpInfo& info;
+    c10::ArrayRef<IValue> args;
+  } call{info, args};
+  Results results;
+  {
+    NamingCall naming([](const void* c) {
+      auto* call = static_cast<const Call*>(c);
+      return describe(call->info, call->args);
+    }, &call);
+    results = run(plan->program, keep, k.device, true, recording.owns_lock());
+  }
 
   // Debug mode reads each check at once: before the results are committed, so a failed
   // op leaves the tensors it would have written as they were. So do the ops whose CUDA

@@ -270,6 +270,8 @@ class Client {
   // cache holds (scalars, view offsets) give way to the user's, as a caching allocator's
   // free blocks do.
   void check_capacity(int device, int64_t extra, const std::string& what, int64_t reserved = 0);
+  // Whether `extra` more bytes (beside `reserved` counted elsewhere) pass the limit now.
+  bool over_limit(int device, int64_t extra, int64_t reserved = 0);
   // `release` empties a cache of device buffers (those still in use elsewhere stay).
   void on_memory_pressure(std::function<void()> release);
 
@@ -294,7 +296,6 @@ class Client {
   void reap(bool all, int device);
   void await_event(PJRT_Event* ev, const std::string& what);
   int64_t device_capacity(int device) const;
-  bool over_limit(int device, int64_t extra, int64_t reserved);
 
   const PJRT_Api* api_ = nullptr;
   PJRT_Client* client_ = nullptr;
