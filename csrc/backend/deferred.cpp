@@ -2071,12 +2071,14 @@ void submit_graph(Graph g, bool each_call) {
   }
   key.resize(static_cast<size_t>(at - key.data()));
   {
-    std::unordered_set<const Node*> here;
-    for (const auto& node : g.nodes) here.insert(node.get());
+    std::unordered_set<const Node*> here;  // made at the first seed met (most graphs have none)
     for (const Wire& w : job.results) {
       const Slot& r = *g.nodes[w.node]->outputs[w.index];
+      if (!r.seed || r.replaces) continue;
+      if (here.empty())
+        for (const auto& node : g.nodes) here.insert(node.get());
       // (the pointer is compared before the node is read: a seed flushed before may be freed)
-      bool seeded = r.seed && !r.replaces && here.count(r.seed) && r.seed->serial == r.seed_serial;
+      bool seeded = here.count(r.seed) && r.seed->serial == r.seed_serial;
       if (seeded && job.result_seeds.empty()) job.result_seeds.assign(job.results.size(), Wire{-1, 0});
       if (seeded) job.result_seeds[static_cast<size_t>(&w - job.results.data())] = Wire{r.seed->position, 0};
     }
