@@ -32,6 +32,10 @@ static void check_mask_rank_as_cpu(const at::Tensor& q, const at::Tensor& k, con
   (void)mask->sym_size(-2);  // CPU's IndexError, with its message
 }
 
+// A dual tensor (torch.autograd.forward_ad, torch.func.jvp): the fused op has no forward
+// derivative (PyTorch's derivatives.yaml gives none), the math path's ops all have one.
+static bool has_tangent(const at::Tensor& t) { return t.defined() && t._fw_grad(/*level=*/0).defined(); }
+
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double dropout_p, bool,
                          std::optional<double>, bool enable_gqa) {
@@ -52,6 +56,7 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
       c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode))
     return kMath;
   check_mask_rank_as_cpu(q, k, v, mask, dropout_p, enable_gqa);
+  if (has_tangent(q) || has_tangent(k) || has_tangent(v) || (mask && has_tangent(*mask))) return kMath;
   bool fused = dense && same_heads && floats && mask_ok && dropout_p == 0.0 && !enable_gqa && sz(q, 2) > 0 &&
                sz(k, 2) > 0;
   // torch.nn.attention.sdpa_kernel / torch.backends.cuda.enable_*_sdp: a CUDA script that
