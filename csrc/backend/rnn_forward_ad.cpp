@@ -16,6 +16,13 @@ namespace {
 bool has_tangent(const at::Tensor& t) { return t.defined() && t._fw_grad(/*level=*/0).defined(); }
 bool has_tangent(const std::optional<at::Tensor>& t) { return t && has_tangent(*t); }
 
+// Under a torch.func transform too: jacrev/hessian vmap the cell's double backward
+// (_thnn_differentiable_*_cell_backward), which has no batching rule: functorch ran it once
+// per batch element, a graph that grew with the batch (DeferAndFuse compiled for 20 s).
+bool functorch_active() {
+  return c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
+}
+
 // The generated autograd kernel (VariableType) is registered for every autograd key, ours
 // only replaces AutogradPrivateUse1's entry: AutogradOther's still holds PyTorch's.
 c10::DispatchKeySet generated_autograd(c10::DispatchKeySet ks) {
@@ -31,8 +38,8 @@ at::Tensor with_bias(const at::Tensor& gates, const std::optional<at::Tensor>& b
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell(
     c10::DispatchKeySet ks, const at::Tensor& input_gates, const at::Tensor& hidden_gates, const at::Tensor& cx,
     const std::optional<at::Tensor>& input_bias, const std::optional<at::Tensor>& hidden_bias) {
-  if (!has_tangent(input_gates) && !has_tangent(hidden_gates) && !has_tangent(cx) && !has_tangent(input_bias) &&
-      !has_tangent(hidden_bias))
+  if (!functorch_active() && !has_tangent(input_gates) && !has_tangent(hidden_gates) && !has_tangent(cx) &&
+      !has_tangent(input_bias) && !has_tangent(hidden_bias))
     return at::_ops::_thnn_fused_lstm_cell::redispatch(generated_autograd(ks), input_gates, hidden_gates, cx,
                                                        input_bias, hidden_bias);
   auto gates = (with_bias(input_gates, input_bias) + with_bias(hidden_gates, hidden_bias)).chunk(4, 1);
@@ -47,8 +54,8 @@ std::tuple<at::Tensor, at::Tensor> fused_gru_cell(c10::DispatchKeySet ks, const 
                                                   const at::Tensor& hidden_gates, const at::Tensor& hx,
                                                   const std::optional<at::Tensor>& input_bias,
                                                   const std::optional<at::Tensor>& hidden_bias) {
-  if (!has_tangent(input_gates) && !has_tangent(hidden_gates) && !has_tangent(hx) && !has_tangent(input_bias) &&
-      !has_tangent(hidden_bias))
+  if (!functorch_active() && !has_tangent(input_gates) && !has_tangent(hidden_gates) && !has_tangent(hx) &&
+      !has_tangent(input_bias) && !has_tangent(hidden_bias))
     return at::_ops::_thnn_fused_gru_cell::redispatch(generated_autograd(ks), input_gates, hidden_gates, hx,
                                                       input_bias, hidden_bias);
   auto in = with_bias(input_gates, input_bias).chunk(3, 1);
