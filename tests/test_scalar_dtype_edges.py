@@ -196,8 +196,9 @@ def test_neighbours_of_the_refusals_still_compute(mode, case):
     assert isinstance(kind, torch.dtype)
 
 
-def test_uint16_with_a_0dim_int64_keeps_computing(mode):
-    # A 0-dim tensor takes no part in promotion: no refusal (CPU's add kernel lacks uint16;
-    # tpu computes it).
-    t = torch.tensor([1, 40000], dtype=torch.uint16, device="tpu") + torch.tensor(3, device="tpu")
-    assert t.dtype == torch.uint16 and t.cpu().tolist() == [4, 40003]
+def test_uint16_with_a_0dim_int64_raises_like_cpu(mode):
+    # A 0-dim tensor takes no part in promotion: no promotion error, but CPU's add kernel
+    # (and CUDA's) has no uint16, and tpu, which computed it before, raises as CPU does.
+    fn = lambda d: torch.tensor([1, 40000], dtype=torch.uint16, device=d) + torch.tensor(3, device=d)  # noqa: E731
+    want, got = outcome(fn, "cpu"), outcome(fn, "tpu")
+    assert want[0] == got[0] == "NotImplementedError" and "not implemented for 'UInt16'" in got[1]

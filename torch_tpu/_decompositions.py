@@ -279,12 +279,14 @@ def _complex_refusal(op):
 
 
 # c10's ScalarType numbers of the dtypes integral_refusal_for reads.
-_INTEGRAL_CODES = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.bool: 11}
+_INTEGRAL_CODES = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.bool: 11,
+                   torch.float8_e5m2: 23, torch.float8_e4m3fn: 24, torch.float8_e5m2fnuz: 25,
+                   torch.float8_e4m3fnuz: 26, torch.uint16: 27, torch.uint32: 28, torch.uint64: 29}
 
 
 def _integral_refusal(op, t):
-    """The error CPU's kernel of `op` raises when its first tensor argument `t` is bool or
-    an integer dtype it leaves out (the lowered kernels' table), or None."""
+    """The error CPU's kernel of `op` raises when its first tensor argument `t` is bool, an
+    integer dtype, float8 or uint16/32/64 it leaves out (the lowered kernels' table), or None."""
     from . import _C
     code = _INTEGRAL_CODES.get(t.dtype)
     if code is None:

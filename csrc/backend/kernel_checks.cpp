@@ -1,5 +1,7 @@
 #include "backend/kernel_checks.h"
 
+#include "backend/dtype_support.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/ExpandUtils.h>
@@ -10,7 +12,9 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <set>
 #include <unordered_map>
+#include <vector>
 
 namespace tpu::backend {
 
@@ -904,11 +908,40 @@ void scaled_mm_scales(c10::ArrayRef<c10::IValue> args) {
                     ", scale_b.size()=", sb.sizes(), " and scale_b.stride()=", sb.strides());
 }
 // var / std (every overload): CPU's and CUDA's kernels take floating and complex only.
+// float8 is floating, but CPU's kernels have none for it: a reduction over every dim
+// raises from std_var_all (a RuntimeError), others from the dtype dispatch.
 void var_std_dtype(c10::ArrayRef<c10::IValue> args) {
   if (args.empty() || !args[0].isTensor()) return;
-  c10::ScalarType t = args[0].toTensor().scalar_type();
+  const at::Tensor& self = args[0].toTensor();
+  c10::ScalarType t = self.scalar_type();
   TORCH_CHECK(c10::isFloatingType(t) || c10::isComplexType(t),
               "std and var only support floating point and complex dtypes");
+  if (!c10::isFloat8Type(t)) return;
+  bool all = args.size() < 2 || args[1].isNone();
+  if (!all && args[1].isIntList()) {
+    std::vector<int64_t> dims = args[1].toIntVector();
+    all = dims.empty() || static_cast<int64_t>(std::set<int64_t>(dims.begin(), dims.end()).size()) >= self.dim();
+  }
+  TORCH_CHECK(!all, "std_var_all: Unsupported dtype ", t);
+}
+// mul with float8 and a one-element other (a Scalar, or a tensor of one element):
+// CPU's kernel takes the reduced-float path for a scalar other, which has no float8.
+void mul_float8_scalar(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 2 || !args[0].isTensor()) return;
+  const at::Tensor& self = args[0].toTensor();
+  if (!c10::isFloat8Type(self.scalar_type())) return;
+  c10::ScalarType common;
+  if (args[1].isTensor()) {
+    const at::Tensor& other = args[1].toTensor();
+    if (other.numel() != 1) return;
+    common = at::result_type(self, other);  // CPU's promotion error where mixed
+  } else if (args[1].isScalar()) {
+    common = at::result_type(self, args[1].toScalar());
+  } else {
+    return;
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(!c10::isFloat8Type(common), "\"mul_cpu_reduced_float\" not implemented for '", common,
+                              "'");
 }
 // multinomial(self, num_samples, replacement, generator): a shape check CPU makes.
 void multinomial_samples(c10::ArrayRef<c10::IValue> args) {
@@ -1006,6 +1039,7 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"index_copy", &index_copy_checks},
       {"index_fill", &index_fill_index},
       {"multinomial", &multinomial_samples},
+      {"mul", &mul_float8_scalar},
       {"var", &var_std_dtype},
       {"std", &var_std_dtype},
       {"sub", &sub_bool},
@@ -1018,7 +1052,7 @@ KernelCheck kernel_check_for(const std::string& base) {
       {"grid_sampler_2d", &grid_sampler_2d_input},
   };
   auto it = checks.find(base);
-  return it == checks.end() ? nullptr : it->second;
+  return it == checks.end() ? bool_result_dtype_check_for(base) : it->second;
 }
 
 ComplexRefusal complex_refusal_for(const std::string& name, const std::string& base) {
@@ -1079,6 +1113,9 @@ ComplexRefusal integral_refusal_for(const std::string& name, const std::string& 
       // with rounding_mode trunc/floor (a None mode gives a float result, not refused)
       {"div.Tensor_mode", {BoolOnly, R::NotImplemented}}, {"div.Scalar_mode", {BoolOnly, R::NotImplemented}},
       {"div.out_mode", {BoolOnly, R::NotImplemented}},
+      {"clamp.Tensor", {BoolOnly, R::NotImplemented}}, {"clamp.Tensor_out", {BoolOnly, R::NotImplemented}},
+      {"pow.Tensor_Tensor", {BoolOnly, R::NotImplemented}},
+      {"pow.Tensor_Tensor_out", {BoolOnly, R::NotImplemented}},
   };
   static const std::unordered_map<std::string, Refusal> by_base = {
       {"topk", {BoolOnly, R::Runtime}}, {"kthvalue", {BoolOnly, R::NotImplemented}},
@@ -1107,7 +1144,15 @@ ComplexRefusal integral_refusal_for(const std::string& name, const std::string& 
       {"mv", {BoolOnly, R::NotImplemented}}, {"addmv", {BoolOnly, R::NotImplemented}},
       {"addcmul", {BoolOnly, R::NotImplemented}}, {"max_pool2d_with_indices", {BoolOnly, R::NotImplemented}},
       {"max_pool3d_with_indices", {BoolOnly, R::NotImplemented}},
+      {"convolution", {BoolOnly, R::NotImplemented}}, {"convolution_overrideable", {BoolOnly, R::NotImplemented}},
+      {"_adaptive_avg_pool2d", {Ints, R::NotImplemented}}, {"_adaptive_avg_pool3d", {Ints, R::NotImplemented}},
+      {"histc", {Ints, R::NotImplemented}}, {"addcdiv", {BoolOnly, R::Runtime}},
   };
+  // float8 and uint16/32/64: CPU runs few kernels on them (dtype_support.h).
+  // (An out= overload of a pointwise op is read off its out, which CPU's kernel casts to:
+  // left to compute.)
+  if (is_limited_support_dtype(dtype))
+    return limited_dtype_supported(base, dtype) || pointwise_out_overload(name) ? R::None : R::NotImplemented;
   bool is_bool = dtype == c10::kBool;
   bool is_int = dtype == c10::kByte || dtype == c10::kChar || dtype == c10::kShort || dtype == c10::kInt ||
                 dtype == c10::kLong;

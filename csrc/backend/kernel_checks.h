@@ -36,7 +36,8 @@ ComplexRefusal complex_refusal_for(const std::string& name, const std::string& b
 // The same for bool and integer inputs: CPU's dtype dispatch of these ops leaves out bool,
 // or bool and the integer dtypes it names, where our rules would compute something (or
 // fail to compile). Read off the op's first tensor argument, the one CPU dispatches on.
-// (uint16/32/64, which CPU refuses almost everywhere, stay computed.)
+// float8 and uint16/32/64 are refused everywhere CPU's kernels leave them out
+// (dtype_support.h), by the same dtype.
 ComplexRefusal integral_refusal_for(const std::string& name, const std::string& base, c10::ScalarType dtype);
 
 }  // namespace tpu::backend

@@ -11,6 +11,7 @@
 #include <limits>
 #include <optional>
 
+#include "backend/dtype_support.h"
 #include "backend/dtypes.h"
 #include "backend/executor.h"
 #include "backend/fallback.h"
@@ -92,6 +93,7 @@ int64_t count_nonzero_of(const at::Tensor& t, int dev) {
 // of counts, packs the flat positions of the nonzero ones and turns only those into
 // coordinates. The result owns a buffer of its bucket's size, not the input's.
 at::Tensor nonzero_tpu(const at::Tensor& self) {
+  refuse_limited_dtype("nonzero", self.scalar_type());  // float8, uint16/32/64: CPU has no kernel
   return guarded([&] {
     note_synchronizing_op("aten::nonzero");  // the output size depends on values
     ReadOfComputed now({self});
@@ -187,6 +189,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_impl(const at::Tensor& sel
   // CPU's kernels refuse complex values (an order is needed).
   TORCH_CHECK_NOT_IMPLEMENTED(!self.is_complex(), consecutive ? "unique_consecutive" : "unique",
                               ": not implemented for '", self.scalar_type(), "' (CPU refuses complex values too)");
+  refuse_limited_dtype(consecutive ? "unique_consecutive" : "_unique2", self.scalar_type());
   at::Tensor none = at::empty({0}, self.options().dtype(at::kLong));
   int64_t n = self.numel();
   if (n == 0)
@@ -273,6 +276,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> unique_slices(cons
                                                                              bool consecutive) {
   dim = at::maybe_wrap_dim(dim, self.dim());
   TORCH_CHECK_NOT_IMPLEMENTED(!self.is_complex(), "\"unique_dim\" not implemented for '", self.scalar_type(), "'");
+  refuse_limited_dtype("unique_dim", self.scalar_type());
   at::TensorOptions lo = self.options().dtype(at::kLong);
   if (self.numel() == 0) {
     int64_t zero_dims = 0;
