@@ -62,6 +62,7 @@ REFUSED = {
     "nonzero": (lambda t, d: x_(t, d).nonzero(), F8 + UNSIGNED),
     "unique": (lambda t, d: x_(t, d).unique(), F8),
     "softmax": (lambda t, d: x_(t, d).softmax(1), F8),
+    "index_put": (lambda t, d: x_(t, d).index_put((torch.tensor([1], device=d),), y_(t, d)[0]), UNSIGNED),
     "max_pool2d": (lambda t, d: F.max_pool2d(img(t, d), 2), F8 + UNSIGNED),
     "conv2d": (lambda t, d: F.conv2d(img(t, d), img(t, d)[:, :, :3, :3]), F8 + UNSIGNED + [torch.bool]),
     "adaptive_avg_pool2d": (lambda t, d: F.adaptive_avg_pool2d(img(t, d), 2),
@@ -159,16 +160,15 @@ def test_unsigned_min_max_follow_cuda(mode, dtype):
     assert x.max(1).indices.cpu().tolist() == [2, 1]
 
 
-# Byte moves CPU's kernels leave out for float8 and uint16/32/64 and CUDA's run (flip_cuda
-# dispatches AT_FLOAT8_TYPES and AT_BAREBONES_UNSIGNED_TYPES): tpu moves the bits, as the
-# same move of the bits held in an integer dtype says.
+# Byte moves CPU's kernels leave out for float8 and uint16/32/64, which tpu keeps moving as
+# CUDA does (flip_cuda dispatches AT_FLOAT8_TYPES and AT_BAREBONES_UNSIGNED_TYPES): the
+# bits, as the same move of the bits held in an integer dtype says.
 CUDA_MOVES = {
     "flip": lambda a: a.flip(1),
     "gather": lambda a: a.gather(1, torch.tensor([[1], [0]], device=a.device)),
     "tril": lambda a: a.tril(),
     "take": lambda a: a.take(torch.tensor([5, 0], device=a.device)),
     "scatter": lambda a: a.scatter(1, torch.tensor([[2, 0]], device=a.device), a.flip(0)),
-    "index_put": lambda a: a.index_put((torch.tensor([1], device=a.device),), a[0]),
 }
 
 

@@ -35,13 +35,12 @@ const std::unordered_set<std::string>& moves() {
   return ops;
 }
 
-// Byte moves CPU's kernels leave out for these dtypes, but CUDA's run on them (flip_cuda
-// dispatches AT_FLOAT8_TYPES and AT_BAREBONES_UNSIGNED_TYPES; its gather, scatter, take,
-// tril and masked_scatter kernels move opaque bytes likewise): tpu follows CUDA, bit exact.
+// Byte moves CPU's kernels leave out for these dtypes, which tpu keeps moving bit exact as
+// CUDA does: flip_cuda dispatches AT_FLOAT8_TYPES and AT_BAREBONES_UNSIGNED_TYPES; the
+// others move opaque bytes there too and were computed here before (test_bit_exact_moves.py).
 const std::unordered_set<std::string>& cuda_moves() {
   static const std::unordered_set<std::string> ops = {
       "flip", "gather", "take", "tril", "triu", "scatter", "index_copy", "masked_scatter",
-      "index_put", "_index_put_impl", "_unsafe_index_put",
   };
   return ops;
 }
