@@ -1146,7 +1146,8 @@ ComplexRefusal integral_refusal_for(const std::string& name, const std::string& 
       {"max_pool3d_with_indices", {BoolOnly, R::NotImplemented}},
       {"convolution", {BoolOnly, R::NotImplemented}}, {"convolution_overrideable", {BoolOnly, R::NotImplemented}},
       {"_adaptive_avg_pool2d", {Ints, R::NotImplemented}}, {"_adaptive_avg_pool3d", {Ints, R::NotImplemented}},
-      {"histc", {Ints, R::NotImplemented}}, {"addcdiv", {BoolOnly, R::Runtime}},
+      // (integer histc CPU refuses and CUDA bins: tpu follows CUDA, test_search_scan.py)
+      {"histc", {BoolOnly, R::NotImplemented}}, {"addcdiv", {BoolOnly, R::Runtime}},
   };
   // float8 and uint16/32/64: CPU runs few kernels on them (dtype_support.h).
   // (An out= overload of a pointwise op is read off its out, which CPU's kernel casts to:
