@@ -72,6 +72,8 @@ REFUSED = {
     "pow_tensor": (lambda t, d: x_(t, d) ** y_(t, d), [torch.bool]),
     "addcdiv": (lambda t, d: x_(t, d).addcdiv(y_(t, d), y_(t, d)), [torch.bool]),
     "var_all": (lambda t, d: x_(t, d).var(), F8),
+    "random_": (lambda t, d: x_(t, d).random_(), UNSIGNED),
+    "eye": (lambda t, d: torch.eye(2, dtype=t, device=d), UNSIGNED),
     "uint16 + 0-dim int64": (lambda t, d: x_(t, d) + torch.tensor(3, device=d), [torch.uint16]),
     "add_f32_out": (lambda t, d: torch.add(x_(torch.float32, d), y_(torch.float32, d),
                                            out=torch.empty(2, 3, dtype=t, device=d)), UNSIGNED),
@@ -136,6 +138,8 @@ ACCEPTED = {
     "add_f32_out": (lambda t, d: torch.add(x_(torch.float32, d), y_(torch.float32, d),
                                            out=torch.empty(2, 3, dtype=t, device=d)), F8),
     "mul_f32": (lambda t, d: x_(t, d) * y_(torch.float32, d), UNSIGNED),
+    "addbmm": (lambda t, d: torch.addbmm(x_(t, d)[:, :2], x_(t, d)[None], y_(t, d).t()[None]), F8),
+    "matrix_power_0": (lambda t, d: torch.linalg.matrix_power(x_(t, d)[:, :2], 0), F8),
 }
 ACCEPTED_CASES = [(op, t) for op, (_, dtypes) in ACCEPTED.items() for t in dtypes]
 
@@ -181,3 +185,10 @@ def test_cuda_moves_keep_bits(mode, op, dtype):
     got = CUDA_MOVES[op](x.to("tpu")).cpu()
     assert got.dtype == dtype
     assert torch.equal(got.view(held) if dtype in F8 else got.to(held), want)
+
+
+@pytest.mark.parametrize("dtype", UNSIGNED, ids=_short)
+def test_unsigned_random_from_to_draws_in_range(mode, dtype):
+    # CPU's random_(from, to) takes the unsigned types (a plain random_() it refuses)
+    x = torch.zeros(1000, dtype=dtype, device="tpu").random_(3, 10)
+    assert x.dtype == dtype and 3 <= x.min().item() and x.max().item() < 10

@@ -282,6 +282,11 @@ def _complex_refusal(op):
 _INTEGRAL_CODES = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.bool: 11,
                    torch.float8_e5m2: 23, torch.float8_e4m3fn: 24, torch.float8_e5m2fnuz: 25,
                    torch.float8_e4m3fnuz: 26, torch.uint16: 27, torch.uint32: 28, torch.uint64: 29}
+# Their names as c10 (and so CPU's errors) spells them.
+_C10_NAMES = {torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int", torch.int64: "Long",
+              torch.bool: "Bool", torch.float8_e5m2: "Float8_e5m2", torch.float8_e4m3fn: "Float8_e4m3fn",
+              torch.float8_e5m2fnuz: "Float8_e5m2fnuz", torch.float8_e4m3fnuz: "Float8_e4m3fnuz",
+              torch.uint16: "UInt16", torch.uint32: "UInt32", torch.uint64: "UInt64"}
 
 
 def _integral_refusal(op, t):
@@ -325,7 +330,8 @@ def _kernel(op, decomp):
         if first is not None:
             integral = _integral_refusal(op, first)
             if integral is not None:
-                raise integral(f"{_name(op)}: not implemented for '{first.dtype}' (CPU's kernel refuses it too)")
+                raise integral(f"{_name(op)}: not implemented for '{_C10_NAMES[first.dtype]}' "
+                               "(CPU's kernel refuses it too)")
         active = getattr(_state, "active", None)
         if active is None:
             active = _state.active = set()

@@ -45,10 +45,10 @@ const std::unordered_set<std::string>& cuda_moves() {
   return ops;
 }
 
-// float8 beyond the moves: CPU's abs, its matmuls and index_put (accumulate too).
+// float8 beyond the moves: CPU's abs, its matmuls, eye and index_put (accumulate too).
 const std::unordered_set<std::string>& float8_ops() {
   static const std::unordered_set<std::string> ops = {
-      "abs", "mm", "addmm", "_scaled_mm", "_scaled_grouped_mm", "index_put", "_index_put_impl",
+      "abs", "mm", "addmm", "addbmm", "eye", "_scaled_mm", "_scaled_grouped_mm", "index_put", "_index_put_impl",
       "_unsafe_index_put",
   };
   return ops;
@@ -64,6 +64,7 @@ const std::unordered_set<std::string>& unsigned_ops() {
       "bitwise_and", "bitwise_or", "bitwise_xor", "ceil", "floor", "round", "trunc", "nan_to_num",
       "isclose", "isinf", "isposinf", "isneginf", "isfinite", "signbit",
       "max", "min", "amax", "amin", "aminmax",
+      "random.from", "random.to",  // random_(from, to); a plain random_() CPU refuses
   };
   return ops;
 }

@@ -14,7 +14,8 @@ namespace tpu::backend {
 // float8_e4m3fn/e5m2/e4m3fnuz/e5m2fnuz, uint16, uint32, uint64.
 bool is_limited_support_dtype(c10::ScalarType t);
 
-// Whether an op (by base name: no overload, no trailing _) runs on CPU (or, where named in
+// Whether an op (by base name: no overload, no trailing _; or by base.overload where
+// CPU's support differs between overloads) runs on CPU (or, where named in
 // the .cpp, on CUDA) for a `dtype` of limited support: the dtype of its first tensor
 // argument, or of a pointwise op's result.
 bool limited_dtype_supported(const std::string& base, c10::ScalarType dtype);

@@ -1153,7 +1153,10 @@ ComplexRefusal integral_refusal_for(const std::string& name, const std::string& 
   // (An out= overload of a pointwise op is read off its out, which CPU's kernel casts to:
   // left to compute.)
   if (is_limited_support_dtype(dtype))
-    return limited_dtype_supported(base, dtype) || pointwise_out_overload(name) ? R::None : R::NotImplemented;
+    return limited_dtype_supported(base, dtype) || limited_dtype_supported(name, dtype) ||
+                   pointwise_out_overload(name)
+               ? R::None
+               : R::NotImplemented;
   bool is_bool = dtype == c10::kBool;
   bool is_int = dtype == c10::kByte || dtype == c10::kChar || dtype == c10::kShort || dtype == c10::kInt ||
                 dtype == c10::kLong;
