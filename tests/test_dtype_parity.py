@@ -78,6 +78,10 @@ REFUSED = {
     "add_f32_out": (lambda t, d: torch.add(x_(torch.float32, d), y_(torch.float32, d),
                                            out=torch.empty(2, 3, dtype=t, device=d)), UNSIGNED),
     "floor_divide_mixed": (lambda t, d: torch.floor_divide(x_(t, d), y_(torch.float32, d)), F8),
+    # out= overloads compute in their inputs' dtype, whatever the out's
+    "add_out": (lambda t, d: torch.add(x_(t, d), y_(t, d), out=torch.empty(2, 3, dtype=t, device=d)), F8 + UNSIGNED),
+    "neg_out": (lambda t, d: torch.neg(x_(t, d), out=torch.empty(2, 3, dtype=t, device=d)), F8 + UNSIGNED),
+    "add_out_f32": (lambda t, d: torch.add(x_(t, d), 1, out=torch.empty(2, 3, device=d)), UNSIGNED),
     "index_fill": (lambda t, d: x_(t, d).index_fill(1, torch.tensor([1], device=d), 1), F8 + UNSIGNED),
     "take_along_sort": (lambda t, d: x_(t, d).argsort(1), F8),
 }
@@ -138,6 +142,9 @@ ACCEPTED = {
     "add_f32_out": (lambda t, d: torch.add(x_(torch.float32, d), y_(torch.float32, d),
                                            out=torch.empty(2, 3, dtype=t, device=d)), F8),
     "mul_f32": (lambda t, d: x_(t, d) * y_(torch.float32, d), UNSIGNED),
+    "remainder_out": (lambda t, d: torch.remainder(x_(t, d), 5, out=torch.empty(2, 3, dtype=torch.int64, device=d)),
+                      [torch.bool]),
+    "mul_out_f32": (lambda t, d: torch.mul(x_(t, d), y_(t, d), out=torch.empty(2, 3, device=d)), F8),
     "addbmm": (lambda t, d: torch.addbmm(x_(t, d)[:, :2], x_(t, d)[None], y_(t, d).t()[None]), F8),
     "matrix_power_0": (lambda t, d: torch.linalg.matrix_power(x_(t, d)[:, :2], 0), F8),
 }

@@ -91,13 +91,6 @@ void refuse_limited_dtype(const char* op, c10::ScalarType dtype) {
                               "\" not implemented for '", dtype, "' (CPU's kernel refuses it too)");
 }
 
-bool pointwise_out_overload(const std::string& name) {
-  auto dot = name.find('.');
-  if (dot == std::string::npos || name.find("out", dot) == std::string::npos) return false;
-  auto op = c10::Dispatcher::singleton().findOp({"aten::" + name.substr(0, dot), name.substr(dot + 1)});
-  return op && op->hasTag(at::Tag::pointwise);
-}
-
 bool limited_dtype_supported(const std::string& base, c10::ScalarType dtype) {
   if (moves().count(base) || cuda_moves().count(base)) return true;
   // CPU's isinf (and isfinite, through it) has a float8_e5m2 kernel: the one float8 with infinities.

@@ -24,9 +24,6 @@ bool limited_dtype_supported(const std::string& base, c10::ScalarType dtype);
 // support (the ops with kernels of their own: nonzero, unique).
 void refuse_limited_dtype(const char* op, c10::ScalarType dtype);
 
-// A pointwise op's out= overload (add.out, div.out_mode): its out's dtype is not the one
-// CPU's kernel dispatches on (add(f32, f32, out=float8) computes in f32 and casts).
-bool pointwise_out_overload(const std::string& name);
 
 // The check of a pointwise op with a bool result (lt, logical_and, isinf, ...), whose CPU
 // kernel dispatches on its inputs' dtype, not the result's; nullptr for other ops.

@@ -1150,13 +1150,9 @@ ComplexRefusal integral_refusal_for(const std::string& name, const std::string& 
       {"histc", {BoolOnly, R::NotImplemented}}, {"addcdiv", {BoolOnly, R::Runtime}},
   };
   // float8 and uint16/32/64: CPU runs few kernels on them (dtype_support.h).
-  // (An out= overload of a pointwise op is read off its out, which CPU's kernel casts to:
-  // left to compute.)
   if (is_limited_support_dtype(dtype))
-    return limited_dtype_supported(base, dtype) || limited_dtype_supported(name, dtype) ||
-                   pointwise_out_overload(name)
-               ? R::None
-               : R::NotImplemented;
+    return limited_dtype_supported(base, dtype) || limited_dtype_supported(name, dtype) ? R::None
+                                                                                          : R::NotImplemented;
   bool is_bool = dtype == c10::kBool;
   bool is_int = dtype == c10::kByte || dtype == c10::kChar || dtype == c10::kShort || dtype == c10::kInt ||
                 dtype == c10::kLong;

@@ -1094,14 +1094,28 @@ void refuse_complex(const OpInfo& info, c10::ArrayRef<IValue> args, const std::v
 // Bool and integer inputs CPU's kernel refuses (integral_refusal_for): its first tensor
 // argument's dtype decides, as CPU's dispatch does.
 void refuse_integral(const OpInfo& info, c10::ArrayRef<IValue> args, const std::vector<at::Tensor>& outs) {
+  // A pointwise op computes in its result's dtype (bool % 5 is int64), as do the
+  // pointwise losses (mse_loss(int64, float32) is float32). An out= overload computes in
+  // its inputs' (CPU casts to the out after: add(f32, f32, out=float8) runs, add(float8,
+  // float8, out=float8) does not).
+  const bool by_result = info.pointwise || info.base == "mse_loss" || info.base == "smooth_l1_loss";
+  std::optional<c10::ScalarType> computed;
+  if (by_result && info.is_out) {
+    at::native::ResultTypeState state;
+    const int last = info.num_args - static_cast<int>(info.mutated.size());
+    for (int i = 0; i < last; ++i) {
+      if (args[i].isTensor() && args[i].toTensor().defined())
+        state = at::native::update_result_type_state(args[i].toTensor(), state);
+      else if (args[i].isScalar())
+        state = at::native::update_result_type_state(args[i].toScalar(), state);
+    }
+    computed = at::native::result_type(state);
+  } else if (by_result && !outs.empty() && outs[0].defined()) {
+    computed = outs[0].scalar_type();
+  }
   for (const IValue& v : args) {
     if (!v.isTensor()) continue;
-    c10::ScalarType t = v.toTensor().scalar_type();
-    // A pointwise op computes in its result's dtype (bool % 5 is int64), as do the
-    // pointwise losses (mse_loss(int64, float32) is float32).
-    if ((info.pointwise || info.base == "mse_loss" || info.base == "smooth_l1_loss") && !outs.empty() &&
-        outs[0].defined())
-      t = outs[0].scalar_type();
+    c10::ScalarType t = computed ? *computed : v.toTensor().scalar_type();
     ComplexRefusal r = integral_refusal_for(info.base_overload, info.base, t);
     if (r == ComplexRefusal::None) return;
     std::string what = c10::str(info.name, ": not implemented for '", t, "' (CPU's kernel refuses it too)");
