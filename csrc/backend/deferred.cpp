@@ -505,6 +505,8 @@ thread_local const void* t_call = nullptr;
 std::string call_name(const Program& program) { return t_describe_call ? t_describe_call(t_call) : program.name(); }
 }  // namespace
 
+std::string op_call_name(const Program& program) { return call_name(program); }
+
 NamingCall::NamingCall(std::string (*describe)(const void*), const void* call)
     : prev_describe_(t_describe_call), prev_call_(t_call) {
   t_describe_call = describe;
@@ -747,9 +749,8 @@ runtime::BufferPtr resolve_value(const Operand& v, bool reported_is_null) {
 runtime::BufferPtr resolve(const Operand& v) { return resolve_value(v, false); }
 runtime::BufferPtr resolve_unless_reported(const Operand& v) { return resolve_value(v, true); }
 
-Results run_internal(const std::string& key,
-                     const std::function<std::vector<ir::Value>(ir::Builder&)>& build,
-                     const std::vector<Operand>& args, int device) {
+ProgramPtr internal_program(const std::string& key,
+                            const std::function<std::vector<ir::Value>(ir::Builder&)>& build) {
   static std::mutex mu;
   static std::unordered_map<std::string, ProgramPtr> cache;
   ProgramPtr p;
@@ -765,8 +766,14 @@ Results run_internal(const std::string& key,
     std::lock_guard<std::mutex> lock(mu);
     cache.emplace(key, p);
   }
+  return p;
+}
+
+Results run_internal(const std::string& key,
+                     const std::function<std::vector<ir::Value>(ir::Builder&)>& build,
+                     const std::vector<Operand>& args, int device) {
   std::vector<Operand> operands = args;
-  return run(p, operands, device);
+  return run(internal_program(key, build), operands, device);
 }
 
 // ---- flushing: one program per graph -------------------------------------------------------
@@ -1167,6 +1174,8 @@ struct Job {
 std::optional<Job> g_held_job;  // a side recording's final flush (under g_mu)
 
 }  // namespace
+
+bool donation_allowed() { return donation_enabled(); }
 
 struct FlushedGraph {
   std::string key;  // the graph's wiring and outputs, without its donations

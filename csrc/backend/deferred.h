@@ -159,6 +159,14 @@ class NamingCall {
 Results run(const ProgramPtr& program, Operands args, int device, bool eager = true,
             bool graph_locked = false);
 
+// Whether launches may donate inputs (TPU_FUSE_DONATE, "0" off; on where the runtime says
+// donation is safe): the rule fused graphs and Strict's in-place writes share.
+bool donation_allowed();
+// The op call this thread runs `program` for, as errors at the call name it.
+std::string op_call_name(const Program& program);
+// The internal program made once per `key` (run_internal's).
+ProgramPtr internal_program(const std::string& key,
+                            const std::function<std::vector<ir::Value>(ir::Builder&)>& build);
 // A small internal program (zero fill, relayout...) made once per `key`, then run.
 Results run_internal(const std::string& key,
                      const std::function<std::vector<ir::Value>(ir::Builder&)>& build,

@@ -225,9 +225,9 @@ runtime::ExecutablePtr compile_cached(const std::string& text, const std::string
 
 std::vector<runtime::BufferPtr> launch(const runtime::Executable& exe,
                                        const std::vector<runtime::Buffer*>& args, int device,
-                                       const std::string& what) {
+                                       const std::string& what, const std::vector<bool>& donate) {
   auto outputs = guarded([&] {
-    return runtime::Client::get().execute(exe, args, device, eager_mode() == EagerMode::Debug, {}, what);
+    return runtime::Client::get().execute(exe, args, device, eager_mode() == EagerMode::Debug, donate, what);
   });
   note_launch(what.empty() ? exe.name : what, device, outputs);
   return outputs;

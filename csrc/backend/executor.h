@@ -57,9 +57,10 @@ bool compiled_before(const std::string& text);
 
 // Launches `exe` on `device`; waits in Debug mode.
 // `what` names the op in errors (the executable may be shared with other ops).
+// `donate`: inputs whose memory an output the program aliases to them may take.
 std::vector<runtime::BufferPtr> launch(const runtime::Executable& exe,
                                        const std::vector<runtime::Buffer*>& args, int device,
-                                       const std::string& what = "");
+                                       const std::string& what = "", const std::vector<bool>& donate = {});
 
 // Runs `fn`, turning runtime errors into PyTorch's: device OOM becomes
 // torch.OutOfMemoryError, other PJRT errors RuntimeError with the plugin's message.

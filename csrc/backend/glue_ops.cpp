@@ -20,6 +20,7 @@
 #include "backend/device_checks.h"
 #include "backend/dtypes.h"
 #include "backend/executor.h"
+#include "backend/inplace_donation.h"
 #include "backend/storage.h"
 #include "backend/sync_debug.h"
 #include "ir/views.h"
@@ -385,6 +386,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
       DType st = device_dtype(host.scalar_type(), "copy_");
       std::vector<int64_t> dims(host.sizes().begin(), host.sizes().end());
       before_upload(device_index(self));  // a pending graph holding many dropped uploads runs first
+      if (upload_replacing(self, host, st)) return self;  // the whole storage: its old buffer goes first
       auto buf = runtime::Client::get().from_host(host.data_ptr(), st, dims, device_index(self));
       note_upload(buf, device_index(self));
       assign(self, buf);

@@ -34,6 +34,7 @@
 #include "backend/executor.h"
 #include "ir/external.h"
 #include "backend/fallback.h"
+#include "backend/inplace_donation.h"
 #include "backend/storage.h"
 #include "backend/structured_meta.h"
 #include "ir/views.h"
@@ -1647,6 +1648,46 @@ void check_inplace_result_type(const OpInfo& info, c10::ArrayRef<IValue> args) {
   }
 }
 
+// The storages an in-place or out= call rewrites whole that its program also reads (the
+// write keeps what lies outside the written view): each such result may take the read
+// storage's buffer (run_rewriting). None where one storage is written twice by the call.
+c10::SmallVector<StorageRewrite, 2> storage_rewrites(const Plan& plan, c10::ArrayRef<IValue> args) {
+  c10::SmallVector<StorageRewrite, 2> out;
+  int result = 0;
+  for (const OutSpec& o : plan.outs) {
+    if (o.undefined) continue;
+    if (o.write) {
+      for (size_t i = 0; i < plan.sources.size(); ++i) {
+        const Source& s = plan.sources[i];
+        if (s.kind != Source::Storage || s.arg != o.arg || s.elem != o.elem) continue;
+        at::Tensor tmp;
+        out.push_back({static_cast<int>(i), result, &storage_data(*tensor_at(args, o.arg, o.elem, &tmp))});
+        break;
+      }
+    }
+    ++result;
+  }
+  for (size_t a = 0; a < out.size(); ++a)
+    for (size_t b = a + 1; b < out.size(); ++b)
+      if (out[a].storage == out[b].storage) return {};
+  return out;
+}
+
+// Sets each written storage's new value (the commit's part for written arguments).
+void commit_writes(const Plan& plan, c10::ArrayRef<IValue> args, Results& results) {
+  size_t next = 0;
+  for (const OutSpec& o : plan.outs) {
+    if (o.undefined) continue;
+    if (o.write) {
+      at::Tensor tmp;
+      StorageData& sd = storage_of(*tensor_at(args, o.arg, o.elem, &tmp));
+      note_replacement(results[next], sd.value);
+      set_value(sd, results[next]);
+    }
+    ++next;
+  }
+}
+
 void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
                     BorrowedArgs* borrowed) {
   guarded([] { runtime::Client::check_not_forked(); return 0; });  // before any graph lock
@@ -1901,12 +1942,18 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
     c10::ArrayRef<IValue> args;
   } call{info, args};
   Results results;
+  bool donated = false;  // an old buffer of a written storage went to the launch
   {
     NamingCall naming([](const void* c) {
       auto* call = static_cast<const Call*>(c);
       return describe(call->info, call->args);
     }, &call);
-    results = run(plan->program, keep, k.device, true, recording.owns_lock());
+    c10::SmallVector<StorageRewrite, 2> rewrites;
+    if (!recording.owns_lock() && !deferring() && eager_donation()) rewrites = storage_rewrites(*plan, args);
+    if (!rewrites.empty())
+      results = run_rewriting(plan->program, keep, k.device, rewrites.data(), rewrites.size(), &donated);
+    else
+      results = run(plan->program, keep, k.device, true, recording.owns_lock());
   }
 
   // Debug mode reads each check at once: before the results are committed, so a failed
@@ -1915,9 +1962,16 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   bool at_call = !plan->checks.empty() && checks_at_call(info, args);
   bool checks_read = !plan->checks.empty() && (eager_mode() == EagerMode::Debug || at_call);
   if (checks_read) {
-    size_t first_check = results.size() - plan->checks.size();
-    for (size_t c = 0; c < plan->checks.size(); ++c) add_device_check(results[first_check + c], plan->checks[c]);
-    if (at_call) verify_device_checks();
+    try {
+      size_t first_check = results.size() - plan->checks.size();
+      for (size_t c = 0; c < plan->checks.size(); ++c) add_device_check(results[first_check + c], plan->checks[c]);
+      if (at_call) verify_device_checks();
+    } catch (...) {
+      // A donated old value is gone: the written results hold it (a checked in-place
+      // rule leaves its argument as it was when its check fails).
+      if (donated) commit_writes(*plan, args, results);
+      throw;
+    }
   }
 
   // Commit results: new storage buffers for mutated args, new tensors otherwise.

@@ -17,6 +17,7 @@
 #include "backend/dtypes.h"
 #include "backend/profiler.h"
 #include "backend/executor.h"
+#include "backend/inplace_donation.h"
 #include "lowering/helpers.h"
 #include "runtime/client.h"
 
@@ -371,8 +372,8 @@ void apply_pending(StorageData& s) {
     }
   }
   // The writes in their order, each as assign() would run it alone: the same bytes.
-  set_value(s, guarded([&] {
-    return run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
+  ProgramPtr program = guarded([&] {
+    return internal_program(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
       ir::Value cur = has ? b.param(st) : lowering::constant_any(b, 0, st.dtype, st.shape);
       for (const PendingWrite& w : writes) {
         ir::Value v = b.param(w.value.type());
@@ -387,8 +388,16 @@ void apply_pending(StorageData& s) {
         cur = write_storage_view(b, cur, st, w.view, v, offset ? &*offset : nullptr);
       }
       return {cur};
-    }, args, s.device)[0];
-  }));
+    });
+  });
+  // The old value rewritten in place where nothing else holds it (inplace_donation.h).
+  Results out = guarded([&] {
+    if (!has || deferring() || !eager_donation()) return run(program, args, s.device);
+    StorageRewrite rewrite{0, 0, &s};
+    bool donated = false;
+    return run_rewriting(program, args, s.device, &rewrite, 1, &donated);
+  });
+  set_value(s, std::move(out[0]));
 }
 
 int device_index(const at::Tensor& t) { return t.device().has_index() ? t.device().index() : 0; }

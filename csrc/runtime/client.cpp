@@ -169,6 +169,7 @@ Buffer::~Buffer() {
     c.api()->PJRT_Error_Destroy(&d);
   }
   DeviceStats& st = c.stats(device_);
+  if (donated_) return;  // its bytes left the counts at the launch that took it
   if (cached_) {
     st.live_bytes.fetch_sub(nbytes_);
     st.cache_bytes.fetch_sub(nbytes_);
@@ -176,6 +177,25 @@ Buffer::~Buffer() {
   } else {
     st.add(-nbytes_);
   }
+}
+
+bool Buffer::is_deleted() const {
+  Client& c = Client::get();
+  auto a = ARGS(PJRT_Buffer_IsDeleted_Args);
+  a.buffer = buf_;
+  if (PJRT_Error* err = c.api()->PJRT_Buffer_IsDeleted(&a)) {
+    auto d = ARGS(PJRT_Error_Destroy_Args);
+    d.error = err;
+    c.api()->PJRT_Error_Destroy(&d);
+    return false;
+  }
+  return a.is_deleted;
+}
+
+void Buffer::mark_donated() {
+  if (donated_ || cached_) return;
+  donated_ = true;
+  Client::get().stats(device_).add(-nbytes_);
 }
 
 void Buffer::mark_cached() {
@@ -874,6 +894,11 @@ std::vector<BufferPtr> Client::execute(const Executable& exe, const std::vector<
   // Messages are built only on failure: this is every op's path.
   if (PJRT_Error* e = api_->PJRT_LoadedExecutable_Execute(&a)) check(e, "executing " + name);
   counters_.executions += 1;
+  // A donated input the program took is its aliased output's memory now: uncounted before
+  // the outputs are, so the peak sees one buffer, not both.
+  if (donating)
+    for (size_t i = 0; i < args.size() && i < donate.size(); ++i)
+      if (donate[i] && args[i]->is_deleted()) args[i]->mark_donated();
 
   // A chain of launches of one op names it once (a per-thread last-used copy).
   thread_local std::shared_ptr<const std::string> last_name;

@@ -104,8 +104,14 @@ class Buffer : public std::enable_shared_from_this<Buffer> {
   bool shared_constant = false;
   // Held by a runtime cache: counted in the capacity, not in memory_allocated().
   void mark_cached();
+  // True once the plugin deleted it: a launch took it as a donated input.
+  bool is_deleted() const;
+  // A launch reused its memory for an output: its bytes are that output's from now on,
+  // so it is no longer counted (nor again when it is destroyed).
+  void mark_donated();
  private:
   bool cached_ = false;
+  bool donated_ = false;
   PJRT_Buffer* buf_;
   int device_;
   DType dtype_;

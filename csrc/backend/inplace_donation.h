@@ -1,0 +1,44 @@
+// In-place writes outside DeferAndFuse: the program that rewrites a storage takes the
+// storage's old buffer as a donated input, aliased to the new value, so an in-place op
+// (x.add_(1), x[5] = 7, an optimizer's update) needs one buffer of the storage, not two,
+// as CUDA's in-place kernels do. Fused graphs donate by the same rule (deferred.cpp).
+#pragma once
+#include <cstddef>
+
+#include <ATen/Tensor.h>
+
+#include "backend/deferred.h"
+
+namespace tpu::backend {
+
+struct StorageData;
+
+// A storage an eager program rewrites whole: parameter `param` is its value now, result
+// `result` its next value.
+struct StorageRewrite {
+  int param;
+  int result;
+  StorageData* storage;
+};
+
+// Whether eager in-place writes donate (donation_allowed(), read cheaply per op call).
+bool eager_donation();
+
+// Runs `program` as run() does in Strict and Debug, donating the old buffer of each
+// rewrite that nothing else holds (no other storage, queued launch, pending check or
+// operand of this call). *donated says whether one was. A launch that fails once it took
+// a donated buffer leaves that storage unreadable, naming the error (its old value is gone).
+Results run_rewriting(const ProgramPtr& program, Operands args, int device,
+                      const StorageRewrite* rewrites, size_t count, bool* donated);
+
+// copy_ of the contiguous host tensor `host` (already of `dtype`, the destination's device
+// dtype) into `dst`, where it becomes dst's whole storage value as it is: the old value is
+// not needed, so where nothing else holds its buffer the buffer is dropped before the
+// upload (in every mode, donation or not): one buffer of the storage, not two, as CUDA's
+// copy_ writes in place (a checkpoint loaded into a full device). The limit is checked
+// first as if it were freed, so a copy that cannot fit raises with dst unchanged; an upload
+// failing once it was dropped leaves the storage unreadable, naming the error.
+// False (nothing done) where that does not apply: the caller copies as before.
+bool upload_replacing(const at::Tensor& dst, const at::Tensor& host, DType dtype);
+
+}  // namespace tpu::backend
