@@ -1,0 +1,196 @@
+"""In-place writes need one buffer of the written storage, as CUDA's in-place kernels do.
+
+- Strict and Debug: an in-place op (x.add_(1), x[:100].zero_(), x[5] = 7, ...) donates
+  the storage's old buffer to its program where nothing else holds it, so a 10 MiB tensor
+  is updated under a 16 MiB limit and the peak counter reads one buffer. Donation follows
+  the fused graphs' rule: on the XLA CPU plugin only with TPU_FUSE_DONATE=1 at process
+  start (runtime::Client::donation_safe).
+- DeferAndFuse: a fused graph that donates counts the donated buffer once (its peak too).
+- copy_ from the CPU over a whole storage (load_state_dict) drops the old buffer before
+  the upload, in every mode, donation or not.
+- A failing op (a device-side index check, an out-of-memory) leaves the tensor readable
+  and unchanged.
+Each case runs in a fresh process per mode (the limit and donation are per process)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+MODES = ["strict", "debug", "defer_and_fuse"]
+
+PRELUDE = textwrap.dedent(
+    """
+    import torch, torch_tpu
+    T = torch.tpu
+    d = "tpu"
+    MB = 1 << 20
+
+    def set_limit(nbytes):
+        T.set_per_process_memory_fraction(nbytes / T.get_device_properties(0).total_memory)
+
+    def donated():
+        return torch_tpu.metrics()["donated_buffers"]
+    """
+)
+
+
+def run_script(body, mode, donate):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TPU_LAUNCH_BLOCKING", "TPU_DEFER_AND_FUSE", "TPU_FUSE_DONATE")}
+    if mode == "debug":
+        env["TPU_LAUNCH_BLOCKING"] = "1"
+    if mode == "defer_and_fuse":
+        env["TPU_DEFER_AND_FUSE"] = "1"
+    if donate:
+        env["TPU_FUSE_DONATE"] = "1"
+    script = PRELUDE + textwrap.dedent(body) + "\nprint('done')\n"
+    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "done" in p.stdout, p.stdout + p.stderr
+    return p.stdout
+
+
+# The memory probe's r9 ops on a 10 MiB tensor under a 16 MiB limit (one buffer fits, two
+# do not), each compared with the same op on CPU, each peaking at one buffer.
+EAGER_IN_PLACE = """
+    n = 10 * MB // 4
+    ref = torch.randn(n)
+    x = ref.to(d)
+    T.synchronize()
+    set_limit(16 * MB)
+    ops = [
+        ("add_", lambda t: t.add_(1)),
+        ("mul_.add_", lambda t: t.mul_(2).add_(1)),
+        ("slice zero_", lambda t: t[:100].zero_()),
+        ("clamp_", lambda t: t.clamp_(min=0)),
+        ("setitem", lambda t: t.__setitem__(5, 7.0)),
+        ("div_", lambda t: t.div_(4)),
+    ]
+    before = donated()
+    for name, op in ops:
+        T.reset_peak_memory_stats()
+        op(x)
+        op(ref)
+        got = x.cpu()
+        assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6), name
+        peak = T.max_memory_allocated()
+        assert peak <= 10 * MB + 64 * 1024, (name, peak)
+    assert donated() >= before + len(ops), (before, donated())
+    assert T.memory_allocated() <= 10 * MB + 64 * 1024
+
+    # A device-side check that fails: the tensor is left as it was, and readable.
+    bad = torch.tensor([n + 5], device=d)
+    snapshot = x.cpu()
+    try:
+        x.index_fill_(0, bad, 1.0)
+        x[0].item()
+        raise AssertionError("no index error")
+    except IndexError:
+        pass
+    assert torch.equal(x.cpu(), snapshot)
+    x.add_(1)
+    assert torch.equal(x.cpu(), snapshot + 1)
+
+    # An op that cannot fit even in place (a float64 result is 20 MiB): out of memory,
+    # the tensor unchanged and still updated in place afterwards.
+    try:
+        x.add_(torch.ones(n, dtype=torch.float64, device=d))
+        x[0].item()
+        raise AssertionError("no out-of-memory error")
+    except torch.OutOfMemoryError:
+        pass
+    assert torch.equal(x.cpu(), snapshot + 1)
+    x.mul_(3)
+    assert torch.equal(x.cpu(), (snapshot + 1) * 3)
+
+    # Other holders of the old buffer keep it: nothing is donated from under them.
+    set_limit(T.get_device_properties(0).total_memory)
+    y = torch.arange(1000.0, device=d)
+    z = y.clone()                      # its own storage (possibly the same buffer)
+    w = y * 2                          # may still be queued, reading y's buffer
+    v = y[10:20]                       # a view: sees the update
+    y.add_(1)
+    assert torch.equal(z.cpu(), torch.arange(1000.0))
+    assert torch.equal(w.cpu(), torch.arange(1000.0) * 2)
+    assert torch.equal(v.cpu(), torch.arange(10.0, 20.0) + 1)
+    assert torch.equal(y.cpu(), torch.arange(1000.0) + 1)
+"""
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug"])
+def test_eager_in_place_ops_fit_one_buffer_with_donation(mode):
+    run_script(EAGER_IN_PLACE, mode, donate=True)
+
+
+# A fused graph that donates: the donated buffer leaves the counts at its launch, so the
+# peak is one buffer, not two (the first run of a new graph runs op by op and does not
+# donate: warmed up first, without the limit).
+FUSED_PEAK = """
+    n = 10 * MB // 4
+    ref = torch.randn(n)
+    x = ref.to(d)
+    for _ in range(3):
+        x.add_(1)
+        x[0].item()
+    ref += 3
+    set_limit(16 * MB)
+    before = donated()
+    T.reset_peak_memory_stats()
+    x.add_(1)
+    ref += 1
+    assert torch.allclose(x.cpu(), ref)
+    assert donated() > before
+    assert T.max_memory_allocated() <= 10 * MB + 64 * 1024, T.max_memory_allocated()
+"""
+
+
+def test_fused_donation_peaks_at_one_buffer():
+    run_script(FUSED_PEAK, "defer_and_fuse", donate=True)
+
+
+# copy_ from the CPU over a whole storage, and load_state_dict into a model that fills the
+# device: no donation needed (the default on the CPU plugin).
+COPY_FROM_CPU = """
+    n = 10 * MB // 4
+    x = torch.randn(n, device=d)
+    T.synchronize()
+    set_limit(16 * MB)
+    T.reset_peak_memory_stats()
+    src = torch.linspace(-1, 1, n)
+    x.copy_(src)
+    assert torch.equal(x.cpu(), src)
+    assert T.max_memory_allocated() <= 10 * MB + 64 * 1024, T.max_memory_allocated()
+    assert donated() == 0
+
+    # A copy that cannot fit (the float64 source is uploaded as it is, 20 MiB): out of
+    # memory with x unchanged, and x still written in place afterwards.
+    try:
+        x.copy_(torch.zeros(n, dtype=torch.float64))
+        x[0].item()
+        raise AssertionError("no out-of-memory error")
+    except torch.OutOfMemoryError:
+        pass
+    assert torch.equal(x.cpu(), src)
+    x.copy_(src * 2)
+    assert torch.equal(x.cpu(), src * 2)
+    del x
+    T.synchronize()
+
+    # load_state_dict with less free memory than the largest parameter.
+    set_limit(T.get_device_properties(0).total_memory)
+    m = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)]).to(d)
+    need = sum(p.numel() * 4 for p in m.parameters())
+    T.synchronize()
+    set_limit(T.memory_allocated() + 64 * 1024)
+    sd = {k: torch.full_like(v, 0.25, device="cpu") for k, v in m.state_dict().items()}
+    m.load_state_dict(sd)
+    for k, v in m.state_dict().items():
+        assert torch.equal(v.cpu(), sd[k]), k
+    assert T.memory_allocated() <= need + 64 * 1024
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_copy_from_cpu_over_whole_storage_needs_one_buffer(mode):
+    run_script(COPY_FROM_CPU, mode, donate=False)
