@@ -7,7 +7,8 @@
   start (runtime::Client::donation_safe).
 - DeferAndFuse: a fused graph that donates counts the donated buffer once (its peak too).
 - copy_ from the CPU over a whole storage (load_state_dict) drops the old buffer before
-  the upload, in every mode, donation or not.
+  the upload, in every mode, donation or not; so do Strict's and Debug's ops that overwrite
+  a whole storage without reading it (x.normal_(), a broadcast copy_).
 - A failing op (a device-side index check, an out-of-memory) leaves the tensor readable
   and unchanged.
 Each case runs in a fresh process per mode (the limit and donation are per process)."""
@@ -194,3 +195,36 @@ COPY_FROM_CPU = """
 @pytest.mark.parametrize("mode", MODES)
 def test_copy_from_cpu_over_whole_storage_needs_one_buffer(mode):
     run_script(COPY_FROM_CPU, mode, donate=False)
+
+
+# Ops that overwrite a whole storage without reading it (random fills, a broadcast copy_)
+# drop the old buffer before their launch: no donation needed.
+WHOLE_OVERWRITES = """
+    n = 10 * MB // 4
+    x = torch.randn(n, device=d)
+    T.synchronize()
+    set_limit(16 * MB)
+    for name, op, check in [
+        ("normal_", lambda: x.normal_(2.0, 0.5), lambda v: abs(v.mean().item() - 2.0) < 0.01),
+        ("uniform_", lambda: x.uniform_(3.0, 4.0), lambda v: v.min().item() >= 3.0 and v.max().item() <= 4.0),
+        ("copy_ broadcast", lambda: x.copy_(torch.tensor(5.0)), lambda v: bool((v == 5.0).all())),
+    ]:
+        T.reset_peak_memory_stats()
+        op()
+        assert check(x.cpu()), name
+        assert T.max_memory_allocated() <= 10 * MB + 64 * 1024, (name, T.max_memory_allocated())
+
+    # Another holder of the buffer keeps its values: nothing is dropped from under it.
+    set_limit(T.get_device_properties(0).total_memory)
+    y = torch.arange(1000.0, device=d)
+    z = y.clone()
+    y.normal_()
+    y.copy_(torch.tensor(1.0))
+    assert torch.equal(z.cpu(), torch.arange(1000.0))
+    assert bool((y.cpu() == 1.0).all())
+"""
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug"])
+def test_whole_storage_overwrites_need_one_buffer(mode):
+    run_script(WHOLE_OVERWRITES, mode, donate=False)

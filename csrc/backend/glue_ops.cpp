@@ -70,10 +70,26 @@ void assign(const at::Tensor& dst, Operand value, const at::Tensor* src = nullpt
   if (whole) {
     s.pending.clear();
     std::string key = "assign:" + vt.str() + "->" + mlir_name(dt) + g.key() + st.str();
-    set_value(s, run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
+    ProgramPtr program = internal_program(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
       ir::Value v = lowering::coerce(b, b.param(vt), dt, g.sizes);
       return {b.reshape(reinterpret_bytes(b, v, st.dtype), st.shape)};
-    }, {value}, s.device)[0]);
+    });
+    // The old value is not read: its buffer goes first where nothing else holds it.
+    std::vector<StorageData*> dropped;
+    if (!deferring()) {
+      runtime::ExecutablePtr exe = program->executable();
+      dropped = drop_overwritten({&s}, s.device, exe->output_bytes() + exe->temp_bytes());
+    }
+    std::vector<Operand> args{std::move(value)};
+    Results out;
+    try {
+      out = run(program, args, s.device);
+    } catch (const std::exception& e) {
+      fail_overwrite(dropped, e);
+      throw;
+    }
+    finish_overwrite(dropped);
+    set_value(s, std::move(out[0]));
     return;
   }
   if (!s.value && s.pending.empty()) check_readable(s);

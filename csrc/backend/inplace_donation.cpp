@@ -89,6 +89,23 @@ bool held_only_by(const Operand& a, const StorageData& s) {
 
 }  // namespace
 
+namespace {
+const char* const kDropped = "its value was dropped for an overwrite that did not finish";
+
+// The buffer of the value only `s` holds (no other storage, queued launch or pending
+// graph), or null.
+runtime::Buffer* sole_buffer(const StorageData& s) {
+  const Operand& v = s.value;
+  if (v.buffer) return v.buffer.use_count() == 1 && !v.buffer->shared_constant ? v.buffer.get() : nullptr;
+  return v.slot && is_ready(v) && sole_holder(v) ? v.slot->buffer.get() : nullptr;
+}
+
+std::string message_of(const std::exception& e) {
+  const auto* c = dynamic_cast<const c10::Error*>(&e);
+  return c ? c->what_without_backtrace() : e.what();
+}
+}  // namespace
+
 Results run_rewriting(const ProgramPtr& program, Operands args, int device,
                       const StorageRewrite* rewrites, size_t count, bool* donated) {
   *donated = false;
@@ -122,8 +139,7 @@ Results run_rewriting(const ProgramPtr& program, Operands args, int device,
     outs = launch(*exe, raw, device, named.empty() ? program->name() : named, donate);
   } catch (const std::exception& e) {
     // Taken before it failed (Debug waits for the launch): the old value is gone.
-    const auto* c = dynamic_cast<const c10::Error*>(&e);
-    const std::string why = c ? c->what_without_backtrace() : e.what();
+    const std::string why = message_of(e);
     for (size_t w = 0; w < count; ++w) {
       const StorageRewrite& r = rewrites[w];
       if (donate[r.param] && args.first[r.param].buffer->is_deleted())
@@ -141,35 +157,54 @@ Results run_rewriting(const ProgramPtr& program, Operands args, int device,
   return results;
 }
 
+
+std::vector<StorageData*> drop_overwritten(const std::vector<StorageData*>& storages, int device, int64_t need) {
+  std::vector<StorageData*> dropped;
+  int64_t freed = 0;
+  for (StorageData* s : storages) {
+    if (!s->pending.empty() || s->copy_of || s->loaded_bytes.defined() || !s->unreadable.empty()) continue;
+    if (std::find(dropped.begin(), dropped.end(), s) != dropped.end()) continue;
+    if (runtime::Buffer* b = sole_buffer(*s)) {
+      dropped.push_back(s);
+      freed += b->nbytes();
+    }
+  }
+  if (dropped.empty() || runtime::Client::get().over_limit(device, need - freed)) return {};
+  for (StorageData* s : dropped) {
+    s->unreadable = kDropped;  // first: its bytes are not counted as unwritten ones
+    set_value(*s, Operand());
+  }
+  return dropped;
+}
+
+void finish_overwrite(const std::vector<StorageData*>& dropped) {
+  for (StorageData* s : dropped)
+    if (s->unreadable == kDropped) s->unreadable.clear();
+}
+
+void fail_overwrite(const std::vector<StorageData*>& dropped, const std::exception& e) {
+  for (StorageData* s : dropped)
+    if (s->unreadable == kDropped) make_unreadable(*s, "its value was dropped for an overwrite that failed: " + message_of(e));
+}
+
 bool upload_replacing(const at::Tensor& dst, const at::Tensor& host, DType dtype) {
   StorageData& s = storage_data(dst);
-  if (!s.pending.empty() || s.copy_of || s.loaded_bytes.defined() || !s.unreadable.empty()) return false;
-  const Operand& v = s.value;
-  // Nothing else holds the buffer: no other storage, queued launch or pending graph.
-  if (!(v.buffer ? v.buffer.use_count() == 1 : v.slot && is_ready(v) && sole_holder(v))) return false;
-  const ir::Type st = v.type();
+  if (!s.value) return false;
+  const ir::Type st = s.value.type();
   const ir::Geometry g = geometry_of(dst);
   std::vector<int64_t> dims(host.sizes().begin(), host.sizes().end());
   if (st.dtype != dtype || !g.covers(st.shape) || (dims != st.shape && dims != g.sizes)) return false;
-  runtime::Client& c = runtime::Client::get();
-  const int64_t old_bytes = v.buffer ? v.buffer->nbytes() : v.slot->buffer->nbytes();
-  guarded([&] {
-    c.check_capacity(s.device, static_cast<int64_t>(host.nbytes()), "host-to-device copy", -old_bytes);
-    return 0;
-  });
-  // Dropped as unreadable for the moment, so its bytes are not counted as unwritten ones.
-  s.unreadable = "its value was dropped for a copy_ from the CPU that did not finish";
-  set_value(s, Operand());
+  std::vector<StorageData*> dropped = drop_overwritten({&s}, s.device, static_cast<int64_t>(host.nbytes()));
+  if (dropped.empty()) return false;
   runtime::BufferPtr buf;
   try {
-    buf = guarded([&] { return c.from_host(host.data_ptr(), dtype, dims, s.device); });
-  } catch (const c10::Error& e) {
-    make_unreadable(s, std::string("its value was dropped for a copy_ from the CPU that failed: ") +
-                           e.what_without_backtrace());
+    buf = guarded([&] { return runtime::Client::get().from_host(host.data_ptr(), dtype, dims, s.device); });
+  } catch (const std::exception& e) {
+    fail_overwrite(dropped, e);
     throw;
   }
   note_upload(buf, s.device);
-  s.unreadable.clear();
+  finish_overwrite(dropped);
   set_value(s, std::move(buf));
   return true;
 }

@@ -4,6 +4,8 @@
 // as CUDA's in-place kernels do. Fused graphs donate by the same rule (deferred.cpp).
 #pragma once
 #include <cstddef>
+#include <exception>
+#include <vector>
 
 #include <ATen/Tensor.h>
 
@@ -30,6 +32,17 @@ bool eager_donation();
 // a donated buffer leaves that storage unreadable, naming the error (its old value is gone).
 Results run_rewriting(const ProgramPtr& program, Operands args, int device,
                       const StorageRewrite* rewrites, size_t count, bool* donated);
+
+// A launch about to overwrite whole storages it does not read (x.normal_(), a cast copy_):
+// the old buffers of those nothing else holds are dropped before it, so it needs one
+// buffer of each, not two, donation or not. `need` is what the launch allocates. Nothing
+// is dropped unless the launch then fits the limit (otherwise its own out-of-memory error
+// leaves the storages as they were). Returns the storages dropped: they read as
+// unreadable until the caller sets their new values (finish_overwrite), or stay so,
+// naming the error, when the launch fails (fail_overwrite).
+std::vector<StorageData*> drop_overwritten(const std::vector<StorageData*>& storages, int device, int64_t need);
+void finish_overwrite(const std::vector<StorageData*>& dropped);
+void fail_overwrite(const std::vector<StorageData*>& dropped, const std::exception& e);
 
 // copy_ of the contiguous host tensor `host` (already of `dtype`, the destination's device
 // dtype) into `dst`, where it becomes dst's whole storage value as it is: the old value is

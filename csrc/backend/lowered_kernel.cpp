@@ -1673,6 +1673,21 @@ c10::SmallVector<StorageRewrite, 2> storage_rewrites(const Plan& plan, c10::Arra
   return out;
 }
 
+// The storages the call writes that its program does not read: written whole (a write
+// into part of a storage reads the rest).
+std::vector<StorageData*> unread_writes(const Plan& plan, c10::ArrayRef<IValue> args) {
+  std::vector<StorageData*> out;
+  for (const OutSpec& o : plan.outs) {
+    if (o.undefined || !o.write) continue;
+    bool read = std::any_of(plan.sources.begin(), plan.sources.end(), [&](const Source& s) {
+      return s.kind == Source::Storage && s.arg == o.arg && s.elem == o.elem;
+    });
+    at::Tensor tmp;
+    if (!read) out.push_back(&storage_data(*tensor_at(args, o.arg, o.elem, &tmp)));
+  }
+  return out;
+}
+
 // Sets each written storage's new value (the commit's part for written arguments).
 void commit_writes(const Plan& plan, c10::ArrayRef<IValue> args, Results& results) {
   size_t next = 0;
@@ -1948,12 +1963,28 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
       auto* call = static_cast<const Call*>(c);
       return describe(call->info, call->args);
     }, &call);
+    const bool eager = !recording.owns_lock() && !deferring();
     c10::SmallVector<StorageRewrite, 2> rewrites;
-    if (!recording.owns_lock() && !deferring() && eager_donation()) rewrites = storage_rewrites(*plan, args);
-    if (!rewrites.empty())
-      results = run_rewriting(plan->program, keep, k.device, rewrites.data(), rewrites.size(), &donated);
-    else
-      results = run(plan->program, keep, k.device, true, recording.owns_lock());
+    if (eager && eager_donation()) rewrites = storage_rewrites(*plan, args);
+    // Storages written whole and not read (x.normal_()): their old buffers go first.
+    std::vector<StorageData*> dropped;
+    if (eager && !info.mutated.empty() && plan->checks.empty()) {
+      std::vector<StorageData*> unread = unread_writes(*plan, args);
+      if (!unread.empty()) {
+        runtime::ExecutablePtr exe = plan->program->executable();
+        dropped = drop_overwritten(unread, k.device, exe->output_bytes() + exe->temp_bytes());
+      }
+    }
+    try {
+      if (!rewrites.empty())
+        results = run_rewriting(plan->program, keep, k.device, rewrites.data(), rewrites.size(), &donated);
+      else
+        results = run(plan->program, keep, k.device, true, recording.owns_lock());
+    } catch (const std::exception& e) {
+      fail_overwrite(dropped, e);
+      throw;
+    }
+    finish_overwrite(dropped);
   }
 
   // Debug mode reads each check at once: before the results are committed, so a failed
