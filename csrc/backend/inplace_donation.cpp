@@ -109,6 +109,9 @@ std::string message_of(const std::exception& e) {
 Results run_rewriting(const ProgramPtr& program, Operands args, int device,
                       const StorageRewrite* rewrites, size_t count, bool* donated) {
   *donated = false;
+  // Only an op's own module (not an imported one, whose module may carry attributes the
+  // wrapper would drop) is wrapped.
+  if (program->module_text().rfind("module @torch_tpu {\n", 0) != 0) return run(program, args, device);
   // Pending operands are resolved in place, as run() does: which buffers they hold decides.
   for (Operand& a : args)
     if (!a.buffer) a = resolve(a);
