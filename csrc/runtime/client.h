@@ -109,6 +109,7 @@ class Buffer : public std::enable_shared_from_this<Buffer> {
   // A launch reused its memory for an output: its bytes are that output's from now on,
   // so it is no longer counted (nor again when it is destroyed).
   void mark_donated();
+  bool donated() const { return donated_; }
  private:
   bool cached_ = false;
   bool donated_ = false;
