@@ -111,37 +111,3 @@ def test_a_step_of_large_ops_runs_whole():
         opt.step()
     assert abs(loss.item() - losses[-1]) < 1e-4
 
-
-
-def test_the_forward_runs_while_the_backward_is_recorded():
-    # The forward is launched when autograd starts recording the backward (the device runs
-    # it meanwhile), and the rest when the host reads the loss: two launches a step, the
-    # first before the backward's recording ends. Values equal the unsplit step's.
-    got = {}
-    for split in (True, False):
-        before = torch_tpu._C._split_at_backward()
-        torch_tpu._C._set_split_at_backward(split)
-        try:
-            torch.manual_seed(0)
-            with torch_tpu.set_eager_mode(FUSED), no_fallbacks():
-                model = SmallGPT().to("tpu")
-                opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-                seen, losses = [], []
-                for i in range(4):
-                    x, y = GPT_DATA[i % len(GPT_DATA)]
-                    e0 = executions()
-                    loss = model(x.to("tpu"), y.to("tpu"))
-                    opt.zero_grad()
-                    loss.backward()
-                    during = executions() - e0  # launched before the backward's recording ended
-                    opt.step()
-                    losses.append(loss.item())
-                    seen.append((during, executions() - e0))
-                got[split] = (seen, losses, [p.detach().cpu() for p in model.parameters()])
-        finally:
-            torch_tpu._C._set_split_at_backward(before)
-    assert got[True][0][1:] == [(1, 2)] * 3, got[True][0]
-    assert got[False][0][1:] == [(0, 1)] * 3, got[False][0]
-    torch.testing.assert_close(torch.tensor(got[True][1]), torch.tensor(got[False][1]), rtol=1e-5, atol=1e-6)
-    for a, b in zip(got[True][2], got[False][2]):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

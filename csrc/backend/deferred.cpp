@@ -175,9 +175,6 @@ struct Graph {
   size_t backward_end = 0;
   ProgramPtr forward_start;
   bool micro_step = false;
-  bool has_backward = false;  // a call an autograd backward recorded
-  // The call_signatures of the forward cut off before this graph's backward.
-  std::shared_ptr<const std::unordered_set<uint64_t>> forward_before;
 };
 
 std::recursive_mutex g_mu;
@@ -349,9 +346,6 @@ size_t max_held_upload_bytes() {
 
 void flush_prefix(const char* reason, size_t count);
 void flush_bounded(const char* reason);
-namespace {
-void flush_active(const char* reason);
-}  // namespace
 void switch_pending_graph(int device, int64_t lane);  // parks the pending graph, resumes that lane's
 void flush_pending_graph_of(int device, int64_t lane, const char* reason);
 
@@ -448,47 +442,6 @@ void cut_at_micro_step(const ProgramPtr& program, const Operands& args) {
   g_graph.micro_step = true;
 }
 
-// When autograd starts recording a backward after a forward of small ops, the forward
-// runs now, while the backward is recorded, rather than after the whole step's recording
-// (the loss it makes is then ready when it is read). It hands the backward the values
-// tensors hold then: autograd's saved tensors, which a whole graph would have kept inside
-// the program. That pays where recording bounds the step: DeferAndFuse steps measured cut
-// and whole (session 64, 2 cores): the small GPT, 95 KiB of saved values per forward
-// call, 7.5 -> 6.6 ms (peak 5.6 -> 7.1 MiB); the quick CNN (550 KiB) 17.9 -> 21.8 ms and
-// the quick GPT (690 KiB) 63 -> 80 ms: larger ops are the device's, and their graph runs
-// whole (then split where its backward starts, by run_split's own measure). Not in a graph
-// holding compiled calls (their forward and backward join on purpose). The gradient
-// accumulation cuts go on from the forward's first call (forward_start).
-constexpr int64_t kCutMaxSavedBytesPerCall = 128 << 10;
-uint64_t call_signature(const Node& node);
-
-void cut_before_backward() {
-  Graph& g = g_graph;
-  if (g_side.active || g.backward_end) return;
-  int64_t live_bytes = 0;
-  for (const auto& node : g.nodes) {
-    if (node->compiled) return;
-    for (const SlotPtr& s : node->outputs)
-      if (s.use_count() > 1 + s->graph_uses)
-        live_bytes += s->type().numel() * static_cast<int64_t>(itemsize(s->type().dtype));
-  }
-  if (live_bytes > kCutMaxSavedBytesPerCall * static_cast<int64_t>(g.nodes.size())) return;
-  ProgramPtr start = g.forward_start;
-  for (size_t i = 0; !start && i < g.nodes.size(); ++i)
-    if (reads_a_value_none_pending(g.nodes[i]->inputs)) start = g.nodes[i]->program;
-  auto forward = std::make_shared<std::unordered_set<uint64_t>>();
-  for (const auto& node : g.nodes) forward->insert(call_signature(*node));
-  const int device = g.device;
-  const int64_t lane = g.lane;
-  const bool micro_step = g.micro_step;
-  flush_prefix("backward starts", g.nodes.size());
-  g_graph.device = device;
-  g_graph.lane = lane;
-  g_graph.forward_start = std::move(start);
-  g_graph.micro_step = micro_step;
-  g_graph.forward_before = std::move(forward);
-}
-
 // The last micro-step's graph, flushed with the update after it: its forward and backward
 // run as the earlier micro-steps' graph (cached), the update as a graph of its own.
 static void cut_last_micro_step() {
@@ -571,7 +524,6 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
   // Ops an autograd backward records (eager ones: a compiled graph keeps its own cuts).
   const bool backward = eager && eager_mode() == EagerMode::DeferAndFuse && split_at_backward() &&
                         torch::autograd::get_current_graph_task_id() != -1;
-  if (backward && !g_graph.nodes.empty() && !g_graph.has_backward) cut_before_backward();
   if (!backward && eager && !g_graph.nodes.empty() && (g_graph.backward_end || g_graph.nodes.back()->backward))
     cut_at_micro_step(program, args);
   if (!g_uploads.empty()) count_upload_reads(device, args);
@@ -587,7 +539,6 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
   node->position = static_cast<int>(g_graph.nodes.size());
   if (program->recurrent_step()) g_graph.recurrent_steps += 1;
   node->backward = backward;
-  g_graph.has_backward = g_graph.has_backward || backward;
   node->compiled = !eager;
   node->role = eager ? t_recording_role : RecordingRole::None;
   node->owner = std::this_thread::get_id();
@@ -727,9 +678,6 @@ runtime::BufferPtr resolve_value(const Operand& v, bool reported_is_null) {
     auto lock = graph_lock();
     if (!v.slot->producer && g_side.active && g_side.unlinked_ids.count(v.slot.get())) spoil_side_recording();
     if (v.slot->producer) flush_pending_graph_of(v.slot->device, v.slot->producer->lane, "value needed");
-    // A step cut before its backward: once the host reads (the loss), the rest runs
-    // while it records the next step.
-    else if (g_graph.forward_before && !g_graph.nodes.empty() && !g_side.active) flush_active("forward's value read");
   }
   std::unique_lock<std::mutex> lock(g_slot_mu);
   g_slot_cv.wait(lock, [&] { return v.slot->buffer || v.slot->error; });
@@ -2016,30 +1964,28 @@ Graph hoist_fills(Graph& g) {
   return fills;
 }
 
-// A call's program and its inputs' identities (a value, pending or made, is its slot; an
-// input without one, its buffer: equal scalars share one), hashed: no strings, as it runs
-// at every flush; a collision only fences a call, which changes no value.
-uint64_t call_signature(const Node& node) {
-  uint64_t h = std::hash<uint64_t>()(static_cast<uint64_t>(node.program->id()));
-  for (const Operand& in : node.inputs) {
-    auto v = reinterpret_cast<uintptr_t>(in.slot ? static_cast<const void*>(in.slot.get()) : in.buffer.get());
-    h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  }
-  return h;
-}
-
-// Per node: recorded by a backward that runs a forward call again (the same program on
+// Per node: recorded by a backward that runs a forward node again (the same program on
 // the same inputs: activation checkpointing's recomputation), for fence_recomputations.
-// The forward is this graph's calls outside a backward, and those of the forward cut off
-// before it (cut_before_backward).
+// Compared by a hash of the program and the inputs' identities (run at every flush: no
+// strings); a collision only fences a call, which changes no value.
 std::vector<bool> backward_repeats(const Graph& g) {
   std::vector<bool> repeats(g.nodes.size(), false);
-  if (!g.has_backward) return repeats;
+  if (std::none_of(g.nodes.begin(), g.nodes.end(), [](const auto& n) { return n->backward; })) return repeats;
+  auto signature = [](const Node& node) {
+    uint64_t h = std::hash<uint64_t>()(static_cast<uint64_t>(node.program->id()));
+    auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+    for (const Operand& in : node.inputs) {
+      if (in.slot && in.slot->producer)  // a value of the graph: its node and output
+        mix((static_cast<uint64_t>(in.slot->producer->position) << 20) ^ static_cast<uint64_t>(in.slot->index) ^ 1);
+      else  // an input: the same storage (equal scalars share one buffer)
+        mix(reinterpret_cast<uintptr_t>(in.slot ? static_cast<const void*>(in.slot.get()) : in.buffer.get()));
+    }
+    return h;
+  };
   std::unordered_set<uint64_t> forward;
-  if (g.forward_before) forward = *g.forward_before;
   for (const auto& node : g.nodes) {
-    if (!node->backward) forward.insert(call_signature(*node));
-    else repeats[node->position] = forward.count(call_signature(*node)) > 0;
+    if (!node->backward) forward.insert(signature(*node));
+    else repeats[node->position] = forward.count(signature(*node)) > 0;
   }
   return repeats;
 }
@@ -2233,7 +2179,6 @@ void flush_prefix(const char* reason, size_t count) {
       g_graph.instructions += g.nodes[i]->program->instructions();
       g.instructions -= g.nodes[i]->program->instructions();
       if (g.nodes[i]->program->recurrent_step()) g_graph.recurrent_steps += 1;
-      g_graph.has_backward = g_graph.has_backward || g.nodes[i]->backward;
       g_graph.nodes.push_back(std::move(g.nodes[i]));
     }
     g.nodes.resize(count);
