@@ -78,6 +78,12 @@ REFUSED = {
     "add_f32_out": (lambda t, d: torch.add(x_(torch.float32, d), y_(torch.float32, d),
                                            out=torch.empty(2, 3, dtype=t, device=d)), UNSIGNED),
     "floor_divide_mixed": (lambda t, d: torch.floor_divide(x_(t, d), y_(torch.float32, d)), F8),
+    # foreach ops: their per-tensor op's support
+    "foreach_add": (lambda t, d: torch._foreach_add([x_(t, d)], [y_(t, d)]), F8 + UNSIGNED),
+    "foreach_add_scalar_": (lambda t, d: torch._foreach_add_([x_(t, d)], 1.0), F8 + UNSIGNED),
+    "foreach_neg": (lambda t, d: torch._foreach_neg([x_(t, d)]), F8 + UNSIGNED),
+    "foreach_maximum": (lambda t, d: torch._foreach_maximum([x_(t, d)], [y_(t, d)]), F8 + UNSIGNED),
+    "foreach_sqrt": (lambda t, d: torch._foreach_sqrt([x_(t, d)]), F8),
     # out= overloads compute in their inputs' dtype, whatever the out's
     "add_out": (lambda t, d: torch.add(x_(t, d), y_(t, d), out=torch.empty(2, 3, dtype=t, device=d)), F8 + UNSIGNED),
     "neg_out": (lambda t, d: torch.neg(x_(t, d), out=torch.empty(2, 3, dtype=t, device=d)), F8 + UNSIGNED),
@@ -142,6 +148,7 @@ ACCEPTED = {
     "add_f32_out": (lambda t, d: torch.add(x_(torch.float32, d), y_(torch.float32, d),
                                            out=torch.empty(2, 3, dtype=t, device=d)), F8),
     "mul_f32": (lambda t, d: x_(t, d) * y_(torch.float32, d), UNSIGNED),
+    "foreach_mul": (lambda t, d: torch._foreach_mul([x_(t, d)], [y_(t, d)])[0], F8 + UNSIGNED),
     "remainder_out": (lambda t, d: torch.remainder(x_(t, d), 5, out=torch.empty(2, 3, dtype=torch.int64, device=d)),
                       [torch.bool]),
     "mul_out_f32": (lambda t, d: torch.mul(x_(t, d), y_(t, d), out=torch.empty(2, 3, device=d)), F8),

@@ -26,6 +26,7 @@
 
 #include "runtime/launch_probe.h"
 #include "backend/foreach_order.h"
+#include "backend/dtype_support.h"
 #include "backend/kernel_checks.h"
 #include "backend/device.h"
 #include "backend/captured_graph.h"
@@ -1095,6 +1096,19 @@ void refuse_complex(const OpInfo& info, c10::ArrayRef<IValue> args, const std::v
 // Bool and integer inputs CPU's kernel refuses (integral_refusal_for): its first tensor
 // argument's dtype decides, as CPU's dispatch does.
 void refuse_integral(const OpInfo& info, c10::ArrayRef<IValue> args, const std::vector<at::Tensor>& outs) {
+  // A foreach op runs its per-tensor op on each tensor of its lists (CPU's slow path
+  // for these dtypes): float8 and uint16/32/64 take that op's support.
+  if (info.base.rfind("_foreach_", 0) == 0) {
+    const std::string op = info.base.substr(9);
+    for (const IValue& v : args) {
+      if (!v.isTensorList()) continue;
+      for (const at::Tensor& t : v.toTensorList())
+        TORCH_CHECK_NOT_IMPLEMENTED(!is_limited_support_dtype(t.scalar_type()) ||
+                                        limited_dtype_supported(op, t.scalar_type()),
+                                    info.name, ": not implemented for '", t.scalar_type(),
+                                    "' (CPU's kernel refuses it too)");
+    }
+  }
   // A pointwise op computes in its result's dtype (bool % 5 is int64), as do the
   // pointwise losses (mse_loss(int64, float32) is float32). An out= overload computes in
   // its inputs' (CPU casts to the out after: add(f32, f32, out=float8) runs, add(float8,
