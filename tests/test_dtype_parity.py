@@ -84,6 +84,7 @@ REFUSED = {
     "foreach_neg": (lambda t, d: torch._foreach_neg([x_(t, d)]), F8 + UNSIGNED),
     "foreach_maximum": (lambda t, d: torch._foreach_maximum([x_(t, d)], [y_(t, d)]), F8 + UNSIGNED),
     "foreach_sqrt": (lambda t, d: torch._foreach_sqrt([x_(t, d)]), F8),
+    "foreach_norm": (lambda t, d: torch._foreach_norm([x_(t, d)]), F8),
     # out= overloads compute in their inputs' dtype, whatever the out's
     "add_out": (lambda t, d: torch.add(x_(t, d), y_(t, d), out=torch.empty(2, 3, dtype=t, device=d)), F8 + UNSIGNED),
     "neg_out": (lambda t, d: torch.neg(x_(t, d), out=torch.empty(2, 3, dtype=t, device=d)), F8 + UNSIGNED),

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/dtype_support.h"
+
 namespace tpu::backend {
 namespace {
 
@@ -26,6 +28,7 @@ at::Tensor stacked_norms_meta(at::TensorList self, const at::Scalar& ord, at::Sc
 std::optional<at::ScalarType> norm_dtype(const at::Tensor& t, std::optional<at::ScalarType> dtype) {
   at::ScalarType in = t.scalar_type();
   if (!at::isFloatingType(in) && !at::isComplexType(in)) return std::nullopt;
+  if (is_limited_support_dtype(in)) return std::nullopt;  // float8: CPU's norm refuses it
   if (!dtype) return at::toRealValueType(in);
   if (!at::isFloatingType(*dtype) && !at::isComplexType(*dtype)) return std::nullopt;
   if (at::isComplexType(*dtype) != at::isComplexType(in)) return std::nullopt;
