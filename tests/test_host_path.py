@@ -248,3 +248,33 @@ def test_launch_trace_replays_a_step_without_touching_its_tensors():
         assert torch.equal(x.cpu(), torch.arange(8.0))
         # Tracing is off once stopped: later launches are not kept.
         assert torch_tpu._C._stop_launch_trace() == 0
+
+
+def test_an_alpha_of_one_is_no_operand_of_the_program():
+    # add/sub/rsub with alpha 1 (every `x + y`) launch a program without the alpha
+    # operand; any other alpha is still read at run time, from a plan of its own.
+    with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_NEVER):
+        x = torch.arange(8.0, device="tpu")
+        i = torch.arange(8, device="tpu")
+
+        def ops():
+            return [x + 1, x.add(x, alpha=2), x - x, x.sub(x, alpha=1.0), torch.rsub(x, 2), i.add(i, alpha=3),
+                    i + i, x.add(x, alpha=1)]
+
+        ops()  # compiled: a program compiling ahead would launch out of call order
+        torch.tpu.synchronize()
+        torch_tpu._C._start_launch_trace()
+        got = ops()
+        torch.tpu.synchronize()
+        assert torch_tpu._C._stop_launch_trace() == len(got)
+        try:
+            counts = torch_tpu._C._launch_trace_operand_counts()
+        finally:
+            torch_tpu._C._drop_launch_trace()
+    assert counts == [2, 3, 2, 2, 2, 3, 2, 2]
+    xc, ic = torch.arange(8.0), torch.arange(8)
+    want = [xc + 1, xc.add(xc, alpha=2), xc - xc, xc.sub(xc, alpha=1.0), torch.rsub(xc, 2), ic.add(ic, alpha=3),
+            ic + ic, xc.add(xc, alpha=1)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g.cpu(), w, rtol=0, atol=0)

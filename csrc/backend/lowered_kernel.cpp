@@ -85,6 +85,7 @@ struct OpInfo {
   KernelCheck value_check = nullptr;   // what CPU checks of Scalar values at every call
   ComplexRefusal complex_refusal = ComplexRefusal::None;  // CPU refuses complex values
   int dtype_arg = -1;  // an out= op's `ScalarType? dtype`: a given one must be out's
+  int alpha_arg = -1;  // a `Scalar alpha`: the signature says whether it is 1 (alpha_is_one)
   bool foreach = false;                // a _foreach_ op
   bool foreach_in_place = false;       // _foreach_add_ & co: writes its first list
   bool promotes_inputs = false;        // CPU computes in its tensor inputs' common dtype
@@ -380,6 +381,13 @@ int value_class_of(const OpInfo& info, c10::ArrayRef<IValue> args) {
   return info.runtime_args->value_class(values, self);
 }
 
+// An alpha of 1, a real number (1 * z is not z for a complex z with an infinity).
+bool is_real_one(const c10::Scalar& s) {
+  if (s.isFloatingPoint()) return s.toDouble() == 1.0;
+  if (s.isIntegral(false)) return s.type() != c10::ScalarType::UInt64 && s.toLong() == 1;
+  return false;
+}
+
 void key_scalar(KeyState& k, const c10::Scalar& s) {
   // 'u': an integer above INT64_MAX, a u64 operand (scalar_param).
   k.tag(s.isFloatingPoint() ? 'f'
@@ -414,7 +422,9 @@ std::string_view build_key(const OpInfo& info, c10::ArrayRef<IValue> args, KeySt
       }
     } else if (info.is_scalar[i] && (v.isScalar() || v.isUnsigned())) {  // isScalar leaves out uint64's
       k.tag('S');
-      key_scalar(k, v.toScalar());
+      c10::Scalar s = v.toScalar();
+      key_scalar(k, s);
+      if (i == info.alpha_arg && is_real_one(s)) k.tag('1');
     } else if (info.is_scalar[i] && v.isList()) {
       auto l = v.toList();
       k.tag('s');
@@ -800,6 +810,9 @@ class KernelCtx final : public lowering::Ctx {
   }
   const std::vector<Value>& checks() const { return checks_; }
   int value_class() const override { return value_class_of(info_, args_); }
+  bool alpha_is_one(int i) const override {
+    return i == info_.alpha_arg && args_.at(i).isScalar() && is_real_one(args_[i].toScalar());
+  }
 
   Value random_bits(const ir::Type& t) override { return b.rng_bit_generator(random_state(), t).second; }
   Value random_state() override {
@@ -2352,6 +2365,7 @@ int register_lowered_kernels() {
       if (a.type()->kind() == c10::TypeKind::ListType &&
           a.type()->cast<c10::ListType>()->getElementType()->kind() == c10::TypeKind::OptionalType)
         info.cpu_indices_arg = static_cast<int>(i);
+      if (a.name() == "alpha" && a.type()->kind() == c10::TypeKind::NumberType) info.alpha_arg = static_cast<int>(i);
     }
     if (info.is_out && info.mutated.size() == 1) {
       for (size_t i = 0; i < schema.arguments().size(); ++i) {

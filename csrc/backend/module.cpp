@@ -162,6 +162,12 @@ PYBIND11_MODULE(_C, m) {
     return guarded([&] { return runtime::replayed_launch_seconds(client(), *kept_trace, repeats); });
   });
   m.def("_drop_launch_trace", [] { guarded([] { kept_trace->clear(); return 0; }); });
+  // Per traced launch, how many operands it took (tests of what an op's program reads).
+  m.def("_launch_trace_operand_counts", [] {
+    std::vector<int64_t> n;
+    for (const runtime::TracedLaunch& l : *kept_trace) n.push_back(static_cast<int64_t>(l.args.size()));
+    return n;
+  });
   // Whether CPU's kernel of an op refuses complex values: 0 no, 1 NotImplementedError,
   // 2 RuntimeError (the decomposition kernels raise as the lowered ones do).
   m.def("_complex_refusal", [](const std::string& name, const std::string& base) {

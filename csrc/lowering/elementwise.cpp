@@ -308,13 +308,18 @@ std::vector<Value> float_test(Ctx& ctx, bool for_ints, Value (*fn)(Builder&, con
 
 // ---- Arithmetic ---------------------------------------------------------------
 
+// alpha: a runtime operand, except the usual 1, which multiplies nothing (a real 1 times a
+// real value is that value exactly): the program takes one operand less.
 TPU_LOWER(add_rule, "add.Tensor", "add.Scalar") {
+  if (ctx.alpha_is_one(2)) return map_cast(ctx, {0, 1}, [](Builder& b, const Vs& x) { return add(b, x[0], x[1]); });
   return map_cast(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return add(b, x[0], mul(b, x[2], x[1])); });
 }
 TPU_LOWER(sub_rule, "sub.Tensor", "sub.Scalar") {
+  if (ctx.alpha_is_one(2)) return map_cast(ctx, {0, 1}, [](Builder& b, const Vs& x) { return sub(b, x[0], x[1]); });
   return map_cast(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return sub(b, x[0], mul(b, x[2], x[1])); });
 }
 TPU_LOWER(rsub_rule, "rsub.Tensor", "rsub.Scalar") {
+  if (ctx.alpha_is_one(2)) return map_cast(ctx, {0, 1}, [](Builder& b, const Vs& x) { return sub(b, x[1], x[0]); });
   return map_cast(ctx, {0, 1, 2}, [](Builder& b, const Vs& x) { return sub(b, x[1], mul(b, x[2], x[0])); });
 }
 TPU_LOWER(mul_rule, "mul.Tensor", "mul.Scalar") {

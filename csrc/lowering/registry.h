@@ -53,6 +53,9 @@ class Ctx {
   virtual Value scalar(int i, DType t) = 0;                          // Scalar, a runtime operand
   virtual std::vector<Value> scalars(int i, DType t) = 0;            // Scalar[]
   virtual bool scalar_is_float(int i) const = 0;
+  // Whether Scalar argument i is an `alpha` equal to 1 (not complex) at this call. Programs
+  // are keyed by it, so a rule may drop the multiply and its operand (one less per launch).
+  virtual bool alpha_is_one(int i) const { return false; }
   virtual int64_t i(int idx) const = 0;
   virtual double f(int idx) const = 0;
   virtual bool flag(int idx) const = 0;
