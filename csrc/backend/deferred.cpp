@@ -477,12 +477,13 @@ Results run(const ProgramPtr& program, Operands args, int device, bool eager, bo
     return run_queued(program, std::vector<Operand>(std::make_move_iterator(args.begin()), std::make_move_iterator(args.end())), device);
   if (!defer) {
     // Pending operands are resolved in place: `args` keeps their buffers alive.
-    std::vector<runtime::Buffer*> raw;
-    raw.reserve(args.size());
-    for (Operand& a : args) {
+    for (Operand& a : args)
       if (!a.buffer) a = resolve(a);
-      raw.push_back(a.buffer.get());
-    }
+    // One list per thread, reused (no allocation per launch): nothing between here and
+    // the launch runs another op on this thread.
+    thread_local std::vector<runtime::Buffer*> raw;
+    raw.clear();
+    for (const Operand& a : args) raw.push_back(a.buffer.get());
     runtime::Executable& exe = *program->executable();
     std::string named;  // over the limit: the error names this call
     if (runtime::Client::get().over_limit(device, exe.output_bytes() + exe.temp_bytes())) named = call_name(*program);
