@@ -228,3 +228,60 @@ WHOLE_OVERWRITES = """
 @pytest.mark.parametrize("mode", ["strict", "debug"])
 def test_whole_storage_overwrites_need_one_buffer(mode):
     run_script(WHOLE_OVERWRITES, mode, donate=False)
+
+
+# DeferAndFuse, the first run of each new graph: where the fused launch does not fit, the
+# replay op by op donates what nothing else holds, where a call would not fit otherwise
+# (the graph input to its own update, an intermediate to its last reader). A write after
+# one that failed leaves the storage with the value of its last write that ran, as CUDA's
+# eager ops leave it.
+FUSED_FIRST_RUN = """
+    n = 10 * MB // 4
+    ref = torch.randn(n)
+    x = ref.to(d)
+    T.synchronize()
+    set_limit(16 * MB)
+    before = donated()
+    for name, op in [
+        ("add_ then item", lambda t: (t.add_(1), t[5].item())),
+        ("mul_.add_ then item", lambda t: (t.mul_(2).add_(1), t[7].item())),
+        ("clamp_", lambda t: t.clamp_(min=0)),
+        ("setitem", lambda t: t.__setitem__(5, 7.0)),
+        ("div_", lambda t: t.div_(4)),
+    ]:
+        T.reset_peak_memory_stats()
+        op(x)
+        op(ref)
+        assert torch.allclose(x.cpu(), ref, rtol=1e-6, atol=1e-6), name
+        assert T.max_memory_allocated() <= 10 * MB + 64 * 1024, (name, T.max_memory_allocated())
+    assert donated() > before
+
+    # A failing device-side check leaves x as it was.
+    bad = torch.tensor([n + 5], device=d)
+    snapshot = x.cpu()
+    try:
+        x.index_fill_(0, bad, 1.0)
+        x[0].item()
+        raise AssertionError("no index error")
+    except IndexError:
+        pass
+    assert torch.equal(x.cpu(), snapshot)
+
+    # add_ runs (its input donated), the mul making y does not fit: x keeps add_'s value,
+    # y's read raises, and x is still written afterwards.
+    try:
+        x.add_(1)
+        y = x * 3
+        x.sub_(y)
+        y[0].item()
+        raise AssertionError("no out-of-memory error")
+    except torch.OutOfMemoryError:
+        pass
+    assert torch.equal(x.cpu(), snapshot + 1)
+    x.mul_(2)
+    assert torch.equal(x.cpu(), (snapshot + 1) * 2)
+"""
+
+
+def test_fused_first_run_fits_one_buffer_with_donation():
+    run_script(FUSED_FIRST_RUN, "defer_and_fuse", donate=True)

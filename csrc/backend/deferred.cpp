@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <set>
 #include <optional>
 #include <deque>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "backend/compile_ahead.h"
 #include "backend/shape_churn.h"
 #include "backend/executor.h"
+#include "backend/inplace_donation.h"
 #include "backend/streams.h"
 #include "backend/profiler.h"
 #include "ir/fusion.h"
@@ -1191,10 +1193,21 @@ void fail_calls(const Job& job, size_t from, size_t to, const std::exception_ptr
       if (!s->buffer) s->error = e;
 }
 
+// The last value a replay made for the storage whose value before the graph was `id`
+// (its in-place writes' outputs name it) and still holds, or null.
+runtime::BufferPtr last_value_made(const Job& job, const void* id) {  // under g_slot_mu
+  for (size_t n = job.outs.size(); n-- > 0;)
+    for (const SlotPtr& s : job.outs[n])
+      if (s->replaces == id && s->buffer && !s->buffer->is_deleted()) return s->buffer;
+  return nullptr;
+}
+
 // After a failed launch (a device OOM, say), an in-place result it did not produce
 // leaves its storage with the value it had, as on CUDA, where the op never ran: that
-// input is still held here (a replay donates nothing). The error stays recorded: the next
-// value read raises it (resolve), and the other results keep it.
+// input is still held here. Where a replay donated it (only to fit an op that did not fit
+// otherwise: see replay_aliases), the storage keeps the value of its last write that ran,
+// as CUDA's eager ops leave it; where none is left, its reads name the error. The error
+// stays recorded: the next value read raises it (resolve), and the other results keep it.
 void keep_replaced_values(const Job& job, const std::vector<runtime::BufferPtr>& params) {
   std::lock_guard<std::mutex> lock(g_slot_mu);
   for (const SlotPtr& r : job.result_slots) {
@@ -1202,8 +1215,10 @@ void keep_replaced_values(const Job& job, const std::vector<runtime::BufferPtr>&
     auto it = std::find(job.param_ids.begin(), job.param_ids.end(), r->replaces);
     size_t i = static_cast<size_t>(it - job.param_ids.begin());
     if (it == job.param_ids.end() || i >= params.size() || !params[i]) continue;
-    if (params[i]->dtype() != r->type().dtype || params[i]->dims() != r->type().shape) continue;
-    r->buffer = params[i];
+    runtime::BufferPtr kept = params[i];
+    if (kept->is_deleted()) kept = last_value_made(job, r->replaces);  // donated by the replay
+    if (!kept || kept->dtype() != r->type().dtype || kept->dims() != r->type().shape) continue;
+    r->buffer = std::move(kept);
     r->error = nullptr;
   }
 }
@@ -1227,11 +1242,96 @@ void restore_seeded_values(const Job& job, const std::vector<std::vector<runtime
   }
 }
 
+// Each value a replay's calls read (a graph input: {-1, i}): its last reader and how
+// often that call reads it; and the values held after the replay (results, seeds).
+struct ReplayReads {
+  std::map<std::pair<int, int>, std::pair<size_t, int>> last;
+  std::set<std::pair<int, int>> kept;
+};
+
+ReplayReads replay_reads(const Job& job) {
+  ReplayReads r;
+  for (size_t n = 0; n < job.calls.size(); ++n)
+    for (const Wire& w : job.calls[n].args) {
+      auto [it, fresh] = r.last.try_emplace({w.node, w.index}, n, 0);
+      if (it->second.first != n) it->second = {n, 0};
+      it->second.second += 1;
+    }
+  for (const Wire& w : job.results) r.kept.insert({w.node, w.index});
+  for (const Wire& w : job.result_seeds) r.kept.insert({w.node, w.index});
+  return r;
+}
+
+// What call n of a replay may donate, as aliased_executable_of's aliases (empty: none): a
+// graph input nothing outside the graph holds (assign_donations marked it) or a value no
+// result or seed is, at its last reader, which reads it once (PJRT cannot take a buffer
+// that the same launch also reads undonated), to an output of its type: first the one
+// that replaces it in its storage. Used only where the launch does not fit otherwise (a
+// graph's first run, op by op, of x.add_(1) on a nearly full device), so replays that fit
+// compile no second program.
+std::vector<int> replay_aliases(const Job& job, const ReplayReads& reads, size_t n,
+                                const std::vector<runtime::Buffer*>& raw) {
+  const Call& c = job.calls[n];
+  const std::vector<ir::Type>& outs = c.program->results();
+  std::vector<int> aliases(raw.size(), -1);
+  std::vector<bool> taken(outs.size(), false);
+  bool any = false;
+  for (size_t k = 0; k < c.args.size(); ++k) {
+    const Wire& w = c.args[k];
+    const bool input = w.node < 0;
+    if (input ? static_cast<size_t>(w.index) >= job.donate.size() || !job.donate[w.index]
+              : reads.kept.count({w.node, w.index}) > 0)
+      continue;
+    auto it = reads.last.find({w.node, w.index});
+    if (it == reads.last.end() || it->second != std::make_pair(n, 1) || !raw[k] || !worth_donating(*raw[k])) continue;
+    const void* id = input ? job.param_ids[w.index] : job.outs[w.node][w.index]->replaces;
+    int pick = -1;
+    for (size_t o = 0; o < outs.size(); ++o) {
+      if (taken[o] || outs[o].dtype != raw[k]->dtype() || outs[o].shape != raw[k]->dims()) continue;
+      if (pick < 0) pick = static_cast<int>(o);
+      if (id && job.outs[n][o]->replaces == id) {
+        pick = static_cast<int>(o);
+        break;
+      }
+    }
+    if (pick < 0) continue;
+    aliases[k] = pick;
+    taken[pick] = true;
+    any = true;
+  }
+  if (!any) aliases.clear();
+  return aliases;
+}
+
+// Launches call n of a replay: donating what replay_aliases allows where `donating` and
+// the plain launch would not fit.
+std::vector<runtime::BufferPtr> launch_replayed(const Job& job, const ReplayReads* reads, size_t n,
+                                                const std::vector<runtime::Buffer*>& raw) {
+  const ProgramPtr& program = job.calls[n].program;
+  runtime::ExecutablePtr exe = program->executable();
+  if (reads && runtime::Client::get().over_limit(job.device, exe->output_bytes() + exe->temp_bytes())) {
+    std::vector<int> aliases = replay_aliases(job, *reads, n, raw);
+    runtime::ExecutablePtr aliased = aliases.empty() ? nullptr : aliased_executable_of(*program, aliases);
+    if (aliased) {
+      std::vector<bool> donate(aliases.size());
+      for (size_t k = 0; k < aliases.size(); ++k) donate[k] = aliases[k] >= 0;
+      std::vector<runtime::BufferPtr> made = launch(*aliased, raw, job.device, program->name(), donate);
+      for (size_t k = 0; k < raw.size(); ++k) fuse_stats().donated += donate[k] && raw[k]->donated() ? 1 : 0;
+      return made;
+    }
+  }
+  return launch(*exe, raw, job.device, program->name());
+}
+
 // After a failed fused launch (or with an input that failed): runs the calls one by
 // one, so the error names the op that failed. A call that reads a failed value fails
 // with it; the others run (a graph may hold several threads' independent ops).
-void replay(const Job& job, const std::vector<runtime::BufferPtr>& params, bool count = true) {
+// `donating`: `params` are the only holders of the inputs the job donates (not so while
+// the job still holds them).
+void replay(const Job& job, const std::vector<runtime::BufferPtr>& params, bool count = true, bool donating = true) {
   if (count) fuse_stats().replays += 1;
+  std::optional<ReplayReads> reads;
+  if (donating && !job.donate.empty()) reads = replay_reads(job);
   std::vector<std::vector<runtime::BufferPtr>> values(job.calls.size());
   std::vector<std::exception_ptr> failed(job.calls.size());  // per call: why it did not run
   std::exception_ptr first;
@@ -1252,7 +1352,7 @@ void replay(const Job& job, const std::vector<runtime::BufferPtr>& params, bool 
         std::vector<runtime::Buffer*> raw;
         for (const Wire& w : job.calls[n].args)
           raw.push_back(w.node < 0 ? params[w.index].get() : values[w.node][w.index].get());
-        values[n] = launch(*job.calls[n].program->executable(), raw, job.device, job.calls[n].program->name());
+        values[n] = launch_replayed(job, reads ? &*reads : nullptr, n, raw);
         std::lock_guard<std::mutex> lock(g_slot_mu);
         for (size_t i = 0; i < job.outs[n].size(); ++i) job.outs[n][i]->buffer = values[n][i];
         continue;
@@ -1421,7 +1521,7 @@ void run_job(Job& job) {
     }
   }
   if (failed) {  // the calls that do not read it still run (another thread's, say)
-    replay(job, params, false);
+    replay(job, params, false, false);
     return;
   }
   job.params.clear();  // donated buffers are now held only by `params`

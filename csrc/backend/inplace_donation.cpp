@@ -105,6 +105,13 @@ bool held_only_by(const Operand& a, const StorageData& s) {
 
 }  // namespace
 
+runtime::ExecutablePtr aliased_executable_of(const Program& program, const std::vector<int>& aliases) {
+  if (program.module_text().rfind("module @torch_tpu {\n", 0) != 0) return nullptr;
+  return aliased_executable(program, aliases);
+}
+
+bool worth_donating(const runtime::Buffer& b) { return !b.shared_constant && b.nbytes() >= kMinDonatedBytes; }
+
 namespace {
 const char* const kDropped = "its value was dropped for an overwrite that did not finish";
 

@@ -26,6 +26,15 @@ struct StorageRewrite {
 // Whether eager in-place writes donate (donation_allowed(), read cheaply per op call).
 bool eager_donation();
 
+// `program`'s executable with parameter i aliased to result aliases[i] (-1: not), for a
+// launch donating those parameters; null where the program is not wrapped (an imported
+// module, whose attributes the wrapper would drop).
+runtime::ExecutablePtr aliased_executable_of(const Program& program, const std::vector<int>& aliases);
+
+// Whether a buffer is large enough to donate (smaller ones save little, and on the XLA CPU
+// plugin a donated launch waits for the one before it).
+bool worth_donating(const runtime::Buffer& b);
+
 // Runs `program` as run() does in Strict and Debug, donating the old buffer of each
 // rewrite that nothing else holds (no other storage, queued launch, pending check or
 // operand of this call). *donated says whether one was. A launch that fails once it took
