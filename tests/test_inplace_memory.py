@@ -197,8 +197,8 @@ def test_copy_from_cpu_over_whole_storage_needs_one_buffer(mode):
     run_script(COPY_FROM_CPU, mode, donate=False)
 
 
-# Ops that overwrite a whole storage without reading it (random fills, a broadcast copy_)
-# drop the old buffer before their launch: no donation needed.
+# Ops that overwrite a whole storage without reading it (random fills, a broadcast copy_,
+# x[:] = 2) drop the old buffer before their launch: no donation needed.
 WHOLE_OVERWRITES = """
     n = 10 * MB // 4
     x = torch.randn(n, device=d)
@@ -208,6 +208,9 @@ WHOLE_OVERWRITES = """
         ("normal_", lambda: x.normal_(2.0, 0.5), lambda v: abs(v.mean().item() - 2.0) < 0.01),
         ("uniform_", lambda: x.uniform_(3.0, 4.0), lambda v: v.min().item() >= 3.0 and v.max().item() <= 4.0),
         ("copy_ broadcast", lambda: x.copy_(torch.tensor(5.0)), lambda v: bool((v == 5.0).all())),
+        ("x[:] = 2", lambda: x.__setitem__(slice(None), 2.0), lambda v: bool((v == 2.0).all())),
+        ("x[:] = tpu scalar", lambda: x.__setitem__(slice(None), torch.tensor(6.0, device=d)),
+         lambda v: bool((v == 6.0).all())),
     ]:
         T.reset_peak_memory_stats()
         op()
@@ -222,6 +225,11 @@ WHOLE_OVERWRITES = """
     y.copy_(torch.tensor(1.0))
     assert torch.equal(z.cpu(), torch.arange(1000.0))
     assert bool((y.cpu() == 1.0).all())
+    u = torch.arange(1000.0, device=d)
+    v = u.clone()
+    u[:] = 3
+    assert torch.equal(v.cpu(), torch.arange(1000.0))
+    assert bool((u.cpu() == 3.0).all())
 """
 
 

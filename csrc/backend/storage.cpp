@@ -248,21 +248,33 @@ void run_copies(const std::shared_ptr<ViewCopies>& group) {
     key += ";" + std::string(mlir_name(c.src_dtype)) + kg.key() + "->" + c.result.str() + "/" +
            mlir_name(c.dtype) + ir::Type{c.dtype, c.sizes}.str();
   }
-  Results outs = guarded([&] {
-    return run_internal(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
-      ir::Value src = b.param(srct);
-      std::vector<ir::Value> res;
-      for (const auto& c : live) {  // as dense_value, then assign() would
-        ir::Value whole = reinterpret_bytes(b, src, c.src_dtype);
-        ir::Value v = c.offset ? ir::read_view_at(b, whole, c.view, b.param(ir::Type{DType::I64, {}}))
-                               : ir::read_view(b, whole, c.view);
-        v = lowering::coerce(b, v, c.dtype, c.sizes);
-        if (c.result.dtype != c.dtype) v = reinterpret_bytes(b, v, c.result.dtype);
-        res.push_back(b.reshape(v, c.result.shape));
-      }
-      return res;
-    }, args, group->device);
+  ProgramPtr program = internal_program(key, [&](ir::Builder& b) -> std::vector<ir::Value> {
+    ir::Value src = b.param(srct);
+    std::vector<ir::Value> res;
+    for (const auto& c : live) {  // as dense_value, then assign() would
+      ir::Value whole = reinterpret_bytes(b, src, c.src_dtype);
+      ir::Value v = c.offset ? ir::read_view_at(b, whole, c.view, b.param(ir::Type{DType::I64, {}}))
+                             : ir::read_view(b, whole, c.view);
+      v = lowering::coerce(b, v, c.dtype, c.sizes);
+      if (c.result.dtype != c.dtype) v = reinterpret_bytes(b, v, c.result.dtype);
+      res.push_back(b.reshape(v, c.result.shape));
+    }
+    return res;
   });
+  // The destinations' old values are not read (x[:] = 2): their buffers go first where
+  // nothing else holds them, so the copies need one buffer of each storage, not two.
+  std::vector<StorageData*> dsts;
+  for (const auto& c : live) dsts.push_back(c.dst);
+  runtime::ExecutablePtr exe = guarded([&] { return program->executable(); });
+  std::vector<StorageData*> dropped = drop_overwritten(dsts, group->device, exe->output_bytes() + exe->temp_bytes());
+  Results outs;
+  try {
+    outs = guarded([&] { return run(program, args, group->device); });
+  } catch (const std::exception& e) {
+    fail_overwrite(dropped, e);
+    throw;
+  }
+  finish_overwrite(dropped);
   for (size_t i = 0; i < live.size(); ++i) set_value(*live[i].dst, std::move(outs[i]));
 }
 }  // namespace
