@@ -67,6 +67,10 @@ EAGER_IN_PLACE = """
         ("clamp_", lambda t: t.clamp_(min=0)),
         ("setitem", lambda t: t.__setitem__(5, 7.0)),
         ("div_", lambda t: t.div_(4)),
+        # The written buffer read again through another operand: passed once.
+        ("add_(x)", lambda t: t.add_(t)),
+        ("addcmul_(x, x)", lambda t: t.addcmul_(t, t, value=0.5)),
+        ("mul_(x)", lambda t: t.mul_(t)),
     ]
     before = donated()
     for name, op in ops:
@@ -256,6 +260,8 @@ FUSED_FIRST_RUN = """
         ("clamp_", lambda t: t.clamp_(min=0)),
         ("setitem", lambda t: t.__setitem__(5, 7.0)),
         ("div_", lambda t: t.div_(4)),
+        ("mul_(x) then item", lambda t: (t.mul_(t), t[1].item())),
+        ("addcmul_(x, x) then item", lambda t: (t.addcmul_(t, t, value=0.5), t[2].item())),
     ]:
         T.reset_peak_memory_stats()
         op(x)

@@ -1264,9 +1264,9 @@ ReplayReads replay_reads(const Job& job) {
 
 // What call n of a replay may donate, as aliased_executable_of's aliases (empty: none): a
 // graph input nothing outside the graph holds (assign_donations marked it) or a value no
-// result or seed is, at its last reader, which reads it once (PJRT cannot take a buffer
-// that the same launch also reads undonated), to an output of its type: first the one
-// that replaces it in its storage. Used only where the launch does not fit otherwise (a
+// result or seed is, at its last reader, to an output of its type: first the one that
+// replaces it in its storage. One the call reads twice is passed once (PJRT cannot take a
+// buffer that the same launch also reads undonated). Used only where the launch does not fit otherwise (a
 // graph's first run, op by op, of x.add_(1) on a nearly full device), so replays that fit
 // compile no second program.
 std::vector<int> replay_aliases(const Job& job, const ReplayReads& reads, size_t n,
@@ -1278,12 +1278,18 @@ std::vector<int> replay_aliases(const Job& job, const ReplayReads& reads, size_t
   bool any = false;
   for (size_t k = 0; k < c.args.size(); ++k) {
     const Wire& w = c.args[k];
+    size_t j = 0;  // read again (x.add_(x)): passed once, through its first operand
+    while (j < k && (c.args[j].node != w.node || c.args[j].index != w.index)) ++j;
+    if (j < k) {
+      if (aliases[j] >= 0) aliases[k] = -2 - static_cast<int>(j);
+      continue;
+    }
     const bool input = w.node < 0;
     if (input ? static_cast<size_t>(w.index) >= job.donate.size() || !job.donate[w.index]
               : reads.kept.count({w.node, w.index}) > 0)
       continue;
     auto it = reads.last.find({w.node, w.index});
-    if (it == reads.last.end() || it->second != std::make_pair(n, 1) || !raw[k] || !worth_donating(*raw[k])) continue;
+    if (it == reads.last.end() || it->second.first != n || !raw[k] || !worth_donating(*raw[k])) continue;
     const void* id = input ? job.param_ids[w.index] : job.outs[w.node][w.index]->replaces;
     int pick = -1;
     for (size_t o = 0; o < outs.size(); ++o) {
@@ -1313,10 +1319,15 @@ std::vector<runtime::BufferPtr> launch_replayed(const Job& job, const ReplayRead
     std::vector<int> aliases = replay_aliases(job, *reads, n, raw);
     runtime::ExecutablePtr aliased = aliases.empty() ? nullptr : aliased_executable_of(*program, aliases);
     if (aliased) {
-      std::vector<bool> donate(aliases.size());
-      for (size_t k = 0; k < aliases.size(); ++k) donate[k] = aliases[k] >= 0;
-      std::vector<runtime::BufferPtr> made = launch(*aliased, raw, job.device, program->name(), donate);
-      for (size_t k = 0; k < raw.size(); ++k) fuse_stats().donated += donate[k] && raw[k]->donated() ? 1 : 0;
+      std::vector<runtime::Buffer*> passed;  // a buffer read twice, once
+      std::vector<bool> donate;
+      for (size_t k = 0; k < aliases.size(); ++k)
+        if (aliases[k] > -2) {
+          passed.push_back(raw[k]);
+          donate.push_back(aliases[k] >= 0);
+        }
+      std::vector<runtime::BufferPtr> made = launch(*aliased, passed, job.device, program->name(), donate);
+      for (size_t k = 0; k < passed.size(); ++k) fuse_stats().donated += donate[k] && passed[k]->donated() ? 1 : 0;
       return made;
     }
   }

@@ -25,18 +25,23 @@ std::string joined(const std::vector<ir::Type>& types) {
   return s;
 }
 
-// `program`'s module with parameter i aliased to result aliases[i]: its main calls the
-// program's own function (as a fused graph calls its programs), so the program's text is
-// kept as it is and the compiler inlines the call.
+// `program`'s module with parameter i aliased to result aliases[i] (-1: not aliased; -2 - j:
+// not a parameter of main, which passes its parameter j there: a buffer an op reads twice,
+// x.add_(x), is passed once, as PJRT cannot take a buffer the same launch also reads
+// undonated): its main calls the program's own function (as a fused graph calls its
+// programs), so the program's text is kept as it is and the compiler inlines the call.
 std::string aliased_module(const Program& p, const std::vector<int>& aliases) {
   std::string m = "module @torch_tpu {\n";
   for (const auto& [symbol, text] : p.functions()) m += text;
   m += p.function_text() + "  func.func public @main(";
   std::string args;
+  bool first = true;
   for (size_t i = 0; i < p.params().size(); ++i) {
-    m += (i ? ", " : "") + std::string("%arg") + std::to_string(i) + ": " + p.params()[i].str();
+    args += (i ? ", %arg" : "%arg") + std::to_string(aliases[i] <= -2 ? -2 - aliases[i] : static_cast<int>(i));
+    if (aliases[i] <= -2) continue;
+    m += (first ? "" : ", ") + std::string("%arg") + std::to_string(i) + ": " + p.params()[i].str();
+    first = false;
     if (aliases[i] >= 0) m += " {tf.aliasing_output = " + std::to_string(aliases[i]) + " : i32}";
-    args += (i ? ", %arg" : "%arg") + std::to_string(i);
   }
   const size_t n = p.results().size();
   const std::string results = joined(p.results());
@@ -85,11 +90,11 @@ runtime::ExecutablePtr aliased_executable(const Program& p, const std::vector<in
 // donation, 22 us with; 16 MiB: 6.9 ms without, 0.66 ms with).
 constexpr int64_t kMinDonatedBytes = 1 << 20;
 
-// Whether the buffer `a` holds is held by nothing but `a` and the storage (its value, or
-// the finished launch's slot that is its value).
-bool held_only_by(const Operand& a, const StorageData& s) {
+// Whether the buffer `a` holds is held by nothing but `a` (and `also` more operands of the
+// call) and the storage (its value, or the finished launch's slot that is its value).
+bool held_only_by(const Operand& a, const StorageData& s, long also) {
   const Operand& v = s.value;
-  long expected = 1;
+  long expected = 1 + also;
   if (v.buffer) {
     if (v.buffer != a.buffer) return false;
     expected += 1;
@@ -141,29 +146,48 @@ Results run_rewriting(const ProgramPtr& program, Operands args, int device,
   std::vector<int> aliases(args.size(), -1);
   std::vector<bool> donate(args.size(), false);
   std::vector<bool> taken(program->results().size(), false);
+  bool repeated = false;  // a donated buffer the call also reads through another operand
   for (size_t w = 0; w < count; ++w) {
     const StorageRewrite& r = rewrites[w];
     const Operand& a = args.first[r.param];
     const ir::Type& rt = program->results()[r.result];
     if (taken[r.result] || donate[r.param] || !a.buffer || a.buffer->shared_constant) continue;
     if (a.buffer->nbytes() < kMinDonatedBytes) continue;
-    if (a.buffer->dtype() != rt.dtype || a.buffer->dims() != rt.shape || !held_only_by(a, *r.storage)) continue;
+    if (a.buffer->dtype() != rt.dtype || a.buffer->dims() != rt.shape) continue;
+    long also = 0;
+    bool first = true;
+    for (size_t i = 0; i < args.size(); ++i)
+      if (i != static_cast<size_t>(r.param) && args.first[i].buffer == a.buffer) {
+        also += 1;
+        first = first && i > static_cast<size_t>(r.param);
+      }
+    if (!first || !held_only_by(a, *r.storage, also)) continue;  // (donated through its first operand)
     aliases[r.param] = r.result;
     donate[r.param] = true;
     taken[r.result] = true;
+    repeated = repeated || also > 0;
   }
   if (std::find(donate.begin(), donate.end(), true) == donate.end()) return run(program, args, device);
+  // Its later operands are passed once, through the first (aliased_module).
+  if (repeated)
+    for (size_t i = 0; i < args.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        if (donate[j] && args.first[j].buffer == args.first[i].buffer) aliases[i] = -2 - static_cast<int>(j);
 
   runtime::ExecutablePtr exe = aliased_executable(*program, aliases);
   std::vector<runtime::Buffer*> raw;
   raw.reserve(args.size());
-  for (Operand& a : args) raw.push_back(a.buffer.get());
+  for (size_t i = 0; i < args.size(); ++i)
+    if (aliases[i] > -2) raw.push_back(args.first[i].buffer.get());
+  std::vector<bool> passed_donate;  // per buffer passed
+  for (size_t i = 0; i < args.size(); ++i)
+    if (aliases[i] > -2) passed_donate.push_back(donate[i]);
   std::string named;  // over the limit: the error names this call
   if (runtime::Client::get().over_limit(device, exe->output_bytes() + exe->temp_bytes() - exe->alias_bytes))
     named = op_call_name(*program);
   std::vector<runtime::BufferPtr> outs;
   try {
-    outs = launch(*exe, raw, device, named.empty() ? program->name() : named, donate);
+    outs = launch(*exe, raw, device, named.empty() ? program->name() : named, passed_donate);
   } catch (const std::exception& e) {
     // Taken before it failed (Debug waits for the launch): the old value is gone.
     const std::string why = message_of(e);
