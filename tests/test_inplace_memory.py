@@ -5,12 +5,16 @@
   is updated under a 16 MiB limit and the peak counter reads one buffer. Donation follows
   the fused graphs' rule: on the XLA CPU plugin only with TPU_FUSE_DONATE=1 at process
   start (runtime::Client::donation_safe).
-- DeferAndFuse: a fused graph that donates counts the donated buffer once (its peak too).
+  A buffer the op reads again through another operand (x.add_(x)) is passed once.
+- DeferAndFuse: a fused graph that donates counts the donated buffer once (its peak too);
+  a graph run op by op (its first run, where the fused program does not fit) donates
+  where a call would not fit otherwise.
 - copy_ from the CPU over a whole storage (load_state_dict) drops the old buffer before
   the upload, in every mode, donation or not; so do Strict's and Debug's ops that overwrite
-  a whole storage without reading it (x.normal_(), a broadcast copy_).
+  a whole storage without reading it (x.normal_(), a broadcast copy_, x[:] = 2).
 - A failing op (a device-side index check, an out-of-memory) leaves the tensor readable
-  and unchanged.
+  and unchanged (in a DeferAndFuse run op by op that donated it: as its last write that
+  ran left it).
 Each case runs in a fresh process per mode (the limit and donation are per process)."""
 import os
 import subprocess
