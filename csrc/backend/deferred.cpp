@@ -1242,21 +1242,17 @@ void restore_seeded_values(const Job& job, const std::vector<std::vector<runtime
   }
 }
 
-// Each value a replay's calls read (a graph input: {-1, i}): its last reader and how
-// often that call reads it; and the values held after the replay (results, seeds).
+// Each value a replay's calls read (a graph input: {-1, i}): its last reader; and the
+// values held after the replay (results, seeds).
 struct ReplayReads {
-  std::map<std::pair<int, int>, std::pair<size_t, int>> last;
+  std::map<std::pair<int, int>, size_t> last;
   std::set<std::pair<int, int>> kept;
 };
 
 ReplayReads replay_reads(const Job& job) {
   ReplayReads r;
   for (size_t n = 0; n < job.calls.size(); ++n)
-    for (const Wire& w : job.calls[n].args) {
-      auto [it, fresh] = r.last.try_emplace({w.node, w.index}, n, 0);
-      if (it->second.first != n) it->second = {n, 0};
-      it->second.second += 1;
-    }
+    for (const Wire& w : job.calls[n].args) r.last[{w.node, w.index}] = n;
   for (const Wire& w : job.results) r.kept.insert({w.node, w.index});
   for (const Wire& w : job.result_seeds) r.kept.insert({w.node, w.index});
   return r;
@@ -1289,7 +1285,7 @@ std::vector<int> replay_aliases(const Job& job, const ReplayReads& reads, size_t
               : reads.kept.count({w.node, w.index}) > 0)
       continue;
     auto it = reads.last.find({w.node, w.index});
-    if (it == reads.last.end() || it->second.first != n || !raw[k] || !worth_donating(*raw[k])) continue;
+    if (it == reads.last.end() || it->second != n || !raw[k] || !worth_donating(*raw[k])) continue;
     const void* id = input ? job.param_ids[w.index] : job.outs[w.node][w.index]->replaces;
     int pick = -1;
     for (size_t o = 0; o < outs.size(); ++o) {
@@ -1309,14 +1305,15 @@ std::vector<int> replay_aliases(const Job& job, const ReplayReads& reads, size_t
   return aliases;
 }
 
-// Launches call n of a replay: donating what replay_aliases allows where `donating` and
-// the plain launch would not fit.
-std::vector<runtime::BufferPtr> launch_replayed(const Job& job, const ReplayReads* reads, size_t n,
+// Launches call n of a replay: donating what replay_aliases allows where `reads` is given
+// (found at the first launch that needs them) and the plain launch would not fit.
+std::vector<runtime::BufferPtr> launch_replayed(const Job& job, std::optional<ReplayReads>* reads, size_t n,
                                                 const std::vector<runtime::Buffer*>& raw) {
   const ProgramPtr& program = job.calls[n].program;
   runtime::ExecutablePtr exe = program->executable();
   if (reads && runtime::Client::get().over_limit(job.device, exe->output_bytes() + exe->temp_bytes())) {
-    std::vector<int> aliases = replay_aliases(job, *reads, n, raw);
+    if (!*reads) *reads = replay_reads(job);
+    std::vector<int> aliases = replay_aliases(job, **reads, n, raw);
     runtime::ExecutablePtr aliased = aliases.empty() ? nullptr : aliased_executable_of(*program, aliases);
     if (aliased) {
       std::vector<runtime::Buffer*> passed;  // a buffer read twice, once
@@ -1342,7 +1339,7 @@ std::vector<runtime::BufferPtr> launch_replayed(const Job& job, const ReplayRead
 void replay(const Job& job, const std::vector<runtime::BufferPtr>& params, bool count = true, bool donating = true) {
   if (count) fuse_stats().replays += 1;
   std::optional<ReplayReads> reads;
-  if (donating && !job.donate.empty()) reads = replay_reads(job);
+  const bool donates = donating && !job.donate.empty();
   std::vector<std::vector<runtime::BufferPtr>> values(job.calls.size());
   std::vector<std::exception_ptr> failed(job.calls.size());  // per call: why it did not run
   std::exception_ptr first;
@@ -1363,7 +1360,7 @@ void replay(const Job& job, const std::vector<runtime::BufferPtr>& params, bool 
         std::vector<runtime::Buffer*> raw;
         for (const Wire& w : job.calls[n].args)
           raw.push_back(w.node < 0 ? params[w.index].get() : values[w.node][w.index].get());
-        values[n] = launch_replayed(job, reads ? &*reads : nullptr, n, raw);
+        values[n] = launch_replayed(job, donates ? &reads : nullptr, n, raw);
         std::lock_guard<std::mutex> lock(g_slot_mu);
         for (size_t i = 0; i < job.outs[n].size(); ++i) job.outs[n][i]->buffer = values[n][i];
         continue;
