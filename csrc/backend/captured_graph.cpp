@@ -509,6 +509,8 @@ py::object CapturedGraph::replay(py::list args, int how_) {
   }
   args.attr("clear")();  // inputs the caller no longer holds die now, as in the graph
   ins.clear();
+  FillingUnwritten filling;  // written storages no op wrote yet: the replay makes their first buffers
+  for (auto& [k, j] : writes_) filling.add(*static_cast<StorageData*>(kept[k].data_ptr().get_context()));
 
   auto bind = [&](const std::vector<SlotPtr>& res) {
     for (auto& [k, j] : writes_) {

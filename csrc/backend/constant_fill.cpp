@@ -111,6 +111,7 @@ bool try_host_fill(const at::Tensor& self, const c10::Scalar& value) {
   for (int64_t d : st.shape) n *= d;
   std::vector<char> bytes(static_cast<size_t>(n) * item);
   for (int64_t i = 0; i < n; ++i) std::memcpy(bytes.data() + i * item, element, item);
+  FillingUnwritten filling(sd);  // the upload is its first buffer where it held none
   runtime::BufferPtr buf =
       guarded([&] { return runtime::Client::get().from_host(bytes.data(), st.dtype, st.shape, sd.device); });
   set_value(sd, std::move(buf));

@@ -81,6 +81,7 @@ void assign(const at::Tensor& dst, Operand value, const at::Tensor* src = nullpt
       dropped = drop_overwritten({&s}, s.device, exe->output_bytes() + exe->temp_bytes());
     }
     std::vector<Operand> args{std::move(value)};
+    FillingUnwritten filling(s);  // the launch makes its first buffer where it held none
     Results out;
     try {
       out = run(program, args, s.device);
@@ -198,6 +199,7 @@ void grow_storage(const c10::Storage& storage, size_t need, c10::Device device) 
     ir::Type ot = old_value.type();
     int64_t n_old = ot.numel();
     int64_t n_new = static_cast<int64_t>(need) / itemsize(ot.dtype);
+    FillingUnwritten filling(*static_cast<StorageData*>(fresh.get_context()));
     set_value(*static_cast<StorageData*>(fresh.get_context()), guarded([&] {
       return run_internal("grow:" + ot.str() + "->" + std::to_string(n_new),
                           [&](ir::Builder& b) -> std::vector<ir::Value> {
@@ -403,6 +405,9 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
       std::vector<int64_t> dims(host.sizes().begin(), host.sizes().end());
       before_upload(device_index(self));  // a pending graph holding many dropped uploads runs first
       if (upload_replacing(self, host, st)) return self;  // the whole storage: its old buffer goes first
+      // An unwritten storage the upload fills whole: the upload is its first buffer.
+      FillingUnwritten filling;
+      if (covers_storage(self) && self.numel() == host.numel()) filling.add(storage_data(self));
       auto buf = runtime::Client::get().from_host(host.data_ptr(), st, dims, device_index(self));
       note_upload(buf, device_index(self));
       assign(self, buf);

@@ -1985,6 +1985,14 @@ void lowered_kernel(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   } call{info, args};
   Results results;
   bool donated = false;  // an old buffer of a written storage went to the launch
+  // Written storages no op wrote yet: the launch's outputs are their first buffers
+  // (counted once, until the commit below sets them).
+  FillingUnwritten filling;
+  for (const OutSpec& o : plan->outs)
+    if (!o.undefined && o.write) {
+      at::Tensor tmp;
+      filling.add(storage_data(*tensor_at(args, o.arg, o.elem, &tmp)));
+    }
   {
     NamingCall naming([](const void* c) {
       auto* call = static_cast<const Call*>(c);

@@ -187,6 +187,7 @@ void upload_loaded_bytes(StorageData& s, const at::Tensor* as) {
   at::Tensor host = std::move(s.loaded_bytes);
   s.loaded_bytes = at::Tensor();
   s.loaded_dtype.reset();
+  FillingUnwritten filling(s);
   set_value(s, runtime::Client::get().from_host(host.data_ptr(), dt, dims, s.device));
 }
 
@@ -236,6 +237,8 @@ void run_copies(const std::shared_ptr<ViewCopies>& group) {
   group->done = true;
   for (const auto& c : live) c.dst->copy_of.reset();
   if (live.empty()) return;
+  FillingUnwritten filling;  // destinations no op wrote yet get their first values
+  for (const auto& c : live) filling.add(*c.dst);
   ir::Type srct = group->source.type();
   std::string key = "viewcopies*" + std::to_string(live.size()) + ":" + srct.str();
   std::vector<Operand> args{group->source};
@@ -282,13 +285,29 @@ void run_copies(const std::shared_ptr<ViewCopies>& group) {
 AllocatingForValue::AllocatingForValue() { t_allocating_for_value += 1; }
 AllocatingForValue::~AllocatingForValue() { t_allocating_for_value -= 1; }
 
-void set_value(StorageData& s, Operand value) {
-  s.value = std::move(value);
+// Counts the storage's bytes as unwritten while it holds no value.
+static void recount_unwritten(StorageData& s) {
   // Unreadable (donated, failed): it will never hold a buffer, so nothing is counted.
   const int64_t counted = s.value || !s.unreadable.empty() ? 0 : static_cast<int64_t>(s.nbytes);
   if (counted == s.unwritten_bytes) return;
   runtime::Client::get().stats(s.device).unwritten_bytes += counted - s.unwritten_bytes;
   s.unwritten_bytes = counted;
+}
+
+void set_value(StorageData& s, Operand value) {
+  s.value = std::move(value);
+  recount_unwritten(s);
+}
+
+void FillingUnwritten::add(StorageData& s) {
+  if (s.unwritten_bytes == 0) return;
+  runtime::Client::get().stats(s.device).unwritten_bytes -= s.unwritten_bytes;
+  s.unwritten_bytes = 0;
+  storages_.push_back(&s);
+}
+
+FillingUnwritten::~FillingUnwritten() {
+  for (StorageData* s : storages_) recount_unwritten(*s);
 }
 
 StorageData::~StorageData() {
@@ -402,6 +421,7 @@ void apply_pending(StorageData& s) {
       return {cur};
     });
   });
+  FillingUnwritten filling(s);  // its first value (the pending writes over zeros)
   // The old value rewritten in place where nothing else holds it (inplace_donation.h).
   Results out = guarded([&] {
     if (!has || deferring() || !eager_donation()) return run(program, args, s.device);
@@ -463,6 +483,7 @@ Operand storage_value(const at::Tensor& t) {
   if (s.value) return s.value;
   check_readable(s);
   ir::Type ty = storage_type(t);
+  FillingUnwritten filling(s);
   set_value(s, run_internal("zeros:" + ty.str(), [&](ir::Builder& b) -> std::vector<ir::Value> {
     return {lowering::constant_any(b, 0, ty.dtype, ty.shape)};
   }, {}, s.device)[0]);
@@ -488,6 +509,8 @@ void start_from_zeros(c10::ArrayRef<at::Tensor> ts) {
     key += ":" + types.back().str();
   }
   if (fresh.empty()) return;
+  FillingUnwritten filling;
+  for (StorageData* s : fresh) filling.add(*s);
   Results zeros = run_internal(key, [&](ir::Builder& b) {
     std::vector<ir::Value> out;
     for (const ir::Type& ty : types) out.push_back(lowering::constant_any(b, 0, ty.dtype, ty.shape));

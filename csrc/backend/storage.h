@@ -100,6 +100,22 @@ class AllocatingForValue {
 // Sets the storage's value (empty: unwritten again, which reads as zeros). While it holds
 // none its bytes still count as allocated: memory figures and the limit see them.
 void set_value(StorageData& s, Operand value);
+// Storages a launch or upload is about to give their first value: while one lives, their
+// bytes leave the unwritten count, since the launch counts its outputs (the limit check
+// and the peak see one allocation, not two, as CUDA's write into an `empty` tensor). A
+// storage still unwritten when the scope ends (the launch failed) counts again.
+class FillingUnwritten {
+ public:
+  FillingUnwritten() = default;
+  explicit FillingUnwritten(StorageData& s) { add(s); }
+  ~FillingUnwritten();
+  void add(StorageData& s);
+  FillingUnwritten(const FillingUnwritten&) = delete;
+  FillingUnwritten& operator=(const FillingUnwritten&) = delete;
+
+ private:
+  std::vector<StorageData*> storages_;
+};
 // The tensor's storage, its pending writes applied first.
 StorageData& storage_of(const at::Tensor& t);
 // Its value as a buffer where its launch has run (Strict's queued launches, a flushed
