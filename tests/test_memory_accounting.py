@@ -89,3 +89,50 @@ FIRST_WRITE_PEAKS = """
 @pytest.mark.parametrize("mode", MODES)
 def test_first_write_peak_counts_one_buffer(mode):
     run_script(FIRST_WRITE_PEAKS, mode)
+
+
+# The probe's r8: 10 MiB allocated by `empty` and 2 MiB written under a 16 MiB limit; an
+# 8 MiB cat passes the limit and raises there (CUDA does), not at a later fill of the
+# pre-allocated tensor. Then writes into `empty` storages that exactly fit: counted once.
+UNWRITTEN_IN_LAUNCH_CHECKS = """
+    set_limit(16 * MB)
+    e = torch.empty(10 * MB // 4, device=d)
+    x = torch.randn(2 * MB // 4, device=d)
+    try:
+        z = torch.cat([x] * 4)
+        z.sum().item()
+        raise AssertionError(f"cat passed the limit: memory_allocated() = {T.memory_allocated()}")
+    except torch.OutOfMemoryError:
+        pass
+    assert T.memory_allocated() <= 16 * MB, T.memory_allocated()
+    free, total = T.mem_get_info()
+    assert free >= 16 * MB - T.memory_allocated() - 4096, (free, T.memory_allocated())
+    e.fill_(1.0)
+    assert e[-1].item() == 1.0
+    del e, x
+    gc.collect()
+
+    n = 10 * MB // 4
+    writes = {
+        "fill_": lambda e: e.fill_(1.0),
+        "view fill_": lambda e: e[:].fill_(2.0),
+        "normal_": lambda e: e.normal_(),
+        "uniform_": lambda e: e.uniform_(),
+        "copy_(cpu)": lambda e: e.copy_(torch.full((n,), 3.0)),
+        "randn(out=)": lambda e: torch.randn(n, out=e),
+    }
+    set_limit(T.memory_allocated() + 12 * MB + 64 * 1024)
+    for name, write in writes.items():
+        e = torch.empty(n, device=d)
+        x = torch.randn(2 * MB // 4, device=d)
+        write(e)
+        e[-1].item()
+        x[-1].item()
+        del e, x
+        gc.collect()
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_unwritten_storages_count_in_launch_checks(mode):
+    run_script(UNWRITTEN_IN_LAUNCH_CHECKS, mode)

@@ -1799,7 +1799,7 @@ int64_t reserve_queued(const Program& program, int device) {
   if (device < 0 || device >= kMaxDevices) return 0;
   runtime::Client& c = runtime::Client::get();
   auto over = [&] {
-    return c.stats(device).live_bytes.load() + g_queued_bytes[device].load() + bytes > c.memory_limit(device);
+    return c.stats(device).allocated() + g_queued_bytes[device].load() + bytes > c.memory_limit(device);
   };
   if (over() && !launcher().idle()) launcher().wait_quiet();
   std::string named;  // over the limit: the error names this call

@@ -58,7 +58,7 @@ void count_unwritten(StorageData& s) {
   if (st.allocated() + bytes > c.memory_limit(s.device) && !all_launched())
     guarded([] { settle_launched(); return 0; });
   try {
-    guarded([&] { c.check_capacity(s.device, bytes, "a tensor's allocation", st.unwritten_bytes.load()); return 0; });
+    guarded([&] { c.check_capacity(s.device, bytes, "a tensor's allocation"); return 0; });
   } catch (...) {
     delete &s;
     throw;

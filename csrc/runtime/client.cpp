@@ -406,7 +406,7 @@ void Client::on_memory_pressure(std::function<void()> release) {
 }
 
 bool Client::over_limit(int device, int64_t extra, int64_t reserved) {
-  return stats(device).live_bytes.load() + reserved + extra > memory_limit(device);
+  return stats(device).allocated() + reserved + extra > memory_limit(device);
 }
 
 void Client::check_capacity(int device, int64_t extra, const std::string& what, int64_t reserved) {
@@ -420,7 +420,7 @@ void Client::check_capacity(int device, int64_t extra, const std::string& what, 
     for (auto& release : releasers) release();
   }
   int64_t limit = c.memory_limit(device);
-  int64_t live = c.stats(device).live_bytes.load() + reserved;
+  int64_t live = c.stats(device).allocated() + reserved;  // storages not written yet included
   if (live + extra > limit) {
     c.stats(device).num_ooms.fetch_add(1);
     // Worded as CUDA's ("... out of memory. Tried to allocate"), which tools match on

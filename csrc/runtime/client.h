@@ -271,8 +271,9 @@ class Client {
   int64_t memory_limit(int device);
   void set_memory_limit(int64_t bytes) { memory_limit_override_ = bytes; }
   void set_device_memory_limit(int device, int64_t bytes) { device_limit_.at(device) = bytes; }
-  // Raises OutOfMemory (worded as CUDA's) when `extra` more bytes, beside those live and
-  // `reserved` for launches not made yet, would pass the limit; `what` names the op.
+  // Raises OutOfMemory (worded as CUDA's) when `extra` more bytes, beside those allocated
+  // (live buffers and storages not written yet: DeviceStats::allocated()) and `reserved`
+  // for launches not made yet, would pass the limit; `what` names the op.
   // Before raising, it empties the caches registered below and checks again: buffers a
   // cache holds (scalars, view offsets) give way to the user's, as a caching allocator's
   // free blocks do.
