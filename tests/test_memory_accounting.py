@@ -136,3 +136,58 @@ UNWRITTEN_IN_LAUNCH_CHECKS = """
 @pytest.mark.parametrize("mode", MODES)
 def test_unwritten_storages_count_in_launch_checks(mode):
     run_script(UNWRITTEN_IN_LAUNCH_CHECKS, mode)
+
+
+# The probe's r1: 40 tensors of 1 MiB under a 16 MiB limit. Strict and Debug raise at the
+# call; DeferAndFuse at the flush, which a memory query makes: the query itself returns
+# (torch.cuda's counters never raise), the failed tensors raise the out-of-memory when
+# read, and the next sync raises it when nothing read them.
+QUERIES_NEVER_RAISE = """
+    set_limit(16 * MB)
+
+    def fill_past_limit():
+        made = []
+        try:
+            for i in range(40):
+                made.append(torch.full((MB // 4,), float(i), device=d))
+        except torch.OutOfMemoryError:
+            return made, True
+        return made, False
+
+    def query():
+        alloc = T.memory_allocated()
+        stats = T.memory_stats()
+        free, total = T.mem_get_info()
+        T.max_memory_allocated()
+        T.memory_reserved()
+        assert alloc <= 16 * MB and free <= total, (alloc, free, total)
+        return stats
+
+    made, at_call = fill_past_limit()
+    stats = query()
+    assert stats["num_ooms"] >= 1, stats["num_ooms"]
+    if not at_call:
+        try:
+            made[-1][0].item()
+            raise AssertionError("read a value of a graph that ran out of memory")
+        except torch.OutOfMemoryError:
+            pass
+    assert made[0][0].item() == 0.0
+    del made
+    gc.collect()
+
+    made, at_call = fill_past_limit()
+    query()
+    if not at_call:
+        try:
+            T.synchronize()
+            raise AssertionError("the out-of-memory was lost")
+        except torch.OutOfMemoryError:
+            pass
+    T.synchronize()
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_memory_queries_never_raise(mode):
+    run_script(QUERIES_NEVER_RAISE, mode)

@@ -130,10 +130,12 @@ TpuAllocator g_allocator;
 
 }  // namespace
 
-// Memory figures count buffers: pending deferred values run first.
+// Memory figures count buffers: pending deferred values run first. A query never raises,
+// as torch.cuda's counters: a launch that failed (out of memory) stays recorded on the
+// values it lost, which raise it when read, and for this thread's next sync.
 runtime::DeviceStats& settled_memory_stats(int device) {
   if (device < 0) device = current_device();
-  guarded([] { flush("memory query"); wait_launched(); return 0; });
+  guarded([] { flush("memory query"); settle_launched(); return 0; });
   return runtime::Client::get().stats(device);
 }
 
