@@ -191,3 +191,25 @@ QUERIES_NEVER_RAISE = """
 @pytest.mark.parametrize("mode", MODES)
 def test_memory_queries_never_raise(mode):
     run_script(QUERIES_NEVER_RAISE, mode)
+
+
+# A collective's result written into an `empty` output (all_gather_into_tensor on one
+# rank): the output's first buffer, counted once, so an exact fit runs and peaks at it.
+COLLECTIVE_INTO_EMPTY = """
+    import torch.distributed as dist
+    dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
+    x = torch.randn(10 * MB // 4, device=d)
+    x.cpu()
+    set_limit(T.memory_allocated() + 10 * MB + 64 * 1024)
+    T.reset_peak_memory_stats()
+    out = torch.empty(10 * MB // 4, device=d)
+    dist.all_gather_into_tensor(out, x)
+    assert torch.equal(out.cpu(), x.cpu())
+    assert T.max_memory_allocated() <= 20 * MB + 64 * 1024, T.max_memory_allocated()
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_collective_into_empty_output_counts_once(mode):
+    run_script(COLLECTIVE_INTO_EMPTY, mode)

@@ -53,6 +53,8 @@ void write_back(const WriteBack& w) {
   int device = backend::device_index(d);
   DType st = backend::device_dtype(h.scalar_type(), "copy_");
   std::vector<int64_t> dims(h.sizes().begin(), h.sizes().end());
+  // An `empty` output's bytes: the upload is its first buffer, counted once.
+  backend::FillingUnwritten filling(backend::storage_data(d));
   // The release holds the host tensor (and so its pool block) while the buffer needs it.
   auto buf = runtime::Client::get().from_host_borrowed(h.data_ptr(), st, dims, device,
                                                        [keep = h] {});
