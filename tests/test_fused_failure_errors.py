@@ -8,14 +8,13 @@ whole failure, as on CUDA, where the failing op raises and nothing after it runs
 next sync must not raise another of them. A failure of work issued after that is new
 and is raised. Values the failure lost still raise when read, named as the earlier error.
 Each scenario runs in a fresh process per mode (the memory limit is per process)."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-MODES = ["strict", "debug", "defer_and_fuse"]
+import mode_scripts
+
+MODES = mode_scripts.MODES
 
 PRELUDE = textwrap.dedent(
     """
@@ -36,18 +35,7 @@ PRELUDE = textwrap.dedent(
 
 
 def run_script(body, mode):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TPU_LAUNCH_BLOCKING", "TPU_DEFER_AND_FUSE", "TPU_MEMORY_LIMIT")}
-    env["OOM_TEST_MODE"] = mode
-    if mode == "debug":
-        env["TPU_LAUNCH_BLOCKING"] = "1"
-    if mode == "defer_and_fuse":
-        env["TPU_DEFER_AND_FUSE"] = "1"
-    script = PRELUDE + textwrap.dedent(body) + "\nprint('done')\n"
-    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "done" in p.stdout, p.stdout + p.stderr
-    return p.stdout
+    return mode_scripts.run_in_mode(PRELUDE + textwrap.dedent(body) + "\nprint('done')\n", mode)
 
 
 # One oversized step (three 256 KiB fills updated in place, 640 KiB allowed), then

@@ -16,14 +16,13 @@
   and unchanged (in a DeferAndFuse run op by op that donated it: as its last write that
   ran left it).
 Each case runs in a fresh process per mode (the limit and donation are per process)."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-MODES = ["strict", "debug", "defer_and_fuse"]
+import mode_scripts
+
+MODES = mode_scripts.MODES
 
 PRELUDE = textwrap.dedent(
     """
@@ -42,18 +41,8 @@ PRELUDE = textwrap.dedent(
 
 
 def run_script(body, mode, donate):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TPU_LAUNCH_BLOCKING", "TPU_DEFER_AND_FUSE", "TPU_FUSE_DONATE")}
-    if mode == "debug":
-        env["TPU_LAUNCH_BLOCKING"] = "1"
-    if mode == "defer_and_fuse":
-        env["TPU_DEFER_AND_FUSE"] = "1"
-    if donate:
-        env["TPU_FUSE_DONATE"] = "1"
     script = PRELUDE + textwrap.dedent(body) + "\nprint('done')\n"
-    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and "done" in p.stdout, p.stdout + p.stderr
-    return p.stdout
+    return mode_scripts.run_in_mode(script, mode, {"TPU_FUSE_DONATE": "1" if donate else None})
 
 
 # The memory probe's r9 ops on a 10 MiB tensor under a 16 MiB limit (one buffer fits, two

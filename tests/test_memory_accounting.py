@@ -9,14 +9,13 @@
 - Memory queries never raise (a deferred graph that fails with out-of-memory leaves its
   tensors failed, and reading them raises it).
 Each case runs in a fresh process per mode (the limit is per process)."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-MODES = ["strict", "debug", "defer_and_fuse"]
+import mode_scripts
+
+MODES = mode_scripts.MODES
 
 PRELUDE = textwrap.dedent(
     """
@@ -33,15 +32,7 @@ PRELUDE = textwrap.dedent(
 
 
 def run_script(body, mode):
-    env = {k: v for k, v in os.environ.items() if k not in ("TPU_LAUNCH_BLOCKING", "TPU_DEFER_AND_FUSE")}
-    if mode == "debug":
-        env["TPU_LAUNCH_BLOCKING"] = "1"
-    if mode == "defer_and_fuse":
-        env["TPU_DEFER_AND_FUSE"] = "1"
-    script = PRELUDE + textwrap.dedent(body) + "\nprint('done')\n"
-    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and "done" in p.stdout, p.stdout + p.stderr
-    return p.stdout
+    return mode_scripts.run_in_mode(PRELUDE + textwrap.dedent(body) + "\nprint('done')\n", mode)
 
 
 # One 20 MiB tensor under a 24 MiB limit, made each way: the peak is the tensor (plus the
