@@ -6,6 +6,17 @@ import sys
 
 MODES = ["strict", "debug", "defer_and_fuse"]
 
+# The start of a script that sets a device-memory limit.
+LIMIT_PRELUDE = """
+import torch, torch_tpu
+T = torch.tpu
+d = "tpu"
+MB = 1 << 20
+
+def set_limit(nbytes):
+    T.set_per_process_memory_fraction(nbytes / T.get_device_properties(0).total_memory)
+"""
+
 # Mode switches a parent's environment may carry; each script sets its own.
 _MODE_VARS = ("TPU_LAUNCH_BLOCKING", "TPU_DEFER_AND_FUSE", "TPU_MEMORY_LIMIT")
 

@@ -24,18 +24,23 @@ import mode_scripts
 
 MODES = mode_scripts.MODES
 
-PRELUDE = textwrap.dedent(
+PRELUDE = mode_scripts.LIMIT_PRELUDE + textwrap.dedent(
     """
-    import torch, torch_tpu
-    T = torch.tpu
-    d = "tpu"
-    MB = 1 << 20
-
-    def set_limit(nbytes):
-        T.set_per_process_memory_fraction(nbytes / T.get_device_properties(0).total_memory)
-
     def donated():
         return torch_tpu.metrics()["donated_buffers"]
+
+    def failed_index_check_leaves_unchanged(x):
+        # A device-side check that fails: the tensor is left as it was, and readable.
+        bad = torch.tensor([x.numel() + 5], device=d)
+        snapshot = x.cpu()
+        try:
+            x.index_fill_(0, bad, 1.0)
+            x[0].item()
+            raise AssertionError("no index error")
+        except IndexError:
+            pass
+        assert torch.equal(x.cpu(), snapshot)
+        return snapshot
     """
 )
 
@@ -77,16 +82,7 @@ EAGER_IN_PLACE = """
     assert donated() >= before + len(ops), (before, donated())
     assert T.memory_allocated() <= 10 * MB + 64 * 1024
 
-    # A device-side check that fails: the tensor is left as it was, and readable.
-    bad = torch.tensor([n + 5], device=d)
-    snapshot = x.cpu()
-    try:
-        x.index_fill_(0, bad, 1.0)
-        x[0].item()
-        raise AssertionError("no index error")
-    except IndexError:
-        pass
-    assert torch.equal(x.cpu(), snapshot)
+    snapshot = failed_index_check_leaves_unchanged(x)
     x.add_(1)
     assert torch.equal(x.cpu(), snapshot + 1)
 
@@ -263,16 +259,7 @@ FUSED_FIRST_RUN = """
         assert T.max_memory_allocated() <= 10 * MB + 64 * 1024, (name, T.max_memory_allocated())
     assert donated() > before
 
-    # A failing device-side check leaves x as it was.
-    bad = torch.tensor([n + 5], device=d)
-    snapshot = x.cpu()
-    try:
-        x.index_fill_(0, bad, 1.0)
-        x[0].item()
-        raise AssertionError("no index error")
-    except IndexError:
-        pass
-    assert torch.equal(x.cpu(), snapshot)
+    snapshot = failed_index_check_leaves_unchanged(x)
 
     # add_ runs (its input donated), the mul making y does not fit: x keeps add_'s value,
     # y's read raises, and x is still written afterwards.

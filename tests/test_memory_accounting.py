@@ -17,18 +17,7 @@ import mode_scripts
 
 MODES = mode_scripts.MODES
 
-PRELUDE = textwrap.dedent(
-    """
-    import gc
-    import torch, torch_tpu
-    T = torch.tpu
-    d = "tpu"
-    MB = 1 << 20
-
-    def set_limit(nbytes):
-        T.set_per_process_memory_fraction(nbytes / T.get_device_properties(0).total_memory)
-    """
-)
+PRELUDE = mode_scripts.LIMIT_PRELUDE + "import gc\n"
 
 
 def run_script(body, mode):
